@@ -1,0 +1,364 @@
+"""Rolling per-bucket buffers → batches whose padded cost ``n × max_len`` never exceeds the budget.
+
+One algorithm, two drivers: :class:`BucketBatcher` takes samples one at a time (the loader feeds it as
+shards stream), and :func:`plan_batches` runs the very same batcher over a length array with no I/O (the
+benchmarks, ``len(loader)`` and the DDP planner use it). So the plan and the run cannot disagree.
+
+How a batch forms: every sample goes to the bucket its length falls in. A bucket closes its batch when the
+next sample would push ``n × max_len`` over the budget (or past ``max_batch_size``), or as soon as no
+further sample of that bucket could fit. Batches are therefore full and their padding is bounded by the
+bucket's width. If all buckets together hold ``buffer_size`` samples, the bucket closest to full is emitted
+early. At the end of the stream the leftovers of all buckets are sorted and packed together.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+
+class SampleTooLongError(ValueError):
+    """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
+
+
+class BatchPlan(list):
+    """The batches of one stream, as arrays of positions in that stream, plus what was left out.
+
+    ``skipped`` holds the positions of samples outside ``[min_length, max_length]`` or longer than the
+    budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
+    """
+
+    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = ()):
+        super().__init__(batches)
+        self.skipped = np.asarray(skipped, dtype=np.int64)
+        self.dropped = np.asarray(dropped, dtype=np.int64)
+
+    @property
+    def num_samples(self) -> int:
+        return int(sum(len(b) for b in self))
+
+
+def estimate_boundaries(lengths: np.ndarray, budget: float, num_buckets: int | None = None) -> np.ndarray:
+    """Bucket boundaries for ``lengths`` under ``budget``: the upper edges of all buckets but the last.
+
+    Boundaries sit at the lengths where a batch's capacity ``floor(budget / max_len)`` changes
+    (``budget / k``), so every sample of a bucket fits the same number of times in a batch and a full
+    bucket batch wastes no capacity. Where those classes are narrower than the data needs (short samples,
+    many per batch), neighbouring classes are merged so that each bucket holds about ``1/num_buckets`` of
+    the samples. The default ``num_buckets`` grows with the capacity spread, capped at 64.
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    lengths = lengths[(lengths > 0) & (lengths <= budget)]
+    if lengths.size == 0:
+        return np.zeros(0)
+    lo, hi = float(lengths.min()), float(lengths.max())
+    kmax = int(budget // lo)  # most samples per batch
+    kmin = max(1, int(budget // hi))
+    if num_buckets is None:
+        num_buckets = int(min(64, max(8, 4 * math.log2(max(2, kmax / kmin)) + 8)))
+    num_buckets = max(1, int(num_buckets))
+    if num_buckets == 1:
+        return np.zeros(0)
+    # Candidate edges: capacity thresholds budget/k inside the data range (at most a few thousand).
+    ks = np.arange(kmin, min(kmax, kmin + 4096) + 1, dtype=np.float64)
+    edges = np.sort(budget / ks)
+    edges = edges[(edges > lo) & (edges < hi)]
+    # Equal-count targets; snap each to the capacity threshold just above it, so buckets stay whole classes.
+    targets = np.quantile(lengths, np.linspace(0, 1, num_buckets + 1)[1:-1])
+    if edges.size:
+        pos = np.searchsorted(edges, targets, side="left")
+        snapped = edges[np.minimum(pos, edges.size - 1)]
+        # keep a target un-snapped where the nearest threshold is far (very short samples, huge capacity)
+        far = np.abs(snapped - targets) > 0.05 * targets
+        bounds = np.where(far, targets, snapped)
+    else:
+        bounds = targets
+    return np.unique(bounds)
+
+
+def suggest_budget(lengths: np.ndarray, unit: str = "samples", sample_rate: int | None = None) -> float:
+    """A starting budget: room for about 32 median samples, and never less than the longest sample."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        return 0.0
+    b = max(float(np.percentile(lengths, 50)) * 32, float(lengths.max()))
+    step = sample_rate if (unit == "samples" and sample_rate) else 1
+    return float(math.ceil(b / step) * step)
+
+
+class BucketBatcher:
+    """Online batcher over a bounded, length-sorted window of samples.
+
+    :meth:`push` adds one sample (an integer id and its length) and returns the batches that became ready;
+    :meth:`flush` packs what is left at the end of the stream. When the window holds ``buffer_size``
+    samples it is sorted by length and packed greedily, longest first, into batches that each take as many
+    samples as ``n × max_len ≤ budget`` (and ``max_batch_size``) allow; with ``bucket_boundaries`` no batch
+    crosses a boundary. Complete batches are then emitted in a seeded random choice and order until at least
+    ``refill`` samples have left the window, and the rest wait for new samples to pack with. Every batch is
+    thus cut from a sorted run of up to ``buffer_size`` samples (padding close to a global sort), while the
+    emission order stays random (no correlation of length with position in the epoch).
+    """
+
+    def __init__(
+        self,
+        budget: float,
+        boundaries: Sequence[float] | np.ndarray | None = None,
+        *,
+        max_batch_size: int | None = None,
+        batch_size_multiple_of: int = 1,
+        buffer_size: int = 2_000,
+        refill: int | None = None,
+        min_length: float = 0,
+        max_length: float | None = None,
+        drop_last: bool = False,
+        strict: bool = False,
+        seed: int = 0,
+    ):
+        if not budget or budget <= 0:
+            raise ValueError(f"budget must be positive, got {budget}")
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
+        if batch_size_multiple_of < 1:
+            raise ValueError(f"batch_size_multiple_of must be at least 1, got {batch_size_multiple_of}")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.budget = float(budget)
+        self.boundaries = np.asarray(sorted(float(b) for b in (boundaries if boundaries is not None else ())))
+        self.max_batch_size = int(max_batch_size) if max_batch_size else 1 << 40
+        self.multiple = int(batch_size_multiple_of)
+        self.buffer_size = int(buffer_size)
+        self.refill = max(1, int(refill) if refill else self.buffer_size // 8)
+        self.min_length = float(min_length or 0)
+        self.max_length = min(float(max_length), self.budget) if max_length is not None else self.budget
+        self.drop_last = drop_last
+        self.strict = strict
+        self.rng = np.random.default_rng(seed)
+        self._ids = np.zeros(self.buffer_size, dtype=np.int64)
+        self._lens = np.zeros(self.buffer_size, dtype=np.float64)
+        self.held = 0
+        self._nsorted = 0  # window[:_nsorted] is sorted longest first; the rest arrived since
+        self.max_held = 0
+        self.skipped: list[int] = []
+        self.dropped: list[int] = []
+
+    # ---- input ----------------------------------------------------------------------------------
+    def accepts(self, length: float) -> bool:
+        """Whether a sample of this length can ever be batched (else it is skipped and counted)."""
+        return self.min_length <= length <= self.max_length and length > 0
+
+    def push(self, sid: int, length: float) -> list[np.ndarray]:
+        """Add one sample; return the batches (arrays of ids) that are ready, usually none."""
+        if not self.accepts(length):
+            self._reject(sid, length)
+            return []
+        h = self.held
+        self._ids[h] = sid
+        self._lens[h] = length
+        self.held = h + 1
+        if self.held > self.max_held:
+            self.max_held = self.held
+        if self.held >= self.buffer_size:
+            return self._round(final=False)
+        return []
+
+    def push_many(self, sids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
+        sids = np.asarray(sids, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.float64)
+        ok = (lengths >= self.min_length) & (lengths <= self.max_length) & (lengths > 0)
+        if not ok.all():
+            for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
+                self._reject(sid, length)
+            sids, lengths = sids[ok], lengths[ok]
+        out: list[np.ndarray] = []
+        pos, n = 0, len(sids)
+        while pos < n:
+            k = min(self.buffer_size - self.held, n - pos)
+            self._ids[self.held:self.held + k] = sids[pos:pos + k]
+            self._lens[self.held:self.held + k] = lengths[pos:pos + k]
+            self.held += k
+            pos += k
+            self.max_held = max(self.max_held, self.held)
+            if self.held >= self.buffer_size:
+                out.extend(self._round(final=False))
+        return out
+
+    def _reject(self, sid: int, length: float) -> None:
+        if self.strict:
+            raise SampleTooLongError(
+                f"sample {sid} has length {length}, outside [min_length={self.min_length}, "
+                f"max_length/budget={self.max_length}]"
+            )
+        self.skipped.append(int(sid))
+
+    def flush(self) -> list[np.ndarray]:
+        """End of stream: pack everything left and emit it (``drop_last`` drops the one incomplete batch)."""
+        if not self.held:
+            return []
+        return self._round(final=True)
+
+    # ---- packing --------------------------------------------------------------------------------
+    def _sort_window(self) -> None:
+        """Merge the samples pushed since the last round into the window, kept sorted longest first.
+
+        Ties keep arrival order, so the result equals a stable sort of the whole window.
+        """
+        h, m = self.held, self._nsorted
+        if m == h:
+            return
+        new_lens, new_ids = self._lens[m:h], self._ids[m:h]
+        o = np.argsort(-new_lens, kind="stable")
+        new_lens, new_ids = new_lens[o], new_ids[o]
+        pos = np.searchsorted(-self._lens[:m], -new_lens, side="right")
+        lens = np.insert(self._lens[:m], pos, new_lens)
+        ids = np.insert(self._ids[:m], pos, new_ids)
+        self._lens[:h], self._ids[:h] = lens, ids
+        self._nsorted = h
+
+    def _pack(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Cut lengths ``s`` (sorted longest first) greedily into batches.
+
+        Returns batch starts, ends and whether each batch is complete (holds as many samples as its
+        longest allows). The greedy chain ``start → start + capacity`` is followed by pointer doubling,
+        so the cost is a few vectorised passes rather than a Python step per batch.
+        """
+        n = len(s)
+        cap = np.floor(self.budget / s).astype(np.int64)
+        np.minimum(cap, self.max_batch_size, out=cap)
+        if self.multiple > 1:
+            cap = np.where(cap >= self.multiple, cap - cap % self.multiple, cap)
+        reach = np.arange(n, dtype=np.int64) + cap
+        if self.boundaries.size:
+            bucket = np.searchsorted(self.boundaries, s, side="left")
+            change = np.flatnonzero(np.diff(bucket)) + 1
+            seg_end = np.append(change, n)[np.searchsorted(change, np.arange(n), side="right")]
+        else:
+            seg_end = np.full(n, n, dtype=np.int64)
+        full = reach <= seg_end
+        nxt = np.append(np.minimum(reach, seg_end), n)  # sentinel n jumps to itself
+        # starts = {0, nxt(0), nxt(nxt(0)), ...}: double the jump length until the chain is covered
+        starts = np.zeros(1, dtype=np.int64)
+        jump = nxt
+        while True:
+            more = jump[starts]
+            more = more[more < n]
+            if more.size == 0:
+                break
+            starts = np.concatenate([starts, more])
+            jump = jump[jump]
+        starts.sort()
+        ends = nxt[starts]
+        return starts, ends, full[starts]
+
+    def _round(self, final: bool) -> list[np.ndarray]:
+        self._sort_window()
+        h = self.held
+        ids, lens = self._ids[:h], self._lens[:h]
+        starts, ends, full = self._pack(lens)
+        nb = len(starts)
+        if final:
+            chosen = self.rng.permutation(nb)
+            if self.drop_last:
+                keep = full[chosen]
+                for b in chosen[~keep]:
+                    self.dropped.extend(ids[starts[b]:ends[b]].tolist())
+                chosen = chosen[keep]
+            self.held = self._nsorted = 0
+            return [ids[starts[b]:ends[b]].copy() for b in chosen]
+        # complete batches in random order; partial ones (fullest first) only if those don't free enough
+        complete = np.flatnonzero(full)
+        partial = np.flatnonzero(~full)
+        fill = (ends - starts)[partial] * lens[starts[partial]]
+        cand = np.concatenate([complete[self.rng.permutation(len(complete))], partial[np.argsort(-fill, kind="stable")]])
+        freed = np.cumsum((ends - starts)[cand])
+        chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
+        out = [ids[starts[b]:ends[b]].copy() for b in chosen]
+        emitted = np.zeros(nb, dtype=bool)
+        emitted[chosen] = True
+        keep = ~np.repeat(emitted, ends - starts)
+        k = int(keep.sum())
+        self._ids[:k] = ids[keep]
+        self._lens[:k] = lens[keep]
+        self.held = self._nsorted = k
+        return out
+
+
+def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator[list]:
+    """Stage: feed ``items`` through ``batcher`` (``length_of(item)`` gives the length), yield item batches.
+
+    Items are held in a dict keyed by arrival number until their batch is emitted, so at most
+    ``buffer_size`` items are in memory.
+    """
+    held: dict[int, object] = {}
+    for i, item in enumerate(items):
+        held[i] = item
+        ready = batcher.push(i, length_of(item))
+        if batcher.skipped and batcher.skipped[-1] == i:
+            held.pop(i)
+        for batch in ready:
+            yield [held.pop(j) for j in batch.tolist()]
+    for batch in batcher.flush():
+        yield [held.pop(j) for j in batch.tolist()]
+    for j in batcher.dropped:
+        held.pop(j, None)
+
+
+def plan_batches(
+    lengths: Sequence[float] | np.ndarray,
+    budget: float,
+    *,
+    bucket_boundaries: Sequence[float] | np.ndarray | None = None,
+    num_buckets: int | None = None,
+    max_batch_size: int | None = None,
+    batch_size_multiple_of: int = 1,
+    buffer_size: int = 2_000,
+    refill: int | None = None,
+    min_length: float = 0,
+    max_length: float | None = None,
+    drop_last: bool = False,
+    strict: bool = False,
+    seed: int = 0,
+) -> BatchPlan:
+    """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
+
+    Pure and without I/O: the same :class:`BucketBatcher` the loader runs, fed with the whole array.
+    ``num_buckets`` estimates boundaries from ``lengths`` (:func:`estimate_boundaries`); without
+    boundaries every batch is cut from the sorted window directly, which pads least.
+    """
+    lengths = np.asarray(lengths)
+    if bucket_boundaries is None and num_buckets:
+        bucket_boundaries = estimate_boundaries(lengths, budget, num_buckets)
+    batcher = BucketBatcher(
+        budget,
+        bucket_boundaries,
+        max_batch_size=max_batch_size,
+        batch_size_multiple_of=batch_size_multiple_of,
+        buffer_size=buffer_size,
+        refill=refill,
+        min_length=min_length,
+        max_length=max_length,
+        drop_last=drop_last,
+        strict=strict,
+        seed=seed,
+    )
+    batches = batcher.push_many(np.arange(len(lengths)), lengths)
+    batches.extend(batcher.flush())
+    return BatchPlan(batches, skipped=batcher.skipped, dropped=batcher.dropped)
+
+
+def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None = None) -> list[np.ndarray]:
+    """Reference: the whole dataset sorted by length and packed greedily (needs all lengths in memory)."""
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    order = order[lengths[order] <= budget]
+    out, start = [], 0
+    cap = max_batch_size or 1 << 62
+    n = len(order)
+    while start < n:
+        m = lengths[order[start]]
+        k = int(min(budget // m, cap, n - start))
+        out.append(order[start:start + k])
+        start += k
+    return out
