@@ -1,0 +1,436 @@
+"""shardify inputs → records: an audio folder, a JSONL manifest (NeMo style), a SpeechBrain JSON or CSV
+manifest, or a text JSONL.
+
+``read_source(src)`` returns the records it could read and an ``InputProblem`` for every bad one (a line
+that is not JSON, a missing field, a duplicate key, ...). Nothing here opens an audio file: lengths are
+probed later, by the writer. Problems that make the whole source unusable (no such file, a SpeechBrain
+JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) raise ``ShardifyError``.
+
+Kinds:
+  ``folder``       a folder of audio files, recursive; ``NAME.txt`` beside ``NAME.wav`` is its transcript
+  ``manifest``     JSONL, one object per line with an audio path (``audio_filepath``, ``path``, ``wav`` or
+                   ``file_path``) and ``duration`` (or ``length``); NeMo manifests work as they are
+  ``speechbrain``  SpeechBrain JSON ``{id: {"wav": ..., "length"|"duration": ...}}`` or CSV
+                   ``ID,duration,wav,...``, with ``{data_root}`` / ``$data_root`` placeholders
+  ``text``         JSONL with ``text`` and/or ``input_ids`` (a precomputed ``length`` is honoured)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .audio import AUDIO_EXTENSIONS
+from .errors import InputProblem, ShardifyError
+from .storage import is_local, local_path, open_url
+
+KINDS = ("folder", "manifest", "speechbrain", "text")
+AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")
+LENGTH_FIELDS = ("duration", "length")
+KEY_FIELDS = ("id", "utt_id", "key")
+DATA_ROOT_PLACEHOLDERS = ("{data_root}", "${data_root}", "$data_root")
+
+
+@dataclass
+class Record:
+    """One sample to write. ``path`` is the resolved audio file (None for text); ``length`` is a length the
+    source declares itself (text: a precomputed token count); ``fields`` are the source's other fields."""
+
+    key: str
+    path: str | None = None
+    text: str | None = None
+    input_ids: list[int] | None = None
+    length: int | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    line: int | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}" if self.line is not None else self.source
+
+    @property
+    def ext(self) -> str:
+        """Lower-cased extension of the audio file, without the dot."""
+        return os.path.splitext(self.path or "")[1].lstrip(".").lower()
+
+    def problem(self, error: str) -> InputProblem:
+        return InputProblem(self.source, error, self.line, self.key)
+
+
+# ---- keys ------------------------------------------------------------------------------------------
+_UNSAFE = re.compile(r"[^\w\-]")
+
+
+def sanitize_key(key: str) -> str:
+    """A key webdataset groups correctly: ``/`` → ``__``, and ``.`` or any other unsafe character → ``_``."""
+    return _UNSAFE.sub("_", str(key).replace("\\", "/").replace("/", "__"))
+
+
+def path_key(path: str, base: str) -> str:
+    """Key from an audio path: relative to ``base``, without extension, ``/`` → ``__``, sanitized."""
+    rel = os.path.relpath(path, base) if is_local(path) and is_local(base) else path
+    if rel.startswith(".."):
+        rel = path
+    if "://" in rel:
+        rel = rel.split("://", 1)[1]
+    rel = os.path.splitext(rel)[0].replace(os.sep, "/").lstrip("/")
+    return sanitize_key(rel)
+
+
+# ---- kind detection ----------------------------------------------------------------------------
+def detect_kind(src: str) -> str:
+    """``folder`` for a directory; ``speechbrain`` for a .csv or a JSON object of objects; for JSON lines,
+    ``manifest`` when the first record has an audio path field, else ``text``."""
+    src = str(src)
+    if is_local(src) and os.path.isdir(local_path(src)):
+        return "folder"
+    if is_local(src) and not os.path.exists(local_path(src)):
+        raise ShardifyError(f"{src}: no such file or folder")
+    if src.lower().endswith((".csv", ".tsv")):
+        return "speechbrain"
+    first = _first_json_line(src)
+    if first is None:  # the first line alone is not JSON: a pretty-printed JSON document
+        return "speechbrain"
+    if isinstance(first, dict) and first and all(isinstance(v, dict) for v in first.values()):
+        if not any(f in first for f in AUDIO_PATH_FIELDS + ("text", "input_ids")):
+            return "speechbrain"  # one-line SpeechBrain JSON
+    if isinstance(first, dict) and any(f in first for f in AUDIO_PATH_FIELDS):
+        return "manifest"
+    if isinstance(first, dict):
+        return "text"
+    raise ShardifyError(f"{src}: cannot tell what kind of source this is; pass --kind ({', '.join(KINDS)})")
+
+
+def _first_json_line(src: str) -> Any:
+    with open_url(src, "rb") as f:
+        for raw in f:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if line:
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    return None
+    raise ShardifyError(f"{src}: the file is empty")
+
+
+# ---- reading -----------------------------------------------------------------------------------
+def read_source(
+    src: str, kind: str | None = None, data_root: str | None = None
+) -> tuple[list[Record], list[InputProblem]]:
+    """Read ``src`` into records (in source order) and the problems found (bad lines, duplicate keys)."""
+    src = str(src)
+    kind = kind or detect_kind(src)
+    if kind not in KINDS:
+        raise ShardifyError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind != "folder" and is_local(src) and os.path.isdir(local_path(src)):
+        raise ShardifyError(f"{src}: is a folder, but --kind {kind} expects a file")
+    if kind == "folder":
+        if not (is_local(src) and os.path.isdir(local_path(src))):
+            raise ShardifyError(f"{src}: not a local folder")
+        records, problems = _read_folder(local_path(src))
+    elif kind == "manifest":
+        records, problems = _read_manifest_jsonl(src, data_root)
+    elif kind == "text":
+        records, problems = _read_text_jsonl(src)
+    else:
+        if src.lower().endswith((".csv", ".tsv")):
+            records, problems = _read_speechbrain_csv(src, data_root)
+        else:
+            records, problems = _read_speechbrain_json(src, data_root)
+    records, dup = _drop_duplicate_keys(records)
+    return records, problems + dup
+
+
+def _drop_duplicate_keys(records: list[Record]) -> tuple[list[Record], list[InputProblem]]:
+    seen: dict[str, Record] = {}
+    kept, problems = [], []
+    for r in records:
+        if not r.key:
+            problems.append(r.problem("empty key"))
+        elif r.key in seen:
+            problems.append(r.problem(f"duplicate key {r.key!r} (also at {seen[r.key].where})"))
+        else:
+            seen[r.key] = r
+            kept.append(r)
+    return kept, problems
+
+
+def _read_folder(root: str) -> tuple[list[Record], list[InputProblem]]:
+    root = os.path.abspath(root)
+    records, problems = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        names = set(filenames)
+        for name in sorted(filenames):
+            stem, ext = os.path.splitext(name)
+            if name.startswith(".") or ext.lstrip(".").lower() not in AUDIO_EXTENSIONS:
+                continue
+            path = os.path.join(dirpath, name)
+            rec = Record(key=path_key(path, root), path=path, source=path)
+            if stem + ".txt" in names:
+                try:
+                    with open(os.path.join(dirpath, stem + ".txt"), encoding="utf-8") as f:
+                        rec.text = f.read().strip()
+                except (OSError, UnicodeDecodeError) as e:
+                    problems.append(rec.problem(f"cannot read transcript {stem}.txt ({e})"))
+                    continue
+            records.append(rec)
+    if not records and not problems:
+        raise ShardifyError(f"{root}: no audio files ({', '.join(AUDIO_EXTENSIONS)}) found")
+    return records, problems
+
+
+def _iter_jsonl(src: str, problems: list[InputProblem]) -> Iterator[tuple[int, dict]]:
+    """Objects of a JSONL file with their line numbers; bad lines become problems."""
+    with open_url(src, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                problems.append(InputProblem(src, "not UTF-8 text", n))
+                continue
+            except json.JSONDecodeError as e:
+                problems.append(InputProblem(src, f"not valid JSON ({e.msg})", n))
+                continue
+            if not isinstance(obj, dict):
+                problems.append(InputProblem(src, f"expected a JSON object, got {type(obj).__name__}", n))
+                continue
+            yield n, obj
+
+
+def _base_dir(src: str) -> str:
+    return os.path.dirname(os.path.abspath(local_path(src))) if is_local(src) else posixpath.dirname(src)
+
+
+def resolve_path(path: str, base: str, data_root: str | None, where: str) -> str:
+    """Fill ``{data_root}`` / ``$data_root``, then resolve a relative path against ``base``."""
+    for ph in DATA_ROOT_PLACEHOLDERS:
+        if ph in path:
+            if data_root is None:
+                raise ShardifyError(f"{where}: path {path!r} contains {ph}; pass --data-root DIR to fill it")
+            path = path.replace(ph, str(data_root).rstrip("/"))
+    if "://" in path and not path.startswith("file://"):
+        return path
+    path = os.path.expanduser(local_path(path))
+    if not is_local(base):
+        return path if os.path.isabs(path) else posixpath.join(base, path)
+    if not os.path.isabs(path):
+        path = os.path.join(base, path)
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _record_from_audio_entry(
+    entry: dict, src: str, line: int | None, key: str | None, base: str, data_root: str | None,
+    problems: list[InputProblem],
+) -> Record | None:
+    """A record from a manifest entry (JSONL line or SpeechBrain item); None (and a problem) if bad."""
+    where = f"{src}:{line}" if line is not None else src
+    path_field = next((f for f in AUDIO_PATH_FIELDS if f in entry), None)
+    if path_field is None or not isinstance(entry[path_field], str) or not entry[path_field].strip():
+        problems.append(InputProblem(src, f"missing audio path field ({', '.join(AUDIO_PATH_FIELDS)})", line, key))
+        return None
+    length_field = next((f for f in LENGTH_FIELDS if f in entry), None)
+    if length_field is None:
+        problems.append(InputProblem(src, "missing length field ('duration' or 'length')", line, key))
+        return None
+    value = entry[length_field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        problems.append(InputProblem(src, f"{length_field!r} is not a number: {value!r}", line, key))
+        return None
+    path = resolve_path(entry[path_field].strip(), base, data_root, where)
+    text = entry.get("text")
+    if text is not None and not isinstance(text, str):
+        problems.append(InputProblem(src, f"'text' is not a string: {text!r}", line, key))
+        return None
+    fields = {k: v for k, v in entry.items() if k not in (path_field, "text")}
+    return Record(key=key or "", path=path, text=text, fields=fields, source=src, line=line)
+
+
+def _entry_key(entry: dict) -> str | None:
+    for f in KEY_FIELDS:
+        if entry.get(f) not in (None, ""):
+            return sanitize_key(str(entry[f]))
+    return None
+
+
+def _fill_path_keys(records: list[Record], base: str) -> None:
+    """Records without an id get a key from their path: relative to the manifest's folder, or to the
+    folder all their files share when they live elsewhere."""
+    todo = [r for r in records if not r.key]
+    if not todo:
+        return
+    local = [r.path for r in records if is_local(r.path)]
+    if local and not all(os.path.abspath(p).startswith(os.path.join(base, "")) for p in local):
+        try:
+            base = os.path.commonpath([os.path.dirname(p) for p in local])
+        except ValueError:
+            pass
+    for r in todo:
+        r.key = path_key(r.path, base)
+
+
+def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+    problems: list[InputProblem] = []
+    base = _base_dir(src)
+    records = []
+    for n, obj in _iter_jsonl(src, problems):
+        rec = _record_from_audio_entry(obj, src, n, _entry_key(obj), base, data_root, problems)
+        if rec is not None:
+            records.append(rec)
+    _fill_path_keys(records, base)
+    return records, problems
+
+
+def _read_speechbrain_json(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+    with open_url(src, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    problems: list[InputProblem] = []
+    base = _base_dir(src)
+    records = []
+    for ident, entry, line in iter_json_object_items(text, src):
+        key = sanitize_key(ident)
+        if not isinstance(entry, dict):
+            problems.append(InputProblem(src, f"entry {ident!r} is not a JSON object", line, key))
+            continue
+        rec = _record_from_audio_entry(entry, src, line, key, base, data_root, problems)
+        if rec is not None:
+            rec.fields = {"id": ident, **rec.fields}
+            records.append(rec)
+    return records, problems
+
+
+def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, int]]:
+    """``(key, value, line)`` for each item of a top-level JSON object, with the line the key is on."""
+    dec = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+    line, counted = 1, 0
+
+    def line_at(pos: int) -> int:
+        nonlocal line, counted
+        line += text.count("\n", counted, pos)
+        counted = pos
+        return line
+
+    def fail(pos: int, msg: str) -> ShardifyError:
+        return ShardifyError(f"{source}:{line_at(pos)}: not a valid SpeechBrain JSON manifest ({msg})")
+
+    pos = ws.match(text, 0).end()
+    if text[pos:pos + 1] != "{":
+        raise fail(pos, "expected a JSON object {id: {...}, ...}")
+    pos = ws.match(text, pos + 1).end()
+    if text[pos:pos + 1] == "}":
+        return
+    while True:
+        start = pos
+        try:
+            key, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise fail(e.pos, e.msg) from None
+        if not isinstance(key, str):
+            raise fail(start, "expected a string key")
+        pos = ws.match(text, pos).end()
+        if text[pos:pos + 1] != ":":
+            raise fail(pos, "expected ':'")
+        pos = ws.match(text, pos + 1).end()
+        try:
+            value, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise fail(e.pos, e.msg) from None
+        yield key, value, line_at(start)
+        pos = ws.match(text, pos).end()
+        ch = text[pos:pos + 1]
+        if ch == ",":
+            pos = ws.match(text, pos + 1).end()
+        elif ch == "}":
+            if text[pos + 1:].strip():
+                raise fail(pos + 1, "extra data after the object")
+            return
+        else:
+            raise fail(pos, "expected ',' or '}'")
+
+
+def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+    with open_url(src, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if src.lower().endswith(".tsv") else ",")
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise ShardifyError(f"{src}: the file is empty") from None
+    id_col = next((c for c in ("ID", "id") if c in header), None)
+    path_col = next((c for c in AUDIO_PATH_FIELDS if c in header), None)
+    if id_col is None or path_col is None:
+        raise ShardifyError(
+            f"{src}:1: a SpeechBrain CSV needs an 'ID' column and an audio path column "
+            f"({', '.join(AUDIO_PATH_FIELDS)}); the header is {','.join(header)}"
+        )
+    problems: list[InputProblem] = []
+    base = _base_dir(src)
+    records = []
+    prev = reader.line_num
+    for row in reader:
+        line, prev = prev + 1, reader.line_num
+        if not any(c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            problems.append(InputProblem(src, f"{len(row)} columns, but the header has {len(header)}", line))
+            continue
+        entry: dict[str, Any] = dict(zip(header, row))
+        for col in LENGTH_FIELDS:
+            if col in entry:
+                try:
+                    entry[col] = float(entry[col])
+                except ValueError:
+                    pass  # reported as "not a number" below
+        rec = _record_from_audio_entry(
+            entry, src, line, sanitize_key(entry[id_col]), base, data_root, problems
+        )
+        if rec is not None:
+            records.append(rec)
+    return records, problems
+
+
+def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
+    problems: list[InputProblem] = []
+    stem = sanitize_key(os.path.splitext(posixpath.basename(src))[0])
+    records = []
+    for n, obj in _iter_jsonl(src, problems):
+        key = _entry_key(obj) or f"{stem}_{n:09d}"
+        text, ids, length = obj.get("text"), obj.get("input_ids"), obj.get("length")
+        if text is None and ids is None:
+            problems.append(InputProblem(src, "missing 'text' or 'input_ids' field", n, key))
+            continue
+        if text is not None and not isinstance(text, str):
+            problems.append(InputProblem(src, f"'text' is not a string: {text!r:.60}", n, key))
+            continue
+        if ids is not None and not (
+            isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and -2**31 <= i < 2**31 for i in ids)
+        ):
+            problems.append(InputProblem(src, "'input_ids' is not a list of 32-bit integers", n, key))
+            continue
+        if length is not None:
+            if isinstance(length, bool) or not isinstance(length, (int, float)) or length != int(length) or length < 0:
+                problems.append(InputProblem(src, f"'length' is not a whole number of tokens: {length!r}", n, key))
+                continue
+            length = int(length)
+        fields = {k: v for k, v in obj.items() if k not in ("text", "input_ids", "length")}
+        records.append(Record(key=key, text=text, input_ids=ids, length=length, fields=fields, source=src, line=n))
+    return records, problems
+
+
+def token_length(rec: Record) -> int:
+    """Tokens of a text record: its precomputed ``length``, else ``len(input_ids)``, else whitespace tokens."""
+    if rec.length is not None:
+        return int(rec.length)
+    if rec.input_ids is not None:
+        return len(rec.input_ids)
+    return len((rec.text or "").split())
