@@ -114,7 +114,8 @@ class BucketBatcher:
         max_length: float | None = None,
         drop_last: bool = False,
         strict: bool = False,
-        seed: int = 0,
+        shuffle: bool = True,
+        seed: int | Sequence[int] = 0,
     ):
         if not budget or budget <= 0:
             raise ValueError(f"budget must be positive, got {budget}")
@@ -134,6 +135,7 @@ class BucketBatcher:
         self.max_length = min(float(max_length), self.budget) if max_length is not None else self.budget
         self.drop_last = drop_last
         self.strict = strict
+        self.shuffle = shuffle
         self.rng = np.random.default_rng(seed)
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
@@ -259,7 +261,7 @@ class BucketBatcher:
         starts, ends, full = self._pack(lens)
         nb = len(starts)
         if final:
-            chosen = self.rng.permutation(nb)
+            chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
             if self.drop_last:
                 keep = full[chosen]
                 for b in chosen[~keep]:
@@ -271,7 +273,9 @@ class BucketBatcher:
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
         fill = (ends - starts)[partial] * lens[starts[partial]]
-        cand = np.concatenate([complete[self.rng.permutation(len(complete))], partial[np.argsort(-fill, kind="stable")]])
+        if self.shuffle:
+            complete = complete[self.rng.permutation(len(complete))]
+        cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]])
         freed = np.cumsum((ends - starts)[cand])
         chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
         out = [ids[starts[b]:ends[b]].copy() for b in chosen]
@@ -319,7 +323,8 @@ def plan_batches(
     max_length: float | None = None,
     drop_last: bool = False,
     strict: bool = False,
-    seed: int = 0,
+    shuffle: bool = True,
+    seed: int | Sequence[int] = 0,
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
 
@@ -341,6 +346,7 @@ def plan_batches(
         max_length=max_length,
         drop_last=drop_last,
         strict=strict,
+        shuffle=shuffle,
         seed=seed,
     )
     batches = batcher.push_many(np.arange(len(lengths)), lengths)

@@ -1,0 +1,67 @@
+"""Who am I: rank, world size, local rank and DataLoader worker, from wherever the launcher put them.
+
+Order of precedence: explicit arguments, an initialised ``torch.distributed`` group, torchrun's variables
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), SLURM's (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``),
+else a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    source: str = "single"
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    try:
+        return int(v) if v not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def process_info(rank: int | None = None, world_size: int | None = None) -> ProcessInfo:
+    """This process's place in the job; explicit ``rank``/``world_size`` win over everything else."""
+    local = _env_int("LOCAL_RANK")
+    if local is None:
+        local = _env_int("SLURM_LOCALID") or 0
+    if rank is not None or world_size is not None:
+        r, w = int(rank or 0), int(world_size or 1)
+        src = "explicit"
+    else:
+        r, w, src = _detect()
+    if not 0 <= r < w:
+        raise ValueError(f"rank {r} is outside world_size {w} (from {src})")
+    return ProcessInfo(rank=r, world_size=w, local_rank=local, source=src)
+
+
+def _detect() -> tuple[int, int, str]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size(), "torch.distributed"
+    except Exception:  # pragma: no cover - torch without distributed support
+        pass
+    r, w = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if r is not None and w is not None:
+        return r, w, "torchrun"
+    r, w = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    if r is not None and w is not None:
+        return r, w, "slurm"
+    return 0, 1, "single"
+
+
+def worker_info() -> tuple[int, int]:
+    """(worker id, number of workers) inside a torch DataLoader worker, else (0, 1)."""
+    from torch.utils.data import get_worker_info
+
+    wi = get_worker_info()
+    return (wi.id, wi.num_workers) if wi is not None else (0, 1)
