@@ -66,7 +66,7 @@ def verify_shard(url: str, info: ShardInfo, storage_options: dict | None = None,
         if not [e for e in s["exts"] if e != "json"]:
             bad_samples.append(f"{where}: no payload member")
         length = s.get("length")
-        if "json" in s["exts"] and i < info.count:
+        if "json" in s["exts"] and not s.get("bad_json") and i < info.count:
             want = info.lengths[i]
             if length is None or not _same_length(length, want):
                 bad_samples.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
@@ -88,6 +88,7 @@ def verify_shard(url: str, info: ShardInfo, storage_options: dict | None = None,
                         try:
                             current["length"] = json.loads(tar.extractfile(m).read()).get("length")
                         except (ValueError, AttributeError) as e:
+                            current["bad_json"] = True
                             bad_samples.append(f"{key}.json: not a JSON object ({e})")
                 finish(current)
             reader.drain()

@@ -31,7 +31,7 @@ import sys
 import tarfile
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -89,7 +89,6 @@ class Sample:
     key: str
     length: int | float
     members: list[Member]
-    record: Record | None = field(default=None, repr=False, compare=False)
 
     @property
     def tar_bytes(self) -> int:
@@ -140,7 +139,7 @@ def audio_sample(rec: Record, length: int | float, sample_rate: int, frames: int
         meta["text"] = rec.text
     _with_fields(meta, rec.fields, skip=("duration",))
     payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path)]
-    return Sample(rec.key, length, _members(rec.key, meta, payload), rec)
+    return Sample(rec.key, length, _members(rec.key, meta, payload))
 
 
 def text_sample(rec: Record, length: int) -> Sample:
@@ -154,7 +153,7 @@ def text_sample(rec: Record, length: int) -> Sample:
         payload.append(Member(f"{rec.key}.input_ids.npy", 0, data=buf.getvalue()))
     for m in payload:
         m.size = len(m.data)
-    return Sample(rec.key, length, _members(rec.key, meta, payload), rec)
+    return Sample(rec.key, length, _members(rec.key, meta, payload))
 
 
 # ---- stage: measure ----------------------------------------------------------------------------

@@ -332,3 +332,29 @@ def test_write_to_fsspec_url(tmp_path, audio_folder):
     with pytest.raises(ShardifyError, match="not empty"):
         write_shards(str(folder), url, progress=False)
     fs.rm(url, recursive=True)
+
+
+def test_planned_sizes_match_the_tar_for_long_and_unicode_names(tmp_path):
+    """Shard limits are decided from planned sizes: they must equal the bytes written (pax headers too)."""
+    d = tmp_path / "src"
+    make_audio(d / ("x" * 150 + ".wav"), 0.1)
+    make_audio(d / "grüße" / "straße.flac", 0.1)
+    make_audio(d / "日本語.ogg", 0.1)
+    m = write_jsonl(tmp_path / "t.jsonl", [{"text": "ünïcödé " * 50, "input_ids": list(range(300))}])
+    for src in (d, m):
+        out = tmp_path / f"out-{src.name}"
+        index = write_shards(str(src), str(out), progress=False)
+        samples = writer.measure(*_records(src), progress=False)[0]
+        planned = writer.shard_tar_bytes(sum(s.tar_bytes for s in samples))
+        assert index.shards[0].bytes == os.path.getsize(out / index.shards[0].url) == planned
+        assert verify_dataset(index, progress=False) == []
+    keys = sorted(s["__key__"] for s in read_back(tmp_path / "out-src"))
+    assert keys == sorted(["x" * 150, "grüße__straße", "日本語"])
+
+
+def _records(src):
+    from streambatch.sources import detect_kind, read_source
+
+    kind = detect_kind(str(src))
+    records, _ = read_source(str(src), kind)
+    return records, kind, "tokens" if kind == "text" else "samples"

@@ -1,0 +1,387 @@
+"""The ``shardify`` command: write, inspect, verify, demo.
+
+Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
+with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
+output folder, no index).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from .errors import InputErrors, ShardifyError
+from .index import IndexError_, ShardIndex
+
+PROG = "shardify"
+
+
+# ---- argument helpers --------------------------------------------------------------------------
+def _positive_int(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {s!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {s!r}")
+    return n
+
+
+def _size(s: str) -> int:
+    from .writer import parse_size
+
+    try:
+        return parse_size(s)
+    except ShardifyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _storage_option(s: str) -> tuple[str, Any]:
+    key, sep, value = s.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {s!r}")
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = value
+    return key, parsed
+
+
+def storage_options_from(pairs: Sequence[tuple[str, Any]] | None) -> dict | None:
+    """``[("client_kwargs.endpoint_url", "http://...")]`` → ``{"client_kwargs": {"endpoint_url": ...}}``."""
+    if not pairs:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        d = out
+        *parents, last = key.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[last] = value
+    return out
+
+
+def _add_storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-option", dest="storage_option", metavar="KEY=VALUE", type=_storage_option, action="append",
+        help="fsspec storage option for URLs (repeatable; dotted keys nest, values are JSON when they parse), "
+        "e.g. --storage-option client_kwargs.endpoint_url=http://127.0.0.1:9000",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Write, inspect and verify length-annotated WebDataset shards for streambatch.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from .sources import KINDS
+
+    w = sub.add_parser(
+        "write",
+        help="turn an audio folder, manifest or text JSONL into shards + index.json",
+        description="Write SRC as length-annotated WebDataset shards (shard-000000.tar, ...) and index.json "
+        "(written last) in OUT. SRC is a folder of audio files (wav/flac/ogg, recursive; NAME.txt beside an "
+        "audio file is its transcript), a JSONL manifest (NeMo style: audio_filepath or path, duration, text, "
+        "...), a SpeechBrain JSON or CSV manifest, or a text JSONL (text and/or input_ids). Audio lengths "
+        "are read from file headers, never by decoding; the original audio bytes are stored as they are.",
+    )
+    w.add_argument("src", metavar="SRC", help="audio folder, .jsonl/.json manifest, SpeechBrain .json/.csv, "
+                   "or text .jsonl")
+    w.add_argument("out", metavar="OUT", help="output folder or fsspec URL (s3://bucket/prefix, ...)")
+    w.add_argument("--kind", choices=KINDS, help="what SRC is (default: detected: a folder; .csv or a JSON "
+                   "object of objects = speechbrain; JSON lines with an audio path field = manifest, else text)")
+    w.add_argument("--unit", choices=("samples", "seconds", "tokens"),
+                   help="length unit of the dataset (default: samples for audio, tokens for text). tokens are "
+                   "whitespace tokens of text, unless a record has input_ids or a precomputed length")
+    w.add_argument("--sample-rate", type=_positive_int, metavar="R",
+                   help="count audio lengths in samples at R Hz (round(frames*R/rate)); needed when files "
+                   "have different sample rates")
+    w.add_argument("--data-root", metavar="DIR", help="fills {data_root} / $data_root in SpeechBrain paths")
+    w.add_argument("--max-count", type=_positive_int, default=1000, metavar="N",
+                   help="at most N samples per shard (default 1000)")
+    w.add_argument("--max-size", type=_size, default="1G", metavar="SIZE",
+                   help="at most SIZE bytes per shard: a number of bytes or 500M, 2G, ... (powers of 1024; "
+                   "default 1G). A single bigger sample gets a shard of its own")
+    w.add_argument("--shuffle", action="store_true", help="shuffle the sample order before sharding")
+    w.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
+    w.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="processes probing headers and writing shards (default 1); the output is "
+                   "identical for any N")
+    w.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                   help="bad input (missing/unreadable audio, bad lines, duplicate keys): fail = write "
+                   "nothing and exit 2 (default); skip = write the rest and list them in OUT/errors.jsonl")
+    w.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset already in OUT (removes only shard-*.tar, index.json, "
+                   "errors.jsonl and *.tmp* files)")
+    w.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_storage(w)
+    w.set_defaults(func=cmd_write)
+
+    i = sub.add_parser(
+        "inspect",
+        help="counts, hours/tokens, length percentiles, a suggested budget and bucket boundaries",
+        description="Summarise a dataset from its index.json: sample and shard counts, total hours (audio) or "
+        "tokens, length percentiles (in the dataset's unit and, for audio, seconds), a suggested batch "
+        "budget and bucket boundaries.",
+    )
+    i.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+    i.add_argument("--budget", metavar="B",
+                   help="batch budget (max padded length per batch) in the dataset's unit, or seconds with "
+                   "an 's' suffix for audio (e.g. 60s); default: suggested from the lengths")
+    i.add_argument("--num-buckets", type=_positive_int, metavar="K",
+                   help="number of buckets for the boundaries (default: chosen from the lengths)")
+    i.add_argument("--plot", metavar="FILE.png", help="save a length histogram (needs matplotlib)")
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_storage(i)
+    i.set_defaults(func=cmd_inspect)
+
+    v = sub.add_parser(
+        "verify",
+        help="re-read every shard and check it against index.json",
+        description="Re-read every shard and check it against index.json: it exists, byte size, sha256, "
+        "sample count, keys and their order, a .json and a payload per sample, and each .json length equal "
+        "to the index's. Exit 0 if all match, 1 with the list of mismatches otherwise.",
+    )
+    v.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_storage(v)
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("demo", help="write a small synthetic dataset and show streambatch on it",
+                       description="Write a small synthetic speech dataset to OUT and run streambatch on it.")
+    d.add_argument("out", metavar="OUT", help="folder for the demo dataset")
+    d.add_argument("--num-utterances", type=_positive_int, default=2400, metavar="N",
+                   help="synthetic utterances (default 2400)")
+    d.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+# ---- commands ----------------------------------------------------------------------------------
+def cmd_write(args: argparse.Namespace) -> int:
+    from .writer import write_shards
+
+    index = write_shards(
+        args.src, args.out, kind=args.kind, unit=args.unit, sample_rate=args.sample_rate,
+        data_root=args.data_root, max_count=args.max_count, max_size=args.max_size, shuffle=args.shuffle,
+        seed=args.seed, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite,
+        storage_options=storage_options_from(args.storage_option), progress=not args.no_progress,
+    )
+    skipped = index.meta.get("skipped", 0)
+    if skipped:
+        from .storage import join_url
+        from .writer import ERRORS_NAME
+
+        print(f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in "
+              f"{join_url(args.out, ERRORS_NAME)}", file=sys.stderr)
+    print(f"wrote {index.num_samples} samples in {index.num_shards} shards to {args.out} "
+          f"({_total(index)}); index: {index.unit}" + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
+    return 0
+
+
+def _total(index: ShardIndex) -> str:
+    spu = index.seconds_per_unit()
+    if spu:
+        return _hours(index.total_length * spu / 3600)
+    return f"{_fmt(index.total_length)} {index.unit}"
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.2f} h" if h >= 1 else f"{h * 60:,.2f} min"
+
+
+def _fmt(x: float) -> str:
+    """1,234 for whole or large numbers, else up to 3 decimals."""
+    x = float(x)
+    if x.is_integer() or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:,.3f}".rstrip("0").rstrip(".")
+
+
+def _load(args: argparse.Namespace) -> ShardIndex:
+    try:
+        return ShardIndex.load(args.out, storage_options_from(args.storage_option))
+    except (FileNotFoundError, IndexError_) as e:
+        raise ShardifyError(str(e)) from None
+
+
+def parse_budget(text: str, index: ShardIndex) -> float:
+    """A budget in the dataset's unit, or ``"60s"`` (seconds) for audio."""
+    t = text.strip().lower()
+    try:
+        if t.endswith("s") and not t.endswith("samples"):
+            spu = index.seconds_per_unit()
+            if not spu:
+                raise ShardifyError(f"--budget {text}: seconds only make sense for audio, this dataset is in {index.unit}")
+            value = float(t[:-1]) / spu
+        else:
+            value = float(t.removesuffix("samples").strip())
+    except ValueError:
+        raise ShardifyError(f"--budget {text!r}: expected a number (or seconds like 60s)") from None
+    if value <= 0:
+        raise ShardifyError("--budget must be positive")
+    return value
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    index = _load(args)
+    lengths = index.lengths
+    stats = index.stats()
+    spu = index.seconds_per_unit()
+    summary: dict[str, Any] = {"dataset": args.out, "sample_rate": index.sample_rate, **stats}
+    if spu and lengths.size:
+        summary["seconds"] = {
+            "min": float(lengths.min()) * spu, "mean": float(lengths.mean()) * spu, "max": float(lengths.max()) * spu,
+            "percentiles": {p: v * spu for p, v in stats["percentiles"].items()},
+        }
+    note = None
+    budget = boundaries = None
+    if lengths.size:
+        try:
+            from .buckets import estimate_boundaries, suggest_budget
+        except ImportError as e:
+            note = f"budget and bucket suggestions need streambatch.buckets ({e})"
+        else:
+            if args.budget:
+                budget = parse_budget(args.budget, index)
+                summary["budget_source"] = "given"
+            else:
+                budget = float(suggest_budget(lengths, index.unit, index.sample_rate))
+                summary["budget_source"] = "suggested"
+            boundaries = [float(b) for b in np.asarray(estimate_boundaries(lengths, budget, args.num_buckets)).ravel()]
+            summary["budget"] = _plain(budget)
+            summary["bucket_boundaries"] = [_plain(b) for b in boundaries]
+    if args.plot:
+        summary["plot"] = _plot(lengths, index, boundaries, args.plot)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary, index, budget, boundaries)
+    if note:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
+    return 0
+
+
+def _plain(x: float) -> float | int:
+    x = float(x)
+    return int(x) if x.is_integer() else x
+
+
+def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, boundaries: list[float] | None) -> None:
+    spu = index.seconds_per_unit()
+    unit = index.unit + (f" @ {index.sample_rate} Hz" if index.unit == "samples" and index.sample_rate else "")
+
+    def both(x: float) -> str:
+        return f"{_fmt(x)} {index.unit}" + (f" ({float(x) * spu:.2f} s)" if spu and index.unit != "seconds" else "")
+
+    rows = [("dataset", s["dataset"]), ("unit", unit), ("shards", f"{s['num_shards']:,}"),
+            ("samples", f"{s['num_samples']:,}")]
+    if s["num_samples"]:
+        total = f"{_fmt(s['total_length'])} {index.unit}"
+        if "total_hours" in s:
+            total = f"{_hours(s['total_hours'])} ({total})"
+        rows += [("total", total), ("min", both(s["min"])), ("mean", both(s["mean"])), ("max", both(s["max"]))]
+    skipped = index.meta.get("skipped")
+    if skipped:
+        rows.append(("skipped", f"{skipped} bad inputs when written (errors.jsonl)"))
+    for k, v in rows:
+        print(f"{k:<10} {v}")
+    if s["num_samples"]:
+        print("length percentiles:")
+        for p, v in s["percentiles"].items():
+            print(f"  p{p:<3} {both(v)}")
+    if budget is not None:
+        print(f"budget     {both(budget)} [{s['budget_source']}]")
+    if boundaries is not None:
+        print(f"buckets    {len(boundaries)} boundaries: " + ", ".join(both(b) for b in boundaries))
+    if s.get("plot"):
+        print(f"plot       {s['plot']}")
+
+
+def _plot(lengths, index: ShardIndex, boundaries: list[float] | None, path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ShardifyError("--plot needs matplotlib: pip install 'streambatch[plot]'") from None
+    spu = index.seconds_per_unit()
+    scale, label = (spu, "seconds") if spu else (1.0, index.unit)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.hist(lengths * scale, bins=min(100, max(10, int(len(lengths) ** 0.5))), color="#4477aa")
+    for b in boundaries or []:
+        ax.axvline(b * scale, color="#cc6677", linewidth=0.8)
+    ax.set_xlabel(f"length ({label})")
+    ax.set_ylabel("samples")
+    ax.set_title(f"{index.num_samples:,} samples in {index.num_shards:,} shards"
+                 + (" (lines: bucket boundaries)" if boundaries else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_dataset
+
+    index = _load(args)
+    problems = verify_dataset(index, storage_options_from(args.storage_option), progress=not args.no_progress)
+    if problems:
+        print(f"{len(problems)} mismatch{'es' if len(problems) != 1 else ''} between the shards and the index:")
+        for p in problems:
+            print(f"  {p}")
+        return 1
+    print(f"ok: {index.num_shards} shards, {index.num_samples} samples match {args.out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return int(run_demo(args.out, num_utterances=args.num_utterances, seed=args.seed))
+
+
+# ---- entry point -------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except InputErrors as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: fix them, or pass --on-error skip to write the rest", file=sys.stderr)
+        return 2
+    except ShardifyError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into head & co.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:
+        if os.environ.get("STREAMBATCH_DEBUG") == "1":
+            raise
+        msg = (str(e).strip().splitlines() or [""])[0]
+        print(f"{PROG}: unexpected error: {type(e).__name__}: {msg} (STREAMBATCH_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
