@@ -116,6 +116,7 @@ class BucketBatcher:
         strict: bool = False,
         shuffle: bool = True,
         seed: int | Sequence[int] = 0,
+        pad_to_multiple_of: int | None = None,
     ):
         if not budget or budget <= 0:
             raise ValueError(f"budget must be positive, got {budget}")
@@ -133,9 +134,13 @@ class BucketBatcher:
         self.refill = max(1, int(refill) if refill else self.buffer_size // 8)
         self.min_length = float(min_length or 0)
         self.max_length = min(float(max_length), self.budget) if max_length is not None else self.budget
+        if pad_to_multiple_of and pad_to_multiple_of > 1:
+            # the padded tensor is rounded up, so the longest sample that can fit shrinks accordingly
+            self.max_length = min(self.max_length, self.budget // pad_to_multiple_of * pad_to_multiple_of)
         self.drop_last = drop_last
         self.strict = strict
         self.shuffle = shuffle
+        self.pad_multiple = int(pad_to_multiple_of or 1)
         self.rng = np.random.default_rng(seed)
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
@@ -227,7 +232,8 @@ class BucketBatcher:
         so the cost is a few vectorised passes rather than a Python step per batch.
         """
         n = len(s)
-        cap = np.floor(self.budget / s).astype(np.int64)
+        padded = np.ceil(s / self.pad_multiple) * self.pad_multiple if self.pad_multiple > 1 else s
+        cap = np.floor(self.budget / padded).astype(np.int64)
         np.minimum(cap, self.max_batch_size, out=cap)
         if self.multiple > 1:
             cap = np.where(cap >= self.multiple, cap - cap % self.multiple, cap)
@@ -325,6 +331,7 @@ def plan_batches(
     strict: bool = False,
     shuffle: bool = True,
     seed: int | Sequence[int] = 0,
+    pad_to_multiple_of: int | None = None,
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
 
@@ -348,6 +355,7 @@ def plan_batches(
         strict=strict,
         shuffle=shuffle,
         seed=seed,
+        pad_to_multiple_of=pad_to_multiple_of,
     )
     batches = batcher.push_many(np.arange(len(lengths)), lengths)
     batches.extend(batcher.flush())
