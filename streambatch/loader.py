@@ -92,6 +92,7 @@ class BatchingConfig:
     strict: bool = False
     shuffle: bool = True
     seed: int = 0
+    pad_to_multiple_of: int | None = None
 
     def batcher(self, epoch: int, slot: int) -> BucketBatcher:
         return BucketBatcher(
@@ -106,6 +107,7 @@ class BatchingConfig:
             strict=self.strict,
             shuffle=self.shuffle,
             seed=_slot_seed(self.seed, epoch, slot),
+            pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
     def plan(self, lengths: np.ndarray, epoch: int, slot: int) -> BatchPlan:
@@ -123,6 +125,7 @@ class BatchingConfig:
             strict=self.strict,
             shuffle=self.shuffle,
             seed=_slot_seed(self.seed, epoch, slot),
+            pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
 
@@ -225,11 +228,14 @@ class _EpochStream(IterableDataset):
         self.pad_to_multiple_of = loader.pad_to_multiple_of
         self.sample_rate = loader.index.sample_rate if loader.index is not None and loader.index.unit == "samples" else None
         self.storage_options = loader.storage_options
-        self.shared = loader._shared  # [epoch, steps, consumed, num planned per worker...]
+        self.shared = loader._shared  # [epoch, steps, consumed, rotation, batches planned per worker...]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        worker, _ = worker_info()
-        epoch, consumed = int(self.shared[0]), int(self.shared[2])
+        physical, _ = worker_info()
+        epoch, consumed, rotation = int(self.shared[0]), int(self.shared[2]), int(self.shared[3])
+        # after a resume the DataLoader starts its round robin at worker 0, while the next batch is due
+        # from another worker: rotate which slot each DataLoader worker serves
+        worker = (physical + rotation) % self.num_workers
         slot = self.rank * self.num_workers + worker
         yield from stream_slot(self, epoch, slot, worker, consumed)
 
@@ -239,7 +245,7 @@ def stream_slot(ds: _EpochStream, epoch: int, slot: int, worker: int, consumed: 
     cfg = ds.cfg
     if ds.index is not None:
         plan = make_epoch_plan_for_slot(ds, epoch, slot)
-        counts = [int(c) for c in ds.shared[3:3 + ds.num_workers].tolist()]
+        counts = [int(c) for c in ds.shared[4:4 + ds.num_workers].tolist()]
         first = consumed_per_worker(counts, consumed)[worker]
         take = consumed_per_worker(counts, int(ds.shared[1]))[worker]
         lengths = slot_lengths([s.lengths for s in ds.index.shards], plan.pieces)
@@ -402,6 +408,8 @@ class StreamBatchLoader:
             strict=strict,
             shuffle=shuffle,
             seed=seed,
+            # the planner rounds lengths up as the tensor will be, when lengths count tensor elements
+            pad_to_multiple_of=pad_to_multiple_of if self.index is None or self.index.unit != "seconds" else None,
         )
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
@@ -414,7 +422,7 @@ class StreamBatchLoader:
         self.epoch = 0
         self._consumed = 0  # batches of the current epoch already yielded (or restored)
         self._plans: dict[int, EpochPlan] = {}
-        self._shared = torch.zeros(3 + max(1, self.num_workers), dtype=torch.int64).share_memory_()
+        self._shared = torch.zeros(4 + max(1, self.num_workers), dtype=torch.int64).share_memory_()
         self._dataloader: DataLoader | None = None
 
     # ---- epochs and planning ----------------------------------------------------------------------
@@ -465,8 +473,11 @@ class StreamBatchLoader:
             plan = self.plan(epoch)
             steps = plan.steps
             self._shared[1] = steps
-            for w, s in enumerate(plan.rank_slots(self.rank)):
-                self._shared[3 + w] = len(plan.slots[s].batches)
+            counts = [len(plan.slots[s].batches) for s in plan.rank_slots(self.rank)]
+            for w, c in enumerate(counts):
+                self._shared[4 + w] = c
+            order = interleave([plan.take[s] for s in plan.rank_slots(self.rank)])
+            self._shared[3] = order[self._consumed][0] if self._consumed < len(order) else 0
             if self._consumed == 0:
                 log.info(
                     "epoch %d: %d batches per rank; %d samples left out to keep %d ranks even, %d skipped "
