@@ -173,24 +173,27 @@ def check_unit(kind: str, unit: str | None, sample_rate: int | None) -> str:
 
 
 def probe_file(path: str, storage_options: dict | None = None) -> tuple[int, int, int] | str:
-    """``(sample_rate, frames, bytes)`` of an audio file from its header only, or the problem as text."""
+    """``(sample_rate, frames, bytes)`` of an audio file from its header only, or what is wrong with it."""
     try:
         with storage.open_url(path, "rb", storage_options) as f:
             nbytes = os.fstat(f.fileno()).st_size if storage.is_local(path) else storage.size(path, storage_options)
             if nbytes == 0:
-                return "empty file (0 bytes)"
+                return "empty audio file (0 bytes)"
             info = probe(f)
     except FileNotFoundError:
-        return f"audio file not found: {path}"
+        return "audio file not found"
     except IsADirectoryError:
-        return f"not a file: {path}"
+        return "audio path is a folder"
     except OSError as e:
-        return f"cannot read audio file {path} ({e.strerror or e})"
+        return f"cannot read audio file ({e.strerror or e})"
     except AudioError as e:
-        cause = e.__cause__
-        return f"not readable audio: {path} ({str(cause).strip().splitlines()[-1] if cause else e})"
+        msg = (str(e.__cause__ or e).strip().splitlines() or ["?"])[-1]
+        msg = re.sub(r"^Error opening <.*?>: ", "", msg)
+        if "header reports" in msg:
+            return "audio file has no frames"
+        return f"not readable audio ({msg.rstrip('.')})"
     if info.frames <= 0:
-        return f"audio has no frames: {path}"
+        return "audio file has no frames"
     return info.sample_rate, info.frames, nbytes
 
 
@@ -255,8 +258,8 @@ def measure(
 
     probed = []
     for rec, res in zip(records, probe_records(records, workers, progress, storage_options)):
-        if isinstance(res, str):
-            problems.append(rec.problem(res))
+        if isinstance(res, str):  # name the audio file unless the problem is reported at it already
+            problems.append(rec.problem(res if rec.where == rec.path else f"{res}: {rec.path}"))
         else:
             probed.append((rec, *res))
     if problems and on_error == "fail":

@@ -189,3 +189,12 @@ def test_record_where_and_ext():
     r = Record(key="k", path="/x/Y.FLAC", source="/m.jsonl", line=7)
     assert r.where == "/m.jsonl:7" and r.ext == "flac"
     assert str(r.problem("boom")) == "/m.jsonl:7: boom"
+
+
+def test_kind_can_be_forced(tmp_path):
+    t = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a b c", "path": "crawl/1.html"}])
+    assert detect_kind(str(t)) == "manifest"  # it has a "path" field
+    records, problems = read_source(str(t), kind="text")
+    assert problems == [] and records[0].text == "a b c" and records[0].fields == {"path": "crawl/1.html"}
+    with pytest.raises(ShardifyError, match="unknown kind"):
+        read_source(str(t), kind="video")

@@ -186,16 +186,17 @@ def test_bad_input_fail_mode_writes_nothing(tmp_path, broken_manifest):
     assert lines == [2, 3, 4, 5, 6, 8]
     text = str(ei.value)
     for line, what in [(2, "not found"), (3, "not readable audio"), (4, "missing length field"),
-                       (5, "not valid JSON"), (6, "empty file"), (8, "duplicate key 'ok0'")]:
+                       (5, "not valid JSON"), (6, "empty audio file"), (8, "duplicate key 'ok0'")]:
         assert f"{m}:{line}: " in text and what in text
     assert "also at " + f"{m}:1" in text
     assert not out.exists()
 
 
-def test_bad_input_skip_mode_writes_the_rest_and_errors_jsonl(tmp_path, broken_manifest):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bad_input_skip_mode_writes_the_rest_and_errors_jsonl(tmp_path, broken_manifest, workers):
     m, good = broken_manifest
     out = tmp_path / "out"
-    index = write_shards(str(m), str(out), on_error="skip", progress=False)
+    index = write_shards(str(m), str(out), on_error="skip", workers=workers, progress=False)
     assert index.meta["skipped"] == 6
     assert [s["__key__"] for s in read_back(out)] == ["ok0", "ok2"]
     assert index.lengths.tolist() == [good["ok0"], good["ok2"]]
@@ -204,6 +205,21 @@ def test_bad_input_skip_mode_writes_the_rest_and_errors_jsonl(tmp_path, broken_m
     assert all(e["source"] == str(m) and e["error"] for e in errors)
     assert errors[-1]["key"] == "ok0"
     assert verify_dataset(index, progress=False) == []
+
+
+def test_folder_with_zero_frame_and_garbage_audio(tmp_path):
+    d = tmp_path / "src"
+    make_audio(d / "good.flac", 0.1)
+    sf.write(str(d / "silent.wav"), np.zeros(0, dtype="float32"), SR)  # a valid header, 0 frames
+    (d / "junk.ogg").write_bytes(b"OggS" + b"x" * 100)
+    with pytest.raises(InputErrors) as ei:
+        write_shards(str(d), str(tmp_path / "out"), progress=False)
+    assert [str(p) for p in ei.value.problems] == [
+        f"{d / 'junk.ogg'}: not readable audio (File contains data in an unimplemented format)",
+        f"{d / 'silent.wav'}: audio file has no frames",
+    ]
+    index = write_shards(str(d), str(tmp_path / "out"), on_error="skip", progress=False)
+    assert index.num_samples == 1 and index.meta["skipped"] == 2
 
 
 def test_all_bad_is_an_error_even_when_skipping(tmp_path):
