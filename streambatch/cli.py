@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(written last) in OUT. SRC is a folder of audio files (wav/flac/ogg, recursive; NAME.txt beside an "
         "audio file is its transcript), a JSONL manifest (NeMo style: audio_filepath or path, duration, text, "
         "...), a SpeechBrain JSON or CSV manifest, or a text JSONL (text and/or input_ids). Audio lengths "
-        "are read from file headers, never by decoding; the original audio bytes are stored as they are.",
+        "are read from file headers, never by decoding; the original audio bytes are stored as they are. Each "
+        "sample is KEY.json ({\"length\": N, \"sample_rate\", \"duration\", \"text\", other fields}) then "
+        "KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing written).",
     )
     w.add_argument("src", metavar="SRC", help="audio folder, .jsonl/.json manifest, SpeechBrain .json/.csv, "
                    "or text .jsonl")
@@ -99,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="length unit of the dataset (default: samples for audio, tokens for text). tokens are "
                    "whitespace tokens of text, unless a record has input_ids or a precomputed length")
     w.add_argument("--sample-rate", type=_positive_int, metavar="R",
-                   help="count audio lengths in samples at R Hz (round(frames*R/rate)); needed when files "
-                   "have different sample rates")
+                   help="count audio lengths in samples at R Hz (round(frames*R/rate)) and record R in the "
+                   "index; needed when files have different sample rates (each .json keeps its file's rate)")
     w.add_argument("--data-root", metavar="DIR", help="fills {data_root} / $data_root in SpeechBrain paths")
     w.add_argument("--max-count", type=_positive_int, default=1000, metavar="N",
                    help="at most N samples per shard (default 1000)")
