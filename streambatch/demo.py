@@ -1,0 +1,234 @@
+"""``shardify demo OUT``: a synthetic speech dataset, shardified and streamed three ways, side by side.
+
+1. ``OUT/audio``: synthetic FLAC utterances with long-tailed lengths (:func:`synthetic.write_audio_corpus`);
+2. ``OUT/shards``: length-annotated shards plus ``index.json`` (:func:`writer.write_shards`);
+3. one epoch each of (a) fixed-size random batches, (b) fixed-size batches of the globally sorted data
+   (batches shuffled) and (c) :class:`StreamBatchLoader` with a budget of 60 s of audio per batch.
+
+All three stream the same shards with the same tar reader (:func:`reader.read_shard`), decode and pad
+with the same :func:`collate.collate`, in one DataLoader worker, so samples/s compares batching, not I/O
+code. Padding and cost figures are measured on the tensors each method actually yields.
+
+If ``OUT/shards/index.json`` already exists the data is reused, so a second run takes seconds.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+BUDGET_SECONDS = 60
+SHARD_COUNT = 100  # utterances per shard: ~24 shards for the default 2,400
+NUM_WORKERS = 1
+
+
+@dataclass
+class Result:
+    """What one method yielded over one epoch."""
+
+    name: str
+    batches: int = 0
+    samples: int = 0
+    real: int = 0  # audio samples that are data
+    padded: int = 0  # audio samples in the padded tensors
+    over_budget: int = 0  # batches with n × max_len > budget
+    max_cost: int = 0  # largest n × max_len of a batch
+    seconds: float = 0.0
+
+    @property
+    def padding(self) -> float:
+        return 1.0 - self.real / self.padded if self.padded else 0.0
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+
+    def add(self, batch: dict[str, Any], budget: float) -> None:
+        audio = batch["audio"]
+        n, t = int(audio.shape[0]), int(audio.shape[1])
+        self.batches += 1
+        self.samples += n
+        self.real += int(batch["lengths"].sum())
+        self.padded += n * t
+        self.max_cost = max(self.max_cost, n * t)
+        self.over_budget += int(n * t > budget)
+
+
+# ---- fixed-size baselines, executed by plain tar streaming -------------------------------------------
+def fixed_random_batches(n: int, batch_size: int, seed: int) -> list[np.ndarray]:
+    """(a) A random permutation of all samples cut into batches of ``batch_size``."""
+    perm = np.random.default_rng([seed, 1]).permutation(n)
+    return [perm[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def fixed_sorted_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[np.ndarray]:
+    """(b) All samples sorted by length, cut into batches of ``batch_size``, the batches shuffled."""
+    order = np.argsort(lengths, kind="stable")
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [batches[i] for i in np.random.default_rng([seed, 2]).permutation(len(batches))]
+
+
+class PlannedBatches(IterableDataset):
+    """Stream every shard once, in order, with the plain tar reader; hold each sample's raw bytes until
+    the last sample of its batch has been read, then decode and pad the batch with ``collate``.
+
+    An iterable dataset for a torch DataLoader: worker ``w`` of ``W`` executes batches ``w, w + W, ...``.
+    """
+
+    def __init__(self, urls: Sequence[str], counts: Sequence[int], batches: Sequence[np.ndarray], sample_rate: int | None):
+        self.urls, self.counts, self.batches, self.sample_rate = list(urls), list(counts), list(batches), sample_rate
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from torch.utils.data import get_worker_info
+
+        from .collate import collate
+        from .reader import read_shard
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        batch_of = np.full(int(offsets[-1]), -1, dtype=np.int64)
+        mine = range(worker, len(self.batches), workers)
+        for b in mine:
+            batch_of[self.batches[b]] = b
+        missing = {b: len(self.batches[b]) for b in mine}
+        held: dict[int, dict[str, Any]] = {}
+        for s, url in enumerate(self.urls):
+            for sample in read_shard(url, s):
+                gid = int(offsets[s]) + sample["__index__"]
+                b = int(batch_of[gid])
+                if b < 0:
+                    continue
+                held[gid] = sample
+                missing[b] -= 1
+                if missing[b] == 0:
+                    yield collate([held.pop(int(i)) for i in self.batches[b]], "audio", sample_rate=self.sample_rate)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _run(name: str, batches_iter, budget: float) -> Result:
+    res = Result(name)
+    t0 = time.perf_counter()
+    for batch in batches_iter:
+        res.add(batch, budget)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def run_fixed(name: str, index, batches: Sequence[np.ndarray], budget: float, num_workers: int = NUM_WORKERS) -> Result:
+    from torch.utils.data import DataLoader
+
+    ds = PlannedBatches(index.shard_urls(), [s.count for s in index.shards], batches, index.sample_rate)
+    dl = DataLoader(ds, batch_size=None, num_workers=num_workers, collate_fn=_identity)
+    return _run(name, dl, budget)
+
+
+def run_streambatch(name: str, shards: str, budget: float, seed: int, num_workers: int = NUM_WORKERS) -> tuple[Result, Any]:
+    from .loader import StreamBatchLoader
+
+    loader = StreamBatchLoader(shards, budget=budget, num_workers=num_workers, seed=seed)
+    planned = len(loader)
+    return _run(name, loader, budget), planned
+
+
+# ---- data -----------------------------------------------------------------------------------------
+def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
+    """(index, reused): write ``OUT/audio`` and ``OUT/shards`` unless ``OUT/shards/index.json`` exists."""
+    from .index import INDEX_NAME, ShardIndex
+
+    audio, shards = os.path.join(out, "audio"), os.path.join(out, "shards")
+    if os.path.exists(os.path.join(shards, INDEX_NAME)):
+        return ShardIndex.load(shards), True
+    from .synthetic import write_audio_corpus
+    from .writer import write_shards
+
+    # a run interrupted before the index was written: start its audio over (only our own file names)
+    for path in glob.glob(os.path.join(audio, "utt-*.flac")) + glob.glob(os.path.join(audio, "utt-*.txt")):
+        os.remove(path)
+    write_audio_corpus(audio, num_utterances, seed)
+    index = write_shards(audio, shards, max_count=SHARD_COUNT, overwrite=True, progress=False)
+    return index, False
+
+
+# ---- the command ----------------------------------------------------------------------------------
+def _table(rows: list[list[str]], align: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
+    """Write (or reuse) the demo dataset under ``out``, stream it three ways and print the comparison."""
+    import torch
+
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    out = str(out)
+    index, reused = prepare_data(out, num_utterances, seed)
+    t_data = time.perf_counter() - t_start
+    shards = os.path.join(out, "shards")
+    sr = index.sample_rate or 16000
+    budget = BUDGET_SECONDS * sr
+    lengths = index.lengths
+    n = len(lengths)
+    hours = lengths.sum() / sr / 3600
+
+    if reused:
+        print(f"reusing the dataset in {shards} ({n:,} utterances; delete {out} to make a new one)")
+        if n != num_utterances:
+            print(f"  note: it holds {n:,} utterances, not the {num_utterances:,} asked for")
+    else:
+        print(f"wrote {n:,} synthetic utterances to {os.path.join(out, 'audio')} and "
+              f"{index.num_shards} shards to {shards} in {t_data:.1f} s")
+    print(f"dataset: {n:,} FLAC utterances, {hours:.2f} h, {lengths.min() / sr:.1f}-{lengths.max() / sr:.1f} s "
+          f"(median {np.median(lengths) / sr:.1f} s), {index.num_shards} shards")
+    print(f"budget: {BUDGET_SECONDS} s of audio per batch ({budget:,} samples @ {sr} Hz) = max padded size n x max_len")
+    print(f"streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
+    print()
+
+    # (c) first, to learn its mean batch size; then the fixed baselines with that batch size
+    sb, planned = run_streambatch("(c) streambatch", shards, budget, seed)
+    batch_size = max(1, int(round(sb.samples / max(1, sb.batches))))
+    fr = run_fixed(f"(a) fixed random, B={batch_size}", index, fixed_random_batches(n, batch_size, seed), budget)
+    fs = run_fixed(f"(b) fixed sorted, B={batch_size}", index, fixed_sorted_batches(lengths, batch_size, seed), budget)
+    sb.name = f"(c) streambatch, budget {BUDGET_SECONDS} s"
+    results = [fr, fs, sb]
+
+    rows = [["method", "batches", "samples/batch", "padding %", "over budget", "max cost/budget", "samples/s"]]
+    for r in results:
+        rows.append([
+            r.name, f"{r.batches:,}", f"{r.samples / max(1, r.batches):.1f}", f"{100 * r.padding:.1f}",
+            f"{r.over_budget}/{r.batches}", f"{r.max_cost / budget:.2f}", f"{r.samples_per_second:,.0f}",
+        ])
+    for line in _table(rows, "lrrrrrr"):
+        print(line)
+    print()
+    print(f"B = {batch_size}: the fixed batch size with the same mean samples per batch as streambatch "
+          f"({sb.samples:,} samples / {sb.batches} batches).")
+    print("padding % = 1 - real / padded audio samples; cost = n x max_len of a batch (what the budget bounds).")
+    print("all three read the same shards with the same tar reader and decode+pad with streambatch.collate.collate;")
+    print("samples/s: one epoch each, one after the other in this run (noisy on a shared machine); padding costs")
+    print("throughput too: bigger padded tensors to fill and to pass from the worker process.")
+    print("fixed batches of the same mean size exceed the budget whenever they catch a long utterance;")
+    print("to stay under it they would need B = budget / longest utterance, i.e. many more, smaller batches.")
+    if sb.batches != planned:
+        print(f"WARNING: streambatch yielded {sb.batches} batches but planned {planned}")
+    print()
+    print(f"data: {shards} (index.json + {index.num_shards} shards); total time {time.perf_counter() - t_start:.1f} s")
+    print(f'use it: StreamBatchLoader("{shards}", budget={BUDGET_SECONDS} * {sr})  '
+          f"# from streambatch import StreamBatchLoader")
+    return 0
