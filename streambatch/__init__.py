@@ -2,7 +2,6 @@
 
 from .buckets import BatchPlan, BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, suggest_budget
 from .index import ShardIndex, ShardInfo
-from .loader import StreamBatchLoader
 
 __version__ = "0.1.0"
 
@@ -20,11 +19,14 @@ __all__ = [
     "__version__",
 ]
 
+# The loader pulls in torch and the writer the source parsers: import each only when asked for, so the
+# `shardify` command and its worker processes start fast.
+_LAZY = {"StreamBatchLoader": ".loader", "write_shards": ".writer"}
+
 
 def __getattr__(name: str):
-    # the writer pulls in the source parsers; import it only when asked for
-    if name == "write_shards":
-        from .writer import write_shards
+    if name in _LAZY:
+        import importlib
 
-        return write_shards
-    raise AttributeError(name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'streambatch' has no attribute {name!r}")

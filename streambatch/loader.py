@@ -13,6 +13,7 @@ from each sample's ``.json`` as it streams and the same batcher runs online (no 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -27,12 +28,12 @@ from .buckets import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches
 from .collate import Decode, collate
 from .dist import process_info, worker_info
 from .index import INDEX_NAME, ShardIndex
-from .shards import Piece, plan_slots, shard_order, slot_lengths
+from .plan import EVEN_BATCHES, Adjust, EpochPlan, SlotPlan, apply_adjust, consumed_ids, global_offsets
+from .plan import make_epoch_plan, per_worker, plan_slot
 from .reader import read_pieces
+from .shards import Piece, shard_order
 
 log = logging.getLogger("streambatch")
-
-EVEN_BATCHES = ("drop", "pad")
 
 
 def expand_urls(source: str | Sequence[str]) -> list[str]:
@@ -129,193 +130,141 @@ class BatchingConfig:
         )
 
 
-@dataclass
-class SlotPlan:
-    """One (rank, worker) slot's epoch: the pieces it streams and the batches it forms from them."""
-
-    pieces: list[Piece]
-    batches: list[np.ndarray]  # positions in the slot's stream
-    skipped: int = 0
-    dropped: int = 0
-
-
-@dataclass
-class EpochPlan:
-    """The whole epoch for every rank: slots, steps per rank, and what was left out to keep ranks even."""
-
-    epoch: int
-    world_size: int
-    num_workers: int
-    slots: list[SlotPlan]
-    steps: int  # batches every rank yields
-    take: list[int]  # per slot: how many of its batches are yielded
-    surplus_samples: int = 0
-    skipped_samples: int = 0
-    dropped_samples: int = 0
-
-    def rank_slots(self, rank: int) -> range:
-        return range(rank * self.num_workers, (rank + 1) * self.num_workers)
-
-    def rank_batches(self, rank: int) -> list[tuple[int, int]]:
-        """(slot, batch number) of each of a rank's batches, in the order the DataLoader yields them."""
-        return interleave([self.take[s] for s in self.rank_slots(rank)], offset=rank * self.num_workers)
-
-
-def interleave(counts: Sequence[int], offset: int = 0) -> list[tuple[int, int]]:
-    """A torch DataLoader's order over iterable workers: round robin, skipping exhausted workers."""
-    out = []
-    for r in range(max(counts, default=0)):
-        for w, c in enumerate(counts):
-            if r < c:
-                out.append((offset + w, r))
-    return out
-
-
-def consumed_per_worker(counts: Sequence[int], consumed: int) -> list[int]:
-    """How many of each worker's batches are among the first ``consumed`` batches of the rank."""
-    done = [0] * len(counts)
-    for w, _ in interleave(counts)[:consumed]:
-        done[w] += 1
-    return done
-
-
-def make_epoch_plan(index: ShardIndex, cfg: BatchingConfig, epoch: int, world_size: int, num_workers: int) -> EpochPlan:
-    """Plan an epoch from the index: every slot's pieces and batches, the common step count, the surplus."""
-    shard_lengths = [s.lengths for s in index.shards]
-    num_slots = world_size * num_workers
-    assignment = plan_slots(shard_lengths, num_slots, cfg.seed, epoch, cfg.shuffle)
-    slots = []
-    for slot, pieces in enumerate(assignment):
-        lengths = slot_lengths(shard_lengths, pieces)
-        bp = cfg.plan(lengths, epoch, slot)
-        slots.append(SlotPlan(pieces, list(bp), len(bp.skipped), len(bp.dropped)))
-    per_rank = [sum(len(slots[s].batches) for s in range(r * num_workers, (r + 1) * num_workers)) for r in range(world_size)]
-    steps = min(per_rank) if per_rank else 0
-    take = [0] * num_slots
-    surplus = 0
-    for r in range(world_size):
-        counts = [len(slots[s].batches) for s in range(r * num_workers, (r + 1) * num_workers)]
-        kept = consumed_per_worker(counts, steps)
-        for w, k in enumerate(kept):
-            s = r * num_workers + w
-            take[s] = k
-            surplus += int(sum(len(b) for b in slots[s].batches[k:]))
-    return EpochPlan(
-        epoch=epoch,
-        world_size=world_size,
-        num_workers=num_workers,
-        slots=slots,
-        steps=steps,
-        take=take,
-        surplus_samples=surplus,
-        skipped_samples=sum(s.skipped for s in slots),
-        dropped_samples=sum(s.dropped for s in slots),
-    )
-
-
 class _EpochStream(IterableDataset):
     """The per-process dataset the DataLoader iterates; reads the epoch and resume point from shared memory."""
 
     def __init__(self, loader: "StreamBatchLoader"):
         super().__init__()
         self.urls = loader.urls
-        self.index = loader.index
+        self.shard_lengths = [s.lengths for s in loader.index.shards] if loader.index is not None else None
         self.cfg = loader.cfg
         self.rank = loader.rank
         self.world_size = loader.world_size
         self.num_workers = max(1, loader.num_workers)
         self.decode = loader.decode
         self.pad_to_multiple_of = loader.pad_to_multiple_of
-        self.sample_rate = loader.index.sample_rate if loader.index is not None and loader.index.unit == "samples" else None
+        ix = loader.index
+        self.sample_rate = ix.sample_rate if ix is not None and ix.unit == "samples" else None
         self.storage_options = loader.storage_options
-        self.shared = loader._shared  # [epoch, steps, consumed, rotation, batches planned per worker...]
+        self.excluded = loader._excluded  # (epoch, mask) of samples consumed before a re-planned resume
+        self.shared = loader._shared  # see StreamBatchLoader._publish
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         physical, _ = worker_info()
-        epoch, consumed, rotation = int(self.shared[0]), int(self.shared[2]), int(self.shared[3])
-        # after a resume the DataLoader starts its round robin at worker 0, while the next batch is due
-        # from another worker: rotate which slot each DataLoader worker serves
+        sh = self.shared.tolist()
+        epoch, consumed, rotation = sh[0], sh[1], sh[2]
+        # after a resume the DataLoader starts its round robin at worker 0 while the next batch is due from
+        # another worker: rotate which slot each DataLoader worker serves
         worker = (physical + rotation) % self.num_workers
-        slot = self.rank * self.num_workers + worker
-        yield from stream_slot(self, epoch, slot, worker, consumed)
+        adj = Adjust(split=sh[3 + 3 * worker], pad=sh[4 + 3 * worker], take=sh[5 + 3 * worker])
+        counts = [sh[5 + 3 * w] for w in range(self.num_workers)]
+        first = per_worker(counts, consumed)[worker]
+        yield from stream_slot(self, epoch, self.rank * self.num_workers + worker, adj, first)
 
 
-def stream_slot(ds: _EpochStream, epoch: int, slot: int, worker: int, consumed: int) -> Iterator[dict[str, Any]]:
+def stream_slot(ds: _EpochStream, epoch: int, slot: int, adj: Adjust, first: int) -> Iterator[dict[str, Any]]:
     """The one place the read stages are composed, for one (rank, worker) slot."""
     cfg = ds.cfg
-    if ds.index is not None:
-        plan = make_epoch_plan_for_slot(ds, epoch, slot)
-        counts = [int(c) for c in ds.shared[4:4 + ds.num_workers].tolist()]
-        first = consumed_per_worker(counts, consumed)[worker]
-        take = consumed_per_worker(counts, int(ds.shared[1]))[worker]
-        lengths = slot_lengths([s.lengths for s in ds.index.shards], plan.pieces)
-        # skip whole pieces that hold no sample of a remaining batch (finished shards are not read again)
-        remaining = plan.batches[first:take]
-        pieces = _pieces_needed(plan.pieces, remaining)
-        samples = _positioned(read_pieces(ds.urls, [p for p, _ in pieces], ds.storage_options), pieces)
-        batches = _execute_positioned(samples, plan.batches, first, take, lengths)
+    if ds.shard_lengths is not None:
+        excluded = ds.excluded[1] if ds.excluded is not None and ds.excluded[0] == epoch else None
+        all_lengths = np.concatenate(ds.shard_lengths)
+        raw = plan_slot(ds.shard_lengths, all_lengths, cfg, epoch, slot, ds.world_size * ds.num_workers, excluded)
+        plan = apply_adjust(raw, adj, cfg.seed, epoch, slot)
+        offsets = global_offsets([len(x) for x in ds.shard_lengths])
+        pieces = _pieces_needed(plan, first, offsets, excluded)
+        samples = read_pieces(ds.urls, [p for p, _ in pieces], ds.storage_options)
+        positioned = _positioned(samples, pieces, offsets, excluded)
+        batches = execute_plan(positioned, plan, first, all_lengths)
     else:
-        pieces = _unindexed_pieces(len(ds.urls), ds.world_size * ds.num_workers, cfg.seed, epoch, cfg.shuffle)[slot]
-        samples = read_pieces(ds.urls, pieces, ds.storage_options)
-        batches = iter_batches(samples, cfg.batcher(epoch, slot), _json_length)
+        num_slots = ds.world_size * ds.num_workers
+        if adj.take < 0:  # one pass over this slot's shards
+            pieces = _unindexed_pieces(len(ds.urls), num_slots, cfg.seed, epoch, cfg.shuffle)[slot]
+            samples = read_pieces(ds.urls, pieces, ds.storage_options)
+            batches = iter_batches(samples, cfg.batcher(epoch, slot), _json_length)
+        else:  # batches_per_epoch: cycle the shards (reshuffled each pass) until the slot's share is met
+            samples = _cycle_unindexed(ds, num_slots, epoch, slot)
+            batches = itertools.islice(iter_batches(samples, cfg.batcher(epoch, slot), _json_length), adj.take)
     for batch in batches:
         yield collate(batch, ds.decode, pad_to_multiple_of=ds.pad_to_multiple_of, sample_rate=ds.sample_rate)
 
 
-def make_epoch_plan_for_slot(ds: _EpochStream, epoch: int, slot: int) -> SlotPlan:
-    shard_lengths = [s.lengths for s in ds.index.shards]
-    pieces = plan_slots(shard_lengths, ds.world_size * ds.num_workers, ds.cfg.seed, epoch, ds.cfg.shuffle)[slot]
-    bp = ds.cfg.plan(slot_lengths(shard_lengths, pieces), epoch, slot)
-    return SlotPlan(pieces, list(bp), len(bp.skipped), len(bp.dropped))
+def _pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: np.ndarray | None) -> list[tuple[Piece, int]]:
+    """(piece, stream position of its first sample) for the pieces holding a sample of a batch still to
+    come; pieces whose samples were all consumed before a resume are not read again."""
+    needed_pos = np.zeros(len(plan.gids), dtype=bool)
+    for b in plan.batches[first:]:
+        needed_pos[b] = True
+    out, pos = [], 0
+    for p in plan.pieces:
+        lo, hi = int(offsets[p.shard]) + p.start, int(offsets[p.shard]) + p.stop
+        n = hi - lo if excluded is None else int((~excluded[lo:hi]).sum())
+        if needed_pos[pos:pos + n].any():
+            out.append((p, pos))
+        pos += n
+    return out
 
 
-def _pieces_needed(pieces: list[Piece], batches: Sequence[np.ndarray]) -> list[tuple[Piece, int]]:
-    """(piece, stream offset of its first sample) for the pieces that hold a sample of ``batches``."""
-    offsets = np.cumsum([0] + [p.count for p in pieces])
-    needed = np.zeros(int(offsets[-1]), dtype=bool)
-    for b in batches:
-        needed[b] = True
-    return [(p, int(offsets[i])) for i, p in enumerate(pieces) if needed[offsets[i]:offsets[i + 1]].any()]
-
-
-def _positioned(samples: Iterator[dict[str, Any]], pieces: list[tuple[Piece, int]]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Attach each sample's position in the slot's full stream (skipped pieces leave gaps)."""
+def _positioned(
+    samples: Iterator[dict[str, Any]], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: np.ndarray | None
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """Attach each streamed sample's position in the slot's stream and its global id; drop excluded ones."""
     it = iter(samples)
-    for piece, offset in pieces:
-        for i in range(piece.count):
+    for piece, pos in pieces:
+        base = int(offsets[piece.shard])
+        for i in range(piece.start, piece.stop):
             try:
                 s = next(it)
             except StopIteration:
                 raise RuntimeError(
-                    f"shard {piece.shard} ended after {i} of its planned samples {piece.start}..{piece.stop}; "
+                    f"shard {piece.shard} ended at sample {i}, before its planned end {piece.stop}; "
                     "the index does not match the shards (check with `shardify verify`)"
                 ) from None
-            yield offset + i, s
+            gid = base + i
+            if excluded is not None and excluded[gid]:
+                continue
+            yield pos, gid, s
+            pos += 1
 
 
-def _execute_positioned(
-    samples: Iterator[tuple[int, dict[str, Any]]], batches: Sequence[np.ndarray], first: int, stop: int, lengths: np.ndarray
+def execute_plan(
+    samples: Iterator[tuple[int, int, dict[str, Any]]], plan: SlotPlan, first: int, all_lengths: np.ndarray
 ) -> Iterator[list[dict[str, Any]]]:
-    todo = list(batches[first:stop])
+    """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
+
+    Batches ``plan.batches[first:]`` are yielded in plan order; a batch marked as a repeat is yielded again
+    from the samples of the one before it. Samples no remaining batch needs are dropped on arrival.
+    """
+    todo = plan.batches[first:]
+    repeat = plan.repeat[first:]
     if not todo:
         return
-    needed = np.zeros(len(lengths), dtype=bool)
+    needed = np.zeros(len(plan.gids), dtype=bool)
     for b in todo:
         needed[b] = True
     ready_at = [int(b.max()) for b in todo]
     held: dict[int, dict[str, Any]] = {}
+    last: list[dict[str, Any]] = []
     k = 0
-    for pos, sample in samples:
+    for pos, gid, sample in samples:
         if needed[pos]:
             got = (sample.get("json") or {}).get("length")
-            if got is not None and got != lengths[pos]:
+            if got is not None and got != all_lengths[gid]:
                 raise RuntimeError(
                     f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
-                    f"{lengths[pos]}; the index does not match the shards (check with `shardify verify`)"
+                    f"{all_lengths[gid]}; the index does not match the shards (check with `shardify verify`)"
                 )
             held[pos] = sample
         while k < len(todo) and ready_at[k] <= pos:
-            yield [held.pop(int(i)) for i in todo[k]]
+            if repeat[k] and k > 0:
+                yield list(last)
+            else:
+                # keep the samples a following repeat needs
+                keep = k + 1 < len(todo) and repeat[k + 1]
+                last = [held[int(i)] if keep else held.pop(int(i)) for i in todo[k]]
+                if keep:
+                    for i in todo[k]:
+                        held.pop(int(i))
+                yield last
             k += 1
         if k == len(todo):
             return
@@ -325,9 +274,23 @@ def _execute_positioned(
     )
 
 
-def _unindexed_pieces(num_urls: int, num_slots: int, seed: int, epoch: int, shuffle: bool) -> list[list[Piece]]:
+def _cycle_unindexed(ds: _EpochStream, num_slots: int, epoch: int, slot: int) -> Iterator[dict[str, Any]]:
+    """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index)."""
+    for rep in itertools.count():
+        pieces = _unindexed_pieces(len(ds.urls), num_slots, ds.cfg.seed, epoch, ds.cfg.shuffle, rep)[slot]
+        if not pieces:
+            raise ValueError(
+                f"{len(ds.urls)} shards cannot feed {num_slots} (rank, worker) slots without an index; "
+                "use fewer workers or ranks, more shards, or write an index with `shardify write`"
+            )
+        yield from read_pieces(ds.urls, pieces, ds.storage_options)
+
+
+def _unindexed_pieces(
+    num_urls: int, num_slots: int, seed: int, epoch: int, shuffle: bool, rep: int = 0
+) -> list[list[Piece]]:
     """Without an index: whole shards dealt round robin in the epoch's shard order (end of shard unknown)."""
-    order = shard_order(num_urls, seed, epoch, shuffle)
+    order = shard_order(num_urls, seed, epoch, shuffle, rep)
     slots: list[list[Piece]] = [[] for _ in range(num_slots)]
     for i, s in enumerate(order):
         slots[i % num_slots].append(Piece(int(s), 0, 1 << 62))
@@ -384,6 +347,8 @@ class StreamBatchLoader:
         strict: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        even_batches: str = "split",
+        batches_per_epoch: int | None = None,
         storage_options: dict | None = None,
     ):
         if budget is None or budget <= 0:
@@ -419,10 +384,23 @@ class StreamBatchLoader:
         self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers and self.num_workers > 0
         self.pin_memory = pin_memory
+        if even_batches not in EVEN_BATCHES:
+            raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
+        self.even_batches = even_batches
+        if self.index is None and self.world_size > 1 and not batches_per_epoch:
+            raise ValueError(
+                f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
+                "ranks would step unevenly (a DDP hang): write an index (`shardify write`), or pass "
+                "batches_per_epoch=N to give every rank exactly N batches per epoch"
+            )
+        self.batches_per_epoch = int(batches_per_epoch) if batches_per_epoch else None
         self.epoch = 0
         self._consumed = 0  # batches of the current epoch already yielded (or restored)
         self._plans: dict[int, EpochPlan] = {}
-        self._shared = torch.zeros(4 + max(1, self.num_workers), dtype=torch.int64).share_memory_()
+        self._excluded: tuple[int, np.ndarray] | None = None  # samples consumed before a re-planned resume
+        # shared with the workers (persistent ones too): epoch, consumed, rotation, then per worker
+        # (split, pad, take)
+        self._shared = torch.zeros(3 + 3 * max(1, self.num_workers), dtype=torch.int64).share_memory_()
         self._dataloader: DataLoader | None = None
 
     # ---- epochs and planning ----------------------------------------------------------------------
@@ -440,12 +418,21 @@ class StreamBatchLoader:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
         if e not in self._plans:
-            self._plans = {e: make_epoch_plan(self.index, self.cfg, e, self.world_size, max(1, self.num_workers))}
+            excluded = self._excluded[1] if self._excluded is not None and self._excluded[0] == e else None
+            self._plans = {
+                e: make_epoch_plan(
+                    [s.lengths for s in self.index.shards], self.cfg, e, self.world_size, max(1, self.num_workers),
+                    self.even_batches, excluded,
+                )
+            }
         return self._plans[e]
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (the same on every rank)."""
+        """Batches every rank yields in the current epoch (the same on every rank), counting from the
+        start of the epoch."""
         if self.index is None:
+            if self.batches_per_epoch:
+                return self.batches_per_epoch
             raise TypeError("len() needs an index: without one the number of batches is unknown until the end")
         return self.plan().steps
 
@@ -464,26 +451,38 @@ class StreamBatchLoader:
             **kwargs,
         )
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        epoch = self.epoch
+    def _publish(self, epoch: int) -> int | None:
+        """Put the epoch, the resume point and each worker's equalisation where the workers read them."""
+        nw = max(1, self.num_workers)
+        sh = [epoch, self._consumed, 0] + [0, 0, -1] * nw
         steps = None
-        self._shared[0] = epoch
-        self._shared[2] = self._consumed
         if self.index is not None:
             plan = self.plan(epoch)
             steps = plan.steps
-            self._shared[1] = steps
-            counts = [len(plan.slots[s].batches) for s in plan.rank_slots(self.rank)]
-            for w, c in enumerate(counts):
-                self._shared[4 + w] = c
-            order = interleave([plan.take[s] for s in plan.rank_slots(self.rank)])
-            self._shared[3] = order[self._consumed][0] if self._consumed < len(order) else 0
+            counts = plan.worker_counts(self.rank)
+            order = plan.rank_order(self.rank)
+            sh[2] = order[self._consumed][0] if self._consumed < len(order) else 0
+            for w, s in enumerate(plan.rank_slots(self.rank)):
+                adj = plan.adjust[s]
+                sh[3 + 3 * w: 6 + 3 * w] = [adj.split, adj.pad, counts[w]]
             if self._consumed == 0:
                 log.info(
-                    "epoch %d: %d batches per rank; %d samples left out to keep %d ranks even, %d skipped "
-                    "(outside min_length/max_length/budget), %d dropped (drop_last)",
-                    epoch, steps, plan.surplus_samples, self.world_size, plan.skipped_samples, plan.dropped_samples,
+                    "epoch %d: %d batches per rank on %d ranks; even_batches=%s: %d samples left out, "
+                    "%d repeated, %d batches split; %d skipped (outside min_length/max_length/budget), "
+                    "%d dropped (drop_last)",
+                    epoch, steps, self.world_size, self.even_batches, plan.surplus_samples, plan.repeated_samples,
+                    plan.split_batches, plan.skipped_samples, plan.dropped_samples,
                 )
+        elif self.batches_per_epoch:
+            steps = self.batches_per_epoch
+            for w, t in enumerate(per_worker([steps] * nw, steps)):
+                sh[5 + 3 * w] = t
+        self._shared.copy_(torch.tensor(sh, dtype=torch.int64))
+        return steps
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch = self.epoch
+        steps = self._publish(epoch)
         if self._dataloader is None or not self.persistent_workers:
             self._dataloader = self._make_dataloader()
         for batch in self._dataloader:
@@ -492,34 +491,82 @@ class StreamBatchLoader:
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         self._consumed = 0
+        self._excluded = None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
 
     # ---- resumption ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the epoch and the batches of it already yielded (save with your checkpoint)."""
-        return {
+        """Where this rank is: the epoch and the batches of it already yielded (save it with the model)."""
+        state: dict[str, Any] = {
             "epoch": self.epoch,
             "batches_consumed": self._consumed,
             "seed": self.cfg.seed,
             "world_size": self.world_size,
-            "rank": self.rank,
             "num_workers": max(1, self.num_workers),
+            "even_batches": self.even_batches,
             "num_samples": self.index.num_samples if self.index is not None else None,
+            "excluded": None,
         }
+        if self._excluded is not None and self._excluded[0] == self.epoch:
+            state["excluded"] = _pack_mask(self._excluded[1])
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next iteration yields the epoch's remaining batches."""
+        """Continue from a :meth:`state_dict`: the next iteration yields the epoch's remaining batches.
+
+        With the same world size and workers, the remaining batches are exactly those the uninterrupted run
+        would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
+        yet consumed are planned again over the new layout: none is seen twice, none is lost.
+        """
         if state.get("seed", self.cfg.seed) != self.cfg.seed:
             raise ValueError(f"state was saved with seed {state['seed']}, this loader has seed {self.cfg.seed}")
         if self.index is not None and state.get("num_samples") not in (None, self.index.num_samples):
-            raise ValueError("state was saved for a dataset with a different number of samples")
-        same_layout = state.get("world_size") == self.world_size and state.get("num_workers") == max(1, self.num_workers)
-        if not same_layout and state.get("batches_consumed"):
-            raise NotImplementedError(
-                "resuming mid-epoch with a different world size or num_workers is not supported yet; "
-                "resume at an epoch boundary or with the same layout"
+            raise ValueError(
+                f"state was saved for a dataset of {state['num_samples']} samples, this one has {self.index.num_samples}"
             )
-        if self.index is None and state.get("batches_consumed"):
+        consumed = int(state.get("batches_consumed", 0))
+        if self.index is None and consumed:
             raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
         self.epoch = int(state["epoch"])
-        self._consumed = int(state.get("batches_consumed", 0))
+        self._plans = {}
+        self._dataloader = None  # workers must see the new plan
+        excluded = _unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
+        self._excluded = (self.epoch, excluded) if excluded is not None else None
+        same_layout = (
+            state.get("world_size") == self.world_size
+            and state.get("num_workers") == max(1, self.num_workers)
+            and state.get("even_batches", self.even_batches) == self.even_batches
+        )
+        if same_layout or not consumed:
+            self._consumed = consumed
+            return
+        # another layout: mark what the old layout consumed, and plan the rest afresh
+        old = make_epoch_plan(
+            [s.lengths for s in self.index.shards], self.cfg, self.epoch, int(state["world_size"]),
+            int(state["num_workers"]), state.get("even_batches", self.even_batches), excluded,
+        )
+        mask = np.zeros(self.index.num_samples, dtype=bool) if excluded is None else excluded.copy()
+        mask[consumed_ids(old, consumed)] = True
+        self._excluded = (self.epoch, mask)
+        self._consumed = 0
+        log.info(
+            "resuming epoch %d on %d ranks × %d workers (saved on %d × %d): %d samples already consumed, "
+            "the remaining %d are planned again",
+            self.epoch, self.world_size, max(1, self.num_workers), state["world_size"], state["num_workers"],
+            int(mask.sum()), int((~mask).sum()),
+        )
+
+
+def _pack_mask(mask: np.ndarray) -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(np.packbits(mask).tobytes())).decode("ascii")
+
+
+def _unpack_mask(packed: str, n: int) -> np.ndarray:
+    import base64
+    import zlib
+
+    bits = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype=np.uint8)
+    return np.unpackbits(bits)[:n].astype(bool)

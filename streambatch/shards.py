@@ -31,26 +31,38 @@ def epoch_rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), *extra])
 
 
-def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The order shards are dealt in this epoch."""
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True, rep: int = 0) -> np.ndarray:
+    """The order shards are dealt in this epoch (``rep``: the pass, when shards are cycled)."""
     if not shuffle:
         return np.arange(num_shards)
-    return epoch_rng(seed, epoch).permutation(num_shards)
+    return (epoch_rng(seed, epoch, rep) if rep else epoch_rng(seed, epoch)).permutation(num_shards)
 
 
-def split_into_pieces(counts: Sequence[int], order: np.ndarray, num_slots: int) -> list[Piece]:
-    """Shards in ``order`` as pieces; shards are cut into equal sample ranges when there are fewer
-    non-empty shards than slots, so that each slot can get work."""
-    nonempty = [int(s) for s in order if counts[s] > 0]
-    if not nonempty:
+def split_into_pieces(
+    counts: Sequence[int], order: np.ndarray, num_slots: int, excluded: np.ndarray | None = None
+) -> list[Piece]:
+    """Shards in ``order`` as pieces. When there are fewer shards than slots, each shard is cut into equal
+    sample ranges so that every slot can get work. ``excluded`` (a mask over global sample ids) removes
+    already-consumed samples: shards with none left are skipped and cuts divide what remains."""
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    remaining = []
+    for s in order:
+        s = int(s)
+        idx = np.arange(int(counts[s]))
+        if excluded is not None:
+            idx = idx[~excluded[offsets[s]:offsets[s + 1]]]
+        if idx.size:
+            remaining.append((s, idx))
+    if not remaining:
         return []
-    parts = max(1, -(-num_slots // len(nonempty)))  # ceil
+    parts = max(1, -(-num_slots // len(remaining)))  # ceil
     pieces = []
-    for s in nonempty:
-        c = int(counts[s])
-        k = min(parts, c)
-        edges = np.linspace(0, c, k + 1).round().astype(int)
-        pieces.extend(Piece(s, int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a)
+    for s, idx in remaining:
+        k = min(parts, idx.size)
+        edges = np.linspace(0, idx.size, k + 1).round().astype(int)
+        for a, b in zip(edges[:-1], edges[1:]):
+            if b > a:
+                pieces.append(Piece(s, int(idx[a]), int(idx[b - 1]) + 1))
     return pieces
 
 
@@ -69,18 +81,22 @@ def assign_slots(pieces: Sequence[Piece], weights: Sequence[float], num_slots: i
 
 
 def plan_slots(
-    shard_lengths: Sequence[np.ndarray], num_slots: int, seed: int, epoch: int, shuffle: bool = True
+    shard_lengths: Sequence[np.ndarray],
+    num_slots: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    excluded: np.ndarray | None = None,
 ) -> list[list[Piece]]:
     """The pieces each of ``num_slots`` slots streams this epoch, from the index's per-shard lengths."""
     counts = [len(x) for x in shard_lengths]
     order = shard_order(len(shard_lengths), seed, epoch, shuffle)
-    pieces = split_into_pieces(counts, order, num_slots)
-    weights = [float(shard_lengths[p.shard][p.start:p.stop].sum()) for p in pieces]
+    pieces = split_into_pieces(counts, order, num_slots, excluded)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    weights = []
+    for p in pieces:
+        x = shard_lengths[p.shard][p.start:p.stop]
+        if excluded is not None:
+            x = x[~excluded[offsets[p.shard] + p.start:offsets[p.shard] + p.stop]]
+        weights.append(float(x.sum()))
     return assign_slots(pieces, weights, num_slots)
-
-
-def slot_lengths(shard_lengths: Sequence[np.ndarray], pieces: Sequence[Piece]) -> np.ndarray:
-    """The lengths of a slot's sample stream, in stream order."""
-    if not pieces:
-        return np.zeros(0)
-    return np.concatenate([shard_lengths[p.shard][p.start:p.stop] for p in pieces])

@@ -1,0 +1,244 @@
+"""The epoch plan: which samples every (rank, worker) slot streams and which batches it forms, with the
+same number of steps on every rank.
+
+Everything here is a pure function of the index lengths, ``(seed, epoch)`` and the layout (world size ×
+workers), so every rank computes the same plan with no collective call, ``len(loader)`` is known before the
+epoch starts, and a restart can skip exactly what was consumed.
+
+Equal steps (``even_batches``):
+
+* ``"split"`` (default): ranks with fewer batches split their largest batches in two until every rank has
+  as many as the longest one. No sample is left out; a few steps run smaller batches.
+* ``"drop"``: every rank stops at the shortest rank's count; the surplus samples are left out of this epoch
+  (counted and logged; which ones changes with the epoch's shuffle).
+* ``"pad"``: ranks with fewer batches repeat some of their own batches (re-drawn samples, counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .shards import Piece, epoch_rng, plan_slots
+
+EVEN_BATCHES = ("split", "drop", "pad")
+
+
+@dataclass
+class SlotPlan:
+    """One slot's epoch: pieces to stream, the global ids of its samples in stream order, and its batches
+    (arrays of stream positions). ``repeat[i]`` marks batch ``i`` as a repeat of batch ``i - 1`` (pad)."""
+
+    pieces: list[Piece]
+    gids: np.ndarray
+    batches: list[np.ndarray]
+    repeat: list[bool] = field(default_factory=list)
+    skipped: int = 0
+    dropped: int = 0
+
+
+@dataclass
+class Adjust:
+    """The equalisation one slot applies to its own batches: split the ``split`` largest, repeat ``pad``
+    chosen ones, then yield the first ``take``."""
+
+    split: int = 0
+    pad: int = 0
+    take: int = -1
+
+
+@dataclass
+class EpochPlan:
+    """The whole epoch for every rank: slots, steps per rank, and what was left out or repeated."""
+
+    epoch: int
+    world_size: int
+    num_workers: int
+    slots: list[SlotPlan]
+    adjust: list[Adjust]
+    steps: int
+    surplus_samples: int = 0
+    repeated_samples: int = 0
+    split_batches: int = 0
+    skipped_samples: int = 0
+    dropped_samples: int = 0
+
+    def rank_slots(self, rank: int) -> range:
+        return range(rank * self.num_workers, (rank + 1) * self.num_workers)
+
+    def worker_counts(self, rank: int) -> list[int]:
+        """Batches each of the rank's workers yields this epoch (after equalisation)."""
+        return [len(self.slots[s].batches) for s in self.rank_slots(rank)]
+
+    def rank_order(self, rank: int) -> list[tuple[int, int]]:
+        """(worker, batch number) of the rank's batches in the order its DataLoader yields them."""
+        return interleave(self.worker_counts(rank))
+
+
+def interleave(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """A torch DataLoader's order over iterable-dataset workers: round robin, skipping exhausted ones."""
+    out = []
+    for r in range(max(counts, default=0)):
+        for w, c in enumerate(counts):
+            if r < c:
+                out.append((w, r))
+    return out
+
+
+def per_worker(counts: Sequence[int], consumed: int) -> list[int]:
+    """How many of each worker's batches are among the first ``consumed`` batches of the rank."""
+    done = [0] * len(counts)
+    for w, _ in interleave(counts)[:consumed]:
+        done[w] += 1
+    return done
+
+
+def global_offsets(shard_counts: Sequence[int]) -> np.ndarray:
+    """Global id of each shard's first sample (ids run over shards in index order)."""
+    return np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
+
+
+def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: np.ndarray | None) -> np.ndarray:
+    """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
+    if not pieces:
+        return np.zeros(0, dtype=np.int64)
+    gids = np.concatenate([np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop) for p in pieces])
+    if excluded is not None:
+        gids = gids[~excluded[gids]]
+    return gids
+
+
+def plan_slot(
+    shard_lengths: Sequence[np.ndarray],
+    all_lengths: np.ndarray,
+    cfg,
+    epoch: int,
+    slot: int,
+    num_slots: int,
+    excluded: np.ndarray | None = None,
+) -> SlotPlan:
+    """One slot's unequalised plan; workers call this for their own slot only."""
+    pieces = plan_slots(shard_lengths, num_slots, cfg.seed, epoch, cfg.shuffle, excluded=excluded)[slot]
+    offsets = global_offsets([len(x) for x in shard_lengths])
+    gids = slot_stream(pieces, offsets, excluded)
+    bp = cfg.plan(all_lengths[gids], epoch, slot)
+    return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
+
+
+def apply_adjust(plan: SlotPlan, adj: Adjust, seed: int, epoch: int, slot: int) -> SlotPlan:
+    """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
+    batches, repeat = list(plan.batches), list(plan.repeat)
+    if adj.split:
+        order = sorted(range(len(batches)), key=lambda i: (-len(batches[i]), i))[: adj.split]
+        chosen = set(order)
+        nb, nr = [], []
+        for i, b in enumerate(batches):
+            if i in chosen:
+                h = len(b) // 2
+                nb += [b[:h], b[h:]]
+                nr += [False, False]
+            else:
+                nb.append(b)
+                nr.append(repeat[i])
+        batches, repeat = nb, nr
+    if adj.pad:
+        rng = epoch_rng(seed, epoch, slot, 1)
+        picks = np.sort(rng.choice(len(batches), size=adj.pad, replace=adj.pad > len(batches)))
+        count = np.bincount(picks, minlength=len(batches))
+        nb, nr = [], []
+        for i, b in enumerate(batches):
+            nb.append(b)
+            nr.append(repeat[i])
+            for _ in range(int(count[i])):
+                nb.append(b)
+                nr.append(True)
+        batches, repeat = nb, nr
+    if adj.take >= 0:
+        batches, repeat = batches[: adj.take], repeat[: adj.take]
+    return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped)
+
+
+def make_epoch_plan(
+    shard_lengths: Sequence[np.ndarray],
+    cfg,
+    epoch: int,
+    world_size: int,
+    num_workers: int,
+    even_batches: str = "split",
+    excluded: np.ndarray | None = None,
+) -> EpochPlan:
+    """Plan every slot of the epoch and equalise the ranks' step counts."""
+    if even_batches not in EVEN_BATCHES:
+        raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
+    num_slots = world_size * num_workers
+    all_lengths = np.concatenate(list(shard_lengths)) if len(shard_lengths) else np.zeros(0)
+    raw = [plan_slot(shard_lengths, all_lengths, cfg, epoch, s, num_slots, excluded) for s in range(num_slots)]
+    adjust = [Adjust() for _ in range(num_slots)]
+    counts = [sum(len(raw[s].batches) for s in range(r * num_workers, (r + 1) * num_workers)) for r in range(world_size)]
+    surplus = repeated = splits = 0
+    if even_batches == "split":
+        # every rank splits its largest batches until it has as many as the longest rank (if it can)
+        splittable = [
+            sum(int(len(b) >= 2) for s in range(r * num_workers, (r + 1) * num_workers) for b in raw[s].batches)
+            for r in range(world_size)
+        ]
+        steps = min(max(counts), min(c + k for c, k in zip(counts, splittable)))
+        for r in range(world_size):
+            need = max(0, steps - counts[r])
+            cands = sorted(
+                ((-len(b), w, i) for w in range(num_workers) for i, b in enumerate(raw[r * num_workers + w].batches)),
+            )[:need]
+            for _, w, _ in cands:
+                adjust[r * num_workers + w].split += 1
+            splits += need
+    elif even_batches == "pad":
+        steps = max(counts)
+        for r in range(world_size):
+            need = steps - counts[r]
+            have = [w for w in range(num_workers) if raw[r * num_workers + w].batches]
+            if need and not have:
+                raise ValueError(
+                    f"rank {r} gets no data this epoch ({len(all_lengths)} samples over {world_size} ranks × "
+                    f"{num_workers} workers); use fewer ranks/workers, a smaller budget, or even_batches='drop'"
+                )
+            for i in range(need):
+                adjust[r * num_workers + have[i % len(have)]].pad += 1
+    else:
+        steps = min(counts)
+    slots = [apply_adjust(raw[s], adjust[s], cfg.seed, epoch, s) for s in range(num_slots)]
+    # every rank yields `steps` batches: its first `steps` in DataLoader order
+    for r in range(world_size):
+        ids = range(r * num_workers, (r + 1) * num_workers)
+        take = per_worker([len(slots[s].batches) for s in ids], steps)
+        for s, t in zip(ids, take):
+            surplus += int(sum(len(b) for b, rep in zip(slots[s].batches[t:], slots[s].repeat[t:]) if not rep))
+            adjust[s].take = t
+            slots[s] = apply_adjust(slots[s], Adjust(take=t), cfg.seed, epoch, s)
+            repeated += int(sum(len(b) for b, rep in zip(slots[s].batches, slots[s].repeat) if rep))
+    return EpochPlan(
+        epoch=epoch,
+        world_size=world_size,
+        num_workers=num_workers,
+        slots=slots,
+        adjust=adjust,
+        steps=steps,
+        surplus_samples=surplus,
+        repeated_samples=repeated,
+        split_batches=splits,
+        skipped_samples=sum(s.skipped for s in raw),
+        dropped_samples=sum(s.dropped for s in raw),
+    )
+
+
+def consumed_ids(plan: EpochPlan, consumed: int) -> np.ndarray:
+    """Global ids of the samples every rank has consumed after ``consumed`` steps (for re-planning)."""
+    out = []
+    for r in range(plan.world_size):
+        done = per_worker(plan.worker_counts(r), consumed)
+        for w, k in enumerate(done):
+            sp = plan.slots[r * plan.num_workers + w]
+            for b in sp.batches[:k]:
+                out.append(sp.gids[b])
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
