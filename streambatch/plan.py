@@ -130,19 +130,12 @@ def plan_slot(
 def apply_adjust(plan: SlotPlan, adj: Adjust, seed: int, epoch: int, slot: int) -> SlotPlan:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
     batches, repeat = list(plan.batches), list(plan.repeat)
-    if adj.split:
-        order = sorted(range(len(batches)), key=lambda i: (-len(batches[i]), i))[: adj.split]
-        chosen = set(order)
-        nb, nr = [], []
-        for i, b in enumerate(batches):
-            if i in chosen:
-                h = len(b) // 2
-                nb += [b[:h], b[h:]]
-                nr += [False, False]
-            else:
-                nb.append(b)
-                nr.append(repeat[i])
-        batches, repeat = nb, nr
+    for _ in range(adj.split):
+        i = _largest(len(b) for b in batches)
+        b = batches[i]
+        h = len(b) // 2
+        batches[i:i + 1] = [b[:h], b[h:]]
+        repeat[i:i + 1] = [False, False]
     if adj.pad:
         rng = epoch_rng(seed, epoch, slot, 1)
         picks = np.sort(rng.choice(len(batches), size=adj.pad, replace=adj.pad > len(batches)))
@@ -158,6 +151,15 @@ def apply_adjust(plan: SlotPlan, adj: Adjust, seed: int, epoch: int, slot: int) 
     if adj.take >= 0:
         batches, repeat = batches[: adj.take], repeat[: adj.take]
     return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped)
+
+
+def _largest(sizes) -> int:
+    """Index of the first largest value."""
+    best, best_i = -1, 0
+    for i, n in enumerate(sizes):
+        if n > best:
+            best, best_i = n, i
+    return best_i
 
 
 def make_epoch_plan(
@@ -179,20 +181,22 @@ def make_epoch_plan(
     counts = [sum(len(raw[s].batches) for s in range(r * num_workers, (r + 1) * num_workers)) for r in range(world_size)]
     surplus = repeated = splits = 0
     if even_batches == "split":
-        # every rank splits its largest batches until it has as many as the longest rank (if it can)
-        splittable = [
-            sum(int(len(b) >= 2) for s in range(r * num_workers, (r + 1) * num_workers) for b in raw[s].batches)
+        # ranks with fewer batches halve their largest batch, again and again, until they have as many as
+        # the longest rank (a batch of n samples can become at most n batches)
+        spare = [
+            sum(len(b) - 1 for s in range(r * num_workers, (r + 1) * num_workers) for b in raw[s].batches)
             for r in range(world_size)
         ]
-        steps = min(max(counts), min(c + k for c, k in zip(counts, splittable)))
+        steps = min(max(counts), min(c + k for c, k in zip(counts, spare)))
         for r in range(world_size):
-            need = max(0, steps - counts[r])
-            cands = sorted(
-                ((-len(b), w, i) for w in range(num_workers) for i, b in enumerate(raw[r * num_workers + w].batches)),
-            )[:need]
-            for _, w, _ in cands:
+            sizes = [[len(b) for b in raw[r * num_workers + w].batches] for w in range(num_workers)]
+            for _ in range(max(0, steps - counts[r])):
+                # the same choice apply_adjust makes inside each worker: the largest, first in order
+                w = max(range(num_workers), key=lambda w: (max(sizes[w], default=0), -w))
+                i = _largest(sizes[w])
+                sizes[w][i:i + 1] = [sizes[w][i] // 2, sizes[w][i] - sizes[w][i] // 2]
                 adjust[r * num_workers + w].split += 1
-            splits += need
+                splits += 1
     elif even_batches == "pad":
         steps = max(counts)
         for r in range(world_size):

@@ -1,0 +1,97 @@
+"""The epoch plan over many DDP layouts, without processes: exactly once, equal steps, resumption."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streambatch.loader import BatchingConfig
+from streambatch.plan import consumed_ids, interleave, make_epoch_plan, per_worker
+from streambatch.synthetic import librispeech_like
+
+BUDGET = 200 * 16000
+
+
+def shards(num_shards, per_shard, seed=0):
+    lengths = librispeech_like(num_shards * per_shard, seed=seed)
+    return [lengths[i * per_shard:(i + 1) * per_shard] for i in range(num_shards)]
+
+
+def rank_batches(plan, rank):
+    """Global-id batches of a rank in the order its DataLoader yields them."""
+    out = []
+    for w, i in plan.rank_order(rank):
+        sp = plan.slots[rank * plan.num_workers + w]
+        out.append(sp.gids[sp.batches[i]])
+    return out
+
+
+@pytest.mark.parametrize("even", ["split", "drop", "pad"])
+@pytest.mark.parametrize("layout", [(2, 2, 8), (3, 2, 4), (4, 1, 1), (2, 2, 1), (5, 3, 7)])
+def test_equal_steps_and_exactly_once(even, layout):
+    world, workers, nshards = layout
+    sl = shards(nshards, 60)
+    cfg = BatchingConfig(budget=BUDGET, buffer_size=50, seed=3)
+    plan = make_epoch_plan(sl, cfg, epoch=0, world_size=world, num_workers=workers, even_batches=even)
+    n = sum(len(x) for x in sl)
+    lengths = np.concatenate(sl)
+    per_rank = [rank_batches(plan, r) for r in range(world)]
+    assert all(len(b) == plan.steps for b in per_rank)  # equal steps, known before the epoch
+    assert plan.steps > 0
+    ids = np.concatenate([g for bs in per_rank for g in bs])
+    for bs in per_rank:
+        for g in bs:
+            assert len(g) * lengths[g].max() <= BUDGET
+    if even == "pad":
+        assert len(np.unique(ids)) == n  # nothing lost; repeats are counted
+        assert len(ids) - n == plan.repeated_samples
+    else:
+        assert len(np.unique(ids)) == len(ids)  # never twice
+        assert len(ids) + plan.surplus_samples == n  # all but the counted surplus
+    if even == "split":
+        assert plan.surplus_samples == 0
+
+
+def test_surplus_differs_between_epochs():
+    sl = shards(7, 80)
+    cfg = BatchingConfig(budget=BUDGET, buffer_size=50, seed=1)
+    left_out = []
+    for epoch in range(3):
+        plan = make_epoch_plan(sl, cfg, epoch, 3, 2, "drop")
+        seen = np.concatenate([g for r in range(3) for g in rank_batches(plan, r)])
+        left_out.append(set(range(560)) - set(seen.tolist()))
+        assert len(left_out[-1]) == plan.surplus_samples
+    assert left_out[0] != left_out[1] or left_out[1] != left_out[2]
+
+
+def test_fewer_shards_than_slots_splits_inside_shards():
+    sl = shards(1, 200)
+    cfg = BatchingConfig(budget=BUDGET, buffer_size=50)
+    plan = make_epoch_plan(sl, cfg, 0, 3, 2, "split")
+    assert all(len(s.pieces) == 1 for s in plan.slots)  # every slot got a piece of the one shard
+    ids = np.concatenate([g for r in range(3) for g in rank_batches(plan, r)])
+    assert sorted(ids.tolist()) == list(range(200))
+
+
+def test_round_robin_order_and_consumed_split():
+    assert interleave([2, 3, 1]) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (1, 2)]
+    assert per_worker([2, 3, 1], 4) == [2, 1, 1]
+
+
+@pytest.mark.parametrize("new_layout", [(2, 2), (3, 1), (1, 2), (4, 3)])
+def test_replanned_resume_on_other_layout_loses_and_repeats_nothing(new_layout):
+    sl = shards(6, 70)
+    n = 420
+    cfg = BatchingConfig(budget=BUDGET, buffer_size=40, seed=5)
+    old = make_epoch_plan(sl, cfg, 2, 2, 2, "split")
+    k = old.steps // 2
+    done = consumed_ids(old, k)
+    seen_before = np.concatenate([g for r in range(2) for g in rank_batches(old, r)[:k]])
+    assert sorted(seen_before.tolist()) == sorted(done.tolist())
+    mask = np.zeros(n, dtype=bool)
+    mask[done] = True
+    new = make_epoch_plan(sl, cfg, 2, *new_layout, "split", excluded=mask)
+    after = np.concatenate([g for r in range(new_layout[0]) for g in rank_batches(new, r)])
+    both = np.concatenate([seen_before, after])
+    assert len(both) == len(np.unique(both)) == n  # none twice, none lost
+    assert all(len(rank_batches(new, r)) == new.steps for r in range(new_layout[0]))
