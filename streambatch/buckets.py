@@ -131,7 +131,7 @@ class BucketBatcher:
         self.max_batch_size = int(max_batch_size) if max_batch_size else 1 << 40
         self.multiple = int(batch_size_multiple_of)
         self.buffer_size = int(buffer_size)
-        self.refill = max(1, int(refill) if refill else self.buffer_size // 8)
+        self.refill = max(1, int(refill) if refill else self.buffer_size // 4)
         self.min_length = float(min_length or 0)
         self.max_length = min(float(max_length), self.budget) if max_length is not None else self.budget
         if pad_to_multiple_of and pad_to_multiple_of > 1:
@@ -218,9 +218,13 @@ class BucketBatcher:
         new_lens, new_ids = self._lens[m:h], self._ids[m:h]
         o = np.argsort(-new_lens, kind="stable")
         new_lens, new_ids = new_lens[o], new_ids[o]
-        pos = np.searchsorted(-self._lens[:m], -new_lens, side="right")
-        lens = np.insert(self._lens[:m], pos, new_lens)
-        ids = np.insert(self._ids[:m], pos, new_ids)
+        # final slots of the new samples; the old ones fill the rest in their order
+        pos = np.searchsorted(-self._lens[:m], -new_lens, side="right") + np.arange(h - m)
+        old = np.ones(h, dtype=bool)
+        old[pos] = False
+        lens, ids = np.empty(h), np.empty(h, dtype=np.int64)
+        lens[old], ids[old] = self._lens[:m], self._ids[:m]
+        lens[pos], ids[pos] = new_lens, new_ids
         self._lens[:h], self._ids[:h] = lens, ids
         self._nsorted = h
 

@@ -118,10 +118,15 @@ def plan_slot(
     slot: int,
     num_slots: int,
     excluded: np.ndarray | None = None,
+    pieces: list[Piece] | None = None,
+    offsets: np.ndarray | None = None,
 ) -> SlotPlan:
-    """One slot's unequalised plan; workers call this for their own slot only."""
-    pieces = plan_slots(shard_lengths, num_slots, cfg.seed, epoch, cfg.shuffle, excluded=excluded)[slot]
-    offsets = global_offsets([len(x) for x in shard_lengths])
+    """One slot's unequalised plan; workers call this for their own slot only (``pieces``: the slot's
+    share when the caller has dealt all slots already)."""
+    if pieces is None:
+        pieces = plan_slots(shard_lengths, num_slots, cfg.seed, epoch, cfg.shuffle, excluded=excluded)[slot]
+    if offsets is None:
+        offsets = global_offsets([len(x) for x in shard_lengths])
     gids = slot_stream(pieces, offsets, excluded)
     bp = cfg.plan(all_lengths[gids], epoch, slot)
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
@@ -176,7 +181,12 @@ def make_epoch_plan(
         raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
     num_slots = world_size * num_workers
     all_lengths = np.concatenate(list(shard_lengths)) if len(shard_lengths) else np.zeros(0)
-    raw = [plan_slot(shard_lengths, all_lengths, cfg, epoch, s, num_slots, excluded) for s in range(num_slots)]
+    dealt = plan_slots(shard_lengths, num_slots, cfg.seed, epoch, cfg.shuffle, excluded=excluded)
+    offsets = global_offsets([len(x) for x in shard_lengths])
+    raw = [
+        plan_slot(shard_lengths, all_lengths, cfg, epoch, s, num_slots, excluded, dealt[s], offsets)
+        for s in range(num_slots)
+    ]
     adjust = [Adjust() for _ in range(num_slots)]
     counts = [sum(len(raw[s].batches) for s in range(r * num_workers, (r + 1) * num_workers)) for r in range(world_size)]
     surplus = repeated = splits = 0

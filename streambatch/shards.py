@@ -38,48 +38,6 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True, re
     return (epoch_rng(seed, epoch, rep) if rep else epoch_rng(seed, epoch)).permutation(num_shards)
 
 
-def split_into_pieces(
-    counts: Sequence[int], order: np.ndarray, num_slots: int, excluded: np.ndarray | None = None
-) -> list[Piece]:
-    """Shards in ``order`` as pieces. When there are fewer shards than slots, each shard is cut into equal
-    sample ranges so that every slot can get work. ``excluded`` (a mask over global sample ids) removes
-    already-consumed samples: shards with none left are skipped and cuts divide what remains."""
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    remaining = []
-    for s in order:
-        s = int(s)
-        idx = np.arange(int(counts[s]))
-        if excluded is not None:
-            idx = idx[~excluded[offsets[s]:offsets[s + 1]]]
-        if idx.size:
-            remaining.append((s, idx))
-    if not remaining:
-        return []
-    parts = max(1, -(-num_slots // len(remaining)))  # ceil
-    pieces = []
-    for s, idx in remaining:
-        k = min(parts, idx.size)
-        edges = np.linspace(0, idx.size, k + 1).round().astype(int)
-        for a, b in zip(edges[:-1], edges[1:]):
-            if b > a:
-                pieces.append(Piece(s, int(idx[a]), int(idx[b - 1]) + 1))
-    return pieces
-
-
-def assign_slots(pieces: Sequence[Piece], weights: Sequence[float], num_slots: int) -> list[list[Piece]]:
-    """Deal pieces (in order) to the slot with the least total weight so far; ties go to the lowest slot.
-
-    ``weights[i]`` is piece i's total length. Each slot keeps its pieces in dealing order.
-    """
-    slots: list[list[Piece]] = [[] for _ in range(num_slots)]
-    load = np.zeros(num_slots)
-    for piece, w in zip(pieces, weights):
-        j = int(np.argmin(load))
-        slots[j].append(piece)
-        load[j] += w
-    return slots
-
-
 def plan_slots(
     shard_lengths: Sequence[np.ndarray],
     num_slots: int,
@@ -88,15 +46,43 @@ def plan_slots(
     shuffle: bool = True,
     excluded: np.ndarray | None = None,
 ) -> list[list[Piece]]:
-    """The pieces each of ``num_slots`` slots streams this epoch, from the index's per-shard lengths."""
-    counts = [len(x) for x in shard_lengths]
-    order = shard_order(len(shard_lengths), seed, epoch, shuffle)
-    pieces = split_into_pieces(counts, order, num_slots, excluded)
+    """The pieces each of ``num_slots`` slots streams this epoch.
+
+    The shards, in the epoch's order, form one long stream of samples; it is cut into ``num_slots``
+    consecutive runs of equal total length. So every slot gets the same amount of audio or tokens to within
+    one sample, each slot reads a few whole shards plus at most two partial ones, and with fewer shards than
+    slots the shards are simply shared. ``excluded`` (a mask over global sample ids, shards in index order)
+    leaves out samples already consumed before a resume.
+    """
+    counts = np.array([len(x) for x in shard_lengths], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    weights = []
-    for p in pieces:
-        x = shard_lengths[p.shard][p.start:p.stop]
+    order = shard_order(len(shard_lengths), seed, epoch, shuffle)
+    shard_of, index_of, length_of = [], [], []
+    for s in order:
+        s = int(s)
+        idx = np.arange(counts[s])
         if excluded is not None:
-            x = x[~excluded[offsets[p.shard] + p.start:offsets[p.shard] + p.stop]]
-        weights.append(float(x.sum()))
-    return assign_slots(pieces, weights, num_slots)
+            idx = idx[~excluded[offsets[s]:offsets[s + 1]]]
+        if idx.size:
+            shard_of.append(np.full(idx.size, s))
+            index_of.append(idx)
+            length_of.append(np.asarray(shard_lengths[s], dtype=np.float64)[idx])
+    slots: list[list[Piece]] = [[] for _ in range(num_slots)]
+    if not shard_of:
+        return slots
+    shard_seq, index_seq = np.concatenate(shard_of), np.concatenate(index_of)
+    cum = np.cumsum(np.concatenate(length_of))
+    total = cum[-1]
+    # slot k takes the samples whose running total (at their midpoint) falls in its k-th share
+    mid = cum - np.concatenate(length_of) / 2
+    slot_of = np.minimum((mid * num_slots / total).astype(np.int64), num_slots - 1)
+    bounds = np.searchsorted(slot_of, np.arange(num_slots + 1), side="left")
+    runs = np.flatnonzero(np.diff(shard_seq)) + 1  # where the stream passes to the next shard
+    for k in range(num_slots):
+        a, b = int(bounds[k]), int(bounds[k + 1])
+        if a >= b:
+            continue
+        cuts = [a, *runs[(runs > a) & (runs < b)].tolist(), b]
+        for x, y in zip(cuts[:-1], cuts[1:]):
+            slots[k].append(Piece(int(shard_seq[x]), int(index_seq[x]), int(index_seq[y - 1]) + 1))
+    return slots
