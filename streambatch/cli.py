@@ -1,4 +1,4 @@
-"""The ``shardify`` command: write, inspect, verify, demo.
+"""The ``shardify`` command: write (whole, as parts, resumed), merge, stage, inspect, verify, demo.
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
 with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
@@ -119,10 +119,59 @@ def build_parser() -> argparse.ArgumentParser:
                    "nothing and exit 2 (default); skip = write the rest and list them in OUT/errors.jsonl")
     w.add_argument("--overwrite", action="store_true",
                    help="replace a dataset already in OUT (removes only shard-*.tar, index.json, "
-                   "errors.jsonl and *.tmp* files)")
+                   "errors.jsonl, index.part-*.json, errors.part-*.jsonl and *.tmp* files; with --part: "
+                   "only that part's files, the merged index and parts numbered N or more)")
+    w.add_argument("--resume", action="store_true",
+                   help="finish an interrupted write of the same command: shards already in OUT whose bytes "
+                   "are exactly what this run would write (size, then byte for byte) are kept, the others "
+                   "written, then the index. Safe to use on every run (an empty OUT is written in full)")
+    w.add_argument("--part", metavar="I/N", type=_part,
+                   help="write only part I of N (I = 0 .. N-1, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): "
+                   "the I-th contiguous slice of the (shuffled) record list, as shard-pIIII-JJJJJJ.tar and "
+                   "index.part-IIII.json; all parts share OUT. Then `shardify merge OUT` writes index.json: the "
+                   "same samples in the same order as one `shardify write` (shard boundaries differ)")
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_storage(w)
     w.set_defaults(func=cmd_write)
+
+    mg = sub.add_parser(
+        "merge",
+        help="merge the part indexes of `write --part I/N` runs into index.json",
+        description="Merge the part indexes (index.part-*.json) that `shardify write SRC OUT --part I/N` wrote "
+        "into OUT/index.json (and OUT/errors.jsonl from the parts' errors.part-*.jsonl). Checks that all N parts "
+        "are there once each, written from the same source with the same options, and that the shards they "
+        "list exist; a missing part is an error that names it (exit 2, nothing written). The merged dataset "
+        "has the same samples, order, lengths and totals as a single `shardify write` of SRC.",
+    )
+    mg.add_argument("out", metavar="OUT", help="the folder or URL the parts were written to")
+    mg.add_argument("parts", metavar="PART_INDEX", nargs="*",
+                    help="part index files to merge (default: every index.part-*.json in OUT)")
+    mg.add_argument("--verify", action="store_true",
+                    help="also re-read every shard and check it against its part index (as `shardify verify`) "
+                    "before writing index.json")
+    mg.add_argument("--no-progress", action="store_true", help="no progress bar (with --verify)")
+    _add_storage(mg)
+    mg.set_defaults(func=cmd_merge)
+
+    st = sub.add_parser(
+        "stage",
+        help="copy a dataset (shards + index) to node-local disk, resumably",
+        description="Copy the dataset at SRC (a folder, fsspec URL or index.json) to DEST, typically node-local "
+        "disk ($TMPDIR, /local/scratch/...). Each shard goes to a temporary name, is checked against the "
+        "index (byte size, and sha256 computed while copying) and renamed; shards already in DEST with the "
+        "index's size are kept (re-hashed with --verify); index.json is written last, so DEST has an index only "
+        "once every shard it lists is complete. Nothing else in DEST is touched. Run it again to finish an "
+        "interrupted copy. Train from DEST afterwards.",
+    )
+    st.add_argument("src", metavar="SRC", help="dataset folder or URL (s3://bucket/ds, ...) or its index.json")
+    st.add_argument("dest", metavar="DEST", help="destination folder (node-local disk)")
+    st.add_argument("--verify", action="store_true",
+                    help="re-hash shards already in DEST against the index's sha256 (default: their size)")
+    st.add_argument("--workers", type=_positive_int, default=4, metavar="N",
+                    help="shards copied at a time (threads; default 4)")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_storage(st)
+    st.set_defaults(func=cmd_stage)
 
     i = sub.add_parser(
         "inspect",
@@ -165,24 +214,66 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- commands ----------------------------------------------------------------------------------
-def cmd_write(args: argparse.Namespace) -> int:
-    from .writer import write_shards
+def _part(s: str) -> tuple[int, int]:
+    from .writer import parse_part
 
+    try:
+        return parse_part(s)
+    except ShardifyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from .storage import join_url
+    from .writer import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME, write_shards
+
+    stats: dict[str, int] = {}
     index = write_shards(
         args.src, args.out, kind=args.kind, unit=args.unit, sample_rate=args.sample_rate,
         data_root=args.data_root, max_count=args.max_count, max_size=args.max_size, shuffle=args.shuffle,
         seed=args.seed, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite,
-        storage_options=storage_options_from(args.storage_option), progress=not args.no_progress,
+        resume=args.resume, part=args.part, storage_options=storage_options_from(args.storage_option),
+        progress=not args.no_progress, stats=stats,
     )
     skipped = index.meta.get("skipped", 0)
     if skipped:
-        from .storage import join_url
-        from .writer import ERRORS_NAME
-
+        errors = ERRORS_NAME if args.part is None else PART_ERRORS_NAME.format(args.part[0])
         print(f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in "
-              f"{join_url(args.out, ERRORS_NAME)}", file=sys.stderr)
-    print(f"wrote {index.num_samples} samples in {index.num_shards} shards to {args.out} "
-          f"({_total(index)}); index: {index.unit}" + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
+              f"{join_url(args.out, errors)}", file=sys.stderr)
+    if args.resume:
+        print(f"resumed: kept {stats.get('kept', 0)} complete shard{'s' if stats.get('kept', 0) != 1 else ''}, "
+              f"wrote {stats.get('written', 0)}")
+    what = f"{index.num_samples} samples in {index.num_shards} shards to {args.out}"
+    if args.part is not None:
+        i, n = args.part
+        print(f"wrote part {i}/{n}: {what}, index {PART_INDEX_NAME.format(i)}; when all {n} parts are written: "
+              f"shardify merge {args.out}")
+        return 0
+    print(f"wrote {what} ({_total(index)}); index: {index.unit}"
+          + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .writer import merge_parts
+
+    index = merge_parts(args.out, args.parts or None, storage_options_from(args.storage_option),
+                        verify=args.verify, progress=not args.no_progress)
+    skipped = index.meta.get("skipped", 0)
+    print(f"merged {index.meta['parts']} parts: {index.num_samples} samples in {index.num_shards} shards "
+          f"({_total(index)})" + (f", {skipped} bad inputs skipped (errors.jsonl)" if skipped else "")
+          + f"; index: {index.unit}" + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from .stage import stage_dataset
+
+    so = storage_options_from(args.storage_option)
+    res = stage_dataset(args.src, args.dest, verify=args.verify, workers=args.workers, storage_options=so,
+                        progress=not args.no_progress)
+    print(f"staged {res.index.num_shards} shards to {res.dest}: copied {len(res.copied)} "
+          f"({res.bytes_copied / 2**20:,.1f} MiB), kept {len(res.kept)} already complete")
     return 0
 
 
