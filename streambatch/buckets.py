@@ -13,10 +13,13 @@ early. At the end of the stream the leftovers of all buckets are sorted and pack
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
+from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 
 class SampleTooLongError(ValueError):
@@ -117,6 +120,7 @@ class BucketBatcher:
         shuffle: bool = True,
         seed: int | Sequence[int] = 0,
         pad_to_multiple_of: int | None = None,
+        cost: CostModel | None = None,
     ):
         if not budget or budget <= 0:
             raise ValueError(f"budget must be positive, got {budget}")
@@ -133,10 +137,8 @@ class BucketBatcher:
         self.buffer_size = int(buffer_size)
         self.refill = max(1, int(refill) if refill else self.buffer_size // 4)
         self.min_length = float(min_length or 0)
-        self.max_length = min(float(max_length), self.budget) if max_length is not None else self.budget
-        if pad_to_multiple_of and pad_to_multiple_of > 1:
-            # the padded tensor is rounded up, so the longest sample that can fit shrinks accordingly
-            self.max_length = min(self.max_length, self.budget // pad_to_multiple_of * pad_to_multiple_of)
+        self.max_length = float(max_length) if max_length is not None else math.inf
+        self.cost = cost if cost is not None else PaddedCost()
         self.drop_last = drop_last
         self.strict = strict
         self.shuffle = shuffle
@@ -151,9 +153,28 @@ class BucketBatcher:
         self.dropped: list[int] = []
 
     # ---- input ----------------------------------------------------------------------------------
+    def _tensor_len(self, lengths: np.ndarray) -> np.ndarray:
+        """Lengths as the padded tensor will have them (rounded up to ``pad_to_multiple_of``)."""
+        if self.pad_multiple > 1:
+            return np.ceil(lengths / self.pad_multiple) * self.pad_multiple
+        return lengths
+
+    def _capacity(self, lengths: np.ndarray) -> np.ndarray:
+        """Most samples a batch whose longest sample has each length can hold under the budget."""
+        t = self._tensor_len(lengths)
+        if self.cost.packed:  # by sum: a sample alone fits if it is within the budget
+            return np.where(t <= self.budget, self.max_batch_size, 0)
+        return self.cost.capacity(t, self.budget, self.max_batch_size)
+
+    def accepts_many(self, lengths: np.ndarray) -> np.ndarray:
+        """Whether samples of these lengths can ever be batched (else they are skipped and counted)."""
+        lengths = np.asarray(lengths, dtype=np.float64)
+        ok = (lengths >= self.min_length) & (lengths <= self.max_length) & (lengths > 0)
+        ok[ok] = self._capacity(lengths[ok]) >= 1
+        return ok
+
     def accepts(self, length: float) -> bool:
-        """Whether a sample of this length can ever be batched (else it is skipped and counted)."""
-        return self.min_length <= length <= self.max_length and length > 0
+        return bool(self.accepts_many(np.array([length]))[0])
 
     def push(self, sid: int, length: float) -> list[np.ndarray]:
         """Add one sample; return the batches (arrays of ids) that are ready, usually none."""
@@ -174,7 +195,7 @@ class BucketBatcher:
         """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
         sids = np.asarray(sids, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.float64)
-        ok = (lengths >= self.min_length) & (lengths <= self.max_length) & (lengths > 0)
+        ok = self.accepts_many(lengths)
         if not ok.all():
             for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
                 self._reject(sid, length)
@@ -195,8 +216,8 @@ class BucketBatcher:
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:
             raise SampleTooLongError(
-                f"sample {sid} has length {length}, outside [min_length={self.min_length}, "
-                f"max_length/budget={self.max_length}]"
+                f"sample {sid} has length {length}: outside [min_length={self.min_length}, "
+                f"max_length={self.max_length}] or over the budget {self.budget} ({self.cost.name} cost) by itself"
             )
         self.skipped.append(int(sid))
 
@@ -228,17 +249,16 @@ class BucketBatcher:
         self._lens[:h], self._ids[:h] = lens, ids
         self._nsorted = h
 
-    def _pack(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _pack(self, s: np.ndarray) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
         """Cut lengths ``s`` (sorted longest first) greedily into batches.
 
-        Returns batch starts, ends and whether each batch is complete (holds as many samples as its
-        longest allows). The greedy chain ``start → start + capacity`` is followed by pointer doubling,
-        so the cost is a few vectorised passes rather than a Python step per batch.
+        Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
+        arrays — and whether each is complete (no further sample could join).
         """
+        if self.cost.packed:
+            return self._pack_by_sum(s)
         n = len(s)
-        padded = np.ceil(s / self.pad_multiple) * self.pad_multiple if self.pad_multiple > 1 else s
-        cap = np.floor(self.budget / padded).astype(np.int64)
-        np.minimum(cap, self.max_batch_size, out=cap)
+        cap = self._capacity(s)
         if self.multiple > 1:
             cap = np.where(cap >= self.multiple, cap - cap % self.multiple, cap)
         reach = np.arange(n, dtype=np.int64) + cap
@@ -250,7 +270,7 @@ class BucketBatcher:
             seg_end = np.full(n, n, dtype=np.int64)
         full = reach <= seg_end
         nxt = np.append(np.minimum(reach, seg_end), n)  # sentinel n jumps to itself
-        # starts = {0, nxt(0), nxt(nxt(0)), ...}: double the jump length until the chain is covered
+        # the greedy chain start → start + capacity, followed by pointer doubling: a few vectorised passes
         starts = np.zeros(1, dtype=np.int64)
         jump = nxt
         while True:
@@ -261,37 +281,82 @@ class BucketBatcher:
             starts = np.concatenate([starts, more])
             jump = jump[jump]
         starts.sort()
-        ends = nxt[starts]
-        return starts, ends, full[starts]
+        return (starts, nxt[starts]), full[starts]
+
+    def _pack_by_sum(self, s: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Packed batches (no padding): each batch takes the longest samples left that fit, then fills
+        what remains of the budget best-fit (the longest sample that still fits, again and again), which
+        keeps the short samples for the small gaps. A batch is complete when not even the window's shortest
+        sample would fit; the others wait for new samples."""
+        t = self._tensor_len(s).tolist()
+        n = len(t)
+        neg = [-x for x in t]  # ascending, for bisect
+        parent = list(range(n + 1))  # next unused position at or after i (union-find with path halving)
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        budget, cap = self.budget, self.max_batch_size
+        shortest = t[-1] if n else 0.0
+        members, full = [], []
+        i = find(0)
+        while i < n:
+            batch, tot = [], 0.0
+            while i < n and len(batch) < cap and tot + t[i] <= budget:
+                batch.append(i)
+                tot += t[i]
+                parent[i] = i + 1
+                i = find(i + 1)
+            while len(batch) < cap and budget - tot >= shortest:
+                j = find(bisect.bisect_left(neg, tot - budget))  # first unused sample ≤ what is left
+                if j >= n:
+                    break
+                batch.append(j)
+                tot += t[j]
+                parent[j] = j + 1
+            i = find(i)
+            members.append(np.array(sorted(batch), dtype=np.int64))
+            full.append(len(batch) >= cap or budget - tot < shortest)
+        return members, np.asarray(full, dtype=bool)
 
     def _round(self, final: bool) -> list[np.ndarray]:
         self._sort_window()
         h = self.held
         ids, lens = self._ids[:h], self._lens[:h]
-        starts, ends, full = self._pack(lens)
-        nb = len(starts)
+        batches, full = self._pack(lens)
+        if isinstance(batches, tuple):  # runs of the sorted window
+            starts, ends = batches
+            sizes = ends - starts
+            part = lambda b: slice(starts[b], ends[b])  # noqa: E731
+        else:
+            sizes = np.array([len(m) for m in batches], dtype=np.int64)
+            part = batches.__getitem__
+        nb = len(sizes)
         if final:
             chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
             if self.drop_last:
                 keep = full[chosen]
                 for b in chosen[~keep]:
-                    self.dropped.extend(ids[starts[b]:ends[b]].tolist())
+                    self.dropped.extend(ids[part(b)].tolist())
                 chosen = chosen[keep]
             self.held = self._nsorted = 0
-            return [ids[starts[b]:ends[b]].copy() for b in chosen]
+            return [ids[part(b)].copy() for b in chosen]
         # complete batches in random order; partial ones (fullest first) only if those don't free enough
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
-        fill = (ends - starts)[partial] * lens[starts[partial]]
+        fill = np.array([lens[part(b)].sum() for b in partial])
         if self.shuffle:
             complete = complete[self.rng.permutation(len(complete))]
-        cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]])
-        freed = np.cumsum((ends - starts)[cand])
+        cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]]).astype(np.int64)
+        freed = np.cumsum(sizes[cand])
         chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
-        out = [ids[starts[b]:ends[b]].copy() for b in chosen]
-        emitted = np.zeros(nb, dtype=bool)
-        emitted[chosen] = True
-        keep = ~np.repeat(emitted, ends - starts)
+        out = [ids[part(b)].copy() for b in chosen]
+        keep = np.ones(h, dtype=bool)
+        for b in chosen:
+            keep[part(b)] = False
         k = int(keep.sum())
         self._ids[:k] = ids[keep]
         self._lens[:k] = lens[keep]
@@ -336,6 +401,9 @@ def plan_batches(
     shuffle: bool = True,
     seed: int | Sequence[int] = 0,
     pad_to_multiple_of: int | None = None,
+    cost: CostModel | str | None = None,
+    quadratic_factor: float | None = None,
+    packed: bool = False,
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
 
@@ -360,6 +428,7 @@ def plan_batches(
         shuffle=shuffle,
         seed=seed,
         pad_to_multiple_of=pad_to_multiple_of,
+        cost=PackedCost() if packed else resolve_cost(cost, quadratic_factor)[0],
     )
     batches = batcher.push_many(np.arange(len(lengths)), lengths)
     batches.extend(batcher.flush())

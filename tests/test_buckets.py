@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from streambatch.cost import PackedCost, resolve_cost
 from streambatch.buckets import BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, sorted_oracle
 from streambatch.synthetic import DISTRIBUTIONS
 
@@ -38,14 +39,29 @@ def streams(draw):
     )
     if draw(st.booleans()):
         opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 2000), max_size=5))))
+    kind = draw(st.sampled_from(["padded", "padded", "quadratic", "callable", "packed"]))
+    if kind == "quadratic":
+        opts["cost"], opts["quadratic_factor"] = "quadratic", draw(st.sampled_from([50.0, 500.0]))
+    elif kind == "callable":
+        opts["cost"] = lambda n, m: n * m + 3 * n + m  # monotone in both
+    elif kind == "packed":
+        opts["packed"] = True
     return lengths, float(budget), opts
 
 
-def padded_cost(lengths, batch, multiple=None):
-    m = lengths[batch].max()
-    if multiple:
-        m = np.ceil(m / multiple) * multiple
-    return len(batch) * m
+def batch_cost(lengths, batch, opts):
+    """The cost of a batch as the tensor will have it, under the case's cost model."""
+    x = lengths[batch].astype(float)
+    if opts["pad_to_multiple_of"]:
+        x = np.ceil(x / opts["pad_to_multiple_of"]) * opts["pad_to_multiple_of"]
+    n, m = len(batch), x.max()
+    if opts.get("packed"):
+        return x.sum()
+    if opts.get("cost") == "quadratic":
+        return n * (m + m * m / opts["quadratic_factor"])
+    if callable(opts.get("cost")):
+        return opts["cost"](n, m)
+    return n * m
 
 
 @settings(max_examples=300, deadline=None)
@@ -56,7 +72,7 @@ def test_budget_exactly_once_and_bounds(case):
     # 1. no batch over budget, ever (with the padded length rounded up as the tensor will be)
     for b in plan:
         assert len(b) >= 1
-        assert padded_cost(lengths, b, opts["pad_to_multiple_of"]) <= budget
+        assert batch_cost(lengths, b, opts) <= budget
         if opts["max_batch_size"]:
             assert len(b) <= opts["max_batch_size"]
     # 2. every sample exactly once: batched, skipped (unbatchable) or dropped (drop_last), nothing else
@@ -64,15 +80,15 @@ def test_budget_exactly_once_and_bounds(case):
     assert sorted(seen.tolist()) == list(range(len(lengths)))
     if not opts["drop_last"]:
         assert len(plan.dropped) == 0
-    # 3. skipped are exactly the samples that can never fit
-    max_len = min(opts["max_length"] or budget, budget)
-    if opts["pad_to_multiple_of"]:
-        max_len = min(max_len, budget // opts["pad_to_multiple_of"] * opts["pad_to_multiple_of"])
-    bad = np.flatnonzero((lengths > max_len) | (lengths < opts["min_length"]))
+    # 3. skipped are exactly the samples that can never fit (outside the limits, or over budget alone)
+    alone = np.array([batch_cost(lengths, np.array([i]), opts) for i in range(len(lengths))])
+    bad = np.flatnonzero(
+        (lengths > (opts["max_length"] or np.inf)) | (lengths < opts["min_length"]) | (alone > budget)
+    )
     assert sorted(plan.skipped.tolist()) == bad.tolist()
     # 4. batches never cross a bucket boundary
     bounds = np.asarray(opts.get("bucket_boundaries") or [])
-    if bounds.size:
+    if bounds.size and not opts.get("packed"):
         for b in plan:
             assert len(set(np.searchsorted(bounds, lengths[b], side="left").tolist())) == 1
 
@@ -85,6 +101,7 @@ def test_online_push_equals_plan(case):
     plan = plan_batches(lengths, budget, **opts)
     opts = dict(opts)
     boundaries = opts.pop("bucket_boundaries", None)
+    opts["cost"] = PackedCost() if opts.pop("packed", False) else resolve_cost(opts.get("cost"), opts.pop("quadratic_factor", None))[0]
     b = BucketBatcher(budget, boundaries, **opts)
     online = []
     for i, x in enumerate(lengths.tolist()):
@@ -155,3 +172,29 @@ def test_invalid_options_are_clear():
         plan_batches([1, 2], budget=0)
     with pytest.raises(ValueError, match="buffer_size"):
         plan_batches([1, 2], budget=10, buffer_size=0)
+
+
+def test_packed_batches_fill_the_budget():
+    """Padding-free batches: real elements fill ≥ 99 % of every batch's budget on speech and text."""
+    for name in ("librispeech", "text"):
+        gen, budget, _ = DISTRIBUTIONS[name]
+        lengths = gen(50_000, seed=2)
+        plan = plan_batches(lengths, budget, buffer_size=10_000, packed=True)
+        assert all(lengths[b].sum() <= budget for b in plan)
+        assert lengths.sum() / (len(plan) * budget) >= 0.99, name
+
+
+def test_quadratic_cost_makes_long_batches_smaller():
+    lengths = np.array([100] * 200 + [1000] * 200, dtype=float)
+    padded = plan_batches(lengths, 10_000, buffer_size=400, shuffle=False)
+    quad = plan_batches(lengths, 10_000, buffer_size=400, shuffle=False, cost="quadratic", quadratic_factor=1000)
+    size = lambda plan, L: max(len(b) for b in plan if lengths[b].max() == L)  # noqa: E731
+    assert size(padded, 1000) == 10 and size(quad, 1000) == 5  # 1000 + 1000²/1000 = 2000 per sample
+    assert size(padded, 100) == 100 and size(quad, 100) == 90  # 100 + 10 = 110 per sample
+
+
+def test_non_monotone_callable_is_refused():
+    from streambatch.cost import CallableCost
+
+    with pytest.raises(ValueError, match="non-decreasing"):
+        CallableCost(lambda n, m: n * m if n < 10 else 1).check_monotone(np.arange(1, 100))
