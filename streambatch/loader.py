@@ -13,6 +13,7 @@ from each sample's ``.json`` as it streams and the same batcher runs online (no 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from .dist import process_info, worker_info
 from .index import INDEX_NAME, ShardIndex
 from .plan import EVEN_BATCHES, Adjust, EpochPlan, SlotPlan, apply_adjust, consumed_ids, global_offsets
 from .plan import make_epoch_plan, per_worker, plan_slot
-from .reader import read_pieces
+from .reader import FAULT_FIELDS, FaultLog, ReadOptions, ShardFault, read_pieces
+from .retry import RetryPolicy
 from .shards import Piece, shard_order
 
 log = logging.getLogger("streambatch")
@@ -146,6 +148,11 @@ class _EpochStream(IterableDataset):
         ix = loader.index
         self.sample_rate = ix.sample_rate if ix is not None and ix.unit == "samples" else None
         self.storage_options = loader.storage_options
+        self.read_options = loader.read_options
+        # expected bytes and sha256 of each shard (the reader checks them); lengths travel separately
+        self.shard_checks = [_ShardCheck(s.bytes, s.sha256) for s in ix.shards] if ix is not None else None
+        self.fault_counts = loader._fault_counts  # shared: [worker, FAULT_FIELDS]
+        self.bad_flags = loader._bad_shards  # shared: 1 for each shard that went bad this pass
         self.excluded = loader._excluded  # (epoch, mask) of samples consumed before a re-planned resume
         self.shared = loader._shared  # see StreamBatchLoader._publish
 
@@ -159,12 +166,25 @@ class _EpochStream(IterableDataset):
         adj = Adjust(split=sh[3 + 3 * worker], pad=sh[4 + 3 * worker], take=sh[5 + 3 * worker])
         counts = [sh[5 + 3 * w] for w in range(self.num_workers)]
         first = per_worker(counts, consumed)[worker]
-        yield from stream_slot(self, epoch, self.rank * self.num_workers + worker, adj, first)
+        faults = FaultLog(
+            self.fault_counts.numpy(), self.bad_flags.numpy(), row=physical,
+            max_bad_shards=self.read_options.max_bad_shards, urls=self.urls, rank=self.rank,
+        )
+        yield from stream_slot(self, epoch, self.rank * self.num_workers + worker, adj, first, faults)
 
 
-def stream_slot(ds: _EpochStream, epoch: int, slot: int, adj: Adjust, first: int) -> Iterator[dict[str, Any]]:
+@dataclass(frozen=True)
+class _ShardCheck:
+    bytes: int
+    sha256: str | None
+
+
+def stream_slot(
+    ds: _EpochStream, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None
+) -> Iterator[dict[str, Any]]:
     """The one place the read stages are composed, for one (rank, worker) slot."""
     cfg = ds.cfg
+    ropts = getattr(ds, "read_options", None) or ReadOptions()
     if ds.shard_lengths is not None:
         excluded = ds.excluded[1] if ds.excluded is not None and ds.excluded[0] == epoch else None
         all_lengths = np.concatenate(ds.shard_lengths)
@@ -172,17 +192,19 @@ def stream_slot(ds: _EpochStream, epoch: int, slot: int, adj: Adjust, first: int
         plan = apply_adjust(raw, adj, cfg.seed, epoch, slot)
         offsets = global_offsets([len(x) for x in ds.shard_lengths])
         pieces = _pieces_needed(plan, first, offsets, excluded)
-        samples = read_pieces(ds.urls, [p for p, _ in pieces], ds.storage_options)
+        samples = read_pieces(
+            ds.urls, [p for p, _ in pieces], ds.storage_options, ropts, ds.shard_checks, faults, markers=True
+        )
         positioned = _positioned(samples, pieces, offsets, excluded)
-        batches = execute_plan(positioned, plan, first, all_lengths)
+        batches = execute_plan(positioned, plan, first, all_lengths, faults, ropts.reservoir)
     else:
         num_slots = ds.world_size * ds.num_workers
         if adj.take < 0:  # one pass over this slot's shards
             pieces = _unindexed_pieces(len(ds.urls), num_slots, cfg.seed, epoch, cfg.shuffle)[slot]
-            samples = read_pieces(ds.urls, pieces, ds.storage_options)
+            samples = read_pieces(ds.urls, pieces, ds.storage_options, ropts, None, faults)
             batches = iter_batches(samples, cfg.batcher(epoch, slot), _json_length)
         else:  # batches_per_epoch: cycle the shards (reshuffled each pass) until the slot's share is met
-            samples = _cycle_unindexed(ds, num_slots, epoch, slot)
+            samples = _cycle_unindexed(ds, num_slots, epoch, slot, faults)
             batches = itertools.islice(iter_batches(samples, cfg.batcher(epoch, slot), _json_length), adj.take)
     for batch in batches:
         yield collate(batch, ds.decode, pad_to_multiple_of=ds.pad_to_multiple_of, sample_rate=ds.sample_rate)
@@ -204,35 +226,104 @@ def _pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: np
     return out
 
 
+@dataclass(frozen=True)
+class _Invalid:
+    """Stream positions ``[lo, hi)`` came from a shard whose checksum failed after it was read."""
+
+    lo: int
+    hi: int
+    url: str
+
+
 def _positioned(
-    samples: Iterator[dict[str, Any]], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: np.ndarray | None
-) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """Attach each streamed sample's position in the slot's stream and its global id; drop excluded ones."""
+    samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: np.ndarray | None
+) -> Iterator[tuple[int, int, dict[str, Any] | None] | _Invalid]:
+    """Attach each streamed sample's position in the slot's stream and its global id; drop excluded ones.
+
+    Where a piece's shard went bad (a :class:`ShardFault` in the stream), each of its samples that did not
+    arrive comes as ``(pos, gid, None)``; a checksum that failed after the whole shard was read comes as an
+    :class:`_Invalid` span of the positions that shard delivered."""
     it = iter(samples)
-    for piece, pos in pieces:
+    spans: list[tuple[int, int]] = []
+    for j, (piece, pos) in enumerate(pieces):
+        lo = pos
         base = int(offsets[piece.shard])
-        for i in range(piece.start, piece.stop):
-            try:
-                s = next(it)
-            except StopIteration:
+        i = piece.start
+        while i < piece.stop:
+            s = next(it, None)
+            if s is None:
                 raise RuntimeError(
                     f"shard {piece.shard} ended at sample {i}, before its planned end {piece.stop}; "
                     "the index does not match the shards (check with `shardify verify`)"
-                ) from None
+                )
+            if isinstance(s, ShardFault):
+                if s.ordinal < j:  # an earlier piece's checksum failed once it was read to the end
+                    yield _Invalid(*spans[s.ordinal], s.url)
+                    continue
+                for rest in range(i, piece.stop):  # this piece broke: the rest of it is lost
+                    gid = base + rest
+                    if excluded is None or not excluded[gid]:
+                        yield pos, gid, None
+                        pos += 1
+                break
             gid = base + i
+            i += 1
             if excluded is not None and excluded[gid]:
                 continue
             yield pos, gid, s
             pos += 1
+        spans.append((lo, pos))
+    for s in it:
+        if isinstance(s, ShardFault) and s.invalidate and s.ordinal < len(spans):
+            yield _Invalid(*spans[s.ordinal], s.url)
+
+
+class _Reservoir:
+    """The last few samples a worker emitted, to re-draw samples lost with a bad shard."""
+
+    def __init__(self, size: int):
+        self.items: collections.deque[tuple[float, dict[str, Any]]] = collections.deque(maxlen=max(1, size))
+
+    def add(self, length: float, sample: dict[str, Any]) -> None:
+        self.items.append((length, sample))
+
+    def discard(self, url: str) -> None:
+        self.items = collections.deque((x for x in self.items if x[1].get("__url__") != url), maxlen=self.items.maxlen)
+
+    def pick(self, max_length: float, exclude: set[str]) -> dict[str, Any] | None:
+        """The longest sample not longer than ``max_length`` and not in ``exclude`` (latest on ties)."""
+        best, best_len = None, -1.0
+        for length, s in self.items:
+            if length <= max_length and length >= best_len and s["__key__"] not in exclude:
+                best, best_len = s, length
+        return best
+
+    def shortest(self) -> dict[str, Any] | None:
+        return min(self.items, key=lambda x: x[0])[1] if self.items else None
+
+
+_END = object()
 
 
 def execute_plan(
-    samples: Iterator[tuple[int, int, dict[str, Any]]], plan: SlotPlan, first: int, all_lengths: np.ndarray
+    samples: Iterator[Any],
+    plan: SlotPlan,
+    first: int,
+    all_lengths: np.ndarray,
+    faults: FaultLog | None = None,
+    reservoir: int = 64,
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
 
     Batches ``plan.batches[first:]`` are yielded in plan order; a batch marked as a repeat is yielded again
     from the samples of the one before it. Samples no remaining batch needs are dropped on arrival.
+
+    Samples lost with a bad shard (``(pos, gid, None)`` or an :class:`_Invalid` span) never stop a batch
+    from being yielded, so every worker still yields its planned number of batches: each lost sample is
+    replaced by a sample this worker already emitted this epoch (the longest one of the last ``reservoir``
+    that is not longer than the lost one, so the batch stays within the budget), or left out when none fits
+    (a smaller batch). A batch that lost everything and finds no replacement takes the shortest sample seen
+    (alone, it fits the budget). Each case is counted in ``faults``.
     """
     todo = plan.batches[first:]
     repeat = plan.repeat[first:]
@@ -241,40 +332,103 @@ def execute_plan(
     needed = np.zeros(len(plan.gids), dtype=bool)
     for b in todo:
         needed[b] = True
-    ready_at = [int(b.max()) for b in todo]
     held: dict[int, dict[str, Any]] = {}
+    lost: set[int] = set()
+    pool = _Reservoir(reservoir)
+    it = iter(samples)
+    upto = -1
+
+    def count(name: str, n: int = 1) -> None:
+        if faults is not None and n:
+            faults.add(name, n)
+
+    def pull() -> Any:
+        """Process one stream item; the position of a held sample, None, or _END."""
+        nonlocal upto
+        item = next(it, _END)
+        if item is _END:
+            return _END
+        if isinstance(item, _Invalid):
+            gone = [p for p in held if item.lo <= p < item.hi]
+            for p in gone:
+                held.pop(p)
+                lost.add(p)
+            count("lost_samples", len(gone))
+            pool.discard(item.url)
+            return None
+        pos, gid, sample = item
+        upto = max(upto, pos)
+        if not needed[pos]:
+            return None
+        if sample is None:
+            lost.add(pos)
+            count("lost_samples")
+            return None
+        got = (sample.get("json") or {}).get("length")
+        if got is not None and got != all_lengths[gid]:
+            raise RuntimeError(
+                f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
+                f"{all_lengths[gid]}; the index does not match the shards (check with `shardify verify`)"
+            )
+        held[pos] = sample
+        return pos
+
     last: list[dict[str, Any]] = []
-    k = 0
-    for pos, gid, sample in samples:
-        if needed[pos]:
-            got = (sample.get("json") or {}).get("length")
-            if got is not None and got != all_lengths[gid]:
+    for k, b in enumerate(todo):
+        if repeat[k] and k > 0:
+            yield list(last)
+            continue
+        ready = int(b.max())
+        while upto < ready:
+            if pull() is _END:
                 raise RuntimeError(
-                    f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
-                    f"{all_lengths[gid]}; the index does not match the shards (check with `shardify verify`)"
+                    f"the stream ended with {len(todo) - k} planned batches unformed; "
+                    "the index does not match the shards (check with `shardify verify`)"
                 )
-            held[pos] = sample
-        while k < len(todo) and ready_at[k] <= pos:
-            if repeat[k] and k > 0:
-                yield list(last)
+        batch: list[dict[str, Any]] = []
+        fresh: list[tuple[float, dict[str, Any]]] = []
+        missing: list[int] = []
+        for i in b:
+            i = int(i)
+            if i in lost:
+                lost.discard(i)
+                missing.append(i)
             else:
-                # keep the samples a following repeat needs
-                keep = k + 1 < len(todo) and repeat[k + 1]
-                last = [held[int(i)] if keep else held.pop(int(i)) for i in todo[k]]
-                if keep:
-                    for i in todo[k]:
-                        held.pop(int(i))
-                yield last
-            k += 1
-        if k == len(todo):
-            return
-    raise RuntimeError(
-        f"the stream ended with {len(todo) - k} planned batches unformed; "
-        "the index does not match the shards (check with `shardify verify`)"
-    )
+                s = held.pop(i)
+                batch.append(s)
+                fresh.append((float(all_lengths[plan.gids[i]]), s))
+        if missing:
+            keys = {s["__key__"] for s in batch}
+            for i in missing:
+                rep = pool.pick(float(all_lengths[plan.gids[i]]), keys)
+                if rep is not None:
+                    batch.append(rep)
+                    keys.add(rep["__key__"])
+                    count("redrawn_samples")
+            if not batch:
+                rep = pool.shortest()
+                while rep is None:  # nothing emitted yet: take the next planned sample that arrives
+                    r = pull()
+                    if r is _END:
+                        raise RuntimeError(
+                            "every sample of this worker's planned batches was lost with bad shards; "
+                            "nothing is left to fill its batches (see the bad shards logged above)"
+                        )
+                    if r is not None:
+                        rep = held[r]
+                batch.append(rep)
+                count("redrawn_samples")
+            if len(batch) < len(b):
+                count("shrunk_batches")
+        for length, s in fresh:
+            pool.add(length, s)
+        last = batch
+        yield batch
 
 
-def _cycle_unindexed(ds: _EpochStream, num_slots: int, epoch: int, slot: int) -> Iterator[dict[str, Any]]:
+def _cycle_unindexed(
+    ds: _EpochStream, num_slots: int, epoch: int, slot: int, faults: FaultLog | None = None
+) -> Iterator[dict[str, Any]]:
     """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index)."""
     for rep in itertools.count():
         pieces = _unindexed_pieces(len(ds.urls), num_slots, ds.cfg.seed, epoch, ds.cfg.shuffle, rep)[slot]
@@ -283,7 +437,7 @@ def _cycle_unindexed(ds: _EpochStream, num_slots: int, epoch: int, slot: int) ->
                 f"{len(ds.urls)} shards cannot feed {num_slots} (rank, worker) slots without an index; "
                 "use fewer workers or ranks, more shards, or write an index with `shardify write`"
             )
-        yield from read_pieces(ds.urls, pieces, ds.storage_options)
+        yield from read_pieces(ds.urls, pieces, ds.storage_options, getattr(ds, "read_options", None), None, faults)
 
 
 def _unindexed_pieces(
@@ -350,10 +504,30 @@ class StreamBatchLoader:
         even_batches: str = "split",
         batches_per_epoch: int | None = None,
         storage_options: dict | None = None,
+        chunk_size: int | str = "8M",
+        read_ahead: int | str = "64M",
+        read_concurrency: int = 4,
+        retries: int = 8,
+        timeout: float = 60.0,
+        backoff: float = 0.25,
+        verify: str = "sha256",
+        max_bad_shards: int = 2,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
     ):
         if budget is None or budget <= 0:
             raise ValueError(f"budget must be a positive number in the dataset's unit, got {budget!r}")
         self.storage_options = storage_options
+        self.read_options = ReadOptions(
+            chunk_size=storage.parse_bytes(chunk_size, "chunk_size"),
+            read_ahead=storage.parse_bytes(read_ahead, "read_ahead"),
+            read_concurrency=int(read_concurrency),
+            retry=RetryPolicy(retries=int(retries), backoff=float(backoff), timeout=float(timeout)),
+            verify=verify,
+            max_bad_shards=int(max_bad_shards),
+            cache_dir=cache_dir,
+            cache_size=storage.parse_bytes(cache_size, "cache_size"),
+        )
         self.index, self.urls = resolve_source(source, index, storage_options)
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
@@ -401,6 +575,9 @@ class StreamBatchLoader:
         # shared with the workers (persistent ones too): epoch, consumed, rotation, then per worker
         # (split, pad, take)
         self._shared = torch.zeros(3 + 3 * max(1, self.num_workers), dtype=torch.int64).share_memory_()
+        # fault counters per DataLoader worker and a bad flag per shard, for the current pass
+        self._fault_counts = torch.zeros((max(1, self.num_workers), len(FAULT_FIELDS)), dtype=torch.int64).share_memory_()
+        self._bad_shards = torch.zeros(len(self.urls), dtype=torch.int8).share_memory_()
         self._dataloader: DataLoader | None = None
 
     # ---- epochs and planning ----------------------------------------------------------------------
@@ -480,8 +657,18 @@ class StreamBatchLoader:
         self._shared.copy_(torch.tensor(sh, dtype=torch.int64))
         return steps
 
+    def fault_stats(self) -> dict[str, Any]:
+        """What storage faults cost this rank in the current (or last) pass: ``bad_shards`` skipped (and their
+        URLs in ``bad_shard_urls``), planned samples lost with them, samples re-drawn in their place, batches
+        that came out smaller, request retries, bytes read from remote storage, cache downloads and hits."""
+        out: dict[str, Any] = dict(zip(FAULT_FIELDS, (int(x) for x in self._fault_counts.sum(0).tolist())))
+        out["bad_shard_urls"] = [self.urls[i] for i in torch.nonzero(self._bad_shards).flatten().tolist()]
+        return out
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch = self.epoch
+        self._fault_counts.zero_()
+        self._bad_shards.zero_()
         steps = self._publish(epoch)
         if self._dataloader is None or not self.persistent_workers:
             self._dataloader = self._make_dataloader()

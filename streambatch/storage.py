@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
+import threading
 import uuid
 from typing import IO, Any
 
@@ -33,6 +35,98 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
     """The fsspec filesystem for ``url`` and the path inside it."""
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return fs, path
+
+
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*", re.I)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
+    """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed."""
+    if size is None:
+        return None
+    if isinstance(size, (int, float)) and not isinstance(size, bool):
+        n = int(size)
+    else:
+        m = _SIZE.fullmatch(str(size))
+        if not m:
+            raise ValueError(f"{what}: cannot read {size!r} as a size; write e.g. 64M, 8MiB, 2G or a number of bytes")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 0:
+        raise ValueError(f"{what} must not be negative, got {size!r}")
+    return n
+
+
+# ---- filesystems for reading shards ----------------------------------------------------------------
+# One filesystem per (process, URL protocol, options): s3fs and other async back-ends are not fork-safe, so a
+# DataLoader worker must never use an object its parent created. Each process builds its own on first use.
+_READ_FS: dict[tuple, fsspec.AbstractFileSystem] = {}
+_READ_FS_LOCK = threading.Lock()
+
+
+def _aws_env() -> tuple:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+
+
+def reading_filesystem(
+    url: str, storage_options: dict | None = None, timeout: float | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path) for reading shards in this process: created here (never inherited over a fork),
+    cached per process, with the back-end's own retries turned off where we know how (streambatch retries
+    itself, resuming at the byte where a read broke) and ``timeout`` as the connect/read timeout, unless
+    ``storage_options`` set them."""
+    opts = dict(storage_options or {})
+    if "::" in url:  # chained URLs (simplecache::s3://...): let fsspec build the chain
+        fs, path = fsspec.core.url_to_fs(url, **opts)
+        return fs, path
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    cls = fsspec.get_filesystem_class(protocol)
+    path = cls._strip_protocol(url)
+    key = (os.getpid(), protocol, repr(sorted(opts.items(), key=lambda kv: kv[0])), timeout, _aws_env())
+    with _READ_FS_LOCK:
+        fs = _READ_FS.get(key)
+        if fs is None:
+            fs = _make_reading_fs(protocol, opts, timeout)
+            _READ_FS[key] = fs
+    return fs, path
+
+
+def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec.AbstractFileSystem:
+    own_retries = "retries" in opts
+    if protocol in ("s3", "s3a"):
+        cfg = dict(opts.get("config_kwargs") or {})
+        if timeout:
+            cfg.setdefault("connect_timeout", timeout)
+            cfg.setdefault("read_timeout", timeout)
+        cfg.setdefault("retries", {"total_max_attempts": 1})
+        opts["config_kwargs"] = cfg
+        opts.pop("retries", None)
+    elif protocol in ("http", "https") and timeout:
+        try:
+            import aiohttp
+
+            ck = dict(opts.get("client_kwargs") or {})
+            ck.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
+            opts["client_kwargs"] = ck
+        except ImportError:  # pragma: no cover - fsspec's http needs aiohttp anyway
+            pass
+    fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+    if protocol in ("s3", "s3a") and not own_retries:
+        fs.retries = 1  # s3fs's own retry loop: one attempt, ours does the rest
+    return fs
+
+
+def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of an object (fewer if it ends sooner)."""
+    return fs.cat_file(path, start=start, end=end)
+
+
+def object_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    info = fs.info(path)
+    size = info.get("size")
+    if size is None:
+        raise OSError(f"{path}: the storage reports no size")
+    return int(size)
 
 
 def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) -> IO[Any]:

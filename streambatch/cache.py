@@ -1,0 +1,183 @@
+"""Node-local shard cache: each shard is downloaded once per node, however many ranks and workers read it.
+
+Layout under ``cache_dir``::
+
+    objects/<hash>-<name>            complete, verified shards (mtime = last use, for LRU eviction)
+    objects/.<hash>-<name>.tmp-...   a download in progress
+    locks/<hash>-<name>.lock         one lock file per shard (fcntl.flock)
+    .evict.lock                      held while making room
+
+A process that needs a shard takes the shard's exclusive lock, checks again whether another process has
+finished it meanwhile, else downloads it to a temporary name, checks size (and sha256) and renames it into
+place; the others wait on the lock and then find it complete. ``flock`` locks die with their process, so a
+killed job never leaves a lock held; its temporary files are removed by the next process that takes the
+lock (nobody else can be writing them) or by the sweep when a cache is opened. Readers open the final file
+directly: a rename is atomic, so they see either nothing or the whole shard. Eviction removes the least
+recently used complete shards until the new one fits ``max_bytes``; a reader that has one open keeps
+reading it (POSIX unlink semantics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import uuid
+from typing import Callable, Iterator
+
+log = logging.getLogger("streambatch")
+
+_TMP = re.compile(r"^\.(?P<name>.+)\.tmp-[0-9a-f]+-[0-9a-f]+$")
+
+
+def cache_name(url: str) -> str:
+    """The file name a URL is cached under: a hash of the whole URL plus its readable last part."""
+    h = hashlib.sha1(url.encode("utf-8")).hexdigest()[:20]
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
+    return f"{h}-{base}"
+
+
+class ShardCache:
+    """A size-limited LRU cache of whole shards on local disk, safe across processes of one node."""
+
+    def __init__(self, root: str, max_bytes: int | None = None):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.max_bytes = max_bytes
+        self.objects = os.path.join(self.root, "objects")
+        self.locks = os.path.join(self.root, "locks")
+        os.makedirs(self.objects, exist_ok=True)
+        os.makedirs(self.locks, exist_ok=True)
+        self.sweep()
+
+    # ---- locks -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _flock(self, path: str, blocking: bool = True) -> Iterator[bool]:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except OSError as e:
+                if not blocking and e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    yield False
+                    return
+                raise
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _lock_path(self, name: str) -> str:
+        return os.path.join(self.locks, name + ".lock")
+
+    # ---- lookup and download -------------------------------------------------------------------------
+    def path(self, url: str) -> str:
+        return os.path.join(self.objects, cache_name(url))
+
+    def lookup(self, url: str, size: int | None = None) -> str | None:
+        """The cached file of ``url`` if it is there (and has ``size`` bytes); marks it used."""
+        p = self.path(url)
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            return None
+        if size is not None and st.st_size != size:
+            log.warning("streambatch cache: %s has %d bytes, expected %d; fetching it again", p, st.st_size, size)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(p)  # last use, for LRU
+        return p
+
+    def get(self, url: str, size: int | None, download: Callable[[str], None]) -> tuple[str, bool]:
+        """(local path, whether this call downloaded it). ``download(tmp_path)`` must write the complete,
+        verified object to ``tmp_path`` or raise; it runs at most once per node at a time per URL."""
+        p = self.lookup(url, size)
+        if p is not None:
+            return p, False
+        name = cache_name(url)
+        with self._flock(self._lock_path(name)):
+            p = self.lookup(url, size)  # another process finished it while we waited
+            if p is not None:
+                return p, False
+            self._remove_tmp(name)  # we hold the lock: any temporary file of this shard is a dead writer's
+            if size is not None and self.max_bytes is not None:
+                if size > self.max_bytes:
+                    raise ValueError(f"{url}: {size} bytes do not fit a cache of {self.max_bytes} bytes")
+                self.make_room(size)
+            tmp = os.path.join(self.objects, f".{name}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}")
+            try:
+                download(tmp)
+                final = os.path.join(self.objects, name)
+                os.replace(tmp, final)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            return final, True
+
+    # ---- housekeeping --------------------------------------------------------------------------------
+    def _remove_tmp(self, name: str) -> None:
+        prefix = f".{name}.tmp-"
+        for f in os.listdir(self.objects):
+            if f.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.objects, f))
+
+    def sweep(self) -> int:
+        """Remove temporary files left by killed processes (those whose shard lock nobody holds)."""
+        removed = 0
+        for f in os.listdir(self.objects):
+            m = _TMP.match(f)
+            if not m:
+                continue
+            with self._flock(self._lock_path(m.group("name")), blocking=False) as got:
+                if got and os.path.exists(os.path.join(self.objects, f)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.objects, f))
+                        removed += 1
+        if removed:
+            log.info("streambatch cache %s: removed %d unfinished downloads of earlier runs", self.root, removed)
+        return removed
+
+    def entries(self) -> list[tuple[str, int, float]]:
+        """(path, bytes, last use) of the complete shards, least recently used first."""
+        out = []
+        for f in os.listdir(self.objects):
+            if f.startswith("."):
+                continue
+            p = os.path.join(self.objects, f)
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(p)
+                out.append((p, st.st_size, st.st_mtime))
+        out.sort(key=lambda e: e[2])
+        return out
+
+    def usage(self) -> int:
+        return sum(e[1] for e in self.entries())
+
+    def make_room(self, need: int) -> None:
+        """Evict least recently used shards until ``need`` more bytes fit (in progress downloads count)."""
+        if self.max_bytes is None:
+            return
+        with self._flock(os.path.join(self.root, ".evict.lock")):
+            entries = self.entries()
+            pending = 0
+            for f in os.listdir(self.objects):
+                if _TMP.match(f):
+                    with contextlib.suppress(FileNotFoundError):
+                        pending += os.stat(os.path.join(self.objects, f)).st_size
+            total = sum(e[1] for e in entries) + pending
+            for p, n, _ in entries:
+                if total + need <= self.max_bytes:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(p)
+                    total -= n
+                    log.debug("streambatch cache: evicted %s (%d bytes)", p, n)
+

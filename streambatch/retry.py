@@ -1,0 +1,143 @@
+"""Retries for reads from object storage: which errors are transient, and exponential backoff with jitter.
+
+A transient error is one that a second try can cure: a dropped or reset connection, a timeout, an HTTP 5xx
+(500 InternalError, 502, 503 SlowDown / ServiceUnavailable, 504) or a throttling answer. A missing object,
+a denied request or a bad range is permanent: retrying it only delays the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import random
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+log = logging.getLogger("streambatch")
+
+T = TypeVar("T")
+
+#: S3 error codes and HTTP statuses worth retrying
+TRANSIENT_CODES = {
+    "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
+    "ThrottlingException", "RequestLimitExceeded", "TooManyRequests", "BandwidthLimitExceeded",
+    "500", "502", "503", "504", "429",
+}
+_TRANSIENT_ERRNOS = {
+    errno.EBUSY, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.EPIPE,
+    errno.ETIMEDOUT, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETRESET, errno.EREMOTEIO,
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently to retry one request.
+
+    ``retries``: tries after the first (so ``retries + 1`` attempts in all). The wait before try ``i`` is
+    drawn uniformly from ``[0, min(max_backoff, backoff * 2**i)]`` ("full jitter"), so many workers that hit
+    the same outage do not come back in lock step. ``timeout``: seconds one request may take to connect or
+    go without receiving a byte before it counts as failed (a transient error).
+    """
+
+    retries: int = 8
+    backoff: float = 0.25
+    max_backoff: float = 20.0
+    timeout: float = 60.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        cap = min(self.max_backoff, self.backoff * (2 ** attempt))
+        return (rng or random).uniform(0, cap)
+
+    @property
+    def worst_case(self) -> float:
+        """An upper bound on the seconds one request with all its retries can take (for watchdogs)."""
+        waits = sum(min(self.max_backoff, self.backoff * 2 ** i) for i in range(self.retries))
+        return (self.retries + 1) * self.timeout * 2 + waits
+
+
+def _error_code(exc: BaseException) -> str | None:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        err = resp.get("Error") or {}
+        code = err.get("Code")
+        status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return str(code or status) if (code or status) else None
+    status = getattr(exc, "status", None)  # aiohttp ClientResponseError
+    return str(status) if isinstance(status, int) else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors a retry may cure (see the module doc); walks ``__cause__``/``__context__`` chains,
+    since fsspec back-ends wrap the transport's exception in their own."""
+    if isinstance(exc, RetriesExhausted):
+        return False
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if _transient_one(e):
+            return True
+        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            return False
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _transient_one(e: BaseException) -> bool:
+    if isinstance(e, (FileNotFoundError, PermissionError)):
+        return False
+    if isinstance(e, (ConnectionError, TimeoutError, socket.timeout, asyncio.TimeoutError)):
+        return True
+    code = _error_code(e)
+    if code is not None:
+        return code in TRANSIENT_CODES or (code.isdigit() and 500 <= int(code) < 600)
+    name = type(e).__name__
+    module = type(e).__module__ or ""
+    # transport errors of the HTTP stacks fsspec uses, matched by name so that none must be installed
+    if module.startswith(("aiohttp", "botocore", "urllib3", "http.client", "requests", "fsspec")):
+        if any(w in name for w in (
+            "Timeout", "Disconnected", "Payload", "Connection", "Connect", "IncompleteRead", "ResponseStreaming",
+            "ReadError", "ProtocolError", "RemoteDisconnected", "ServerDisconnected", "ResponseParser",
+            "HTTPClientError", "EndpointConnection",
+        )):
+            return True
+    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+        return True
+    msg = str(e)
+    return any(w in msg for w in ("SlowDown", "reduce your request rate", "Service Unavailable", "ServiceUnavailable"))
+
+
+class RetriesExhausted(IOError):
+    """A request failed with transient errors on every try; ``last`` is the final error."""
+
+    def __init__(self, what: str, attempts: int, last: BaseException):
+        self.last = last
+        self.attempts = attempts
+        super().__init__(f"{what}: failed {attempts} times, last error: {type(last).__name__}: {last}")
+
+
+def call_with_retry(
+    fn: Callable[[], T],
+    policy: RetryPolicy,
+    what: str,
+    on_retry: Callable[[BaseException, int], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``fn()`` with retries on transient errors; permanent ones propagate at once."""
+    for attempt in range(policy.retries + 1):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - classified below
+            if not is_transient(e):
+                raise
+            if attempt == policy.retries:
+                raise RetriesExhausted(what, attempt + 1, e) from e
+            wait = policy.delay(attempt)
+            log.debug("%s: %s: %s; retry %d/%d in %.2fs", what, type(e).__name__, e, attempt + 1, policy.retries, wait)
+            if on_retry is not None:
+                on_retry(e, attempt)
+            sleep(wait)
+    raise AssertionError("unreachable")
