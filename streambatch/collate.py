@@ -87,8 +87,14 @@ def collate(
     pad_to_multiple_of: int | None = None,
     pad_value: float = 0,
     sample_rate: int | None = None,
+    packed: bool = False,
 ) -> dict[str, Any]:
-    """Decode and pad one batch of samples (see the module docstring for the fields)."""
+    """Decode and pad one batch of samples (see the module docstring for the fields).
+
+    ``packed=True``: no padding — the payloads concatenated (``[total, ...]``) with ``cu_seqlens`` (int32
+    ``[B + 1]``, the offsets of each sample) and ``max_seqlen``, the form variable-length attention kernels
+    (flash-attention's ``varlen`` functions) take.
+    """
     mode = resolve_decode(decode, samples[0])
     payload = [decode_sample(s, mode, sample_rate) for s in samples]
     batch: dict[str, Any] = {"keys": [s["__key__"] for s in samples]}
@@ -96,10 +102,15 @@ def collate(
     if all(p is not None for p in payload):
         name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
         lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
-        padded = pad_stack(payload, pad_value, pad_to_multiple_of)
-        batch[name] = padded
         batch["lengths"] = lengths
-        batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
+        if packed:
+            batch[name] = torch.cat(list(payload))
+            batch["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+            batch["max_seqlen"] = int(lengths.max())
+        else:
+            padded = pad_stack(payload, pad_value, pad_to_multiple_of)
+            batch[name] = padded
+            batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
     else:
         batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
         if mode == "none":
@@ -110,3 +121,34 @@ def collate(
     for k in fields:
         batch[k] = [m.get(k) for m in meta]
     return batch
+
+
+def split_micro_batches(
+    samples: Sequence[dict[str, Any]], k: int, by: str = "samples"
+) -> tuple[list[list[dict[str, Any]]], list[float]]:
+    """Deal a batch into ``min(k, n)`` micro-batches of near-equal cost, and each one's loss weight.
+
+    Samples are dealt round robin in order of length (longest first), so every micro-batch gets samples of
+    about the same lengths and count, hence about the same padded cost. The weight is the micro-batch's
+    share of the batch's samples (``by="samples"``) or of its frames/tokens (``by="frames"``): summing
+    ``weight × mean loss of the micro-batch`` over the micro-batches gives the mean loss of the whole batch,
+    so accumulated gradients equal the whole batch's.
+    """
+    length = [float((s.get("json") or {}).get("length", 0)) for s in samples]
+    order = sorted(range(len(samples)), key=lambda i: (-length[i], i))
+    m = max(1, min(k, len(samples)))
+    idx = [order[j::m] for j in range(m)]
+    groups = [[samples[i] for i in g] for g in idx]
+    if by == "frames":
+        total = sum(length) or 1.0
+        weights = [sum(length[i] for i in g) / total for g in idx]
+    else:
+        weights = [len(g) / len(samples) for g in idx]
+    return groups, weights
+
+
+def to_packed_sequence(batch: dict[str, Any], key: str | None = None) -> torch.nn.utils.rnn.PackedSequence:
+    """A padded batch as a ``torch.nn.utils.rnn.PackedSequence`` (for RNNs), using ``batch["lengths"]``."""
+    if key is None:
+        key = next(k for k in ("audio", "input_ids", "inputs") if k in batch)
+    return torch.nn.utils.rnn.pack_padded_sequence(batch[key], batch["lengths"], batch_first=True, enforce_sorted=False)

@@ -41,12 +41,13 @@ class SlotPlan:
 
 @dataclass
 class Adjust:
-    """The equalisation one slot applies to its own batches: split the ``split`` largest, repeat ``pad``
-    chosen ones, then yield the first ``take``."""
+    """What one slot does to its own batches: split the ``split`` largest, repeat ``pad`` chosen ones, yield
+    the first ``take``, and with ``hardest`` move its most expensive batch to the front."""
 
     split: int = 0
     pad: int = 0
     take: int = -1
+    hardest: bool = False
 
 
 @dataclass
@@ -59,6 +60,7 @@ class EpochPlan:
     slots: list[SlotPlan]
     adjust: list[Adjust]
     steps: int
+    first_worker: list[int] = field(default_factory=list)  # per rank: the worker its first batch comes from
     surplus_samples: int = 0
     repeated_samples: int = 0
     split_batches: int = 0
@@ -72,25 +74,31 @@ class EpochPlan:
         """Batches each of the rank's workers yields this epoch (after equalisation)."""
         return [len(self.slots[s].batches) for s in self.rank_slots(rank)]
 
+    def start(self, rank: int) -> int:
+        return self.first_worker[rank] if self.first_worker else 0
+
     def rank_order(self, rank: int) -> list[tuple[int, int]]:
         """(worker, batch number) of the rank's batches in the order its DataLoader yields them."""
-        return interleave(self.worker_counts(rank))
+        return interleave(self.worker_counts(rank), self.start(rank))
 
 
-def interleave(counts: Sequence[int]) -> list[tuple[int, int]]:
-    """A torch DataLoader's order over iterable-dataset workers: round robin, skipping exhausted ones."""
+def interleave(counts: Sequence[int], start: int = 0) -> list[tuple[int, int]]:
+    """A torch DataLoader's order over iterable-dataset workers: round robin (beginning with worker
+    ``start``), skipping exhausted ones."""
+    nw = len(counts)
+    order = [(start + i) % nw for i in range(nw)]
     out = []
     for r in range(max(counts, default=0)):
-        for w, c in enumerate(counts):
-            if r < c:
+        for w in order:
+            if r < counts[w]:
                 out.append((w, r))
     return out
 
 
-def per_worker(counts: Sequence[int], consumed: int) -> list[int]:
+def per_worker(counts: Sequence[int], consumed: int, start: int = 0) -> list[int]:
     """How many of each worker's batches are among the first ``consumed`` batches of the rank."""
     done = [0] * len(counts)
-    for w, _ in interleave(counts)[:consumed]:
+    for w, _ in interleave(counts, start)[:consumed]:
         done[w] += 1
     return done
 
@@ -132,7 +140,9 @@ def plan_slot(
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
 
 
-def apply_adjust(plan: SlotPlan, adj: Adjust, seed: int, epoch: int, slot: int) -> SlotPlan:
+def apply_adjust(
+    plan: SlotPlan, adj: Adjust, seed: int, epoch: int, slot: int, lengths: np.ndarray | None = None, cost=None
+) -> SlotPlan:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
     batches, repeat = list(plan.batches), list(plan.repeat)
     for _ in range(adj.split):
@@ -153,9 +163,33 @@ def apply_adjust(plan: SlotPlan, adj: Adjust, seed: int, epoch: int, slot: int) 
                 nb.append(b)
                 nr.append(True)
         batches, repeat = nb, nr
+    if adj.hardest and batches:
+        h = hardest_batch(batches, repeat, lengths, cost)
+        batches.insert(0, batches.pop(h))
+        repeat.insert(0, repeat.pop(h))
     if adj.take >= 0:
         batches, repeat = batches[: adj.take], repeat[: adj.take]
     return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped)
+
+
+def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray | None, cost) -> list[float]:
+    """Each batch's cost under the model, on its samples' lengths (``lengths`` indexed by stream position)."""
+    out = []
+    for b in batches:
+        x = lengths[b]
+        out.append(float(x.sum()) if cost.packed else float(cost.cost(len(b), float(x.max()))))
+    return out
+
+
+def hardest_batch(batches: Sequence[np.ndarray], repeat: Sequence[bool], lengths: np.ndarray, cost) -> int:
+    """The most expensive batch that can move (not a repeat, not followed by its repeat); first on ties."""
+    costs = batch_costs(batches, lengths, cost)
+    best, best_i = -1.0, 0
+    for i, c in enumerate(costs):
+        movable = not repeat[i] and not (i + 1 < len(repeat) and repeat[i + 1])
+        if movable and c > best:
+            best, best_i = c, i
+    return best_i
 
 
 def _largest(sizes) -> int:
@@ -175,6 +209,7 @@ def make_epoch_plan(
     num_workers: int,
     even_batches: str = "split",
     excluded: np.ndarray | None = None,
+    hardest_first: bool = False,
 ) -> EpochPlan:
     """Plan every slot of the epoch and equalise the ranks' step counts."""
     if even_batches not in EVEN_BATCHES:
@@ -223,9 +258,24 @@ def make_epoch_plan(
         steps = min(counts)
     slots = [apply_adjust(raw[s], adjust[s], cfg.seed, epoch, s) for s in range(num_slots)]
     # every rank yields `steps` batches: its first `steps` in DataLoader order
+    first_worker = [0] * world_size
     for r in range(world_size):
         ids = range(r * num_workers, (r + 1) * num_workers)
-        take = per_worker([len(slots[s].batches) for s in ids], steps)
+        if hardest_first and steps:
+            # the rank's most expensive batch goes first: its worker moves it to the front and starts the round
+            best = (-1.0, 0)
+            for w, s in enumerate(ids):
+                sp = slots[s]
+                if sp.batches:
+                    lens = all_lengths[sp.gids]
+                    c = batch_costs([sp.batches[hardest_batch(sp.batches, sp.repeat, lens, cfg.cost)]], lens, cfg.cost)[0]
+                    if c > best[0]:
+                        best = (c, w)
+            s = r * num_workers + best[1]
+            first_worker[r] = best[1]
+            adjust[s].hardest = True
+            slots[s] = apply_adjust(slots[s], Adjust(hardest=True), cfg.seed, epoch, s, all_lengths[slots[s].gids], cfg.cost)
+        take = per_worker([len(slots[s].batches) for s in ids], steps, first_worker[r])
         for s, t in zip(ids, take):
             surplus += int(sum(len(b) for b, rep in zip(slots[s].batches[t:], slots[s].repeat[t:]) if not rep))
             adjust[s].take = t
@@ -238,6 +288,7 @@ def make_epoch_plan(
         slots=slots,
         adjust=adjust,
         steps=steps,
+        first_worker=first_worker,
         surplus_samples=surplus,
         repeated_samples=repeated,
         split_batches=splits,
@@ -250,7 +301,7 @@ def consumed_ids(plan: EpochPlan, consumed: int) -> np.ndarray:
     """Global ids of the samples every rank has consumed after ``consumed`` steps (for re-planning)."""
     out = []
     for r in range(plan.world_size):
-        done = per_worker(plan.worker_counts(r), consumed)
+        done = per_worker(plan.worker_counts(r), consumed, plan.start(r))
         for w, k in enumerate(done):
             sp = plan.slots[r * plan.num_workers + w]
             for b in sp.batches[:k]:
