@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import braceexpand
@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from . import storage
 from .buckets import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches, plan_batches
-from .collate import Decode, collate
+from .collate import Decode, collate, split_micro_batches
+from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 from .dist import process_info, worker_info
 from .index import INDEX_NAME, ShardIndex
 from .plan import EVEN_BATCHES, Adjust, EpochPlan, SlotPlan, apply_adjust, consumed_ids, global_offsets
@@ -96,6 +97,7 @@ class BatchingConfig:
     shuffle: bool = True
     seed: int = 0
     pad_to_multiple_of: int | None = None
+    cost: CostModel = field(default_factory=PaddedCost)
 
     def batcher(self, epoch: int, slot: int) -> BucketBatcher:
         return BucketBatcher(
@@ -111,6 +113,7 @@ class BatchingConfig:
             shuffle=self.shuffle,
             seed=_slot_seed(self.seed, epoch, slot),
             pad_to_multiple_of=self.pad_to_multiple_of,
+            cost=self.cost,
         )
 
     def plan(self, lengths: np.ndarray, epoch: int, slot: int) -> BatchPlan:
@@ -129,6 +132,7 @@ class BatchingConfig:
             shuffle=self.shuffle,
             seed=_slot_seed(self.seed, epoch, slot),
             pad_to_multiple_of=self.pad_to_multiple_of,
+            cost=self.cost,
         )
 
 
@@ -154,18 +158,21 @@ class _EpochStream(IterableDataset):
         self.fault_counts = loader._fault_counts  # shared: [worker, FAULT_FIELDS]
         self.bad_flags = loader._bad_shards  # shared: 1 for each shard that went bad this pass
         self.excluded = loader._excluded  # (epoch, mask) of samples consumed before a re-planned resume
+        self.micro_batches = loader.micro_batches
+        self.loss_weight_by = loader.loss_weight_by
         self.shared = loader._shared  # see StreamBatchLoader._publish
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         physical, _ = worker_info()
         sh = self.shared.tolist()
-        epoch, consumed, rotation = sh[0], sh[1], sh[2]
-        # after a resume the DataLoader starts its round robin at worker 0 while the next batch is due from
-        # another worker: rotate which slot each DataLoader worker serves
+        epoch, consumed, rotation, start = sh[:4]
+        # the DataLoader starts its round robin at worker 0, while the next batch may be due from another
+        # worker (after a resume, or with hardest_first): rotate which slot each DataLoader worker serves
         worker = (physical + rotation) % self.num_workers
-        adj = Adjust(split=sh[3 + 3 * worker], pad=sh[4 + 3 * worker], take=sh[5 + 3 * worker])
-        counts = [sh[5 + 3 * w] for w in range(self.num_workers)]
-        first = per_worker(counts, consumed)[worker]
+        split, pad, take, hardest = sh[4 + 4 * worker: 8 + 4 * worker]
+        adj = Adjust(split=split, pad=pad, take=take, hardest=bool(hardest))
+        counts = [sh[6 + 4 * w] for w in range(self.num_workers)]
+        first = per_worker(counts, consumed, start)[worker]
         faults = FaultLog(
             self.fault_counts.numpy(), self.bad_flags.numpy(), row=physical,
             max_bad_shards=self.read_options.max_bad_shards, urls=self.urls, rank=self.rank,
@@ -189,8 +196,19 @@ def stream_slot(
         excluded = ds.excluded[1] if ds.excluded is not None and ds.excluded[0] == epoch else None
         all_lengths = np.concatenate(ds.shard_lengths)
         raw = plan_slot(ds.shard_lengths, all_lengths, cfg, epoch, slot, ds.world_size * ds.num_workers, excluded)
-        plan = apply_adjust(raw, adj, cfg.seed, epoch, slot)
+        plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, all_lengths[raw.gids], cfg.cost)
         offsets = global_offsets([len(x) for x in ds.shard_lengths])
+        if adj.hardest and first == 0 and plan.batches:
+            # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
+            # holding everything the stream delivers before it
+            one = SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False])
+            head = _pieces_needed(one, 0, offsets, excluded)
+            head_samples = read_pieces(
+                ds.urls, [p for p, _ in head], ds.storage_options, ropts, ds.shard_checks, faults, markers=True
+            )
+            for batch in execute_plan(_positioned(head_samples, head, offsets, excluded), one, 0, all_lengths, faults):
+                yield finish_batch(batch, ds)
+            first = 1
         pieces = _pieces_needed(plan, first, offsets, excluded)
         samples = read_pieces(
             ds.urls, [p for p, _ in pieces], ds.storage_options, ropts, ds.shard_checks, faults, markers=True
@@ -207,7 +225,23 @@ def stream_slot(
             samples = _cycle_unindexed(ds, num_slots, epoch, slot, faults)
             batches = itertools.islice(iter_batches(samples, cfg.batcher(epoch, slot), _json_length), adj.take)
     for batch in batches:
-        yield collate(batch, ds.decode, pad_to_multiple_of=ds.pad_to_multiple_of, sample_rate=ds.sample_rate)
+        yield finish_batch(batch, ds)
+
+
+def finish_batch(samples: list[dict[str, Any]], ds: "_EpochStream") -> dict[str, Any] | list[dict[str, Any]]:
+    """Stage end: decode and pad a formed batch, or with ``micro_batches`` its micro-batches as one list (the
+    DataLoader passes them on together; the loader yields them one by one)."""
+    packed = ds.cfg.cost.packed
+    opts = dict(pad_to_multiple_of=ds.pad_to_multiple_of, sample_rate=ds.sample_rate, packed=packed)
+    if ds.micro_batches <= 1:
+        return collate(samples, ds.decode, **opts)
+    groups, weights = split_micro_batches(samples, ds.micro_batches, ds.loss_weight_by)
+    out = []
+    for j, (group, w) in enumerate(zip(groups, weights)):
+        mb = collate(group, ds.decode, **opts)
+        mb.update(micro_batch=j, num_micro_batches=len(groups), loss_weight=w, last_micro_batch=j == len(groups) - 1)
+        out.append(mb)
+    return out
 
 
 def _pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: np.ndarray | None) -> list[tuple[Piece, int]]:
@@ -479,7 +513,7 @@ class StreamBatchLoader:
     def __init__(
         self,
         source: str | Sequence[str] | ShardIndex,
-        budget: float,
+        budget: float | None = None,
         *,
         index: str | ShardIndex | None = None,
         bucket_boundaries: Sequence[float] | None = None,
@@ -503,6 +537,12 @@ class StreamBatchLoader:
         world_size: int | None = None,
         even_batches: str = "split",
         batches_per_epoch: int | None = None,
+        cost: Any = "padded",
+        quadratic_factor: float | None = None,
+        packed: bool = False,
+        micro_batches: int = 1,
+        loss_weight_by: str = "samples",
+        hardest_first: bool = False,
         storage_options: dict | None = None,
         chunk_size: int | str = "8M",
         read_ahead: int | str = "64M",
@@ -515,8 +555,18 @@ class StreamBatchLoader:
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
     ):
+        cost_model, calibrated_budget = (PackedCost(), None) if packed else resolve_cost(cost, quadratic_factor)
+        if budget is None:
+            budget = calibrated_budget
         if budget is None or budget <= 0:
-            raise ValueError(f"budget must be a positive number in the dataset's unit, got {budget!r}")
+            raise ValueError(
+                f"budget must be a positive number in the dataset's unit (or come from a calibration file "
+                f"given as cost=...), got {budget!r}"
+            )
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be at least 1, got {micro_batches}")
+        if loss_weight_by not in ("samples", "frames"):
+            raise ValueError(f"loss_weight_by must be 'samples' or 'frames', got {loss_weight_by!r}")
         self.storage_options = storage_options
         self.read_options = ReadOptions(
             chunk_size=storage.parse_bytes(chunk_size, "chunk_size"),
@@ -549,7 +599,13 @@ class StreamBatchLoader:
             seed=seed,
             # the planner rounds lengths up as the tensor will be, when lengths count tensor elements
             pad_to_multiple_of=pad_to_multiple_of if self.index is None or self.index.unit != "seconds" else None,
+            cost=cost_model,
         )
+        if hasattr(cost_model, "check_monotone") and self.index is not None:
+            cost_model.check_monotone(self.index.lengths)
+        self.micro_batches = int(micro_batches)
+        self.loss_weight_by = loss_weight_by
+        self.hardest_first = bool(hardest_first)
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
         self.decode = decode
@@ -574,7 +630,7 @@ class StreamBatchLoader:
         self._excluded: tuple[int, np.ndarray] | None = None  # samples consumed before a re-planned resume
         # shared with the workers (persistent ones too): epoch, consumed, rotation, then per worker
         # (split, pad, take)
-        self._shared = torch.zeros(3 + 3 * max(1, self.num_workers), dtype=torch.int64).share_memory_()
+        self._shared = torch.zeros(4 + 4 * max(1, self.num_workers), dtype=torch.int64).share_memory_()
         # fault counters per DataLoader worker and a bad flag per shard, for the current pass
         self._fault_counts = torch.zeros((max(1, self.num_workers), len(FAULT_FIELDS)), dtype=torch.int64).share_memory_()
         self._bad_shards = torch.zeros(len(self.urls), dtype=torch.int8).share_memory_()
@@ -599,7 +655,7 @@ class StreamBatchLoader:
             self._plans = {
                 e: make_epoch_plan(
                     [s.lengths for s in self.index.shards], self.cfg, e, self.world_size, max(1, self.num_workers),
-                    self.even_batches, excluded,
+                    self.even_batches, excluded, self.hardest_first,
                 )
             }
         return self._plans[e]
@@ -631,7 +687,7 @@ class StreamBatchLoader:
     def _publish(self, epoch: int) -> int | None:
         """Put the epoch, the resume point and each worker's equalisation where the workers read them."""
         nw = max(1, self.num_workers)
-        sh = [epoch, self._consumed, 0] + [0, 0, -1] * nw
+        sh = [epoch, self._consumed, 0, 0] + [0, 0, -1, 0] * nw  # per worker: split, pad, take, hardest
         steps = None
         if self.index is not None:
             plan = self.plan(epoch)
@@ -639,9 +695,10 @@ class StreamBatchLoader:
             counts = plan.worker_counts(self.rank)
             order = plan.rank_order(self.rank)
             sh[2] = order[self._consumed][0] if self._consumed < len(order) else 0
+            sh[3] = plan.start(self.rank)
             for w, s in enumerate(plan.rank_slots(self.rank)):
                 adj = plan.adjust[s]
-                sh[3 + 3 * w: 6 + 3 * w] = [adj.split, adj.pad, counts[w]]
+                sh[4 + 4 * w: 8 + 4 * w] = [adj.split, adj.pad, counts[w], int(adj.hardest)]
             if self._consumed == 0:
                 log.info(
                     "epoch %d: %d batches per rank on %d ranks; even_batches=%s: %d samples left out, "
@@ -653,7 +710,7 @@ class StreamBatchLoader:
         elif self.batches_per_epoch:
             steps = self.batches_per_epoch
             for w, t in enumerate(per_worker([steps] * nw, steps)):
-                sh[5 + 3 * w] = t
+                sh[6 + 4 * w] = t
         self._shared.copy_(torch.tensor(sh, dtype=torch.int64))
         return steps
 
@@ -672,9 +729,14 @@ class StreamBatchLoader:
         steps = self._publish(epoch)
         if self._dataloader is None or not self.persistent_workers:
             self._dataloader = self._make_dataloader()
-        for batch in self._dataloader:
-            self._consumed += 1
-            yield batch
+        for item in self._dataloader:
+            if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once the
+                yield from item[:-1]  # last one is out (a state saved mid-batch resumes at its first)
+                self._consumed += 1
+                yield item[-1]
+            else:
+                self._consumed += 1
+                yield item
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         self._consumed = 0
@@ -730,7 +792,7 @@ class StreamBatchLoader:
         # another layout: mark what the old layout consumed, and plan the rest afresh
         old = make_epoch_plan(
             [s.lengths for s in self.index.shards], self.cfg, self.epoch, int(state["world_size"]),
-            int(state["num_workers"]), state.get("even_batches", self.even_batches), excluded,
+            int(state["num_workers"]), state.get("even_batches", self.even_batches), excluded, self.hardest_first,
         )
         mask = np.zeros(self.index.num_samples, dtype=bool) if excluded is None else excluded.copy()
         mask[consumed_ids(old, consumed)] = True
