@@ -164,7 +164,10 @@ def test_hardest_first_resume(ds):
 def test_packed_sequence_for_rnns(ds):
     batch = next(iter(StreamBatchLoader(ds, budget=BUDGET)))
     packed = to_packed_sequence(batch)
-    rnn = nn.GRU(1, 2, batch_first=True)
-    out, _ = rnn(torch.nn.utils.rnn.PackedSequence(packed.data[:, None], packed.batch_sizes,
-                                                   packed.sorted_indices, packed.unsorted_indices))
-    assert out.data.shape[0] == int(batch["lengths"].sum())
+    assert int(packed.batch_sizes.sum()) == int(batch["lengths"].sum())
+    padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
+    assert torch.equal(lengths, batch["lengths"]) and torch.equal(padded, batch["audio"][:, : padded.shape[1]])
+    rnn = nn.GRU(1, 2, batch_first=True)  # an RNN takes it as is (features as the last dim)
+    short = to_packed_sequence({"inputs": batch["audio"][:, :50, None], "lengths": batch["lengths"].clamp(max=50)})
+    out, _ = rnn(short)
+    assert out.data.shape == (int(batch["lengths"].clamp(max=50).sum()), 2)
