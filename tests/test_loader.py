@@ -167,3 +167,20 @@ def test_missing_index_is_a_clear_error(tmp_path):
         StreamBatchLoader(str(tmp_path), budget=100)
     with pytest.raises(ValueError, match="budget"):
         StreamBatchLoader(str(tmp_path), budget=0)
+
+
+def test_without_index_ddp_needs_a_nominal_epoch(audio_ds):
+    urls = sorted(os.path.join(audio_ds, f) for f in os.listdir(audio_ds) if f.endswith(".tar"))
+    with pytest.raises(ValueError, match="batches_per_epoch"):
+        StreamBatchLoader(urls, budget=BUDGET, rank=0, world_size=2)
+    per_rank = []
+    for rank in (0, 1):
+        loader = StreamBatchLoader(urls, budget=BUDGET, rank=rank, world_size=2, batches_per_epoch=7,
+                                   num_workers=2, buffer_size=30)
+        assert len(loader) == 7
+        batches = run(loader)
+        assert len(batches) == 7  # every rank steps exactly batches_per_epoch times
+        assert all(b["audio"].numel() <= BUDGET for b in batches)
+        per_rank.append(keys_of(batches))
+    # a nominal epoch: the ranks start on different shards (exactly-once needs an index)
+    assert per_rank[0][:3] != per_rank[1][:3]
