@@ -227,6 +227,12 @@ class BucketBatcher:
             return []
         return self._round(final=True)
 
+    def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
+        """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions."""
+        batches = self.push_many(np.arange(len(lengths)), np.asarray(lengths))
+        batches.extend(self.flush())
+        return BatchPlan(batches, skipped=self.skipped, dropped=self.dropped)
+
     # ---- packing --------------------------------------------------------------------------------
     def _sort_window(self) -> None:
         """Merge the samples pushed since the last round into the window, kept sorted longest first.
@@ -430,9 +436,7 @@ def plan_batches(
         pad_to_multiple_of=pad_to_multiple_of,
         cost=PackedCost() if packed else resolve_cost(cost, quadratic_factor)[0],
     )
-    batches = batcher.push_many(np.arange(len(lengths)), lengths)
-    batches.extend(batcher.flush())
-    return BatchPlan(batches, skipped=batcher.skipped, dropped=batcher.dropped)
+    return batcher.plan(lengths)
 
 
 def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None = None) -> list[np.ndarray]:

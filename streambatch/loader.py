@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import storage
-from .buckets import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches, plan_batches
+from .buckets import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches
 from .collate import Decode, collate, split_micro_batches
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 from .dist import process_info, worker_info
@@ -118,22 +118,7 @@ class BatchingConfig:
 
     def plan(self, lengths: np.ndarray, epoch: int, slot: int) -> BatchPlan:
         """The batches :meth:`batcher` forms over a slot's stream with these lengths."""
-        return plan_batches(
-            lengths,
-            self.budget,
-            bucket_boundaries=self.boundaries,
-            max_batch_size=self.max_batch_size,
-            batch_size_multiple_of=self.batch_size_multiple_of,
-            buffer_size=self.buffer_size,
-            min_length=self.min_length,
-            max_length=self.max_length,
-            drop_last=self.drop_last,
-            strict=self.strict,
-            shuffle=self.shuffle,
-            seed=_slot_seed(self.seed, epoch, slot),
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            cost=self.cost,
-        )
+        return self.batcher(epoch, slot).plan(lengths)
 
 
 class _EpochStream(IterableDataset):
