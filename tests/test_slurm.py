@@ -266,3 +266,19 @@ def test_preempted_job_requeues_and_resumes_exactly(slurm, corpus, uninterrupted
         assert [b["keys"] for b in batches(logs[r])] == [b["keys"] for b in batches(uninterrupted[r])]
         assert [b["step"] for b in batches(logs[r])] == list(range(1, len(batches(logs[r])) + 1))
     assert (run / "ckpt" / "checkpoint.pt").exists()
+
+
+def test_scancel_cancels_for_good(slurm, corpus, tmp_path):
+    """SIGTERM from SLURM (scancel) reaches the batch script: the tasks stop, and the job is not requeued."""
+    run = tmp_path / "cancelled"
+    job = train_job(slurm, corpus, run, "--nodes=1", "--ntasks-per-node=2", step_sleep=0.1)
+    _wait_for_batches(slurm, job, run, restart=0, epoch=0, count=3)
+    slurm.run("scancel", job)
+    log = run / f"job-{job}.out"
+    info = slurm.wait(job, log=log)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
+    deadline = time.time() + 30  # the job is CANCELLED while its batch script still finishes
+    while "not requeueing" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    assert "not requeueing" in log.read_text(), _tail(log)
+    assert not (run / "ckpt" / "STOPPED").exists()

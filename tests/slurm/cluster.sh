@@ -80,7 +80,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # a requeued job waits cred_expire seconds (default 120) before it may start again
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool-%n
 SlurmctldPidFile=$STATE/slurmctld.pid
