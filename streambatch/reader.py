@@ -36,7 +36,7 @@ import numpy as np
 
 from .retry import RetryPolicy, call_with_retry, is_transient
 from .shards import Piece
-from .storage import fetch_range, is_local, local_path, object_size, reading_filesystem
+from .storage import is_local, local_path, object_size, reading_filesystem, stream_range
 
 log = logging.getLogger("streambatch")
 
@@ -357,23 +357,29 @@ class _Fetcher:
         fs, path = self._fs(url)
         parts: list[bytes] = []
         pos, attempt = start, 0
-        kw = {"timeout": 4 * self.policy.timeout} if getattr(fs, "async_impl", False) and self.policy.timeout else {}
+        timeout = 4 * self.policy.timeout if self.policy.timeout else None
         while pos < end:
             if self._stop:
                 raise ShardReadError(f"{url}: reading stopped")
             err: BaseException | None = None
+            sink: list[bytes] = []
             try:
-                data = fs.cat_file(path, start=pos, end=end, **kw) if kw else fetch_range(fs, path, pos, end)
+                stream_range(fs, path, pos, end, sink, timeout)
             except Exception as e:  # noqa: BLE001 - classified below
                 if not is_transient(e):
                     raise ShardReadError(f"{url}: bytes {pos}-{end - 1}: {type(e).__name__}: {e}") from e
-                data, err = b"", e
-            if data:
-                parts.append(data)
-                pos += len(data)
-                self._count("bytes_read", len(data))
-                attempt = 0
-                continue
+                err = e
+            got = sum(len(x) for x in sink)
+            if got:
+                parts.extend(sink)
+                pos += got
+                self._count("bytes_read", got)
+            if pos >= end:
+                break
+            if got and err is None:
+                continue  # the object ended early? ask again for the rest (counts as no progress next time)
+            if got:
+                attempt = 0  # progress: this break is a new one
             if attempt >= self.policy.retries:
                 why = f"{type(err).__name__}: {err}" if err is not None else "the object ended early"
                 raise ShardReadError(f"{url}: bytes {pos}-{end - 1} failed {attempt + 1} times, last: {why}")
