@@ -484,6 +484,22 @@ def _identity(x: Any) -> Any:
     return x
 
 
+class _WorkerInit:
+    """DataLoader workers ignore SIGTERM and SIGUSR1: a scheduler signals the whole job, and the training
+    process must stay able to checkpoint (the workers end with it); then the user's ``worker_init_fn``."""
+
+    def __init__(self, user: Any = None):
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+        if self.user is not None:
+            self.user(worker_id)
+
+
 class StreamBatchLoader:
     """Stream length-annotated shards and yield padded batches with ``n × max_len ≤ budget``.
 
@@ -515,6 +531,7 @@ class StreamBatchLoader:
         num_workers: int = 0,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
+        worker_init_fn: Any = None,
         pin_memory: bool = False,
         drop_last: bool = False,
         strict: bool = False,
@@ -591,6 +608,7 @@ class StreamBatchLoader:
         self.micro_batches = int(micro_batches)
         self.loss_weight_by = loss_weight_by
         self.hardest_first = bool(hardest_first)
+        self.worker_init_fn = worker_init_fn
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
         self.decode = decode
@@ -660,6 +678,7 @@ class StreamBatchLoader:
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = self.prefetch_factor or 2
             kwargs["persistent_workers"] = self.persistent_workers
+            kwargs["worker_init_fn"] = _WorkerInit(self.worker_init_fn)
         return DataLoader(
             _EpochStream(self),
             batch_size=None,
