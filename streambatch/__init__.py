@@ -16,12 +16,21 @@ __all__ = [
     "plan_batches",
     "suggest_budget",
     "write_shards",
+    "calibrate",
+    "OOMGuard",
+    "run_with_oom_split",
     "__version__",
 ]
 
-# The loader pulls in torch and the writer the source parsers: import each only when asked for, so the
-# `shardify` command and its worker processes start fast.
-_LAZY = {"StreamBatchLoader": ".loader", "write_shards": ".writer"}
+# The loader and calibration pull in torch, the writer the source parsers: import each only when asked for,
+# so the `shardify` command and its worker processes start fast.
+_LAZY = {
+    "StreamBatchLoader": ".loader",
+    "write_shards": ".writer",
+    "calibrate": ".calibrate",
+    "OOMGuard": ".calibrate",
+    "run_with_oom_split": ".calibrate",
+}
 
 
 def __getattr__(name: str):

@@ -1071,9 +1071,9 @@ def _call_factory(factory: Callable[..., Any], device: Any) -> tuple[Callable, C
     return made, None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m streambatch.calibrate") -> int:
     p = argparse.ArgumentParser(
-        prog="python -m streambatch.calibrate",
+        prog=prog,
         description="Measure the largest batch per length your training step fits in, and write the cost model "
                     "(cost, quadratic_factor, budget) that StreamBatchLoader(cost=FILE) reads.",
         epilog="FACTORY is called as FACTORY(device) (or FACTORY()) and returns step_fn(batch) — forward, backward "

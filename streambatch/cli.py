@@ -210,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic utterances (default 2400)")
     d.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     d.set_defaults(func=cmd_demo)
+
+    c = sub.add_parser("calibrate", add_help=False,
+                       help="measure the largest batch per length your training step fits, write a cost model",
+                       description="See `shardify calibrate --help` (the same as python -m streambatch.calibrate).")
+    c.add_argument("rest", nargs=argparse.REMAINDER)
+    c.set_defaults(func=cmd_calibrate)
     return parser
 
 
@@ -443,7 +449,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---- entry point -------------------------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import main as calibrate_main
+
+    return int(calibrate_main(args.rest, prog=f"{PROG} calibrate"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:  # its own argument parser (python -m streambatch.calibrate)
+        return cmd_calibrate(argparse.Namespace(rest=argv[1:]))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

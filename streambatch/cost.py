@@ -166,6 +166,18 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
     raise ValueError(f"unknown cost {cost!r}: use 'padded', 'quadratic', a callable, or a calibration .json")
 
 
+def calibration_info(cost: Any) -> dict[str, Any] | None:
+    """The calibration dict behind ``cost`` (a calibration file path or dict), else None."""
+    if isinstance(cost, dict):
+        return cost
+    if isinstance(cost, str) and cost.endswith(".json"):
+        from .storage import open_url
+
+        with open_url(cost, "rb") as f:
+            return json.load(f)
+    return None
+
+
 def _from_calibration(d: dict[str, Any], source: str) -> tuple[CostModel, float | None]:
     if d.get("format", CALIBRATION_FORMAT) != CALIBRATION_FORMAT:
         raise ValueError(f"{source}: not a {CALIBRATION_FORMAT} file")

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import storage
 from .buckets import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches
 from .collate import Decode, collate, split_micro_batches
-from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
+from .cost import CostModel, PackedCost, PaddedCost, calibration_info, resolve_cost
 from .dist import process_info, worker_info
 from .index import INDEX_NAME, ShardIndex
 from .plan import EVEN_BATCHES, Adjust, EpochPlan, SlotPlan, apply_adjust, consumed_ids, global_offsets
@@ -583,6 +583,15 @@ class StreamBatchLoader:
         self.index, self.urls = resolve_source(source, index, storage_options)
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
+        calib = None if packed else calibration_info(cost)
+        if calib is not None:
+            if self.index is not None and calib.get("unit") not in (None, self.index.unit):
+                raise ValueError(
+                    f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {self.index.unit!r}"
+                )
+            if max_batch_size is None and calib.get("max_batch_size"):
+                # the search stopped there: larger batches would be extrapolated, not measured
+                max_batch_size = int(calib["max_batch_size"])
         if bucket_boundaries is None and num_buckets:
             if self.index is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")

@@ -170,3 +170,14 @@ def test_packed_sequence_for_rnns(ds):
     short = to_packed_sequence({"inputs": batch["audio"][:, :50, None], "lengths": batch["lengths"].clamp(max=50)})
     out, _ = rnn(short)
     assert out.data.shape == (int(batch["lengths"].clamp(max=50).sum()), 2)
+
+
+def test_calibration_file_unit_and_batch_cap(ds, tmp_path):
+    calib = {"format": "streambatch-calibration", "cost": "padded", "budget": BUDGET, "unit": "samples",
+             "max_batch_size": 3}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(calib))
+    assert max(len(b["keys"]) for b in StreamBatchLoader(ds, cost=str(path))) <= 3  # measured, not extrapolated
+    path.write_text(json.dumps({**calib, "unit": "tokens"}))
+    with pytest.raises(ValueError, match="unit"):
+        StreamBatchLoader(ds, cost=str(path))
