@@ -177,6 +177,7 @@ def stream_slot(
     """The one place the read stages are composed, for one (rank, worker) slot."""
     cfg = ds.cfg
     ropts = getattr(ds, "read_options", None) or ReadOptions()
+    checked = _Checked(ds, faults)
     if ds.shard_lengths is not None:
         excluded = ds.excluded[1] if ds.excluded is not None and ds.excluded[0] == epoch else None
         all_lengths = np.concatenate(ds.shard_lengths)
@@ -192,7 +193,7 @@ def stream_slot(
                 ds.urls, [p for p, _ in head], ds.storage_options, ropts, ds.shard_checks, faults, markers=True
             )
             for batch in execute_plan(_positioned(head_samples, head, offsets, excluded), one, 0, all_lengths, faults):
-                yield finish_batch(batch, ds)
+                yield checked(batch)
             first = 1
         pieces = _pieces_needed(plan, first, offsets, excluded)
         samples = read_pieces(
@@ -210,7 +211,42 @@ def stream_slot(
             samples = _cycle_unindexed(ds, num_slots, epoch, slot, faults)
             batches = itertools.islice(iter_batches(samples, cfg.batcher(epoch, slot), _json_length), adj.take)
     for batch in batches:
-        yield finish_batch(batch, ds)
+        yield checked(batch)
+
+
+class _Checked:
+    """:func:`finish_batch`, except that a sample whose payload cannot be decoded (a corrupt member) is left
+    out of its batch and its shard counted bad (within ``max_bad_shards``) instead of ending the run; a batch
+    left with nothing is replaced by the last good one (counted as re-drawn), so the steps stay equal."""
+
+    def __init__(self, ds: "_EpochStream", faults: FaultLog | None):
+        self.ds, self.faults, self.last = ds, faults, None
+
+    def __call__(self, batch: list[dict[str, Any]]) -> Any:
+        try:
+            out = finish_batch(batch, self.ds)
+            self.last = batch
+            return out
+        except Exception as error:  # noqa: BLE001 - narrowed down per sample below
+            if self.faults is None:
+                raise
+            good = []
+            for s in batch:
+                try:
+                    collate([s], self.ds.decode, sample_rate=self.ds.sample_rate)
+                    good.append(s)
+                except Exception as e:  # noqa: BLE001
+                    self.faults.add("lost_samples")
+                    self.faults.bad_shard(int(s.get("__shard__", -1)), str(s.get("__url__")),
+                                          f"sample {s.get('__key__')!r} cannot be decoded ({type(e).__name__}: {e})")
+            if len(good) == len(batch) or (not good and self.last is None):
+                raise error
+            if not good:
+                self.faults.add("redrawn_samples", len(self.last))
+                return finish_batch(self.last, self.ds)
+            self.faults.add("shrunk_batches")
+            self.last = good
+            return finish_batch(good, self.ds)
 
 
 def finish_batch(samples: list[dict[str, Any]], ds: "_EpochStream") -> dict[str, Any] | list[dict[str, Any]]:

@@ -127,10 +127,14 @@ class FaultLog:
         return int(self.counts[:, FAULT_FIELDS.index(name)].sum())
 
     def bad_shard(self, shard: int, url: str, reason: str) -> None:
-        """Count a bad shard (and log it); raise :class:`TooManyBadShards` past the budget."""
-        self.add("bad_shards")
+        """Count a bad shard (and log it); raise :class:`TooManyBadShards` past the budget. A shard already
+        counted on this rank this pass (another fault of the same shard) is logged, not counted again."""
         if self.bad is not None and 0 <= shard < len(self.bad):
+            if self.bad[shard]:
+                log.info("streambatch: shard %s again: %s", url, reason)
+                return
             self.bad[shard] = 1
+        self.add("bad_shards")
         n = self.total("bad_shards")
         if n > self.max_bad_shards:
             listed = ""
