@@ -356,8 +356,9 @@ class _Fetcher:
             raise ShardReadError(f"{job.url}: size is {size} bytes, the index says {job.expected_size}")
         return size
 
-    def _fetch(self, url: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``; a broken request continues at the first byte not yet received."""
+    def _fetch(self, url: str, start: int, end: int, expected_size: int | None = None) -> bytes:
+        """Bytes ``[start, end)``; a broken request continues at the first byte not yet received. With
+        ``expected_size`` (the index's), an answer that shows another object size is a bad shard."""
         fs, path = self._fs(url)
         parts: list[bytes] = []
         pos, attempt = start, 0
@@ -368,11 +369,16 @@ class _Fetcher:
             err: BaseException | None = None
             sink: list[bytes] = []
             try:
-                stream_range(fs, path, pos, end, sink, timeout)
+                total = stream_range(fs, path, pos, end, sink, timeout)
             except Exception as e:  # noqa: BLE001 - classified below
                 if not is_transient(e):
-                    raise ShardReadError(f"{url}: bytes {pos}-{end - 1}: {type(e).__name__}: {e}") from e
-                err = e
+                    hint = ""
+                    if expected_size is not None and "range" in str(e).lower():
+                        hint = f" (the object is shorter than the {expected_size} bytes the index says)"
+                    raise ShardReadError(f"{url}: bytes {pos}-{end - 1}: {type(e).__name__}: {e}{hint}") from e
+                err, total = e, None
+            if expected_size is not None and total is not None and total != expected_size:
+                raise ShardReadError(f"{url}: size is {total} bytes, the index says {expected_size}")
             got = sum(len(x) for x in sink)
             if got:
                 parts.extend(sink)
@@ -421,7 +427,15 @@ class _Fetcher:
             self._count("cache_downloads" if downloaded else "cache_hits")
             job.local, job.size, job.verified = path, os.path.getsize(path), True
             return
+        if job.expected_size is not None:
+            # no size request: every range answer carries the object's size, and the first one is checked
+            # (with the index's size) before a byte of it reaches the parser
+            job.size = job.expected_size
+            return
         job.size = self._size(job)
+
+    def _check_size(self, job: _Job) -> int | None:
+        return job.expected_size if self.opts.verify != "none" else None
 
     def _download(self, job: _Job, tmp: str) -> None:
         """Fetch a whole shard into ``tmp`` (for the cache), checking size and checksum."""
@@ -458,9 +472,9 @@ class _Fetcher:
         cs, limit = self.opts.chunk_size, self.opts.read_ahead
         for job in self.jobs:
             with self._cond:
-                # stay at most two shards ahead of the parser (the byte limit below bounds memory; this
-                # bounds size requests and, with a cache, downloads to disk)
-                while not self._stop and job.ordinal > self._consumer_at + 2:
+                # with a cache, download at most two shards ahead of the parser (disk, not memory); without,
+                # the byte limit below is the bound
+                while not self._stop and self.cache is not None and job.ordinal > self._consumer_at + 2:
                     self._cond.wait(0.5)
                 if self._stop:
                     return
@@ -483,7 +497,8 @@ class _Fetcher:
                             break
                         self._outstanding += n
                         assert self._pool is not None
-                        job.chunks.append((self._pool.submit(self._fetch, job.url, off, off + n), n))
+                        fut = self._pool.submit(self._fetch, job.url, off, off + n, self._check_size(job))
+                        job.chunks.append((fut, n))
                         self._cond.notify_all()
             with self._cond:
                 job.all_submitted = True
@@ -537,7 +552,9 @@ class _Fetcher:
 
         def next_chunk() -> bytes | None:
             o = next(offsets, None)
-            return None if o is None else self._fetch(job.url, o, min(o + self.opts.chunk_size, size))
+            if o is None:
+                return None
+            return self._fetch(job.url, o, min(o + self.opts.chunk_size, size), self._check_size(job))
 
         return _ChunkStream(next_chunk, sha)
 

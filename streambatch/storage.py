@@ -123,8 +123,9 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) 
 
 def stream_range(
     fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, sink: list[bytes], timeout: float | None = None
-) -> None:
-    """Append the bytes ``[start, end)`` of an object to ``sink`` as they arrive.
+) -> int | None:
+    """Append the bytes ``[start, end)`` of an object to ``sink`` as they arrive; returns the object's whole
+    size when the answer tells it (``Content-Range``), else None.
 
     If the request breaks, what arrived before the break is already in ``sink``, so a retry can ask for the
     rest only. S3 (s3fs) and HTTP(S) stream the response body; other back-ends fetch the range whole.
@@ -136,10 +137,18 @@ def stream_range(
         coro = _http_range
     else:
         sink.append(fs.cat_file(path, start=start, end=end))
-        return
+        return None
     from fsspec.asyn import sync
 
-    sync(fs.loop, coro, fs, path, start, end, sink, timeout=timeout)
+    return sync(fs.loop, coro, fs, path, start, end, sink, timeout=timeout)
+
+
+def _total(content_range: str | None) -> int | None:
+    """The size after the slash of ``bytes a-b/SIZE``."""
+    if not content_range or "/" not in content_range:
+        return None
+    tail = content_range.rsplit("/", 1)[1].strip()
+    return int(tail) if tail.isdigit() else None
 
 
 _STREAM_PIECE = 1 << 18
@@ -149,6 +158,7 @@ async def _s3_range(fs, path: str, start: int, end: int, sink: list[bytes]) -> N
     bucket, key, version = fs.split_path(path)
     kw = {"VersionId": version} if version else {}
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
+    total = _total(resp.get("ContentRange"))
     body = resp["Body"]
     left = end - start
     try:
@@ -163,6 +173,7 @@ async def _s3_range(fs, path: str, start: int, end: int, sink: list[bytes]) -> N
         raise
     finally:
         body.close()
+    return total
 
 
 def _salvage(content: Any, sink: list[bytes], left: int) -> None:
@@ -190,6 +201,7 @@ async def _http_range(fs, url: str, start: int, end: int, sink: list[bytes]) -> 
             raise FileNotFoundError(url)
         r.raise_for_status()
         skip = start if r.status == 200 else 0  # a server that ignores Range sends the whole object
+        total = _total(r.headers.get("Content-Range")) if r.status == 206 else r.content_length
         left = end - start
         try:
             async for piece in r.content.iter_chunked(_STREAM_PIECE):
@@ -206,6 +218,7 @@ async def _http_range(fs, url: str, start: int, end: int, sink: list[bytes]) -> 
             if not skip:
                 _salvage(r.content, sink, left)
             raise
+    return total
 
 
 def object_size(fs: fsspec.AbstractFileSystem, path: str) -> int:

@@ -36,6 +36,17 @@ def s3_options(endpoint: str) -> dict:
     return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 @pytest.fixture
 def watchdog():
     """Fail loudly instead of hanging: dump every thread's stack and exit if the test runs too long."""
@@ -83,7 +94,7 @@ def moto_endpoint(s3_env, tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from moto.server import main; main(sys.argv[1:])",
              "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent,
         )
     url = f"http://127.0.0.1:{port}"
     try:
