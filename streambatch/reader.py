@@ -487,8 +487,7 @@ class _Fetcher:
                 self._cond.notify_all()
             if job.error is None and job.local is None:
                 assert job.size is not None
-                for off in range(0, job.size, cs):
-                    n = min(cs, job.size - off)
+                for off, n in _chunks(job.size, cs, ramp=job.ordinal == 0):
                     with self._cond:
                         while (not self._stop and not job.cancelled and self._outstanding > 0
                                and self._outstanding + n > limit):
@@ -588,6 +587,19 @@ class _Fetcher:
             self._cond.notify_all()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _chunks(size: int, chunk_size: int, ramp: bool = False) -> Iterator[tuple[int, int]]:
+    """(offset, length) of the range requests for an object of ``size`` bytes. With ``ramp`` the first
+    requests are smaller (1/8, 1/4, 1/2 of ``chunk_size``), so the parser can start before a whole chunk has
+    arrived (the start of a worker's stream, where nothing was read ahead yet)."""
+    off = 0
+    n = max(1, chunk_size // 8) if ramp else chunk_size
+    while off < size:
+        take = min(n, size - off)
+        yield off, take
+        off += take
+        n = min(chunk_size, n * 2)
 
 
 # ---- stages ---------------------------------------------------------------------------------------

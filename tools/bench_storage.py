@@ -33,6 +33,11 @@ BUCKET = "bench"
 
 
 def rss_mb() -> float:
+    """Peak RSS of this process (VmHWM: unlike ru_maxrss it does not inherit the parent's peak over fork+exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -51,6 +56,7 @@ def child(spec: dict) -> dict:
     loader = StreamBatchLoader(
         spec["source"], budget=spec["budget"], storage_options=spec.get("storage_options"),
         read_ahead=spec["read_ahead"], decode=spec["decode"], num_workers=spec["workers"], seed=0,
+        buffer_size=spec["buffer_size"],
     )
     total_bytes = sum(s.bytes for s in loader.index.shards)
     before = current_rss_mb()
@@ -156,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="audio: full loader (decode + pad); none: the read stages only")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     ap.add_argument("--read-ahead", default="64M", help="the read-ahead limit of the 'on' rows")
+    ap.add_argument("--buffer-size", type=int, default=300, help="the loader's buffer_size (samples held)")
     ap.add_argument("--work", default=os.path.join("/tmp", "streambatch-bench-storage"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -186,14 +193,17 @@ def main(argv: list[str] | None = None) -> None:
         p100, url100 = start_proxy(endpoint, 0.1)
         procs += [p20, p100]
         budget = 60 * a.sample_rate  # one minute of audio per batch
-        base = dict(budget=budget, decode=a.decode, workers=a.workers)
+        base = dict(budget=budget, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
         configs = [("local disk", local, None)]
         for name, ep in (("S3 loopback", endpoint), ("S3 +20 ms/request", url20), ("S3 +100 ms/request", url100)):
             configs.append((name, url, options(ep)))
         rows = []
         local_rate = None
         for name, source, so in configs:
-            for ra in ([a.read_ahead, 0] if so is not None else [0]):
+            ras = [a.read_ahead, 0] if so is not None else [0]
+            if name.endswith("+100 ms/request"):
+                ras = [a.read_ahead, "16M", "256M", 0]  # memory follows the limit
+            for ra in ras:
                 spec = dict(base, source=source, storage_options=so, read_ahead=ra)
                 r = run_child(spec)
                 sps = r["samples"] / r["seconds"]
@@ -205,8 +215,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}", r["stats"]["retries"]])
                 print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s", file=sys.stderr, flush=True)
         print()
-        print(f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, chunk_size 8M, "
-              f"read_concurrency 4; {machine()}")
+        print(f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
+              f"chunk_size 8M, read_concurrency 4; {machine()}")
         print(table(rows, ["source", "read-ahead", "samples/s", "MB/s", "vs local", "peak RSS MB", "growth MB",
                            "retries"]))
     finally:
