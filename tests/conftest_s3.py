@@ -163,11 +163,11 @@ def s3_data(moto_endpoint, fault_proxy, tmp_path_factory) -> S3Data:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A test run must end: if anything keeps the interpreter alive at exit (a stuck non-daemon thread),
-    dump the stacks and exit after a minute instead of hanging CI."""
+    """A test run must end: if anything keeps the interpreter alive at exit (a stuck non-daemon thread, a
+    DataLoader worker that ignores SIGTERM), dump the stacks and exit after 5 minutes instead of hanging CI."""
     import threading
 
     stuck = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     if stuck:
         print(f"\nconftest_s3: threads still running at the end: {stuck}", file=sys.stderr)
-    faulthandler.dump_traceback_later(60, exit=True)
+    faulthandler.dump_traceback_later(300, exit=True)
