@@ -521,8 +521,9 @@ def _identity(x: Any) -> Any:
 
 
 class _WorkerInit:
-    """DataLoader workers ignore SIGTERM and SIGUSR1: a scheduler signals the whole job, and the training
-    process must stay able to checkpoint (the workers end with it); then the user's ``worker_init_fn``."""
+    """DataLoader workers ignore SIGUSR1: a scheduler's warning signal (SLURM ``--signal=USR1@T``) may reach the
+    whole process group, and its default action would kill the workers while the training process is saving
+    its checkpoint. SIGTERM keeps its default: torch ends workers with it. Then the user's ``worker_init_fn``."""
 
     def __init__(self, user: Any = None):
         self.user = user
@@ -530,8 +531,7 @@ class _WorkerInit:
     def __call__(self, worker_id: int) -> None:
         import signal
 
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         if self.user is not None:
             self.user(worker_id)
 

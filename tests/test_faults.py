@@ -177,20 +177,10 @@ def test_too_many_bad_shards_is_a_clear_error(s3_data, proxy, num_workers):
                   for i in (1, 4)])
     loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7,
                                num_workers=num_workers, max_bad_shards=1 if num_workers == 0 else 0,
-                               worker_init_fn=_default_sigterm, **FAST)
+                               **FAST)
     kind, message = error_of(lambda: run(loader))
     assert kind is TooManyBadShards
     assert re.search(r"max_bad_shards=\d.*shard-00000[14]\.tar", message)
-
-
-def _default_sigterm(worker_id):
-    # The loader's workers ignore SIGTERM (so a job-wide SIGTERM lets the trainer checkpoint); but when an
-    # epoch ends with an error, torch's DataLoader stops a worker that is still running with SIGTERM, and a
-    # worker that ignores it lives on and blocks the interpreter's exit. Until the loader handles that, the
-    # workers of this test take SIGTERM as usual.
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def error_of(fn):
