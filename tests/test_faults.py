@@ -13,7 +13,6 @@ import re
 import shutil
 import time
 
-import numpy as np
 import pytest
 import torch
 

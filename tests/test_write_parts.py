@@ -15,7 +15,6 @@ import pytest
 import webdataset as wds
 
 from conftest import make_audio, write_jsonl
-from streambatch import writer
 from streambatch.cli import main
 from streambatch.errors import ShardifyError
 from streambatch.index import ShardIndex
