@@ -70,20 +70,13 @@ BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
 
 # ---- sizes -------------------------------------------------------------------------------------
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def parse_size(size: int | str) -> int:
-    """Bytes from ``123456``, ``"500M"``, ``"2G"``, ``"1.5GiB"`` (K, M, G, T are powers of 1024)."""
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
-        n = int(size)
-    else:
-        m = _SIZE_RE.fullmatch(str(size))
-        if not m:
-            raise ShardifyError(f"cannot read size {size!r}; write e.g. 500M, 2G or a number of bytes")
-        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-    if n <= 0:
+    """Bytes from ``123456``, ``"500M"``, ``"2G"``, ``"1.5GiB"`` (K, M, G, T are powers of 1024); positive."""
+    try:
+        n = storage.parse_bytes(int(size) if isinstance(size, np.integer) else size, "size")
+    except ValueError as e:
+        raise ShardifyError(str(e)) from None
+    if not n or n <= 0:
         raise ShardifyError(f"size must be positive, got {size!r}")
     return n
 
