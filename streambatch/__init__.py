@@ -1,7 +1,7 @@
 """streambatch: stream length-annotated WebDataset shards into budget-bounded, low-padding batches."""
 
-from .buckets import BatchPlan, BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, suggest_budget
-from .index import ShardIndex, ShardInfo
+from .plan.batcher import BatchPlan, BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, suggest_budget
+from .dataset.index import ShardIndex, ShardInfo
 
 __version__ = "0.1.0"
 
@@ -26,10 +26,10 @@ __all__ = [
 # so the `shardify` command and its worker processes start fast.
 _LAZY = {
     "StreamBatchLoader": ".loader",
-    "write_shards": ".writer",
-    "calibrate": ".calibrate",
-    "OOMGuard": ".calibrate",
-    "run_with_oom_split": ".calibrate",
+    "write_shards": ".write.writer",
+    "calibrate": ".fit.calibrate",
+    "OOMGuard": ".fit.calibrate",
+    "run_with_oom_split": ".fit.calibrate",
 }
 
 

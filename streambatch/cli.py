@@ -14,7 +14,7 @@ import sys
 from typing import Any, Sequence
 
 from .errors import InputErrors, ShardifyError
-from .index import IndexError_, ShardIndex
+from .dataset.index import IndexError_, ShardIndex
 
 PROG = "shardify"
 
@@ -31,7 +31,7 @@ def _positive_int(s: str) -> int:
 
 
 def _size(s: str) -> int:
-    from .writer import parse_size
+    from .write.writer import parse_size
 
     try:
         return parse_size(s)
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .sources import KINDS
+    from .write.sources import KINDS
 
     w = sub.add_parser(
         "write",
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- commands ----------------------------------------------------------------------------------
 def _part(s: str) -> tuple[int, int]:
-    from .writer import parse_part
+    from .write.writer import parse_part
 
     try:
         return parse_part(s)
@@ -230,8 +230,8 @@ def _part(s: str) -> tuple[int, int]:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from .storage import join_url
-    from .writer import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME, write_shards
+    from .dataset.storage import join_url
+    from .write.writer import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME, write_shards
 
     stats: dict[str, int] = {}
     index = write_shards(
@@ -261,7 +261,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from .writer import merge_parts
+    from .write.writer import merge_parts
 
     index = merge_parts(args.out, args.parts or None, storage_options_from(args.storage_option),
                         verify=args.verify, progress=not args.no_progress)
@@ -273,7 +273,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from .stage import stage_dataset
+    from .write.stage import stage_dataset
 
     so = storage_options_from(args.storage_option)
     res = stage_dataset(args.src, args.dest, verify=args.verify, workers=args.workers, storage_options=so,
@@ -344,7 +344,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     budget = boundaries = None
     if lengths.size:
         try:
-            from .buckets import estimate_boundaries, suggest_budget
+            from .plan.batcher import estimate_boundaries, suggest_budget
         except ImportError as e:
             note = f"budget and bucket suggestions need streambatch.buckets ({e})"
         else:
@@ -429,7 +429,7 @@ def _plot(lengths, index: ShardIndex, boundaries: list[float] | None, path: str)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_dataset
+    from .write.verify import verify_dataset
 
     index = _load(args)
     problems = verify_dataset(index, storage_options_from(args.storage_option), progress=not args.no_progress)
@@ -450,7 +450,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---- entry point -------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import main as calibrate_main
+    from .fit.calibrate import main as calibrate_main
 
     return int(calibrate_main(args.rest, prog=f"{PROG} calibrate"))
 

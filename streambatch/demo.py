@@ -87,8 +87,8 @@ class PlannedBatches(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from torch.utils.data import get_worker_info
 
-        from .collate import collate
-        from .reader import read_shard
+        from .read.collate import collate
+        from .read.reader import read_shard
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -143,13 +143,13 @@ def run_streambatch(name: str, shards: str, budget: float, seed: int, num_worker
 # ---- data -----------------------------------------------------------------------------------------
 def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
     """(index, reused): write ``OUT/audio`` and ``OUT/shards`` unless ``OUT/shards/index.json`` exists."""
-    from .index import INDEX_NAME, ShardIndex
+    from .dataset.index import INDEX_NAME, ShardIndex
 
     audio, shards = os.path.join(out, "audio"), os.path.join(out, "shards")
     if os.path.exists(os.path.join(shards, INDEX_NAME)):
         return ShardIndex.load(shards), True
     from .synthetic import write_audio_corpus
-    from .writer import write_shards
+    from .write.writer import write_shards
 
     # a run interrupted before the index was written: start its audio over (only our own file names)
     for path in glob.glob(os.path.join(audio, "utt-*.flac")) + glob.glob(os.path.join(audio, "utt-*.txt")):

@@ -54,3 +54,7 @@ def format_problems(problems: Sequence[InputProblem], hint: str = "") -> str:
     if n > MAX_LISTED:
         lines.append(f"  ... and {n - MAX_LISTED} more")
     return "\n".join(lines)
+
+
+class ShardReadError(IOError):
+    """A shard that cannot be opened or is not a valid tar stream; the message names its URL."""

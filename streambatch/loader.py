@@ -24,17 +24,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import storage
-from .buckets import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches
-from .collate import Decode, collate, split_micro_batches
-from .cost import CostModel, PackedCost, PaddedCost, calibration_info, resolve_cost
+from .dataset import storage
+from .plan.batcher import BatchPlan, BucketBatcher, estimate_boundaries, iter_batches
+from .read.collate import Decode, collate, split_micro_batches
+from .plan.cost import CostModel, PackedCost, PaddedCost, calibration_info, resolve_cost
 from .dist import process_info, worker_info
-from .index import INDEX_NAME, ShardIndex
-from .plan import EVEN_BATCHES, Adjust, EpochPlan, SlotPlan, apply_adjust, consumed_ids, global_offsets
-from .plan import make_epoch_plan, per_worker, plan_slot
-from .reader import FAULT_FIELDS, FaultLog, ReadOptions, ShardFault, read_pieces
-from .retry import RetryPolicy
-from .shards import Piece, shard_order
+from .dataset.index import INDEX_NAME, ShardIndex
+from .plan.epoch import EVEN_BATCHES, Adjust, EpochPlan, SlotPlan, apply_adjust, consumed_ids, global_offsets
+from .plan.epoch import make_epoch_plan, per_worker, plan_slot
+from .read.reader import FAULT_FIELDS, FaultLog, ReadOptions, ShardFault, read_pieces
+from .read.retry import RetryPolicy
+from .plan.shards import Piece, shard_order
 
 log = logging.getLogger("streambatch")
 

@@ -150,7 +150,7 @@ class S3Data:
 def s3_data(moto_endpoint, fault_proxy, tmp_path_factory) -> S3Data:
     """80 short audio samples in 8 shards, written to local disk and to ``s3://sb-test/ds``."""
     from streambatch.synthetic import write_audio_corpus
-    from streambatch.writer import write_shards
+    from streambatch.write.writer import write_shards
 
     root = tmp_path_factory.mktemp("s3data")
     audio = str(root / "audio")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from streambatch.cost import PackedCost, resolve_cost
-from streambatch.buckets import BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, sorted_oracle
+from streambatch.plan.cost import PackedCost, resolve_cost
+from streambatch.plan.batcher import BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, sorted_oracle
 from streambatch.synthetic import DISTRIBUTIONS
 
 
@@ -194,7 +194,7 @@ def test_quadratic_cost_makes_long_batches_smaller():
 
 
 def test_non_monotone_callable_is_refused():
-    from streambatch.cost import CallableCost
+    from streambatch.plan.cost import CallableCost
 
     with pytest.raises(ValueError, match="non-decreasing"):
         CallableCost(lambda n, m: n * m if n < 10 else 1).check_monotone(np.arange(1, 100))

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-import streambatch.calibrate as calib
-from streambatch.buckets import plan_batches
-from streambatch.calibrate import (
+import streambatch.fit.calibrate as calib
+from streambatch.plan.batcher import plan_batches
+from streambatch.fit.calibrate import (
     CalibrationError,
     OOMGuard,
     Trial,
@@ -28,8 +28,8 @@ from streambatch.calibrate import (
     search_max_batch,
     split_batch,
 )
-from streambatch.cost import PaddedCost, QuadraticCost, resolve_cost
-from streambatch.index import ShardIndex, ShardInfo
+from streambatch.plan.cost import PaddedCost, QuadraticCost, resolve_cost
+from streambatch.dataset.index import ShardIndex, ShardInfo
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU calibration measures through /proc")
 
@@ -252,7 +252,7 @@ def test_step_errors_are_reported_not_taken_for_out_of_memory():
 def test_module_is_callable_as_streambatch_calibrate():
     import streambatch
 
-    assert callable(calib) and callable(streambatch.calibrate)
+    assert callable(streambatch.calibrate) and streambatch.calibrate is calib.calibrate
 
 
 def test_cli_prints_the_table_and_writes_the_file(tmp_path, capsys):
@@ -284,7 +284,7 @@ def test_cli_prints_the_table_and_writes_the_file(tmp_path, capsys):
 def test_loader_reads_the_calibration_file_end_to_end(tmp_path):
     """calibrate over a real text dataset's index, then StreamBatchLoader(budget=None, cost=FILE) batches."""
     from streambatch import StreamBatchLoader
-    from streambatch.writer import write_shards
+    from streambatch.write.writer import write_shards
 
     rng = np.random.default_rng(0)
     with open(tmp_path / "text.jsonl", "w") as f:

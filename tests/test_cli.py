@@ -11,9 +11,10 @@ import types
 import pytest
 
 from conftest import make_audio, write_jsonl
-from streambatch import cli, writer
+from streambatch import cli
+from streambatch.write import writer
 from streambatch.cli import main
-from streambatch.index import ShardIndex
+from streambatch.dataset.index import ShardIndex
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

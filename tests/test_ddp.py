@@ -15,7 +15,7 @@ import pytest
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
-from streambatch.writer import write_shards
+from streambatch.write.writer import write_shards
 
 SR = 8000
 BUDGET = 10 * SR

@@ -18,10 +18,10 @@ import torch
 
 from faultproxy import Rule
 from streambatch import ShardIndex, StreamBatchLoader
-from streambatch.cache import ShardCache, cache_name
-from streambatch.reader import ReadOptions, TooManyBadShards, read_pieces, read_shard
-from streambatch.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
-from streambatch.shards import Piece
+from streambatch.read.cache import ShardCache, cache_name
+from streambatch.read.reader import ReadOptions, TooManyBadShards, read_pieces, read_shard
+from streambatch.read.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
+from streambatch.plan.shards import Piece
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from streambatch import StreamBatchLoader
-from streambatch.collate import to_packed_sequence
+from streambatch.read.collate import to_packed_sequence
 from streambatch.synthetic import write_audio_corpus
-from streambatch.writer import write_shards
+from streambatch.write.writer import write_shards
 
 SR = 8000
 BUDGET = 12 * SR

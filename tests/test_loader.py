@@ -11,7 +11,7 @@ import torch
 
 from streambatch import ShardIndex, StreamBatchLoader, plan_batches
 from streambatch.synthetic import write_audio_corpus
-from streambatch.writer import write_shards
+from streambatch.write.writer import write_shards
 
 SR = 8000
 BUDGET = 12 * SR  # 12 s of audio per batch

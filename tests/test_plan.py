@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streambatch.loader import BatchingConfig
-from streambatch.plan import consumed_ids, interleave, make_epoch_plan, per_worker
+from streambatch.plan.epoch import consumed_ids, interleave, make_epoch_plan, per_worker
 from streambatch.synthetic import librispeech_like
 
 BUDGET = 200 * 16000

@@ -7,7 +7,8 @@ import tarfile
 
 import pytest
 
-from streambatch.reader import ShardReadError, iter_members
+from streambatch.dataset.tar import iter_members
+from streambatch.errors import ShardReadError
 
 
 def make_tar(fmt: int, names: list[str]) -> bytes:

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from streambatch import ShardIndex, StreamBatchLoader, storage
-from streambatch.verify import verify_dataset
+from streambatch import ShardIndex, StreamBatchLoader
+from streambatch.dataset import storage
+from streambatch.write.verify import verify_dataset
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -96,7 +97,7 @@ def test_plain_https_style_urls(s3_data):
 
 def test_killed_write_leaves_no_index(s3_data, monkeypatch):
     """Objects appear only complete and the index last: a write that dies half way lists nothing missing."""
-    from streambatch.writer import write_shards
+    from streambatch.write.writer import write_shards
 
     real = storage.put_file_atomic
     uploads = []

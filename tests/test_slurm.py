@@ -24,7 +24,7 @@ import pytest
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
-from streambatch.writer import write_shards
+from streambatch.write.writer import write_shards
 from test_write_parts import assert_same_dataset
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_audio, write_jsonl
 from streambatch.errors import ShardifyError
-from streambatch.sources import Record, detect_kind, read_source, sanitize_key, token_length
+from streambatch.write.sources import Record, detect_kind, read_source, sanitize_key, token_length
 
 
 def test_sanitize_key_makes_webdataset_safe_keys():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from streambatch.synthetic import write_audio_corpus
-from streambatch.writer import write_shards
+from streambatch.write.writer import write_shards
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "train_ddp.py"

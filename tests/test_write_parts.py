@@ -17,10 +17,10 @@ import webdataset as wds
 from conftest import make_audio, write_jsonl
 from streambatch.cli import main
 from streambatch.errors import ShardifyError
-from streambatch.index import ShardIndex
-from streambatch.stage import stage_dataset
-from streambatch.verify import verify_dataset
-from streambatch.writer import merge_parts, write_shards
+from streambatch.dataset.index import ShardIndex
+from streambatch.write.stage import stage_dataset
+from streambatch.write.verify import verify_dataset
+from streambatch.write.writer import merge_parts, write_shards
 
 
 def samples_of(out) -> list[tuple]:

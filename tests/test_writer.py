@@ -15,11 +15,11 @@ import soundfile as sf
 import webdataset as wds
 
 from conftest import SR, make_audio, write_jsonl
-from streambatch import writer
+from streambatch.write import writer
 from streambatch.errors import InputErrors, ShardifyError
-from streambatch.index import ShardIndex
-from streambatch.verify import verify_dataset
-from streambatch.writer import parse_size, plan_shards, write_shards
+from streambatch.dataset.index import ShardIndex
+from streambatch.write.verify import verify_dataset
+from streambatch.write.writer import parse_size, plan_shards, write_shards
 
 
 def read_back(out) -> list[dict]:
@@ -369,7 +369,7 @@ def test_planned_sizes_match_the_tar_for_long_and_unicode_names(tmp_path):
 
 
 def _records(src):
-    from streambatch.sources import detect_kind, read_source
+    from streambatch.write.sources import detect_kind, read_source
 
     kind = detect_kind(str(src))
     records, _ = read_source(str(src), kind)

@@ -33,8 +33,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import machine, table
 
-from streambatch.buckets import plan_batches
-from streambatch.cost import QuadraticCost
+from streambatch.plan.batcher import plan_batches
+from streambatch.plan.cost import QuadraticCost
 from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE
 
 LABELS = {"librispeech": "LibriSpeech-like", "text": "text"}

@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from streambatch.loader import BatchingConfig  # noqa: E402
-from streambatch.plan import make_epoch_plan  # noqa: E402
+from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
 from streambatch.synthetic import librispeech_like  # noqa: E402
 
 BUDGET = 200 * 16000
@@ -59,7 +59,7 @@ def planner_table(n: int, per_shard: int, worlds: list[int], workers: int) -> No
 def resume_table(num: int) -> None:
     from streambatch import StreamBatchLoader
     from streambatch.synthetic import write_audio_corpus
-    from streambatch.writer import write_shards
+    from streambatch.write.writer import write_shards
 
     with tempfile.TemporaryDirectory() as tmp:
         write_audio_corpus(os.path.join(tmp, "a"), num, seed=0, sample_rate=8000)

@@ -11,8 +11,8 @@ Three parts, each printed as a plain table:
    oracle's mean batch size, so all rows have about the same number of batches.
 2. **Planning speed**: ``plan_batches`` over 1 M LibriSpeech-like lengths (target >= 1 M lengths/s).
 3. **Streaming throughput**: ``StreamBatchLoader`` against a plain ``webdataset.WebDataset`` pipeline over
-   the same local shards, both decoding FLAC with ``streambatch.audio.decode`` (soundfile) and padding with
-   ``streambatch.collate.collate``; samples/s, target >= 0.95x webdataset.
+   the same local shards, both decoding FLAC with ``streambatch.dataset.audio.decode`` (soundfile) and padding with
+   ``streambatch.read.collate.collate``; samples/s, target >= 0.95x webdataset.
 
 Usage: ``python tools/bench_padding.py [--n 200000] [--quick]``. ``--quick`` is a small, fast run.
 """
@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import batch_stats, best_of, machine, table  # noqa: E402
 
-from streambatch.buckets import plan_batches, sorted_oracle  # noqa: E402
+from streambatch.plan.batcher import plan_batches, sorted_oracle  # noqa: E402
 from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE, librispeech_like  # noqa: E402
 
 LABELS = {"librispeech": "LibriSpeech-like", "commonvoice": "CommonVoice-like", "text": "text"}
@@ -132,7 +132,7 @@ def planning_speed(n: int, seed: int) -> list[list[str]]:
 
 # ---- 3. streaming throughput ---------------------------------------------------------------------
 def _flac(data: bytes):
-    from streambatch.audio import decode
+    from streambatch.dataset.audio import decode
 
     return decode(data)[0]
 
@@ -144,7 +144,7 @@ def _decoded(sample):
 
 
 def _collate_decoded(samples):
-    from streambatch.collate import collate
+    from streambatch.read.collate import collate
 
     return collate(samples, _decoded)
 
@@ -161,7 +161,7 @@ def _worker_init(_):
 
 def make_corpus(folder: str, n: int, seed: int) -> str:
     from streambatch.synthetic import write_audio_corpus
-    from streambatch.writer import write_shards
+    from streambatch.write.writer import write_shards
 
     write_audio_corpus(os.path.join(folder, "audio"), n, seed)
     shards = os.path.join(folder, "shards")
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in notes:
             print(note)
         print(text)
-        print("decode+pad: both decode FLAC with streambatch.audio.decode (soundfile) and pad with streambatch.collate.collate;")
+        print("decode+pad: both decode FLAC with streambatch.dataset.audio.decode (soundfile) and pad with streambatch.read.collate.collate;")
         print("  webdataset 1.0.2: WebDataset(shardshuffle) -> shuffle(1000) -> decode(flac: our decode) -> batched(B, collate).")
         print("  streambatch's lower padding makes smaller tensors to fill and pass between processes: part of its lead.")
         print("read only: no audio decode (streambatch decode='none'; webdataset .decode() parses only the json) = loader")

@@ -133,7 +133,7 @@ def options(endpoint: str) -> dict:
 
 def make_data(work: str, samples: int, sample_rate: int) -> str:
     from streambatch.synthetic import write_audio_corpus
-    from streambatch.writer import write_shards
+    from streambatch.write.writer import write_shards
 
     ds = os.path.join(work, f"shards-{samples}-{sample_rate}")
     if os.path.exists(os.path.join(ds, "index.json")):

@@ -97,7 +97,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
+from ..plan.cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
 
 log = logging.getLogger("streambatch.calibrate")
 
@@ -574,7 +574,7 @@ def budget_from_fit(
 # ---- the whole calibration ----------------------------------------------------------------------------
 def _resolve_lengths(source: Any) -> tuple[np.ndarray | None, str | None, int | None]:
     """(lengths, unit, sample_rate) from a dataset folder, an index file, a ShardIndex or a length array."""
-    from .index import ShardIndex
+    from ..dataset.index import ShardIndex
 
     if source is None:
         return None, None, None
@@ -644,7 +644,7 @@ def calibrate(
     scratch memory of multi-threaded kernels is then not measured). Returns the calibration as a dict
     (what ``out`` receives).
     """
-    from .storage import parse_bytes, write_bytes_atomic
+    from ..dataset.storage import parse_bytes, write_bytes_atomic
 
     ds_lengths, ds_unit, ds_rate = _resolve_lengths(source)
     unit = unit or ds_unit or "samples"

@@ -153,7 +153,7 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
             raise ValueError("cost='quadratic' needs quadratic_factor (or a calibration file from streambatch.calibrate)")
         return QuadraticCost(float(quadratic_factor)), None
     if isinstance(cost, str) and cost.endswith(".json"):
-        from .storage import open_url
+        from ..dataset.storage import open_url
 
         try:
             with open_url(cost, "rb") as f:
@@ -171,7 +171,7 @@ def calibration_info(cost: Any) -> dict[str, Any] | None:
     if isinstance(cost, dict):
         return cost
     if isinstance(cost, str) and cost.endswith(".json"):
-        from .storage import open_url
+        from ..dataset.storage import open_url
 
         with open_url(cost, "rb") as f:
             return json.load(f)

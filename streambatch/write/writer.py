@@ -48,10 +48,10 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from . import storage
-from .audio import AudioError, probe
-from .errors import InputErrors, InputProblem, ShardifyError
-from .index import INDEX_NAME, ShardIndex, ShardInfo
+from ..dataset import storage
+from ..dataset.audio import AudioError, probe
+from ..errors import InputErrors, InputProblem, ShardifyError
+from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from .sources import KINDS, Record, detect_kind, read_source, token_length
 
 SHARD_NAME = "shard-{:06d}.tar"

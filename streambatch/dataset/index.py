@@ -212,7 +212,7 @@ class ShardIndex:
 
     def bucket_boundaries(self, budget: float, num_buckets: int | None = None) -> np.ndarray:
         """Bucket boundaries estimated from this dataset's lengths (see :func:`estimate_boundaries`)."""
-        from .buckets import estimate_boundaries
+        from ..plan.batcher import estimate_boundaries
 
         return estimate_boundaries(self.lengths, budget, num_buckets)
 

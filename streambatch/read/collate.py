@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .audio import AUDIO_EXTENSIONS, decode as decode_audio
+from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}

@@ -14,8 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from . import storage
-from .index import ShardIndex, ShardInfo
+from ..dataset import storage
+from ..dataset.index import ShardIndex, ShardInfo
 from .writer import keys_sha1
 
 

@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .audio import AUDIO_EXTENSIONS
-from .errors import InputProblem, ShardifyError
-from .storage import is_local, local_path, open_url
+from ..dataset.audio import AUDIO_EXTENSIONS
+from ..errors import InputProblem, ShardifyError
+from ..dataset.storage import is_local, local_path, open_url
 
 KINDS = ("folder", "manifest", "speechbrain", "text")
 AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from . import storage
-from .errors import ShardifyError
-from .index import INDEX_NAME, ShardIndex, ShardInfo
+from ..dataset import storage
+from ..errors import ShardifyError
+from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 
 CHUNK = 4 << 20
 ATTEMPTS = 3

@@ -1,0 +1,139 @@
+"""The one tar parser: a small ustar reader and the grouping of members into samples.
+
+Every caller that reads shards uses it (the loader's workers, ``shardify verify``, ``shardify index``), so a
+shard that verifies is a shard that trains. Checks each header's checksum; handles GNU long names and pax
+``path`` records as Python's tarfile and webdataset write them; about 3x faster than :mod:`tarfile`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any, Callable, Iterable, Iterator
+
+from ..errors import ShardReadError
+
+
+def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
+    """``n`` bytes from ``read`` (fewer only at the end of the stream)."""
+    data = read(n)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large sizes
+        return int.from_bytes(field, "big") & ~(0x80 << (8 * (len(field) - 1)))
+    field = field.split(b"\0", 1)[0].strip()
+    return int(field, 8) if field else 0
+
+
+def _pax_path(data: bytes) -> bytes | None:
+    """The ``path`` record of a pax extended header, if any."""
+    pos, path = 0, None
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        length = int(data[pos:space])
+        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        if key == b"path":
+            path = value
+        pos += length
+    return path
+
+
+def iter_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of each regular file in a tar stream, in tar order.
+
+    A small ustar reader (with GNU long names and pax ``path`` records, as Python's tarfile and webdataset
+    write them) instead of :mod:`tarfile`: it checks each header's checksum and reads each member with one
+    call, about three times faster, which matters when the loader reads without decoding.
+    """
+    read = stream.read
+    long_name: bytes | None = None
+    while True:
+        header = _read_exact(read, 512)
+        if not header:
+            return
+        if len(header) < 512:
+            raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
+        if header.count(0) == 512:  # end of archive
+            return
+        try:
+            expected = _octal(header[148:156])
+            size = _octal(header[124:136])
+        except ValueError:
+            raise ShardReadError(f"{url}: not a readable tar shard (invalid header)") from None
+        if expected != sum(header[:148]) + 256 + sum(header[156:]):
+            raise ShardReadError(f"{url}: not a readable tar shard (bad header checksum)")
+        data = _read_exact(read, size) if size else b""
+        if len(data) < size:
+            raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
+        pad = -size % 512
+        if pad and len(_read_exact(read, pad)) < pad:
+            raise ShardReadError(f"{url}: not a readable tar shard (truncated)")
+        kind = header[156:157]
+        if kind == b"L":  # GNU long name for the next member
+            long_name = data.split(b"\0", 1)[0]
+            continue
+        if kind == b"x":  # pax header for the next member
+            long_name = _pax_path(data) or long_name
+            continue
+        if kind in (b"0", b"\0", b"7"):
+            if long_name is not None:
+                name = long_name
+            else:
+                name = header[:100].split(b"\0", 1)[0]
+                if header[257:262] == b"ustar":
+                    prefix = header[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix + b"/" + name
+            long_name = None
+            if not name.endswith(b"/"):  # old-style directory entries are "files" named with a slash
+                yield name.decode("utf-8", "surrogateescape"), data
+        else:  # directories, links, global pax headers: nothing to yield
+            long_name = None
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``dir/KEY.ext.more`` → (``dir/KEY``, ``ext.more``)."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1:]
+
+
+def group_samples(members: Iterable[tuple[str, bytes]], url: str, shard: int = -1) -> Iterator[dict[str, Any]]:
+    """Group consecutive members with the same key into samples; parse the ``json`` member."""
+    cur: dict[str, Any] | None = None
+    index = 0
+    for name, data in members:
+        key, ext = split_name(name)
+        if cur is None or key != cur["__key__"]:
+            if cur is not None:
+                yield _finish(cur, url)
+                index += 1
+            cur = {"__key__": key, "__url__": url, "__shard__": shard, "__index__": index}
+        cur[ext] = data
+    if cur is not None:
+        yield _finish(cur, url)
+
+
+def _finish(sample: dict[str, Any], url: str) -> dict[str, Any]:
+    raw = sample.get("json")
+    if raw is not None:
+        try:
+            sample["json"] = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ShardReadError(f"{url}: sample {sample['__key__']!r} has an invalid .json ({e})") from e
+    return sample
