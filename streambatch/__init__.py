@@ -1,11 +1,14 @@
 """streambatch: stream length-annotated WebDataset shards into budget-bounded, low-padding batches."""
 
-from .plan.batcher import BatchPlan, BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, suggest_budget
+from .plan.batcher import BatchPlan, BucketBatcher, SampleTooLongError, plan_batches
+from .plan.buckets import estimate_boundaries, suggest_budget
+from .plan.config import BatchingConfig
 from .dataset.index import ShardIndex, ShardInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchingConfig",
     "BatchPlan",
     "BucketBatcher",
     "SampleTooLongError",
@@ -28,8 +31,8 @@ _LAZY = {
     "StreamBatchLoader": ".loader",
     "write_shards": ".write.writer",
     "calibrate": ".fit.calibrate",
-    "OOMGuard": ".fit.calibrate",
-    "run_with_oom_split": ".fit.calibrate",
+    "OOMGuard": ".fit.oom",
+    "run_with_oom_split": ".fit.oom",
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from .errors import InputErrors, ShardifyError
 from .dataset.index import IndexError_, ShardIndex
+from .summary import total_text
 
 PROG = "shardify"
 
@@ -78,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write, inspect and verify length-annotated WebDataset shards for streambatch.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_write, _add_merge, _add_stage, _add_inspect, _add_verify, _add_demo, _add_calibrate):
+        add(sub)
+    return parser
 
+
+def _add_write(sub: Any) -> None:
     from .write.sources import KINDS
 
     w = sub.add_parser(
@@ -134,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(w)
     w.set_defaults(func=cmd_write)
 
+
+def _add_merge(sub: Any) -> None:
     mg = sub.add_parser(
         "merge",
         help="merge the part indexes of `write --part I/N` runs into index.json",
@@ -153,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(mg)
     mg.set_defaults(func=cmd_merge)
 
+
+def _add_stage(sub: Any) -> None:
     st = sub.add_parser(
         "stage",
         help="copy a dataset (shards + index) to node-local disk, resumably",
@@ -173,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(st)
     st.set_defaults(func=cmd_stage)
 
+
+def _add_inspect(sub: Any) -> None:
     i = sub.add_parser(
         "inspect",
         help="counts, hours/tokens, length percentiles, a suggested budget and bucket boundaries",
@@ -191,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(i)
     i.set_defaults(func=cmd_inspect)
 
+
+def _add_verify(sub: Any) -> None:
     v = sub.add_parser(
         "verify",
         help="re-read every shard and check it against index.json",
@@ -203,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(v)
     v.set_defaults(func=cmd_verify)
 
+
+def _add_demo(sub: Any) -> None:
     d = sub.add_parser("demo", help="write a small synthetic dataset and show streambatch on it",
                        description="Write a small synthetic speech dataset to OUT and run streambatch on it.")
     d.add_argument("out", metavar="OUT", help="folder for the demo dataset")
@@ -211,17 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     d.set_defaults(func=cmd_demo)
 
-    c = sub.add_parser("calibrate", add_help=False,
-                       help="measure the largest batch per length your training step fits, write a cost model",
-                       description="See `shardify calibrate --help` (the same as python -m streambatch.calibrate).")
-    c.add_argument("rest", nargs=argparse.REMAINDER)
+
+def _add_calibrate(sub: Any) -> None:
+    from .fit.calibrate import CLI_DESCRIPTION, CLI_EPILOG, add_arguments
+
+    c = sub.add_parser("calibrate", help="measure the largest batch per length your training step fits, write a "
+                       "cost model", description=CLI_DESCRIPTION, epilog=CLI_EPILOG)
+    add_arguments(c)
     c.set_defaults(func=cmd_calibrate)
-    return parser
 
 
 # ---- commands ----------------------------------------------------------------------------------
 def _part(s: str) -> tuple[int, int]:
-    from .write.writer import parse_part
+    from .write.parts import parse_part
 
     try:
         return parse_part(s)
@@ -231,7 +249,8 @@ def _part(s: str) -> tuple[int, int]:
 
 def cmd_write(args: argparse.Namespace) -> int:
     from .dataset.storage import join_url
-    from .write.writer import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME, write_shards
+    from .dataset.format import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME
+    from .write.writer import write_shards
 
     stats: dict[str, int] = {}
     index = write_shards(
@@ -255,19 +274,19 @@ def cmd_write(args: argparse.Namespace) -> int:
         print(f"wrote part {i}/{n}: {what}, index {PART_INDEX_NAME.format(i)}; when all {n} parts are written: "
               f"shardify merge {args.out}")
         return 0
-    print(f"wrote {what} ({_total(index)}); index: {index.unit}"
+    print(f"wrote {what} ({total_text(index)}); index: {index.unit}"
           + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
     return 0
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from .write.writer import merge_parts
+    from .write.parts import merge_parts
 
     index = merge_parts(args.out, args.parts or None, storage_options_from(args.storage_option),
                         verify=args.verify, progress=not args.no_progress)
     skipped = index.meta.get("skipped", 0)
     print(f"merged {index.meta['parts']} parts: {index.num_samples} samples in {index.num_shards} shards "
-          f"({_total(index)})" + (f", {skipped} bad inputs skipped (errors.jsonl)" if skipped else "")
+          f"({total_text(index)})" + (f", {skipped} bad inputs skipped (errors.jsonl)" if skipped else "")
           + f"; index: {index.unit}" + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
     return 0
 
@@ -283,25 +302,6 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _total(index: ShardIndex) -> str:
-    spu = index.seconds_per_unit()
-    if spu:
-        return _hours(index.total_length * spu / 3600)
-    return f"{_fmt(index.total_length)} {index.unit}"
-
-
-def _hours(h: float) -> str:
-    return f"{h:,.2f} h" if h >= 1 else f"{h * 60:,.2f} min"
-
-
-def _fmt(x: float) -> str:
-    """1,234 for whole or large numbers, else up to 3 decimals."""
-    x = float(x)
-    if x.is_integer() or abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:,.3f}".rstrip("0").rstrip(".")
-
-
 def _load(args: argparse.Namespace) -> ShardIndex:
     try:
         return ShardIndex.load(args.out, storage_options_from(args.storage_option))
@@ -309,123 +309,10 @@ def _load(args: argparse.Namespace) -> ShardIndex:
         raise ShardifyError(str(e)) from None
 
 
-def parse_budget(text: str, index: ShardIndex) -> float:
-    """A budget in the dataset's unit, or ``"60s"`` (seconds) for audio."""
-    t = text.strip().lower()
-    try:
-        if t.endswith("s") and not t.endswith("samples"):
-            spu = index.seconds_per_unit()
-            if not spu:
-                raise ShardifyError(f"--budget {text}: seconds only make sense for audio, this dataset is in {index.unit}")
-            value = float(t[:-1]) / spu
-        else:
-            value = float(t.removesuffix("samples").strip())
-    except ValueError:
-        raise ShardifyError(f"--budget {text!r}: expected a number (or seconds like 60s)") from None
-    if value <= 0:
-        raise ShardifyError("--budget must be positive")
-    return value
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
-    import numpy as np
+    from .summary import inspect_dataset
 
-    index = _load(args)
-    lengths = index.lengths
-    stats = index.stats()
-    spu = index.seconds_per_unit()
-    summary: dict[str, Any] = {"dataset": args.out, "sample_rate": index.sample_rate, **stats}
-    if spu and lengths.size:
-        summary["seconds"] = {
-            "min": float(lengths.min()) * spu, "mean": float(lengths.mean()) * spu, "max": float(lengths.max()) * spu,
-            "percentiles": {p: v * spu for p, v in stats["percentiles"].items()},
-        }
-    note = None
-    budget = boundaries = None
-    if lengths.size:
-        try:
-            from .plan.batcher import estimate_boundaries, suggest_budget
-        except ImportError as e:
-            note = f"budget and bucket suggestions need streambatch.buckets ({e})"
-        else:
-            if args.budget:
-                budget = parse_budget(args.budget, index)
-                summary["budget_source"] = "given"
-            else:
-                budget = float(suggest_budget(lengths, index.unit, index.sample_rate))
-                summary["budget_source"] = "suggested"
-            boundaries = [float(b) for b in np.asarray(estimate_boundaries(lengths, budget, args.num_buckets)).ravel()]
-            summary["budget"] = _plain(budget)
-            summary["bucket_boundaries"] = [_plain(b) for b in boundaries]
-    if args.plot:
-        summary["plot"] = _plot(lengths, index, boundaries, args.plot)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print_summary(summary, index, budget, boundaries)
-    if note:
-        print(f"{PROG}: note: {note}", file=sys.stderr)
-    return 0
-
-
-def _plain(x: float) -> float | int:
-    x = float(x)
-    return int(x) if x.is_integer() else x
-
-
-def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, boundaries: list[float] | None) -> None:
-    spu = index.seconds_per_unit()
-    unit = index.unit + (f" @ {index.sample_rate} Hz" if index.unit == "samples" and index.sample_rate else "")
-
-    def both(x: float) -> str:
-        return f"{_fmt(x)} {index.unit}" + (f" ({float(x) * spu:.2f} s)" if spu and index.unit != "seconds" else "")
-
-    rows = [("dataset", s["dataset"]), ("unit", unit), ("shards", f"{s['num_shards']:,}"),
-            ("samples", f"{s['num_samples']:,}")]
-    if s["num_samples"]:
-        total = f"{_fmt(s['total_length'])} {index.unit}"
-        if "total_hours" in s:
-            total = f"{_hours(s['total_hours'])} ({total})"
-        rows += [("total", total), ("min", both(s["min"])), ("mean", both(s["mean"])), ("max", both(s["max"]))]
-    skipped = index.meta.get("skipped")
-    if skipped:
-        rows.append(("skipped", f"{skipped} bad inputs when written (errors.jsonl)"))
-    for k, v in rows:
-        print(f"{k:<10} {v}")
-    if s["num_samples"]:
-        print("length percentiles:")
-        for p, v in s["percentiles"].items():
-            print(f"  p{p:<3} {both(v)}")
-    if budget is not None:
-        print(f"budget     {both(budget)} [{s['budget_source']}]")
-    if boundaries is not None:
-        print(f"buckets    {len(boundaries)} boundaries: " + ", ".join(both(b) for b in boundaries))
-    if s.get("plot"):
-        print(f"plot       {s['plot']}")
-
-
-def _plot(lengths, index: ShardIndex, boundaries: list[float] | None, path: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ShardifyError("--plot needs matplotlib: pip install 'streambatch[plot]'") from None
-    spu = index.seconds_per_unit()
-    scale, label = (spu, "seconds") if spu else (1.0, index.unit)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.hist(lengths * scale, bins=min(100, max(10, int(len(lengths) ** 0.5))), color="#4477aa")
-    for b in boundaries or []:
-        ax.axvline(b * scale, color="#cc6677", linewidth=0.8)
-    ax.set_xlabel(f"length ({label})")
-    ax.set_ylabel("samples")
-    ax.set_title(f"{index.num_samples:,} samples in {index.num_shards:,} shards"
-                 + (" (lines: bucket boundaries)" if boundaries else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return inspect_dataset(_load(args), args.out, args.budget, args.num_buckets, args.plot, args.json)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -450,15 +337,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---- entry point -------------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .fit.calibrate import main as calibrate_main
+    from .fit.calibrate import run_cli
 
-    return int(calibrate_main(args.rest, prog=f"{PROG} calibrate"))
+    return int(run_cli(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["calibrate"]:  # its own argument parser (python -m streambatch.calibrate)
-        return cmd_calibrate(argparse.Namespace(rest=argv[1:]))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -467,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    if args.func is cmd_calibrate:  # runs the user's step: its errors keep their full traceback
+        return cmd_calibrate(args)
     try:
         return args.func(args)
     except InputErrors as e:

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from streambatch.plan.cost import PackedCost, resolve_cost
-from streambatch.plan.batcher import BucketBatcher, SampleTooLongError, estimate_boundaries, plan_batches, sorted_oracle
+from streambatch.plan.batcher import BucketBatcher, SampleTooLongError, plan_batches, sorted_oracle
+from streambatch.plan.buckets import estimate_boundaries
+from streambatch.plan.config import BatchingConfig
 from streambatch.synthetic import DISTRIBUTIONS
 
 
@@ -102,7 +104,7 @@ def test_online_push_equals_plan(case):
     opts = dict(opts)
     boundaries = opts.pop("bucket_boundaries", None)
     opts["cost"] = PackedCost() if opts.pop("packed", False) else resolve_cost(opts.get("cost"), opts.pop("quadratic_factor", None))[0]
-    b = BucketBatcher(budget, boundaries, **opts)
+    b = BucketBatcher(BatchingConfig(budget, boundaries, **opts))
     online = []
     for i, x in enumerate(lengths.tolist()):
         online.extend(b.push(i, x))

@@ -16,18 +16,12 @@ import pytest
 import torch
 
 import streambatch.fit.calibrate as calib
+import streambatch.fit.memory as memory
 from streambatch.plan.batcher import plan_batches
-from streambatch.fit.calibrate import (
-    CalibrationError,
-    OOMGuard,
-    Trial,
-    calibrate,
-    default_make_batch,
-    fit_memory_model,
-    run_with_oom_split,
-    search_max_batch,
-    split_batch,
-)
+from streambatch.fit.calibrate import calibrate, default_make_batch
+from streambatch.fit.memory import CalibrationError, Trial
+from streambatch.fit.oom import OOMGuard, run_with_oom_split, split_batch
+from streambatch.fit.search import fit_memory_model, search_max_batch
 from streambatch.plan.cost import PaddedCost, QuadraticCost, resolve_cost
 from streambatch.dataset.index import ShardIndex, ShardInfo
 
@@ -164,7 +158,7 @@ def test_cuda_path_catches_out_of_memory_and_measures_the_peak(monkeypatch):
     }
     for name, fn in fake.items():
         monkeypatch.setattr(torch.cuda, name, fn)
-    monkeypatch.setattr(calib.gc, "collect", lambda *a: 0)  # a full collection per trial is slow under pytest
+    monkeypatch.setattr(memory.gc, "collect", lambda *a: 0)  # a full collection per trial is slow under pytest
 
     def make_step(need):
         def step(batch):

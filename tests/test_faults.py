@@ -19,7 +19,8 @@ import torch
 from faultproxy import Rule
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.read.cache import ShardCache, cache_name
-from streambatch.read.reader import ReadOptions, TooManyBadShards, read_pieces, read_shard
+from streambatch.read.faults import TooManyBadShards
+from streambatch.read.reader import ReadOptions, read_pieces, read_shard
 from streambatch.read.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
 from streambatch.plan.shards import Piece
 

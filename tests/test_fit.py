@@ -49,7 +49,7 @@ def test_calibration_file_gives_cost_and_budget(ds, tmp_path):
     calib.write_text(json.dumps({"format": "streambatch-calibration", "cost": "quadratic",
                                  "quadratic_factor": 4 * SR, "budget": BUDGET}))
     loader = StreamBatchLoader(ds, cost=str(calib))
-    assert loader.cfg.budget == BUDGET and loader.cfg.cost.factor == 4 * SR
+    assert loader.config.budget == BUDGET and loader.config.cost.factor == 4 * SR
     with pytest.raises(ValueError, match="budget"):
         StreamBatchLoader(ds)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streambatch.loader import BatchingConfig
+from streambatch.plan.config import BatchingConfig
 from streambatch.plan.epoch import consumed_ids, interleave, make_epoch_plan, per_worker
 from streambatch.synthetic import librispeech_like
 

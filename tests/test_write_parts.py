@@ -20,7 +20,8 @@ from streambatch.errors import ShardifyError
 from streambatch.dataset.index import ShardIndex
 from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset
-from streambatch.write.writer import merge_parts, write_shards
+from streambatch.write.parts import merge_parts
+from streambatch.write.writer import write_shards
 
 
 def samples_of(out) -> list[tuple]:

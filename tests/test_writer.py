@@ -15,11 +15,12 @@ import soundfile as sf
 import webdataset as wds
 
 from conftest import SR, make_audio, write_jsonl
-from streambatch.write import writer
+from streambatch.write import probe, tarwrite, writer
 from streambatch.errors import InputErrors, ShardifyError
 from streambatch.dataset.index import ShardIndex
 from streambatch.write.verify import verify_dataset
-from streambatch.write.writer import parse_size, plan_shards, write_shards
+from streambatch.write.tarwrite import plan_shards
+from streambatch.write.writer import parse_size, write_shards
 
 
 def read_back(out) -> list[dict]:
@@ -326,7 +327,7 @@ def test_crash_inside_a_shard_leaves_no_partial_shard(tmp_path, audio_folder, mo
         f.write(b"\0" * 1000)
         raise OSError("read error")
 
-    monkeypatch.setattr(writer, "_write_tar", broken_tar)
+    monkeypatch.setattr(tarwrite, "_write_tar", broken_tar)
     with pytest.raises(OSError):
         write_shards(str(folder), str(out), progress=False)
     assert os.listdir(out) == []
@@ -360,8 +361,8 @@ def test_planned_sizes_match_the_tar_for_long_and_unicode_names(tmp_path):
     for src in (d, m):
         out = tmp_path / f"out-{src.name}"
         index = write_shards(str(src), str(out), progress=False)
-        samples = writer.measure(*_records(src), progress=False)[0]
-        planned = writer.shard_tar_bytes(sum(s.tar_bytes for s in samples))
+        samples = probe.measure(*_records(src), progress=False)[0]
+        planned = tarwrite.shard_tar_bytes(sum(s.tar_bytes for s in samples))
         assert index.shards[0].bytes == os.path.getsize(out / index.shards[0].url) == planned
         assert verify_dataset(index, progress=False) == []
     keys = sorted(s["__key__"] for s in read_back(tmp_path / "out-src"))

@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from streambatch.loader import BatchingConfig  # noqa: E402
+from streambatch.plan.config import BatchingConfig  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
 from streambatch.synthetic import librispeech_like  # noqa: E402
 

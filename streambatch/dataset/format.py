@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from typing import Callable, Iterable
 
+from .index import INDEX_NAME
+
 
 def size_problem(actual: int, expected: int | None) -> str | None:
     """``"size is N bytes, the index says M"`` when the sizes differ (None when they agree or none is known)."""
@@ -63,3 +65,15 @@ class HashingReader:
         while self.read(chunk):
             pass
         return self.digest
+
+
+# ---- file names: what a write leaves in its output folder ------------------------------------------
+# (``index.json`` itself is :data:`streambatch.dataset.index.INDEX_NAME`)
+SHARD_NAME = "shard-{:06d}.tar"
+ERRORS_NAME = "errors.jsonl"
+PART_SHARD_NAME = "shard-p{:04d}-{:06d}.tar"
+PART_INDEX_NAME = "index.part-{:04d}.json"
+PART_ERRORS_NAME = "errors.part-{:04d}.jsonl"
+PART_INDEX_GLOB = "index.part-*.json"
+#: the files ``--overwrite`` removes: only what the writer makes
+OUR_FILES = ("shard-*.tar", INDEX_NAME, ERRORS_NAME, "index.part-*.json", "errors.part-*.jsonl", "*.tmp*")

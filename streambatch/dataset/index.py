@@ -210,12 +210,6 @@ class ShardIndex:
         """Counts, totals and length percentiles (and hours for audio units)."""
         return length_stats(self.lengths, self.unit, self.seconds_per_unit(), num_shards=self.num_shards)
 
-    def bucket_boundaries(self, budget: float, num_buckets: int | None = None) -> np.ndarray:
-        """Bucket boundaries estimated from this dataset's lengths (see :func:`estimate_boundaries`)."""
-        from ..plan.batcher import estimate_boundaries
-
-        return estimate_boundaries(self.lengths, budget, num_buckets)
-
     @classmethod
     def merge(cls, indexes: Sequence["ShardIndex"]) -> "ShardIndex":
         """Concatenate the shards of several indexes (parts of one dataset, same unit and rate)."""

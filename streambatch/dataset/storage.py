@@ -281,6 +281,80 @@ def size(url: str, storage_options: dict | None = None) -> int:
     return int(fs.size(path))
 
 
+def open_random(url: str, storage_options: dict | None = None) -> IO[bytes]:
+    """Open for random-access reads (Parquet footers and row groups): object stores fetch exactly the ranges
+    asked for, with no read-ahead block around them."""
+    if is_local(url):
+        return open(local_path(url), "rb")
+    fs, path = filesystem(url, storage_options)
+    return fs.open(path, "rb", cache_type="none")
+
+
+class AtomicWriter:
+    """A file written under a temporary name and published whole, for streaming writes of big objects.
+
+    Local targets: a temporary file in the target's folder, fsync'ed by :meth:`finish` and renamed into place
+    by :meth:`publish` (atomic on POSIX), so several files can be finished first and published together.
+    Object stores: an upload that becomes visible only when :meth:`finish` completes it. :meth:`abort` throws
+    an unfinished file away. As a context manager: publish on success, abort on an exception.
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+        self.url, self.nbytes = url, None
+        self.tmp: str | None = None
+        if is_local(url):
+            self.dst = local_path(url)
+            os.makedirs(os.path.dirname(self.dst) or ".", exist_ok=True)
+            self.tmp = f"{self.dst}.tmp-{uuid.uuid4().hex[:8]}"
+            self.file: IO[bytes] = open(self.tmp, "wb")
+        else:
+            fs, path = filesystem(url, storage_options)
+            self.file = fs.open(path, "wb")
+
+    def finish(self) -> int:
+        """Flush, sync and close the file; returns its size in bytes."""
+        if self.nbytes is None:
+            self.file.flush()
+            size = self.file.tell()
+            if self.tmp is not None:
+                os.fsync(self.file.fileno())
+            self.file.close()
+            self.nbytes = int(size)
+        return self.nbytes
+
+    def publish(self) -> None:
+        """Make the finished file visible under its name."""
+        self.finish()
+        if self.tmp is not None:
+            os.replace(self.tmp, self.dst)
+            self.tmp = None
+
+    def abort(self) -> None:
+        """Throw the file away (best effort): nothing appears under its name."""
+        try:
+            if self.tmp is not None:
+                self.file.close()
+                if os.path.exists(self.tmp):
+                    os.remove(self.tmp)
+                self.tmp = None
+            elif self.nbytes is None:
+                discard = getattr(self.file, "discard", None)
+                if callable(discard):
+                    discard()  # s3fs: abort the multipart upload
+                self.file.closed = True  # type: ignore[misc]  # so closing it later does not upload the part
+        except Exception:  # noqa: BLE001 - cleaning up after another error: that error is the one to see
+            pass
+
+    def __enter__(self) -> "AtomicWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.publish()
+        else:
+            self.abort()
+
+
 def put_file_atomic(local_src: str, url: str, storage_options: dict | None = None) -> None:
     """Move/upload a finished local file to ``url`` so it appears only complete.
 
@@ -288,19 +362,9 @@ def put_file_atomic(local_src: str, url: str, storage_options: dict | None = Non
     Object stores: a single whole-object upload, which becomes visible only when complete.
     """
     if is_local(url):
-        dst = local_path(url)
-        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-        tmp = f"{dst}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(local_src, "rb") as fi, open(tmp, "wb") as fo:
-                while chunk := fi.read(1 << 22):
-                    fo.write(chunk)
-                fo.flush()
-                os.fsync(fo.fileno())
-            os.replace(tmp, dst)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with AtomicWriter(url) as w, open(local_src, "rb") as fi:
+            while chunk := fi.read(1 << 22):
+                w.file.write(chunk)
         return
     fs, path = filesystem(url, storage_options)
     fs.put_file(local_src, path)
@@ -309,18 +373,8 @@ def put_file_atomic(local_src: str, url: str, storage_options: dict | None = Non
 def write_bytes_atomic(url: str, data: bytes, storage_options: dict | None = None) -> None:
     """Write ``data`` to ``url`` so that readers see either nothing or the whole object."""
     if is_local(url):
-        dst = local_path(url)
-        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-        tmp = f"{dst}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dst)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with AtomicWriter(url) as w:
+            w.file.write(data)
         return
     fs, path = filesystem(url, storage_options)
     fs.pipe_file(path, data)

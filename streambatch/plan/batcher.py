@@ -1,25 +1,20 @@
-"""Rolling per-bucket buffers → batches whose padded cost ``n × max_len`` never exceeds the budget.
+"""The batcher: a bounded, length-sorted window of samples cut greedily into budget-bounded batches.
 
-One algorithm, two drivers: :class:`BucketBatcher` takes samples one at a time (the loader feeds it as
-shards stream), and :func:`plan_batches` runs the very same batcher over a length array with no I/O (the
-benchmarks, ``len(loader)`` and the DDP planner use it). So the plan and the run cannot disagree.
-
-How a batch forms: every sample goes to the bucket its length falls in. A bucket closes its batch when the
-next sample would push ``n × max_len`` over the budget (or past ``max_batch_size``), or as soon as no
-further sample of that bucket could fit. Batches are therefore full and their padding is bounded by the
-bucket's width. If all buckets together hold ``buffer_size`` samples, the bucket closest to full is emitted
-early. At the end of the stream the leftovers of all buckets are sorted and packed together.
+One algorithm, two drivers: :class:`BucketBatcher` takes samples one at a time (the online path, without an
+index), and :func:`plan_batches` / :meth:`BucketBatcher.plan` run the very same batcher over a length array
+with no I/O (the epoch planner, ``len(loader)`` and the benchmarks). So the plan and the run cannot disagree.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
+from .config import BatchingConfig, slot_seed
+from .cost import PaddedCost
 
 
 class SampleTooLongError(ValueError):
@@ -43,54 +38,6 @@ class BatchPlan(list):
         return int(sum(len(b) for b in self))
 
 
-def estimate_boundaries(lengths: np.ndarray, budget: float, num_buckets: int | None = None) -> np.ndarray:
-    """Bucket boundaries for ``lengths`` under ``budget``: the upper edges of all buckets but the last.
-
-    Boundaries sit at the lengths where a batch's capacity ``floor(budget / max_len)`` changes
-    (``budget / k``), so every sample of a bucket fits the same number of times in a batch and a full
-    bucket batch wastes no capacity. Where those classes are narrower than the data needs (short samples,
-    many per batch), neighbouring classes are merged so that each bucket holds about ``1/num_buckets`` of
-    the samples. The default ``num_buckets`` grows with the capacity spread, capped at 64.
-    """
-    lengths = np.asarray(lengths, dtype=np.float64)
-    lengths = lengths[(lengths > 0) & (lengths <= budget)]
-    if lengths.size == 0:
-        return np.zeros(0)
-    lo, hi = float(lengths.min()), float(lengths.max())
-    kmax = int(budget // lo)  # most samples per batch
-    kmin = max(1, int(budget // hi))
-    if num_buckets is None:
-        num_buckets = int(min(64, max(8, 4 * math.log2(max(2, kmax / kmin)) + 8)))
-    num_buckets = max(1, int(num_buckets))
-    if num_buckets == 1:
-        return np.zeros(0)
-    # Candidate edges: capacity thresholds budget/k inside the data range (at most a few thousand).
-    ks = np.arange(kmin, min(kmax, kmin + 4096) + 1, dtype=np.float64)
-    edges = np.sort(budget / ks)
-    edges = edges[(edges > lo) & (edges < hi)]
-    # Equal-count targets; snap each to the capacity threshold just above it, so buckets stay whole classes.
-    targets = np.quantile(lengths, np.linspace(0, 1, num_buckets + 1)[1:-1])
-    if edges.size:
-        pos = np.searchsorted(edges, targets, side="left")
-        snapped = edges[np.minimum(pos, edges.size - 1)]
-        # keep a target un-snapped where the nearest threshold is far (very short samples, huge capacity)
-        far = np.abs(snapped - targets) > 0.05 * targets
-        bounds = np.where(far, targets, snapped)
-    else:
-        bounds = targets
-    return np.unique(bounds)
-
-
-def suggest_budget(lengths: np.ndarray, unit: str = "samples", sample_rate: int | None = None) -> float:
-    """A starting budget: room for about 32 median samples, and never less than the longest sample."""
-    lengths = np.asarray(lengths)
-    if lengths.size == 0:
-        return 0.0
-    b = max(float(np.percentile(lengths, 50)) * 32, float(lengths.max()))
-    step = sample_rate if (unit == "samples" and sample_rate) else 1
-    return float(math.ceil(b / step) * step)
-
-
 class BucketBatcher:
     """Online batcher over a bounded, length-sorted window of samples.
 
@@ -104,46 +51,23 @@ class BucketBatcher:
     emission order stays random (no correlation of length with position in the epoch).
     """
 
-    def __init__(
-        self,
-        budget: float,
-        boundaries: Sequence[float] | np.ndarray | None = None,
-        *,
-        max_batch_size: int | None = None,
-        batch_size_multiple_of: int = 1,
-        buffer_size: int = 2_000,
-        refill: int | None = None,
-        min_length: float = 0,
-        max_length: float | None = None,
-        drop_last: bool = False,
-        strict: bool = False,
-        shuffle: bool = True,
-        seed: int | Sequence[int] = 0,
-        pad_to_multiple_of: int | None = None,
-        cost: CostModel | None = None,
-    ):
-        if not budget or budget <= 0:
-            raise ValueError(f"budget must be positive, got {budget}")
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
-        if batch_size_multiple_of < 1:
-            raise ValueError(f"batch_size_multiple_of must be at least 1, got {batch_size_multiple_of}")
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
-        self.budget = float(budget)
-        self.boundaries = np.asarray(sorted(float(b) for b in (boundaries if boundaries is not None else ())))
-        self.max_batch_size = int(max_batch_size) if max_batch_size else 1 << 40
-        self.multiple = int(batch_size_multiple_of)
-        self.buffer_size = int(buffer_size)
-        self.refill = max(1, int(refill) if refill else self.buffer_size // 4)
-        self.min_length = float(min_length or 0)
-        self.max_length = float(max_length) if max_length is not None else math.inf
-        self.cost = cost if cost is not None else PaddedCost()
-        self.drop_last = drop_last
-        self.strict = strict
-        self.shuffle = shuffle
-        self.pad_multiple = int(pad_to_multiple_of or 1)
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None):
+        c = config
+        self.config = c
+        self.budget = float(c.budget)
+        self.boundaries = c.bucket_boundaries if c.bucket_boundaries is not None else np.zeros(0)
+        self.max_batch_size = int(c.max_batch_size) if c.max_batch_size else 1 << 40
+        self.multiple = int(c.batch_size_multiple_of)
+        self.buffer_size = int(c.buffer_size)
+        self.refill = max(1, int(c.refill) if c.refill else self.buffer_size // 4)
+        self.min_length = float(c.min_length or 0)
+        self.max_length = float(c.max_length) if c.max_length is not None else math.inf
+        self.cost = c.cost if c.cost is not None else PaddedCost()
+        self.drop_last = c.drop_last
+        self.strict = c.strict
+        self.shuffle = c.shuffle
+        self.pad_multiple = int(c.pad_to_multiple_of or 1)
+        self.rng = np.random.default_rng(c.seed if seed is None else seed)
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
         self.held = 0
@@ -226,6 +150,11 @@ class BucketBatcher:
         if not self.held:
             return []
         return self._round(final=True)
+
+    @classmethod
+    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int) -> "BucketBatcher":
+        """A fresh batcher whose shuffle is seeded for one (rank, worker) slot of one epoch."""
+        return cls(config, seed=slot_seed(config.seed, epoch, slot))
 
     def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
         """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions."""
@@ -392,51 +321,23 @@ def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator
 
 def plan_batches(
     lengths: Sequence[float] | np.ndarray,
-    budget: float,
+    budget: float | None = None,
     *,
-    bucket_boundaries: Sequence[float] | np.ndarray | None = None,
-    num_buckets: int | None = None,
-    max_batch_size: int | None = None,
-    batch_size_multiple_of: int = 1,
-    buffer_size: int = 2_000,
-    refill: int | None = None,
-    min_length: float = 0,
-    max_length: float | None = None,
-    drop_last: bool = False,
-    strict: bool = False,
-    shuffle: bool = True,
-    seed: int | Sequence[int] = 0,
-    pad_to_multiple_of: int | None = None,
-    cost: CostModel | str | None = None,
-    quadratic_factor: float | None = None,
-    packed: bool = False,
+    config: BatchingConfig | None = None,
+    **options: Any,
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
 
-    Pure and without I/O: the same :class:`BucketBatcher` the loader runs, fed with the whole array.
-    ``num_buckets`` estimates boundaries from ``lengths`` (:func:`estimate_boundaries`); without
-    boundaries every batch is cut from the sorted window directly, which pads least.
+    Pure and without I/O: the same :class:`BucketBatcher` the loader runs, fed with the whole array. Give a
+    :class:`BatchingConfig`, or its options by name (:meth:`BatchingConfig.make`: ``num_buckets`` estimates
+    boundaries from ``lengths``; without boundaries every batch is cut from the sorted window directly).
     """
     lengths = np.asarray(lengths)
-    if bucket_boundaries is None and num_buckets:
-        bucket_boundaries = estimate_boundaries(lengths, budget, num_buckets)
-    batcher = BucketBatcher(
-        budget,
-        bucket_boundaries,
-        max_batch_size=max_batch_size,
-        batch_size_multiple_of=batch_size_multiple_of,
-        buffer_size=buffer_size,
-        refill=refill,
-        min_length=min_length,
-        max_length=max_length,
-        drop_last=drop_last,
-        strict=strict,
-        shuffle=shuffle,
-        seed=seed,
-        pad_to_multiple_of=pad_to_multiple_of,
-        cost=PackedCost() if packed else resolve_cost(cost, quadratic_factor)[0],
-    )
-    return batcher.plan(lengths)
+    if config is None:
+        config = BatchingConfig.make(budget, lengths, **options)
+    elif budget is not None or options:
+        raise TypeError("pass either config= or the batching options, not both")
+    return BucketBatcher(config).plan(lengths)
 
 
 def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None = None) -> list[np.ndarray]:

@@ -1,20 +1,9 @@
 """Node-local shard cache: each shard is downloaded once per node, however many ranks and workers read it.
 
-Layout under ``cache_dir``::
-
-    objects/<hash>-<name>            complete, verified shards (mtime = last use, for LRU eviction)
-    objects/.<hash>-<name>.tmp-...   a download in progress
-    locks/<hash>-<name>.lock         one lock file per shard (fcntl.flock)
-    .evict.lock                      held while making room
-
-A process that needs a shard takes the shard's exclusive lock, checks again whether another process has
-finished it meanwhile, else downloads it to a temporary name, checks size (and sha256) and renames it into
-place; the others wait on the lock and then find it complete. ``flock`` locks die with their process, so a
-killed job never leaves a lock held; its temporary files are removed by the next process that takes the
-lock (nobody else can be writing them) or by the sweep when a cache is opened. Readers open the final file
-directly: a rename is atomic, so they see either nothing or the whole shard. Eviction removes the least
-recently used complete shards until the new one fits ``max_bytes``; a reader that has one open keeps
-reading it (POSIX unlink semantics).
+A process that needs a shard takes that shard's ``flock``; unless another process finished it meanwhile it
+downloads it to a temporary name and, once checked, renames it into place, so readers (who open the final
+file directly) see nothing or the whole shard. Least recently used shards are evicted to keep ``max_bytes``.
+Locks die with their process; a killed writer's temporary files are removed by the next one (or a sweep).
 """
 
 from __future__ import annotations
@@ -28,6 +17,8 @@ import os
 import re
 import uuid
 from typing import Callable, Iterator
+
+from ..dataset.format import size_problem
 
 log = logging.getLogger("streambatch")
 
@@ -86,8 +77,9 @@ class ShardCache:
             st = os.stat(p)
         except FileNotFoundError:
             return None
-        if size is not None and st.st_size != size:
-            log.warning("streambatch cache: %s has %d bytes, expected %d; fetching it again", p, st.st_size, size)
+        problem = size_problem(st.st_size, size)
+        if problem:
+            log.warning("streambatch cache: %s: %s; fetching it again", p, problem)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
             return None

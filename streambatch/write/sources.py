@@ -3,16 +3,8 @@ manifest, or a text JSONL.
 
 ``read_source(src)`` returns the records it could read and an ``InputProblem`` for every bad one (a line
 that is not JSON, a missing field, a duplicate key, ...). Nothing here opens an audio file: lengths are
-probed later, by the writer. Problems that make the whole source unusable (no such file, a SpeechBrain
+probed later (``probe.py``). Problems that make the whole source unusable (no such file, a SpeechBrain
 JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) raise ``ShardifyError``.
-
-Kinds:
-  ``folder``       a folder of audio files, recursive; ``NAME.txt`` beside ``NAME.wav`` is its transcript
-  ``manifest``     JSONL, one object per line with an audio path (``audio_filepath``, ``path``, ``wav`` or
-                   ``file_path``) and ``duration`` (or ``length``); NeMo manifests work as they are
-  ``speechbrain``  SpeechBrain JSON ``{id: {"wav": ..., "length"|"duration": ...}}`` or CSV
-                   ``ID,duration,wav,...``, with ``{data_root}`` / ``$data_root`` placeholders
-  ``text``         JSONL with ``text`` and/or ``input_ids`` (a precomputed ``length`` is honoured)
 """
 
 from __future__ import annotations

@@ -1,110 +1,94 @@
 """``shardify verify``: re-read every shard and check it against ``index.json``.
 
-Per shard: it exists, its byte size and sha256, its sample count and keys (``keys_sha1`` and the order of
-samples), and per sample: a ``.json`` member and a payload, and the ``.json`` length equal to the index's.
+Shards are read with the training reader's own tar parser (``dataset/tar.py``), so a shard that verifies is
+one the loader reads. Per shard: it exists, its size and sha256, its sample count and keys (``keys_sha1``);
+per sample: a ``.json`` member and a payload, and the ``.json`` length equal to the index's.
 """
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import sys
-import tarfile
-from typing import Any
+from operator import itemgetter
+from typing import Any, Iterable
 
 from tqdm import tqdm
 
 from ..dataset import storage
+from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
-from .writer import keys_sha1
+from ..dataset.tar import iter_members, split_name
+from ..errors import ShardReadError
 
 
-class _HashingReader:
-    def __init__(self, f):
-        self.f, self.h = f, hashlib.sha256()
+class _SampleChecks:
+    """The per-sample checks of one shard, fed its members in tar order; ``keys`` are the samples read."""
 
-    def read(self, n: int = -1) -> bytes:
-        b = self.f.read(n)
-        self.h.update(b)
-        return b
+    def __init__(self, info: ShardInfo):
+        self.info = info
+        self.keys: list[str] = []
+        self.seen: set[str] = set()
+        self.bad: list[str] = []
 
-    def drain(self) -> None:
-        while self.read(1 << 20):
-            pass
+    def read(self, members: Iterable[tuple[str, bytes]]) -> None:
+        """Group consecutive members with the same key into samples and check each."""
+        named = ((*split_name(name), data) for name, data in members)
+        for key, group in itertools.groupby(named, key=itemgetter(0)):
+            sample: dict[str, Any] = {"key": key, "exts": []}
+            for _, ext, data in group:
+                sample["exts"].append(ext)
+                if ext == "json":
+                    try:
+                        sample["length"] = json.loads(data).get("length")
+                    except (ValueError, AttributeError) as e:
+                        sample["bad_json"] = True
+                        self.bad.append(f"{key}.json: not a JSON object ({e})")
+            self._finish(sample)
 
-
-def split_member_name(name: str) -> tuple[str, str]:
-    """``(key, extension)`` as webdataset groups members: the key ends at the first dot of the basename."""
-    d, _, base = name.rpartition("/")
-    stem, _, ext = base.partition(".")
-    return (f"{d}/{stem}" if d else stem), ext
+    def _finish(self, s: dict[str, Any]) -> None:
+        i = len(self.keys)
+        self.keys.append(s["key"])
+        where = f"sample {i} ({s['key']})"
+        if s["key"] in self.seen:
+            self.bad.append(f"{where}: key appears twice")
+        self.seen.add(s["key"])
+        if "json" not in s["exts"]:
+            self.bad.append(f"{where}: no .json member")
+        if not [e for e in s["exts"] if e != "json"]:
+            self.bad.append(f"{where}: no payload member")
+        length = s.get("length")
+        if "json" in s["exts"] and not s.get("bad_json") and i < self.info.count:
+            want = self.info.lengths[i]
+            if length is None or not _same_length(length, want):
+                self.bad.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
 
 
 def verify_shard(url: str, info: ShardInfo, storage_options: dict | None = None, max_listed: int = 5) -> list[str]:
     """Problems of one shard against its index entry (empty when it matches)."""
     if not storage.exists(url, storage_options):
         return ["missing"]
-    problems: list[str] = []
-    nbytes = storage.size(url, storage_options)
-    if nbytes != info.bytes:
-        problems.append(f"size is {nbytes} bytes, the index says {info.bytes}")
-    keys: list[str] = []
-    bad_samples: list[str] = []
-    current: dict[str, Any] | None = None
-
-    def finish(s: dict[str, Any] | None) -> None:
-        if s is None:
-            return
-        i = len(keys)
-        keys.append(s["key"])
-        where = f"sample {i} ({s['key']})"
-        if s["key"] in seen:
-            bad_samples.append(f"{where}: key appears twice")
-        seen.add(s["key"])
-        if "json" not in s["exts"]:
-            bad_samples.append(f"{where}: no .json member")
-        if not [e for e in s["exts"] if e != "json"]:
-            bad_samples.append(f"{where}: no payload member")
-        length = s.get("length")
-        if "json" in s["exts"] and not s.get("bad_json") and i < info.count:
-            want = info.lengths[i]
-            if length is None or not _same_length(length, want):
-                bad_samples.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
-
-    seen: set[str] = set()
+    problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]
+    checks = _SampleChecks(info)
     try:
         with storage.open_url(url, "rb", storage_options) as f:
-            reader = _HashingReader(f)
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for m in tar:
-                    if not m.isfile():
-                        continue
-                    key, ext = split_member_name(m.name)
-                    if current is None or current["key"] != key:
-                        finish(current)
-                        current = {"key": key, "exts": []}
-                    current["exts"].append(ext)
-                    if ext == "json":
-                        try:
-                            current["length"] = json.loads(tar.extractfile(m).read()).get("length")
-                        except (ValueError, AttributeError) as e:
-                            current["bad_json"] = True
-                            bad_samples.append(f"{key}.json: not a JSON object ({e})")
-                finish(current)
-            reader.drain()
-            sha = reader.h.hexdigest()
-    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-        problems.append(f"unreadable tar after {len(keys)} samples ({type(e).__name__}: {e})")
+            reader = HashingReader(f.read)
+            checks.read(iter_members(reader, url))
+            sha = reader.drain().hexdigest()
+    except (ShardReadError, OSError, ValueError) as e:
+        msg = str(e).removeprefix(f"{url}: ")
+        problems.append(f"unreadable tar after {len(checks.keys)} samples ({type(e).__name__}: {msg})")
         sha = None
-    if sha is not None and info.sha256 and sha != info.sha256:
-        problems.append(f"sha256 is {sha[:12]}..., the index says {info.sha256[:12]}...")
-    if len(keys) != info.count and sha is not None:
-        problems.append(f"{len(keys)} samples, the index says {info.count}")
-    if sha is not None and info.keys_sha1 and keys_sha1(keys) != info.keys_sha1:
-        problems.append("keys differ from the index (keys_sha1 mismatch: a sample added, removed, renamed or reordered)")
-    problems += bad_samples[:max_listed]
-    if len(bad_samples) > max_listed:
-        problems.append(f"... and {len(bad_samples) - max_listed} more sample problems")
+    if sha is not None:
+        problems += [p for p in [sha256_problem(sha, info.sha256)] if p]
+        if len(checks.keys) != info.count:
+            problems.append(f"{len(checks.keys)} samples, the index says {info.count}")
+        if info.keys_sha1 and keys_sha1(checks.keys) != info.keys_sha1:
+            problems.append("keys differ from the index (keys_sha1 mismatch: a sample added, removed, renamed or "
+                            "reordered)")
+    problems += checks.bad[:max_listed]
+    if len(checks.bad) > max_listed:
+        problems.append(f"... and {len(checks.bad) - max_listed} more sample problems")
     return problems
 
 

@@ -1,0 +1,48 @@
+"""What a user's ``source`` names: a dataset folder or index (planned reading), or shard URLs (online)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import braceexpand
+
+from . import storage
+from .index import INDEX_NAME, ShardIndex
+
+
+def expand_urls(source: str | Sequence[str]) -> list[str]:
+    """Brace-expand a shard pattern (or each of a list of them) into URLs."""
+    items = [source] if isinstance(source, str) else list(source)
+    out: list[str] = []
+    for item in items:
+        out.extend(braceexpand.braceexpand(str(item)))
+    return out
+
+
+def resolve_source(
+    source: str | Sequence[str], index: str | ShardIndex | None, storage_options: dict | None
+) -> tuple[ShardIndex | None, list[str]]:
+    """(index or None, shard URLs) for a dataset folder, an index file, a shard pattern or a URL list."""
+    if isinstance(index, ShardIndex):
+        return index, index.shard_urls()
+    if index is not None:
+        ix = ShardIndex.load(str(index), storage_options)
+        return ix, ix.shard_urls()
+    if isinstance(source, ShardIndex):
+        return source, source.shard_urls()
+    if isinstance(source, (list, tuple)):
+        return None, expand_urls(source)
+    source = str(source)
+    if source.endswith(".json"):
+        ix = ShardIndex.load(source, storage_options)
+        return ix, ix.shard_urls()
+    if source.endswith(".tar") or "{" in source:
+        return None, expand_urls(source)
+    index_url = storage.join_url(source, INDEX_NAME)
+    if not storage.exists(index_url, storage_options):
+        raise FileNotFoundError(
+            f"{source}: no {INDEX_NAME} here. Pass a dataset folder written by `shardify write`, an index file, "
+            f"a shard pattern like '{source}/shard-{{000000..000009}}.tar', or a list of shard URLs."
+        )
+    ix = ShardIndex.load(index_url, storage_options)
+    return ix, ix.shard_urls()

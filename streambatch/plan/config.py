@@ -1,0 +1,94 @@
+"""BatchingConfig: the one object that says which batches form.
+
+Every part that forms batches takes it — :func:`plan_batches`, :class:`BucketBatcher`, the epoch planner and
+the loader's workers — so the options are spelled out once, here, and a plan and a run cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .buckets import estimate_boundaries
+from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Everything that decides which batches form; identical on every rank and worker.
+
+    ``budget`` bounds each batch's cost (``n × max_len`` for the default padded cost) in the dataset's unit;
+    the README's "Batching options" table describes every field.
+    """
+
+    budget: float
+    bucket_boundaries: np.ndarray | None = None
+    max_batch_size: int | None = None
+    batch_size_multiple_of: int = 1
+    buffer_size: int = 2_000
+    refill: int | None = None
+    min_length: float = 0
+    max_length: float | None = None
+    drop_last: bool = False
+    strict: bool = False
+    shuffle: bool = True
+    seed: int | Sequence[int] = 0
+    pad_to_multiple_of: int | None = None
+    cost: CostModel = field(default_factory=PaddedCost)
+
+    def __post_init__(self) -> None:
+        if not self.budget or not self.budget > 0:
+            raise ValueError(f"budget must be positive, got {self.budget}")
+        if self.buffer_size < 1:
+            raise ValueError(f"buffer_size must be at least 1, got {self.buffer_size}")
+        if self.batch_size_multiple_of < 1:
+            raise ValueError(f"batch_size_multiple_of must be at least 1, got {self.batch_size_multiple_of}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.bucket_boundaries is not None:
+            edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
+            object.__setattr__(self, "bucket_boundaries", edges)
+
+    @classmethod
+    def make(
+        cls,
+        budget: float | None,
+        lengths: np.ndarray | None = None,
+        *,
+        num_buckets: int | None = None,
+        cost: Any = None,
+        quadratic_factor: float | None = None,
+        packed: bool = False,
+        **options: Any,
+    ) -> "BatchingConfig":
+        """A config from user-facing options: ``cost`` by name, callable or calibration file (whose budget
+        is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries estimated from
+        ``lengths``. ``options`` are the other fields; an unknown name is a clear ``TypeError``."""
+        unknown = sorted(set(options) - set(FIELDS))
+        if unknown:
+            raise TypeError(f"unknown batching option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+        model, calibrated = (PackedCost(), None) if packed else resolve_cost(cost, quadratic_factor)
+        if budget is None:
+            budget = calibrated
+        if options.get("bucket_boundaries") is None and num_buckets:
+            if lengths is None:
+                raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
+            options["bucket_boundaries"] = estimate_boundaries(np.asarray(lengths), budget, num_buckets)
+        return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
+
+    def replace(self, **changes: Any) -> "BatchingConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+#: the option names BatchingConfig takes as fields (``make`` takes these plus num_buckets/cost/packed)
+FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))
+#: every keyword :meth:`BatchingConfig.make` understands besides ``budget`` and ``lengths``
+OPTIONS = FIELDS + ("num_buckets", "cost", "quadratic_factor", "packed")
+
+
+def slot_seed(seed: Any, epoch: int, slot: int) -> list[int]:
+    """The batcher seed of one (rank, worker) slot in one epoch: the same on every rank."""
+    return [int(seed) & 0xFFFFFFFF, int(epoch), int(slot)]

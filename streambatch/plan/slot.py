@@ -1,0 +1,167 @@
+"""One (rank, worker) slot's plan: its pieces, its batches, and the adjustments that equalise the ranks.
+
+The planner decides an :class:`Adjust` per slot; each DataLoader worker re-plans its own slot and applies that
+same :class:`Adjust` with :func:`apply_adjust`. Both sides use the one split rule here (:func:`halve_largest`),
+so what the planner counted is what the workers yield.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .config import BatchingConfig
+from .batcher import BucketBatcher
+from .shards import Piece, epoch_rng
+
+
+@dataclass
+class SlotPlan:
+    """One slot's epoch: pieces to stream, the global ids of its samples in stream order, and its batches
+    (arrays of stream positions). ``repeat[i]`` marks batch ``i`` as a repeat of batch ``i - 1`` (pad)."""
+
+    pieces: list[Piece]
+    gids: np.ndarray
+    batches: list[np.ndarray]
+    repeat: list[bool] = field(default_factory=list)
+    skipped: int = 0
+    dropped: int = 0
+
+
+@dataclass
+class Adjust:
+    """What one slot does to its own batches: split the ``split`` largest, repeat ``pad`` chosen ones, yield
+    the first ``take``, and with ``hardest`` move its most expensive batch to the front."""
+
+    split: int = 0
+    pad: int = 0
+    take: int = -1
+    hardest: bool = False
+
+
+def global_offsets(shard_counts: Sequence[int]) -> np.ndarray:
+    """Global id of each shard's first sample (ids run over shards in index order)."""
+    return np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
+
+
+def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: np.ndarray | None) -> np.ndarray:
+    """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
+    if not pieces:
+        return np.zeros(0, dtype=np.int64)
+    gids = np.concatenate([np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop) for p in pieces])
+    if excluded is not None:
+        gids = gids[~excluded[gids]]
+    return gids
+
+
+def plan_slot(
+    pieces: list[Piece],
+    all_lengths: np.ndarray,
+    offsets: np.ndarray,
+    config: BatchingConfig,
+    epoch: int,
+    slot: int,
+    excluded: np.ndarray | None = None,
+) -> SlotPlan:
+    """One slot's batches before equalisation: the slot's batcher run over its stream's lengths."""
+    gids = slot_stream(pieces, offsets, excluded)
+    bp = BucketBatcher.for_slot(config, epoch, slot).plan(all_lengths[gids])
+    return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
+
+
+def largest(sizes: Any) -> int:
+    """Index of the first largest value."""
+    best, best_i = -1, 0
+    for i, n in enumerate(sizes):
+        if n > best:
+            best, best_i = n, i
+    return best_i
+
+
+def halve_largest(batches: list[Any]) -> None:
+    """The one split rule: cut the first largest batch in two in place (the first half the smaller).
+
+    The planner runs it on ``range(len(b))`` stand-ins to count steps, the workers on their real batches."""
+    i = largest(len(b) for b in batches)
+    b = batches[i]
+    h = len(b) // 2
+    batches[i:i + 1] = [b[:h], b[h:]]
+
+
+def apply_adjust(
+    plan: SlotPlan, adj: Adjust, seed: Any, epoch: int, slot: int, lengths: np.ndarray | None = None, cost: Any = None
+) -> SlotPlan:
+    """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
+    batches, repeat = list(plan.batches), list(plan.repeat)
+    for _ in range(adj.split):
+        halve_largest(batches)
+    if adj.split:
+        repeat = [False] * len(batches)
+    if adj.pad:
+        batches, repeat = _padded(batches, repeat, adj.pad, epoch_rng(seed, epoch, slot, 1))
+    if adj.hardest and batches:
+        h = hardest_batch(batches, repeat, lengths, cost)
+        batches.insert(0, batches.pop(h))
+        repeat.insert(0, repeat.pop(h))
+    if adj.take >= 0:
+        batches, repeat = batches[: adj.take], repeat[: adj.take]
+    return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped)
+
+
+def _padded(
+    batches: list[np.ndarray], repeat: list[bool], pad: int, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[bool]]:
+    """``pad`` seeded picks of batches, each repeated right after itself (marked as a repeat)."""
+    picks = np.sort(rng.choice(len(batches), size=pad, replace=pad > len(batches)))
+    count = np.bincount(picks, minlength=len(batches))
+    nb, nr = [], []
+    for i, b in enumerate(batches):
+        nb.append(b)
+        nr.append(repeat[i])
+        for _ in range(int(count[i])):
+            nb.append(b)
+            nr.append(True)
+    return nb, nr
+
+
+def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray | None, cost: Any) -> list[float]:
+    """Each batch's cost under the model, on its samples' lengths (``lengths`` indexed by stream position)."""
+    out = []
+    for b in batches:
+        x = lengths[b]
+        out.append(float(x.sum()) if cost.packed else float(cost.cost(len(b), float(x.max()))))
+    return out
+
+
+def hardest_batch(batches: Sequence[np.ndarray], repeat: Sequence[bool], lengths: np.ndarray, cost: Any) -> int:
+    """The most expensive batch that can move (not a repeat, not followed by its repeat); first on ties."""
+    costs = batch_costs(batches, lengths, cost)
+    best, best_i = -1.0, 0
+    for i, c in enumerate(costs):
+        movable = not repeat[i] and not (i + 1 < len(repeat) and repeat[i + 1])
+        if movable and c > best:
+            best, best_i = c, i
+    return best_i
+
+
+def interleave(counts: Sequence[int], start: int = 0) -> list[tuple[int, int]]:
+    """A torch DataLoader's order over iterable-dataset workers: round robin (beginning with worker
+    ``start``), skipping exhausted ones."""
+    nw = len(counts)
+    order = [(start + i) % nw for i in range(nw)]
+    out = []
+    for r in range(max(counts, default=0)):
+        for w in order:
+            if r < counts[w]:
+                out.append((w, r))
+    return out
+
+
+def per_worker(counts: Sequence[int], consumed: int, start: int = 0) -> list[int]:
+    """How many of each worker's batches are among the first ``consumed`` batches of the rank."""
+    done = [0] * len(counts)
+    for w, _ in interleave(counts, start)[:consumed]:
+        done[w] += 1
+    return done

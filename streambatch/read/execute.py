@@ -1,0 +1,247 @@
+"""Executing a slot's plan: streamed samples in, the planned batches out, in plan order.
+
+Each sample is held only until its planned batch is complete. Samples lost with a bad shard never stop a
+batch: they are re-drawn from what the worker already emitted (within the budget) or left out, and counted,
+so every worker still yields its planned number of batches and the ranks stay in step.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..plan.shards import Piece
+from ..plan.slot import SlotPlan
+from .faults import FaultLog, ShardFault
+
+
+def pieces_needed(
+    plan: SlotPlan, first: int, offsets: np.ndarray, excluded: np.ndarray | None
+) -> list[tuple[Piece, int]]:
+    """(piece, stream position of its first sample) for the pieces holding a sample of a batch still to
+    come; pieces whose samples were all consumed before a resume are not read again."""
+    needed_pos = np.zeros(len(plan.gids), dtype=bool)
+    for b in plan.batches[first:]:
+        needed_pos[b] = True
+    out, pos = [], 0
+    for p in plan.pieces:
+        lo, hi = int(offsets[p.shard]) + p.start, int(offsets[p.shard]) + p.stop
+        n = hi - lo if excluded is None else int((~excluded[lo:hi]).sum())
+        if needed_pos[pos:pos + n].any():
+            out.append((p, pos))
+        pos += n
+    return out
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Stream positions ``[lo, hi)`` came from a shard whose checksum failed after it was read."""
+
+    lo: int
+    hi: int
+    url: str
+
+
+def positioned(
+    samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: np.ndarray | None
+) -> Iterator[tuple[int, int, dict[str, Any] | None] | Invalid]:
+    """Stage: attach each streamed sample's position in the slot's stream and its global id; drop excluded ones.
+
+    Where a piece's shard went bad (a :class:`ShardFault` in the stream), each of its samples that did not
+    arrive comes as ``(pos, gid, None)``; a checksum that failed after the whole shard was read comes as an
+    :class:`Invalid` span of the positions that shard delivered."""
+    it = iter(samples)
+    spans: list[tuple[int, int]] = []
+    for j, (piece, pos) in enumerate(pieces):
+        lo = pos
+        base = int(offsets[piece.shard])
+        i = piece.start
+        while i < piece.stop:
+            s = next(it, None)
+            if s is None:
+                raise RuntimeError(
+                    f"shard {piece.shard} ended at sample {i}, before its planned end {piece.stop}; "
+                    "the index does not match the shards (check with `shardify verify`)"
+                )
+            if isinstance(s, ShardFault):
+                if s.ordinal < j:  # an earlier piece's checksum failed once it was read to the end
+                    yield Invalid(*spans[s.ordinal], s.url)
+                    continue
+                for rest in range(i, piece.stop):  # this piece broke: the rest of it is lost
+                    gid = base + rest
+                    if excluded is None or not excluded[gid]:
+                        yield pos, gid, None
+                        pos += 1
+                break
+            gid = base + i
+            i += 1
+            if excluded is not None and excluded[gid]:
+                continue
+            yield pos, gid, s
+            pos += 1
+        spans.append((lo, pos))
+    for s in it:
+        if isinstance(s, ShardFault) and s.invalidate and s.ordinal < len(spans):
+            yield Invalid(*spans[s.ordinal], s.url)
+
+
+class Reservoir:
+    """The last few samples a worker emitted, to re-draw samples lost with a bad shard."""
+
+    def __init__(self, size: int):
+        self.items: collections.deque[tuple[float, dict[str, Any]]] = collections.deque(maxlen=max(1, size))
+
+    def add(self, length: float, sample: dict[str, Any]) -> None:
+        self.items.append((length, sample))
+
+    def discard(self, url: str) -> None:
+        self.items = collections.deque((x for x in self.items if x[1].get("__url__") != url), maxlen=self.items.maxlen)
+
+    def pick(self, max_length: float, exclude: set[str]) -> dict[str, Any] | None:
+        """The longest sample not longer than ``max_length`` and not in ``exclude`` (latest on ties)."""
+        best, best_len = None, -1.0
+        for length, s in self.items:
+            if length <= max_length and length >= best_len and s["__key__"] not in exclude:
+                best, best_len = s, length
+        return best
+
+    def shortest(self) -> dict[str, Any] | None:
+        return min(self.items, key=lambda x: x[0])[1] if self.items else None
+
+
+_END = object()
+_MISMATCH = "the index does not match the shards (check with `shardify verify`)"
+
+
+class _Executor:
+    """The state of :func:`execute_plan`: samples held by stream position, positions lost, the reservoir."""
+
+    def __init__(self, samples: Iterator[Any], plan: SlotPlan, first: int, all_lengths: np.ndarray,
+                 faults: FaultLog | None, reservoir: int):
+        self.it = iter(samples)
+        self.plan, self.lengths, self.faults = plan, all_lengths, faults
+        self.needed = np.zeros(len(plan.gids), dtype=bool)
+        for b in plan.batches[first:]:
+            self.needed[b] = True
+        self.held: dict[int, dict[str, Any]] = {}
+        self.lost: set[int] = set()
+        self.pool = Reservoir(reservoir)
+        self.upto = -1
+
+    def count(self, name: str, n: int = 1) -> None:
+        if self.faults is not None and n:
+            self.faults.add(name, n)
+
+    def length(self, pos: int) -> float:
+        return float(self.lengths[self.plan.gids[pos]])
+
+    def pull(self) -> Any:
+        """Process one stream item; the position of a held sample, None, or _END."""
+        item = next(self.it, _END)
+        if item is _END:
+            return _END
+        if isinstance(item, Invalid):
+            gone = [p for p in self.held if item.lo <= p < item.hi]
+            for p in gone:
+                self.held.pop(p)
+                self.lost.add(p)
+            self.count("lost_samples", len(gone))
+            self.pool.discard(item.url)
+            return None
+        pos, gid, sample = item
+        self.upto = max(self.upto, pos)
+        if not self.needed[pos]:
+            return None
+        if sample is None:
+            self.lost.add(pos)
+            self.count("lost_samples")
+            return None
+        got = (sample.get("json") or {}).get("length")
+        if got is not None and got != self.lengths[gid]:
+            raise RuntimeError(
+                f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
+                f"{self.lengths[gid]}; {_MISMATCH}"
+            )
+        self.held[pos] = sample
+        return pos
+
+    def wait_for(self, pos: int, unformed: int) -> None:
+        """Read the stream until position ``pos`` has arrived."""
+        while self.upto < pos:
+            if self.pull() is _END:
+                raise RuntimeError(f"the stream ended with {unformed} planned batches unformed; {_MISMATCH}")
+
+    def form(self, b: np.ndarray) -> list[dict[str, Any]]:
+        """The batch of positions ``b``, with lost samples re-drawn where they can be."""
+        batch: list[dict[str, Any]] = []
+        fresh: list[tuple[float, dict[str, Any]]] = []
+        missing: list[int] = []
+        for i in b.tolist():
+            if i in self.lost:
+                self.lost.discard(i)
+                missing.append(i)
+            else:
+                s = self.held.pop(i)
+                batch.append(s)
+                fresh.append((self.length(i), s))
+        if missing:
+            self.refill(batch, missing, len(b))
+        for length, s in fresh:
+            self.pool.add(length, s)
+        return batch
+
+    def refill(self, batch: list[dict[str, Any]], missing: list[int], planned: int) -> None:
+        """Replace lost samples by emitted ones no longer than them; an emptied batch takes the shortest."""
+        keys = {s["__key__"] for s in batch}
+        for i in missing:
+            rep = self.pool.pick(self.length(i), keys)
+            if rep is not None:
+                batch.append(rep)
+                keys.add(rep["__key__"])
+                self.count("redrawn_samples")
+        if not batch:
+            rep = self.pool.shortest()
+            while rep is None:  # nothing emitted yet: take the next planned sample that arrives
+                r = self.pull()
+                if r is _END:
+                    raise RuntimeError(
+                        "every sample of this worker's planned batches was lost with bad shards; "
+                        "nothing is left to fill its batches (see the bad shards logged above)"
+                    )
+                if r is not None:
+                    rep = self.held[r]
+            batch.append(rep)
+            self.count("redrawn_samples")
+        if len(batch) < planned:
+            self.count("shrunk_batches")
+
+
+def execute_plan(
+    samples: Iterator[Any],
+    plan: SlotPlan,
+    first: int,
+    all_lengths: np.ndarray,
+    faults: FaultLog | None = None,
+    reservoir: int = 64,
+) -> Iterator[list[dict[str, Any]]]:
+    """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
+
+    ``samples`` come from :func:`positioned`. Batches ``plan.batches[first:]`` are yielded in plan order; a
+    batch marked as a repeat is yielded again from the samples of the one before it. Samples no remaining
+    batch needs are dropped on arrival; lost ones are re-drawn from the last ``reservoir`` emitted (counted).
+    """
+    todo, repeat = plan.batches[first:], plan.repeat[first:]
+    if not todo:
+        return
+    ex = _Executor(samples, plan, first, all_lengths, faults, reservoir)
+    last: list[dict[str, Any]] = []
+    for k, b in enumerate(todo):
+        if repeat[k] and k > 0:
+            yield list(last)
+            continue
+        ex.wait_for(int(b.max()), len(todo) - k)
+        last = ex.form(b)
+        yield last

@@ -1,0 +1,106 @@
+"""Fault accounting for a rank's readers: counters, the bad-shard budget and the faults themselves.
+
+Every worker counts retries, bytes, cache use and bad shards in its row of one shared array, so the main
+process and the other workers see the whole rank's numbers; past ``max_bad_shards`` bad shards in an epoch
+:class:`TooManyBadShards` stops it. :class:`ShardFault` marks, in a sample stream, where a shard went bad.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShardReadError
+
+log = logging.getLogger("streambatch")
+
+FAULT_FIELDS = (
+    "bad_shards", "lost_samples", "redrawn_samples", "shrunk_batches", "retries", "bytes_read",
+    "cache_downloads", "cache_hits",
+)
+
+
+class ChecksumMismatch(ShardReadError):
+    """The shard's sha256 differs from the index's (found once its last byte was read)."""
+
+
+class TooManyBadShards(RuntimeError):
+    """More bad shards in one epoch on one rank than ``max_bad_shards`` allows."""
+
+
+class FaultLog:
+    """One worker's fault counters: a row of ``counts`` (a [workers, fields] array, shared memory in the
+    loader, so the main process and the other workers see it), plus a flag per shard that went bad.
+    The bad-shard budget is checked against the sum over all rows (the whole rank)."""
+
+    def __init__(
+        self,
+        counts: np.ndarray | None = None,
+        bad: np.ndarray | None = None,
+        row: int = 0,
+        max_bad_shards: int = 2,
+        urls: Sequence[str] | None = None,
+        rank: int = 0,
+    ):
+        self.counts = counts if counts is not None else np.zeros((1, len(FAULT_FIELDS)), dtype=np.int64)
+        self.bad = bad
+        self.row = row
+        self.max_bad_shards = max_bad_shards
+        self.urls = urls
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to this worker's counter ``name`` (one of :data:`FAULT_FIELDS`)."""
+        with self._lock:
+            self.counts[self.row, FAULT_FIELDS.index(name)] += n
+
+    def total(self, name: str) -> int:
+        """The rank's total of counter ``name`` (all workers' rows)."""
+        return int(self.counts[:, FAULT_FIELDS.index(name)].sum())
+
+    def bad_shard(self, shard: int, url: str, reason: str) -> None:
+        """Count a bad shard (and log it); raise :class:`TooManyBadShards` past the budget. A shard already
+        counted on this rank this pass (another fault of the same shard) is logged, not counted again."""
+        if self.bad is not None and 0 <= shard < len(self.bad):
+            if self.bad[shard]:
+                log.info("streambatch: shard %s again: %s", url, reason)
+                return
+            self.bad[shard] = 1
+        self.add("bad_shards")
+        n = self.total("bad_shards")
+        if n > self.max_bad_shards:
+            raise TooManyBadShards(
+                f"{n} bad shards on rank {self.rank} this epoch, more than max_bad_shards={self.max_bad_shards}. "
+                f"Last: {reason}{self._listed()}. Check the data with `shardify verify`, rewrite or restore those "
+                "shards, or allow more with max_bad_shards=N"
+            )
+        log.warning(
+            "streambatch: skipping bad shard %s: %s (%d of at most %d bad shards on rank %d this epoch)",
+            url, reason, n, self.max_bad_shards, self.rank,
+        )
+
+    def _listed(self) -> str:
+        """``"; bad shards: URL, ..."`` (the first ten flagged shards), or ``""`` without flags or URLs."""
+        if self.bad is None or self.urls is None:
+            return ""
+        bad = [self.urls[i] for i in np.flatnonzero(np.asarray(self.bad))[:10]]
+        return "; bad shards: " + ", ".join(bad)
+
+
+@dataclass(frozen=True)
+class ShardFault:
+    """Marker in a :func:`~streambatch.read.reader.read_pieces` stream (``markers=True``): piece number
+    ``ordinal`` went bad after ``delivered`` of its samples. ``invalidate``: its checksum failed after all were
+    delivered, so the ones delivered should not be used any more where that is still possible."""
+
+    ordinal: int
+    shard: int
+    url: str
+    reason: str
+    delivered: int
+    invalidate: bool = False

@@ -1,0 +1,400 @@
+"""Getting a shard's bytes to the tar parser, as one unbroken stream per piece of a worker's plan.
+
+Three ways, picked per shard by :class:`Fetcher`: a local file is read directly; with a cache directory a
+remote shard is downloaded whole once per node (checked) and read from disk; otherwise it is read as range
+requests (:mod:`.ranges`) that resume where one broke, on demand or by a background read-ahead bounded by bytes.
+Size is checked against the index before any byte is used, the sha256 once the shard was read in full.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+from ..dataset.format import Digest, HashingReader, sha256_problem
+from ..dataset.storage import is_local, local_path
+from ..errors import ShardReadError
+from .faults import ChecksumMismatch, FaultLog
+from .ranges import Count, RangeReader, check_size
+from .retry import RetryPolicy
+
+
+class Job:
+    """The byte stream of one piece's shard, as the fetcher prepares it."""
+
+    def __init__(self, ordinal: int, url: str, shard: int, size: int | None, sha256: str | None):
+        self.ordinal, self.url, self.shard = ordinal, url, shard
+        self.expected_size, self.expected_sha = size, sha256
+        self.size: int | None = None
+        self.local: str | None = None  # read this local file (a local shard, or the cached copy)
+        self.verified = False  # the cached copy was checked in full when it was downloaded
+        self.error: BaseException | None = None
+        self.ready = False
+        self.chunks: collections.deque[tuple[Future, int]] = collections.deque()
+        self.all_submitted = False
+        self.cancelled = False
+
+
+class ChunkStream:
+    """A read-only file object over a sequence of chunks, hashing what it delivers."""
+
+    def __init__(self, next_chunk: Callable[[], bytes | None], sha: bool, close: Callable[[], None] | None = None):
+        self._next = next_chunk
+        self._buf = memoryview(b"")
+        self._off = 0
+        self._eof = False
+        self.delivered = 0
+        self.digest = Digest() if sha else None
+        self._close = close
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        if self._eof:
+            return False
+        data = self._next()
+        if not data:
+            self._eof = True
+            return False
+        if self.digest is not None:
+            self.digest.update(data)
+        self._buf, self._off = memoryview(data), 0
+        return True
+
+    def _read_all(self) -> bytes:
+        out = [self._buf[self._off:]]
+        self._buf, self._off = memoryview(b""), 0
+        while self._fill():
+            out.append(self._buf)
+            self._buf = memoryview(b"")
+        return b"".join(out)
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            data = self._read_all()
+            self.delivered += len(data)
+            return data
+        out = []
+        want = n
+        while want > 0:
+            if self._off >= len(self._buf) and not self._fill():
+                break
+            take = min(want, len(self._buf) - self._off)
+            out.append(self._buf[self._off:self._off + take])
+            self._off += take
+            want -= take
+        data = out[0].tobytes() if len(out) == 1 else b"".join(out)
+        self.delivered += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Read to the end (for the checksum)."""
+        self.delivered += len(self._buf) - self._off
+        self._buf, self._off = memoryview(b""), 0
+        while self._fill():
+            self.delivered += len(self._buf)
+            self._buf = memoryview(b"")
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+            self._close = None
+
+
+def _chunks(size: int, chunk_size: int, ramp: bool = False) -> Iterator[tuple[int, int]]:
+    """(offset, length) of the range requests for an object of ``size`` bytes. With ``ramp`` the first
+    requests are smaller (1/8, 1/4, 1/2 of ``chunk_size``), so the parser can start before a whole chunk has
+    arrived (the start of a worker's stream, where nothing was read ahead yet)."""
+    off = 0
+    n = max(1, chunk_size // 8) if ramp else chunk_size
+    while off < size:
+        take = min(n, size - off)
+        yield off, take
+        off += take
+        n = min(chunk_size, n * 2)
+
+
+# ---- strategy 1: a local file ---------------------------------------------------------------------------
+def _prepare_local(job: Job, verify: str) -> None:
+    """A local shard: check it is there with the index's size, and read the file itself."""
+    p = local_path(job.url)
+    try:
+        size = os.path.getsize(p)
+    except FileNotFoundError as e:
+        raise ShardReadError(f"{job.url}: shard not found") from e
+    except OSError as e:
+        raise ShardReadError(f"{job.url}: cannot open shard ({e})") from e
+    check_size(job.url, size, job.expected_size, verify)
+    job.size, job.local = size, p
+
+
+# ---- strategy 2: the node-local cache -------------------------------------------------------------------
+class _Cached:
+    """Remote shards through the node-local cache (:mod:`streambatch.read.cache`): downloaded whole once per
+    node, checked (size and sha256), then read from disk."""
+
+    def __init__(self, opts: Any, ranges: RangeReader, pool: ThreadPoolExecutor | None, count: Count):
+        from .cache import ShardCache
+
+        self.cache = ShardCache(opts.cache_dir, opts.cache_size)
+        self.opts = opts
+        self.ranges = ranges
+        self.pool = pool
+        self.count = count
+
+    def prepare(self, job: Job) -> None:
+        """The cached copy of the job's shard (downloaded first if no process of this node has it yet)."""
+        try:
+            path, downloaded = self.cache.get(job.url, job.expected_size, lambda tmp: self._download(job, tmp))
+        except ShardReadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - disk full, cache misconfigured, ...
+            raise ShardReadError(f"{job.url}: could not cache the shard ({type(e).__name__}: {e})") from e
+        self.count("cache_downloads" if downloaded else "cache_hits")
+        job.local, job.size, job.verified = path, os.path.getsize(path), True
+
+    def _download(self, job: Job, tmp: str) -> None:
+        """Fetch a whole shard into ``tmp`` (for the cache), checking size and checksum."""
+        size = self.ranges.size(job.url, job.expected_size)
+        with open(tmp, "wb") as f:
+            for data in self._pieces(job.url, size):
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.getsize(tmp) != size:
+            raise ShardReadError(f"{job.url}: downloaded {os.path.getsize(tmp)} bytes, expected {size}")
+        if self.opts.verify == "sha256" and job.expected_sha:
+            with open(tmp, "rb") as f:
+                problem = sha256_problem(HashingReader(f.read).drain(1 << 22).hexdigest(), job.expected_sha)
+            if problem:
+                raise ChecksumMismatch(f"{job.url}: {problem}")
+
+    def _pieces(self, url: str, size: int) -> Iterator[bytes]:
+        """The object's chunks in order; with a pool, ``read_concurrency`` at a time (and at most that many
+        in memory: they are submitted in windows)."""
+        cs = self.opts.chunk_size
+        offsets = list(range(0, size, cs))
+        if self.pool is None or len(offsets) <= 1:
+            for o in offsets:
+                yield self.ranges.fetch(url, o, min(o + cs, size))
+            return
+        w = self.opts.read_concurrency
+        for i in range(0, len(offsets), w):
+            futs = [self.pool.submit(self.ranges.fetch, url, o, min(o + cs, size)) for o in offsets[i:i + w]]
+            for fut in futs:
+                yield fut.result()
+
+
+# ---- strategy 3b: remote ranges, read ahead in the background ---------------------------------------------
+class _ReadAhead:
+    """A background thread that walks ahead through a worker's jobs, prepares each and keeps up to
+    ``read_ahead`` bytes of its chunks requested or waiting (``read_concurrency`` requests at a time), so the
+    latency of one request hides behind the parsing of the bytes before it."""
+
+    def __init__(
+        self, jobs: list[Job], prepare: Callable[[Job], None], ranges: RangeReader, pool: ThreadPoolExecutor,
+        opts: Any, cached: bool, stop: threading.Event,
+    ):
+        self.jobs = jobs
+        self.prepare = prepare
+        self.ranges = ranges
+        self.pool = pool
+        self.chunk_size, self.limit = opts.chunk_size, opts.read_ahead
+        self.policy: RetryPolicy = opts.retry
+        self.cached = cached
+        self.stop = stop
+        self._cond = threading.Condition()
+        self._outstanding = 0  # bytes of chunks requested and not yet taken by the parser
+        self._consumer_at = 0
+        self._thread = threading.Thread(target=self._run, name="streambatch-read-ahead", daemon=True)
+        self._thread.start()
+
+    # ---- the background thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        for job in self.jobs:
+            if not self._wait_turn(job):
+                return
+            try:
+                self.prepare(job)
+            except BaseException as e:  # noqa: BLE001 - handed to the parser, which decides
+                job.error = e
+            with self._cond:
+                job.ready = True
+                self._cond.notify_all()
+            if job.error is None and job.local is None:
+                self._request_chunks(job)
+            with self._cond:
+                job.all_submitted = True
+                self._cond.notify_all()
+
+    def _wait_turn(self, job: Job) -> bool:
+        """With a cache, download at most two shards ahead of the parser (disk, not memory); without, the
+        byte limit of :meth:`_request_chunks` is the bound. False once reading stopped."""
+        with self._cond:
+            while not self.stop.is_set() and self.cached and job.ordinal > self._consumer_at + 2:
+                self._cond.wait(0.5)
+            return not self.stop.is_set()
+
+    def _request_chunks(self, job: Job) -> None:
+        """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding."""
+        assert job.size is not None
+        for off, n in _chunks(job.size, self.chunk_size, ramp=job.ordinal == 0):
+            with self._cond:
+                while (not self.stop.is_set() and not job.cancelled and self._outstanding > 0
+                       and self._outstanding + n > self.limit):
+                    self._cond.wait(0.5)
+                if self.stop.is_set() or job.cancelled:
+                    break
+                self._outstanding += n
+                job.chunks.append((self.pool.submit(self.ranges.read, job.url, off, off + n, job.expected_size), n))
+                self._cond.notify_all()
+
+    # ---- the parser's side ------------------------------------------------------------------------------
+    def _wait(self, what: str, cond: Callable[[], bool], url: str) -> None:
+        deadline = time.monotonic() + self.policy.worst_case
+        while not cond():
+            if self.stop.is_set():
+                raise ShardReadError(f"{url}: reading stopped")
+            if time.monotonic() > deadline:
+                raise ShardReadError(f"{url}: no {what} after {self.policy.worst_case:.0f}s (read-ahead stalled)")
+            self._cond.wait(0.5)
+
+    def opened(self, job: Job) -> None:
+        """The parser starts on ``job``: wait until it is prepared; raise what preparing it raised."""
+        with self._cond:
+            self._consumer_at = job.ordinal
+            self._cond.notify_all()
+            self._wait("answer", lambda: job.ready, job.url)
+        if job.error is not None:
+            if isinstance(job.error, ShardReadError):
+                raise job.error
+            raise ShardReadError(f"{job.url}: {type(job.error).__name__}: {job.error}") from job.error
+
+    def take(self, job: Job) -> bytes | None:
+        """The job's next chunk (None at its end)."""
+        with self._cond:
+            self._wait("data", lambda: bool(job.chunks) or job.all_submitted or job.cancelled, job.url)
+            if not job.chunks:
+                return None
+            fut, n = job.chunks.popleft()
+        try:
+            return fut.result(timeout=self.policy.worst_case)
+        finally:
+            with self._cond:
+                self._outstanding -= n
+                self._cond.notify_all()
+
+    def _drop(self, job: Job) -> None:
+        for fut, n in job.chunks:
+            fut.cancel()
+            self._outstanding -= n
+        job.chunks.clear()
+
+    def finish(self, job: Job) -> None:
+        """The parser is done with ``job``: drop whatever is still queued for it."""
+        with self._cond:
+            job.cancelled = True
+            self._drop(job)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Reading stopped (``stop`` is set): drop every queued chunk and wake the waiters."""
+        with self._cond:
+            for job in self.jobs:
+                self._drop(job)
+            self._cond.notify_all()
+
+
+# ---- the fetcher: picks the strategy per shard ----------------------------------------------------------
+class Fetcher:
+    """Delivers the bytes of a worker's jobs (one per piece), in order; see the module doc."""
+
+    def __init__(self, jobs: list[Job], storage_options: dict | None, opts: Any, faults: FaultLog | None):
+        self.jobs = jobs
+        self.opts = opts  # the reader's ReadOptions
+        self.faults = faults
+        self._stop = threading.Event()
+        self.ranges = RangeReader(storage_options, opts.retry, opts.verify, self._count, self._stop)
+        remote = [j for j in jobs if not is_local(j.url)]
+        use_cache = bool(opts.cache_dir and remote)
+        self.background = bool(remote) and (opts.read_ahead > 0)
+        self._pool: ThreadPoolExecutor | None = None
+        if self.background or (use_cache and opts.read_concurrency > 1):
+            self._pool = ThreadPoolExecutor(max_workers=opts.read_concurrency, thread_name_prefix="streambatch-fetch")
+        self.cache = _Cached(opts, self.ranges, self._pool, self._count) if use_cache else None
+        self.read_ahead: _ReadAhead | None = None
+        if self.background:
+            assert self._pool is not None
+            self.read_ahead = _ReadAhead(jobs, self._prepare, self.ranges, self._pool, opts, use_cache, self._stop)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if self.faults is not None:
+            self.faults.add(name, n)
+
+    def _prepare(self, job: Job) -> None:
+        """Size check, or the cached copy: whatever must happen before the job's first byte is read."""
+        if is_local(job.url):
+            _prepare_local(job, self.opts.verify)
+        elif self.cache is not None:
+            self.cache.prepare(job)
+        elif job.expected_size is not None:
+            # no size request: every range answer carries the object's size, and the first one is checked
+            # (with the index's size) before a byte of it reaches the parser
+            job.size = job.expected_size
+        else:
+            job.size = self.ranges.size(job.url, job.expected_size)
+
+    def open(self, job: Job) -> ChunkStream:
+        """The byte stream of ``job`` (jobs are opened in order)."""
+        if self.read_ahead is not None:
+            self.read_ahead.opened(job)
+        else:
+            self._prepare(job)
+        sha = self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified
+        if job.local is not None:
+            f = open(job.local, "rb")
+            cs = min(self.opts.chunk_size, 1 << 20)
+            return ChunkStream(lambda: f.read(cs), sha, f.close)
+        if self.read_ahead is not None:
+            read_ahead = self.read_ahead
+            return ChunkStream(lambda: read_ahead.take(job), sha)
+        return ChunkStream(self._on_demand(job), sha)
+
+    def _on_demand(self, job: Job) -> Callable[[], bytes | None]:
+        """Strategy 3a: the job's chunks requested one at a time, as the parser asks for them."""
+        size, cs = job.size or 0, self.opts.chunk_size
+        offsets = iter(range(0, size, cs))
+
+        def next_chunk() -> bytes | None:
+            o = next(offsets, None)
+            return None if o is None else self.ranges.read(job.url, o, min(o + cs, size), job.expected_size)
+
+        return next_chunk
+
+    def check(self, job: Job, stream: ChunkStream) -> None:
+        """After the whole shard was read: its size and checksum."""
+        if job.size is not None and stream.delivered != job.size:
+            raise ShardReadError(f"{job.url}: read {stream.delivered} bytes, expected {job.size}")
+        problem = sha256_problem(stream.digest.hexdigest(), job.expected_sha) if stream.digest is not None else None
+        if problem:
+            raise ChecksumMismatch(f"{job.url}: {problem}")
+
+    def finish(self, job: Job) -> None:
+        """The parser is done with ``job``: drop whatever is still queued for it."""
+        if self.read_ahead is not None:
+            self.read_ahead.finish(job)
+        else:
+            job.cancelled = True
+
+    def close(self) -> None:
+        """Stop: no new requests, queued ones dropped, the pool shut down without waiting."""
+        self._stop.set()
+        if self.read_ahead is not None:
+            self.read_ahead.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

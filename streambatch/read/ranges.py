@@ -1,0 +1,131 @@
+"""Requests to a remote shard: its size, and byte ranges whose retries resume at the byte where one broke.
+
+A request that fails with a transient error (:func:`~.retry.is_transient`) is retried with backoff from the
+first byte not yet received, so the tar parser sees one unbroken stream and no byte is asked for twice.
+Every answer's object size is checked against the index's, so a shard of the wrong size is caught before
+a byte of it is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from ..dataset.format import size_problem
+from ..dataset.storage import object_size, reading_filesystem, stream_range
+from ..errors import ShardReadError
+from .retry import RetryPolicy, call_with_retry, is_transient
+
+log = logging.getLogger("streambatch")
+
+Count = Callable[..., None]  # count(name, n=1): add to a fault counter
+
+
+def check_size(url: str, size: int, expected: int | None, verify: str) -> None:
+    """Raise :class:`ShardReadError` when ``size`` is not the index's (unless ``verify`` is ``"none"``)."""
+    problem = size_problem(size, expected) if verify != "none" else None
+    if problem:
+        raise ShardReadError(f"{url}: {problem}")
+
+
+class RangeReader:
+    """Size requests and range requests to remote objects, with the retries of ``policy``; ``count`` gets
+    ``retries`` and ``bytes_read``, and setting ``stop`` ends a read in progress."""
+
+    def __init__(
+        self, storage_options: dict | None, policy: RetryPolicy, verify: str, count: Count, stop: threading.Event
+    ):
+        self.storage_options = storage_options
+        self.policy = policy
+        self.verify = verify
+        self.count = count
+        self.stop = stop
+
+    def _fs(self, url: str) -> tuple[Any, str]:
+        return reading_filesystem(url, self.storage_options, self.policy.timeout)
+
+    def size(self, url: str, expected: int | None = None) -> int:
+        """The object's size (a size request, retried), checked against ``expected`` (the index's)."""
+        fs, path = self._fs(url)
+
+        def on_retry(e: BaseException, attempt: int) -> None:
+            self.count("retries")
+            log.info("streambatch: %s: size request failed (%s: %s), retry %d/%d", url, type(e).__name__, e,
+                     attempt + 1, self.policy.retries)
+
+        try:
+            size = call_with_retry(lambda: object_size(fs, path), self.policy, url, on_retry)
+        except FileNotFoundError as e:
+            raise ShardReadError(f"{url}: shard not found") from e
+        except Exception as e:  # noqa: BLE001 - anything that leaves the shard unreadable
+            raise ShardReadError(f"{url}: cannot open shard ({type(e).__name__}: {e})") from e
+        check_size(url, size, expected, self.verify)
+        return size
+
+    def read(self, url: str, start: int, end: int, expected: int | None) -> bytes:
+        """:meth:`fetch`, checking each answer's object size with ``expected`` unless ``verify`` is "none"."""
+        return self.fetch(url, start, end, expected if self.verify != "none" else None)
+
+    def fetch(self, url: str, start: int, end: int, expected_size: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``url``. A request that breaks with a transient error is retried from the
+        first byte not yet received (progress resets the retry count). With ``expected_size`` (the
+        index's), an answer that shows another object size is a bad shard."""
+        fs, path = self._fs(url)
+        timeout = 4 * self.policy.timeout if self.policy.timeout else None
+        parts: list[bytes] = []
+        pos, attempt = start, 0
+        while pos < end:
+            if self.stop.is_set():
+                raise ShardReadError(f"{url}: reading stopped")
+            sink: list[bytes] = []
+            err = self._request(fs, path, url, pos, end, sink, timeout, expected_size)
+            got = sum(len(x) for x in sink)
+            if got:
+                parts.extend(sink)
+                pos += got
+                self.count("bytes_read", got)
+            if pos >= end:
+                break
+            if got and err is None:
+                continue  # the object ended early? ask again for the rest (counts as no progress next time)
+            if got:
+                attempt = 0  # progress: this break is a new one
+            self._backoff(url, pos, end, attempt, err)
+            attempt += 1
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _request(
+        self, fs: Any, path: str, url: str, pos: int, end: int, sink: list[bytes], timeout: float | None,
+        expected_size: int | None,
+    ) -> BaseException | None:
+        """One range request into ``sink``: the transient error it broke with (None if it did not); a
+        permanent error or a wrong object size raises :class:`ShardReadError`."""
+        try:
+            total = stream_range(fs, path, pos, end, sink, timeout)
+        except Exception as e:  # noqa: BLE001 - classified below
+            if not is_transient(e):
+                hint = ""
+                if expected_size is not None and "range" in str(e).lower():
+                    hint = f" (the object is shorter than the {expected_size} bytes the index says)"
+                raise ShardReadError(f"{url}: bytes {pos}-{end - 1}: {type(e).__name__}: {e}{hint}") from e
+            return e
+        problem = size_problem(total, expected_size) if total is not None else None
+        if problem:
+            raise ShardReadError(f"{url}: {problem}")
+        return None
+
+    def _backoff(self, url: str, pos: int, end: int, attempt: int, err: BaseException | None) -> None:
+        """Before retry ``attempt + 1`` at byte ``pos``: give up past the policy's retries, else count, log
+        and wait."""
+        if attempt >= self.policy.retries:
+            why = f"{type(err).__name__}: {err}" if err is not None else "the object ended early"
+            raise ShardReadError(f"{url}: bytes {pos}-{end - 1} failed {attempt + 1} times, last: {why}")
+        self.count("retries")
+        wait = self.policy.delay(attempt)
+        log.info("streambatch: %s: read broke at byte %d (%s), retry %d/%d in %.2fs from there", url, pos,
+                 f"{type(err).__name__}: {err}" if err is not None else "short read", attempt + 1,
+                 self.policy.retries, wait)
+        if wait > 0:
+            time.sleep(wait)

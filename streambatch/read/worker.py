@@ -1,0 +1,281 @@
+"""The worker side: what a DataLoader worker knows (:class:`SlotContext`), what the main process tells it each
+pass (:class:`EpochState` over shared memory), and :func:`stream_slot`, the one place the read stages are
+composed: shard pieces → read_pieces → positioned → execute_plan (or the online batcher) → decode and pad.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from ..dataset.index import ShardInfo
+from ..dist import worker_info
+from ..plan.batcher import BucketBatcher, iter_batches
+from ..plan.config import BatchingConfig
+from ..plan.shards import Piece, plan_slots, shard_order
+from ..plan.slot import Adjust, SlotPlan, apply_adjust, global_offsets, per_worker, plan_slot
+from .collate import Decode, collate, split_micro_batches
+from .execute import execute_plan, pieces_needed, positioned
+from .faults import FAULT_FIELDS, FaultLog
+from .reader import ReadOptions, read_pieces
+
+
+@dataclass
+class EpochState:
+    """What the main process tells its workers before each pass: the epoch, the batches the rank already
+    yielded, the worker the next batch is due from (``rotation``) and the one the epoch began with
+    (``start``), and each worker's :class:`Adjust` (``take < 0``: one unplanned pass)."""
+
+    epoch: int = 0
+    consumed: int = 0
+    rotation: int = 0
+    start: int = 0
+    adjust: list[Adjust] = field(default_factory=list)
+
+
+_HEAD = ("epoch", "consumed", "rotation", "start")
+_PER_WORKER = tuple(f.name for f in dataclasses.fields(Adjust))
+
+
+class SharedEpochState:
+    """:class:`EpochState` in a shared int64 tensor, so persistent workers see each new epoch and resume
+    point; the layout is derived from the field names above, never written by hand."""
+
+    def __init__(self, num_workers: int):
+        self.num_workers = max(1, num_workers)
+        self.tensor = torch.zeros(len(_HEAD) + len(_PER_WORKER) * self.num_workers, dtype=torch.int64).share_memory_()
+
+    def publish(self, state: EpochState) -> None:
+        adjust = state.adjust or [Adjust() for _ in range(self.num_workers)]
+        row = [getattr(state, f) for f in _HEAD]
+        for a in adjust:
+            row += [int(getattr(a, f)) for f in _PER_WORKER]
+        self.tensor.copy_(torch.tensor(row, dtype=torch.int64))
+
+    def read(self) -> EpochState:
+        row = self.tensor.tolist()
+        n, k = len(_HEAD), len(_PER_WORKER)
+        adjust = [
+            Adjust(**{f: (bool(v) if f == "hardest" else v) for f, v in zip(_PER_WORKER, row[n + k * w: n + k * (w + 1)])})
+            for w in range(self.num_workers)
+        ]
+        return EpochState(*row[:n], adjust=adjust)
+
+
+@dataclass(frozen=True)
+class CollateOptions:
+    """How a formed batch becomes tensors: decoding, padding, packing, micro-batches."""
+
+    decode: Decode = "auto"
+    pad_to_multiple_of: int | None = None
+    sample_rate: int | None = None
+    packed: bool = False
+    micro_batches: int = 1
+    loss_weight_by: str = "samples"
+
+
+@dataclass
+class SlotContext:
+    """Everything a DataLoader worker needs to stream its slot, handed over once (pickled to each worker).
+
+    ``shards`` is the index's shard list (None without an index); ``faults``/``bad``/``state`` are shared
+    tensors; ``excluded`` is ``(epoch, mask)`` of samples consumed before a re-planned resume."""
+
+    urls: list[str]
+    shards: list[ShardInfo] | None
+    config: BatchingConfig
+    rank: int
+    world_size: int
+    num_workers: int
+    collate: CollateOptions
+    read: ReadOptions
+    storage_options: dict | None
+    state: SharedEpochState
+    faults: torch.Tensor
+    bad: torch.Tensor
+    excluded: tuple[int, np.ndarray] | None = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.world_size * self.num_workers
+
+    def excluded_in(self, epoch: int) -> np.ndarray | None:
+        return self.excluded[1] if self.excluded is not None and self.excluded[0] == epoch else None
+
+
+class EpochStream(IterableDataset):
+    """The per-process dataset the DataLoader iterates: one slot of the current pass per worker."""
+
+    def __init__(self, ctx: SlotContext):
+        super().__init__()
+        self.ctx = ctx
+
+    def __iter__(self) -> Iterator[Any]:
+        ctx = self.ctx
+        physical, _ = worker_info()
+        st = ctx.state.read()
+        # the DataLoader starts its round robin at worker 0, while the next batch may be due from another
+        # worker (after a resume, or with hardest_first): rotate which slot each DataLoader worker serves
+        worker = (physical + st.rotation) % ctx.num_workers
+        counts = [a.take for a in st.adjust]
+        first = per_worker(counts, st.consumed, st.start)[worker]
+        faults = FaultLog(
+            ctx.faults.numpy(), ctx.bad.numpy(), row=physical,
+            max_bad_shards=ctx.read.max_bad_shards, urls=ctx.urls, rank=ctx.rank,
+        )
+        yield from stream_slot(ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults)
+
+
+def stream_slot(
+    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None
+) -> Iterator[Any]:
+    """The one place the read stages are composed, for one (rank, worker) slot."""
+    checked = CheckedBatches(ctx.collate, faults)
+    if ctx.shards is not None:
+        batches = _planned_batches(ctx, epoch, slot, adj, first, faults)
+    else:
+        batches = _online_batches(ctx, epoch, slot, adj, faults)
+    for batch in batches:
+        yield checked(batch)
+
+
+def _planned_batches(
+    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None
+) -> Iterator[list[dict[str, Any]]]:
+    """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
+    shard_lengths = [s.lengths for s in ctx.shards]
+    all_lengths = np.concatenate(shard_lengths)
+    offsets = global_offsets([len(x) for x in shard_lengths])
+    excluded = ctx.excluded_in(epoch)
+    pieces = plan_slots(shard_lengths, ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle, excluded=excluded)[slot]
+    raw = plan_slot(pieces, all_lengths, offsets, ctx.config, epoch, slot, excluded)
+    plan = apply_adjust(raw, adj, ctx.config.seed, epoch, slot, all_lengths[raw.gids], ctx.config.cost)
+
+    def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
+        needed = pieces_needed(part, start, offsets, excluded)
+        samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.shards,
+                              faults, markers=True)
+        return execute_plan(positioned(samples, needed, offsets, excluded), part, start, all_lengths, faults,
+                            ctx.read.reservoir)
+
+    if adj.hardest and first == 0 and plan.batches:
+        # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
+        # holding everything the stream delivers before it
+        yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0)
+        first = 1
+    yield from run(plan, first)
+
+
+def _online_batches(
+    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, faults: FaultLog | None
+) -> Iterator[list[dict[str, Any]]]:
+    """Without an index: lengths from each sample's ``.json``, the same batcher run online."""
+    batcher = BucketBatcher.for_slot(ctx.config, epoch, slot)
+    if adj.take < 0:  # one pass over this slot's shards
+        pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle)[slot]
+        samples = read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults)
+        return iter_batches(samples, batcher, json_length)
+    # batches_per_epoch: cycle the shards (reshuffled each pass) until the slot's share is met
+    samples = _cycle_unindexed(ctx, epoch, slot, faults)
+    return itertools.islice(iter_batches(samples, batcher, json_length), adj.take)
+
+
+def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog | None) -> Iterator[dict[str, Any]]:
+    """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index)."""
+    for rep in itertools.count():
+        pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle, rep)[slot]
+        if not pieces:
+            raise ValueError(
+                f"{len(ctx.urls)} shards cannot feed {ctx.num_slots} (rank, worker) slots without an index; "
+                "use fewer workers or ranks, more shards, or write an index with `shardify write`"
+            )
+        yield from read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults)
+
+
+def unindexed_pieces(
+    num_urls: int, num_slots: int, seed: int, epoch: int, shuffle: bool, rep: int = 0
+) -> list[list[Piece]]:
+    """Without an index: whole shards dealt round robin in the epoch's shard order (end of shard unknown)."""
+    order = shard_order(num_urls, seed, epoch, shuffle, rep)
+    slots: list[list[Piece]] = [[] for _ in range(num_slots)]
+    for i, s in enumerate(order):
+        slots[i % num_slots].append(Piece(int(s), 0, 1 << 62))
+    return slots
+
+
+def json_length(sample: dict[str, Any]) -> float:
+    """A sample's length from its ``.json`` (the online path)."""
+    meta = sample.get("json")
+    if not isinstance(meta, dict) or "length" not in meta:
+        raise ValueError(
+            f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no .json with a 'length'; "
+            "write the shards with `shardify write` (length-annotated) or give an index"
+        )
+    return meta["length"]
+
+
+def finish_batch(samples: list[dict[str, Any]], opts: CollateOptions) -> dict[str, Any] | list[dict[str, Any]]:
+    """Stage end: decode and pad a formed batch, or with ``micro_batches`` its micro-batches as one list (the
+    DataLoader passes them on together; the loader yields them one by one)."""
+    kw = dict(pad_to_multiple_of=opts.pad_to_multiple_of, sample_rate=opts.sample_rate, packed=opts.packed)
+    if opts.micro_batches <= 1:
+        return collate(samples, opts.decode, **kw)
+    groups, weights = split_micro_batches(samples, opts.micro_batches, opts.loss_weight_by)
+    out = []
+    for j, (group, w) in enumerate(zip(groups, weights)):
+        mb = collate(group, opts.decode, **kw)
+        mb.update(micro_batch=j, num_micro_batches=len(groups), loss_weight=w, last_micro_batch=j == len(groups) - 1)
+        out.append(mb)
+    return out
+
+
+class CheckedBatches:
+    """:func:`finish_batch`, except that a sample whose payload cannot be decoded (a corrupt member) is left
+    out of its batch and its shard counted bad (within ``max_bad_shards``) instead of ending the run; a batch
+    left with nothing is replaced by the last good one (counted as re-drawn), so the steps stay equal."""
+
+    def __init__(self, opts: CollateOptions, faults: FaultLog | None):
+        self.opts, self.faults, self.last = opts, faults, None
+
+    def __call__(self, batch: list[dict[str, Any]]) -> Any:
+        try:
+            out = finish_batch(batch, self.opts)
+            self.last = batch
+            return out
+        except Exception as error:  # noqa: BLE001 - narrowed down per sample below
+            if self.faults is None:
+                raise
+            good = self._decodable(batch)
+            if len(good) == len(batch) or (not good and self.last is None):
+                raise error
+            if not good:
+                self.faults.add("redrawn_samples", len(self.last))
+                return finish_batch(self.last, self.opts)
+            self.faults.add("shrunk_batches")
+            self.last = good
+            return finish_batch(good, self.opts)
+
+    def _decodable(self, batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The samples that decode alone; each one that does not is counted and its shard marked bad."""
+        good = []
+        for s in batch:
+            try:
+                collate([s], self.opts.decode, sample_rate=self.opts.sample_rate)
+                good.append(s)
+            except Exception as e:  # noqa: BLE001
+                self.faults.add("lost_samples")
+                self.faults.bad_shard(int(s.get("__shard__", -1)), str(s.get("__url__")),
+                                      f"sample {s.get('__key__')!r} cannot be decoded ({type(e).__name__}: {e})")
+        return good
+
+
+def fault_tensors(num_workers: int, num_shards: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared fault counters per DataLoader worker, and a bad flag per shard, for one pass."""
+    counts = torch.zeros((max(1, num_workers), len(FAULT_FIELDS)), dtype=torch.int64).share_memory_()
+    return counts, torch.zeros(num_shards, dtype=torch.int8).share_memory_()

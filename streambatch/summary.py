@@ -1,0 +1,160 @@
+"""``shardify inspect``: a dataset's counts, hours or tokens, length percentiles, a suggested budget and
+bucket boundaries, as a table, JSON or a histogram."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from .dataset.index import ShardIndex
+from .errors import ShardifyError
+
+def total_text(index: ShardIndex) -> str:
+    spu = index.seconds_per_unit()
+    if spu:
+        return _hours(index.total_length * spu / 3600)
+    return f"{_fmt(index.total_length)} {index.unit}"
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.2f} h" if h >= 1 else f"{h * 60:,.2f} min"
+
+
+def _fmt(x: float) -> str:
+    """1,234 for whole or large numbers, else up to 3 decimals."""
+    x = float(x)
+    if x.is_integer() or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:,.3f}".rstrip("0").rstrip(".")
+
+
+def parse_budget(text: str, index: ShardIndex) -> float:
+    """A budget in the dataset's unit, or ``"60s"`` (seconds) for audio."""
+    t = text.strip().lower()
+    try:
+        if t.endswith("s") and not t.endswith("samples"):
+            spu = index.seconds_per_unit()
+            if not spu:
+                raise ShardifyError(f"--budget {text}: seconds only make sense for audio, this dataset is in {index.unit}")
+            value = float(t[:-1]) / spu
+        else:
+            value = float(t.removesuffix("samples").strip())
+    except ValueError:
+        raise ShardifyError(f"--budget {text!r}: expected a number (or seconds like 60s)") from None
+    if value <= 0:
+        raise ShardifyError("--budget must be positive")
+    return value
+
+
+def inspect_dataset(
+    index: ShardIndex, dataset: str, budget_text: str | None = None, num_buckets: int | None = None,
+    plot: str | None = None, as_json: bool = False,
+) -> int:
+    """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code."""
+    lengths = index.lengths
+    summary = _summary(index, dataset, lengths)
+    budget = boundaries = None
+    if lengths.size:
+        budget, boundaries = _suggestions(index, lengths, budget_text, num_buckets, summary)
+    if plot:
+        summary["plot"] = _plot(lengths, index, boundaries, plot)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary, index, budget, boundaries)
+    return 0
+
+
+def _summary(index: ShardIndex, dataset: str, lengths: np.ndarray) -> dict[str, Any]:
+    """Counts, totals and percentiles, with the seconds view for audio."""
+    stats = index.stats()
+    spu = index.seconds_per_unit()
+    summary: dict[str, Any] = {"dataset": dataset, "sample_rate": index.sample_rate, **stats}
+    if spu and lengths.size:
+        summary["seconds"] = {
+            "min": float(lengths.min()) * spu, "mean": float(lengths.mean()) * spu, "max": float(lengths.max()) * spu,
+            "percentiles": {p: v * spu for p, v in stats["percentiles"].items()},
+        }
+    return summary
+
+
+def _suggestions(
+    index: ShardIndex, lengths: np.ndarray, budget_text: str | None, num_buckets: int | None, summary: dict[str, Any]
+) -> tuple[float, list[float]]:
+    """The given or a suggested budget, and bucket boundaries under it (also recorded in ``summary``)."""
+    from .plan.buckets import estimate_boundaries, suggest_budget
+
+    if budget_text:
+        budget = parse_budget(budget_text, index)
+        summary["budget_source"] = "given"
+    else:
+        budget = float(suggest_budget(lengths, index.unit, index.sample_rate))
+        summary["budget_source"] = "suggested"
+    boundaries = [float(b) for b in np.asarray(estimate_boundaries(lengths, budget, num_buckets)).ravel()]
+    summary["budget"] = _plain(budget)
+    summary["bucket_boundaries"] = [_plain(b) for b in boundaries]
+    return budget, boundaries
+
+
+def _plain(x: float) -> float | int:
+    x = float(x)
+    return int(x) if x.is_integer() else x
+
+
+def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, boundaries: list[float] | None) -> None:
+    spu = index.seconds_per_unit()
+    unit = index.unit + (f" @ {index.sample_rate} Hz" if index.unit == "samples" and index.sample_rate else "")
+
+    def both(x: float) -> str:
+        return f"{_fmt(x)} {index.unit}" + (f" ({float(x) * spu:.2f} s)" if spu and index.unit != "seconds" else "")
+
+    rows = [("dataset", s["dataset"]), ("unit", unit), ("shards", f"{s['num_shards']:,}"),
+            ("samples", f"{s['num_samples']:,}")]
+    if s["num_samples"]:
+        total = f"{_fmt(s['total_length'])} {index.unit}"
+        if "total_hours" in s:
+            total = f"{_hours(s['total_hours'])} ({total})"
+        rows += [("total", total), ("min", both(s["min"])), ("mean", both(s["mean"])), ("max", both(s["max"]))]
+    skipped = index.meta.get("skipped")
+    if skipped:
+        rows.append(("skipped", f"{skipped} bad inputs when written (errors.jsonl)"))
+    for k, v in rows:
+        print(f"{k:<10} {v}")
+    if s["num_samples"]:
+        print("length percentiles:")
+        for p, v in s["percentiles"].items():
+            print(f"  p{p:<3} {both(v)}")
+    if budget is not None:
+        print(f"budget     {both(budget)} [{s['budget_source']}]")
+    if boundaries is not None:
+        print(f"buckets    {len(boundaries)} boundaries: " + ", ".join(both(b) for b in boundaries))
+    if s.get("plot"):
+        print(f"plot       {s['plot']}")
+
+
+def _plot(lengths, index: ShardIndex, boundaries: list[float] | None, path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ShardifyError("--plot needs matplotlib: pip install 'streambatch[plot]'") from None
+    spu = index.seconds_per_unit()
+    scale, label = (spu, "seconds") if spu else (1.0, index.unit)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.hist(lengths * scale, bins=min(100, max(10, int(len(lengths) ** 0.5))), color="#4477aa")
+    for b in boundaries or []:
+        ax.axvline(b * scale, color="#cc6677", linewidth=0.8)
+    ax.set_xlabel(f"length ({label})")
+    ax.set_ylabel("samples")
+    ax.set_title(f"{index.num_samples:,} samples in {index.num_shards:,} shards"
+                 + (" (lines: bucket boundaries)" if boundaries else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+

@@ -1,0 +1,257 @@
+"""Shard encoding: samples as tar members, their exact sizes, and one shard written (or recognised) whole.
+
+A shard is a plain POSIX (pax) tar with, per sample, ``KEY.json`` first and the payload members in name order;
+members have mtime 0 and no owner, so the same input gives byte-identical shards. Sizes are known before
+writing (:func:`plan_shards` decides every shard up front), which lets ``--resume`` recognise a complete shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterator, Sequence
+
+import numpy as np
+
+from ..dataset import storage
+from ..dataset.format import Digest, keys_sha1, size_problem
+from ..dataset.index import ShardInfo
+from ..errors import ShardifyError
+from .sources import Record
+
+TAR_FORMAT = tarfile.PAX_FORMAT
+BLOCK = tarfile.BLOCKSIZE
+RECORD = tarfile.RECORDSIZE
+
+
+# ---- samples and their tar members -------------------------------------------------------------
+@dataclass
+class Member:
+    """One tar member: ``data`` in memory, or the file at ``path`` (copied byte for byte)."""
+
+    name: str
+    size: int
+    data: bytes | None = None
+    path: str | None = None
+
+
+@dataclass
+class Sample:
+    """One sample to write: its key, its length in the index's unit, and its tar members in tar order."""
+
+    key: str
+    length: int | float
+    members: list[Member]
+
+    @property
+    def tar_bytes(self) -> int:
+        return sum(member_tar_bytes(m.name, m.size) for m in self.members)
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.type = size, 0, 0o644, tarfile.REGTYPE
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+def member_tar_bytes(name: str, size: int) -> int:
+    """Exact bytes a member takes in our tar: its header block(s) plus the data padded to 512."""
+    header = len(_tarinfo(name, size).tobuf(TAR_FORMAT, "utf-8", "surrogateescape"))
+    return header + -(-size // BLOCK) * BLOCK
+
+
+def shard_tar_bytes(sample_bytes: int) -> int:
+    """Size of a tar holding members of ``sample_bytes`` in all: two end blocks, padded to a record."""
+    return -(-(sample_bytes + 2 * BLOCK) // RECORD) * RECORD
+
+
+def _json_bytes(d: dict[str, Any]) -> bytes:
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _with_fields(d: dict[str, Any], fields: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Add a source's fields; one that would overwrite ours keeps its value as ``source_<name>``."""
+    for k, v in fields.items():
+        if k in skip:
+            continue
+        d["source_" + k if k in d else k] = v
+    return d
+
+
+def _members(key: str, meta: dict[str, Any], payload: list[Member]) -> list[Member]:
+    j = _json_bytes(meta)
+    return [Member(f"{key}.json", len(j), data=j)] + sorted(payload, key=lambda m: m.name)
+
+
+def audio_sample(rec: Record, length: int | float, sample_rate: int, frames: int, nbytes: int) -> Sample:
+    """An audio record as a sample: its ``.json`` (length, rate, duration, text, the source's fields) and
+    the audio file's original bytes."""
+    meta: dict[str, Any] = {"length": length, "sample_rate": sample_rate}
+    meta["duration"] = rec.fields["duration"] if "duration" in rec.fields else round(frames / sample_rate, 6)
+    if rec.text is not None:
+        meta["text"] = rec.text
+    _with_fields(meta, rec.fields, skip=("duration",))
+    payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path)]
+    return Sample(rec.key, length, _members(rec.key, meta, payload))
+
+
+def text_sample(rec: Record, length: int) -> Sample:
+    """A text record as a sample: its ``.json`` and ``.txt`` and/or ``.input_ids.npy`` (int32)."""
+    meta = _with_fields({"length": length}, rec.fields)
+    payload = []
+    if rec.text is not None:
+        payload.append(Member(f"{rec.key}.txt", 0, data=rec.text.encode("utf-8")))
+    if rec.input_ids is not None:
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(rec.input_ids, dtype=np.int32))
+        payload.append(Member(f"{rec.key}.input_ids.npy", 0, data=buf.getvalue()))
+    for m in payload:
+        m.size = len(m.data)
+    return Sample(rec.key, length, _members(rec.key, meta, payload))
+
+
+# ---- which samples go in which shard -----------------------------------------------------------
+def plan_shards(sample_bytes: Sequence[int], max_count: int, max_size: int) -> list[tuple[int, int]]:
+    """Split samples (in write order) into shards: ``[(start, stop), ...]``. A shard takes samples while it
+    has fewer than ``max_count`` and its tar stays within ``max_size`` bytes; a sample bigger than
+    ``max_size`` gets a shard of its own."""
+    plan, start, acc = [], 0, 0
+    for i, b in enumerate(sample_bytes):
+        if i > start and (i - start >= max_count or shard_tar_bytes(acc + b) > max_size):
+            plan.append((start, i))
+            start, acc = i, 0
+        acc += b
+    if len(sample_bytes) > start:
+        plan.append((start, len(sample_bytes)))
+    return plan
+
+
+# ---- one shard ---------------------------------------------------------------------------------
+@dataclass
+class ShardTask:
+    """One planned shard: its name in the index, where it goes, and its samples."""
+
+    name: str
+    url: str
+    samples: list[Sample]
+    storage_options: dict | None = None
+    #: keep a shard already at ``url`` when its bytes are exactly what this task would write
+    resume: bool = False
+
+    @property
+    def planned_bytes(self) -> int:
+        return shard_tar_bytes(sum(s.tar_bytes for s in self.samples))
+
+
+class _HashingWriter:
+    """A write target that passes everything on to ``f`` and feeds a :class:`Digest` (sha256 and size)."""
+
+    def __init__(self, f: Any):
+        self.f, self.digest = f, Digest()
+
+    def write(self, b: bytes) -> int:
+        self.f.write(b)
+        self.digest.update(b)
+        return len(b)
+
+    def tell(self) -> int:
+        return self.digest.bytes
+
+
+def _write_tar(f: Any, samples: Sequence[Sample], storage_options: dict | None) -> str:
+    """Write the samples as a tar to the open file ``f``; returns the sha256 of the bytes written."""
+    hw = _HashingWriter(f)
+    with tarfile.open(fileobj=hw, mode="w", format=TAR_FORMAT, encoding="utf-8") as tar:
+        for s in samples:
+            for m in s.members:
+                ti = _tarinfo(m.name, m.size)
+                if m.data is not None:
+                    tar.addfile(ti, io.BytesIO(m.data))
+                    continue
+                with storage.open_url(m.path, "rb", storage_options) as src:
+                    if storage.is_local(m.path) and os.fstat(src.fileno()).st_size != m.size:
+                        raise ShardifyError(f"{m.path}: the file changed size while shards were being written")
+                    tar.addfile(ti, src)
+    return hw.digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_file(url: str, storage_options: dict | None = None, prefix: str = "shardify-") -> Iterator[str]:
+    """A local temporary path to write ``url``'s bytes to; when the block succeeds the file appears at ``url``
+    whole (a rename beside it, or one upload to an object store), and the temporary file is always removed."""
+    local = storage.is_local(url)
+    if local:
+        target = storage.local_path(url)
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tar")
+        os.close(fd)
+    try:
+        yield tmp
+        if local:
+            os.replace(tmp, target)
+        else:
+            storage.put_file_atomic(tmp, url, storage_options)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_shard(task: ShardTask) -> ShardInfo:
+    """Write one shard so it appears only complete (see :func:`atomic_file`)."""
+    with atomic_file(task.url, task.storage_options) as tmp, open(tmp, "wb") as f:
+        sha = _write_tar(f, task.samples, task.storage_options)
+        f.flush()
+        os.fsync(f.fileno())
+        nbytes = f.tell()
+    return _shard_info(task, nbytes, sha)
+
+
+def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
+    keys = [s.key for s in task.samples]
+    lengths = np.asarray([s.length for s in task.samples])
+    return ShardInfo(url=task.name, count=len(keys), bytes=nbytes, lengths=lengths, sha256=sha,
+                     keys_sha1=keys_sha1(keys))
+
+
+class _Differs(Exception):
+    """The shard on disk is not what the task would write."""
+
+
+class _ComparingSink:
+    """A write target that compares what is written with an existing file instead of writing it."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+
+    def write(self, b: bytes) -> int:
+        if self.f.read(len(b)) != b:
+            raise _Differs()
+        return len(b)
+
+
+def existing_shard(task: ShardTask) -> ShardInfo | None:
+    """The info of the shard already at ``task.url`` if its bytes are exactly what ``task`` would write (its
+    size first, then byte for byte while the tar is generated again, which gives its sha256), else None."""
+    try:
+        if not storage.exists(task.url, task.storage_options):
+            return None
+        nbytes = storage.size(task.url, task.storage_options)
+        if size_problem(nbytes, task.planned_bytes):
+            return None
+        with storage.open_url(task.url, "rb", task.storage_options) as f:
+            sha = _write_tar(_ComparingSink(f), task.samples, task.storage_options)
+            if f.read(1):
+                return None
+    except (_Differs, FileNotFoundError):
+        return None
+    return _shard_info(task, nbytes, sha)

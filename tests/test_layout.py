@@ -1,0 +1,82 @@
+"""The package keeps the shape README's Layout describes: one job per file, no cycles, the plan below the loader."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parent.parent / "streambatch"
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """Package modules ``name`` imports, at module level or inside functions (lazy imports count)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in known and m != name}
+
+
+def test_modules_and_functions_are_small():
+    too_long = []
+    for name, path in modules().items():
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {n} lines")
+    assert not too_long, too_long
+
+
+def test_no_import_cycles_and_plan_below_loader():
+    mods = modules()
+    known = set(mods)
+    graph = {m: imports(m, p, known) - {"streambatch"} for m, p in mods.items()}
+    assert not [m for m in graph if m.startswith("streambatch.plan") and "streambatch.loader" in graph[m]]
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1 and not cycle:
+                cycle.extend(path[path.index(n):] + [m, n] if n in path else [m, n])
+            elif n not in state:
+                visit(n, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_verify_and_training_read_with_the_same_parser():
+    verify = (PKG / "write" / "verify.py").read_text()
+    assert "tarfile" not in verify and "dataset.tar import" in verify
