@@ -65,3 +65,23 @@ def worker_info() -> tuple[int, int]:
 
     wi = get_worker_info()
     return (wi.id, wi.num_workers) if wi is not None else (0, 1)
+
+
+def process_group_matches(rank: int, world_size: int) -> bool:
+    """Whether an initialised ``torch.distributed`` group is this layout (so the ranks can agree by a collective)."""
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized()
+                    and dist.get_rank() == rank and dist.get_world_size() == world_size)
+    except Exception:  # pragma: no cover - torch without distributed support
+        return False
+
+
+def all_gather_ints(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values`` (a few integers), in rank order: one collective, any backend."""
+    import torch.distributed as dist
+
+    out: list[list[int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, [int(v) for v in values])
+    return [list(v) for v in out]  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from the index (:mod:`streambatch.plan.epoch`), publishes the epoch and resume p
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -16,11 +17,12 @@ from torch.utils.data import DataLoader
 from .dataset import storage
 from .dataset.index import ShardIndex
 from .dataset.source import resolve_source
-from .dist import process_info
+from .dist import all_gather_ints, process_group_matches, process_info
 from .plan.config import OPTIONS as BATCHING_OPTIONS
 from .plan.config import BatchingConfig
 from .plan.cost import calibration_info
-from .plan.epoch import EVEN_BATCHES, EpochPlan, consumed_ids, make_epoch_plan
+from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, consumed_ids, make_epoch_plan, plan_rank_local
+from .plan.lengths import index_lengths
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
@@ -29,6 +31,9 @@ from .read.retry import RetryPolicy
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 
 log = logging.getLogger("streambatch")
+
+#: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
+PLANNING = ("auto", "local", "global")
 
 #: read options the loader takes by name (the README's "Reading" table), with their defaults
 READ_OPTIONS: dict[str, Any] = {
@@ -141,6 +146,7 @@ class StreamBatchLoader:
         micro_batches: int = 1,
         loss_weight_by: str = "samples",
         hardest_first: bool = False,
+        planning: str = "auto",
         storage_options: dict | None = None,
         **options: Any,
     ):
@@ -160,6 +166,9 @@ class StreamBatchLoader:
         self.prefetch_factor, self.pin_memory, self.worker_init_fn = prefetch_factor, pin_memory, worker_init_fn
         self.persistent_workers = persistent_workers and self.num_workers > 0
         self.even_batches, self.hardest_first = even_batches, bool(hardest_first)
+        if planning not in PLANNING:
+            raise ValueError(f"planning must be one of {PLANNING}, got {planning!r}")
+        self.planning = planning
         ix = self.index
         self.collate_options = CollateOptions(
             decode=decode, pad_to_multiple_of=batching.get("pad_to_multiple_of"),
@@ -175,7 +184,7 @@ class StreamBatchLoader:
         self.batches_per_epoch = int(batches_per_epoch) if batches_per_epoch else None
         self.epoch = 0
         self._consumed = 0  # batches of the current epoch already yielded (or restored)
-        self._plans: dict[int, EpochPlan] = {}
+        self._schedules: dict[int, RankSchedule] = {}
         self._excluded: tuple[int, np.ndarray] | None = None  # samples consumed before a re-planned resume
         self._state = SharedEpochState(self.num_workers)
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
@@ -200,28 +209,57 @@ class StreamBatchLoader:
         self.epoch = int(epoch)
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The epoch's plan for every rank and worker (requires an index)."""
+        """The epoch's plan for every rank and worker (requires an index). O(N): it reads every length; for
+        inspection and tests. Iteration and ``len()`` use :meth:`schedule`."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
-        if e not in self._plans:
-            excluded = self._excluded[1] if self._excluded is not None and self._excluded[0] == e else None
-            self._plans = {
-                e: make_epoch_plan(
-                    [s.lengths for s in self.index.shards], self.config, e, self.world_size, max(1, self.num_workers),
-                    self.even_batches, excluded, self.hardest_first,
-                )
-            }
-        return self._plans[e]
+        return make_epoch_plan(
+            index_lengths(self.index), self.config, e, self.world_size, max(1, self.num_workers),
+            self.even_batches, self._excluded_in(e), self.hardest_first,
+        )
+
+    def schedule(self, epoch: int | None = None) -> RankSchedule:
+        """This rank's batches in the epoch (requires an index). With an initialised process group of this
+        layout, each rank plans only its own slots and the ranks agree on the step count with one all_gather
+        (every rank must call it, as every DDP step does); else the whole epoch is planned on this rank, O(N)."""
+        if self.index is None:
+            raise TypeError("planning needs an index (index.json); this loader streams shards without one")
+        e = self.epoch if epoch is None else int(epoch)
+        if e not in self._schedules:
+            t0 = time.perf_counter()
+            lengths = index_lengths(self.index)
+            local = self._rank_local(e)
+            if local:
+                sched = plan_rank_local(lengths, self.config, e, self.rank, self.world_size, max(1, self.num_workers),
+                                        all_gather_ints, self.even_batches, self.hardest_first)
+            else:
+                sched = RankSchedule.of(self.plan(e), self.rank)
+            self._schedules = {e: sched}
+            self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
+        return self._schedules[e]
+
+    def _rank_local(self, epoch: int) -> bool:
+        """Whether this epoch is planned rank-locally (``planning`` option, a process group, no re-plan)."""
+        possible = self.world_size > 1 and process_group_matches(self.rank, self.world_size)
+        if self.planning == "local" and not possible:
+            raise ValueError(
+                f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "
+                f"{self.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
+            )
+        return self.planning != "global" and possible and self._excluded_in(epoch) is None
+
+    def _excluded_in(self, epoch: int) -> np.ndarray | None:
+        return self._excluded[1] if self._excluded is not None and self._excluded[0] == epoch else None
 
     def __len__(self) -> int:
         """Batches every rank yields in the current epoch (the same on every rank), counting from the
-        start of the epoch."""
+        start of the epoch. With a process group this is a collective: ask on every rank."""
         if self.index is None:
             if self.batches_per_epoch:
                 return self.batches_per_epoch
             raise TypeError("len() needs an index: without one the number of batches is unknown until the end")
-        return self.plan().steps
+        return self.schedule().steps
 
     # ---- iteration ----------------------------------------------------------------------------------
     def _make_dataloader(self) -> DataLoader:
@@ -242,7 +280,7 @@ class StreamBatchLoader:
     def _context(self) -> SlotContext:
         """What every DataLoader worker of this loader gets once."""
         return SlotContext(
-            urls=self.urls, shards=self.index.shards if self.index is not None else None, config=self.config,
+            urls=self.urls, index=self.index, config=self.config,
             rank=self.rank, world_size=self.world_size, num_workers=max(1, self.num_workers),
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
             state=self._state, faults=self._fault_counts, bad=self._bad_shards, excluded=self._excluded,
@@ -254,17 +292,12 @@ class StreamBatchLoader:
         state = EpochState(epoch=epoch, consumed=self._consumed, adjust=[Adjust() for _ in range(nw)])
         steps = None
         if self.index is not None:
-            plan = self.plan(epoch)
-            steps = plan.steps
-            counts = plan.worker_counts(self.rank)
-            order = plan.rank_order(self.rank)
+            sched = self.schedule(epoch)
+            steps = sched.steps
+            order = sched.order()
             state.rotation = order[self._consumed][0] if self._consumed < len(order) else 0
-            state.start = plan.start(self.rank)
-            for w, s in enumerate(plan.rank_slots(self.rank)):
-                adj = plan.adjust[s]
-                state.adjust[w] = Adjust(split=adj.split, pad=adj.pad, take=counts[w], hardest=adj.hardest)
-            if self._consumed == 0:
-                self._log_plan(plan)
+            state.start = sched.start
+            state.adjust = list(sched.adjust)
         elif self.batches_per_epoch:
             steps = self.batches_per_epoch
             for w, t in enumerate(per_worker([steps] * nw, steps)):
@@ -272,13 +305,15 @@ class StreamBatchLoader:
         self._state.publish(state)
         return steps
 
-    def _log_plan(self, plan: EpochPlan) -> None:
+    def _log_plan(self, s: RankSchedule, local: bool, loaded: int, seconds: float) -> None:
+        scope = "this rank" if local else f"all {self.world_size} ranks"
         log.info(
-            "epoch %d: %d batches per rank on %d ranks; even_batches=%s: %d samples left out, "
-            "%d repeated, %d batches split; %d skipped (outside min_length/max_length/budget), "
-            "%d dropped (drop_last)",
-            plan.epoch, plan.steps, self.world_size, self.even_batches, plan.surplus_samples, plan.repeated_samples,
-            plan.split_batches, plan.skipped_samples, plan.dropped_samples,
+            "epoch %d: %d batches per rank on %d ranks; rank %d planned %d samples in %.2f s (%s plan, %d lengths "
+            "read); even_batches=%s on %s: %d samples left out, %d repeated, %d batches split; %d skipped "
+            "(outside min_length/max_length/budget), %d dropped (drop_last)",
+            s.epoch, s.steps, self.world_size, self.rank, s.planned_samples, seconds,
+            "rank-local" if local else "whole-epoch O(N)", loaded, self.even_batches, scope, s.surplus, s.repeated,
+            s.splits, s.skipped, s.dropped,
         )
 
     def fault_stats(self) -> dict[str, Any]:
@@ -344,7 +379,7 @@ class StreamBatchLoader:
         if self.index is None and consumed:
             raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
         self.epoch = int(state["epoch"])
-        self._plans = {}
+        self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         excluded = _unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
         self._excluded = (self.epoch, excluded) if excluded is not None else None
@@ -358,7 +393,7 @@ class StreamBatchLoader:
             return
         # another layout: mark what the old layout consumed, and plan the rest afresh
         old = make_epoch_plan(
-            [s.lengths for s in self.index.shards], self.config, self.epoch, int(state["world_size"]),
+            index_lengths(self.index), self.config, self.epoch, int(state["world_size"]),
             int(state["num_workers"]), state.get("even_batches", self.even_batches), excluded, self.hardest_first,
         )
         mask = np.zeros(self.index.num_samples, dtype=bool) if excluded is None else excluded.copy()

@@ -8,13 +8,14 @@ consumed. Equalising needs only two numbers per rank (:class:`RankSummary`); the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .config import BatchingConfig
+from .lengths import Lengths
 from .shards import plan_slots
-from .slot import Adjust, SlotPlan, apply_adjust, batch_costs, global_offsets, halve_largest, hardest_batch
+from .slot import Adjust, SlotPlan, apply_adjust, batch_costs, halve_largest, hardest_batch
 from .slot import interleave, per_worker, plan_slot
 
 EVEN_BATCHES = ("split", "drop", "pad")
@@ -92,7 +93,7 @@ def plan_rank(
     config: BatchingConfig,
     epoch: int,
     rank: int,
-    all_lengths: np.ndarray,
+    lengths: Lengths,
     hardest_first: bool = False,
 ) -> RankPlan:
     """Equalise one rank's slots to ``steps`` batches: split or pad, then hardest first, then take."""
@@ -103,15 +104,15 @@ def plan_rank(
     if even_batches == "split" and need > 0:
         splits = _split_counts(raw, need, adjust)
     elif even_batches == "pad" and need > 0:
-        _pad_counts(raw, need, adjust, rank, len(all_lengths))
+        _pad_counts(raw, need, adjust, rank, lengths.num_samples)
     first = rank * nw
     slots = [apply_adjust(raw[w], adjust[w], config.seed, epoch, first + w) for w in range(nw)]
     start = 0
     if hardest_first and steps:
-        start = _hardest_worker(slots, all_lengths, config)
+        start = _hardest_worker(slots, lengths, config)
         adjust[start].hardest = True
         s = slots[start]
-        slots[start] = apply_adjust(s, Adjust(hardest=True), config.seed, epoch, first + start, all_lengths[s.gids], config.cost)
+        slots[start] = apply_adjust(s, Adjust(hardest=True), config.seed, epoch, first + start, lengths[s.gids], config.cost)
     out = RankPlan(slots, adjust, start, splits=splits)
     for w, t in enumerate(per_worker([len(s.batches) for s in slots], steps, start)):
         s = slots[w]
@@ -145,12 +146,12 @@ def _pad_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust], rank: 
         adjust[have[i % len(have)]].pad += 1
 
 
-def _hardest_worker(slots: Sequence[SlotPlan], all_lengths: np.ndarray, config: BatchingConfig) -> int:
+def _hardest_worker(slots: Sequence[SlotPlan], lengths: Lengths, config: BatchingConfig) -> int:
     """The worker holding the rank's most expensive batch (the first on ties)."""
     best = (-1.0, 0)
     for w, sp in enumerate(slots):
         if sp.batches:
-            lens = all_lengths[sp.gids]
+            lens = lengths[sp.gids]
             h = hardest_batch(sp.batches, sp.repeat, lens, config.cost)
             c = batch_costs([sp.batches[h]], lens, config.cost)[0]
             if c > best[0]:
@@ -159,7 +160,7 @@ def _hardest_worker(slots: Sequence[SlotPlan], all_lengths: np.ndarray, config: 
 
 
 def make_epoch_plan(
-    shard_lengths: Sequence[np.ndarray],
+    shard_lengths: Lengths | Sequence[np.ndarray],
     config: BatchingConfig,
     epoch: int,
     world_size: int,
@@ -172,14 +173,13 @@ def make_epoch_plan(
     if even_batches not in EVEN_BATCHES:
         raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
     num_slots = world_size * num_workers
-    all_lengths = np.concatenate(list(shard_lengths)) if len(shard_lengths) else np.zeros(0)
-    offsets = global_offsets([len(x) for x in shard_lengths])
-    dealt = plan_slots(shard_lengths, num_slots, config.seed, epoch, config.shuffle, excluded=excluded)
-    raw = [plan_slot(dealt[s], all_lengths, offsets, config, epoch, s, excluded) for s in range(num_slots)]
+    lengths = shard_lengths if isinstance(shard_lengths, Lengths) else Lengths.of(shard_lengths)
+    dealt = plan_slots(lengths, num_slots, config.seed, epoch, config.shuffle, excluded=excluded)
+    raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(num_slots)]
     by_rank = [raw[r * num_workers:(r + 1) * num_workers] for r in range(world_size)]
     steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], even_batches)
     ranks = [
-        plan_rank(by_rank[r], steps, even_batches, config, epoch, r, all_lengths, hardest_first)
+        plan_rank(by_rank[r], steps, even_batches, config, epoch, r, lengths, hardest_first)
         for r in range(world_size)
     ]
     return EpochPlan(
@@ -196,6 +196,65 @@ def make_epoch_plan(
         skipped_samples=sum(s.skipped for s in raw),
         dropped_samples=sum(s.dropped for s in raw),
     )
+
+
+@dataclass
+class RankSchedule:
+    """What one rank yields in an epoch: ``steps`` batches; per worker its :class:`Adjust` (``take``: its
+    batch count), the worker the round starts with, and what this rank left out, repeated, split or skipped."""
+
+    epoch: int
+    steps: int
+    adjust: list[Adjust]
+    start: int = 0
+    surplus: int = 0
+    repeated: int = 0
+    splits: int = 0
+    skipped: int = 0
+    dropped: int = 0
+    planned_samples: int = 0
+
+    def worker_counts(self) -> list[int]:
+        return [a.take for a in self.adjust]
+
+    def order(self) -> list[tuple[int, int]]:
+        """(worker, batch number) of the rank's batches in the order its DataLoader yields them."""
+        return interleave(self.worker_counts(), self.start)
+
+    @classmethod
+    def of(cls, plan: EpochPlan, rank: int) -> "RankSchedule":
+        """The rank's part of a global plan (counts are then the whole epoch's)."""
+        adjust = [plan.adjust[s] for s in plan.rank_slots(rank)]
+        counts = plan.worker_counts(rank)
+        adjust = [Adjust(a.split, a.pad, counts[w], a.hardest) for w, a in enumerate(adjust)]
+        return cls(plan.epoch, plan.steps, adjust, plan.start(rank), plan.surplus_samples, plan.repeated_samples,
+                   plan.split_batches, plan.skipped_samples, plan.dropped_samples,
+                   sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)))
+
+
+def plan_rank_local(
+    lengths: Lengths,
+    config: BatchingConfig,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    gather: Callable[[list[int]], list[list[int]]],
+    even_batches: str = "split",
+    hardest_first: bool = False,
+) -> RankSchedule:
+    """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
+    step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""
+    slots = range(rank * num_workers, (rank + 1) * num_workers)
+    dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, slots=slots)
+    raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s) for s in slots]
+    mine = RankSummary.of(raw)
+    summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
+    steps = agreed_steps(summaries, even_batches)
+    rp = plan_rank(raw, steps, even_batches, config, epoch, rank, lengths, hardest_first)
+    adjust = [Adjust(a.split, a.pad, len(s.batches), a.hardest) for a, s in zip(rp.adjust, rp.slots)]
+    return RankSchedule(epoch, steps, adjust, rp.first_worker, rp.surplus, rp.repeated, rp.splits,
+                        sum(s.skipped for s in raw), sum(s.dropped for s in raw), sum(len(s.gids) for s in raw))
 
 
 def consumed_ids(plan: EpochPlan, consumed: int) -> np.ndarray:

@@ -1,9 +1,4 @@
-"""Per-epoch shard order and the split of shards over (rank, worker) slots, balanced by total length.
-
-All ranks compute the same plan from ``(seed, epoch)``: one permutation of the shards, then each shard in
-that order goes to the slot with the least total length so far. With fewer shards than slots, shards are
-cut into sample ranges (pieces) first, so every slot gets data and no sample is dealt twice.
-"""
+"""Per-epoch shard order and the cut of the shard stream into (rank, worker) slots of equal total length."""
 
 from __future__ import annotations
 
@@ -11,6 +6,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from .lengths import Lengths
 
 
 @dataclass(frozen=True)
@@ -39,50 +36,65 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True, re
 
 
 def plan_slots(
-    shard_lengths: Sequence[np.ndarray],
+    lengths: Lengths | Sequence[np.ndarray],
     num_slots: int,
     seed: int,
     epoch: int,
     shuffle: bool = True,
     excluded: np.ndarray | None = None,
+    slots: range | None = None,
 ) -> list[list[Piece]]:
-    """The pieces each of ``num_slots`` slots streams this epoch.
+    """The pieces each of ``num_slots`` slots streams this epoch (only ``slots`` are filled when given).
 
     The shards, in the epoch's order, form one long stream of samples; it is cut into ``num_slots``
-    consecutive runs of equal total length. So every slot gets the same amount of audio or tokens to within
-    one sample, each slot reads a few whole shards plus at most two partial ones, and with fewer shards than
-    slots the shards are simply shared. ``excluded`` (a mask over global sample ids, shards in index order)
-    leaves out samples already consumed before a resume.
+    consecutive runs of equal total length (a sample goes where the midpoint of its running total falls).
+    So every slot gets the same amount of audio or tokens to within one sample, reads a few whole shards plus
+    at most two partial ones, and with fewer shards than slots the shards are shared. The running total is
+    the shard table's prefix sum plus a sum inside the shard, so a rank finds its own slots' pieces from the
+    shard table and the lengths of just the shards they touch. ``excluded`` (a mask over global ids) leaves
+    out samples consumed before a resume (that needs every shard's lengths).
     """
-    counts = np.array([len(x) for x in shard_lengths], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    order = shard_order(len(shard_lengths), seed, epoch, shuffle)
-    shard_of, index_of, length_of = [], [], []
-    for s in order:
-        s = int(s)
-        idx = np.arange(counts[s])
-        if excluded is not None:
-            idx = idx[~excluded[offsets[s]:offsets[s + 1]]]
-        if idx.size:
-            shard_of.append(np.full(idx.size, s))
-            index_of.append(idx)
-            length_of.append(np.asarray(shard_lengths[s], dtype=np.float64)[idx])
-    slots: list[list[Piece]] = [[] for _ in range(num_slots)]
-    if not shard_of:
-        return slots
-    shard_seq, index_seq = np.concatenate(shard_of), np.concatenate(index_of)
-    cum = np.cumsum(np.concatenate(length_of))
-    total = cum[-1]
-    # slot k takes the samples whose running total (at their midpoint) falls in its k-th share
-    mid = cum - np.concatenate(length_of) / 2
-    slot_of = np.minimum((mid * num_slots / total).astype(np.int64), num_slots - 1)
-    bounds = np.searchsorted(slot_of, np.arange(num_slots + 1), side="left")
-    runs = np.flatnonzero(np.diff(shard_seq)) + 1  # where the stream passes to the next shard
-    for k in range(num_slots):
-        a, b = int(bounds[k]), int(bounds[k + 1])
-        if a >= b:
+    lengths = lengths if isinstance(lengths, Lengths) else Lengths.of(lengths)
+    wanted = slots if slots is not None else range(num_slots)
+    out: list[list[Piece]] = [[] for _ in range(num_slots)]
+    order = shard_order(lengths.num_shards, seed, epoch, shuffle)
+    totals = _kept_totals(lengths, excluded)[order]
+    prefix = np.concatenate([[0.0], np.cumsum(totals)])
+    total = prefix[-1]
+    if not len(wanted) or total <= 0:
+        return out
+    lo, hi = wanted.start * total / num_slots, wanted.stop * total / num_slots
+    # the shards whose span can hold a midpoint in [lo, hi), one more on each side for rounding
+    first = max(0, int(np.searchsorted(prefix[1:], lo, side="left")) - 1)
+    last = min(len(order), int(np.searchsorted(prefix[:-1], hi, side="right")) + 1)
+    lengths.prefetch(order[first:last])
+    for i in range(first, last):
+        shard = int(order[i])
+        idx, x = _kept(lengths, shard, excluded)
+        if not idx.size:
             continue
-        cuts = [a, *runs[(runs > a) & (runs < b)].tolist(), b]
-        for x, y in zip(cuts[:-1], cuts[1:]):
-            slots[k].append(Piece(int(shard_seq[x]), int(index_seq[x]), int(index_seq[y - 1]) + 1))
-    return slots
+        mid = prefix[i] + np.cumsum(x) - x / 2
+        slot_of = np.minimum((mid * num_slots / total).astype(np.int64), num_slots - 1)
+        cuts = np.flatnonzero(np.diff(slot_of)) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), idx.size]):
+            k = int(slot_of[a])
+            if k in wanted:
+                out[k].append(Piece(shard, int(idx[a]), int(idx[b - 1]) + 1))
+    return out
+
+
+def _kept(lengths: Lengths, shard: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(tar positions, float lengths) of a shard's samples that are not excluded."""
+    x = np.asarray(lengths.shard(shard), dtype=np.float64)
+    idx = np.arange(x.size)
+    if excluded is not None:
+        keep = ~excluded[lengths.offsets[shard]:lengths.offsets[shard + 1]]
+        idx, x = idx[keep], x[keep]
+    return idx, x
+
+
+def _kept_totals(lengths: Lengths, excluded: np.ndarray | None) -> np.ndarray:
+    """Each shard's total length, without excluded samples (the shard table's totals when none are)."""
+    if excluded is None:
+        return lengths.totals
+    return np.array([float(_kept(lengths, s, excluded)[1].sum()) for s in range(lengths.num_shards)])

@@ -58,16 +58,18 @@ def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: np.ndarr
 
 def plan_slot(
     pieces: list[Piece],
-    all_lengths: np.ndarray,
+    lengths: Any,
     offsets: np.ndarray,
     config: BatchingConfig,
     epoch: int,
     slot: int,
     excluded: np.ndarray | None = None,
 ) -> SlotPlan:
-    """One slot's batches before equalisation: the slot's batcher run over its stream's lengths."""
+    """One slot's batches before equalisation: the slot's batcher run over its stream's lengths.
+
+    ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array."""
     gids = slot_stream(pieces, offsets, excluded)
-    bp = BucketBatcher.for_slot(config, epoch, slot).plan(all_lengths[gids])
+    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lengths[gids])
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
 
 

@@ -119,10 +119,10 @@ _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 class _Executor:
     """The state of :func:`execute_plan`: samples held by stream position, positions lost, the reservoir."""
 
-    def __init__(self, samples: Iterator[Any], plan: SlotPlan, first: int, all_lengths: np.ndarray,
+    def __init__(self, samples: Iterator[Any], plan: SlotPlan, first: int, lengths: np.ndarray,
                  faults: FaultLog | None, reservoir: int):
         self.it = iter(samples)
-        self.plan, self.lengths, self.faults = plan, all_lengths, faults
+        self.plan, self.lengths, self.faults = plan, lengths, faults
         self.needed = np.zeros(len(plan.gids), dtype=bool)
         for b in plan.batches[first:]:
             self.needed[b] = True
@@ -136,7 +136,7 @@ class _Executor:
             self.faults.add(name, n)
 
     def length(self, pos: int) -> float:
-        return float(self.lengths[self.plan.gids[pos]])
+        return float(self.lengths[pos])
 
     def pull(self) -> Any:
         """Process one stream item; the position of a held sample, None, or _END."""
@@ -151,7 +151,7 @@ class _Executor:
             self.count("lost_samples", len(gone))
             self.pool.discard(item.url)
             return None
-        pos, gid, sample = item
+        pos, _, sample = item
         self.upto = max(self.upto, pos)
         if not self.needed[pos]:
             return None
@@ -160,10 +160,10 @@ class _Executor:
             self.count("lost_samples")
             return None
         got = (sample.get("json") or {}).get("length")
-        if got is not None and got != self.lengths[gid]:
+        if got is not None and got != self.lengths[pos]:
             raise RuntimeError(
                 f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
-                f"{self.lengths[gid]}; {_MISMATCH}"
+                f"{self.lengths[pos]}; {_MISMATCH}"
             )
         self.held[pos] = sample
         return pos
@@ -223,20 +223,20 @@ def execute_plan(
     samples: Iterator[Any],
     plan: SlotPlan,
     first: int,
-    all_lengths: np.ndarray,
+    lengths: np.ndarray,
     faults: FaultLog | None = None,
     reservoir: int = 64,
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
 
-    ``samples`` come from :func:`positioned`. Batches ``plan.batches[first:]`` are yielded in plan order; a
+    ``samples`` come from :func:`positioned`; ``lengths`` are the index's, by stream position. Batches ``plan.batches[first:]`` are yielded in plan order; a
     batch marked as a repeat is yielded again from the samples of the one before it. Samples no remaining
     batch needs are dropped on arrival; lost ones are re-drawn from the last ``reservoir`` emitted (counted).
     """
     todo, repeat = plan.batches[first:], plan.repeat[first:]
     if not todo:
         return
-    ex = _Executor(samples, plan, first, all_lengths, faults, reservoir)
+    ex = _Executor(samples, plan, first, lengths, faults, reservoir)
     last: list[dict[str, Any]] = []
     for k, b in enumerate(todo):
         if repeat[k] and k > 0:

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from ..dataset.index import ShardInfo
+from ..dataset.index import ShardIndex
 from ..dist import worker_info
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
+from ..plan.lengths import Lengths, index_lengths
 from ..plan.shards import Piece, plan_slots, shard_order
-from ..plan.slot import Adjust, SlotPlan, apply_adjust, global_offsets, per_worker, plan_slot
+from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot
 from .collate import Decode, collate, split_micro_batches
 from .execute import execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
@@ -84,11 +85,11 @@ class CollateOptions:
 class SlotContext:
     """Everything a DataLoader worker needs to stream its slot, handed over once (pickled to each worker).
 
-    ``shards`` is the index's shard list (None without an index); ``faults``/``bad``/``state`` are shared
+    ``index`` is None without one; ``faults``/``bad``/``state`` are shared
     tensors; ``excluded`` is ``(epoch, mask)`` of samples consumed before a re-planned resume."""
 
     urls: list[str]
-    shards: list[ShardInfo] | None
+    index: ShardIndex | None
     config: BatchingConfig
     rank: int
     world_size: int
@@ -104,6 +105,10 @@ class SlotContext:
     @property
     def num_slots(self) -> int:
         return self.world_size * self.num_workers
+
+    def lengths(self) -> Lengths:
+        """The index lengths as the planner reads them: per shard, only the shards asked for."""
+        return index_lengths(self.index)
 
     def excluded_in(self, epoch: int) -> np.ndarray | None:
         return self.excluded[1] if self.excluded is not None and self.excluded[0] == epoch else None
@@ -137,7 +142,7 @@ def stream_slot(
 ) -> Iterator[Any]:
     """The one place the read stages are composed, for one (rank, worker) slot."""
     checked = CheckedBatches(ctx.collate, faults)
-    if ctx.shards is not None:
+    if ctx.index is not None:
         batches = _planned_batches(ctx, epoch, slot, adj, first, faults)
     else:
         batches = _online_batches(ctx, epoch, slot, adj, faults)
@@ -149,19 +154,20 @@ def _planned_batches(
     ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None
 ) -> Iterator[list[dict[str, Any]]]:
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
-    shard_lengths = [s.lengths for s in ctx.shards]
-    all_lengths = np.concatenate(shard_lengths)
-    offsets = global_offsets([len(x) for x in shard_lengths])
+    lengths = ctx.lengths()
+    offsets = lengths.offsets
     excluded = ctx.excluded_in(epoch)
-    pieces = plan_slots(shard_lengths, ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle, excluded=excluded)[slot]
-    raw = plan_slot(pieces, all_lengths, offsets, ctx.config, epoch, slot, excluded)
-    plan = apply_adjust(raw, adj, ctx.config.seed, epoch, slot, all_lengths[raw.gids], ctx.config.cost)
+    cfg = ctx.config
+    pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
+    raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded)
+    by_pos = lengths[raw.gids]
+    plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
     def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
         needed = pieces_needed(part, start, offsets, excluded)
-        samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.shards,
+        samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
                               faults, markers=True)
-        return execute_plan(positioned(samples, needed, offsets, excluded), part, start, all_lengths, faults,
+        return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,
                             ctx.read.reservoir)
 
     if adj.hardest and first == 0 and plan.batches:

@@ -1,0 +1,472 @@
+"""Index version 2: a small ``index.json`` header beside columnar Parquet tables, for datasets of 10⁹ samples.
+
+``index.shards.parquet`` has one row per shard; the per-sample table (shard, key, length, offset, size) is
+split into ``index.samples/part-NNNNN.parquet`` files of whole shards, one row group per group of whole
+shards, so a DDP rank reads the header, the shard table and only the row groups of the shards it streams.
+Page checksums, byte sizes, row counts and a per-write id are checked on every read: a damaged table is an
+:class:`IndexError_` naming the file. pyarrow is imported on first use (version 1 indexes never need it).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+
+from .storage import AtomicWriter, join_url, open_random
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+FORMAT = "streambatch-index"
+INDEX_NAME = "index.json"
+SHARDS_NAME = "index.shards.parquet"
+SAMPLES_DIR = "index.samples"
+ROWS_PER_FILE = 1 << 20
+ROWS_PER_GROUP = 1 << 16
+ID_KEY = b"streambatch.index_id"
+LENGTH_TYPES = ("int64", "float64")
+
+
+class IndexError_(ValueError):
+    """An index file that cannot be read or does not describe a streambatch dataset."""
+
+
+def json_number(x: float) -> float | int:
+    """``x`` as JSON writes it best: an int when it is whole, else a float."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _arrow() -> tuple[Any, Any]:
+    """pyarrow and pyarrow.parquet, imported when a version 2 index is first read or written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa, pq
+
+
+def sample_schema(length_type: str) -> "pa.Schema":
+    """The per-sample table: offset/size locate a sample's members in its tar (null when unknown)."""
+    pa, _ = _arrow()
+    return pa.schema([("shard", pa.int32()), ("key", pa.string()), ("length", pa.type_for_alias(length_type)),
+                      ("offset", pa.int64()), ("size", pa.int64())])
+
+
+def shard_schema(length_type: str) -> "pa.Schema":
+    """The shard table; checksums are raw digests (fixed-size binary: half the memory of hex strings)."""
+    pa, _ = _arrow()
+    lt = pa.type_for_alias(length_type)
+    return pa.schema([
+        ("url", pa.string()), ("count", pa.int64()), ("bytes", pa.int64()), ("sha256", pa.binary(32)),
+        ("keys_sha1", pa.binary(20)), ("total_length", lt), ("max_length", lt), ("min_length", lt),
+        ("first", pa.int64()), ("part", pa.int32()), ("row_group", pa.int32()),
+    ])
+
+
+def part_name(part: int) -> str:
+    return f"{SAMPLES_DIR}/part-{part:05d}.parquet"
+
+
+def table_url(root: str, rel: str) -> str:
+    return join_url(root, *rel.split("/"))
+
+
+def _digest(value: str | None, size: int, what: str) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b""
+    if len(raw) != size:
+        raise ValueError(f"{what}: {value!r} is not a hex digest of {size} bytes")
+    return raw
+
+
+def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
+    """``lengths`` in the column's type; whole numbers only in an int64 column (never silently rounded)."""
+    arr = np.asarray(lengths)
+    if length_type == "float64":
+        return arr.astype(np.float64)
+    if arr.dtype.kind == "f":
+        if arr.size and not np.all(arr == np.round(arr)):
+            raise ValueError(f"{what}: lengths are not whole numbers; write the index with float64 lengths")
+    return arr.astype(np.int64)
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+@dataclass
+class ShardColumns:
+    """The shard table in memory: numbers as numpy arrays, strings and digests as Arrow arrays."""
+
+    url: Any
+    sha256: Any
+    keys_sha1: Any
+    count: np.ndarray
+    bytes: np.ndarray
+    total_length: np.ndarray
+    max_length: np.ndarray
+    min_length: np.ndarray
+    first: np.ndarray
+    part: np.ndarray
+    row_group: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.count)
+
+
+class ColumnarIndex:
+    """Reads a version 2 index's tables: the shard table whole, sample row groups on demand.
+
+    Row groups read for lengths are cached here (a shard's lengths are a view of its group's array);
+    :meth:`iter_shard_lengths` streams without filling the cache. Open files are not pickled.
+    """
+
+    def __init__(self, root: str, header: dict[str, Any], storage_options: dict | None = None,
+                 source: str = INDEX_NAME) -> None:
+        self.root, self.header, self.storage_options, self.source = root, header, storage_options, source
+        try:
+            self.length_type = str(header["columns"]["length"])
+            self.parts = list(header["tables"]["samples"])
+            self.shard_entry = dict(header["tables"]["shards"])
+            self.id = str(header["id"])
+        except (KeyError, TypeError) as e:
+            raise IndexError_(f"{source}: malformed version 2 header ({e!r})") from e
+        if self.length_type not in LENGTH_TYPES:
+            raise IndexError_(f"{source}: length column type {self.length_type!r} is not one of {LENGTH_TYPES}")
+        self._cache: dict[int, np.ndarray] = {}
+        self._files: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self.columns = self._read_shard_table()
+        self._index_groups()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_files"], state["_lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # ---- opening tables ------------------------------------------------------------------------
+    def _open(self, rel: str, entry: dict[str, Any]) -> Any:
+        """A verified ParquetFile: size as the header says, footer readable, the same write id."""
+        _, pq = _arrow()
+        url = table_url(self.root, rel)
+        try:
+            f = open_random(url, self.storage_options)
+        except FileNotFoundError as e:
+            raise IndexError_(f"{url}: missing ({e})") from e
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(0)
+        if size != int(entry["bytes"]):
+            f.close()
+            raise IndexError_(f"{url}: {size} bytes, the index says {entry['bytes']} (truncated or replaced)")
+        try:
+            pf = pq.ParquetFile(f, page_checksum_verification=True)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged footer
+            f.close()
+            raise IndexError_(f"{url}: not a readable Parquet table ({e})") from e
+        md = pf.metadata
+        found = (md.metadata or {}).get(ID_KEY, b"").decode()
+        if found != self.id:
+            raise IndexError_(f"{url}: written by another index write ({found or 'no id'}, {self.source} has "
+                              f"{self.id}): tables and header do not belong together")
+        if md.num_rows != int(entry["rows"]):
+            raise IndexError_(f"{url}: {md.num_rows} rows, the index says {entry['rows']}")
+        return pf
+
+    def _read_shard_table(self) -> ShardColumns:
+        pf = self._open(SHARDS_NAME, self.shard_entry)
+        url = table_url(self.root, SHARDS_NAME)
+        try:
+            t = pf.read()
+        except Exception as e:  # noqa: BLE001
+            raise IndexError_(f"{url}: cannot be read ({e})") from e
+        try:
+            cols = {n: t.column(n) for n in shard_schema(self.length_type).names}
+        except KeyError as e:
+            raise IndexError_(f"{url}: missing column ({e})") from e
+        arrays = {n: c.combine_chunks() for n, c in cols.items()}
+        nums = {n: a.to_numpy(zero_copy_only=False) for n, a in arrays.items()
+                if n not in ("url", "sha256", "keys_sha1")}
+        return ShardColumns(url=arrays["url"], sha256=arrays["sha256"], keys_sha1=arrays["keys_sha1"], **nums)
+
+    def _index_groups(self) -> None:
+        """Where each shard's samples are: groups of shards with the same (part, row group), checked."""
+        c, where = self.columns, table_url(self.root, SHARDS_NAME)
+        n = len(c)
+        if n != int(self.header.get("num_shards", n)) or int(c.count.sum()) != int(self.header.get("num_samples", 0)):
+            raise IndexError_(f"{where}: {n} shards of {int(c.count.sum())} samples, the index says "
+                              f"{self.header.get('num_shards')} of {self.header.get('num_samples')}")
+        if n and not np.array_equal(c.first, np.concatenate([[0], np.cumsum(c.count)[:-1]])):
+            raise IndexError_(f"{where}: column 'first' is not the running count of samples")
+        change = np.flatnonzero((np.diff(c.part) != 0) | (np.diff(c.row_group) != 0)) + 1 if n else np.zeros(0, int)
+        self.group_start = np.concatenate([[0], change]).astype(np.int64) if n else np.zeros(0, np.int64)
+        self.group_stop = np.concatenate([self.group_start[1:], [n]]).astype(np.int64)
+        self.group_rows = np.add.reduceat(c.count, self.group_start) if n else np.zeros(0, np.int64)
+        self.shard_group = np.repeat(np.arange(len(self.group_start)), self.group_stop - self.group_start)
+        gp, gr = c.part[self.group_start], c.row_group[self.group_start]
+        real = gp >= 0
+        expected_part = np.concatenate([[0], np.cumsum(gr[real][1:] == 0)]) if real.any() else np.zeros(0)
+        ok = (not real.any() or (gr[real][0] == 0 and np.all(gp[real] == expected_part)
+                                 and np.all(np.diff(gr[real])[np.diff(gp[real]) == 0] == 1)))
+        if not ok or int(real.sum() and gp[real].max() + 1) != len(self.parts) or np.any(self.group_rows[~real]):
+            raise IndexError_(f"{where}: part/row_group columns do not match the {len(self.parts)} sample files")
+
+    def _file(self, part: int) -> Any:
+        with self._lock:
+            pf = self._files.get(part)
+        if pf is None:
+            entry = self.parts[part]
+            pf = self._open(entry["path"], entry)
+            if pf.metadata.num_row_groups != int(entry["row_groups"]):
+                raise IndexError_(f"{table_url(self.root, entry['path'])}: {pf.metadata.num_row_groups} row "
+                                  f"groups, the index says {entry['row_groups']}")
+            with self._lock:
+                self._files[part] = pf
+        return pf
+
+    # ---- reading samples -------------------------------------------------------------------------
+    def _read_group(self, g: int, columns: Sequence[str]) -> "pa.Table":
+        """One read of one row group (``columns`` plus the shard column, which is checked)."""
+        part, rg = int(self.columns.part[self.group_start[g]]), int(self.columns.row_group[self.group_start[g]])
+        pf, url = self._file(part), table_url(self.root, self.parts[part]["path"])
+        rows, want = pf.metadata.row_group(rg).num_rows, int(self.group_rows[g])
+        if rows != want:
+            raise IndexError_(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
+        try:
+            t = pf.read_row_group(rg, columns=["shard", *columns])
+        except Exception as e:  # noqa: BLE001 - checksum, decompression, decoding: all mean a damaged file
+            raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
+        a, b = int(self.group_start[g]), int(self.group_stop[g])
+        expected = np.repeat(np.arange(a, b, dtype=np.int32), self.columns.count[a:b])
+        if not np.array_equal(t.column("shard").to_numpy(), expected):
+            raise IndexError_(f"{url}: row group {rg} does not hold shards {a}..{b - 1} as the shard table says")
+        return t
+
+    def _group_lengths(self, g: int, keep: bool = True) -> np.ndarray:
+        with self._lock:
+            got = self._cache.get(g)
+        if got is not None:
+            return got
+        if self.columns.part[self.group_start[g]] < 0:
+            arr = np.zeros(0, dtype=self.length_type)
+        else:
+            col = self._read_group(g, ["length"]).column("length")
+            if col.null_count:
+                raise IndexError_(f"{table_url(self.root, self.parts[int(self.columns.part[self.group_start[g]])]['path'])}: "
+                                  "null lengths")
+            arr = col.to_numpy().astype(self.length_type)
+        if keep:
+            with self._lock:
+                self._cache[g] = arr
+        return arr
+
+    def _slice(self, arr: np.ndarray, g: int, shard: int) -> np.ndarray:
+        start = int(self.columns.first[shard] - self.columns.first[self.group_start[g]])
+        return arr[start:start + int(self.columns.count[shard])]
+
+    def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        """Lengths of the given shards: each needed row group read once and cached, no other."""
+        ids = np.asarray(shards, dtype=np.int64)
+        groups = self.shard_group[ids] if ids.size else np.zeros(0, np.int64)
+        arrays = {int(g): self._group_lengths(int(g)) for g in np.unique(groups)}
+        return [self._slice(arrays[int(g)], int(g), int(i)) for i, g in zip(ids, groups)]
+
+    def iter_shard_lengths(self) -> Iterator[np.ndarray]:
+        """Every shard's lengths in order, one row group in memory at a time (the cache is used, not filled)."""
+        for g in range(len(self.group_start)):
+            arr = self._group_lengths(g, keep=False)
+            for i in range(int(self.group_start[g]), int(self.group_stop[g])):
+                yield self._slice(arr, g, i)
+
+    def sample_offsets(self, shard: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(offsets, sizes) of a shard's samples in its tar, or None where the index does not know them."""
+        g = int(self.shard_group[shard])
+        if self.columns.part[self.group_start[g]] < 0:
+            return None
+        t = self._read_group(g, ["offset", "size"])
+        start = int(self.columns.first[shard] - self.columns.first[self.group_start[g]])
+        t = t.slice(start, int(self.columns.count[shard]))
+        if t.column("offset").null_count or t.column("size").null_count:
+            return None
+        return t.column("offset").to_numpy(), t.column("size").to_numpy()
+
+    def close(self) -> None:
+        with self._lock:
+            self._files.clear()
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+class _TableFile:
+    """One Parquet table streamed to a temporary name, one row group per :meth:`write`, page checksums on."""
+
+    def __init__(self, url: str, schema: "pa.Schema", index_id: str, storage_options: dict | None,
+                 dictionary: list[str]) -> None:
+        _, pq = _arrow()
+        self.out = AtomicWriter(url, storage_options)
+        self.rows = self.groups = 0
+        self.writer = pq.ParquetWriter(self.out.file, schema.with_metadata({ID_KEY: index_id.encode()}),
+                                       compression="zstd", write_page_checksum=True, use_dictionary=dictionary)
+
+    def write(self, table: "pa.Table") -> None:
+        self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.rows, self.groups = self.rows + table.num_rows, self.groups + 1
+
+    def finish(self) -> int:
+        self.writer.close()
+        return self.out.finish()
+
+
+def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: "pa.DataType", n: int) -> "pa.Array":
+    """An optional per-sample attribute of the group's shards as one column; nulls where a shard has none."""
+    pa, _ = _arrow()
+    values = [(getattr(s, attr, None), len(x)) for s, x in group]
+    if all(v is None for v, _ in values):
+        return pa.nulls(n, typ)
+    return pa.concat_arrays([pa.nulls(c, typ) if v is None else pa.array(v, typ) for v, c in values])
+
+
+class V2Writer:
+    """Streams shards into the version 2 tables: bounded memory (one row group of samples and one of shards).
+
+    Groups of whole shards of about ``rows_per_group`` samples become row groups; about ``rows_per_file``
+    samples (whole groups) make a sample file. :meth:`close` publishes the tables and returns the header's
+    ``tables`` entry; nothing is visible under the final names before then (local storage).
+    """
+
+    def __init__(self, root: str, length_type: str, storage_options: dict | None = None,
+                 rows_per_file: int = ROWS_PER_FILE, rows_per_group: int = ROWS_PER_GROUP) -> None:
+        if length_type not in LENGTH_TYPES:
+            raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
+        self.root, self.length_type, self.so = root, length_type, storage_options
+        self.rows_per_file, self.rows_per_group = rows_per_file, rows_per_group
+        self.id = uuid.uuid4().hex
+        self.num_shards = self.num_samples = 0
+        self.total: float | int = 0
+        self.group: list[tuple[Any, np.ndarray]] = []
+        self.group_rows = 0
+        self.shard_rows: dict[str, list[Any]] = {n: [] for n in shard_schema(length_type).names}
+        self.parts: list[dict[str, Any]] = []
+        self.files: list[_TableFile] = []
+        self.part: _TableFile | None = None
+        self.shards = _TableFile(table_url(root, SHARDS_NAME), shard_schema(length_type), self.id, storage_options, [])
+        self.files.append(self.shards)
+
+    def add(self, shard: Any) -> None:
+        """Append one shard (``url, count, bytes, lengths, sha256, keys_sha1``; optional ``keys, offsets, sizes``)."""
+        what = f"shard {self.num_shards} ({shard.url})"
+        lengths = typed_lengths(shard.lengths, self.length_type, what)
+        if len(lengths) != int(shard.count):
+            raise ValueError(f"{what}: count {shard.count} but {len(lengths)} lengths")
+        if self.group_rows and self.group_rows + len(lengths) > self.rows_per_group:
+            self._flush_group()
+        self.group.append((shard, lengths))
+        self.group_rows += len(lengths)
+        self.num_shards += 1
+
+    def _flush_group(self) -> None:
+        pa, _ = _arrow()
+        if self.part is None or (self.part.rows and self.part.rows + self.group_rows > self.rows_per_file):
+            self._next_part()
+        assert self.part is not None
+        schema, n = sample_schema(self.length_type), self.group_rows
+        ids = [self.num_shards - len(self.group) + i for i in range(len(self.group))]
+        counts = [len(x) for _, x in self.group]
+        table = pa.table([
+            pa.array(np.repeat(np.asarray(ids, np.int32), counts), pa.int32()),
+            _column(self.group, "keys", pa.string(), n),
+            pa.array(np.concatenate([x for _, x in self.group]), schema.field("length").type),
+            _column(self.group, "offsets", pa.int64(), n), _column(self.group, "sizes", pa.int64(), n),
+        ], schema=schema)
+        self.part.write(table)
+        self._shard_rows(len(self.parts) - 1, self.part.groups - 1)
+
+    def _shard_rows(self, part: int, row_group: int) -> None:
+        """The shard-table rows of the pending group, flushed as a row group every ``rows_per_group`` shards."""
+        r = self.shard_rows
+        for shard, x in self.group:
+            total, mx, mn = (x.sum().item(), x.max().item(), x.min().item()) if len(x) else (0, 0, 0)
+            for name, value in (
+                ("url", shard.url), ("count", len(x)), ("bytes", int(shard.bytes)), ("first", self.num_samples),
+                ("sha256", _digest(shard.sha256, 32, f"shard {shard.url}: sha256")),
+                ("keys_sha1", _digest(shard.keys_sha1, 20, f"shard {shard.url}: keys_sha1")),
+                ("total_length", total), ("max_length", mx), ("min_length", mn), ("part", part), ("row_group", row_group),
+            ):
+                r[name].append(value)
+            self.num_samples += len(x)
+            self.total += total
+        self.group, self.group_rows = [], 0
+        if len(r["url"]) >= self.rows_per_group:
+            self._flush_shards()
+
+    def _flush_shards(self) -> None:
+        pa, _ = _arrow()
+        if self.shard_rows["url"]:
+            self.shards.write(pa.table(self.shard_rows, schema=shard_schema(self.length_type)))
+            self.shard_rows = {n: [] for n in self.shard_rows}
+
+    def _next_part(self) -> None:
+        if self.part is not None:
+            self._end_part()
+        rel = part_name(len(self.parts))
+        self.parts.append({"path": rel, "shards": [self.num_shards - len(self.group), None]})
+        self.part = _TableFile(table_url(self.root, rel), sample_schema(self.length_type), self.id, self.so, ["shard"])
+        self.files.append(self.part)
+
+    def _end_part(self) -> None:
+        assert self.part is not None
+        entry = self.parts[-1]
+        entry.update(bytes=self.part.finish(), rows=self.part.rows, row_groups=self.part.groups)
+        entry["shards"][1] = self.num_shards - len(self.group)
+
+    def close(self) -> dict[str, Any]:
+        """Write what is pending, publish every table; returns the header's ``tables`` entry."""
+        if self.group_rows:
+            self._flush_group()
+        elif self.group:  # trailing shards without samples: part of the last row group, if there is one
+            self._shard_rows(len(self.parts) - 1, self.part.groups - 1 if self.part else -1)
+        if self.part is not None:
+            self._end_part()
+        self._flush_shards()
+        tables = {"shards": {"path": SHARDS_NAME, "bytes": self.shards.finish(), "rows": self.shards.rows},
+                  "samples": self.parts}
+        for f in self.files:
+            f.out.publish()
+        return tables
+
+    def abort(self) -> None:
+        """Throw away every table file of this write (after an error)."""
+        for f in self.files:
+            f.out.abort()
+
+
+def write_v2(root: str, shards: Any, header: dict[str, Any], length_type: str, storage_options: dict | None = None,
+             progress: Any = None, **sizes: int) -> dict[str, Any]:
+    """Stream ``shards`` into the tables under ``root``, then write ``index.json`` (``header`` plus counts,
+    columns and tables) last, atomically. ``progress``: a tqdm-like bar updated per shard. Returns the header."""
+    import json
+
+    from .storage import write_bytes_atomic
+
+    w = V2Writer(root, length_type, storage_options, **sizes)
+    try:
+        for shard in shards:
+            w.add(shard)
+            if progress is not None:
+                progress.update(1)
+        tables = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    out = dict(header, format=FORMAT, version=2, num_shards=w.num_shards, num_samples=w.num_samples,
+               total_length=json_number(w.total), id=w.id, tables=tables,
+               columns={f.name: str(f.type) for f in sample_schema(length_type)})
+    write_bytes_atomic(table_url(root, INDEX_NAME), json.dumps(out, separators=(",", ":")).encode(), storage_options)
+    return out

@@ -1,0 +1,94 @@
+"""The lengths the planner sees: per-shard counts and totals for all shards, per-sample lengths on demand.
+
+A rank plans from the shard table alone and loads the per-sample lengths of only the shards its slots touch
+(from a columnar index: only their row groups), so planning costs O(N / world), not O(N).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+Loader = Callable[[Sequence[int]], Sequence[np.ndarray]]
+
+
+class Lengths:
+    """Per-shard sample counts and length totals, and per-sample lengths loaded (and kept) per shard.
+
+    ``load(shards)`` returns the length arrays of those shards; it is called once per shard at most."""
+
+    def __init__(self, counts: np.ndarray, totals: np.ndarray, load: Loader):
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.totals = np.asarray(totals, dtype=np.float64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        self._load = load
+        self._arrays: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def of(cls, shard_lengths: Sequence[np.ndarray]) -> "Lengths":
+        """All lengths already in memory (the global plan, tests, benchmarks)."""
+        arrays = [np.asarray(x) for x in shard_lengths]
+        totals = [float(a.sum()) if a.size else 0.0 for a in arrays]
+        out = cls(np.array([a.size for a in arrays], dtype=np.int64), np.array(totals), lambda ids: [arrays[i] for i in ids])
+        out._arrays = dict(enumerate(arrays))
+        return out
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.counts)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def loaded(self) -> int:
+        """Samples whose lengths are in memory (what planning cost this process)."""
+        return int(sum(a.size for a in self._arrays.values()))
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Load the lengths of these shards in one call (one read per row group on a columnar index)."""
+        missing = sorted({int(s) for s in shards} - set(self._arrays))
+        if missing:
+            for s, a in zip(missing, self._load(missing)):
+                if len(a) != self.counts[s]:
+                    raise ValueError(f"shard {s}: {len(a)} lengths, the shard table says {self.counts[s]}")
+                self._arrays[s] = np.asarray(a)
+
+    def shard(self, s: int) -> np.ndarray:
+        """The lengths of shard ``s`` in tar order."""
+        s = int(s)
+        if s not in self._arrays:
+            self.prefetch([s])
+        return self._arrays[s]
+
+    def __getitem__(self, gids: np.ndarray) -> np.ndarray:
+        """Lengths of samples by global id (shards in index order, samples in tar order)."""
+        gids = np.asarray(gids, dtype=np.int64)
+        if gids.size == 0:
+            return np.zeros(0, dtype=np.float64)
+        shard_of = np.searchsorted(self.offsets, gids, side="right") - 1
+        out = np.empty(gids.size, dtype=np.result_type(*[self.shard(s).dtype for s in np.unique(shard_of)]))
+        for s in np.unique(shard_of):
+            sel = shard_of == s
+            out[sel] = self.shard(s)[gids[sel] - self.offsets[s]]
+        return out
+
+    def all(self) -> np.ndarray:
+        """Every length (O(N): the global plan only)."""
+        self.prefetch(range(self.num_shards))
+        if not self.num_shards:
+            return np.zeros(0)
+        return np.concatenate([self._arrays[s] for s in range(self.num_shards)])
+
+
+def index_lengths(index: Any) -> Lengths:
+    """:class:`Lengths` over a :class:`~streambatch.dataset.index.ShardIndex`: counts and totals from its shard
+    table, per-sample lengths read per shard when asked for (only their row groups on a columnar index)."""
+    shards = index.shards
+    counts = np.array([s.count for s in shards], dtype=np.int64)
+    totals = np.array([s.total_length for s in shards], dtype=np.float64)
+    if hasattr(index, "shard_lengths"):
+        return Lengths(counts, totals, index.shard_lengths)
+    return Lengths(counts, totals, lambda ids: [shards[i].lengths for i in ids])
