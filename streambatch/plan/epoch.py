@@ -232,6 +232,15 @@ class RankSchedule:
                    sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)))
 
 
+def rank_raw_slots(
+    lengths: Lengths, config: BatchingConfig, epoch: int, rank: int, world_size: int, num_workers: int
+) -> list[SlotPlan]:
+    """A rank's slots before equalisation, dealt and batched from the shard table and its own shards."""
+    slots = range(rank * num_workers, (rank + 1) * num_workers)
+    dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, slots=slots)
+    return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s) for s in slots]
+
+
 def plan_rank_local(
     lengths: Lengths,
     config: BatchingConfig,
@@ -245,9 +254,7 @@ def plan_rank_local(
 ) -> RankSchedule:
     """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
     step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""
-    slots = range(rank * num_workers, (rank + 1) * num_workers)
-    dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, slots=slots)
-    raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s) for s in slots]
+    raw = rank_raw_slots(lengths, config, epoch, rank, world_size, num_workers)
     mine = RankSummary.of(raw)
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
     steps = agreed_steps(summaries, even_batches)
