@@ -22,7 +22,7 @@ from .plan.config import OPTIONS as BATCHING_OPTIONS
 from .plan.config import BatchingConfig
 from .plan.cost import calibration_info
 from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, consumed_ids, make_epoch_plan, plan_rank_local
-from .plan.lengths import index_lengths
+from .plan.lengths import Lengths, index_lengths
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
@@ -214,9 +214,12 @@ class StreamBatchLoader:
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
+        return self._whole_plan(e, index_lengths(self.index))
+
+    def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(
-            index_lengths(self.index), self.config, e, self.world_size, max(1, self.num_workers),
-            self.even_batches, self._excluded_in(e), self.hardest_first,
+            lengths, self.config, epoch, self.world_size, max(1, self.num_workers),
+            self.even_batches, self._excluded_in(epoch), self.hardest_first,
         )
 
     def schedule(self, epoch: int | None = None) -> RankSchedule:
@@ -234,7 +237,7 @@ class StreamBatchLoader:
                 sched = plan_rank_local(lengths, self.config, e, self.rank, self.world_size, max(1, self.num_workers),
                                         all_gather_ints, self.even_batches, self.hardest_first)
             else:
-                sched = RankSchedule.of(self.plan(e), self.rank)
+                sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
             self._schedules = {e: sched}
             self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
         return self._schedules[e]

@@ -1,6 +1,6 @@
 """The one tar parser: a small ustar reader and the grouping of members into samples.
 
-Every caller that reads shards uses it (the loader's workers, ``shardify verify``, ``shardify index``), so a
+Every caller that reads shards uses it (the loader's workers and ``shardify verify``), so a
 shard that verifies is a shard that trains. Checks each header's checksum; handles GNU long names and pax
 ``path`` records as Python's tarfile and webdataset write them; about 3x faster than :mod:`tarfile`.
 """
