@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write, inspect and verify length-annotated WebDataset shards for streambatch.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_write, _add_merge, _add_stage, _add_inspect, _add_verify, _add_demo, _add_calibrate):
+    for add in (_add_write, _add_merge, _add_stage, _add_inspect, _add_verify, _add_upgrade, _add_demo,
+                _add_calibrate):
         add(sub)
     return parser
 
@@ -218,6 +219,22 @@ def _add_verify(sub: Any) -> None:
     v.set_defaults(func=cmd_verify)
 
 
+def _add_upgrade(sub: Any) -> None:
+    u = sub.add_parser(
+        "upgrade",
+        help="rewrite a version 1 index.json as the columnar version 2, in place",
+        description="Rewrite the dataset's version 1 index.json (one JSON file with every length) as version 2: "
+        "index.json holds the header and points to Parquet tables beside it (index.shards.parquet, "
+        "index.samples/part-*.parquet), so a DDP rank reads only the lengths of its own shards. The tables are "
+        "written first and index.json last (atomically): a killed upgrade leaves the version 1 index in place. "
+        "Shards are not touched. A version 2 index is left as it is.",
+    )
+    u.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+    u.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_storage(u)
+    u.set_defaults(func=cmd_upgrade)
+
+
 def _add_demo(sub: Any) -> None:
     d = sub.add_parser("demo", help="write a small synthetic dataset and show streambatch on it",
                        description="Write a small synthetic speech dataset to OUT and run streambatch on it.")
@@ -313,6 +330,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .summary import inspect_dataset
 
     return inspect_dataset(_load(args), args.out, args.budget, args.num_buckets, args.plot, args.json)
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from .dataset.index import upgrade
+
+    before = _load(args)
+    if before.version >= 2:
+        print(f"{args.out}: already a version {before.version} index; nothing to do")
+        return 0
+    url = upgrade(args.out, storage_options_from(args.storage_option), progress=not args.no_progress)
+    print(f"upgraded {url} to version 2 ({before.num_shards:,} shards, {before.num_samples:,} samples)")
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -198,7 +198,7 @@ def say(rank: int, msg: str) -> None:
 
 
 def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, stop: StopFlag) -> int:
-    from streambatch.cli import parse_budget
+    from streambatch.summary import parse_budget
 
     index = ShardIndex.load(a.data)
     budget = parse_budget(a.budget, index)

@@ -9,6 +9,10 @@ Page checksums, byte sizes, row counts and a per-write id are checked on every r
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import string
 import threading
 import uuid
 from dataclasses import dataclass
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from .storage import AtomicWriter, join_url, open_random
+from .storage import AtomicWriter, join_url, open_random, parent_url, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -29,6 +33,8 @@ ROWS_PER_FILE = 1 << 20
 ROWS_PER_GROUP = 1 << 16
 ID_KEY = b"streambatch.index_id"
 LENGTH_TYPES = ("int64", "float64")
+_NUMPY_NAME = {"double": "float64"}  # the header names Arrow types
+_LOCK = threading.Lock()  # guards the indexes' caches and open files (held for dict updates only)
 
 
 class IndexError_(ValueError):
@@ -66,24 +72,17 @@ def shard_schema(length_type: str) -> "pa.Schema":
     ])
 
 
-def part_name(part: int) -> str:
-    return f"{SAMPLES_DIR}/part-{part:05d}.parquet"
-
-
 def table_url(root: str, rel: str) -> str:
     return join_url(root, *rel.split("/"))
 
 
 def _digest(value: str | None, size: int, what: str) -> bytes | None:
+    """A hex digest as its raw bytes (None stays None); anything else is an error, never a silent change."""
     if value is None:
         return None
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raw = b""
-    if len(raw) != size:
+    if len(value) != 2 * size or not all(c in string.hexdigits for c in value):
         raise ValueError(f"{what}: {value!r} is not a hex digest of {size} bytes")
-    return raw
+    return bytes.fromhex(value)
 
 
 def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
@@ -98,9 +97,18 @@ def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
 
 
 # ---- reading ---------------------------------------------------------------------------------------
+def _numbered(part: np.ndarray, row_group: np.ndarray, num_parts: int) -> bool:
+    """Groups in order: parts 0..num_parts-1, and in each part row groups 0, 1, 2, …"""
+    if not len(part):
+        return num_parts == 0
+    new_part = np.concatenate([[True], part[1:] != part[:-1]])
+    steps_ok = np.all(row_group[new_part] == 0) and np.all(np.diff(row_group)[~new_part[1:]] == 1)
+    return bool(steps_ok and np.array_equal(part, np.cumsum(new_part) - 1) and part[-1] + 1 == num_parts)
+
+
 @dataclass
 class ShardColumns:
-    """The shard table in memory: numbers as numpy arrays, strings and digests as Arrow arrays."""
+    """The shard table in memory: numbers as numpy arrays, strings and digests as Arrow chunked arrays."""
 
     url: Any
     sha256: Any
@@ -129,7 +137,7 @@ class ColumnarIndex:
                  source: str = INDEX_NAME) -> None:
         self.root, self.header, self.storage_options, self.source = root, header, storage_options, source
         try:
-            self.length_type = str(header["columns"]["length"])
+            self.length_type = _NUMPY_NAME.get(str(header["columns"]["length"]), str(header["columns"]["length"]))
             self.parts = list(header["tables"]["samples"])
             self.shard_entry = dict(header["tables"]["shards"])
             self.id = str(header["id"])
@@ -139,34 +147,31 @@ class ColumnarIndex:
             raise IndexError_(f"{source}: length column type {self.length_type!r} is not one of {LENGTH_TYPES}")
         self._cache: dict[int, np.ndarray] = {}
         self._files: dict[int, Any] = {}
-        self._lock = threading.Lock()
+        self._pid = os.getpid()
         self.columns = self._read_shard_table()
         self._index_groups()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_files"], state["_lock"] = {}, None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        return {**self.__dict__, "_files": {}}  # open files stay in this process
 
     # ---- opening tables ------------------------------------------------------------------------
-    def _open(self, rel: str, entry: dict[str, Any]) -> Any:
-        """A verified ParquetFile: size as the header says, footer readable, the same write id."""
-        _, pq = _arrow()
+    def _open(self, rel: str, entry: dict[str, Any], whole: bool = False) -> Any:
+        """A verified ParquetFile: size as the header says, footer readable, the same write id, the row count.
+        ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
+        pa, pq = _arrow()
         url = table_url(self.root, rel)
         try:
             f = open_random(url, self.storage_options)
         except FileNotFoundError as e:
             raise IndexError_(f"{url}: missing ({e})") from e
-        f.seek(0, 2)
-        size = f.tell()
+        size = f.seek(0, 2)
         f.seek(0)
         if size != int(entry["bytes"]):
             f.close()
             raise IndexError_(f"{url}: {size} bytes, the index says {entry['bytes']} (truncated or replaced)")
+        if whole:
+            with f:
+                f = pa.BufferReader(f.read())
         try:
             pf = pq.ParquetFile(f, page_checksum_verification=True)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged footer
@@ -182,45 +187,58 @@ class ColumnarIndex:
         return pf
 
     def _read_shard_table(self) -> ShardColumns:
-        pf = self._open(SHARDS_NAME, self.shard_entry)
-        url = table_url(self.root, SHARDS_NAME)
-        try:
-            t = pf.read()
-        except Exception as e:  # noqa: BLE001
-            raise IndexError_(f"{url}: cannot be read ({e})") from e
-        try:
-            cols = {n: t.column(n) for n in shard_schema(self.length_type).names}
-        except KeyError as e:
-            raise IndexError_(f"{url}: missing column ({e})") from e
-        arrays = {n: c.combine_chunks() for n, c in cols.items()}
-        nums = {n: a.to_numpy(zero_copy_only=False) for n, a in arrays.items()
-                if n not in ("url", "sha256", "keys_sha1")}
-        return ShardColumns(url=arrays["url"], sha256=arrays["sha256"], keys_sha1=arrays["keys_sha1"], **nums)
+        """The shard table, a row group at a time: numbers into numpy arrays, strings kept as Arrow chunks
+        (no second copy of the table while it is converted)."""
+        pa, _ = _arrow()
+        pf, url = self._open(SHARDS_NAME, self.shard_entry, whole=True), table_url(self.root, SHARDS_NAME)
+        schema, n = shard_schema(self.length_type), pf.metadata.num_rows
+        texts = ("url", "sha256", "keys_sha1")
+        nums = {f.name: np.empty(n, f.type.to_pandas_dtype()) for f in schema if f.name not in texts}
+        chunks: dict[str, list[Any]] = {k: [] for k in texts}
+        at = 0
+        for rg in range(pf.metadata.num_row_groups):
+            try:
+                t = pf.read_row_group(rg, columns=schema.names)
+            except Exception as e:  # noqa: BLE001 - checksum, decoding, a missing column: a damaged table
+                raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
+            if not t.schema.equals(schema):
+                raise IndexError_(f"{url}: columns {t.schema.names} are not the shard table's {schema.names}")
+            for k, arr in nums.items():
+                arr[at:at + t.num_rows] = t.column(k).to_numpy()
+            for k in texts:
+                chunks[k].extend(t.column(k).chunks)
+            at += t.num_rows
+        pa.default_memory_pool().release_unused()
+        texts_ = {k: pa.chunked_array(c, schema.field(k).type) for k, c in chunks.items()}
+        return ShardColumns(**texts_, **nums)
 
     def _index_groups(self) -> None:
-        """Where each shard's samples are: groups of shards with the same (part, row group), checked."""
+        """Where each shard's samples are: runs of shards with the same (part, row group), checked."""
         c, where = self.columns, table_url(self.root, SHARDS_NAME)
-        n = len(c)
-        if n != int(self.header.get("num_shards", n)) or int(c.count.sum()) != int(self.header.get("num_samples", 0)):
-            raise IndexError_(f"{where}: {n} shards of {int(c.count.sum())} samples, the index says "
+        n, samples = len(c), int(c.count.sum())
+        if n != int(self.header.get("num_shards", -1)) or samples != int(self.header.get("num_samples", -1)):
+            raise IndexError_(f"{where}: {n} shards of {samples} samples, the index says "
                               f"{self.header.get('num_shards')} of {self.header.get('num_samples')}")
-        if n and not np.array_equal(c.first, np.concatenate([[0], np.cumsum(c.count)[:-1]])):
+        if not np.array_equal(c.first, np.cumsum(c.count) - c.count):
             raise IndexError_(f"{where}: column 'first' is not the running count of samples")
-        change = np.flatnonzero((np.diff(c.part) != 0) | (np.diff(c.row_group) != 0)) + 1 if n else np.zeros(0, int)
+        change = np.flatnonzero((np.diff(c.part) != 0) | (np.diff(c.row_group) != 0)) + 1
         self.group_start = np.concatenate([[0], change]).astype(np.int64) if n else np.zeros(0, np.int64)
-        self.group_stop = np.concatenate([self.group_start[1:], [n]]).astype(np.int64)
+        self.group_stop = np.append(self.group_start[1:], n).astype(np.int64) if n else np.zeros(0, np.int64)
         self.group_rows = np.add.reduceat(c.count, self.group_start) if n else np.zeros(0, np.int64)
-        self.shard_group = np.repeat(np.arange(len(self.group_start)), self.group_stop - self.group_start)
-        gp, gr = c.part[self.group_start], c.row_group[self.group_start]
-        real = gp >= 0
-        expected_part = np.concatenate([[0], np.cumsum(gr[real][1:] == 0)]) if real.any() else np.zeros(0)
-        ok = (not real.any() or (gr[real][0] == 0 and np.all(gp[real] == expected_part)
-                                 and np.all(np.diff(gr[real])[np.diff(gp[real]) == 0] == 1)))
-        if not ok or int(real.sum() and gp[real].max() + 1) != len(self.parts) or np.any(self.group_rows[~real]):
+        sizes = self.group_stop - self.group_start
+        self.shard_group = np.repeat(np.arange(len(self.group_start), dtype=np.int32), sizes)
+        self.shard_row = c.first - np.repeat(c.first[self.group_start], sizes)  # first row in its row group
+        self.group_part, self.group_rg = c.part[self.group_start], c.row_group[self.group_start]
+        gp, gr = self.group_part, self.group_rg
+        if not _numbered(gp[gp >= 0], gr[gp >= 0], len(self.parts)) or np.any(self.group_rows[gp < 0]):
             raise IndexError_(f"{where}: part/row_group columns do not match the {len(self.parts)} sample files")
 
     def _file(self, part: int) -> Any:
-        with self._lock:
+        """The open sample file ``part`` (footer read once per process: a forked worker opens its own, as
+        processes sharing one file offset would read each other's bytes)."""
+        with _LOCK:
+            if self._pid != os.getpid():
+                self._files, self._pid = {}, os.getpid()
             pf = self._files.get(part)
         if pf is None:
             entry = self.parts[part]
@@ -228,14 +246,14 @@ class ColumnarIndex:
             if pf.metadata.num_row_groups != int(entry["row_groups"]):
                 raise IndexError_(f"{table_url(self.root, entry['path'])}: {pf.metadata.num_row_groups} row "
                                   f"groups, the index says {entry['row_groups']}")
-            with self._lock:
+            with _LOCK:
                 self._files[part] = pf
         return pf
 
     # ---- reading samples -------------------------------------------------------------------------
     def _read_group(self, g: int, columns: Sequence[str]) -> "pa.Table":
         """One read of one row group (``columns`` plus the shard column, which is checked)."""
-        part, rg = int(self.columns.part[self.group_start[g]]), int(self.columns.row_group[self.group_start[g]])
+        part, rg = int(self.group_part[g]), int(self.group_rg[g])
         pf, url = self._file(part), table_url(self.root, self.parts[part]["path"])
         rows, want = pf.metadata.row_group(rg).num_rows, int(self.group_rows[g])
         if rows != want:
@@ -251,56 +269,58 @@ class ColumnarIndex:
         return t
 
     def _group_lengths(self, g: int, keep: bool = True) -> np.ndarray:
-        with self._lock:
+        with _LOCK:
             got = self._cache.get(g)
         if got is not None:
             return got
-        if self.columns.part[self.group_start[g]] < 0:
+        if self.group_part[g] < 0:
             arr = np.zeros(0, dtype=self.length_type)
         else:
-            col = self._read_group(g, ["length"]).column("length")
-            if col.null_count:
-                raise IndexError_(f"{table_url(self.root, self.parts[int(self.columns.part[self.group_start[g]])]['path'])}: "
-                                  "null lengths")
-            arr = col.to_numpy().astype(self.length_type)
+            arr = self._read_group(g, ["length"]).column("length").to_numpy().astype(self.length_type)
         if keep:
-            with self._lock:
+            with _LOCK:
                 self._cache[g] = arr
         return arr
 
-    def _slice(self, arr: np.ndarray, g: int, shard: int) -> np.ndarray:
-        start = int(self.columns.first[shard] - self.columns.first[self.group_start[g]])
+    def lengths_of(self, shard: int) -> np.ndarray:
+        """One shard's lengths: a view of its row group's cached array."""
+        arr = self._cache.get(int(self.shard_group[shard]))  # a dict read needs no lock
+        if arr is None:
+            arr = self._group_lengths(int(self.shard_group[shard]))
+        start = int(self.shard_row[shard])
         return arr[start:start + int(self.columns.count[shard])]
 
     def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
         """Lengths of the given shards: each needed row group read once and cached, no other."""
         ids = np.asarray(shards, dtype=np.int64)
-        groups = self.shard_group[ids] if ids.size else np.zeros(0, np.int64)
-        arrays = {int(g): self._group_lengths(int(g)) for g in np.unique(groups)}
-        return [self._slice(arrays[int(g)], int(g), int(i)) for i, g in zip(ids, groups)]
+        groups, starts = self.shard_group[ids].tolist(), self.shard_row[ids].tolist()
+        arrays = {g: self._group_lengths(g) for g in sorted(set(groups))}
+        counts = self.columns.count[ids].tolist()
+        return [arrays[g][a:a + n] for g, a, n in zip(groups, starts, counts)]
+
+    def all_lengths(self) -> np.ndarray:
+        """Every sample's length, shards in order (every row group read and cached)."""
+        if not len(self.group_start):
+            return np.zeros(0, dtype=self.length_type)
+        return np.concatenate([self._group_lengths(g) for g in range(len(self.group_start))])
 
     def iter_shard_lengths(self) -> Iterator[np.ndarray]:
         """Every shard's lengths in order, one row group in memory at a time (the cache is used, not filled)."""
+        count, row = self.columns.count.tolist(), self.shard_row.tolist()
         for g in range(len(self.group_start)):
             arr = self._group_lengths(g, keep=False)
             for i in range(int(self.group_start[g]), int(self.group_stop[g])):
-                yield self._slice(arr, g, i)
+                yield arr[row[i]:row[i] + count[i]]
 
     def sample_offsets(self, shard: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(offsets, sizes) of a shard's samples in its tar, or None where the index does not know them."""
         g = int(self.shard_group[shard])
-        if self.columns.part[self.group_start[g]] < 0:
+        if self.group_part[g] < 0:
             return None
-        t = self._read_group(g, ["offset", "size"])
-        start = int(self.columns.first[shard] - self.columns.first[self.group_start[g]])
-        t = t.slice(start, int(self.columns.count[shard]))
+        t = self._read_group(g, ["offset", "size"]).slice(int(self.shard_row[shard]), int(self.columns.count[shard]))
         if t.column("offset").null_count or t.column("size").null_count:
             return None
         return t.column("offset").to_numpy(), t.column("size").to_numpy()
-
-    def close(self) -> None:
-        with self._lock:
-            self._files.clear()
 
 
 # ---- writing ---------------------------------------------------------------------------------------
@@ -323,6 +343,11 @@ class _TableFile:
         self.writer.close()
         return self.out.finish()
 
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):  # already closed, or broken by the error being handled
+            self.writer.close()  # (a footer into the file thrown away next)
+        self.out.abort()
+
 
 def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: "pa.DataType", n: int) -> "pa.Array":
     """An optional per-sample attribute of the group's shards as one column; nulls where a shard has none."""
@@ -342,11 +367,11 @@ class V2Writer:
     """
 
     def __init__(self, root: str, length_type: str, storage_options: dict | None = None,
-                 rows_per_file: int = ROWS_PER_FILE, rows_per_group: int = ROWS_PER_GROUP) -> None:
+                 rows_per_file: int | None = None, rows_per_group: int | None = None) -> None:
         if length_type not in LENGTH_TYPES:
             raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
         self.root, self.length_type, self.so = root, length_type, storage_options
-        self.rows_per_file, self.rows_per_group = rows_per_file, rows_per_group
+        self.rows_per_file, self.rows_per_group = rows_per_file or ROWS_PER_FILE, rows_per_group or ROWS_PER_GROUP
         self.id = uuid.uuid4().hex
         self.num_shards = self.num_samples = 0
         self.total: float | int = 0
@@ -397,7 +422,8 @@ class V2Writer:
                 ("url", shard.url), ("count", len(x)), ("bytes", int(shard.bytes)), ("first", self.num_samples),
                 ("sha256", _digest(shard.sha256, 32, f"shard {shard.url}: sha256")),
                 ("keys_sha1", _digest(shard.keys_sha1, 20, f"shard {shard.url}: keys_sha1")),
-                ("total_length", total), ("max_length", mx), ("min_length", mn), ("part", part), ("row_group", row_group),
+                ("total_length", total), ("max_length", mx), ("min_length", mn),
+                ("part", part), ("row_group", row_group),
             ):
                 r[name].append(value)
             self.num_samples += len(x)
@@ -415,7 +441,7 @@ class V2Writer:
     def _next_part(self) -> None:
         if self.part is not None:
             self._end_part()
-        rel = part_name(len(self.parts))
+        rel = f"{SAMPLES_DIR}/part-{len(self.parts):05d}.parquet"
         self.parts.append({"path": rel, "shards": [self.num_shards - len(self.group), None]})
         self.part = _TableFile(table_url(self.root, rel), sample_schema(self.length_type), self.id, self.so, ["shard"])
         self.files.append(self.part)
@@ -444,18 +470,15 @@ class V2Writer:
     def abort(self) -> None:
         """Throw away every table file of this write (after an error)."""
         for f in self.files:
-            f.out.abort()
+            f.abort()
 
 
-def write_v2(root: str, shards: Any, header: dict[str, Any], length_type: str, storage_options: dict | None = None,
-             progress: Any = None, **sizes: int) -> dict[str, Any]:
-    """Stream ``shards`` into the tables under ``root``, then write ``index.json`` (``header`` plus counts,
-    columns and tables) last, atomically. ``progress``: a tqdm-like bar updated per shard. Returns the header."""
-    import json
-
-    from .storage import write_bytes_atomic
-
-    w = V2Writer(root, length_type, storage_options, **sizes)
+def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: str,
+             storage_options: dict | None = None, progress: Any = None, **sizes: int) -> dict[str, Any]:
+    """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
+    (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
+    updated per shard. Returns the header written."""
+    w = V2Writer(parent_url(index_url), length_type, storage_options, **sizes)
     try:
         for shard in shards:
             w.add(shard)
@@ -465,8 +488,8 @@ def write_v2(root: str, shards: Any, header: dict[str, Any], length_type: str, s
     except BaseException:
         w.abort()
         raise
-    out = dict(header, format=FORMAT, version=2, num_shards=w.num_shards, num_samples=w.num_samples,
-               total_length=json_number(w.total), id=w.id, tables=tables,
-               columns={f.name: str(f.type) for f in sample_schema(length_type)})
-    write_bytes_atomic(table_url(root, INDEX_NAME), json.dumps(out, separators=(",", ":")).encode(), storage_options)
+    out = {"format": FORMAT, "version": 2, **header, "num_shards": w.num_shards, "num_samples": w.num_samples,
+           "total_length": json_number(w.total), "id": w.id,
+           "columns": {f.name: str(f.type) for f in sample_schema(length_type)}, "tables": tables}
+    write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
     return out

@@ -1,46 +1,47 @@
-"""The dataset index: ``index.json`` beside the shards.
+"""The dataset index beside the shards: every shard with its sample count, byte size, checksums and the
+per-sample lengths in shard order, so a loader can plan a whole epoch (batches, DDP split, ``len()``) before
+reading a byte of audio.
 
-It lists every shard with its sample count, byte size, checksum and the per-sample lengths in shard order,
-so a loader can plan a whole epoch (batches, DDP split, ``len()``) before reading a byte of audio.
-Lengths are stored as base64 of a little-endian numpy array per shard: the index of 10 M samples loads in
-a fraction of a second (``tools/bench_index.py``).
+Version 1 is one ``index.json`` (lengths as base64 per shard); version 2 is a header plus columnar tables
+(:mod:`.columnar`) whose lengths load per row group, on first use. :class:`ShardIndex` reads both.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import posixpath
+import logging
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .storage import join_url, open_url, write_bytes_atomic
+from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexError_, json_number, write_v2
+from .storage import join_url, open_url, parent_url, write_bytes_atomic
 
-FORMAT = "streambatch-index"
-VERSION = 1
-INDEX_NAME = "index.json"
+__all__ = ["FORMAT", "INDEX_NAME", "IndexError_", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
+
+VERSION = 1  # what to_json writes
+NEWEST = 2  # the newest version this streambatch reads
+log = logging.getLogger(__name__)
 
 
-class IndexError_(ValueError):
-    """An index file that cannot be read or does not describe a streambatch dataset."""
+def _packed_dtype(arr: np.ndarray) -> str:
+    """The smallest exact little-endian dtype for a length array (version 1's rule)."""
+    if arr.dtype.kind == "f":
+        if arr.size and np.all(arr == np.round(arr)) and arr.min() >= 0 and arr.max() < 2**32:
+            return "<u4"
+        return "<f8"
+    if arr.size and (arr.min() < 0 or arr.max() >= 2**32):
+        return "<i8"
+    return "<u4"
 
 
 def encode_lengths(lengths: np.ndarray) -> dict[str, str]:
     """Pack a length array compactly: the smallest exact dtype, little-endian, base64."""
     arr = np.asarray(lengths)
-    if arr.dtype.kind == "f":
-        if arr.size and np.all(arr == np.round(arr)) and arr.min() >= 0 and arr.max() < 2**32:
-            arr = arr.astype("<u4")
-        else:
-            arr = arr.astype("<f8")
-    else:
-        if arr.size and (arr.min() < 0 or arr.max() >= 2**32):
-            arr = arr.astype("<i8")
-        else:
-            arr = arr.astype("<u4")
+    arr = arr.astype(_packed_dtype(arr))
     return {"dtype": arr.dtype.str, "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
 
 
@@ -50,28 +51,74 @@ def decode_lengths(packed: dict[str, str]) -> np.ndarray:
     return arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64)
 
 
-@dataclass
 class ShardInfo:
-    """One shard as the index lists it. ``url`` is relative to the index's folder unless absolute."""
+    """One shard as the index lists it. ``url`` is relative to the index's folder unless absolute.
 
-    url: str
-    count: int
-    bytes: int
-    lengths: np.ndarray
-    sha256: str | None = None
-    keys_sha1: str | None = None
+    ``lengths``: per-sample lengths in tar order; from a version 2 index they load on first use (the shard's
+    row group, cached by the index). ``keys``/``offsets``/``sizes``: optional per-sample extras a writer may
+    attach for the version 2 sample table (not stored in version 1, not loaded back).
+    """
+
+    __slots__ = ("url", "count", "bytes", "sha256", "keys_sha1", "keys", "offsets", "sizes", "_lengths", "_table",
+                 "_row")
+
+    def __init__(self, url: str, count: int, bytes: int, lengths: np.ndarray | None = None,
+                 sha256: str | None = None, keys_sha1: str | None = None, *, keys: Sequence[str] | None = None,
+                 offsets: Any = None, sizes: Any = None, table: "ShardList | None" = None, row: int = -1) -> None:
+        if lengths is None and table is None:
+            raise TypeError("ShardInfo needs lengths")
+        self.url, self.count, self.bytes, self.sha256, self.keys_sha1 = url, count, bytes, sha256, keys_sha1
+        self.keys, self.offsets, self.sizes = keys, offsets, sizes
+        self._lengths, self._table, self._row = lengths, table, row
+
+    @property
+    def lengths(self) -> np.ndarray:
+        if self._lengths is None:
+            assert self._table is not None
+            return self._table.lengths_of(self._row)
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: np.ndarray) -> None:
+        self._lengths = value
+        if self._table is not None:
+            self._table.changed.add(self._row)
+
+    def _from_table(self, column: str) -> float | None:
+        """A number of the version 2 shard table, while the lengths are the stored ones."""
+        if self._lengths is None and self._table is not None:
+            return float(getattr(self._table.columns, column)[self._row])
+        return None
 
     @property
     def total_length(self) -> float:
+        stored = self._from_table("total_length")
+        if stored is not None:
+            return stored
         return float(self.lengths.sum()) if self.count else 0.0
 
     @property
     def max_length(self) -> float:
+        stored = self._from_table("max_length")
+        if stored is not None:
+            return stored
         return float(self.lengths.max()) if self.count else 0.0
 
+    def __repr__(self) -> str:
+        return f"ShardInfo(url={self.url!r}, count={self.count}, bytes={self.bytes}, sha256={self.sha256!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardInfo):
+            return NotImplemented
+        same = all(getattr(self, k) == getattr(other, k) for k in ("url", "count", "bytes", "sha256", "keys_sha1"))
+        return same and np.array_equal(self.lengths, other.lengths)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
     def to_json(self) -> dict[str, Any]:
-        total = self.lengths.sum() if self.count else 0
-        mx = self.lengths.max() if self.count else 0
+        lengths = self.lengths
+        total = lengths.sum() if self.count else 0
+        mx = lengths.max() if self.count else 0
         return {
             "url": self.url,
             "count": int(self.count),
@@ -80,7 +127,7 @@ class ShardInfo:
             "max_length": mx.item() if hasattr(mx, "item") else mx,
             "sha256": self.sha256,
             "keys_sha1": self.keys_sha1,
-            "lengths": encode_lengths(self.lengths),
+            "lengths": encode_lengths(lengths),
         }
 
     @classmethod
@@ -98,8 +145,92 @@ class ShardInfo:
         )
 
 
-def _is_absolute(url: str) -> bool:
-    return "://" in url or url.startswith("/")
+def _hex_rows(column: Any, a: int, b: int) -> list[str | None]:
+    """Rows ``[a, b)`` of a fixed-size binary column as hex strings (None where null), in one conversion."""
+    arr = column.slice(a, b - a).combine_chunks()
+    width = arr.type.byte_width
+    raw = arr.buffers()[1].to_pybytes()[arr.offset * width:(arr.offset + len(arr)) * width].hex()
+    out: list[str | None] = [raw[2 * width * k:2 * width * (k + 1)] for k in range(len(arr))]
+    if arr.null_count:
+        for k in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).tolist():
+            out[k] = None
+    return out
+
+
+class ShardList(Sequence[ShardInfo]):
+    """The shards of a version 2 index, over its shard table: a :class:`ShardInfo` is made on first access
+    and kept (changes to it stay, as in a list). Whole-index numbers come from the table's columns, except
+    for shards whose lengths were set in memory (``changed``)."""
+
+    _BLOCK = 4096
+
+    def __init__(self, reader: ColumnarIndex) -> None:
+        self.reader, self.columns = reader, reader.columns
+        self._made: dict[int, ShardInfo] = {}
+        self.changed: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i) + len(self) if int(i) < 0 else int(i)
+        if not 0 <= i < len(self):
+            raise IndexError("shard index out of range")
+        if i not in self._made:
+            self._make(i, i + 1)
+        return self._made[i]
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        for a in range(0, len(self), self._BLOCK):
+            b = min(a + self._BLOCK, len(self))
+            self._make(a, b)
+            yield from (self._made[i] for i in range(a, b))
+
+    def _make(self, a: int, b: int) -> None:
+        """ShardInfo objects for rows ``[a, b)`` not made yet (columns converted a block at a time)."""
+        c, made = self.columns, self._made
+        url, sha, ksha = c.url.slice(a, b - a).to_pylist(), _hex_rows(c.sha256, a, b), _hex_rows(c.keys_sha1, a, b)
+        count, size = c.count[a:b].tolist(), c.bytes[a:b].tolist()
+        for k, i in enumerate(range(a, b)):
+            if i not in made:
+                made[i] = ShardInfo(url[k], count[k], size[k], None, sha[k], ksha[k], table=self, row=i)
+
+    def lengths_of(self, i: int) -> np.ndarray:
+        return self.reader.lengths_of(i)
+
+    def shard_lengths(self, ids: Sequence[int]) -> list[np.ndarray]:
+        ids = [int(i) for i in ids]
+        stored = iter(self.reader.shard_lengths([i for i in ids if i not in self.changed]))
+        return [self._made[i].lengths if i in self.changed else next(stored) for i in ids]
+
+    def all_lengths(self) -> np.ndarray:
+        if self.changed:
+            return np.concatenate(self.shard_lengths(range(len(self))))
+        return self.reader.all_lengths()
+
+    def iter_lengths(self) -> Iterator[np.ndarray]:
+        for i, arr in enumerate(self.reader.iter_shard_lengths()):
+            yield self._made[i].lengths if i in self.changed else arr
+
+    def column(self, name: str) -> np.ndarray:
+        """``count``, ``total_length``, ``max_length`` or ``min_length`` of every shard."""
+        arr = getattr(self.columns, name)
+        if not self.changed:
+            return arr
+        arr = arr.copy() if name == "count" else arr.astype(np.float64)
+        reduce = {"total_length": np.sum, "max_length": np.max, "min_length": np.min}.get(name)
+        for i in self.changed:
+            x, n = self._made[i].lengths, self._made[i].count
+            arr[i] = n if reduce is None else (reduce(x) if n else 0)
+        return arr
+
+    def urls(self) -> list[str]:
+        urls = self.columns.url.to_pylist()
+        for i, s in self._made.items():
+            urls[i] = s.url
+        return urls
 
 
 @dataclass
@@ -107,10 +238,11 @@ class ShardIndex:
     """The index of a length-annotated dataset: shards, their lengths, and the unit lengths are in.
 
     ``unit`` is ``"samples"`` (audio samples at ``sample_rate``), ``"seconds"``, ``"tokens"`` or
-    ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve against.
+    ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve against. ``shards`` is a list,
+    or a :class:`ShardList` for an index loaded from version 2.
     """
 
-    shards: list[ShardInfo]
+    shards: Sequence[ShardInfo]
     unit: str
     sample_rate: int | None = None
     root: str | None = None
@@ -119,10 +251,9 @@ class ShardIndex:
     # ---- reading and writing -------------------------------------------------------------------
     @classmethod
     def load(cls, url: str, storage_options: dict | None = None) -> "ShardIndex":
-        """Read an index from a path or fsspec URL: the dataset folder or the ``index.json`` itself."""
-        url = str(url)
-        if not url.endswith(".json"):
-            url = join_url(url, INDEX_NAME)
+        """Read an index (version 1 or 2) from a path or fsspec URL: the dataset folder or the index file.
+        Version 2 reads the header and the shard table; lengths load when asked for."""
+        url = _index_url(url)
         try:
             with open_url(url, "rb", storage_options) as f:
                 raw = f.read()
@@ -132,27 +263,34 @@ class ShardIndex:
             d = json.loads(raw)
         except json.JSONDecodeError as e:
             raise IndexError_(f"{url}: not valid JSON ({e})") from e
-        return cls.from_json(d, root=posixpath.dirname(url) if "://" in url else os.path.dirname(url), source=url)
+        return cls.from_json(d, root=parent_url(url), source=url, storage_options=storage_options)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], root: str | None = None, source: str = "<index>") -> "ShardIndex":
+    def from_json(cls, d: dict[str, Any], root: str | None = None, source: str = "<index>",
+                  storage_options: dict | None = None) -> "ShardIndex":
+        """An index from its parsed ``index.json``; version 2 reads its tables under ``root``."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise IndexError_(f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})")
-        if int(d.get("version", 0)) > VERSION:
-            raise IndexError_(f"{source}: index version {d['version']} is newer than this streambatch reads ({VERSION})")
+        version = int(d.get("version", 0))
+        if version > NEWEST:
+            raise IndexError_(f"{source}: index version {d['version']} is newer than this streambatch reads ({NEWEST})")
+        if version == 2:
+            if root is None:
+                raise IndexError_(f"{source}: a version 2 index needs its folder to read its tables")
+            shards: Sequence[ShardInfo] = ShardList(ColumnarIndex(root, d, storage_options, source))
+        else:
+            try:
+                shards = [ShardInfo.from_json(s) for s in d["shards"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise IndexError_(f"{source}: malformed shard entry ({e!r})") from e
         try:
-            shards = [ShardInfo.from_json(s) for s in d["shards"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise IndexError_(f"{source}: malformed shard entry ({e!r})") from e
-        return cls(
-            shards=shards,
-            unit=d["unit"],
-            sample_rate=d.get("sample_rate"),
-            root=root,
-            meta=dict(d.get("meta") or {}),
-        )
+            return cls(shards=shards, unit=d["unit"], sample_rate=d.get("sample_rate"), root=root,
+                       meta=dict(d.get("meta") or {}))
+        except KeyError as e:
+            raise IndexError_(f"{source}: no {e} in the index") from e
 
     def to_json(self) -> dict[str, Any]:
+        """The version 1 ``index.json`` (all lengths inline)."""
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -160,43 +298,112 @@ class ShardIndex:
             "sample_rate": self.sample_rate,
             "num_shards": self.num_shards,
             "num_samples": self.num_samples,
-            "total_length": _num(self.total_length),
+            "total_length": json_number(self.total_length),
             "meta": self.meta,
             "shards": [s.to_json() for s in self.shards],
         }
 
-    def save(self, url: str, storage_options: dict | None = None) -> str:
-        """Write the index atomically (temporary name, then rename or whole upload). Returns its URL."""
-        url = str(url)
-        if not url.endswith(".json"):
-            url = join_url(url, INDEX_NAME)
-        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        write_bytes_atomic(url, data, storage_options)
+    def save(self, url: str, storage_options: dict | None = None, version: int = VERSION,
+             progress: bool = False) -> str:
+        """Write the index atomically (temporary names, then renames or whole uploads; version 2 writes its
+        tables first and ``index.json`` last). Returns the index file's URL."""
+        url = _index_url(url)
+        if version == 2:
+            self._save_v2(url, storage_options, progress)
+        elif version == 1:
+            data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+            write_bytes_atomic(url, data, storage_options)
+        else:
+            raise ValueError(f"index version must be 1 or 2, got {version!r}")
         return url
 
+    def _save_v2(self, url: str, storage_options: dict | None, progress: bool) -> None:
+        from tqdm import tqdm
+
+        if isinstance(self.shards, ShardList):
+            length_type = self.shards.reader.length_type
+            shards: Any = (_Streamed(s, x) for s, x in zip(self.shards, self.iter_lengths()))
+        else:
+            kinds = {_packed_dtype(np.asarray(s.lengths)) for s in self.shards}
+            length_type, shards = ("float64" if "<f8" in kinds else "int64"), self.shards
+        header = {"unit": self.unit, "sample_rate": self.sample_rate, "meta": self.meta}
+        with tqdm(total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr,
+                  disable=not progress) as bar:
+            write_v2(url, shards, header, length_type, storage_options, progress=bar)
+
     # ---- contents ------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The index format this index was read from (1 for one built in memory)."""
+        return 2 if isinstance(self.shards, ShardList) else 1
+
     @property
     def num_shards(self) -> int:
         return len(self.shards)
 
     @property
     def num_samples(self) -> int:
+        if isinstance(self.shards, ShardList):
+            return int(self.shards.column("count").sum())
         return int(sum(s.count for s in self.shards))
 
     @property
     def total_length(self) -> float:
+        if isinstance(self.shards, ShardList):
+            return float(sum(self.shards.column("total_length").tolist()))  # in order, as version 1 adds
         return float(sum(s.total_length for s in self.shards))
 
     @property
     def lengths(self) -> np.ndarray:
         """All per-sample lengths, shards in index order, samples in tar order."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.all_lengths()
         if not self.shards:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([s.lengths for s in self.shards])
 
+    def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        """The lengths of the given shards; on version 2 only their row groups are read (one read each)."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.shard_lengths(shards)
+        return [self.shards[int(i)].lengths for i in shards]
+
+    def iter_lengths(self) -> Iterator[np.ndarray]:
+        """Every shard's lengths in order, streamed (version 2: one row group in memory at a time)."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.iter_lengths()
+        return (s.lengths for s in self.shards)
+
+    def shard_table(self) -> dict[str, np.ndarray]:
+        """Per-shard numbers without per-sample data: count, total_length, max_length, min_length, first."""
+        if isinstance(self.shards, ShardList):
+            out = {k: self.shards.column(k) for k in ("count", "total_length", "max_length", "min_length")}
+        else:
+            ls = [np.asarray(s.lengths) for s in self.shards]
+            out = {"count": np.array([s.count for s in self.shards], dtype=np.int64),
+                   "total_length": np.array([s.total_length for s in self.shards], dtype=np.float64),
+                   "max_length": np.array([s.max_length for s in self.shards], dtype=np.float64),
+                   "min_length": np.array([x.min() if len(x) else 0 for x in ls], dtype=np.float64)}
+        out["first"] = (np.cumsum(out["count"]) - out["count"]).astype(np.int64)
+        return out
+
+    def sample_offsets(self, shard: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(byte offset of each sample's first member header in the tar, bytes its members span), or None
+        where the index does not know them."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.reader.sample_offsets(int(shard))
+        info = self.shards[int(shard)]
+        if info.offsets is None or info.sizes is None:
+            return None
+        return np.asarray(info.offsets), np.asarray(info.sizes)
+
     def shard_urls(self) -> list[str]:
         """Absolute URLs (or paths) of the shards."""
-        return [s.url if _is_absolute(s.url) or not self.root else join_url(self.root, s.url) for s in self.shards]
+        urls = self.shards.urls() if isinstance(self.shards, ShardList) else [s.url for s in self.shards]
+        if not self.root:
+            return urls
+        prefix = join_url(self.root, "")  # the root with its separator: one join, not one per shard
+        return [u if "://" in u or u.startswith("/") else prefix + u for u in urls]
 
     def seconds_per_unit(self) -> float | None:
         """How many seconds one length unit is, for audio units; None for tokens/frames."""
@@ -228,8 +435,33 @@ class ShardIndex:
         return cls(shards=shards, unit=first.unit, sample_rate=first.sample_rate, root=first.root, meta=dict(first.meta))
 
 
-def _num(x: float) -> float | int:
-    return int(x) if float(x).is_integer() else float(x)
+class _Streamed:
+    """A shard with its lengths streamed beside it (saving a version 2 index without filling its cache)."""
+
+    __slots__ = ("info", "lengths")
+
+    def __init__(self, info: ShardInfo, lengths: np.ndarray) -> None:
+        self.info, self.lengths = info, lengths
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.info, name)
+
+
+def _index_url(url: str) -> str:
+    url = str(url)
+    return url if url.endswith(".json") else join_url(url, INDEX_NAME)
+
+
+def upgrade(url: str, storage_options: dict | None = None, progress: bool = True) -> str:
+    """Rewrite a version 1 dataset index as version 2 in place: the tables first, ``index.json`` last (the
+    version 1 file is replaced only by that final rename). Sample offsets are unknown (null). A version 2
+    index is left as it is (logged). Returns the index file's URL."""
+    index_url = _index_url(url)
+    index = ShardIndex.load(index_url, storage_options)
+    if index.version >= 2:
+        log.info("%s is already a version %d index: nothing to upgrade", index_url, index.version)
+        return index_url
+    return index.save(index_url, storage_options, version=2, progress=progress)
 
 
 def length_stats(
@@ -242,10 +474,10 @@ def length_stats(
         out["num_shards"] = num_shards
     if lengths.size == 0:
         return out
-    out["total_length"] = _num(lengths.sum())
+    out["total_length"] = json_number(lengths.sum())
     out["mean"] = float(lengths.mean())
-    out["min"] = _num(lengths.min())
-    out["max"] = _num(lengths.max())
+    out["min"] = json_number(lengths.min())
+    out["max"] = json_number(lengths.max())
     out["percentiles"] = {p: float(np.percentile(lengths, p)) for p in (1, 5, 25, 50, 75, 95, 99)}
     if seconds_per_unit:
         out["total_hours"] = float(lengths.sum()) * seconds_per_unit / 3600.0

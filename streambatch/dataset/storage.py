@@ -31,6 +31,11 @@ def join_url(base: str, *parts: str) -> str:
     return posixpath.join(base, *parts)
 
 
+def parent_url(url: str) -> str:
+    """The folder holding a local path or URL."""
+    return posixpath.dirname(url) if "://" in url else os.path.dirname(url)
+
+
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path inside it."""
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))

@@ -86,9 +86,5 @@ class Lengths:
 def index_lengths(index: Any) -> Lengths:
     """:class:`Lengths` over a :class:`~streambatch.dataset.index.ShardIndex`: counts and totals from its shard
     table, per-sample lengths read per shard when asked for (only their row groups on a columnar index)."""
-    shards = index.shards
-    counts = np.array([s.count for s in shards], dtype=np.int64)
-    totals = np.array([s.total_length for s in shards], dtype=np.float64)
-    if hasattr(index, "shard_lengths"):
-        return Lengths(counts, totals, index.shard_lengths)
-    return Lengths(counts, totals, lambda ids: [shards[i].lengths for i in ids])
+    table = index.shard_table()
+    return Lengths(table["count"], table["total_length"], index.shard_lengths)
