@@ -85,3 +85,19 @@ def test_a_rank_reads_only_the_lengths_of_its_shards():
     assert sched.steps > 0
     # 512 shards over 64 ranks: 8 shards per rank, plus the few cut at its slot boundaries and one for rounding
     assert len(set(read)) <= 8 + 4 and len(read) == len(set(read))
+
+
+def test_shards_are_shuffled_in_blocks_that_stay_together():
+    from streambatch.plan.shards import BLOCK_SAMPLES, shard_blocks, shard_order
+
+    counts = np.full(600, 1_000)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    blocks = shard_blocks(offsets)
+    assert blocks.max() == (600 * 1_000 - 1) // BLOCK_SAMPLES
+    orders = [shard_order(600, 3, epoch, blocks=blocks) for epoch in range(3)]
+    for order in orders:
+        assert sorted(order.tolist()) == list(range(600))  # every shard once
+        seen = blocks[order]
+        assert (np.diff(seen) != 0).sum() == blocks.max()  # each block's shards come together
+    assert not np.array_equal(orders[0], orders[1])  # another epoch, another order
+    assert not np.array_equal(blocks[orders[0]], np.sort(blocks))  # blocks themselves are shuffled

@@ -69,10 +69,14 @@ class Lengths:
         if gids.size == 0:
             return np.zeros(0, dtype=np.float64)
         shard_of = np.searchsorted(self.offsets, gids, side="right") - 1
-        out = np.empty(gids.size, dtype=np.result_type(*[self.shard(s).dtype for s in np.unique(shard_of)]))
-        for s in np.unique(shard_of):
-            sel = shard_of == s
-            out[sel] = self.shard(s)[gids[sel] - self.offsets[s]]
+        by_shard = np.argsort(shard_of, kind="stable")
+        cuts = np.flatnonzero(np.diff(shard_of[by_shard])) + 1
+        groups = np.split(by_shard, cuts)
+        self.prefetch(np.unique(shard_of))
+        out = np.empty(gids.size, dtype=np.result_type(*[self.shard(shard_of[g[0]]).dtype for g in groups]))
+        for g in groups:
+            s = int(shard_of[g[0]])
+            out[g] = self.shard(s)[gids[g] - self.offsets[s]]
         return out
 
     def all(self) -> np.ndarray:

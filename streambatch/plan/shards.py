@@ -28,11 +28,32 @@ def epoch_rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), *extra])
 
 
-def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True, rep: int = 0) -> np.ndarray:
-    """The order shards are dealt in this epoch (``rep``: the pass, when shards are cycled)."""
+#: shards are shuffled in blocks of this many consecutive sample ids (the columnar index's row-group size),
+#: so the shards of one rank's slots sit in few row groups and a rank reads little beyond its own lengths
+BLOCK_SAMPLES = 1 << 16
+
+
+def shard_order(
+    num_shards: int, seed: int, epoch: int, shuffle: bool = True, rep: int = 0, blocks: np.ndarray | None = None
+) -> np.ndarray:
+    """The order shards are dealt in this epoch (``rep``: the pass, when shards are cycled).
+
+    With ``blocks`` (a block number per shard, non-decreasing), the blocks come in a random order and the
+    shards of each block together, in a random order within it; with one block this is a plain permutation."""
     if not shuffle:
         return np.arange(num_shards)
-    return (epoch_rng(seed, epoch, rep) if rep else epoch_rng(seed, epoch)).permutation(num_shards)
+    rng = epoch_rng(seed, epoch, rep) if rep else epoch_rng(seed, epoch)
+    order = rng.permutation(num_shards)
+    if blocks is None or num_shards == 0 or blocks[-1] == blocks[0]:
+        return order
+    _, block = np.unique(blocks, return_inverse=True)
+    rank = rng.permutation(int(block.max()) + 1)
+    return order[np.argsort(rank[block[order]], kind="stable")]
+
+
+def shard_blocks(offsets: np.ndarray) -> np.ndarray:
+    """Each shard's shuffle block: the window of :data:`BLOCK_SAMPLES` sample ids its first sample falls in."""
+    return np.asarray(offsets[:-1], dtype=np.int64) // BLOCK_SAMPLES
 
 
 def plan_slots(
@@ -57,7 +78,7 @@ def plan_slots(
     lengths = lengths if isinstance(lengths, Lengths) else Lengths.of(lengths)
     wanted = slots if slots is not None else range(num_slots)
     out: list[list[Piece]] = [[] for _ in range(num_slots)]
-    order = shard_order(lengths.num_shards, seed, epoch, shuffle)
+    order = shard_order(lengths.num_shards, seed, epoch, shuffle, blocks=shard_blocks(lengths.offsets))
     totals = _kept_totals(lengths, excluded)[order]
     prefix = np.concatenate([[0.0], np.cumsum(totals)])
     total = prefix[-1]
