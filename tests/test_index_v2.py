@@ -356,3 +356,44 @@ def test_shardify_upgrade_command(audio_v1, tmp_path, capsys):
         f.truncate(100)
     assert main(["inspect", ds]) == 2
     assert "index.shards.parquet" in capsys.readouterr().err
+
+
+def test_a_rank_reads_only_its_row_groups_from_s3(tmp_path, request):
+    """Through the proxy that logs every request: the byte ranges a planning rank fetches from the sample table
+    lie in the footer or in the row groups that hold its own shards, never in another rank's."""
+    pytest.importorskip("s3fs")
+    proxy = request.getfixturevalue("proxy")
+    endpoint = request.getfixturevalue("moto_endpoint")
+    from conftest_s3 import BUCKET, s3_options
+
+    from streambatch.plan.config import BatchingConfig
+    from streambatch.plan.epoch import plan_rank_local
+    from streambatch.plan.lengths import index_lengths
+
+    url = f"s3://{BUCKET}/rowgroups"
+    write_synthetic_index(url, 600_000, 1_000, progress=False, storage_options=s3_options(endpoint))
+    local = write_synthetic_index(str(tmp_path / "same"), 600_000, 1_000, progress=False)
+    meta = pq.ParquetFile(os.path.join(os.path.dirname(local), "index.samples", "part-00000.parquet")).metadata
+    spans = []
+    for g in range(meta.num_row_groups):
+        cols = [meta.row_group(g).column(c) for c in range(meta.num_columns)]
+        starts = [min(x for x in (c.dictionary_page_offset, c.data_page_offset) if x is not None) for c in cols]
+        spans.append((min(starts), max(s + c.total_compressed_size for s, c in zip(starts, cols))))
+    assert len(spans) >= 8
+    proxy.reset()
+    index = ShardIndex.load(url, s3_options(proxy.url))
+    lengths = index_lengths(index)
+    world, workers = 16, 2
+    plan_rank_local(lengths, BatchingConfig(budget=200 * 16_000.0), 0, 7, world, workers, lambda m: [m] * world)
+    row_group = index.shards.column("row_group") if hasattr(index.shards, "column") else None
+    mine = {int(row_group[s]) for s in lengths._arrays} if row_group is not None else set()
+    assert mine and len(mine) < len(spans) // 2
+    size = os.path.getsize(os.path.join(os.path.dirname(local), "index.samples", "part-00000.parquet"))
+    for _, path, rng, _ in proxy.gets("part-00000.parquet"):
+        assert rng, "a whole-object read of the sample table"
+        lo, hi = (int(x) for x in rng.removeprefix("bytes=").split("-"))
+        if hi >= size - 1:  # the footer (pyarrow reads the last 64 KiB at once)
+            assert hi - lo < (64 << 10) + meta.serialized_size
+            continue
+        touched = {g for g, (a, b) in enumerate(spans) if lo < b and hi >= a}
+        assert touched <= mine, (rng, touched, mine)
