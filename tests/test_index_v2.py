@@ -16,7 +16,8 @@ import pytest
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.dataset import columnar
-from streambatch.dataset.columnar import ColumnarIndex, write_v2
+from streambatch.dataset.columnar import ColumnarIndex
+from streambatch.dataset.columnar_write import write_v2
 from streambatch.dataset.index import IndexError_, ShardInfo, upgrade
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards

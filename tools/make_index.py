@@ -54,7 +54,8 @@ def synthetic_shards(num_samples: int, per_shard: int, unit: str = "samples", se
 def write_synthetic_index(out: str, num_samples: int, per_shard: int, unit: str = "samples", seed: int = 0,
                           version: int = 2, progress: bool = True, storage_options: dict | None = None) -> str:
     """Write the synthetic index to the folder (or URL) ``out``; returns the index file's URL."""
-    from streambatch.dataset.columnar import INDEX_NAME, write_v2
+    from streambatch.dataset.columnar import INDEX_NAME
+    from streambatch.dataset.columnar_write import write_v2
     from streambatch.dataset.storage import join_url
 
     sample_rate = SAMPLE_RATE if unit == "samples" else None

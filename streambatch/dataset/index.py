@@ -17,7 +17,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexError_, json_number, write_v2
+from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexError_, json_number
+from .columnar_write import write_v2
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexError_", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]

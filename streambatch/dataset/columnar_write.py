@@ -1,0 +1,191 @@
+"""Writing index version 2: shards streamed into the Parquet shard table and sample files, in bounded memory,
+published atomically with ``index.json`` last (see :mod:`streambatch.dataset.columnar` for the format)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import columnar
+from .columnar import (FORMAT, ID_KEY, LENGTH_TYPES, SAMPLES_DIR, SHARDS_NAME, _arrow,
+                       _digest, json_number, sample_schema, shard_schema, table_url, typed_lengths)
+from .storage import AtomicWriter, parent_url, write_bytes_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+
+class _TableFile:
+    """One Parquet table streamed to a temporary name, one row group per :meth:`write`, page checksums on."""
+
+    def __init__(self, url: str, schema: "pa.Schema", index_id: str, storage_options: dict | None,
+                 dictionary: list[str]) -> None:
+        _, pq = _arrow()
+        self.out = AtomicWriter(url, storage_options)
+        self.rows = self.groups = 0
+        self.writer = pq.ParquetWriter(self.out.file, schema.with_metadata({ID_KEY: index_id.encode()}),
+                                       compression="zstd", write_page_checksum=True, use_dictionary=dictionary)
+
+    def write(self, table: "pa.Table") -> None:
+        self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.rows, self.groups = self.rows + table.num_rows, self.groups + 1
+
+    def finish(self) -> int:
+        self.writer.close()
+        return self.out.finish()
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):  # already closed, or broken by the error being handled
+            self.writer.close()  # (a footer into the file thrown away next)
+        self.out.abort()
+
+
+def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: "pa.DataType", n: int) -> "pa.Array":
+    """An optional per-sample attribute of the group's shards as one column; nulls where a shard has none."""
+    pa, _ = _arrow()
+    values = [(getattr(s, attr, None), len(x)) for s, x in group]
+    if all(v is None for v, _ in values):
+        return pa.nulls(n, typ)
+    return pa.concat_arrays([pa.nulls(c, typ) if v is None else pa.array(v, typ) for v, c in values])
+
+
+class V2Writer:
+    """Streams shards into the version 2 tables: bounded memory (one row group of samples and one of shards).
+
+    Groups of whole shards of about ``rows_per_group`` samples become row groups; about ``rows_per_file``
+    samples (whole groups) make a sample file. :meth:`close` publishes the tables and returns the header's
+    ``tables`` entry; nothing is visible under the final names before then (local storage).
+    """
+
+    def __init__(self, root: str, length_type: str, storage_options: dict | None = None,
+                 rows_per_file: int | None = None, rows_per_group: int | None = None) -> None:
+        if length_type not in LENGTH_TYPES:
+            raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
+        self.root, self.length_type, self.so = root, length_type, storage_options
+        self.rows_per_file = rows_per_file or columnar.ROWS_PER_FILE
+        self.rows_per_group = rows_per_group or columnar.ROWS_PER_GROUP
+        self.id = uuid.uuid4().hex
+        self.num_shards = self.num_samples = 0
+        self.total: float | int = 0
+        self.group: list[tuple[Any, np.ndarray]] = []
+        self.group_rows = 0
+        self.shard_rows: dict[str, list[Any]] = {n: [] for n in shard_schema(length_type).names}
+        self.parts: list[dict[str, Any]] = []
+        self.files: list[_TableFile] = []
+        self.part: _TableFile | None = None
+        self.shards = _TableFile(table_url(root, SHARDS_NAME), shard_schema(length_type), self.id, storage_options, [])
+        self.files.append(self.shards)
+
+    def add(self, shard: Any) -> None:
+        """Append one shard (``url, count, bytes, lengths, sha256, keys_sha1``; optional ``keys, offsets, sizes``)."""
+        what = f"shard {self.num_shards} ({shard.url})"
+        lengths = typed_lengths(shard.lengths, self.length_type, what)
+        if len(lengths) != int(shard.count):
+            raise ValueError(f"{what}: count {shard.count} but {len(lengths)} lengths")
+        if self.group_rows and self.group_rows + len(lengths) > self.rows_per_group:
+            self._flush_group()
+        self.group.append((shard, lengths))
+        self.group_rows += len(lengths)
+        self.num_shards += 1
+
+    def _flush_group(self) -> None:
+        pa, _ = _arrow()
+        if self.part is None or (self.part.rows and self.part.rows + self.group_rows > self.rows_per_file):
+            self._next_part()
+        assert self.part is not None
+        schema, n = sample_schema(self.length_type), self.group_rows
+        ids = [self.num_shards - len(self.group) + i for i in range(len(self.group))]
+        counts = [len(x) for _, x in self.group]
+        table = pa.table([
+            pa.array(np.repeat(np.asarray(ids, np.int32), counts), pa.int32()),
+            _column(self.group, "keys", pa.string(), n),
+            pa.array(np.concatenate([x for _, x in self.group]), schema.field("length").type),
+            _column(self.group, "offsets", pa.int64(), n), _column(self.group, "sizes", pa.int64(), n),
+        ], schema=schema)
+        self.part.write(table)
+        self._shard_rows(len(self.parts) - 1, self.part.groups - 1)
+
+    def _shard_rows(self, part: int, row_group: int) -> None:
+        """The shard-table rows of the pending group, flushed as a row group every ``rows_per_group`` shards."""
+        r = self.shard_rows
+        for shard, x in self.group:
+            total, mx, mn = (x.sum().item(), x.max().item(), x.min().item()) if len(x) else (0, 0, 0)
+            for name, value in (
+                ("url", shard.url), ("count", len(x)), ("bytes", int(shard.bytes)), ("first", self.num_samples),
+                ("sha256", _digest(shard.sha256, 32, f"shard {shard.url}: sha256")),
+                ("keys_sha1", _digest(shard.keys_sha1, 20, f"shard {shard.url}: keys_sha1")),
+                ("total_length", total), ("max_length", mx), ("min_length", mn),
+                ("part", part), ("row_group", row_group),
+            ):
+                r[name].append(value)
+            self.num_samples += len(x)
+            self.total += total
+        self.group, self.group_rows = [], 0
+        if len(r["url"]) >= self.rows_per_group:
+            self._flush_shards()
+
+    def _flush_shards(self) -> None:
+        pa, _ = _arrow()
+        if self.shard_rows["url"]:
+            self.shards.write(pa.table(self.shard_rows, schema=shard_schema(self.length_type)))
+            self.shard_rows = {n: [] for n in self.shard_rows}
+
+    def _next_part(self) -> None:
+        if self.part is not None:
+            self._end_part()
+        rel = f"{SAMPLES_DIR}/part-{len(self.parts):05d}.parquet"
+        self.parts.append({"path": rel, "shards": [self.num_shards - len(self.group), None]})
+        self.part = _TableFile(table_url(self.root, rel), sample_schema(self.length_type), self.id, self.so, ["shard"])
+        self.files.append(self.part)
+
+    def _end_part(self) -> None:
+        assert self.part is not None
+        entry = self.parts[-1]
+        entry.update(bytes=self.part.finish(), rows=self.part.rows, row_groups=self.part.groups)
+        entry["shards"][1] = self.num_shards - len(self.group)
+
+    def close(self) -> dict[str, Any]:
+        """Write what is pending, publish every table; returns the header's ``tables`` entry."""
+        if self.group_rows:
+            self._flush_group()
+        elif self.group:  # trailing shards without samples: part of the last row group, if there is one
+            self._shard_rows(len(self.parts) - 1, self.part.groups - 1 if self.part else -1)
+        if self.part is not None:
+            self._end_part()
+        self._flush_shards()
+        tables = {"shards": {"path": SHARDS_NAME, "bytes": self.shards.finish(), "rows": self.shards.rows},
+                  "samples": self.parts}
+        for f in self.files:
+            f.out.publish()
+        return tables
+
+    def abort(self) -> None:
+        """Throw away every table file of this write (after an error)."""
+        for f in self.files:
+            f.abort()
+
+
+def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: str,
+             storage_options: dict | None = None, progress: Any = None, **sizes: int) -> dict[str, Any]:
+    """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
+    (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
+    updated per shard. Returns the header written."""
+    w = V2Writer(parent_url(index_url), length_type, storage_options, **sizes)
+    try:
+        for shard in shards:
+            w.add(shard)
+            if progress is not None:
+                progress.update(1)
+        tables = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    out = {"format": FORMAT, "version": 2, **header, "num_shards": w.num_shards, "num_samples": w.num_samples,
+           "total_length": json_number(w.total), "id": w.id,
+           "columns": {f.name: str(f.type) for f in sample_schema(length_type)}, "tables": tables}
+    write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
+    return out
