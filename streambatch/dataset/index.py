@@ -158,6 +158,9 @@ def _hex_rows(column: Any, a: int, b: int) -> list[str | None]:
     return out
 
 
+SHARD_NUMBERS = ("count", "total_length", "max_length", "min_length")
+
+
 class ShardList(Sequence[ShardInfo]):
     """The shards of a version 2 index, over its shard table: a :class:`ShardInfo` is made on first access
     and kept (changes to it stay, as in a list). Whole-index numbers come from the table's columns, except
@@ -375,17 +378,21 @@ class ShardIndex:
             return self.shards.iter_lengths()
         return (s.lengths for s in self.shards)
 
-    def shard_table(self) -> dict[str, np.ndarray]:
-        """Per-shard numbers without per-sample data: count, total_length, max_length, min_length, first."""
+    def shard_table(self, columns: Sequence[str] = SHARD_NUMBERS) -> dict[str, np.ndarray]:
+        """Per-shard numbers without per-sample data (of ``count``, ``total_length``, ``max_length``,
+        ``min_length``), plus ``first``: the global id of each shard's first sample."""
         if isinstance(self.shards, ShardList):
-            out = {k: self.shards.column(k) for k in ("count", "total_length", "max_length", "min_length")}
+            out = {k: self.shards.column(k) for k in columns}
+            count = out["count"] if "count" in out else self.shards.column("count")
         else:
             ls = [np.asarray(s.lengths) for s in self.shards]
-            out = {"count": np.array([s.count for s in self.shards], dtype=np.int64),
-                   "total_length": np.array([s.total_length for s in self.shards], dtype=np.float64),
-                   "max_length": np.array([s.max_length for s in self.shards], dtype=np.float64),
-                   "min_length": np.array([x.min() if len(x) else 0 for x in ls], dtype=np.float64)}
-        out["first"] = (np.cumsum(out["count"]) - out["count"]).astype(np.int64)
+            count = np.array([s.count for s in self.shards], dtype=np.int64)
+            every = {"count": lambda: count,
+                     "total_length": lambda: np.array([s.total_length for s in self.shards], dtype=np.float64),
+                     "max_length": lambda: np.array([s.max_length for s in self.shards], dtype=np.float64),
+                     "min_length": lambda: np.array([x.min() if len(x) else 0 for x in ls], dtype=np.float64)}
+            out = {k: every[k]() for k in columns}
+        out["first"] = (np.cumsum(count) - count).astype(np.int64)
         return out
 
     def sample_offsets(self, shard: int) -> tuple[np.ndarray, np.ndarray] | None:

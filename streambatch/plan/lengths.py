@@ -90,5 +90,5 @@ class Lengths:
 def index_lengths(index: Any) -> Lengths:
     """:class:`Lengths` over a :class:`~streambatch.dataset.index.ShardIndex`: counts and totals from its shard
     table, per-sample lengths read per shard when asked for (only their row groups on a columnar index)."""
-    table = index.shard_table()
+    table = index.shard_table(("count", "total_length"))
     return Lengths(table["count"], table["total_length"], index.shard_lengths)
