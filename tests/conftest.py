@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import signal
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -75,3 +77,32 @@ def nemo_manifest(tmp_path: Path) -> tuple[Path, dict[str, dict]]:
         rows.append({"audio_filepath": rel, "duration": frames / SR, "text": f"utterance {i}", "lang": "en"})
         expected[f"wavs__s{i % 2}__u{i}"] = {"path": d / rel, "frames": frames, "text": f"utterance {i}"}
     return write_jsonl(d / "train_manifest.json", rows), expected
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), from /proc, whatever session they are in."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything below it: torchrun starts its ranks in their own sessions, so killing
+    its process group alone leaves the ranks and their DataLoader workers running."""
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

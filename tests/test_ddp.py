@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_tree
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
@@ -54,7 +54,7 @@ def wait(proc: subprocess.Popen, timeout: float = TIMEOUT) -> None:
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         proc.wait()
         pytest.fail(f"DDP job did not finish in {timeout} s (a hang: ranks stepping unevenly?)")
     assert rc == 0, f"torchrun exited with {rc}"
@@ -128,10 +128,10 @@ def kill_when_stopped(proc: subprocess.Popen, out: Path, nproc: int) -> None:
     deadline = time.time() + TIMEOUT
     while len(list(out.glob("stopped-rank*"))) < nproc:
         if proc.poll() is not None or time.time() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             pytest.fail("the job did not reach its stop step")
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # a hard kill, like a node failure
+    kill_tree(proc.pid)  # a hard kill, like a node failure
     proc.wait()
 
 

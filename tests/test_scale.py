@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from conftest import kill_tree  # noqa: E402
 from make_index import write_synthetic_index  # noqa: E402
 
 SCRIPT = str(Path(__file__).parent / "ddp" / "plan_memory.py")
@@ -25,7 +25,7 @@ def run(cmd: list[str], timeout: float = 240) -> None:
         assert proc.wait(timeout=timeout) == 0
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
 
 
