@@ -19,7 +19,7 @@ from .dataset.index import ShardIndex
 from .dataset.source import resolve_source
 from .dist import all_gather_ints, process_group_matches, process_info
 from .plan.config import OPTIONS as BATCHING_OPTIONS
-from .plan.config import BatchingConfig
+from .plan.config import BUDGET_ERROR, BatchingConfig
 from .plan.cost import calibration_info
 from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, consumed_ids, make_epoch_plan, plan_rank_local
 from .plan.lengths import Lengths, index_lengths
@@ -70,22 +70,11 @@ def batching_config(budget: float | None, index: ShardIndex | None, options: dic
             options = {**options, "max_batch_size": int(calib["max_batch_size"])}
     if index is not None and index.unit == "seconds":
         options = {**options, "pad_to_multiple_of": None}
-    lengths = index.lengths if index is not None and options.get("num_buckets") else None
-    try:
-        config = BatchingConfig.make(budget, lengths, **options)
-    except ValueError as e:
-        if "budget" not in str(e):
-            raise
-        raise ValueError(_BUDGET_ERROR.format(budget=budget)) from None
+    lengths = index.lengths if index is not None and options.get("num_buckets") else None  # O(N): read once
+    config = BatchingConfig.make(budget, lengths, **options)
     if hasattr(config.cost, "check_monotone") and index is not None:
-        config.cost.check_monotone(index.lengths)
+        config.cost.check_monotone(lengths if lengths is not None else index.lengths)
     return config
-
-
-_BUDGET_ERROR = (
-    "budget must be a positive number in the dataset's unit (or come from a calibration file given as cost=...), "
-    "got {budget!r}"
-)
 
 
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -153,7 +142,7 @@ class StreamBatchLoader:
         batching, reading = split_options(options)
         self._check(micro_batches, loss_weight_by, even_batches)
         if budget is not None and not budget > 0:
-            raise ValueError(_BUDGET_ERROR.format(budget=budget))
+            raise ValueError(BUDGET_ERROR.format(budget=budget))
         self.storage_options = storage_options
         self.read_options = read_options(**reading)
         self.index, self.urls = resolve_source(source, index, storage_options)

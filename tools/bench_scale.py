@@ -31,25 +31,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUDGET = 200 * 16_000  # 200 s of 16 kHz audio per batch, as in bench_padding
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dict:
     """Runs in a fresh process: open the index and plan one rank's epoch; seconds and peak RSS above imports."""
     import numpy as np  # noqa: F401 - imported before the baseline, as a training script has them
     import pyarrow.parquet  # noqa: F401
 
     from streambatch.dataset.index import ShardIndex
+    from streambatch.fit.memory import proc_status
     from streambatch.plan.config import BatchingConfig
     from streambatch.plan.epoch import RankSchedule, make_epoch_plan, plan_rank_local
     from streambatch.plan.lengths import index_lengths
 
-    base = _status("VmRSS")
+    base = proc_status("VmRSS")["VmRSS"]
     t0 = time.perf_counter()
     index = ShardIndex.load(index_url)
     t_open = time.perf_counter() - t0
@@ -60,7 +53,7 @@ def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dic
     else:
         sched = RankSchedule.of(make_epoch_plan(lengths, config, 0, world, workers, "split"), rank)
     seconds = time.perf_counter() - t0
-    return {"open_s": t_open, "seconds": seconds, "peak_mb": (_status("VmHWM") - base) / 2**20,
+    return {"open_s": t_open, "seconds": seconds, "peak_mb": (proc_status("VmHWM")["VmHWM"] - base) / 2**20,
             "batches": sched.steps, "lengths_read": lengths.loaded}
 
 

@@ -96,7 +96,7 @@ def _anon_rss() -> int:
     return (int(fields[1]) - int(fields[2])) * _PAGE
 
 
-def _status(*fields: str) -> dict[str, int]:
+def proc_status(*fields: str) -> dict[str, int]:
     """Fields of ``/proc/self/status`` in bytes (``VmHWM``, ``RssAnon``, ``RssFile``, ...)."""
     out: dict[str, int] = {}
     try:
@@ -157,17 +157,17 @@ def _baseline() -> tuple[bool, dict[str, int], int, int]:
     """Reset the peak RSS just before the step: ``(reset worked, RssFile, RSS, anonymous RSS)`` now."""
     json.dumps({"warm": [1.0, None]})  # page in what runs after the step, before the baseline
     threading.Event().set()
-    _status("VmHWM", "RssAnon", "RssFile")
+    proc_status("VmHWM", "RssAnon", "RssFile")
     _malloc_trim()  # free heap pages the step could reuse without its RSS growing
     clear = _reset_hwm()
-    start = _status("RssFile")
+    start = proc_status("RssFile")
     return clear, start, _rss(), _anon_rss()
 
 
 def _peak_above(clear: bool, start: dict[str, int], base: int, anon0: int, sampled: list[int]) -> float:
     """The step's peak: the high-water RSS above ``base`` less the file pages it faulted in, or what the
     watchdog ``sampled``, whichever is larger."""
-    end = _status("VmHWM", "RssFile")
+    end = proc_status("VmHWM", "RssFile")
     hwm = end.get("VmHWM") if clear else None
     if hwm is None:
         import resource

@@ -72,6 +72,8 @@ class BatchingConfig:
         model, calibrated = (PackedCost(), None) if packed else resolve_cost(cost, quadratic_factor)
         if budget is None:
             budget = calibrated
+        if budget is None or not budget > 0:
+            raise ValueError(BUDGET_ERROR.format(budget=budget))
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
@@ -82,6 +84,11 @@ class BatchingConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
+
+BUDGET_ERROR = (
+    "budget must be a positive number in the dataset's unit (or come from a calibration file given as cost=...), "
+    "got {budget!r}"
+)
 
 #: the option names BatchingConfig takes as fields (``make`` takes these plus num_buckets/cost/packed)
 FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))

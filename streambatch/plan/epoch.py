@@ -224,9 +224,7 @@ class RankSchedule:
     @classmethod
     def of(cls, plan: EpochPlan, rank: int) -> "RankSchedule":
         """The rank's part of a global plan (counts are then the whole epoch's)."""
-        adjust = [plan.adjust[s] for s in plan.rank_slots(rank)]
-        counts = plan.worker_counts(rank)
-        adjust = [Adjust(a.split, a.pad, counts[w], a.hardest) for w, a in enumerate(adjust)]
+        adjust = [plan.adjust[s] for s in plan.rank_slots(rank)]  # take = each worker's batch count
         return cls(plan.epoch, plan.steps, adjust, plan.start(rank), plan.surplus_samples, plan.repeated_samples,
                    plan.split_batches, plan.skipped_samples, plan.dropped_samples,
                    sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)))
@@ -259,8 +257,7 @@ def plan_rank_local(
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
     steps = agreed_steps(summaries, even_batches)
     rp = plan_rank(raw, steps, even_batches, config, epoch, rank, lengths, hardest_first)
-    adjust = [Adjust(a.split, a.pad, len(s.batches), a.hardest) for a, s in zip(rp.adjust, rp.slots)]
-    return RankSchedule(epoch, steps, adjust, rp.first_worker, rp.surplus, rp.repeated, rp.splits,
+    return RankSchedule(epoch, steps, rp.adjust, rp.first_worker, rp.surplus, rp.repeated, rp.splits,
                         sum(s.skipped for s in raw), sum(s.dropped for s in raw), sum(len(s.gids) for s in raw))
 
 

@@ -15,14 +15,6 @@ import sys
 import torch.distributed as dist
 
 
-def status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--index", required=True)
@@ -34,12 +26,13 @@ def main() -> int:
     import pyarrow.parquet  # noqa: F401 - imports before the baseline
 
     from streambatch import StreamBatchLoader
+    from streambatch.fit.memory import proc_status
 
-    base, cpu0 = status("VmRSS"), resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    base, cpu0 = proc_status("VmRSS")["VmRSS"], resource.getrusage(resource.RUSAGE_SELF).ru_utime
     loader = StreamBatchLoader(a.index, budget=a.budget, num_workers=2)
     steps = len(loader)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    out = {"rank": rank, "steps": steps, "extra_mb": (status("VmHWM") - base) / 2**20,
+    out = {"rank": rank, "steps": steps, "extra_mb": (proc_status("VmHWM")["VmHWM"] - base) / 2**20,
            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu0, "mode": loader.planning}
     with open(os.path.join(a.out, f"plan-rank{rank}.json"), "w") as f:
         json.dump(out, f)
