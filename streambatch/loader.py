@@ -21,8 +21,9 @@ from .dist import all_gather_ints, process_group_matches, process_info
 from .plan.config import OPTIONS as BATCHING_OPTIONS
 from .plan.config import BUDGET_ERROR, BatchingConfig
 from .plan.cost import calibration_info
-from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, consumed_ids, make_epoch_plan, plan_rank_local
+from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
 from .plan.lengths import Lengths, index_lengths
+from .plan.resume import Layout, Resumed
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
@@ -174,7 +175,8 @@ class StreamBatchLoader:
         self.epoch = 0
         self._consumed = 0  # batches of the current epoch already yielded (or restored)
         self._schedules: dict[int, RankSchedule] = {}
-        self._excluded: tuple[int, np.ndarray] | None = None  # samples consumed before a re-planned resume
+        self._resumed: Resumed | None = None  # the layouts this epoch ran on before a resume on another one
+        self._saved_steps: int | None = None  # the steps of a restored epoch, until it is planned here
         self._state = SharedEpochState(self.num_workers)
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
         self._dataloader: DataLoader | None = None
@@ -208,7 +210,7 @@ class StreamBatchLoader:
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(
             lengths, self.config, epoch, self.world_size, max(1, self.num_workers),
-            self.even_batches, self._excluded_in(epoch), self.hardest_first,
+            self.even_batches, self._excluded_in(epoch, lengths), self.hardest_first,
         )
 
     def schedule(self, epoch: int | None = None) -> RankSchedule:
@@ -224,7 +226,8 @@ class StreamBatchLoader:
             local = self._rank_local(e)
             if local:
                 sched = plan_rank_local(lengths, self.config, e, self.rank, self.world_size, max(1, self.num_workers),
-                                        all_gather_ints, self.even_batches, self.hardest_first)
+                                        all_gather_ints, self.even_batches, self.hardest_first,
+                                        self._excluded_in(e, lengths))
             else:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
             self._schedules = {e: sched}
@@ -232,17 +235,20 @@ class StreamBatchLoader:
         return self._schedules[e]
 
     def _rank_local(self, epoch: int) -> bool:
-        """Whether this epoch is planned rank-locally (``planning`` option, a process group, no re-plan)."""
+        """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""
         possible = self.world_size > 1 and process_group_matches(self.rank, self.world_size)
         if self.planning == "local" and not possible:
             raise ValueError(
                 f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "
                 f"{self.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
             )
-        return self.planning != "global" and possible and self._excluded_in(epoch) is None
+        return self.planning != "global" and possible
 
-    def _excluded_in(self, epoch: int) -> np.ndarray | None:
-        return self._excluded[1] if self._excluded is not None and self._excluded[0] == epoch else None
+    def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
+        """The samples of ``epoch`` consumed on earlier layouts (a lazy mask over global ids), or None."""
+        if self._resumed is None or self._resumed.epoch != epoch:
+            return None
+        return self._resumed.consumed(lengths, self.config)
 
     def __len__(self) -> int:
         """Batches every rank yields in the current epoch (the same on every rank), counting from the
@@ -275,7 +281,7 @@ class StreamBatchLoader:
             urls=self.urls, index=self.index, config=self.config,
             rank=self.rank, world_size=self.world_size, num_workers=max(1, self.num_workers),
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
-            state=self._state, faults=self._fault_counts, bad=self._bad_shards, excluded=self._excluded,
+            state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -334,24 +340,28 @@ class StreamBatchLoader:
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         self._consumed = 0
-        self._excluded = None
+        self._resumed, self._saved_steps = None, None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
 
     # ---- resumption ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the epoch and the batches of it already yielded (save it with the model)."""
+        """Where this rank is: the epoch, the batches of it already yielded, and the layouts it ran on (save it
+        with the model). Small: no per-sample data, whatever the dataset's size."""
+        resumed = self._resumed if self._resumed is not None and self._resumed.epoch == self.epoch else None
+        sched = self._schedules.get(self.epoch)
         state: dict[str, Any] = {
             "epoch": self.epoch,
             "batches_consumed": self._consumed,
+            "steps": sched.steps if sched is not None else self._saved_steps,
             "seed": self.config.seed,
             "world_size": self.world_size,
             "num_workers": max(1, self.num_workers),
             "even_batches": self.even_batches,
+            "hardest_first": self.hardest_first,
             "num_samples": self.index.num_samples if self.index is not None else None,
-            "excluded": None,
+            "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
+            "excluded": _pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
         }
-        if self._excluded is not None and self._excluded[0] == self.epoch:
-            state["excluded"] = _pack_mask(self._excluded[1])
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -359,8 +369,38 @@ class StreamBatchLoader:
 
         With the same world size and workers, the remaining batches are exactly those the uninterrupted run
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
-        yet consumed are planned again over the new layout: none is seen twice, none is lost.
+        yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
+        out what was consumed by re-planning only the old ranks that held its own shards.
         """
+        consumed = self._check_state(state)
+        self.epoch = int(state["epoch"])
+        self._schedules = {}
+        self._dataloader = None  # workers must see the new plan
+        layouts = [Layout.from_state(d) for d in state.get("earlier_layouts") or []]
+        base = _unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
+        same_layout = (
+            state.get("world_size") == self.world_size
+            and state.get("num_workers") == max(1, self.num_workers)
+            and state.get("even_batches", self.even_batches) == self.even_batches
+            and state.get("hardest_first", self.hardest_first) == self.hardest_first
+        )
+        if consumed and not same_layout:
+            layouts.append(self._old_layout(state, consumed, Resumed(self.epoch, tuple(layouts), base)))
+            consumed = 0
+        self._resumed = Resumed(self.epoch, tuple(layouts), base) if layouts or base is not None else None
+        self._consumed = consumed
+        self._saved_steps = state.get("steps") if same_layout else None
+        if consumed == 0 and layouts:
+            old = layouts[-1]
+            log.info(
+                "resuming epoch %d on %d ranks × %d workers (saved on %d × %d after %d of %d batches per rank): "
+                "the samples not yet consumed are planned again",
+                self.epoch, self.world_size, max(1, self.num_workers), old.world_size, old.num_workers,
+                old.consumed, old.steps,
+            )
+
+    def _check_state(self, state: dict[str, Any]) -> int:
+        """The state's batches consumed, once it is known to belong to this loader's dataset and seed."""
         if state.get("seed", self.config.seed) != self.config.seed:
             raise ValueError(f"state was saved with seed {state['seed']}, this loader has seed {self.config.seed}")
         if self.index is not None and state.get("num_samples") not in (None, self.index.num_samples):
@@ -370,34 +410,20 @@ class StreamBatchLoader:
         consumed = int(state.get("batches_consumed", 0))
         if self.index is None and consumed:
             raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
-        self.epoch = int(state["epoch"])
-        self._schedules = {}
-        self._dataloader = None  # workers must see the new plan
-        excluded = _unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
-        self._excluded = (self.epoch, excluded) if excluded is not None else None
-        same_layout = (
-            state.get("world_size") == self.world_size
-            and state.get("num_workers") == max(1, self.num_workers)
-            and state.get("even_batches", self.even_batches) == self.even_batches
-        )
-        if same_layout or not consumed:
-            self._consumed = consumed
-            return
-        # another layout: mark what the old layout consumed, and plan the rest afresh
-        old = make_epoch_plan(
-            index_lengths(self.index), self.config, self.epoch, int(state["world_size"]),
-            int(state["num_workers"]), state.get("even_batches", self.even_batches), excluded, self.hardest_first,
-        )
-        mask = np.zeros(self.index.num_samples, dtype=bool) if excluded is None else excluded.copy()
-        mask[consumed_ids(old, consumed)] = True
-        self._excluded = (self.epoch, mask)
-        self._consumed = 0
-        log.info(
-            "resuming epoch %d on %d ranks × %d workers (saved on %d × %d): %d samples already consumed, "
-            "the remaining %d are planned again",
-            self.epoch, self.world_size, max(1, self.num_workers), state["world_size"], state["num_workers"],
-            int(mask.sum()), int((~mask).sum()),
-        )
+        return consumed
+
+    def _old_layout(self, state: dict[str, Any], consumed: int, before: Resumed) -> Layout:
+        """The layout the state was saved on. A state from before ``steps`` was saved gets its step count
+        from the old layout's whole plan (O(N), once)."""
+        world, workers = int(state["world_size"]), int(state["num_workers"])
+        even = state.get("even_batches", self.even_batches)
+        hardest = bool(state.get("hardest_first", self.hardest_first))
+        steps = state.get("steps")
+        if steps is None:
+            lengths = index_lengths(self.index)
+            steps = make_epoch_plan(lengths, self.config, self.epoch, world, workers, even,
+                                    before.consumed(lengths, self.config), hardest).steps
+        return Layout(world, workers, even, hardest, int(steps), consumed)
 
 
 def _pack_mask(mask: np.ndarray) -> str:

@@ -106,6 +106,59 @@ def test_resume_mid_epoch_gives_the_remaining_batches(audio_ds, num_workers):
     assert head + tail == full
 
 
+def _run_ranks(audio_ds, world, kw, state=None, stop=None):
+    """Every rank of a layout (explicit rank/world_size, no process group): its keys and its state after
+    ``stop`` batches (all of them when None)."""
+    keys, states = [], []
+    for rank in range(world):
+        loader = StreamBatchLoader(audio_ds, rank=rank, world_size=world, **kw)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        it = iter(loader)
+        got = [next(it)["keys"] for _ in range(stop)] if stop is not None else [b["keys"] for b in it]
+        keys += [k for b in got for k in b]
+        states.append(loader.state_dict())
+        del it
+    return keys, states
+
+
+def test_resume_chain_on_other_world_sizes_sees_every_sample_once(audio_ds):
+    """2 ranks stop after 2 batches, 3 ranks resume and stop after 1 more, 1 rank finishes the epoch: every
+    sample once, and the checkpoint stays small (layouts, not per-sample masks)."""
+    kw = dict(budget=BUDGET, buffer_size=30, seed=2, num_workers=2)
+    n = ShardIndex.load(audio_ds).num_samples
+    first, states = _run_ranks(audio_ds, 2, kw, stop=2)
+    assert states[0]["steps"] and states[0]["batches_consumed"] == 2
+    second, states = _run_ranks(audio_ds, 3, kw, state=states[0], stop=1)
+    assert len(states[0]["earlier_layouts"]) == 1 and states[0]["excluded"] is None
+    assert len(json.dumps(states[0])) < 1_000
+    third, states = _run_ranks(audio_ds, 1, kw, state=states[0])
+    seen = first + second + third
+    assert len(seen) == len(set(seen)) == n
+    assert states[0]["epoch"] == 1 and states[0]["earlier_layouts"] == []
+
+
+def test_a_state_saved_with_a_consumed_mask_still_resumes(audio_ds):
+    """States written before the layouts were saved carry a mask of consumed samples and no step count."""
+    from streambatch.loader import _pack_mask
+
+    kw = dict(budget=BUDGET, buffer_size=30, seed=2)
+    index = ShardIndex.load(audio_ds)
+    loader = StreamBatchLoader(audio_ds, **kw)
+    batches = [b["keys"] for b in loader]
+    slot = loader.plan(0).slots[0]  # one rank, one worker: the batches in plan order
+    mask = np.zeros(index.num_samples, dtype=bool)
+    for b in slot.batches[:3]:
+        mask[slot.gids[b]] = True
+    done = [k for b in batches[:3] for k in b]
+    order = [k for b in batches for k in b]
+    old = {"epoch": 0, "batches_consumed": 0, "seed": 2, "world_size": 1, "num_workers": 1,
+           "even_batches": "split", "num_samples": index.num_samples, "excluded": _pack_mask(mask)}
+    rest, _ = _run_ranks(audio_ds, 2, kw, state=old)
+    assert int(mask.sum()) == len(done)
+    assert sorted(rest + done) == sorted(order)
+
+
 def test_text_input_ids_padded(text_ds):
     loader = StreamBatchLoader(text_ds, budget=1000, pad_to_multiple_of=8, seed=0)
     total = 0

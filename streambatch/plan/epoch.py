@@ -8,7 +8,7 @@ consumed. Equalising needs only two numbers per rank (:class:`RankSummary`); the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -166,7 +166,7 @@ def make_epoch_plan(
     world_size: int,
     num_workers: int,
     even_batches: str = "split",
-    excluded: np.ndarray | None = None,
+    excluded: Any = None,
     hardest_first: bool = False,
 ) -> EpochPlan:
     """Plan every slot of the epoch and equalise the ranks' step counts."""
@@ -231,12 +231,19 @@ class RankSchedule:
 
 
 def rank_raw_slots(
-    lengths: Lengths, config: BatchingConfig, epoch: int, rank: int, world_size: int, num_workers: int
+    lengths: Lengths,
+    config: BatchingConfig,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    excluded: Any = None,
 ) -> list[SlotPlan]:
-    """A rank's slots before equalisation, dealt and batched from the shard table and its own shards."""
+    """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
+    (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one)."""
     slots = range(rank * num_workers, (rank + 1) * num_workers)
-    dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, slots=slots)
-    return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s) for s in slots]
+    dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, excluded, slots)
+    return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in slots]
 
 
 def plan_rank_local(
@@ -249,10 +256,11 @@ def plan_rank_local(
     gather: Callable[[list[int]], list[list[int]]],
     even_batches: str = "split",
     hardest_first: bool = False,
+    excluded: Any = None,
 ) -> RankSchedule:
     """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
     step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""
-    raw = rank_raw_slots(lengths, config, epoch, rank, world_size, num_workers)
+    raw = rank_raw_slots(lengths, config, epoch, rank, world_size, num_workers, excluded)
     mine = RankSummary.of(raw)
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
     steps = agreed_steps(summaries, even_batches)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def plan_slots(
     seed: int,
     epoch: int,
     shuffle: bool = True,
-    excluded: np.ndarray | None = None,
+    excluded: Any = None,
     slots: range | None = None,
 ) -> list[list[Piece]]:
     """The pieces each of ``num_slots`` slots streams this epoch (only ``slots`` are filled when given).
@@ -72,30 +72,27 @@ def plan_slots(
     So every slot gets the same amount of audio or tokens to within one sample, reads a few whole shards plus
     at most two partial ones, and with fewer shards than slots the shards are shared. The running total is
     the shard table's prefix sum plus a sum inside the shard, so a rank finds its own slots' pieces from the
-    shard table and the lengths of just the shards they touch. ``excluded`` (a mask over global ids) leaves
-    out samples consumed before a resume (that needs every shard's lengths).
+    shard table and the lengths of just the shards they touch. ``excluded`` (a mask over global ids, or a
+    :class:`~streambatch.plan.resume.Consumed`) leaves out samples consumed before a resume: they are dealt
+    as in a fresh epoch and then dropped, so a slot's share needs no other shard's lengths.
     """
     lengths = lengths if isinstance(lengths, Lengths) else Lengths.of(lengths)
     wanted = slots if slots is not None else range(num_slots)
     out: list[list[Piece]] = [[] for _ in range(num_slots)]
-    order = shard_order(lengths.num_shards, seed, epoch, shuffle, blocks=shard_blocks(lengths.offsets))
-    totals = _kept_totals(lengths, excluded)[order]
-    prefix = np.concatenate([[0.0], np.cumsum(totals)])
-    total = prefix[-1]
-    if not len(wanted) or total <= 0:
+    deal = Deal.of(lengths, num_slots, seed, epoch, shuffle)
+    if not len(wanted) or deal.total <= 0:
         return out
-    lo, hi = wanted.start * total / num_slots, wanted.stop * total / num_slots
-    # the shards whose span can hold a midpoint in [lo, hi), one more on each side for rounding
-    first = max(0, int(np.searchsorted(prefix[1:], lo, side="left")) - 1)
-    last = min(len(order), int(np.searchsorted(prefix[:-1], hi, side="right")) + 1)
-    lengths.prefetch(order[first:last])
-    for i in range(first, last):
-        shard = int(order[i])
-        idx, x = _kept(lengths, shard, excluded)
+    positions = deal.positions(wanted.start, wanted.stop)
+    lengths.prefetch(deal.order[positions])
+    for i in positions:
+        shard = int(deal.order[i])
+        slot_of = deal.slot_of(i)
+        idx = np.arange(slot_of.size)
+        if excluded is not None and idx.size:
+            keep = ~np.asarray(excluded[int(lengths.offsets[shard]):int(lengths.offsets[shard + 1])], dtype=bool)
+            idx, slot_of = idx[keep], slot_of[keep]
         if not idx.size:
             continue
-        mid = prefix[i] + np.cumsum(x) - x / 2
-        slot_of = np.minimum((mid * num_slots / total).astype(np.int64), num_slots - 1)
         cuts = np.flatnonzero(np.diff(slot_of)) + 1
         for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), idx.size]):
             k = int(slot_of[a])
@@ -104,18 +101,33 @@ def plan_slots(
     return out
 
 
-def _kept(lengths: Lengths, shard: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(tar positions, float lengths) of a shard's samples that are not excluded."""
-    x = np.asarray(lengths.shard(shard), dtype=np.float64)
-    idx = np.arange(x.size)
-    if excluded is not None:
-        keep = ~excluded[lengths.offsets[shard]:lengths.offsets[shard + 1]]
-        idx, x = idx[keep], x[keep]
-    return idx, x
+@dataclass
+class Deal:
+    """The epoch's shard order cut into ``num_slots`` slots of equal total length (see :func:`plan_slots`)."""
 
+    lengths: Lengths
+    num_slots: int
+    order: np.ndarray
+    prefix: np.ndarray  # running total before each position of ``order``
 
-def _kept_totals(lengths: Lengths, excluded: np.ndarray | None) -> np.ndarray:
-    """Each shard's total length, without excluded samples (the shard table's totals when none are)."""
-    if excluded is None:
-        return lengths.totals
-    return np.array([float(_kept(lengths, s, excluded)[1].sum()) for s in range(lengths.num_shards)])
+    @classmethod
+    def of(cls, lengths: Lengths, num_slots: int, seed: int, epoch: int, shuffle: bool) -> "Deal":
+        order = shard_order(lengths.num_shards, seed, epoch, shuffle, blocks=shard_blocks(lengths.offsets))
+        return cls(lengths, num_slots, order, np.concatenate([[0.0], np.cumsum(lengths.totals[order])]))
+
+    @property
+    def total(self) -> float:
+        return float(self.prefix[-1])
+
+    def positions(self, first_slot: int, stop_slot: int) -> range:
+        """Positions in ``order`` of the shards that can hold samples of slots ``[first_slot, stop_slot)``
+        (one more on each side for rounding)."""
+        lo, hi = first_slot * self.total / self.num_slots, stop_slot * self.total / self.num_slots
+        first = max(0, int(np.searchsorted(self.prefix[1:], lo, side="left")) - 1)
+        return range(first, min(len(self.order), int(np.searchsorted(self.prefix[:-1], hi, side="right")) + 1))
+
+    def slot_of(self, position: int) -> np.ndarray:
+        """The slot of each sample (tar order) of the shard at ``position`` in the order."""
+        x = np.asarray(self.lengths.shard(int(self.order[position])), dtype=np.float64)
+        mid = self.prefix[position] + np.cumsum(x) - x / 2
+        return np.minimum((mid * self.num_slots / self.total).astype(np.int64), self.num_slots - 1)

@@ -46,13 +46,13 @@ def global_offsets(shard_counts: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
 
 
-def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: np.ndarray | None) -> np.ndarray:
+def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> np.ndarray:
     """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
     if not pieces:
         return np.zeros(0, dtype=np.int64)
     gids = np.concatenate([np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop) for p in pieces])
     if excluded is not None:
-        gids = gids[~excluded[gids]]
+        gids = gids[~np.asarray(excluded[gids], dtype=bool)]
     return gids
 
 
@@ -63,7 +63,7 @@ def plan_slot(
     config: BatchingConfig,
     epoch: int,
     slot: int,
-    excluded: np.ndarray | None = None,
+    excluded: Any = None,
 ) -> SlotPlan:
     """One slot's batches before equalisation: the slot's batcher run over its stream's lengths.
 

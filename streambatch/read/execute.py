@@ -19,7 +19,7 @@ from .faults import FaultLog, ShardFault
 
 
 def pieces_needed(
-    plan: SlotPlan, first: int, offsets: np.ndarray, excluded: np.ndarray | None
+    plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Any
 ) -> list[tuple[Piece, int]]:
     """(piece, stream position of its first sample) for the pieces holding a sample of a batch still to
     come; pieces whose samples were all consumed before a resume are not read again."""
@@ -29,7 +29,7 @@ def pieces_needed(
     out, pos = [], 0
     for p in plan.pieces:
         lo, hi = int(offsets[p.shard]) + p.start, int(offsets[p.shard]) + p.stop
-        n = hi - lo if excluded is None else int((~excluded[lo:hi]).sum())
+        n = hi - lo if excluded is None else int((~np.asarray(excluded[lo:hi], dtype=bool)).sum())
         if needed_pos[pos:pos + n].any():
             out.append((p, pos))
         pos += n
@@ -46,7 +46,7 @@ class Invalid:
 
 
 def positioned(
-    samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: np.ndarray | None
+    samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: Any
 ) -> Iterator[tuple[int, int, dict[str, Any] | None] | Invalid]:
     """Stage: attach each streamed sample's position in the slot's stream and its global id; drop excluded ones.
 

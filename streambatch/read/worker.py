@@ -10,7 +10,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
@@ -19,6 +18,7 @@ from ..dist import worker_info
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
+from ..plan.resume import Resumed
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot
 from .collate import Decode, collate, split_micro_batches
@@ -86,7 +86,7 @@ class SlotContext:
     """Everything a DataLoader worker needs to stream its slot, handed over once (pickled to each worker).
 
     ``index`` is None without one; ``faults``/``bad``/``state`` are shared
-    tensors; ``excluded`` is ``(epoch, mask)`` of samples consumed before a re-planned resume."""
+    tensors; ``resumed`` names the layouts the epoch ran on before a resume on another one."""
 
     urls: list[str]
     index: ShardIndex | None
@@ -100,7 +100,7 @@ class SlotContext:
     state: SharedEpochState
     faults: torch.Tensor
     bad: torch.Tensor
-    excluded: tuple[int, np.ndarray] | None = None
+    resumed: Resumed | None = None
 
     @property
     def num_slots(self) -> int:
@@ -110,8 +110,11 @@ class SlotContext:
         """The index lengths as the planner reads them: per shard, only the shards asked for."""
         return index_lengths(self.index)
 
-    def excluded_in(self, epoch: int) -> np.ndarray | None:
-        return self.excluded[1] if self.excluded is not None and self.excluded[0] == epoch else None
+    def excluded_in(self, epoch: int, lengths: Lengths) -> Any:
+        """The samples of ``epoch`` consumed on earlier layouts (a lazy mask over global ids), or None."""
+        if self.resumed is None or self.resumed.epoch != epoch:
+            return None
+        return self.resumed.consumed(lengths, self.config)
 
 
 class EpochStream(IterableDataset):
@@ -156,7 +159,7 @@ def _planned_batches(
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
     lengths = ctx.lengths()
     offsets = lengths.offsets
-    excluded = ctx.excluded_in(epoch)
+    excluded = ctx.excluded_in(epoch, lengths)
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded)

@@ -1,0 +1,145 @@
+"""Resuming an epoch on another layout: which samples the earlier layouts consumed, worked out per shard.
+
+A checkpoint names the layouts an epoch ran on before it (ranks × workers, equalisation, agreed steps,
+batches consumed), not the consumed samples: those follow from the plan. When the new layout's planner asks
+whether some samples were consumed, :class:`Consumed` re-plans only the old ranks whose slots held those
+samples' shards, so a rank resuming on another world size reads O(N / world) lengths, never the whole index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .config import BatchingConfig
+from .epoch import plan_rank, rank_raw_slots
+from .lengths import Lengths
+from .shards import Deal
+from .slot import per_worker
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How part of an epoch ran: ``world_size`` × ``num_workers`` slots, equalised with ``even_batches`` to
+    ``steps`` batches per rank (hardest batch first or not), of which every rank had consumed ``consumed``."""
+
+    world_size: int
+    num_workers: int
+    even_batches: str
+    hardest_first: bool
+    steps: int
+    consumed: int
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Layout":
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise ValueError(f"loader state: an earlier layout lacks {', '.join(missing)}")
+        return cls(**{n: state[n] for n in names})
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The layouts epoch ``epoch`` ran on before this one (oldest first), and ``base``: a mask of consumed
+    samples saved by an older state format (O(N) bits; new states never write one)."""
+
+    epoch: int
+    layouts: tuple[Layout, ...] = ()
+    base: np.ndarray | None = None
+
+    def consumed(self, lengths: Lengths, config: BatchingConfig) -> Any:
+        """The samples consumed before this layout, as a mask indexable by global ids (None: nothing)."""
+        mask: Any = self.base
+        for layout in self.layouts:
+            mask = Consumed(lengths, config, self.epoch, layout, mask)
+        return mask
+
+
+class Consumed:
+    """The samples consumed under ``layout`` (after those of ``prior``), as a lazily computed mask over global
+    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Each asked-for shard costs
+    a re-plan of the old ranks that held it (done once per rank)."""
+
+    def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, layout: Layout, prior: Any = None):
+        self.lengths, self.config, self.epoch, self.layout, self.prior = lengths, config, epoch, layout, prior
+        self._deal = Deal.of(lengths, layout.world_size * layout.num_workers, config.seed, epoch, config.shuffle)
+        self._position = np.empty(lengths.num_shards, dtype=np.int64)
+        self._position[self._deal.order] = np.arange(lengths.num_shards)
+        self._marks: dict[int, np.ndarray] = {}
+        self._complete: dict[int, np.ndarray] = {}  # shard -> its whole mask, once every old rank is in
+        self._ranks: set[int] = set()
+
+    def shard(self, shard: int) -> np.ndarray:
+        """The consumed mask of one shard's samples (tar order), this layout's and the earlier ones'."""
+        shard = int(shard)
+        if shard not in self._complete:
+            lo, hi = int(self.lengths.offsets[shard]), int(self.lengths.offsets[shard + 1])
+            for r in self._old_ranks(shard):
+                self._consume_rank(r)
+            mask = self._marks.pop(shard, None)
+            mask = np.zeros(hi - lo, dtype=bool) if mask is None else mask
+            if self.prior is not None:
+                mask |= np.asarray(self.prior[lo:hi], dtype=bool)
+            self._complete[shard] = mask
+        return self._complete[shard]
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self._take(np.arange(key.start, key.stop, dtype=np.int64))
+        if np.ndim(key) == 0:
+            shard = int(np.searchsorted(self.lengths.offsets, int(key), side="right")) - 1
+            return bool(self.shard(shard)[int(key) - self.lengths.offsets[shard]])
+        return self._take(np.asarray(key, dtype=np.int64))
+
+    def _take(self, gids: np.ndarray) -> np.ndarray:
+        out = np.zeros(gids.size, dtype=bool)
+        offsets = self.lengths.offsets
+        for s, sel in _by_shard(gids, offsets):
+            out[sel] = self.shard(s)[gids[sel] - offsets[s]]
+        return out
+
+    def _old_ranks(self, shard: int) -> list[int]:
+        """The old ranks whose slots held samples of this shard."""
+        if not self.lengths.counts[shard] or self._deal.total <= 0:
+            return []
+        slots = np.unique(self._deal.slot_of(int(self._position[shard])))
+        return sorted({int(k) // self.layout.num_workers for k in slots})
+
+    def _consume_rank(self, rank: int) -> None:
+        """Re-plan one old rank as it ran (its slots, equalised to the old step count) and mark the samples
+        of its first ``consumed`` batches."""
+        if rank in self._ranks:
+            return
+        self._ranks.add(rank)
+        L, cfg = self.layout, self.config
+        raw = rank_raw_slots(self.lengths, cfg, self.epoch, rank, L.world_size, L.num_workers, self.prior)
+        rp = plan_rank(raw, L.steps, L.even_batches, cfg, self.epoch, rank, self.lengths, L.hardest_first)
+        done = per_worker([len(s.batches) for s in rp.slots], L.consumed, rp.first_worker)
+        taken = [s.gids[b] for s, k in zip(rp.slots, done) for b in s.batches[:k]]
+        if taken:
+            self._mark(np.concatenate(taken))
+
+    def _mark(self, gids: np.ndarray) -> None:
+        offsets = self.lengths.offsets
+        for s, sel in _by_shard(gids, offsets):
+            if s in self._complete:
+                continue  # already whole: every old rank holding it was re-planned
+            mask = self._marks.setdefault(s, np.zeros(int(self.lengths.counts[s]), dtype=bool))
+            mask[gids[sel] - offsets[s]] = True
+
+
+def _by_shard(gids: np.ndarray, offsets: np.ndarray) -> Sequence[tuple[int, np.ndarray]]:
+    """(shard, positions in ``gids``) for each shard the global ids fall in."""
+    if not gids.size:
+        return []
+    shard_of = np.searchsorted(offsets, gids, side="right") - 1
+    order = np.argsort(shard_of, kind="stable")
+    cuts = np.flatnonzero(np.diff(shard_of[order])) + 1
+    return [(int(shard_of[g[0]]), g) for g in np.split(order, cuts)]
