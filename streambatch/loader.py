@@ -71,10 +71,17 @@ def batching_config(budget: float | None, index: ShardIndex | None, options: dic
             options = {**options, "max_batch_size": int(calib["max_batch_size"])}
     if index is not None and index.unit == "seconds":
         options = {**options, "pad_to_multiple_of": None}
-    lengths = index.lengths if index is not None and options.get("num_buckets") else None  # O(N): read once
-    config = BatchingConfig.make(budget, lengths, **options)
+    stats = None  # every length, streamed once in bounded memory, when an option needs them
+
+    def length_stats() -> Any:
+        nonlocal stats
+        stats = stats if stats is not None else index.length_stats()
+        return stats
+
+    config = BatchingConfig.make(budget, length_stats() if index is not None and options.get("num_buckets") else None,
+                                 **options)
     if hasattr(config.cost, "check_monotone") and index is not None:
-        config.cost.check_monotone(lengths if lengths is not None else index.lengths)
+        config.cost.check_monotone(length_stats())
     return config
 
 

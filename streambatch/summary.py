@@ -10,6 +10,8 @@ import numpy as np
 
 from .dataset.index import ShardIndex
 from .errors import ShardifyError
+from .plan.buckets import estimate_boundaries, suggest_budget
+from .plan.stats import LengthStats
 
 def total_text(index: ShardIndex) -> str:
     spu = index.seconds_per_unit()
@@ -52,11 +54,12 @@ def inspect_dataset(
     index: ShardIndex, dataset: str, budget_text: str | None = None, num_buckets: int | None = None,
     plot: str | None = None, as_json: bool = False,
 ) -> int:
-    """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code."""
-    lengths = index.lengths
+    """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
+    The lengths are streamed shard by shard (bounded memory at any dataset size)."""
+    lengths = index.length_stats(progress=not as_json)
     summary = _summary(index, dataset, lengths)
     budget = boundaries = None
-    if lengths.size:
+    if lengths.count:
         budget, boundaries = _suggestions(index, lengths, budget_text, num_buckets, summary)
     if plot:
         summary["plot"] = _plot(lengths, index, boundaries, plot)
@@ -67,25 +70,23 @@ def inspect_dataset(
     return 0
 
 
-def _summary(index: ShardIndex, dataset: str, lengths: np.ndarray) -> dict[str, Any]:
+def _summary(index: ShardIndex, dataset: str, lengths: LengthStats) -> dict[str, Any]:
     """Counts, totals and percentiles, with the seconds view for audio."""
-    stats = index.stats()
+    stats = lengths.summary(index.unit, index.seconds_per_unit(), num_shards=index.num_shards)
     spu = index.seconds_per_unit()
     summary: dict[str, Any] = {"dataset": dataset, "sample_rate": index.sample_rate, **stats}
-    if spu and lengths.size:
+    if spu and lengths.count:
         summary["seconds"] = {
-            "min": float(lengths.min()) * spu, "mean": float(lengths.mean()) * spu, "max": float(lengths.max()) * spu,
+            "min": lengths.min * spu, "mean": lengths.mean * spu, "max": lengths.max * spu,
             "percentiles": {p: v * spu for p, v in stats["percentiles"].items()},
         }
     return summary
 
 
 def _suggestions(
-    index: ShardIndex, lengths: np.ndarray, budget_text: str | None, num_buckets: int | None, summary: dict[str, Any]
+    index: ShardIndex, lengths: LengthStats, budget_text: str | None, num_buckets: int | None, summary: dict[str, Any]
 ) -> tuple[float, list[float]]:
     """The given or a suggested budget, and bucket boundaries under it (also recorded in ``summary``)."""
-    from .plan.buckets import estimate_boundaries, suggest_budget
-
     if budget_text:
         budget = parse_budget(budget_text, index)
         summary["budget_source"] = "given"
@@ -123,7 +124,8 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
     for k, v in rows:
         print(f"{k:<10} {v}")
     if s["num_samples"]:
-        print("length percentiles:")
+        within = s.get("percentiles_within")
+        print("length percentiles" + (f" (each within {within:.1%}, from a streamed histogram):" if within else ":"))
         for p, v in s["percentiles"].items():
             print(f"  p{p:<3} {both(v)}")
     if budget is not None:
@@ -134,7 +136,7 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
         print(f"plot       {s['plot']}")
 
 
-def _plot(lengths, index: ShardIndex, boundaries: list[float] | None, path: str) -> str:
+def _plot(lengths: LengthStats, index: ShardIndex, boundaries: list[float] | None, path: str) -> str:
     try:
         import matplotlib
 
@@ -145,7 +147,8 @@ def _plot(lengths, index: ShardIndex, boundaries: list[float] | None, path: str)
     spu = index.seconds_per_unit()
     scale, label = (spu, "seconds") if spu else (1.0, index.unit)
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.hist(lengths * scale, bins=min(100, max(10, int(len(lengths) ** 0.5))), color="#4477aa")
+    counts, edges = lengths.histogram(min(100, max(10, int(lengths.count ** 0.5))), scale)
+    ax.stairs(counts, edges, fill=True, color="#4477aa")
     for b in boundaries or []:
         ax.axvline(b * scale, color="#cc6677", linewidth=0.8)
     ax.set_xlabel(f"length ({label})")

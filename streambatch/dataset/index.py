@@ -20,6 +20,7 @@ import numpy as np
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexError_, json_number
 from .columnar_write import write_v2
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
+from ..plan.stats import LengthStats, stream_stats
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexError_", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
 
@@ -421,9 +422,19 @@ class ShardIndex:
             return 1.0
         return None
 
+    def length_stats(self, progress: bool = False) -> LengthStats:
+        """Statistics of every length, streamed shard by shard in bounded memory (exact percentiles up to a
+        few million samples, within 0.1 % beyond)."""
+        chunks = self.iter_lengths()
+        if progress:
+            from tqdm.auto import tqdm
+
+            chunks = tqdm(chunks, total=self.num_shards, unit="shard", desc="reading lengths", leave=False)
+        return stream_stats(chunks)
+
     def stats(self) -> dict[str, Any]:
         """Counts, totals and length percentiles (and hours for audio units)."""
-        return length_stats(self.lengths, self.unit, self.seconds_per_unit(), num_shards=self.num_shards)
+        return self.length_stats().summary(self.unit, self.seconds_per_unit(), num_shards=self.num_shards)
 
     @classmethod
     def merge(cls, indexes: Sequence["ShardIndex"]) -> "ShardIndex":
@@ -470,23 +481,3 @@ def upgrade(url: str, storage_options: dict | None = None, progress: bool = True
         log.info("%s is already a version %d index: nothing to upgrade", index_url, index.version)
         return index_url
     return index.save(index_url, storage_options, version=2, progress=progress)
-
-
-def length_stats(
-    lengths: np.ndarray, unit: str, seconds_per_unit: float | None = None, num_shards: int | None = None
-) -> dict[str, Any]:
-    """Summary statistics of a length array, shared by ``shardify inspect`` and the benchmarks."""
-    lengths = np.asarray(lengths)
-    out: dict[str, Any] = {"num_samples": int(lengths.size), "unit": unit}
-    if num_shards is not None:
-        out["num_shards"] = num_shards
-    if lengths.size == 0:
-        return out
-    out["total_length"] = json_number(lengths.sum())
-    out["mean"] = float(lengths.mean())
-    out["min"] = json_number(lengths.min())
-    out["max"] = json_number(lengths.max())
-    out["percentiles"] = {p: float(np.percentile(lengths, p)) for p in (1, 5, 25, 50, 75, 95, 99)}
-    if seconds_per_unit:
-        out["total_hours"] = float(lengths.sum()) * seconds_per_unit / 3600.0
-    return out

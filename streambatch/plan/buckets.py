@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 
+from .stats import LengthStats
 
-def estimate_boundaries(lengths: np.ndarray, budget: float, num_buckets: int | None = None) -> np.ndarray:
+
+def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_buckets: int | None = None) -> np.ndarray:
     """Bucket boundaries for ``lengths`` under ``budget``: the upper edges of all buckets but the last.
 
     Boundaries sit at the lengths where a batch's capacity ``floor(budget / max_len)`` changes
@@ -16,11 +18,10 @@ def estimate_boundaries(lengths: np.ndarray, budget: float, num_buckets: int | N
     many per batch), neighbouring classes are merged so that each bucket holds about ``1/num_buckets`` of
     the samples. The default ``num_buckets`` grows with the capacity spread, capped at 64.
     """
-    lengths = np.asarray(lengths, dtype=np.float64)
-    lengths = lengths[(lengths > 0) & (lengths <= budget)]
-    if lengths.size == 0:
+    lengths = LengthStats.of(lengths).within(0, budget)
+    if lengths.count == 0:
         return np.zeros(0)
-    lo, hi = float(lengths.min()), float(lengths.max())
+    lo, hi = lengths.min, lengths.max
     kmax = int(budget // lo)  # most samples per batch
     kmin = max(1, int(budget // hi))
     if num_buckets is None:
@@ -33,7 +34,7 @@ def estimate_boundaries(lengths: np.ndarray, budget: float, num_buckets: int | N
     edges = np.sort(budget / ks)
     edges = edges[(edges > lo) & (edges < hi)]
     # Equal-count targets; snap each to the capacity threshold just above it, so buckets stay whole classes.
-    targets = np.quantile(lengths, np.linspace(0, 1, num_buckets + 1)[1:-1])
+    targets = lengths.quantile(np.linspace(0, 1, num_buckets + 1)[1:-1])
     if edges.size:
         pos = np.searchsorted(edges, targets, side="left")
         snapped = edges[np.minimum(pos, edges.size - 1)]
@@ -45,11 +46,11 @@ def estimate_boundaries(lengths: np.ndarray, budget: float, num_buckets: int | N
     return np.unique(bounds)
 
 
-def suggest_budget(lengths: np.ndarray, unit: str = "samples", sample_rate: int | None = None) -> float:
+def suggest_budget(lengths: np.ndarray | LengthStats, unit: str = "samples", sample_rate: int | None = None) -> float:
     """A starting budget: room for about 32 median samples, and never less than the longest sample."""
-    lengths = np.asarray(lengths)
-    if lengths.size == 0:
+    lengths = LengthStats.of(lengths)
+    if lengths.count == 0:
         return 0.0
-    b = max(float(np.percentile(lengths, 50)) * 32, float(lengths.max()))
+    b = max(lengths.percentile(50) * 32, lengths.max)
     step = sample_rate if (unit == "samples" and sample_rate) else 1
     return float(math.ceil(b / step) * step)

@@ -77,7 +77,7 @@ class BatchingConfig:
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
-            options["bucket_boundaries"] = estimate_boundaries(np.asarray(lengths), budget, num_buckets)
+            options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets)
         return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
 
     def replace(self, **changes: Any) -> "BatchingConfig":

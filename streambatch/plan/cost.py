@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .stats import LengthStats
+
 CALIBRATION_FORMAT = "streambatch-calibration"
 
 
@@ -116,9 +118,10 @@ class CallableCost(CostModel):
             return np.asarray(self.fn(n, lengths), dtype=np.float64)
         return np.array([float(self.fn(int(a), float(b))) for a, b in zip(n.ravel(), lengths.ravel())]).reshape(n.shape)
 
-    def check_monotone(self, lengths: np.ndarray, max_n: int = 64) -> None:
-        """Raise if the function decreases in ``n`` or in length on a grid over the data's lengths."""
-        ls = np.unique(np.quantile(np.asarray(lengths, dtype=np.float64), np.linspace(0, 1, 9)))
+    def check_monotone(self, lengths: Any, max_n: int = 64) -> None:
+        """Raise if the function decreases in ``n`` or in length on a grid over the data's lengths (an array
+        or a :class:`~streambatch.plan.stats.LengthStats`)."""
+        ls = np.unique(LengthStats.of(lengths).quantile(np.linspace(0, 1, 9)))
         ns = np.unique(np.geomspace(1, max_n, 8).astype(int))
         grid = np.array([[float(self.fn(int(n), float(x))) for x in ls] for n in ns])
         if (np.diff(grid, axis=0) < 0).any() or (np.diff(grid, axis=1) < 0).any():
