@@ -9,7 +9,10 @@ then opens the index and plans the rank's epoch:
   (what a rank does under torch.distributed; the one all_gather of two integers is replaced by this rank's own
   summary, which costs nothing to measure);
 * ``v1 whole-epoch``: the JSON index and every slot of every rank (what every rank did before rank-local
-  planning, and still does without a process group).
+  planning, and still does without a process group);
+* ``v2 resume from 2W``: a rank of W resuming an epoch saved on 2W ranks after half its steps (it re-plans
+  only the old ranks that held its own shards);
+* ``v1/v2 inspect stats``: ``shardify inspect``'s numbers, every length streamed into a bounded summary.
 
 Usage: ``python tools/bench_scale.py [--samples 10000000 100000000] [--per-shard 1000] [--ranks 8 64 1024]
 [--workers 8] [--v1-max 10000000] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
@@ -32,29 +35,74 @@ BUDGET = 200 * 16_000  # 200 s of 16 kHz audio per batch, as in bench_padding
 
 
 def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dict:
-    """Runs in a fresh process: open the index and plan one rank's epoch; seconds and peak RSS above imports."""
+    """Runs in a fresh process: open the index and do one rank's work; seconds and peak RSS above imports."""
     import numpy as np  # noqa: F401 - imported before the baseline, as a training script has them
     import pyarrow.parquet  # noqa: F401
 
     from streambatch.dataset.index import ShardIndex
     from streambatch.fit.memory import proc_status
-    from streambatch.plan.config import BatchingConfig
-    from streambatch.plan.epoch import RankSchedule, make_epoch_plan, plan_rank_local
-    from streambatch.plan.lengths import index_lengths
 
     base = proc_status("VmRSS")["VmRSS"]
     t0 = time.perf_counter()
     index = ShardIndex.load(index_url)
     t_open = time.perf_counter() - t0
+    out = STEPS[mode](index, world, workers, rank)
+    out.update(open_s=t_open, seconds=time.perf_counter() - t0,
+               peak_mb=(proc_status("VmHWM")["VmHWM"] - base) / 2**20)
+    return out
+
+
+def plan_local(index, world: int, workers: int, rank: int) -> dict:
+    """One rank's epoch from its own slots (the all_gather is replaced by this rank's own summary)."""
+    from streambatch.plan.epoch import plan_rank_local
+    from streambatch.plan.lengths import index_lengths
+
     lengths = index_lengths(index)
-    config = BatchingConfig(budget=float(BUDGET))
-    if mode == "local":
-        sched = plan_rank_local(lengths, config, 0, rank, world, workers, lambda mine: [mine] * world)
-    else:
-        sched = RankSchedule.of(make_epoch_plan(lengths, config, 0, world, workers, "split"), rank)
-    seconds = time.perf_counter() - t0
-    return {"open_s": t_open, "seconds": seconds, "peak_mb": (proc_status("VmHWM")["VmHWM"] - base) / 2**20,
-            "batches": sched.steps, "lengths_read": lengths.loaded}
+    sched = plan_rank_local(lengths, CONFIG(), 0, rank, world, workers, lambda mine: [mine] * world)
+    return {"batches": sched.steps, "lengths_read": lengths.loaded}
+
+
+def plan_global(index, world: int, workers: int, rank: int) -> dict:
+    """Every slot of every rank (what each rank did before rank-local planning, and without a process group)."""
+    from streambatch.plan.epoch import RankSchedule, make_epoch_plan
+    from streambatch.plan.lengths import index_lengths
+
+    lengths = index_lengths(index)
+    sched = RankSchedule.of(make_epoch_plan(lengths, CONFIG(), 0, world, workers, "split"), rank)
+    return {"batches": sched.steps, "lengths_read": lengths.loaded}
+
+
+def resume_local(index, world: int, workers: int, rank: int) -> dict:
+    """One rank of ``world`` resuming an epoch that ran on ``2 × world`` ranks until half its steps: the rank
+    re-plans the old ranks that held its shards (the old step count is the old rank's own, as a stand-in)."""
+    from streambatch.plan.epoch import RankSummary, plan_rank_local, rank_raw_slots
+    from streambatch.plan.lengths import index_lengths
+    from streambatch.plan.resume import Layout, Resumed
+
+    lengths, config = index_lengths(index), CONFIG()
+    old_steps = RankSummary.of(rank_raw_slots(lengths, config, 0, 2 * rank, 2 * world, workers)).batches
+    lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
+    done = Resumed(0, (Layout(2 * world, workers, "split", False, old_steps, old_steps // 2),))
+    sched = plan_rank_local(lengths, config, 0, rank, world, workers, lambda mine: [mine] * world, "split", False,
+                            done.consumed(lengths, config))
+    return {"batches": sched.steps, "lengths_read": lengths.loaded}
+
+
+def stats(index, world: int, workers: int, rank: int) -> dict:
+    """``shardify inspect``'s numbers: every length streamed into a bounded summary (v2: a row group at a time)."""
+    summary = index.length_stats()
+    return {"batches": 0, "lengths_read": summary.count}
+
+
+def CONFIG():
+    from streambatch.plan.config import BatchingConfig
+
+    return BatchingConfig(budget=float(BUDGET))
+
+
+STEPS = {"local": plan_local, "global": plan_global, "resume": resume_local, "stats": stats}
+LABELS = {"local": "v2 rank-local", "global": "v1 whole-epoch", "resume": "v2 resume from 2W",
+          "stats": "{v} inspect stats"}
 
 
 def measure(index_url: str, world: int, workers: int, mode: str) -> dict:
@@ -88,19 +136,23 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--v1-max", type=float, default=1e7, help="largest size also measured with a v1 index")
     p.add_argument("--dir", default=None)
+    p.add_argument("--no-stats", dest="stats", action="store_false", help="skip the inspect-statistics rows")
     args = p.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="bench_scale-")
     print(f"{'samples':>13} {'ranks':>5} x{args.workers} {'index / plan':<18} {'open s':>7} {'open+plan s':>11} "
           f"{'peak MB':>8} {'lengths read':>13} {'batches':>7}")
     for n in [int(x) for x in args.samples]:
-        versions = [(2, "local")] + ([(1, "global")] if n <= args.v1_max else [])
-        urls = {v: make(folder, n, args.per_shard, v) for v, _ in versions}
-        for world in args.ranks:
-            for v, mode in versions:
-                r = measure(urls[v], world, args.workers, mode)
-                label = "v2 rank-local" if mode == "local" else "v1 whole-epoch"
-                print(f"{n:>13,} {world:>5} x{args.workers} {label:<18} {r['open_s']:>7.2f} {r['seconds']:>11.2f} "
-                      f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}", flush=True)
+        versions = [2] + ([1] if n <= args.v1_max else [])
+        urls = {v: make(folder, n, args.per_shard, v) for v in versions}
+        rows = [(world, 2, mode) for world in args.ranks for mode in ("local", "resume")]
+        rows += [(world, 1, "global") for world in args.ranks if 1 in versions]
+        rows += [(1, v, "stats") for v in versions] if args.stats else []
+        for world, v, mode in sorted(rows, key=lambda r: (r[2] == "stats", r[0], r[1] == 1)):
+            r = measure(urls[v], world, args.workers, mode)
+            label = LABELS[mode].format(v=f"v{v}")
+            shown = "-" if mode == "stats" else f"{world:>5}"
+            print(f"{n:>13,} {shown:>5} x{args.workers} {label:<18} {r['open_s']:>7.2f} {r['seconds']:>11.2f} "
+                  f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}", flush=True)
     print(f"indexes in {folder}; peak MB = VmHWM - VmRSS after imports (numpy, pyarrow, streambatch), one fresh "
           "process per row; batches = the measured rank's own count before the ranks agree on the step count")
     return 0

@@ -64,53 +64,47 @@ class Resumed:
 
 class Consumed:
     """The samples consumed under ``layout`` (after those of ``prior``), as a lazily computed mask over global
-    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Each asked-for shard costs
-    a re-plan of the old ranks that held it (done once per rank)."""
+    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs
+    a re-plan of the old ranks that held them (once per rank), and nothing else."""
 
     def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, layout: Layout, prior: Any = None):
         self.lengths, self.config, self.epoch, self.layout, self.prior = lengths, config, epoch, layout, prior
         self._deal = Deal.of(lengths, layout.world_size * layout.num_workers, config.seed, epoch, config.shuffle)
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)
-        self._marks: dict[int, np.ndarray] = {}
-        self._complete: dict[int, np.ndarray] = {}  # shard -> its whole mask, once every old rank is in
-        self._ranks: set[int] = set()
-
-    def shard(self, shard: int) -> np.ndarray:
-        """The consumed mask of one shard's samples (tar order), this layout's and the earlier ones'."""
-        shard = int(shard)
-        if shard not in self._complete:
-            lo, hi = int(self.lengths.offsets[shard]), int(self.lengths.offsets[shard + 1])
-            for r in self._old_ranks(shard):
-                self._consume_rank(r)
-            mask = self._marks.pop(shard, None)
-            mask = np.zeros(hi - lo, dtype=bool) if mask is None else mask
-            if self.prior is not None:
-                mask |= np.asarray(self.prior[lo:hi], dtype=bool)
-            self._complete[shard] = mask
-        return self._complete[shard]
+        self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of ranks re-planned)
+        self._slots: dict[int, np.ndarray] = {}  # shard -> the old slot of each of its samples
+        self._ranks: set[int] = set()  # old ranks re-planned so far
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
             return self._take(np.arange(key.start, key.stop, dtype=np.int64))
         if np.ndim(key) == 0:
-            shard = int(np.searchsorted(self.lengths.offsets, int(key), side="right")) - 1
-            return bool(self.shard(shard)[int(key) - self.lengths.offsets[shard]])
+            return bool(self._take(np.array([int(key)], dtype=np.int64))[0])
         return self._take(np.asarray(key, dtype=np.int64))
 
     def _take(self, gids: np.ndarray) -> np.ndarray:
+        """Whether each sample was consumed: re-plan the old ranks that held these samples (once each)."""
         out = np.zeros(gids.size, dtype=bool)
         offsets = self.lengths.offsets
         for s, sel in _by_shard(gids, offsets):
-            out[sel] = self.shard(s)[gids[sel] - offsets[s]]
+            pos = gids[sel] - offsets[s]
+            for r in np.unique(self._old_slots(s)[pos] // self.layout.num_workers):
+                self._consume_rank(int(r))
+            if s in self._marks:
+                out[sel] = self._marks[s][pos]
+        if self.prior is not None and gids.size:
+            out |= np.asarray(self.prior[gids], dtype=bool)
         return out
 
-    def _old_ranks(self, shard: int) -> list[int]:
-        """The old ranks whose slots held samples of this shard."""
-        if not self.lengths.counts[shard] or self._deal.total <= 0:
-            return []
-        slots = np.unique(self._deal.slot_of(int(self._position[shard])))
-        return sorted({int(k) // self.layout.num_workers for k in slots})
+    def _old_slots(self, shard: int) -> np.ndarray:
+        """The old slot each sample of the shard was dealt to."""
+        if shard not in self._slots:
+            if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to rank 0, which has none
+                self._slots[shard] = np.zeros(int(self.lengths.counts[shard]), dtype=np.int64)
+            else:
+                self._slots[shard] = self._deal.slot_of(int(self._position[shard]))
+        return self._slots[shard]
 
     def _consume_rank(self, rank: int) -> None:
         """Re-plan one old rank as it ran (its slots, equalised to the old step count) and mark the samples
@@ -129,8 +123,6 @@ class Consumed:
     def _mark(self, gids: np.ndarray) -> None:
         offsets = self.lengths.offsets
         for s, sel in _by_shard(gids, offsets):
-            if s in self._complete:
-                continue  # already whole: every old rank holding it was re-planned
             mask = self._marks.setdefault(s, np.zeros(int(self.lengths.counts[s]), dtype=bool))
             mask[gids[sel] - offsets[s]] = True
 

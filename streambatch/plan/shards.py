@@ -87,17 +87,17 @@ def plan_slots(
     for i in positions:
         shard = int(deal.order[i])
         slot_of = deal.slot_of(i)
-        idx = np.arange(slot_of.size)
+        idx = np.flatnonzero((slot_of >= wanted.start) & (slot_of < wanted.stop))
         if excluded is not None and idx.size:
-            keep = ~np.asarray(excluded[int(lengths.offsets[shard]):int(lengths.offsets[shard + 1])], dtype=bool)
-            idx, slot_of = idx[keep], slot_of[keep]
+            # asked only about the samples these slots hold: a lazy mask re-plans just their old ranks
+            keep = ~np.asarray(excluded[int(lengths.offsets[shard]) + idx], dtype=bool)
+            idx = idx[keep]
         if not idx.size:
             continue
+        slot_of = slot_of[idx]
         cuts = np.flatnonzero(np.diff(slot_of)) + 1
         for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), idx.size]):
-            k = int(slot_of[a])
-            if k in wanted:
-                out[k].append(Piece(shard, int(idx[a]), int(idx[b - 1]) + 1))
+            out[int(slot_of[a])].append(Piece(shard, int(idx[a]), int(idx[b - 1]) + 1))
     return out
 
 

@@ -58,6 +58,8 @@ def positioned(
     for j, (piece, pos) in enumerate(pieces):
         lo = pos
         base = int(offsets[piece.shard])
+        skip = np.zeros(piece.count, dtype=bool) if excluded is None else \
+            np.asarray(excluded[base + piece.start:base + piece.stop], dtype=bool)
         i = piece.start
         while i < piece.stop:
             s = next(it, None)
@@ -71,16 +73,14 @@ def positioned(
                     yield Invalid(*spans[s.ordinal], s.url)
                     continue
                 for rest in range(i, piece.stop):  # this piece broke: the rest of it is lost
-                    gid = base + rest
-                    if excluded is None or not excluded[gid]:
-                        yield pos, gid, None
+                    if not skip[rest - piece.start]:
+                        yield pos, base + rest, None
                         pos += 1
                 break
-            gid = base + i
             i += 1
-            if excluded is not None and excluded[gid]:
+            if skip[i - 1 - piece.start]:
                 continue
-            yield pos, gid, s
+            yield pos, base + i - 1, s
             pos += 1
         spans.append((lo, pos))
     for s in it:
