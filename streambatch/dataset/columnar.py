@@ -298,12 +298,22 @@ class ColumnarIndex:
         return arr[start:start + int(self.columns.count[shard])]
 
     def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
-        """Lengths of the given shards: each needed row group read once and cached, no other."""
+        """Lengths of the given shards, each needed row group read once (from the cache when there): copies in
+        the narrowest integer type that holds them, so a caller keeps only its own shards' lengths, at 4 bytes
+        a sample where they fit in int32, and not the rest of their row groups."""
         ids = np.asarray(shards, dtype=np.int64)
         groups, starts = self.shard_group[ids].tolist(), self.shard_row[ids].tolist()
-        arrays = {g: self._group_lengths(g) for g in sorted(set(groups))}
         counts = self.columns.count[ids].tolist()
-        return [arrays[g][a:a + n] for g, a, n in zip(groups, starts, counts)]
+        out: list[np.ndarray] = [np.zeros(0)] * len(groups)
+        by_group: dict[int, list[int]] = {}
+        for i, g in enumerate(groups):
+            by_group.setdefault(g, []).append(i)
+        for g, members in sorted(by_group.items()):
+            arr = self._group_lengths(g, keep=False)
+            narrow = np.int32 if arr.dtype == np.int64 and (not arr.size or arr.max() < 2**31) else arr.dtype
+            for i in members:
+                out[i] = arr[starts[i]:starts[i] + counts[i]].astype(narrow)
+        return out
 
     def all_lengths(self) -> np.ndarray:
         """Every sample's length, shards in order (every row group read and cached)."""

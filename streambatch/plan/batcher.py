@@ -69,6 +69,7 @@ class BucketBatcher:
         self.pad_multiple = int(c.pad_to_multiple_of or 1)
         self.rng = np.random.default_rng(c.seed if seed is None else seed)
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
+        self._out_dtype: type = np.int64  # batches as int32 positions when the whole stream is known to fit
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
         self.held = 0
         self._nsorted = 0  # window[:_nsorted] is sorted longest first; the rest arrived since
@@ -157,8 +158,16 @@ class BucketBatcher:
         return cls(config, seed=slot_seed(config.seed, epoch, slot))
 
     def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
-        """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions."""
-        batches = self.push_many(np.arange(len(lengths)), np.asarray(lengths))
+        """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions
+        (int32 where they fit: half the memory of a rank's plan)."""
+        n = len(lengths)
+        if n < 2**31:
+            self._out_dtype = np.int32
+        batches: list[np.ndarray] = []
+        step = max(self.buffer_size, 1 << 16)  # in chunks: the same batches, a chunk's temporaries at a time
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            batches.extend(self.push_many(np.arange(a, b), np.asarray(lengths[a:b])))
         batches.extend(self.flush())
         return BatchPlan(batches, skipped=self.skipped, dropped=self.dropped)
 
@@ -278,7 +287,7 @@ class BucketBatcher:
                     self.dropped.extend(ids[part(b)].tolist())
                 chosen = chosen[keep]
             self.held = self._nsorted = 0
-            return [ids[part(b)].copy() for b in chosen]
+            return [ids[part(b)].astype(self._out_dtype) for b in chosen]
         # complete batches in random order; partial ones (fullest first) only if those don't free enough
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
@@ -288,7 +297,7 @@ class BucketBatcher:
         cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]]).astype(np.int64)
         freed = np.cumsum(sizes[cand])
         chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
-        out = [ids[part(b)].copy() for b in chosen]
+        out = [ids[part(b)].astype(self._out_dtype) for b in chosen]
         keep = np.ones(h, dtype=bool)
         for b in chosen:
             keep[part(b)] = False

@@ -56,6 +56,18 @@ def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> 
     return gids
 
 
+def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
+    """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard."""
+    parts = []
+    for p in pieces:
+        x = lengths.shard(p.shard)[p.start:p.stop]
+        if excluded is not None:
+            lo = int(lengths.offsets[p.shard])
+            x = x[~np.asarray(excluded[lo + p.start:lo + p.stop], dtype=bool)]
+        parts.append(x)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
 def plan_slot(
     pieces: list[Piece],
     lengths: Any,
@@ -69,7 +81,8 @@ def plan_slot(
 
     ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array."""
     gids = slot_stream(pieces, offsets, excluded)
-    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lengths[gids])
+    lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
+    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens)
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
 
 
