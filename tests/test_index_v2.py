@@ -231,6 +231,26 @@ def test_sample_offsets_and_keys_when_the_writer_knows_them(tmp_path):
     assert pickle.loads(pickle.dumps(ix)).lengths.tolist() == [1, 2, 3, 1, 2]  # DataLoader workers (spawn)
 
 
+def test_workers_get_the_planning_columns_and_resolve_urls_one_at_a_time(tmp_path):
+    """What a DataLoader worker is sent: the counts and totals, not every shard's URL and checksums; it
+    loads those again if it needs them, and the loader never lists every URL."""
+    from streambatch.dataset.columnar import ShardColumns
+    from streambatch.dataset.index import ShardURLs
+
+    ix = synthetic()
+    ix.save(str(tmp_path / "ds"), version=2)
+    v2 = ShardIndex.load(str(tmp_path / "ds"))
+    urls = ShardURLs(v2)
+    assert len(urls) == ix.num_shards and list(urls) == v2.shard_urls()
+    assert urls[3] == str(tmp_path / "ds" / ix.shards[3].url)
+    v2.shards[3].sha256  # loads the other columns in this process
+    clone = pickle.loads(pickle.dumps(v2))
+    assert set(clone.shards.columns._values) <= set(ShardColumns.PLAN)
+    assert ShardURLs(clone)[3] == urls[3] and clone.shards[3].sha256 == ix.shards[3].sha256
+    loader = StreamBatchLoader(str(tmp_path / "ds"), budget=1e9)
+    assert isinstance(loader.urls, ShardURLs)
+
+
 def test_no_samples_at_all(tmp_path):
     ix = ShardIndex([ShardInfo("a.tar", 0, 0, np.zeros(0, np.int64))], unit="samples", sample_rate=SR)
     ix.save(str(tmp_path), version=2)

@@ -129,6 +129,11 @@ class ShardColumns:
     def __len__(self) -> int:
         return len(self._values["count"])
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with the planning columns only: a worker loads the rest again if it needs them, so a
+        DataLoader worker is not sent every shard's URL and checksums."""
+        return {"_values": {k: v for k, v in self._values.items() if k in self.PLAN}, "_load_rest": self._load_rest}
+
 
 class ColumnarIndex:
     """Reads a version 2 index's tables: the shard table whole, sample row groups on demand.
@@ -156,7 +161,7 @@ class ColumnarIndex:
         self._index_groups()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}}  # open files stay in this process
+        return {**self.__dict__, "_files": {}, "_cache": {}}  # open files and cached row groups stay here
 
     # ---- opening tables ------------------------------------------------------------------------
     def _open(self, rel: str, entry: dict[str, Any], whole: bool = False) -> Any:

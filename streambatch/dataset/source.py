@@ -7,7 +7,7 @@ from typing import Sequence
 import braceexpand
 
 from . import storage
-from .index import INDEX_NAME, ShardIndex
+from .index import INDEX_NAME, ShardIndex, ShardURLs
 
 
 def expand_urls(source: str | Sequence[str]) -> list[str]:
@@ -21,21 +21,22 @@ def expand_urls(source: str | Sequence[str]) -> list[str]:
 
 def resolve_source(
     source: str | Sequence[str], index: str | ShardIndex | None, storage_options: dict | None
-) -> tuple[ShardIndex | None, list[str]]:
-    """(index or None, shard URLs) for a dataset folder, an index file, a shard pattern or a URL list."""
+) -> tuple[ShardIndex | None, Sequence[str]]:
+    """(index or None, shard URLs) for a dataset folder, an index file, a shard pattern or a URL list; an
+    index's URLs are resolved one at a time (:class:`ShardURLs`), never listed whole."""
     if isinstance(index, ShardIndex):
-        return index, index.shard_urls()
+        return index, ShardURLs(index)
     if index is not None:
         ix = ShardIndex.load(str(index), storage_options)
-        return ix, ix.shard_urls()
+        return ix, ShardURLs(ix)
     if isinstance(source, ShardIndex):
-        return source, source.shard_urls()
+        return source, ShardURLs(source)
     if isinstance(source, (list, tuple)):
         return None, expand_urls(source)
     source = str(source)
     if source.endswith(".json"):
         ix = ShardIndex.load(source, storage_options)
-        return ix, ix.shard_urls()
+        return ix, ShardURLs(ix)
     if source.endswith(".tar") or "{" in source:
         return None, expand_urls(source)
     index_url = storage.join_url(source, INDEX_NAME)
@@ -45,4 +46,4 @@ def resolve_source(
             f"a shard pattern like '{source}/shard-{{000000..000009}}.tar', or a list of shard URLs."
         )
     ix = ShardIndex.load(index_url, storage_options)
-    return ix, ix.shard_urls()
+    return ix, ShardURLs(ix)

@@ -88,7 +88,7 @@ class SlotContext:
     ``index`` is None without one; ``faults``/``bad``/``state`` are shared
     tensors; ``resumed`` names the layouts the epoch ran on before a resume on another one."""
 
-    urls: list[str]
+    urls: Sequence[str]
     index: ShardIndex | None
     config: BatchingConfig
     rank: int
