@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from conftest import kill_tree  # noqa: E402
 from make_index import write_synthetic_index  # noqa: E402
 
-SCRIPT = str(Path(__file__).parent / "ddp" / "plan_memory.py")
+SCRIPT = str(Path(__file__).resolve().parent.parent / "tools" / "plan_job.py")
 BUDGET = 200 * 16_000
 
 

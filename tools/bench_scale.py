@@ -15,7 +15,7 @@ then opens the index and plans the rank's epoch:
 * ``v1/v2 inspect stats``: ``shardify inspect``'s numbers, every length streamed into a bounded summary.
 
 Usage: ``python tools/bench_scale.py [--samples 10000000 100000000] [--per-shard 1000] [--ranks 8 64 1024]
-[--workers 8] [--v1-max 10000000] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
+[--workers 8] [--v1-max 10000000] [--torchrun 4] [--no-stats] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
 """
 
 from __future__ import annotations
@@ -112,6 +112,26 @@ def measure(index_url: str, world: int, workers: int, mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def torchrun_ratio(index_url: str, nproc: int, folder: str) -> None:
+    """Real torchrun ranks (gloo) planning one epoch each through the loader (``tools/plan_job.py``), beside
+    one process planning it alone: each rank's CPU seconds and peak memory as a share of the lone process's."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_job.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    results = {}
+    for label, launcher in (("alone", []), ("ranks", ["-m", "torch.distributed.run", "--standalone",
+                                                      f"--nproc_per_node={nproc}"])):
+        out = tempfile.mkdtemp(prefix=f"plan-{label}-", dir=folder)
+        subprocess.run([sys.executable, *launcher, script, "--index", index_url, "--budget", str(BUDGET),
+                        "--out", out], check=True, env=env, capture_output=True)
+        results[label] = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+    alone = results["alone"][0]
+    print(f"\n{nproc} torchrun ranks vs one process ({alone['steps']:,} steps planned alone): "
+          f"alone {alone['cpu_s']:.2f} CPU s, {alone['extra_mb']:.0f} MB")
+    for r in results["ranks"]:
+        print(f"  rank {r['rank']}: {r['steps']:,} steps, {r['cpu_s']:.2f} CPU s ({r['cpu_s'] / alone['cpu_s']:.2f}x), "
+              f"{r['extra_mb']:.0f} MB ({r['extra_mb'] / alone['extra_mb']:.2f}x)")
+
+
 def make(folder: str, n: int, per_shard: int, version: int) -> str:
     from make_index import write_synthetic_index
 
@@ -136,6 +156,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--v1-max", type=float, default=1e7, help="largest size also measured with a v1 index")
     p.add_argument("--dir", default=None)
+    p.add_argument("--torchrun", type=int, default=0, metavar="N",
+                   help="also run N real torchrun ranks against one process on the first size (CPU and memory ratios)")
     p.add_argument("--no-stats", dest="stats", action="store_false", help="skip the inspect-statistics rows")
     args = p.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="bench_scale-")
@@ -153,6 +175,8 @@ def main() -> int:
             shown = "-" if mode == "stats" else f"{world:>5}"
             print(f"{n:>13,} {shown:>5} x{args.workers} {label:<18} {r['open_s']:>7.2f} {r['seconds']:>11.2f} "
                   f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}", flush=True)
+    if args.torchrun:
+        torchrun_ratio(make(folder, int(args.samples[0]), args.per_shard, 2), args.torchrun, folder)
     print(f"indexes in {folder}; peak MB = VmHWM - VmRSS after imports (numpy, pyarrow, streambatch), one fresh "
           "process per row; batches = the measured rank's own count before the ranks agree on the step count")
     return 0
