@@ -467,22 +467,6 @@ class _Streamed:
         return getattr(self.info, name)
 
 
-class ShardURLs(Sequence[str]):
-    """The shard URLs of an index, resolved one at a time: a rank and its workers hold the URLs of the shards
-    they read, not a list of every shard's (10⁶ strings on a 10⁹-sample dataset)."""
-
-    def __init__(self, index: ShardIndex) -> None:
-        self.index = index
-
-    def __len__(self) -> int:
-        return self.index.num_shards
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self.index.shard_url(i)
-
-
 def _absolute(url: str, root: str | None) -> str:
     if not root or "://" in url or url.startswith("/"):
         return url
