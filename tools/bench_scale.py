@@ -47,7 +47,7 @@ def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dic
     index = ShardIndex.load(index_url)
     t_open = time.perf_counter() - t0
     out = STEPS[mode](index, world, workers, rank)
-    out.update(open_s=t_open, seconds=time.perf_counter() - t0,
+    out.update(open_s=t_open, seconds=time.perf_counter() - t0 - out.pop("setup_s", 0.0),
                peak_mb=(proc_status("VmHWM")["VmHWM"] - base) / 2**20)
     return out
 
@@ -74,18 +74,21 @@ def plan_global(index, world: int, workers: int, rank: int) -> dict:
 
 def resume_local(index, world: int, workers: int, rank: int) -> dict:
     """One rank of ``world`` resuming an epoch that ran on ``2 × world`` ranks until half its steps: the rank
-    re-plans the old ranks that held its shards (the old step count is the old rank's own, as a stand-in)."""
+    re-plans the old ranks that held its shards. The old step count (a checkpoint holds it) is stood in for by
+    one old rank's own count, computed first and not timed (its memory is in the peak)."""
     from streambatch.plan.epoch import RankSummary, plan_rank_local, rank_raw_slots
     from streambatch.plan.lengths import index_lengths
     from streambatch.plan.resume import Layout, Resumed
 
+    t0 = time.perf_counter()
     lengths, config = index_lengths(index), CONFIG()
     old_steps = RankSummary.of(rank_raw_slots(lengths, config, 0, 2 * rank, 2 * world, workers)).batches
+    setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds the old step count
     lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
     done = Resumed(0, (Layout(2 * world, workers, "split", False, old_steps, old_steps // 2),))
     sched = plan_rank_local(lengths, config, 0, rank, world, workers, lambda mine: [mine] * world, "split", False,
                             done.consumed(lengths, config))
-    return {"batches": sched.steps, "lengths_read": lengths.loaded}
+    return {"batches": sched.steps, "lengths_read": lengths.loaded, "setup_s": setup}
 
 
 def stats(index, world: int, workers: int, rank: int) -> dict:

@@ -328,11 +328,15 @@ class ColumnarIndex:
 
     def iter_shard_lengths(self) -> Iterator[np.ndarray]:
         """Every shard's lengths in order, one row group in memory at a time (the cache is used, not filled)."""
-        count, row = self.columns.count.tolist(), self.shard_row.tolist()
+        for g, arr in enumerate(self.iter_group_lengths()):
+            a, b = int(self.group_start[g]), int(self.group_stop[g])
+            for start, n in zip(self.shard_row[a:b].tolist(), self.columns.count[a:b].tolist()):
+                yield arr[start:start + n]
+
+    def iter_group_lengths(self) -> Iterator[np.ndarray]:
+        """Every row group's lengths in order (shards in index order), one group in memory at a time."""
         for g in range(len(self.group_start)):
-            arr = self._group_lengths(g, keep=False)
-            for i in range(int(self.group_start[g]), int(self.group_stop[g])):
-                yield arr[row[i]:row[i] + count[i]]
+            yield self._group_lengths(g, keep=False)
 
     def sample_offsets(self, shard: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(offsets, sizes) of a shard's samples in its tar, or None where the index does not know them."""

@@ -426,11 +426,13 @@ class ShardIndex:
     def length_stats(self, progress: bool = False) -> LengthStats:
         """Statistics of every length, streamed shard by shard in bounded memory (exact percentiles up to a
         few million samples, within 0.1 % beyond)."""
-        chunks = self.iter_lengths()
+        whole_groups = isinstance(self.shards, ShardList) and not self.shards.changed
+        chunks = self.shards.reader.iter_group_lengths() if whole_groups else self.iter_lengths()
         if progress:
             from tqdm.auto import tqdm
 
-            chunks = tqdm(chunks, total=self.num_shards, unit="shard", desc="reading lengths", leave=False)
+            total = len(self.shards.reader.group_start) if whole_groups else self.num_shards
+            chunks = tqdm(chunks, total=total, unit="part", desc="reading lengths", leave=False)
         return stream_stats(chunks)
 
     def stats(self) -> dict[str, Any]:
