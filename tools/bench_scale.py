@@ -15,7 +15,7 @@ then opens the index and plans the rank's epoch:
 * ``v1/v2 inspect stats``: ``shardify inspect``'s numbers, every length streamed into a bounded summary.
 
 Usage: ``python tools/bench_scale.py [--samples 10000000 100000000] [--per-shard 1000] [--ranks 8 64 1024]
-[--workers 8] [--v1-max 10000000] [--torchrun 4] [--no-stats] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
+[--workers 8] [--v1-max 10000000] [--torchrun 4] [--only local resume global stats] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def main() -> int:
     p.add_argument("--dir", default=None)
     p.add_argument("--torchrun", type=int, default=0, metavar="N",
                    help="also run N real torchrun ranks against one process on the first size (CPU and memory ratios)")
-    p.add_argument("--no-stats", dest="stats", action="store_false", help="skip the inspect-statistics rows")
+    p.add_argument("--only", nargs="+", default=list(STEPS), choices=list(STEPS), help="which rows to measure")
     args = p.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="bench_scale-")
     print(f"{'samples':>13} {'ranks':>5} x{args.workers} {'index / plan':<18} {'open s':>7} {'open+plan s':>11} "
@@ -171,7 +171,8 @@ def main() -> int:
         urls = {v: make(folder, n, args.per_shard, v) for v in versions}
         rows = [(world, 2, mode) for world in args.ranks for mode in ("local", "resume")]
         rows += [(world, 1, "global") for world in args.ranks if 1 in versions]
-        rows += [(1, v, "stats") for v in versions] if args.stats else []
+        rows += [(1, v, "stats") for v in versions]
+        rows = [r for r in rows if r[2] in args.only]
         for world, v, mode in sorted(rows, key=lambda r: (r[2] == "stats", r[0], r[1] == 1)):
             r = measure(urls[v], world, args.workers, mode)
             label = LABELS[mode].format(v=f"v{v}")
