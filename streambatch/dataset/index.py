@@ -433,7 +433,9 @@ class ShardIndex:
 
             total = len(self.shards.reader.group_start) if whole_groups else self.num_shards
             chunks = tqdm(chunks, total=total, unit="part", desc="reading lengths", leave=False)
-        return stream_stats(chunks)
+        stats = stream_stats(chunks)
+        stats.total = float(self.total_length)  # the shard table's sum: the same whichever way it was streamed
+        return stats
 
     def stats(self) -> dict[str, Any]:
         """Counts, totals and length percentiles (and hours for audio units)."""
