@@ -23,7 +23,7 @@ from .plan.config import BUDGET_ERROR, BatchingConfig
 from .plan.cost import calibration_info
 from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
 from .plan.lengths import Lengths, index_lengths
-from .plan.resume import Layout, Resumed
+from .plan.resume import Layout, Resumed, excluded_in
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
@@ -71,17 +71,11 @@ def batching_config(budget: float | None, index: ShardIndex | None, options: dic
             options = {**options, "max_batch_size": int(calib["max_batch_size"])}
     if index is not None and index.unit == "seconds":
         options = {**options, "pad_to_multiple_of": None}
-    stats = None  # every length, streamed once in bounded memory, when an option needs them
-
-    def length_stats() -> Any:
-        nonlocal stats
-        stats = stats if stats is not None else index.length_stats()
-        return stats
-
-    config = BatchingConfig.make(budget, length_stats() if index is not None and options.get("num_buckets") else None,
-                                 **options)
+    # every length, streamed in bounded memory, read once where an option needs them
+    stats = index.length_stats() if index is not None and options.get("num_buckets") else None
+    config = BatchingConfig.make(budget, stats, **options)
     if hasattr(config.cost, "check_monotone") and index is not None:
-        config.cost.check_monotone(length_stats())
+        config.cost.check_monotone(stats if stats is not None else index.length_stats())
     return config
 
 
@@ -252,10 +246,7 @@ class StreamBatchLoader:
         return self.planning != "global" and possible
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        """The samples of ``epoch`` consumed on earlier layouts (a lazy mask over global ids), or None."""
-        if self._resumed is None or self._resumed.epoch != epoch:
-            return None
-        return self._resumed.consumed(lengths, self.config)
+        return excluded_in(self._resumed, epoch, lengths, self.config)
 
     def __len__(self) -> int:
         """Batches every rank yields in the current epoch (the same on every rank), counting from the

@@ -58,7 +58,7 @@ def plan_local(index, world: int, workers: int, rank: int) -> dict:
     from streambatch.plan.lengths import index_lengths
 
     lengths = index_lengths(index)
-    sched = plan_rank_local(lengths, CONFIG(), 0, rank, world, workers, lambda mine: [mine] * world)
+    sched = plan_rank_local(lengths, _config(), 0, rank, world, workers, lambda mine: [mine] * world)
     return {"batches": sched.steps, "lengths_read": lengths.loaded}
 
 
@@ -68,7 +68,7 @@ def plan_global(index, world: int, workers: int, rank: int) -> dict:
     from streambatch.plan.lengths import index_lengths
 
     lengths = index_lengths(index)
-    sched = RankSchedule.of(make_epoch_plan(lengths, CONFIG(), 0, world, workers, "split"), rank)
+    sched = RankSchedule.of(make_epoch_plan(lengths, _config(), 0, world, workers, "split"), rank)
     return {"batches": sched.steps, "lengths_read": lengths.loaded}
 
 
@@ -81,7 +81,7 @@ def resume_local(index, world: int, workers: int, rank: int) -> dict:
     from streambatch.plan.resume import Layout, Resumed
 
     t0 = time.perf_counter()
-    lengths, config = index_lengths(index), CONFIG()
+    lengths, config = index_lengths(index), _config()
     old_steps = RankSummary.of(rank_raw_slots(lengths, config, 0, 2 * rank, 2 * world, workers)).batches
     setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds the old step count
     lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
@@ -97,7 +97,7 @@ def stats(index, world: int, workers: int, rank: int) -> dict:
     return {"batches": 0, "lengths_read": summary.count}
 
 
-def CONFIG():
+def _config():
     from streambatch.plan.config import BatchingConfig
 
     return BatchingConfig(budget=float(BUDGET))

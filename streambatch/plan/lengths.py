@@ -68,14 +68,10 @@ class Lengths:
         gids = np.asarray(gids, dtype=np.int64)
         if gids.size == 0:
             return np.zeros(0, dtype=np.float64)
-        shard_of = np.searchsorted(self.offsets, gids, side="right") - 1
-        by_shard = np.argsort(shard_of, kind="stable")
-        cuts = np.flatnonzero(np.diff(shard_of[by_shard])) + 1
-        groups = np.split(by_shard, cuts)
-        self.prefetch(np.unique(shard_of))
-        out = np.empty(gids.size, dtype=np.result_type(*[self.shard(shard_of[g[0]]).dtype for g in groups]))
-        for g in groups:
-            s = int(shard_of[g[0]])
+        groups = by_shard(gids, self.offsets)
+        self.prefetch([s for s, _ in groups])
+        out = np.empty(gids.size, dtype=np.result_type(*[self.shard(s).dtype for s, _ in groups]))
+        for s, g in groups:
             out[g] = self.shard(s)[gids[g] - self.offsets[s]]
         return out
 
@@ -85,6 +81,16 @@ class Lengths:
         if not self.num_shards:
             return np.zeros(0)
         return np.concatenate([self._arrays[s] for s in range(self.num_shards)])
+
+
+def by_shard(gids: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(shard, positions in ``gids``) for each shard the global ids fall in, shards in order."""
+    if not gids.size:
+        return []
+    shard_of = np.searchsorted(offsets, gids, side="right") - 1
+    order = np.argsort(shard_of, kind="stable")
+    cuts = np.flatnonzero(np.diff(shard_of[order])) + 1
+    return [(int(shard_of[g[0]]), g) for g in np.split(order, cuts)]
 
 
 def index_lengths(index: Any) -> Lengths:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .config import BatchingConfig
 from .epoch import plan_rank, rank_raw_slots
-from .lengths import Lengths
+from .lengths import Lengths, by_shard
 from .shards import Deal
 from .slot import per_worker
 
@@ -87,7 +87,7 @@ class Consumed:
         """Whether each sample was consumed: re-plan the old ranks that held these samples (once each)."""
         out = np.zeros(gids.size, dtype=bool)
         offsets = self.lengths.offsets
-        for s, sel in _by_shard(gids, offsets):
+        for s, sel in by_shard(gids, offsets):
             pos = gids[sel] - offsets[s]
             for r in np.unique(self._old_slots(s)[pos] // self.layout.num_workers):
                 self._consume_rank(int(r))
@@ -122,16 +122,14 @@ class Consumed:
 
     def _mark(self, gids: np.ndarray) -> None:
         offsets = self.lengths.offsets
-        for s, sel in _by_shard(gids, offsets):
+        for s, sel in by_shard(gids, offsets):
             mask = self._marks.setdefault(s, np.zeros(int(self.lengths.counts[s]), dtype=bool))
             mask[gids[sel] - offsets[s]] = True
 
 
-def _by_shard(gids: np.ndarray, offsets: np.ndarray) -> Sequence[tuple[int, np.ndarray]]:
-    """(shard, positions in ``gids``) for each shard the global ids fall in."""
-    if not gids.size:
-        return []
-    shard_of = np.searchsorted(offsets, gids, side="right") - 1
-    order = np.argsort(shard_of, kind="stable")
-    cuts = np.flatnonzero(np.diff(shard_of[order])) + 1
-    return [(int(shard_of[g[0]]), g) for g in np.split(order, cuts)]
+def excluded_in(resumed: Resumed | None, epoch: int, lengths: Lengths, config: BatchingConfig) -> Any:
+    """The samples of ``epoch`` consumed on earlier layouts (a lazy mask over global ids), or None: what the
+    loader plans around and each worker streams around."""
+    if resumed is None or resumed.epoch != epoch:
+        return None
+    return resumed.consumed(lengths, config)

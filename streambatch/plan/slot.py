@@ -46,25 +46,28 @@ def global_offsets(shard_counts: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
 
 
+def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Any) -> np.ndarray:
+    """Which of a piece's samples (tar order) were consumed before a resume; none without ``excluded`` (a mask
+    over global ids, or a lazy one asked about just these samples)."""
+    if excluded is None:
+        return np.zeros(piece.count, dtype=bool)
+    lo = int(offsets[piece.shard]) + piece.start
+    return np.asarray(excluded[lo:lo + piece.count], dtype=bool)
+
+
 def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> np.ndarray:
     """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
     if not pieces:
         return np.zeros(0, dtype=np.int64)
-    gids = np.concatenate([np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop) for p in pieces])
-    if excluded is not None:
-        gids = gids[~np.asarray(excluded[gids], dtype=bool)]
-    return gids
+    return np.concatenate([
+        np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop)[~piece_excluded(p, offsets, excluded)]
+        for p in pieces
+    ])
 
 
 def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
     """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard."""
-    parts = []
-    for p in pieces:
-        x = lengths.shard(p.shard)[p.start:p.stop]
-        if excluded is not None:
-            lo = int(lengths.offsets[p.shard])
-            x = x[~np.asarray(excluded[lo + p.start:lo + p.stop], dtype=bool)]
-        parts.append(x)
+    parts = [lengths.shard(p.shard)[p.start:p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 

@@ -130,7 +130,8 @@ class LengthStats:
         if self._chunks is not None:
             return np.histogram(self.values() * scale, bins=bins)
         edges = np.linspace(self.min * scale, self.max * scale, bins + 1)
-        mids = (self._edges()[:-1] + self._edges()[1:]) / 2 * scale
+        own = self._edges()
+        mids = (own[:-1] + own[1:]) / 2 * scale
         counts, _ = np.histogram(np.clip(mids, edges[0], edges[-1]), bins=edges, weights=self._bins)
         counts[0] += self._zeros
         return counts.astype(np.int64), edges

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..plan.shards import Piece
-from ..plan.slot import SlotPlan
+from ..plan.slot import SlotPlan, piece_excluded
 from .faults import FaultLog, ShardFault
 
 
@@ -28,8 +28,7 @@ def pieces_needed(
         needed_pos[b] = True
     out, pos = [], 0
     for p in plan.pieces:
-        lo, hi = int(offsets[p.shard]) + p.start, int(offsets[p.shard]) + p.stop
-        n = hi - lo if excluded is None else int((~np.asarray(excluded[lo:hi], dtype=bool)).sum())
+        n = p.count - int(piece_excluded(p, offsets, excluded).sum())
         if needed_pos[pos:pos + n].any():
             out.append((p, pos))
         pos += n
@@ -58,8 +57,7 @@ def positioned(
     for j, (piece, pos) in enumerate(pieces):
         lo = pos
         base = int(offsets[piece.shard])
-        skip = np.zeros(piece.count, dtype=bool) if excluded is None else \
-            np.asarray(excluded[base + piece.start:base + piece.stop], dtype=bool)
+        skip = piece_excluded(piece, offsets, excluded)
         i = piece.start
         while i < piece.stop:
             s = next(it, None)

@@ -18,7 +18,7 @@ from ..dist import worker_info
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
-from ..plan.resume import Resumed
+from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot
 from .collate import Decode, collate, split_micro_batches
@@ -110,12 +110,6 @@ class SlotContext:
         """The index lengths as the planner reads them: per shard, only the shards asked for."""
         return index_lengths(self.index)
 
-    def excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        """The samples of ``epoch`` consumed on earlier layouts (a lazy mask over global ids), or None."""
-        if self.resumed is None or self.resumed.epoch != epoch:
-            return None
-        return self.resumed.consumed(lengths, self.config)
-
 
 class EpochStream(IterableDataset):
     """The per-process dataset the DataLoader iterates: one slot of the current pass per worker."""
@@ -159,7 +153,7 @@ def _planned_batches(
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
     lengths = ctx.lengths()
     offsets = lengths.offsets
-    excluded = ctx.excluded_in(epoch, lengths)
+    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config)
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded)
