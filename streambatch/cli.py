@@ -126,7 +126,8 @@ def _add_write(sub: Any) -> None:
                    "nothing and exit 2 (default); skip = write the rest and list them in OUT/errors.jsonl")
     w.add_argument("--overwrite", action="store_true",
                    help="replace a dataset already in OUT (removes only shard-*.tar, index.json, "
-                   "errors.jsonl, index.part-*.json, errors.part-*.jsonl and *.tmp* files; with --part: "
+                   "errors.jsonl, index.part-*.json, errors.part-*.jsonl, their index.*.shards.parquet and "
+                   "index.*.samples/ tables, and *.tmp* files; with --part: "
                    "only that part's files, the merged index and parts numbered N or more)")
     w.add_argument("--resume", action="store_true",
                    help="finish an interrupted write of the same command: shards already in OUT whose bytes "
@@ -137,6 +138,10 @@ def _add_write(sub: Any) -> None:
                    "the I-th contiguous slice of the (shuffled) record list, as shard-pIIII-JJJJJJ.tar and "
                    "index.part-IIII.json; all parts share OUT. Then `shardify merge OUT` writes index.json: the "
                    "same samples in the same order as one `shardify write` (shard boundaries differ)")
+    w.add_argument("--index-version", type=int, choices=(1, 2), default=2,
+                   help="2 (default): index.json plus Parquet tables (the shard table; each sample's key, "
+                   "length and byte range in its tar), read per rank; 1: one JSON file with every length, for "
+                   "streambatch releases before the columnar index")
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_storage(w)
     w.set_defaults(func=cmd_write)
@@ -275,7 +280,7 @@ def cmd_write(args: argparse.Namespace) -> int:
         data_root=args.data_root, max_count=args.max_count, max_size=args.max_size, shuffle=args.shuffle,
         seed=args.seed, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite,
         resume=args.resume, part=args.part, storage_options=storage_options_from(args.storage_option),
-        progress=not args.no_progress, stats=stats,
+        progress=not args.no_progress, stats=stats, index_version=args.index_version,
     )
     skipped = index.meta.get("skipped", 0)
     if skipped:

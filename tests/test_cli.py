@@ -120,7 +120,8 @@ def test_refuses_non_empty_out_unless_overwrite(capsys, dataset, audio_folder):
     code, _, err = run(capsys, "write", folder, out, "--no-progress")
     assert code == 2 and "not empty" in err and "--overwrite" in err
     code, _, _ = run(capsys, "write", folder, out, "--overwrite", "--no-progress")
-    assert code == 0 and sorted(os.listdir(out)) == ["index.json", "shard-000000.tar"]
+    assert code == 0 and sorted(os.listdir(out)) == ["index.json", "index.samples", "index.shards.parquet",
+                                                     "shard-000000.tar"]
 
 
 def _first_shard(out) -> str:

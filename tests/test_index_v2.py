@@ -35,7 +35,8 @@ BUDGET = 12 * SR
 def audio_v1(tmp_path_factory):
     root = tmp_path_factory.mktemp("v2audio")
     write_audio_corpus(str(root / "audio"), 60, seed=4, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=9, shuffle=True, seed=1, progress=False)
+    write_shards(str(root / "audio"), str(root / "shards"), max_count=9, shuffle=True, seed=1, progress=False,
+                 index_version=1)
     return str(root / "shards")
 
 
@@ -47,7 +48,7 @@ def text_v1(tmp_path_factory):
         for i in range(120):
             ids = rng.integers(1, 1000, size=int(rng.integers(1, 90))).tolist()
             f.write(json.dumps({"id": f"s{i}", "input_ids": ids}) + "\n")
-    write_shards(str(root / "text.jsonl"), str(root / "shards"), max_count=16, progress=False)
+    write_shards(str(root / "text.jsonl"), str(root / "shards"), max_count=16, progress=False, index_version=1)
     return str(root / "shards")
 
 
@@ -212,7 +213,7 @@ def test_changed_lengths_and_saving_again(small_groups, tmp_path):
     v1copy = ShardIndex.load(str(tmp_path / "b"))
     assert v1copy.shards[7].lengths.tolist() == (ix.shards[7].lengths + 1).tolist()
     assert v1copy.shards[8].lengths[0] == ix.shards[8].lengths[0] + 1000
-    v2.save(str(tmp_path / "c"))  # version 1 from a version 2 index
+    v2.save(str(tmp_path / "c"), version=1)  # version 1 from a version 2 index
     assert ShardIndex.load(str(tmp_path / "c")).lengths.tolist() == v2.lengths.tolist()
 
 

@@ -22,6 +22,8 @@ from streambatch.write.verify import verify_dataset
 from streambatch.write.tarwrite import plan_shards
 from streambatch.write.writer import parse_size, write_shards
 
+INDEX_FILES = ["index.json", "index.samples", "index.shards.parquet"]  # index version 2: header + tables
+
 
 def read_back(out) -> list[dict]:
     """Samples as a plain webdataset reader sees them, in shard and tar order."""
@@ -58,13 +60,47 @@ def test_audio_folder_round_trip(tmp_path, audio_folder):
     index = write_shards(str(folder), str(out), max_count=2, progress=False)
     assert index.unit == "samples" and index.sample_rate == SR
     assert [s.count for s in index.shards] == [2, 2, 1]
-    assert sorted(os.listdir(out)) == ["index.json", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert sorted(os.listdir(out)) == [*INDEX_FILES, "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     samples = check_dataset(out, expected)
     by_key = {s["__key__"]: s for s in samples}
     assert "txt" not in by_key["spk1__utt-a"] and meta(by_key["spk1__utt-b"]).get("text") is None
     assert meta(by_key["spk1__utt-a"])["duration"] == pytest.approx(0.1)
     assert index.meta["kind"] == "folder" and index.meta["source"] == str(folder)
     assert set(index.meta) >= {"created", "streambatch_version", "shuffle", "seed"}
+
+
+def tar_sample_ranges(path) -> tuple[list[str], list[int], list[int]]:
+    """(keys, byte offset of each sample's first member header, bytes its members span) as Python's tarfile
+    finds them in a shard: what a reader seeking to one sample needs."""
+    keys, starts, ends = [], [], []
+    with tarfile.open(path) as tar:
+        for m in tar.getmembers():
+            key = m.name.split(".", 1)[0]
+            if not keys or keys[-1] != key:
+                keys.append(key)
+                starts.append(m.offset)
+                ends.append(0)
+            ends[-1] = m.offset_data + -(-m.size // 512) * 512
+    return keys, starts, [e - s for s, e in zip(starts, ends)]
+
+
+def test_the_index_records_each_samples_key_and_byte_range(tmp_path, audio_folder):
+    folder, _ = audio_folder
+    write_shards(str(folder), str(tmp_path / "v2"), max_count=2, progress=False)
+    index = ShardIndex.load(str(tmp_path / "v2"))
+    assert index.version == 2
+    for i, url in enumerate(index.shard_urls()):
+        keys, starts, sizes = tar_sample_ranges(url)
+        offsets, spans = index.sample_offsets(i)
+        assert (offsets.tolist(), spans.tolist()) == (starts, sizes)
+        assert index.shards.reader.shard_samples(i)["keys"] == keys
+        with open(url, "rb") as f:  # the range holds exactly that sample's members
+            f.seek(offsets[-1])
+            members = tarfile.open(fileobj=io.BytesIO(f.read(spans[-1]) + bytes(1024))).getnames()
+        assert {m.split(".", 1)[0] for m in members} == {keys[-1]}
+    v1 = write_shards(str(folder), str(tmp_path / "v1"), max_count=2, progress=False, index_version=1)
+    assert ShardIndex.load(str(tmp_path / "v1")).version == 1 and os.listdir(tmp_path / "v1").count("index.json")
+    assert np.array_equal(v1.lengths, index.lengths) and [s.sha256 for s in v1.shards] == [s.sha256 for s in index.shards]
 
 
 def test_tar_members_are_deterministic_and_json_first(tmp_path, audio_folder):
@@ -286,7 +322,7 @@ def test_refuses_non_empty_out_and_overwrite_removes_only_ours(tmp_path, audio_f
         write_shards(str(folder), str(out), progress=False)
     index = write_shards(str(folder), str(out), overwrite=True, progress=False)
     assert index.num_shards == 1
-    assert sorted(os.listdir(out)) == ["README.txt", "index.json", "shard-000000.tar"]
+    assert sorted(os.listdir(out)) == ["README.txt", *INDEX_FILES, "shard-000000.tar"]
     assert verify_dataset(ShardIndex.load(str(out)), progress=False) == []
 
 
@@ -342,7 +378,7 @@ def test_write_to_fsspec_url(tmp_path, audio_folder):
         fs.rm(url, recursive=True)
     index = write_shards(str(folder), url, max_count=3, progress=False)
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(url, detail=False)) == [
-        "index.json", "shard-000000.tar", "shard-000001.tar"]
+        *INDEX_FILES, "shard-000000.tar", "shard-000001.tar"]
     loaded = ShardIndex.load(url)
     assert loaded.lengths.tolist() == index.lengths.tolist()
     assert verify_dataset(loaded, progress=False) == []

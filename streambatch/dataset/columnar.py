@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 FORMAT = "streambatch-index"
 INDEX_NAME = "index.json"
-SHARDS_NAME = "index.shards.parquet"
-SAMPLES_DIR = "index.samples"
+SHARDS_NAME = "index.shards.parquet"  # beside index.json; an index ``NAME.json`` has ``NAME.shards.parquet``
+SAMPLES_DIR = "index.samples"  # and ``NAME.samples/`` (part indexes of a ``--part`` write sit in one folder)
 ROWS_PER_FILE = 1 << 20
 ROWS_PER_GROUP = 1 << 16
 WHOLE_READ_MAX = 16 << 20  # a shard table up to this size is fetched in one request
@@ -72,6 +72,16 @@ def shard_schema(length_type: str) -> "pa.Schema":
 
 def table_url(root: str, rel: str) -> str:
     return join_url(root, *rel.split("/"))
+
+
+def table_names(index_name: str) -> tuple[str, str]:
+    """(shard table file, sample folder) of the index file ``index_name``: ``index.json`` has
+    ``index.shards.parquet`` and ``index.samples/``; ``index.part-0003.json`` has ``index.part-0003.shards.parquet``
+    and ``index.part-0003.samples/``."""
+    stem = index_name[:-len(".json")] if index_name.endswith(".json") else index_name
+    if stem == INDEX_NAME[:-len(".json")]:
+        return SHARDS_NAME, SAMPLES_DIR
+    return f"{stem}.shards.parquet", f"{stem}.samples"
 
 
 def _digest(value: str | None, size: int, what: str) -> bytes | None:
@@ -154,14 +164,22 @@ class ColumnarIndex:
             raise IndexError_(f"{source}: malformed version 2 header ({e!r})") from e
         if self.length_type not in LENGTH_TYPES:
             raise IndexError_(f"{source}: length column type {self.length_type!r} is not one of {LENGTH_TYPES}")
+        for rel in [self.shard_entry.get("path")] + [p.get("path") if isinstance(p, dict) else None for p in self.parts]:
+            if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or "://" in rel:
+                raise IndexError_(f"{source}: table path {rel!r} is not a file beside the index")
         self._cache: dict[int, np.ndarray] = {}
+        self._last: tuple[int, Any] | None = None  # the row group shard_samples read last
         self._files: dict[int, Any] = {}
         self._pid = os.getpid()
         self.columns = ShardColumns(self._read_shard_table(ShardColumns.PLAN), self._read_rest)
         self._index_groups()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}, "_cache": {}}  # open files and cached row groups stay here
+        return {**self.__dict__, "_files": {}, "_cache": {}, "_last": None}  # open files and cached row groups stay here
+
+    def table_files(self) -> list[tuple[str, int]]:
+        """(path relative to the index's folder, bytes) of every table file the header names."""
+        return [(str(e["path"]), int(e["bytes"])) for e in [self.shard_entry, *self.parts]]
 
     # ---- opening tables ------------------------------------------------------------------------
     def _open(self, rel: str, entry: dict[str, Any], whole: bool = False) -> Any:
@@ -199,7 +217,8 @@ class ColumnarIndex:
         """Columns of the shard table (all others than the planning ones when ``names`` is None), a row group
         at a time: numbers into numpy arrays, strings kept as Arrow chunks (no second copy while converting)."""
         pa, _ = _arrow()
-        pf, url = self._open(SHARDS_NAME, self.shard_entry, whole=True), table_url(self.root, SHARDS_NAME)
+        rel = str(self.shard_entry["path"])
+        pf, url = self._open(rel, self.shard_entry, whole=True), table_url(self.root, rel)
         schema, n = shard_schema(self.length_type), pf.metadata.num_rows
         names = list(names) if names is not None else [f for f in schema.names if f not in ShardColumns.PLAN]
         texts = [k for k in ("url", "sha256", "keys_sha1") if k in names]
@@ -226,7 +245,7 @@ class ColumnarIndex:
 
     def _index_groups(self) -> None:
         """Where each shard's samples are: runs of shards with the same (part, row group), checked."""
-        c, where = self.columns, table_url(self.root, SHARDS_NAME)
+        c, where = self.columns, table_url(self.root, str(self.shard_entry["path"]))
         n, samples = len(c), int(c.count.sum())
         if n != int(self.header.get("num_shards", -1)) or samples != int(self.header.get("num_samples", -1)):
             raise IndexError_(f"{where}: {n} shards of {samples} samples, the index says "
@@ -350,3 +369,21 @@ class ColumnarIndex:
 
 
 # ---- writing ---------------------------------------------------------------------------------------
+
+    def shard_samples(self, shard: int) -> dict[str, Any]:
+        """Everything the sample table holds for one shard: ``lengths``, and ``keys``, ``offsets``, ``sizes``
+        (None where the index does not know them). Reading shards in order reads each row group once (the
+        last one is kept), so re-saving an index streams it."""
+        g, n = int(self.shard_group[shard]), int(self.columns.count[shard])
+        if self.group_part[g] < 0:
+            return {"lengths": np.zeros(0, dtype=self.length_type), "keys": None, "offsets": None, "sizes": None}
+        if self._last is None or self._last[0] != g:
+            self._last = (g, self._read_group(g, ["key", "length", "offset", "size"]))
+        start = int(self.shard_row[shard])
+        t, cached = self._last[1].slice(start, n), self._cache.get(g)  # a cached group may hold changes made in place
+        lengths = cached[start:start + n] if cached is not None else t.column("length").to_numpy()
+        out: dict[str, Any] = {"lengths": lengths.astype(self.length_type)}
+        for name, column in (("keys", "key"), ("offsets", "offset"), ("sizes", "size")):
+            col = t.column(column)
+            out[name] = None if col.null_count else (col.to_pylist() if name == "keys" else col.to_numpy())
+        return out

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import columnar
-from .columnar import (FORMAT, ID_KEY, LENGTH_TYPES, SAMPLES_DIR, SHARDS_NAME, _arrow,
-                       _digest, json_number, sample_schema, shard_schema, table_url, typed_lengths)
+from .columnar import (FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, _arrow, _digest, json_number, sample_schema,
+                       shard_schema, table_names, table_url, typed_lengths)
 from .storage import AtomicWriter, parent_url, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,17 +58,20 @@ class V2Writer:
 
     Groups of whole shards of about ``rows_per_group`` samples become row groups; about ``rows_per_file``
     samples (whole groups) make a sample file. :meth:`close` publishes the tables and returns the header's
-    ``tables`` entry; nothing is visible under the final names before then (local storage).
+    ``tables`` entry; nothing is visible under the final names before then (local storage). ``index_name``: the
+    header's file name, which names the tables (:func:`~.columnar.table_names`).
     """
 
     def __init__(self, root: str, length_type: str, storage_options: dict | None = None,
-                 rows_per_file: int | None = None, rows_per_group: int | None = None) -> None:
+                 rows_per_file: int | None = None, rows_per_group: int | None = None,
+                 index_name: str = INDEX_NAME) -> None:
         if length_type not in LENGTH_TYPES:
             raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
         self.root, self.length_type, self.so = root, length_type, storage_options
         self.rows_per_file = rows_per_file or columnar.ROWS_PER_FILE
         self.rows_per_group = rows_per_group or columnar.ROWS_PER_GROUP
         self.id = uuid.uuid4().hex
+        self.shards_name, self.samples_dir = table_names(index_name)
         self.num_shards = self.num_samples = 0
         self.total: float | int = 0
         self.group: list[tuple[Any, np.ndarray]] = []
@@ -77,7 +80,8 @@ class V2Writer:
         self.parts: list[dict[str, Any]] = []
         self.files: list[_TableFile] = []
         self.part: _TableFile | None = None
-        self.shards = _TableFile(table_url(root, SHARDS_NAME), shard_schema(length_type), self.id, storage_options, [])
+        self.shards = _TableFile(table_url(root, self.shards_name), shard_schema(length_type), self.id,
+                                 storage_options, [])
         self.files.append(self.shards)
 
     def add(self, shard: Any) -> None:
@@ -137,7 +141,7 @@ class V2Writer:
     def _next_part(self) -> None:
         if self.part is not None:
             self._end_part()
-        rel = f"{SAMPLES_DIR}/part-{len(self.parts):05d}.parquet"
+        rel = f"{self.samples_dir}/part-{len(self.parts):05d}.parquet"
         self.parts.append({"path": rel, "shards": [self.num_shards - len(self.group), None]})
         self.part = _TableFile(table_url(self.root, rel), sample_schema(self.length_type), self.id, self.so, ["shard"])
         self.files.append(self.part)
@@ -157,7 +161,7 @@ class V2Writer:
         if self.part is not None:
             self._end_part()
         self._flush_shards()
-        tables = {"shards": {"path": SHARDS_NAME, "bytes": self.shards.finish(), "rows": self.shards.rows},
+        tables = {"shards": {"path": self.shards_name, "bytes": self.shards.finish(), "rows": self.shards.rows},
                   "samples": self.parts}
         for f in self.files:
             f.out.publish()
@@ -174,7 +178,8 @@ def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: s
     """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
     (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
     updated per shard. Returns the header written."""
-    w = V2Writer(parent_url(index_url), length_type, storage_options, **sizes)
+    w = V2Writer(parent_url(index_url), length_type, storage_options, **sizes,
+                 index_name=index_url.rstrip("/").rsplit("/", 1)[-1])
     try:
         for shard in shards:
             w.add(shard)

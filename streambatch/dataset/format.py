@@ -76,4 +76,5 @@ PART_INDEX_NAME = "index.part-{:04d}.json"
 PART_ERRORS_NAME = "errors.part-{:04d}.jsonl"
 PART_INDEX_GLOB = "index.part-*.json"
 #: the files ``--overwrite`` removes: only what the writer makes
-OUR_FILES = ("shard-*.tar", INDEX_NAME, ERRORS_NAME, "index.part-*.json", "errors.part-*.jsonl", "*.tmp*")
+OUR_FILES = ("shard-*.tar", INDEX_NAME, ERRORS_NAME, "index.part-*.json", "errors.part-*.jsonl", "*.tmp*",
+             "index.shards.parquet", "index.samples", "index.part-*.shards.parquet", "index.part-*.samples")

@@ -24,7 +24,7 @@ from ..plan.stats import LengthStats, stream_stats
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexError_", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
 
-VERSION = 1  # what to_json writes
+VERSION = 2  # what save writes by default (to_json is always version 1)
 NEWEST = 2  # the newest version this streambatch reads
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class ShardIndex:
         """The version 1 ``index.json`` (all lengths inline)."""
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": 1,
             "unit": self.unit,
             "sample_rate": self.sample_rate,
             "num_shards": self.num_shards,
@@ -325,16 +325,21 @@ class ShardIndex:
     def _save_v2(self, url: str, storage_options: dict | None, progress: bool) -> None:
         from tqdm import tqdm
 
-        if isinstance(self.shards, ShardList):
-            length_type = self.shards.reader.length_type
-            shards: Any = (_Streamed(s, x) for s, x in zip(self.shards, self.iter_lengths()))
-        else:
-            kinds = {_packed_dtype(np.asarray(s.lengths)) for s in self.shards}
-            length_type, shards = ("float64" if "<f8" in kinds else "int64"), self.shards
         header = {"unit": self.unit, "sample_rate": self.sample_rate, "meta": self.meta}
         with tqdm(total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr,
                   disable=not progress) as bar:
-            write_v2(url, shards, header, length_type, storage_options, progress=bar)
+            write_v2(url, (_saving(s) for s in self.shards), header, self._length_type(), storage_options,
+                     progress=bar)
+
+    def _length_type(self) -> str:
+        """The length column's type: float64 if any shard's lengths are fractional, else int64."""
+        if isinstance(self.shards, ShardList) and not self.shards.changed:
+            return self.shards.reader.length_type
+        for s in self.shards:
+            stored = s._table.reader.length_type if s._table is not None and s._lengths is None else None
+            if (stored or _packed_dtype(np.asarray(s.lengths))) in ("float64", "<f8"):
+                return "float64"
+        return "int64"
 
     # ---- contents ------------------------------------------------------------------------------
     @property
@@ -460,15 +465,29 @@ class ShardIndex:
 
 
 class _Streamed:
-    """A shard with its lengths streamed beside it (saving a version 2 index without filling its cache)."""
+    """A shard as saved: its info, with lengths (and keys, offsets, sizes) from its index's sample table when it
+    came from a version 2 index, read a row group at a time and not kept."""
 
-    __slots__ = ("info", "lengths")
+    __slots__ = ("info", "lengths", "keys", "offsets", "sizes")
 
-    def __init__(self, info: ShardInfo, lengths: np.ndarray) -> None:
-        self.info, self.lengths = info, lengths
+    def __init__(self, info: ShardInfo, stored: dict[str, Any]) -> None:
+        self.info = info
+        self.lengths, self.keys, self.offsets, self.sizes = (stored[k] for k in ("lengths", "keys", "offsets", "sizes"))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.info, name)
+
+
+def _saving(info: ShardInfo) -> Any:
+    """``info`` ready for the version 2 writer: a shard of a version 2 index brings its stored sample columns
+    (lengths set in memory win); a shard built in memory is written as it is."""
+    table = info._table
+    if table is None:
+        return info
+    stored = table.reader.shard_samples(info._row)
+    if info._lengths is not None:
+        stored["lengths"] = info._lengths
+    return _Streamed(info, stored)
 
 
 def _absolute(url: str, root: str | None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import shutil
 import threading
 import uuid
 from typing import IO, Any
@@ -268,15 +269,18 @@ def listdir(url: str, storage_options: dict | None = None) -> list[str]:
     return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
 
 
-def remove(url: str, storage_options: dict | None = None) -> None:
+def remove(url: str, storage_options: dict | None = None, recursive: bool = False) -> None:
+    """Remove a file (a folder and what it holds with ``recursive``); nothing there is not an error."""
     if is_local(url):
         p = local_path(url)
-        if os.path.exists(p):
+        if recursive and os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.exists(p):
             os.remove(p)
         return
     fs, path = filesystem(url, storage_options)
     if fs.exists(path):
-        fs.rm(path)
+        fs.rm(path, recursive=recursive)
 
 
 def size(url: str, storage_options: dict | None = None) -> int:

@@ -23,8 +23,10 @@ from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
 from .verify import verify_dataset
 
-_PART_FILE_RE = re.compile(r"^(?:shard-p(\d+)-\d+\.tar|index\.part-(\d+)\.json|errors\.part-(\d+)\.jsonl)(?:\.tmp-.*)?$")
-_SINGLE_FILE_RE = re.compile(r"^(?:shard-\d+\.tar|index\.json|errors\.jsonl)(?:\.tmp-.*)?$")
+_PART_FILE_RE = re.compile(r"^(?:shard-p(\d+)-\d+\.tar|index\.part-(\d+)(?:\.json|\.shards\.parquet|\.samples)"
+                           r"|errors\.part-(\d+)\.jsonl)(?:\.tmp-.*)?$")
+_SINGLE_FILE_RE = re.compile(r"^(?:shard-\d+\.tar|index(?:\.json|\.shards\.parquet|\.samples)|errors\.jsonl)"
+                             r"(?:\.tmp-.*)?$")
 #: part index fields that every part of one run must share
 _PART_SAME = ("source", "kind", "shuffle", "seed", "max_count", "max_size")
 
@@ -94,9 +96,10 @@ def _is_ours(name: str) -> bool:
 
 
 def remove_quiet(url: str, storage_options: dict | None) -> None:
-    """Remove a file another process (a concurrent part) may remove at the same time."""
+    """Remove a file (or an index's sample-table folder) another process (a concurrent part) may remove at
+    the same time."""
     try:
-        storage.remove(url, storage_options)
+        storage.remove(url, storage_options, recursive=url.rstrip("/").endswith(".samples"))
     except FileNotFoundError:
         pass
 
@@ -142,7 +145,7 @@ def clear_out(out: str, storage_options: dict | None = None, part: tuple[int, in
         i, n = part
         names = [m for m in names if _SINGLE_FILE_RE.match(m) or part_of(m) == i or (part_of(m) or 0) >= n]
     first = (INDEX_NAME, ERRORS_NAME)
-    for m in sorted(names, key=lambda m: (m not in first, not m.startswith("index"))):
+    for m in sorted(names, key=lambda m: (m not in first, not m.endswith(".json"))):  # index files first
         remove_quiet(storage.join_url(out, m), storage_options)
 
 

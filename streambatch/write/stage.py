@@ -120,6 +120,7 @@ def stage_dataset(
 
     storage.makedirs(dest, dest_storage_options)
     dest_index = storage.join_url(dest, INDEX_NAME)
+    same = False  # DEST already holds this very index (and so its tables, which carry its write id)
     if storage.exists(dest_index, dest_storage_options):
         with storage.open_url(dest_index, "rb", dest_storage_options) as f:
             same = f.read() == raw and not rewrite
@@ -133,11 +134,44 @@ def stage_dataset(
             info.url = name
         staged = ShardIndex(shards=index.shards, unit=index.unit, sample_rate=index.sample_rate, root=dest,
                             meta=dict(index.meta, staged_from=src))
-        staged.save(dest_index, dest_storage_options)
+        staged.save(dest_index, dest_storage_options, version=index.version)
     else:
+        _copy_tables(index, dest, same, storage_options, dest_storage_options)
         storage.write_bytes_atomic(dest_index, raw, dest_storage_options)
     result.index = ShardIndex.load(dest_index, dest_storage_options)
     return result
+
+
+def _copy_tables(index: ShardIndex, dest: str, keep: bool, src_options: dict | None,
+                 dest_options: dict | None) -> None:
+    """A version 2 index's table files, copied byte for byte (each whole or not at all) before its header;
+    with ``keep`` (DEST has this index already) a table there at its size is kept."""
+    if index.version < 2:
+        return
+    reader = index.shards.reader  # type: ignore[attr-defined]
+    for rel, nbytes in reader.table_files():
+        src, dst = storage.join_url(index.root or "", *rel.split("/")), storage.join_url(dest, *rel.split("/"))
+        if keep and _complete_size(dst, nbytes, dest_options):
+            continue
+        with atomic_file(dst, dest_options, prefix="shardify-stage-") as tmp:
+            digest = _copy_with_retries(src, tmp, src_options, _NoBar(), threading.Lock())
+            problem = size_problem(digest.bytes, nbytes)
+            if problem:
+                raise ShardifyError(f"{src}: {problem}")
+
+
+def _complete_size(url: str, nbytes: int, options: dict | None) -> bool:
+    try:
+        return storage.size(url, options) == nbytes
+    except (FileNotFoundError, OSError):
+        return False
+
+
+class _NoBar:
+    """The progress bar of a copy nobody watches (index tables: small beside the shards)."""
+
+    def update(self, n: int) -> None:
+        pass
 
 
 def _read_index(src: str, storage_options: dict | None) -> tuple[bytes, ShardIndex]:

@@ -217,10 +217,14 @@ def write_shard(task: ShardTask) -> ShardInfo:
 
 
 def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
+    """The index entry of a written shard, with each sample's key and the byte range its members span in
+    the tar (exact: member sizes are known before writing), for the version 2 sample table."""
     keys = [s.key for s in task.samples]
     lengths = np.asarray([s.length for s in task.samples])
+    sizes = np.asarray([s.tar_bytes for s in task.samples], dtype=np.int64)
+    offsets = np.cumsum(sizes) - sizes
     return ShardInfo(url=task.name, count=len(keys), bytes=nbytes, lengths=lengths, sha256=sha,
-                     keys_sha1=keys_sha1(keys))
+                     keys_sha1=keys_sha1(keys), keys=keys, offsets=offsets, sizes=sizes)
 
 
 class _Differs(Exception):

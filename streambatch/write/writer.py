@@ -60,6 +60,7 @@ def write_shards(
     storage_options: dict | None = None,
     progress: bool = True,
     stats: dict[str, int] | None = None,
+    index_version: int = 2,
 ) -> ShardIndex:
     """Write ``src`` (audio folder, JSONL manifest, SpeechBrain JSON/CSV, or text JSONL) as
     length-annotated WebDataset shards plus ``index.json`` under ``out`` (a folder or fsspec URL).
@@ -70,10 +71,13 @@ def write_shards(
     ``part=(i, n)`` (or ``"i/n"``) writes only part i of n (see ``parts.py``) and its
     ``index.part-IIII.json``; :func:`~streambatch.write.parts.merge_parts` then writes ``index.json``.
     ``resume=True`` keeps the complete shards a previous (interrupted) run of the same command wrote and
-    writes the rest. ``stats`` (if given) receives ``kept`` and ``written`` shard counts.
+    writes the rest. ``stats`` (if given) receives ``kept`` and ``written`` shard counts. ``index_version``:
+    2 (Parquet tables with each sample's key and byte range) or 1 (one JSON file, for older readers).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite)
+    if index_version not in (1, 2):
+        raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
     part = parse_part(part)
     scope = Scope(part)
     max_bytes = parse_size(max_size)
@@ -103,7 +107,7 @@ def write_shards(
         meta["part"] = {"index": part[0], "count": part[1], "records": list(span), "num_records": num_records,
                         "on_error": on_error}
     index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta)
-    index.save(storage.join_url(out, scope.index_name), storage_options)
+    index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
 
 
