@@ -1,4 +1,4 @@
-"""Audio: probe lengths from headers (never decoding) and decode bytes to float32 waveforms.
+"""Audio: probe lengths from headers (never decoding the whole file) and decode bytes to float32 waveforms.
 
 soundfile (libsndfile) is the default: it reads WAV, FLAC and OGG from paths and from bytes. torchaudio is
 used only as a fallback for formats soundfile cannot read, and only when it imports (its releases pin torch
@@ -8,6 +8,7 @@ exactly, so it stays optional).
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -33,18 +34,81 @@ class AudioInfo:
         return self.frames / float(self.sample_rate)
 
 
-def probe(src: str | BinaryIO) -> AudioInfo:
-    """Read sample rate, frame count and channels from the header only."""
+def probe(src: str | BinaryIO, check_end: bool = False) -> AudioInfo:
+    """Read sample rate, frame count and channels from the header only.
+
+    ``check_end=True`` also checks that the audio the header declares is there (a cheap look at the file's
+    end, not a decode of the whole file), so a truncated file raises :class:`TruncatedAudio` here rather than
+    failing later, in training.
+    """
+    name = src if isinstance(src, str) else getattr(src, "name", "<bytes>")
     try:
-        info = sf.info(src)
+        with sf.SoundFile(src) as f:
+            info = AudioInfo(sample_rate=int(f.samplerate), frames=int(f.frames), channels=int(f.channels),
+                             format=str(f.format))
+            if check_end:
+                _check_end(f, info)
+    except AudioError:
+        raise
     except Exception as e:  # soundfile raises RuntimeError/LibsndfileError/TypeError for bad input
-        name = src if isinstance(src, str) else getattr(src, "name", "<bytes>")
         raise AudioError(f"{name}: cannot read audio header ({_short(e)})") from e
     if info.frames <= 0 and info.format not in ("OGG", "MPEG"):
-        name = src if isinstance(src, str) else getattr(src, "name", "<bytes>")
         raise AudioError(f"{name}: audio header reports {info.frames} frames")
-    return AudioInfo(sample_rate=int(info.samplerate), frames=int(info.frames), channels=int(info.channels),
-                     format=str(info.format))
+    return info
+
+
+#: how much audio at the end of a file ``probe(check_end=True)`` decodes, in seconds
+END_CHECK_SECONDS = 0.02
+_DATA_SIZE = re.compile(r"^(?:data|SSND)\s*:\s*(\d+)(?:\s*\(should be (\d+)\))?", re.M)
+_BLOCK_ALIGN = re.compile(r"Block Align\s*:\s*(\d+)")
+_UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # a header written before the size was known (streamed WAV): not a cut
+
+
+class TruncatedAudio(AudioError):
+    """A file whose audio data ends before the frames its header declares (cut short, or corrupt at the end)."""
+
+
+def _check_end(f: sf.SoundFile, info: AudioInfo) -> None:
+    """Raise :class:`TruncatedAudio` unless the audio the header declares is there. Cheap: a WAV/AIFF's data size
+    against the file's (libsndfile's log); any other format's last ``END_CHECK_SECONDS`` decoded after a seek."""
+    if _data_size_checked(f.extra_info, info) or info.frames <= 0 or not f.seekable():
+        return
+    n = min(info.frames, max(1, int(info.sample_rate * END_CHECK_SECONDS)))
+    try:
+        f.seek(info.frames - n)
+        got = len(f.read(n, dtype="float32"))
+    except Exception as e:
+        raise TruncatedAudio(f"audio data ends early or is corrupt: cannot decode its last {n} frames of the "
+                             f"{info.frames}{_secs(info.frames, info)} the header declares ({_short(e)})") from e
+    if got < n and info.format != "MPEG":  # an MP3's frame count is an estimate
+        raise TruncatedAudio(f"audio data ends early: {got} of its last {n} frames decode, of the "
+                             f"{info.frames}{_secs(info.frames, info)} the header declares")
+
+
+def _data_size_checked(log: str, info: AudioInfo) -> bool:
+    """False for a format without a data size (FLAC, OGG, MP3); True for a WAV/AIFF whose data is all there.
+    Raises for one whose data is shorter than its header says: libsndfile then reads what is there (a 2 ms
+    sample from a 10 s header) and notes ``data : N (should be M)`` in its log."""
+    size = _DATA_SIZE.search(log)
+    if not size:
+        return False
+    declared, held = int(size.group(1)), int(size.group(2) or size.group(1))
+    if declared in _UNKNOWN_SIZES or declared <= held:
+        return True
+    align = _BLOCK_ALIGN.search(log)
+    step = int(align.group(1)) if align else 0
+    if step <= 0:
+        raise TruncatedAudio(f"audio data cut short: the header declares {declared} bytes of audio data, the "
+                             f"file holds {held}")
+    if declared // step > held // step:
+        raise TruncatedAudio(f"audio data cut short: the header declares {declared // step} frames"
+                             f"{_secs(declared // step, info)}, the file holds {held // step}"
+                             f"{_secs(held // step, info)}")
+    return True
+
+
+def _secs(frames: int, info: AudioInfo) -> str:
+    return f" ({frames / info.sample_rate:.6g} s)"
 
 
 def decode(data: bytes, mono: bool = True) -> tuple[np.ndarray, int]:

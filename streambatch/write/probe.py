@@ -1,7 +1,9 @@
 """Measuring records: every sample's length, before anything is written.
 
-Audio lengths come from the file's header (never by decoding), probed in worker processes; text lengths are
-token counts. Bad files become :class:`InputProblem` s, so one run reports every bad input at once.
+Audio lengths come from the file's header (never by decoding the whole file), probed in worker processes; text
+lengths are token counts. Lengths that lie are caught here: a file cut short (its last block is decoded after a
+seek) and a manifest duration that disagrees with the header. Bad files become :class:`InputProblem` s, so
+one run reports every bad input at once.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Sequence
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.audio import AudioError, probe
+from ..dataset.audio import AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, ShardifyError
-from .sources import Record, token_length
+from ..procs import die_with_parent
+from .sources import LENGTH_FIELDS, Record, token_length
 from .tarwrite import Sample, audio_sample, text_sample
 
 UNITS = ("samples", "seconds", "tokens")
@@ -40,19 +43,22 @@ def check_unit(kind: str, unit: str | None, sample_rate: int | None) -> str:
 
 
 def probe_file(path: str, storage_options: dict | None = None) -> tuple[int, int, int] | str:
-    """``(sample_rate, frames, bytes)`` of an audio file from its header only, or what is wrong with it."""
+    """``(sample_rate, frames, bytes)`` of an audio file from its header, or what is wrong with it (the end of
+    the audio is decoded too, so a file cut short is a problem here, not a bad shard in training)."""
     try:
         with storage.open_url(path, "rb", storage_options) as f:
             nbytes = os.fstat(f.fileno()).st_size if storage.is_local(path) else storage.size(path, storage_options)
             if nbytes == 0:
                 return "empty audio file (0 bytes)"
-            info = probe(f)
+            info = probe(f, check_end=True)
     except FileNotFoundError:
         return "audio file not found"
     except IsADirectoryError:
         return "audio path is a folder"
     except OSError as e:
         return f"cannot read audio file ({e.strerror or e})"
+    except TruncatedAudio as e:
+        return str(e)
     except AudioError as e:
         msg = (str(e.__cause__ or e).strip().splitlines() or ["?"])[-1]
         msg = re.sub(r"^Error opening <.*?>: ", "", msg)
@@ -69,10 +75,12 @@ def _probe_one(args: tuple[str, dict | None]) -> tuple[int, int, int] | str:
 
 
 def process_pool(workers: int, remote: bool) -> cf.ProcessPoolExecutor:
-    """Worker processes for probing and writing; fresh (spawned) ones when they do remote I/O."""
+    """Worker processes for probing and writing; fresh (spawned) ones when they do remote I/O. They end when
+    this process dies, even by SIGKILL (no stranded worker holding a caller's pipes)."""
     # fsspec object-store filesystems are not fork-safe: start fresh processes for remote I/O
     ctx = multiprocessing.get_context("spawn") if remote else None
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent,
+                                  initargs=(os.getpid(),))
 
 
 def probe_records(
@@ -145,11 +153,36 @@ def _probe_audio(
     probed: list[_Probed] = []
     problems: list[InputProblem] = []
     for rec, res in zip(records, probe_records(records, workers, progress, storage_options)):
+        if not isinstance(res, str):
+            res = duration_problem(rec, res[0], res[1]) or res
         if isinstance(res, str):  # name the audio file unless the problem is reported at it already
             problems.append(rec.problem(res if rec.where == rec.path else f"{res}: {rec.path}"))
         else:
             probed.append((rec, *res))
     return probed, problems
+
+
+#: a manifest's duration may differ from the audio header's by max(DURATION_TOLERANCE_S, DURATION_TOLERANCE *
+#: the header's duration) (rounding, a tool's own idea of a duration); more is an input error
+DURATION_TOLERANCE_S = 0.1
+DURATION_TOLERANCE = 0.01
+
+
+def duration_problem(rec: Record, sample_rate: int, frames: int) -> str | None:
+    """What is wrong with the record's manifest duration (``duration``, else ``length``, in seconds) against
+    the header's ``frames / sample_rate``; None when it agrees, is absent, or (``length``) is the frame count."""
+    field = next((f for f in LENGTH_FIELDS if f in rec.fields), None)
+    value = rec.fields.get(field) if field else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None  # no declared duration (a folder) or one sources.py has reported already
+    header = frames / sample_rate
+    if abs(value - header) <= max(DURATION_TOLERANCE_S, DURATION_TOLERANCE * header):
+        return None
+    if field == "length" and abs(value - frames) <= DURATION_TOLERANCE * frames:
+        return None  # a length counted in samples, not seconds
+    unit = " s" if field == "duration" else ""  # a length may be seconds or samples: it matches neither
+    return (f"the manifest's {field} is {value:g}{unit} but the audio header says {header:.6g} s ({frames} frames "
+            f"at {sample_rate} Hz)")
 
 
 def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -> int | None:
