@@ -2,7 +2,8 @@
 
 ``InputProblem`` is one bad input record, reported as ``FILE:LINE: problem`` (or ``FILE: problem``).
 ``ShardifyError`` is a mistake in what the user asked for (the CLI prints it and exits with 2);
-``InputErrors`` carries the list of bad records when ``on_error="fail"``.
+``InputErrors`` carries the list of bad records when ``on_error="fail"``. ``BudgetError`` and
+``EmptyEpochError`` (also ``ValueError``) are a loader's options that would give no batches.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ def format_problems(problems: Sequence[InputProblem], hint: str = "") -> str:
     if n > MAX_LISTED:
         lines.append(f"  ... and {n - MAX_LISTED} more")
     return "\n".join(lines)
+
+
+class BudgetError(ShardifyError, ValueError):
+    """A batch budget that is not a positive finite number (or duration), or that no sample fits."""
+
+
+class EmptyEpochError(ShardifyError, ValueError):
+    """An epoch that would yield no batch at all (every sample filtered out, dropped or too long)."""
 
 
 class ShardReadError(IOError):

@@ -18,8 +18,10 @@ from .dataset import storage
 from .dataset.index import ShardIndex
 from .dataset.source import resolve_source
 from .dist import all_gather_ints, process_group_matches, process_info
+from .errors import BudgetError, EmptyEpochError
+from .plan.batcher import BucketBatcher
 from .plan.config import OPTIONS as BATCHING_OPTIONS
-from .plan.config import BUDGET_ERROR, BatchingConfig
+from .plan.config import BatchingConfig, check_budget, parse_budget
 from .plan.cost import calibration_info
 from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
 from .plan.lengths import Lengths, index_lengths
@@ -30,6 +32,7 @@ from .read.faults import FAULT_FIELDS
 from .read.reader import ReadOptions
 from .read.retry import RetryPolicy
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from .summary import length_text
 
 log = logging.getLogger("streambatch")
 
@@ -143,14 +146,16 @@ class StreamBatchLoader:
     ):
         batching, reading = split_options(options)
         self._check(micro_batches, loss_weight_by, even_batches)
-        if budget is not None and not budget > 0:
-            raise ValueError(BUDGET_ERROR.format(budget=budget))
+        if budget is not None and not isinstance(budget, str):
+            check_budget(budget)  # before reading anything
         self.storage_options = storage_options
         self.read_options = read_options(**reading)
         self.index, self.urls = resolve_source(source, index, storage_options)
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
-        self.config = batching_config(budget, self.index, batching)
+        self.name = str(source) if isinstance(source, str) else (self.index.root if self.index is not None else "")
+        self.config = batching_config(self._parse_budget(budget), self.index, batching)
+        self._check_shortest_fits()
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
         self.num_workers = int(num_workers)
@@ -181,6 +186,33 @@ class StreamBatchLoader:
         self._state = SharedEpochState(self.num_workers)
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
         self._dataloader: DataLoader | None = None
+
+    def _parse_budget(self, budget: Any) -> float | None:
+        """The budget in the dataset's unit (a duration like ``"60s"`` converted with the index's rate)."""
+        if budget is None:
+            return None
+        ix = self.index
+        return parse_budget(budget, ix.unit, ix.sample_rate) if ix is not None else parse_budget(budget)
+
+    def _check_shortest_fits(self) -> None:
+        """A budget that not even the shortest sample fits alone is an error now (from the index's shard
+        table), not an epoch without batches later."""
+        if self.index is None:
+            return
+        table = self.index.shard_table(("count", "min_length"))
+        mins = table["min_length"][table["count"] > 0]
+        shortest = float(mins.min()) if mins.size else 0.0
+        alone = BucketBatcher(self.config.replace(min_length=0, max_length=None, strict=False, buffer_size=1))
+        if shortest <= 0 or alone.accepts(shortest):
+            return
+        cfg, ix = self.config, self.index
+        padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
+        how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
+        raise BudgetError(
+            f"{self.name}: budget {length_text(cfg.budget, ix)} {how} the shortest sample, "
+            f"{length_text(shortest, ix)}: every sample would be skipped and no epoch would have a batch; "
+            "use a larger budget (`shardify inspect` suggests one)"
+        )
 
     @staticmethod
     def _check(micro_batches: int, loss_weight_by: str, even_batches: str) -> None:
@@ -231,9 +263,35 @@ class StreamBatchLoader:
                                         self._excluded_in(e, lengths))
             else:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
-            self._schedules = {e: sched}
             self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
+            if sched.steps == 0 and self._earlier(e) == 0:
+                raise EmptyEpochError(self._empty_message(sched, local))
+            self._schedules = {e: sched}
         return self._schedules[e]
+
+    def _empty_message(self, s: RankSchedule, local: bool) -> str:
+        """Why an epoch plans no batch at all, and what to change."""
+        cfg, ix = self.config, self.index
+        head = f"{self.name}: epoch {s.epoch} has no batches"
+        if not ix.num_samples:
+            return f"{head}: the dataset has no samples"
+        if s.skipped:
+            table = ix.shard_table(("count", "min_length", "max_length"))
+            full = table["count"] > 0
+            lo, hi = (length_text(table[k][full].min() if k == "min_length" else table[k][full].max(), ix)
+                      for k in ("min_length", "max_length"))
+            limits = [f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length),
+                                                               ("max_length", cfg.max_length)) if v]
+            return (f"{head}: all {s.skipped:,} samples{' of this rank' if local else ''} are skipped (lengths "
+                    f"{lo} to {hi}; kept: {', '.join(limits + [f'at most the budget {length_text(cfg.budget, ix)}'])})"
+                    "; widen min_length/max_length or raise the budget")
+        if s.dropped:
+            return (f"{head}: drop_last=True dropped all {s.dropped:,} samples (no (rank, worker) slot of "
+                    f"{self.world_size} × {max(1, self.num_workers)} fills one batch); use drop_last=False or "
+                    "fewer ranks/workers")
+        return (f"{head}: even_batches={self.even_batches!r} and a rank without batches ({ix.num_samples:,} samples "
+                f"over {self.world_size} ranks × {max(1, self.num_workers)} workers); use even_batches='split' or "
+                "fewer ranks/workers")
 
     def _rank_local(self, epoch: int) -> bool:
         """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""
@@ -248,14 +306,32 @@ class StreamBatchLoader:
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
         return excluded_in(self._resumed, epoch, lengths, self.config)
 
+    def _earlier(self, epoch: int) -> int:
+        """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
+        r = self._resumed
+        return sum(layout.consumed for layout in r.layouts) if r is not None and r.epoch == epoch else 0
+
     def __len__(self) -> int:
-        """Batches every rank yields in the current epoch (the same on every rank), counting from the
-        start of the epoch. With a process group this is a collective: ask on every rank."""
+        """The current epoch's steps as this run counts them, the same on every rank: after a resume, the
+        batches consumed before it (on this or another layout) plus those still to come, so a progress bar
+        or schedule built from ``len()`` and :attr:`consumed` is right. With a process group this is a
+        collective: ask on every rank."""
         if self.index is None:
             if self.batches_per_epoch:
                 return self.batches_per_epoch
             raise TypeError("len() needs an index: without one the number of batches is unknown until the end")
-        return self.schedule().steps
+        return self._earlier(self.epoch) + self.schedule().steps
+
+    @property
+    def consumed(self) -> int:
+        """Batches of the current epoch already yielded, before a resume included (``len(self) - remaining``)."""
+        return self._earlier(self.epoch) + self._consumed
+
+    @property
+    def remaining(self) -> int:
+        """Batches the current epoch still yields (all of them before it starts; after a resume, those not yet
+        consumed). A collective with a process group, like ``len()``."""
+        return len(self) - self.consumed
 
     # ---- iteration ----------------------------------------------------------------------------------
     def _make_dataloader(self) -> DataLoader:
@@ -337,9 +413,20 @@ class StreamBatchLoader:
                 yield item
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
+        if steps is None and self._consumed == 0:
+            raise EmptyEpochError(self._unindexed_empty(epoch))
         self._consumed = 0
         self._resumed, self._saved_steps = None, None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
+
+    def _unindexed_empty(self, epoch: int) -> str:
+        """Why a pass without an index gave no batch: every sample skipped (or lost with bad shards)."""
+        cfg, bad = self.config, int(self._bad_shards.sum())
+        limits = "".join(f", {k}={v:g}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v)
+        return (f"{self.name or self.urls[0]}: epoch {epoch} yielded no batches from {len(self.urls)} shards: every "
+                f"sample was skipped (kept: lengths within budget={cfg.budget:g}{limits})"
+                + (f" or lost with {bad} bad shards" if bad else "") + "; check the budget against the lengths "
+                "in the samples' .json (`shardify inspect` needs an index)")
 
     # ---- resumption ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -363,7 +450,8 @@ class StreamBatchLoader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next iteration yields the epoch's remaining batches.
+        """Continue from a :meth:`state_dict`: the next iteration yields the epoch's remaining batches
+        (:attr:`remaining`), while ``len()`` still counts the whole epoch, consumed batches included.
 
         With the same world size and workers, the remaining batches are exactly those the uninterrupted run
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not

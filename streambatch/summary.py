@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from .dataset.index import ShardIndex
-from .errors import ShardifyError
+from .errors import BudgetError, ShardifyError
 from .plan.buckets import estimate_boundaries, suggest_budget
+from .plan.config import parse_budget as parse_any_budget
 from .plan.stats import LengthStats
 
 def total_text(index: ShardIndex) -> str:
@@ -18,6 +19,15 @@ def total_text(index: ShardIndex) -> str:
     if spu:
         return _hours(index.total_length * spu / 3600)
     return f"{_fmt(index.total_length)} {index.unit}"
+
+
+def length_text(x: float, index: ShardIndex | None) -> str:
+    """A length in the dataset's unit, with seconds for audio: ``"12,000 samples (1.5 s)"``."""
+    if index is None:
+        return _fmt(x)
+    spu = index.seconds_per_unit()
+    seconds = f" ({float(x) * spu:.3g} s)" if spu and index.unit != "seconds" else ""
+    return f"{_fmt(x)} {index.unit}{seconds}"
 
 
 def _hours(h: float) -> str:
@@ -33,21 +43,11 @@ def _fmt(x: float) -> str:
 
 
 def parse_budget(text: str, index: ShardIndex) -> float:
-    """A budget in the dataset's unit, or ``"60s"`` (seconds) for audio."""
-    t = text.strip().lower()
+    """``--budget``: a number in the dataset's unit, or a duration like ``60s`` for audio (the loader's parser)."""
     try:
-        if t.endswith("s") and not t.endswith("samples"):
-            spu = index.seconds_per_unit()
-            if not spu:
-                raise ShardifyError(f"--budget {text}: seconds only make sense for audio, this dataset is in {index.unit}")
-            value = float(t[:-1]) / spu
-        else:
-            value = float(t.removesuffix("samples").strip())
-    except ValueError:
-        raise ShardifyError(f"--budget {text!r}: expected a number (or seconds like 60s)") from None
-    if value <= 0:
-        raise ShardifyError("--budget must be positive")
-    return value
+        return parse_any_budget(text, index.unit, index.sample_rate)
+    except BudgetError as e:
+        raise BudgetError(f"--{e}") from None
 
 
 def inspect_dataset(

@@ -237,3 +237,121 @@ def test_without_index_ddp_needs_a_nominal_epoch(audio_ds):
         per_rank.append(keys_of(batches))
     # a nominal epoch: the ranks start on different shards (exactly-once needs an index)
     assert per_rank[0][:3] != per_rank[1][:3]
+
+
+# ---- budgets and epochs that would give no batches (issue 14, item 4) --------------------------------
+def test_budget_smaller_than_every_sample_names_the_shortest(audio_ds):
+    from streambatch.errors import BudgetError
+
+    shortest = int(ShardIndex.load(audio_ds).lengths.min())
+    with pytest.raises(BudgetError) as e:
+        StreamBatchLoader(audio_ds, budget=shortest - 1)
+    msg = str(e.value)
+    assert f"budget {shortest - 1:,} samples" in msg and f"shortest sample, {shortest:,} samples" in msg
+    assert f"({shortest / SR:.3g} s)" in msg and audio_ds in msg and "\n" not in msg
+    assert len(StreamBatchLoader(audio_ds, budget=shortest)) > 0  # one that fits alone is accepted
+
+
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), 0, -5, "nan", "-1s", "lots", [1]])
+def test_budget_not_a_positive_finite_number_is_an_error(audio_ds, budget):
+    from streambatch.errors import BudgetError
+
+    with pytest.raises(BudgetError, match="budget") as e:
+        StreamBatchLoader(audio_ds, budget=budget)
+    assert repr(budget) in str(e.value) or str(budget) in str(e.value)
+
+
+def test_budget_as_a_duration_string_matches_the_cli(audio_ds, text_ds):
+    from streambatch.errors import BudgetError
+
+    want = [b["keys"] for b in StreamBatchLoader(audio_ds, budget=BUDGET, seed=2)]
+    for text in ("12s", "12 s", "12000ms", "0.2min", f"{BUDGET} samples", str(BUDGET)):
+        loader = StreamBatchLoader(audio_ds, budget=text, seed=2)
+        assert loader.config.budget == BUDGET
+        assert [b["keys"] for b in loader] == want
+    with pytest.raises(BudgetError, match="seconds only make sense for audio, this dataset's lengths are in tokens"):
+        StreamBatchLoader(text_ds, budget="60s")
+    with pytest.raises(BudgetError, match="'12 tokens': 'tokens' is not this dataset's unit, samples"):
+        StreamBatchLoader(audio_ds, budget="12 tokens")
+
+
+def test_max_length_filtering_everything_is_an_error_not_an_empty_epoch(audio_ds):
+    from streambatch.errors import EmptyEpochError
+
+    loader = StreamBatchLoader(audio_ds, budget=BUDGET, max_length=100)
+    with pytest.raises(EmptyEpochError, match=r"epoch 0 has no batches: all 160 samples are skipped .*max_length=100"):
+        len(loader)
+    with pytest.raises(EmptyEpochError):
+        next(iter(loader))
+
+
+def test_drop_last_dropping_everything_is_an_error(audio_ds):
+    from streambatch.errors import EmptyEpochError
+
+    loader = StreamBatchLoader(audio_ds, budget=BUDGET * 1000, drop_last=True, buffer_size=500)
+    with pytest.raises(EmptyEpochError, match="drop_last=True dropped all 160 samples"):
+        len(loader)
+
+
+def test_without_index_an_epoch_of_skipped_samples_is_an_error(audio_ds):
+    from streambatch.errors import EmptyEpochError
+
+    urls = sorted(os.path.join(audio_ds, f) for f in os.listdir(audio_ds) if f.endswith(".tar"))
+    loader = StreamBatchLoader(urls, budget=10)  # no index: the lengths are known only once read
+    with pytest.raises(EmptyEpochError, match=f"epoch 0 yielded no batches from {len(urls)} shards"):
+        run(loader)
+    with pytest.raises(ValueError, match="a duration needs the dataset's unit"):
+        StreamBatchLoader(urls, budget="12s")
+
+
+# ---- len(), consumed and remaining after a resume (issue 14, item 7) -----------------------------------
+def _stopped_after(audio_ds, k, kw, **layout):
+    loader = StreamBatchLoader(audio_ds, **kw, **layout)
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    assert (loader.consumed, loader.remaining) == (k, len(loader) - k)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    return state
+
+
+@pytest.mark.parametrize("layout", [dict(num_workers=0), dict(num_workers=2)], ids=["same", "other-workers"])
+def test_len_after_a_resume_counts_the_whole_epoch(audio_ds, layout):
+    """Resumed on the same or on another layout, len() is the epoch's steps as this run counts them (consumed
+    included) and ``remaining`` the batches still to come, which is what the next pass yields."""
+    kw = dict(budget=BUDGET, buffer_size=50, seed=4)
+    full = len(StreamBatchLoader(audio_ds, **kw))
+    state = _stopped_after(audio_ds, 5, kw, num_workers=0)
+    resumed = StreamBatchLoader(audio_ds, **kw, **layout)
+    resumed.load_state_dict(state)
+    assert resumed.consumed == 5
+    remaining = resumed.remaining
+    assert len(resumed) == 5 + remaining
+    if layout["num_workers"] == 0:
+        assert len(resumed) == full
+    steps = 0
+    for _ in resumed:
+        steps += 1
+        assert resumed.consumed == 5 + steps and resumed.remaining == remaining - steps
+    assert steps == remaining
+    fresh = StreamBatchLoader(audio_ds, **kw, **layout)
+    fresh.set_epoch(1)
+    assert resumed.epoch == 1 and resumed.consumed == 0 and resumed.remaining == len(resumed) == len(fresh)
+
+
+def test_len_after_resumes_on_other_world_sizes_adds_every_earlier_layout(audio_ds):
+    """2 ranks stop after 2 batches, 3 ranks resume and stop after 1 more, 1 rank resumes: every rank's len()
+    counts the 2 + 1 batches consumed before it, and yields exactly ``remaining``."""
+    kw = dict(budget=BUDGET, buffer_size=30, seed=2, num_workers=2)
+    _, states = _run_ranks(audio_ds, 2, kw, stop=2)
+    for rank in range(3):
+        loader = StreamBatchLoader(audio_ds, rank=rank, world_size=3, **kw)
+        loader.load_state_dict(states[0])
+        assert loader.consumed == 2 and len(loader) == 2 + loader.remaining
+    _, states = _run_ranks(audio_ds, 3, kw, state=states[0], stop=1)
+    last = StreamBatchLoader(audio_ds, **kw)
+    last.load_state_dict(states[0])
+    remaining = last.remaining
+    assert last.consumed == 3 and len(last) == 3 + remaining
+    assert len(run(last)) == remaining
