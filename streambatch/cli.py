@@ -216,9 +216,15 @@ def _add_verify(sub: Any) -> None:
         help="re-read every shard and check it against index.json",
         description="Re-read every shard and check it against index.json: it exists, byte size, sha256, "
         "sample count, keys and their order, a .json and a payload per sample, and each .json length equal "
-        "to the index's. Exit 0 if all match, 1 with the list of mismatches otherwise.",
+        "to the index's. With --decode, also decode every audio member as the loader does and check its "
+        "length (catches a member damaged after writing whose checksum was recomputed). Exit 0 if all match, "
+        "1 with the list of mismatches otherwise (SHARD: KEY.EXT: problem for a member that does not decode).",
     )
     v.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+    v.add_argument("--decode", action="store_true",
+                   help="also decode every audio member and compare its decoded length with the index's")
+    v.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="check N shards at a time, in processes (default: 1, or every CPU with --decode)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_storage(v)
     v.set_defaults(func=cmd_verify)
@@ -353,13 +359,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .write.verify import verify_dataset
 
     index = _load(args)
-    problems = verify_dataset(index, storage_options_from(args.storage_option), progress=not args.no_progress)
+    problems = verify_dataset(index, storage_options_from(args.storage_option), progress=not args.no_progress,
+                              decode=args.decode, workers=args.workers)
     if problems:
         print(f"{len(problems)} mismatch{'es' if len(problems) != 1 else ''} between the shards and the index:")
         for p in problems:
             print(f"  {p}")
         return 1
-    print(f"ok: {index.num_shards} shards, {index.num_samples} samples match {args.out}")
+    decoded = " (every audio member decodes to its length)" if args.decode else ""
+    print(f"ok: {index.num_shards} shards, {index.num_samples} samples match {args.out}{decoded}")
     return 0
 
 

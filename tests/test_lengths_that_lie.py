@@ -127,3 +127,63 @@ def test_manifest_duration_tolerance(field, value, ok):
 
 def test_a_folder_has_no_manifest_duration_to_check():
     assert duration_problem(Record(key="k", path="/x/k.wav", source="/x/k.wav"), SR, 5) is None
+
+
+# ---- verify --decode: a member damaged after writing ----------------------------------------------------------
+@pytest.fixture
+def flac_dataset(tmp_path):
+    """A dataset of 6 FLAC samples in 3 shards."""
+    d = tmp_path / "src"
+    for i in range(6):
+        make_audio(d / f"u{i}.flac", 0.5 + 0.1 * i, seed=i)
+    out = tmp_path / "ds"
+    assert main(["write", str(d), str(out), "--max-count", "2", "--no-progress"]) == 0
+    return out
+
+
+def damage_member(out, shard: int, ext: str = "flac", rehash: bool = True) -> tuple[str, str]:
+    """Overwrite 64 bytes in the middle of the shard's first ``ext`` member (sizes unchanged); with ``rehash``,
+    patch the index's sha256 to the damaged shard's, as a careless repair or a re-hash would. Returns (shard
+    path, member name)."""
+    index = ShardIndex.load(str(out))
+    path = index.shard_urls()[shard]
+    with tarfile.open(path) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("." + ext))
+    data = bytearray(open(path, "rb").read())
+    mid = member.offset_data + member.size // 2
+    data[mid:mid + 64] = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    open(path, "wb").write(bytes(data))
+    if rehash:
+        index.shards[shard].sha256 = hashlib.sha256(bytes(data)).hexdigest()
+        index.save(str(out))
+    return path, member.name
+
+
+def test_verify_decode_catches_a_member_damaged_and_rehashed(capsys, flac_dataset):
+    path, name = damage_member(flac_dataset, 1)
+    code, stdout, _ = run(capsys, "verify", flac_dataset, "--no-progress")
+    assert code == 0, stdout  # headers, sizes, checksums and lengths all match: only decoding can tell
+    code, stdout, err = run(capsys, "verify", flac_dataset, "--decode", "--no-progress")
+    assert code == 1 and "Traceback" not in err
+    bad = [ln.strip() for ln in stdout.splitlines()[1:]]
+    assert len(bad) == 1 and bad[0].startswith(f"{path}: {name}: cannot decode audio (")
+
+
+def test_verify_decode_lists_every_bad_member_beside_a_checksum_mismatch(capsys, flac_dataset):
+    p0, n0 = damage_member(flac_dataset, 0, rehash=False)
+    p2, n2 = damage_member(flac_dataset, 2)
+    problems = verify_dataset(ShardIndex.load(str(flac_dataset)), progress=False, decode=True, workers=2)
+    assert [p.split(": ")[:2] for p in problems] == [[p0, problems[0].split(": ")[1]], [p0, n0], [p2, n2]], \
+        problems
+    assert problems[0].split(": ")[1].startswith("sha256 is ")
+
+
+def test_verify_decode_passes_a_sound_dataset_and_checks_decoded_lengths(capsys, flac_dataset):
+    code, stdout, _ = run(capsys, "verify", flac_dataset, "--decode", "--workers", "2", "--no-progress")
+    assert code == 0 and "every audio member decodes" in stdout
+    index = ShardIndex.load(str(flac_dataset))  # an index whose lengths lie about the audio
+    index.shards[0].lengths[0] += 1
+    problems = verify_dataset(index, progress=False, decode=True, workers=1)
+    key = index.shard_urls()[0]
+    assert any(p.startswith(f"{key}: ") and "decodes to" in p and "the index says" in p for p in problems), \
+        problems

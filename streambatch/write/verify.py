@@ -2,34 +2,53 @@
 
 Shards are read with the training reader's own tar parser (``dataset/tar.py``), so a shard that verifies is
 one the loader reads. Per shard: it exists, its size and sha256, its sample count and keys (``keys_sha1``);
-per sample: a ``.json`` member and a payload, and the ``.json`` length equal to the index's.
+per sample: a ``.json`` member and a payload, and the ``.json`` length equal to the index's. With
+``decode=True`` every audio member is also decoded as the loader decodes it, and its decoded length compared
+with the index's: a member damaged after writing, and re-hashed or written so, fails here, not in training.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import itertools
 import json
+import os
 import sys
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
+import numpy as np
 from tqdm import tqdm
 
 from ..dataset import storage
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
 from ..dataset.tar import iter_members, split_name
 from ..errors import ShardReadError
 
 
-class _SampleChecks:
-    """The per-sample checks of one shard, fed its members in tar order; ``keys`` are the samples read."""
+@dataclass(frozen=True)
+class DecodeCheck:
+    """What ``verify --decode`` needs of the index: its length unit and sample rate (``samples``: the decoded
+    frames at the member's rate, resampled to ``sample_rate``, are the length; ``seconds``: frames / rate)."""
 
-    def __init__(self, info: ShardInfo):
+    unit: str
+    sample_rate: int | None
+
+
+class _SampleChecks:
+    """The per-sample checks of one shard, fed its members in tar order; ``keys`` are the samples read;
+    ``undecodable`` the audio members that do not decode (or decode to another length), all of them."""
+
+    def __init__(self, info: ShardInfo, decode: DecodeCheck | None = None):
         self.info = info
+        self.decode = decode
         self.keys: list[str] = []
         self.seen: set[str] = set()
         self.bad: list[str] = []
+        self.undecodable: list[str] = []
 
     def read(self, members: Iterable[tuple[str, bytes]]) -> None:
         """Group consecutive members with the same key into samples and check each."""
@@ -38,6 +57,8 @@ class _SampleChecks:
             sample: dict[str, Any] = {"key": key, "exts": []}
             for _, ext, data in group:
                 sample["exts"].append(ext)
+                if self.decode and ext in AUDIO_EXTENSIONS:
+                    sample.setdefault("audio", []).append((ext, data))
                 if ext == "json":
                     try:
                         sample["length"] = json.loads(data).get("length")
@@ -62,14 +83,40 @@ class _SampleChecks:
             want = self.info.lengths[i]
             if length is None or not _same_length(length, want):
                 self.bad.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
+        for ext, data in s.get("audio", []):
+            want = self.info.lengths[i] if i < self.info.count else None
+            problem = _decode_problem(data, ext, want, self.decode) if self.decode else None
+            if problem:
+                self.undecodable.append(f"{s['key']}.{ext}: {problem}")
 
 
-def verify_shard(url: str, info: ShardInfo, storage_options: dict | None = None, max_listed: int = 5) -> list[str]:
-    """Problems of one shard against its index entry (empty when it matches)."""
+def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeCheck) -> str | None:
+    """Why an audio member does not decode as the loader decodes it, or not to the index's length ``want``."""
+    try:
+        wav, sr = decode_audio(data, mono=False)
+    except AudioError as e:
+        return str(e)
+    frames = len(wav)
+    if frames == 0:
+        return "decodes to 0 frames"
+    if want is None or ext == "mp3":  # an MP3 header's frame count is an estimate
+        return None
+    got: float = frames / sr if check.unit == "seconds" else _resampled(frames, sr, check.sample_rate or sr)
+    if _same_length(got, want):
+        return None
+    return f"decodes to {frames} frames at {sr} Hz (length {_num(got)}), the index says {_num(want)}"
+
+
+def verify_shard(
+    url: str, info: ShardInfo, storage_options: dict | None = None, max_listed: int = 5,
+    decode: DecodeCheck | None = None,
+) -> list[str]:
+    """Problems of one shard against its index entry (empty when it matches); with ``decode``, also every
+    audio member that does not decode (all listed, as ``KEY.EXT: problem``)."""
     if not storage.exists(url, storage_options):
         return ["missing"]
     problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]
-    checks = _SampleChecks(info)
+    checks = _SampleChecks(info, decode)
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             reader = HashingReader(f.read)
@@ -89,7 +136,7 @@ def verify_shard(url: str, info: ShardInfo, storage_options: dict | None = None,
     problems += checks.bad[:max_listed]
     if len(checks.bad) > max_listed:
         problems.append(f"... and {len(checks.bad) - max_listed} more sample problems")
-    return problems
+    return problems + checks.undecodable
 
 
 def _same_length(a: Any, b: float) -> bool:
@@ -104,13 +151,74 @@ def _num(x: Any) -> Any:
     return int(x) if x.is_integer() else x
 
 
+def _resampled(frames: int, sr: int, target: int) -> int:
+    """``round(frames * target / sr)`` as the writer counts it (``probe._resampled``)."""
+    return frames if sr == target else (2 * frames * target + sr) // (2 * sr)
+
+
+_Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None"]
+
+
+def _verify_job(job: _Job) -> list[str]:
+    url, info, storage_options, check = job
+    return verify_shard(url, info, storage_options, decode=check)
+
+
 def verify_dataset(
-    index: ShardIndex, storage_options: dict | None = None, progress: bool = True
+    index: ShardIndex, storage_options: dict | None = None, progress: bool = True, decode: bool = False,
+    workers: int | None = None,
 ) -> list[str]:
-    """Re-read every shard and compare it with the index; returns ``"URL: problem"`` lines."""
-    problems = []
+    """Re-read every shard and compare it with the index; returns ``"URL: problem"`` lines.
+
+    ``decode=True`` also decodes every audio member (``"URL: KEY.EXT: problem"`` for each bad one). Shards are
+    checked in ``workers`` processes (default: 1, or every CPU with ``decode``); the lines keep shard order.
+    """
+    check = DecodeCheck(index.unit, index.sample_rate) if decode else None
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if decode and hasattr(os, "sched_getaffinity") else 1
     urls = index.shard_urls()
-    for url, info in tqdm(list(zip(urls, index.shards)), desc="verifying", unit="shard", file=sys.stderr,
-                          disable=None if progress else True):
-        problems += [f"{url}: {p}" for p in verify_shard(url, info, storage_options)]
-    return problems
+    jobs = ((url, info, storage_options, check) for url, info in zip(urls, index.shards))
+    bar = tqdm(total=len(urls), desc="decoding" if decode else "verifying", unit="shard", file=sys.stderr,
+               disable=None if progress else True)
+    with bar:
+        if workers > 1 and len(urls) > 1:
+            remote = any(not storage.is_local(u) for u in urls)
+            found = _verify_in_pool(_portable(jobs), len(urls), min(workers, len(urls)), remote, bar)
+        else:
+            found = []
+            for job in jobs:
+                found.append(_verify_job(job))
+                bar.update()
+    return [f"{url}: {p}" for url, problems in zip(urls, found) for p in problems]
+
+
+def _portable(jobs: Iterable[_Job]) -> Iterator[_Job]:
+    """The jobs with a plain copy of each shard entry (a version 2 entry reads its lengths from a table that
+    stays in this process)."""
+    for url, info, so, check in jobs:
+        plain = ShardInfo(info.url, info.count, info.bytes, lengths=np.asarray(info.lengths), sha256=info.sha256,
+                          keys_sha1=info.keys_sha1)
+        yield url, plain, so, check
+
+
+def _verify_in_pool(jobs: Iterator[_Job], n: int, workers: int, remote: bool, bar: tqdm) -> list[list[str]]:
+    """Each shard's problems, checked in ``workers`` processes with at most two shards per worker queued (the
+    lengths of a large index are not all loaded at once); results in shard order."""
+    from .probe import process_pool
+
+    found: list[list[str]] = [[] for _ in range(n)]
+    with process_pool(workers, remote) as ex:
+        pending: dict[cf.Future, int] = {}
+        for i, job in enumerate(jobs):
+            if len(pending) >= 2 * workers:
+                _collect(pending, found, bar, cf.FIRST_COMPLETED)
+            pending[ex.submit(_verify_job, job)] = i
+        _collect(pending, found, bar, cf.ALL_COMPLETED)
+    return found
+
+
+def _collect(pending: dict[cf.Future, int], found: list[list[str]], bar: tqdm, when: str) -> None:
+    done, _ = cf.wait(pending, return_when=when)
+    for fut in done:
+        found[pending.pop(fut)] = fut.result()
+        bar.update()
