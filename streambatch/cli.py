@@ -8,6 +8,7 @@ output folder, no index).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -378,6 +379,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---- entry point -------------------------------------------------------------------------------
+#: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...): exit 2, one line
+INPUT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EROFS, errno.ENOENT}
+
+
+def os_error_text(e: OSError) -> str:
+    """``PATH: problem`` for an OS error (both paths for a rename), without the exception's class."""
+    if e.filename is None:
+        return str(e)
+    names = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 is not None else "")
+    return f"{names}: {(e.strerror or type(e).__name__).lower()}"
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .fit.calibrate import run_cli
 
@@ -412,6 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as e:
+        if isinstance(e, OSError) and e.errno in INPUT_ERRNOS and os.environ.get("STREAMBATCH_DEBUG") != "1":
+            print(f"{PROG}: error: {os_error_text(e)}", file=sys.stderr)  # the user's paths, not our bug
+            return 2
         if os.environ.get("STREAMBATCH_DEBUG") == "1":
             raise
         msg = (str(e).strip().splitlines() or [""])[0]

@@ -65,5 +65,9 @@ class EmptyEpochError(ShardifyError, ValueError):
     """An epoch that would yield no batch at all (every sample filtered out, dropped or too long)."""
 
 
+class MissingCredentials(ShardifyError, PermissionError):
+    """Object storage refused a URL for want of credentials; the message names the URL and where they come from."""
+
+
 class ShardReadError(IOError):
     """A shard that cannot be opened or is not a valid tar stream; the message names its URL."""

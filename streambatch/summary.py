@@ -130,10 +130,26 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
             print(f"  p{p:<3} {both(v)}")
     if budget is not None:
         print(f"budget     {both(budget)} [{s['budget_source']}]")
-    if boundaries is not None:
-        print(f"buckets    {len(boundaries)} boundaries: " + ", ".join(both(b) for b in boundaries))
+    if boundaries:
+        n = len(boundaries)
+        print(f"buckets    {n + 1} ({n} boundar{'y' if n == 1 else 'ies'}): " + ", ".join(both(b) for b in boundaries))
+    elif boundaries is not None:
+        print(f"buckets    1 (no boundaries: {s['num_samples']:,} samples are too few to split into buckets "
+              "that each fill whole batches; --num-buckets K asks for K)")
     if s.get("plot"):
         print(f"plot       {s['plot']}")
+
+
+#: the most bucket boundaries a histogram draws (more would hide the histogram)
+MAX_PLOTTED_BOUNDARIES = 12
+
+
+def plotted_boundaries(boundaries: list[float], most: int = MAX_PLOTTED_BOUNDARIES) -> list[float]:
+    """The boundaries a plot draws: all of them up to ``most``, else ``most`` spread evenly (first and last kept)."""
+    if len(boundaries) <= most:
+        return list(boundaries)
+    picks = np.unique(np.round(np.linspace(0, len(boundaries) - 1, most)).astype(int))
+    return [boundaries[i] for i in picks]
 
 
 def _plot(lengths: LengthStats, index: ShardIndex, boundaries: list[float] | None, path: str) -> str:
@@ -149,12 +165,14 @@ def _plot(lengths: LengthStats, index: ShardIndex, boundaries: list[float] | Non
     fig, ax = plt.subplots(figsize=(8, 4))
     counts, edges = lengths.histogram(min(100, max(10, int(lengths.count ** 0.5))), scale)
     ax.stairs(counts, edges, fill=True, color="#4477aa")
-    for b in boundaries or []:
+    drawn = plotted_boundaries(boundaries or [])
+    for b in drawn:
         ax.axvline(b * scale, color="#cc6677", linewidth=0.8)
     ax.set_xlabel(f"length ({label})")
     ax.set_ylabel("samples")
+    some = f"{len(drawn)} of {len(boundaries)}" if boundaries and len(drawn) < len(boundaries) else ""
     ax.set_title(f"{index.num_samples:,} samples in {index.num_shards:,} shards"
-                 + (" (lines: bucket boundaries)" if boundaries else ""))
+                 + (f" (lines: {some or 'the'} bucket boundaries)" if boundaries else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -225,3 +225,129 @@ def test_console_script_exit_codes(tmp_path):
     p = subprocess.run([sys.executable, "-m", "streambatch.cli", "write", str(m), str(tmp_path / "ds")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and f"{m}:1: audio file not found" in p.stderr and "Traceback" not in p.stderr
+
+
+# ---- edge errors: one line naming the file or value, exit 2 (issue 14, item 5) ----------------------
+def _one_line_exit_2(code, err, *needles):
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "unexpected error" not in err and "Traceback" not in err
+    for n in needles:
+        assert str(n) in err, err
+
+
+def test_write_into_a_file_or_below_one_exits_2(capsys, tmp_path, audio_folder):
+    folder, _ = audio_folder
+    a_file = tmp_path / "taken"
+    a_file.write_text("not a folder")
+    _one_line_exit_2(*run(capsys, "write", folder, a_file, "--no-progress")[::2], a_file, "not a folder")
+    _one_line_exit_2(*run(capsys, "write", folder, a_file / "out", "--no-progress")[::2], a_file / "out",
+                     "not a directory")
+
+
+def _world_readable_copy(folder) -> str:
+    """A copy of ``folder`` under a fresh /tmp folder that every user can read (pytest's tmp_path is 0700)."""
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="sb-perm-")
+    os.chmod(base, 0o755)
+    shutil.copytree(folder, os.path.join(base, "audio"))
+    for d, _, files in os.walk(base):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+    return base
+
+
+def test_write_permission_denied_exits_2(capsys, tmp_path, audio_folder):
+    """A real EACCES: chmod 0555 denies an ordinary user; root ignores modes, so as root the command runs as
+    the unprivileged user 'nobody' (setpriv), and the test is skipped where neither can be arranged."""
+    import shutil
+
+    folder, _ = audio_folder
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        _one_line_exit_2(*run(capsys, "write", folder, locked / "out", "--no-progress")[::2], locked / "out",
+                         "permission denied")
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: no way to be denied a folder")
+    base = _world_readable_copy(folder)
+    try:
+        locked = os.path.join(base, "locked")
+        os.mkdir(locked, 0o555)
+        for out in (os.path.join(locked, "out"), locked):  # a folder to create in it, and the folder itself
+            p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                sys.executable, "-m", "streambatch.cli", "write", os.path.join(base, "audio"), out,
+                                "--no-progress"], capture_output=True, text=True, timeout=120, cwd=base)
+            if "No module named" in p.stderr:
+                pytest.skip("user 'nobody' cannot import streambatch here")
+            _one_line_exit_2(p.returncode, p.stderr, locked, "permission denied")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_non_utf8_first_line_is_reported_as_not_utf8(capsys, tmp_path):
+    m = tmp_path / "m.jsonl"
+    m.write_bytes(b'\xff\xfe{"audio_filepath": "a.wav", "duration": 1}\n')
+    code, _, err = run(capsys, "write", m, tmp_path / "ds", "--no-progress")
+    _one_line_exit_2(code, err, f"{m}:1: not UTF-8 text", "0xff")
+    assert "SpeechBrain" not in err
+    m.write_bytes('{"audio_filepath": "a.wav", "text": "café"}\n'.encode("latin-1"))
+    _one_line_exit_2(*run(capsys, "write", m, tmp_path / "ds", "--no-progress")[::2], f"{m}:1: not UTF-8 text")
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0", "-2s", "lots", "3 tokens"])
+def test_inspect_bad_budget_exits_2(capsys, dataset, budget):
+    out, _ = dataset
+    _one_line_exit_2(*run(capsys, "inspect", out, f"--budget={budget}")[::2], "--budget", budget)
+
+
+def test_inspect_few_samples_suggests_no_boundaries(capsys, tmp_path):
+    """60 samples at ~32 per suggested batch: splitting them into buckets would only leave part-filled batches."""
+    from streambatch.synthetic import write_audio_corpus
+
+    write_audio_corpus(str(tmp_path / "audio"), 60, seed=1, sample_rate=8000)
+    assert main(["write", str(tmp_path / "audio"), str(tmp_path / "ds"), "--no-progress"]) == 0
+    code, stdout, err = run(capsys, "inspect", tmp_path / "ds", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["bucket_boundaries"] == []
+    code, stdout, _ = run(capsys, "inspect", tmp_path / "ds")
+    assert "buckets    1 (no boundaries: 60 samples are too few" in stdout
+    code, stdout, _ = run(capsys, "inspect", tmp_path / "ds", "--num-buckets", "4")
+    assert code == 0 and "buckets    4 (3 boundaries)" in stdout  # asked for: given
+
+
+def test_inspect_plot_draws_a_readable_number_of_boundaries(capsys, dataset, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from streambatch.summary import MAX_PLOTTED_BOUNDARIES, plotted_boundaries
+
+    drawn = []
+    real = matplotlib.axes.Axes.axvline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda self, x, *a, **k: drawn.append(x) or real(self, x, *a, **k))
+    out, _ = dataset
+    bounds = [float(b) for b in range(1, 41)]
+    monkeypatch.setattr("streambatch.summary.estimate_boundaries", lambda *a, **k: bounds)
+    code, _, err = run(capsys, "inspect", out, "--plot", tmp_path / "p.png")
+    assert code == 0, err
+    assert len(drawn) == MAX_PLOTTED_BOUNDARIES
+    assert plotted_boundaries(bounds)[0] == 1.0 and plotted_boundaries(bounds)[-1] == 40.0
+    assert plotted_boundaries(bounds[:5]) == bounds[:5]
+
+
+def test_every_option_of_every_command_has_help():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, cli.argparse._SubParsersAction))
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in sub.choices.items()
+               for a in p._actions if not a.help and not isinstance(a, cli.argparse._HelpAction)]
+    assert missing == []
+    epilog = sub.choices["calibrate"].epilog
+    assert "Example: shardify calibrate " in epilog and "python -m" not in epilog
+
+
+def test_calibrate_max_batch_size_must_be_positive(capsys):
+    code, _, err = run(capsys, "calibrate", "ds", "--model", "m:f", "--max-batch-size", "0")
+    assert code == 2 and "--max-batch-size: must be at least 1: '0'" in err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streambatch.plan.config import BatchingConfig
 from streambatch.plan.epoch import consumed_ids, interleave, make_epoch_plan, per_worker
@@ -78,6 +80,18 @@ def test_round_robin_order_and_consumed_split():
     assert per_worker([2, 3, 1], 4) == [2, 1, 1]
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 9), max_size=7), st.data())
+def test_consumed_split_follows_the_round_robin_order(counts, data):
+    """per_worker counts without listing the order (a rank's epoch has 10^5 steps): it must agree with it."""
+    consumed = data.draw(st.integers(0, sum(counts) + 2))
+    start = data.draw(st.integers(0, max(0, len(counts) - 1)))
+    expected = [0] * len(counts)
+    for w, _ in interleave(counts, start)[:consumed]:
+        expected[w] += 1
+    assert per_worker(counts, consumed, start) == expected
+
+
 @pytest.mark.parametrize("new_layout", [(2, 2), (3, 1), (1, 2), (4, 3)])
 def test_replanned_resume_on_other_layout_loses_and_repeats_nothing(new_layout):
     sl = shards(6, 70)
@@ -95,3 +109,38 @@ def test_replanned_resume_on_other_layout_loses_and_repeats_nothing(new_layout):
     both = np.concatenate([seen_before, after])
     assert len(both) == len(np.unique(both)) == n  # none twice, none lost
     assert all(len(rank_batches(new, r)) == new.steps for r in range(new_layout[0]))
+
+
+def test_default_bucket_count_scales_with_the_number_of_samples():
+    """Each default bucket holds at least two full batches of median samples: 60 samples at 32 per batch get
+    no boundaries; more data gets more buckets, up to the capacity spread's count (at most 64)."""
+    from streambatch.plan.buckets import default_num_buckets, estimate_boundaries, suggest_budget
+
+    lengths = librispeech_like(200_000, seed=3)
+    budget = 32 * float(np.median(lengths))
+    counts = [default_num_buckets(lengths[:n], budget) for n in (60, 500, 2_000, 20_000, 200_000)]
+    assert counts[0] == 1 and len(estimate_boundaries(lengths[:60], budget)) == 0
+    assert counts == sorted(counts) and counts[-1] > counts[1] > 1
+    assert counts[1] * 2 * 30 <= 500 and 8 <= counts[-1] <= 64  # ~31 samples per batch at 500; capped by spread
+    assert 1 < len(estimate_boundaries(lengths, budget)) <= counts[-1] - 1  # snapped edges may merge
+    assert len(estimate_boundaries(lengths[:60], suggest_budget(lengths[:60]), 5)) == 4  # asked for: given
+
+
+def test_budget_parser_shared_by_the_loader_and_the_cli():
+    from streambatch.errors import BudgetError
+    from streambatch.plan.config import parse_budget
+
+    assert parse_budget("60s", "samples", 16000) == 960_000
+    assert parse_budget("500ms", "samples", 16000) == 8_000
+    assert parse_budget("1.5min", "seconds") == 90
+    assert parse_budget("300 tokens", "tokens") == parse_budget("300", "tokens") == parse_budget(300.0) == 300
+    assert parse_budget("1e5 samples", "samples", 8000) == 100_000
+    for bad, says in [("60s", "seconds only make sense for audio"), ("nan", "positive finite"),
+                      ("-1", "positive finite"), ("0 tokens", "positive finite"), ("12 parsecs", "'parsecs' is not")]:
+        with pytest.raises(BudgetError, match=says):
+            parse_budget(bad, "tokens")
+    with pytest.raises(BudgetError, match="a duration needs the dataset's unit"):
+        parse_budget("60s")
+    for bad in (float("inf"), float("nan"), 0, -3, None, True, "x"):
+        with pytest.raises(BudgetError, match="budget"):
+            parse_budget(bad, "samples", 16000)

@@ -6,15 +6,18 @@ Every module that touches storage goes through here, so local folders, ``file://
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
 import shutil
 import threading
 import uuid
-from typing import IO, Any
+from typing import IO, Any, Callable, TypeVar
 
 import fsspec
+
+from ..errors import MissingCredentials
 
 
 def is_local(url: str) -> bool:
@@ -235,6 +238,33 @@ def object_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
     return int(size)
 
 
+#: botocore's (and google-auth's) exceptions for credentials that are missing or incomplete
+CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _credentials_named(func: _F) -> _F:
+    """Missing credentials for ``url`` (the first argument) as a :class:`MissingCredentials` that names it and
+    says where credentials come from, instead of the back-end's bare exception."""
+
+    @functools.wraps(func)
+    def wrapper(url: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(url, *args, **kwargs)
+        except Exception as e:
+            if type(e).__name__ not in CREDENTIAL_ERRORS:
+                raise
+            protocol = url.split("://")[0]
+            hint = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --storage-option "
+                    "key=... --storage-option secret=... (Python: storage_options={'key': ..., 'secret': ...}); "
+                    "anon=true for a public bucket") if protocol in ("s3", "s3a") else (
+                    "pass them with --storage-option KEY=VALUE (Python: storage_options={...})")
+            raise MissingCredentials(f"{url}: no credentials for {protocol} storage ({type(e).__name__}): {hint}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+@_credentials_named
 def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) -> IO[Any]:
     """Open a local path or fsspec URL."""
     if is_local(url):
@@ -243,6 +273,7 @@ def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) ->
     return fs.open(path, mode)
 
 
+@_credentials_named
 def exists(url: str, storage_options: dict | None = None) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))
@@ -250,6 +281,7 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
     return fs.exists(path)
 
 
+@_credentials_named
 def makedirs(url: str, storage_options: dict | None = None) -> None:
     if is_local(url):
         os.makedirs(local_path(url), exist_ok=True)
@@ -258,6 +290,7 @@ def makedirs(url: str, storage_options: dict | None = None) -> None:
     fs.makedirs(path, exist_ok=True)
 
 
+@_credentials_named
 def listdir(url: str, storage_options: dict | None = None) -> list[str]:
     """Names (not paths) of the entries in a folder; empty if it does not exist."""
     if is_local(url):
@@ -269,6 +302,7 @@ def listdir(url: str, storage_options: dict | None = None) -> list[str]:
     return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
 
 
+@_credentials_named
 def remove(url: str, storage_options: dict | None = None, recursive: bool = False) -> None:
     """Remove a file (a folder and what it holds with ``recursive``); nothing there is not an error."""
     if is_local(url):
@@ -283,6 +317,7 @@ def remove(url: str, storage_options: dict | None = None, recursive: bool = Fals
         fs.rm(path, recursive=recursive)
 
 
+@_credentials_named
 def size(url: str, storage_options: dict | None = None) -> int:
     if is_local(url):
         return os.path.getsize(local_path(url))
@@ -290,6 +325,7 @@ def size(url: str, storage_options: dict | None = None) -> int:
     return int(fs.size(path))
 
 
+@_credentials_named
 def open_random(url: str, storage_options: dict | None = None) -> IO[bytes]:
     """Open for random-access reads (Parquet footers and row groups): object stores fetch exactly the ranges
     asked for, with no read-ahead block around them."""
@@ -379,6 +415,7 @@ def put_file_atomic(local_src: str, url: str, storage_options: dict | None = Non
     fs.put_file(local_src, path)
 
 
+@_credentials_named
 def write_bytes_atomic(url: str, data: bytes, storage_options: dict | None = None) -> None:
     """Write ``data`` to ``url`` so that readers see either nothing or the whole object."""
     if is_local(url):

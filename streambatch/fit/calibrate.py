@@ -284,11 +284,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-limit", default=None, help="bytes the step may use, e.g. 2G (CPU default: a fraction of the available memory)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="share of the device memory to fill (default 0.9)")
     p.add_argument("--lengths", default=None, help="comma-separated probe lengths (default: quantiles of the dataset's)")
-    p.add_argument("--max-batch-size", type=int, default=4096)
+    p.add_argument("--max-batch-size", type=_positive_int, default=4096, metavar="N",
+                   help="largest batch size searched at any length (default 4096); the calibration file records "
+                   "it and the loader caps batches there, since larger ones would be extrapolated, not measured")
     p.add_argument("--rel-tol", type=float, default=0.01, help="precision of each length's largest batch (default 0.01)")
     p.add_argument("--margin", type=float, default=0.02, help="budget safety margin (default 0.02)")
     p.add_argument("--out", default=None, help="write the calibration JSON here")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every trial (batch size, length, peak memory)")
+
+
+def _positive_int(text: str) -> int:
+    """A whole number of at least 1, for argparse."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return n
 
 
 def load_factory(spec: str) -> Callable[..., Any]:

@@ -16,7 +16,7 @@ def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_bu
     (``budget / k``), so every sample of a bucket fits the same number of times in a batch and a full
     bucket batch wastes no capacity. Where those classes are narrower than the data needs (short samples,
     many per batch), neighbouring classes are merged so that each bucket holds about ``1/num_buckets`` of
-    the samples. The default ``num_buckets`` grows with the capacity spread, capped at 64.
+    the samples. The default ``num_buckets`` is :func:`default_num_buckets`.
     """
     lengths = LengthStats.of(lengths).within(0, budget)
     if lengths.count == 0:
@@ -25,7 +25,7 @@ def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_bu
     kmax = int(budget // lo)  # most samples per batch
     kmin = max(1, int(budget // hi))
     if num_buckets is None:
-        num_buckets = int(min(64, max(8, 4 * math.log2(max(2, kmax / kmin)) + 8)))
+        num_buckets = default_num_buckets(lengths, budget)
     num_buckets = max(1, int(num_buckets))
     if num_buckets == 1:
         return np.zeros(0)
@@ -44,6 +44,23 @@ def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_bu
     else:
         bounds = targets
     return np.unique(bounds)
+
+
+#: a bucket should hold at least this many batches of median-length samples to be worth its own batches
+MIN_BATCHES_PER_BUCKET = 2
+
+
+def default_num_buckets(lengths: np.ndarray | LengthStats, budget: float) -> int:
+    """Buckets when none are asked for: more where the batch capacity spreads wider (8 to 64), but no more
+    than leave each bucket :data:`MIN_BATCHES_PER_BUCKET` full batches of median samples (60 samples of
+    which 32 fill a batch get one bucket)."""
+    lengths = LengthStats.of(lengths).within(0, budget)
+    if lengths.count == 0 or lengths.min <= 0:
+        return 1
+    kmax, kmin = int(budget // lengths.min), max(1, int(budget // lengths.max))
+    by_spread = int(min(64, max(8, 4 * math.log2(max(2, kmax / kmin)) + 8)))
+    per_batch = max(1, int(budget // max(lengths.percentile(50), 1e-12)))
+    return max(1, min(by_spread, lengths.count // (MIN_BATCHES_PER_BUCKET * per_batch)))
 
 
 def suggest_budget(lengths: np.ndarray | LengthStats, unit: str = "samples", sample_rate: int | None = None) -> float:

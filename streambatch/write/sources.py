@@ -102,8 +102,12 @@ def detect_kind(src: str) -> str:
 
 def _first_json_line(src: str) -> Any:
     with open_url(src, "rb") as f:
-        for raw in f:
-            line = raw.decode("utf-8", errors="replace").strip()
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ShardifyError(f"{src}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                    "manifests must be UTF-8 (re-save it as UTF-8, e.g. with iconv)") from None
             if line:
                 try:
                     return json.loads(line)
