@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
 with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
-output folder, no index).
+output folder, no index, a path denied or of the wrong kind, missing storage credentials).
 """
 
 from __future__ import annotations
