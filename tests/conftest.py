@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-from pathlib import Path
-
 import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Collection
 
 import numpy as np
 import pytest
@@ -79,30 +83,223 @@ def nemo_manifest(tmp_path: Path) -> tuple[Path, dict[str, dict]]:
     return write_jsonl(d / "train_manifest.json", rows), expected
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren, ...), from /proc, whatever session they are in."""
-    children: dict[int, list[int]] = {}
+# ---- processes: every test stops what it starts -----------------------------------------------------------
+#: processes that outlive a test by design (a session fixture's server): the leak check leaves them and what
+#: they start alone. Fixtures add their pids with :func:`keep_running`.
+LONG_LIVED: set[int] = set()
+#: the interpreter's own helpers, started once on first use and kept until it exits
+SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "torch_shm_manager")
+#: how long the processes a test started may take to exit after it
+LEAK_GRACE = 5.0
+
+Table = dict[int, tuple[int, str, int, int, int]]  # pid -> (ppid, state, start time, process group, session)
+
+
+def keep_running(pid: int) -> None:
+    """Mark ``pid`` (and what it starts) as a session-long process that the leak check does not count."""
+    LONG_LIVED.add(pid)
+
+
+def proc_table() -> Table:
+    """Every process, from /proc: pid → (parent pid, state, start time, process group, session); the start
+    time tells a process from a later one that got the same pid."""
+    out: Table = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(entry)] = (int(fields[1]), fields[0], int(fields[19]), int(fields[2]), int(fields[3]))
             except (OSError, ValueError, IndexError):
                 continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
     return out
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and everything below it: torchrun starts its ranks in their own sessions, so killing
-    its process group alone leaves the ranks and their DataLoader workers running."""
-    for p in [pid, *descendants(pid)]:
+def descendants(pid: int, skip: Collection[int] = (), table: Table | None = None) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), whatever session they are in; not those in
+    ``skip`` nor below them."""
+    children: dict[int, list[int]] = {}
+    for p, (ppid, *_) in (proc_table() if table is None else table).items():
+        children.setdefault(ppid, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in skip:
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+def members(leaders: Collection[int], table: Table) -> list[int]:
+    """The processes in a session or process group that one of ``leaders`` started (Linux does not reuse its
+    pid while the group lives): with them, the orphans whose parent has already ended."""
+    ids = set(leaders) - {os.getpgid(0), os.getsid(0)}
+    return [p for p, v in table.items() if v[3] in ids or v[4] in ids]
+
+
+def running(known: dict[int, int], table: Table | None = None) -> list[int]:
+    """The processes of ``known`` (pid → start time) that still run (a zombie has ended)."""
+    table = proc_table() if table is None else table
+    return [p for p, t in known.items() if p in table and table[p][2] == t and table[p][1] not in "ZX"]
+
+
+def _signal(pids: Collection[int], sig: int) -> None:
+    for p in pids:
         try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
             pass
+
+
+def _freeze(known: dict[int, int]) -> list[int]:
+    """SIGSTOP the ``known`` processes, every process below them and in the sessions they started, again until
+    no new one appears (a stopped process starts no other), adding those to ``known``; returns the ones running."""
+    while True:
+        table, n = proc_table(), len(known)
+        for root in list(known):
+            if root in running(known, table):
+                known.update({c: table[c][2] for c in descendants(root, (os.getpid(),), table)})
+        known.update({p: table[p][2] for p in members(known, table) if p != os.getpid()})
+        alive = [p for p in running(known, table) if p != os.getpid()]
+        _signal(alive, signal.SIGSTOP)
+        if len(known) == n:
+            return alive
+
+
+def kill_all(known: dict[int, int], grace: float = 3.0) -> None:
+    """End the ``known`` processes (pid → start time) and all below them: SIGTERM, up to ``grace`` seconds to
+    exit, then SIGKILL (``grace=0``: SIGKILL at once). Their trees are frozen first, so none escapes by
+    starting a child while the others are signalled."""
+    if grace > 0:
+        alive = _freeze(known)
+        _signal(alive, signal.SIGTERM)
+        _signal(alive, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while running(known) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while (alive := _freeze(known)) and time.monotonic() < deadline:
+        _signal(alive, signal.SIGKILL)
+        time.sleep(0.05)
+    _signal(running(known), signal.SIGCONT)  # none is left stopped, whatever did not die
+
+
+def kill_tree(pid: int, grace: float = 3.0) -> list[int]:
+    """End a process and every process below it (see :func:`kill_all`); returns their pids. torchrun starts its
+    ranks in their own sessions, so killing its process group alone leaves the ranks and their DataLoader
+    workers running."""
+    table = proc_table()
+    known = {pid: table[pid][2]} if pid in table else {}
+    kill_all(known, grace)
+    return sorted(known)
+
+
+_STARTED: list[tuple[subprocess.Popen, int]] = []
+
+
+def popen(cmd: list[str], **kw) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **kw)`` in a session of its own, owned by the running test: its teardown ends
+    the process and every process below it if it still runs, whatever way the test ended."""
+    kw.setdefault("start_new_session", True)
+    proc = subprocess.Popen(cmd, **kw)
+    _STARTED.append((proc, proc_table().get(proc.pid, (0, "", -1))[2]))
+    return proc
+
+
+def stop_started() -> None:
+    """End what :func:`popen` started that still runs, with all below it and in its session (even once it has
+    ended itself), and close its pipes."""
+    while _STARTED:
+        proc, start = _STARTED.pop()
+        kill_all({proc.pid: start})
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line (empty once it has ended)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class ProcessWatch:
+    """Every process below this one that starts while a test runs, less the ones already running when it began:
+    sampled from /proc, so the ranks of a killed torchrun (re-parented to init) are still known, as are the
+    processes in the sessions and process groups that those started."""
+
+    def __init__(self, interval: float = 0.2):
+        table = proc_table()
+        self.before = {p: table[p][2] for p in descendants(os.getpid(), (), table)}
+        self.seen: dict[int, int] = {}
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
+
+    def start(self) -> "ProcessWatch":
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        table = proc_table()
+        skip = {p for p, t in self.before.items() if p in table and table[p][2] == t} | LONG_LIVED
+        for p in descendants(os.getpid(), skip, table):
+            self.seen[p] = table[p][2]  # a reused pid: the process seen before it has ended
+        for p in members(self.seen, table):  # re-parented away from us between two samples
+            self.seen.setdefault(p, table[p][2])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def leftovers(self, grace: float = LEAK_GRACE) -> dict[int, int]:
+        """Stop watching; the processes seen that still run after up to ``grace`` seconds (pid → start time),
+        less the long-lived ones and the interpreter's helpers."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if not self._counted():
+            return {}
+        gc.collect()  # a DataLoader iterator in a reference cycle stops its workers when it is collected
+        deadline = time.monotonic() + grace
+        while (left := self._counted()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+    def _counted(self) -> dict[int, int]:
+        table = proc_table()
+        exempt = set(LONG_LIVED).union(*(descendants(p, (), table) for p in LONG_LIVED))
+        alive = [p for p in running(self.seen, table) if p not in exempt]
+        return {p: self.seen[p] for p in alive if not any(s in cmdline(p) for s in SINGLETONS)}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, for the leak check to know whether the test itself failed."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request):
+    """Every test stops the processes it starts: one still running after it (and a short grace) is an error at
+    its teardown that names it, and is killed so that none piles up. Session-long ones: :func:`keep_running`."""
+    if not os.path.isdir("/proc"):
+        yield
+        return
+    watch = ProcessWatch().start()
+    yield
+    stop_started()
+    left = watch.leftovers()
+    if not left:
+        return
+    names = "; ".join(f"{p}: {cmdline(p)[:300]}" for p in sorted(left))
+    kill_all(dict(left), grace=1.0)
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.passed:  # a failed test keeps its locals (and their workers) in its traceback
+        pytest.fail(f"the test left {len(left)} process(es) running (now killed): {names}", pytrace=False)

@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 
 import pytest
+from conftest import LONG_LIVED, keep_running
 
 SR = 8000
 BUCKET = "sb-test"
@@ -96,6 +97,7 @@ def moto_endpoint(s3_env, tmp_path_factory):
              "-H", "127.0.0.1", "-p", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent,
         )
+    keep_running(proc.pid)  # a session-long server, not a process some test left behind
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(url + "/", proc, log)
@@ -110,6 +112,8 @@ def moto_endpoint(s3_env, tmp_path_factory):
             proc.wait(10)
         except subprocess.TimeoutExpired:  # pragma: no cover
             proc.kill()
+            proc.wait()
+        LONG_LIVED.discard(proc.pid)
 
 
 @pytest.fixture(scope="session")

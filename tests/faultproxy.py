@@ -76,6 +76,32 @@ def _is_object(path: str) -> bool:
     return "/" in p
 
 
+def byte_range(rng: str | None, size: int) -> tuple[int, int]:
+    """``(first, last)`` byte of a Range header (``None``: the whole object) of an object of ``size`` bytes."""
+    m = _RANGE.fullmatch((rng or "").strip())
+    if m is None:
+        return 0, size - 1
+    return int(m.group(1)), min(size - 1, int(m.group(2))) if m.group(2) else size - 1
+
+
+def times_read(requests: list[tuple[str, str, str | None, int]], size: int) -> int:
+    """How often an object was fetched whole, from the log of its GETs: the fewest answered requests that cover
+    any one byte. A transport's resend of a range adds to its bytes only; a second download adds to all."""
+    deltas: dict[int, int] = {0: 0}
+    for _, _, rng, status in requests:
+        if status in (200, 206):
+            lo, hi = byte_range(rng, size)
+            deltas[lo] = deltas.get(lo, 0) + 1
+            deltas[hi + 1] = deltas.get(hi + 1, 0) - 1
+    level, least = 0, None
+    for at in sorted(deltas):
+        if at >= size:
+            break
+        level += deltas[at]
+        least = level if least is None else min(least, level)
+    return least or 0
+
+
 class FaultProxy:
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0):
         u = urlsplit(upstream)

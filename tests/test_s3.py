@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from faultproxy import byte_range, times_read
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.dataset import storage
 from streambatch.write.verify import verify_dataset
@@ -50,25 +51,25 @@ def test_stream_from_s3_gives_the_local_batches(s3_data, num_workers):
     assert len(loader) == len(local)
     assert_same(batches(loader), local)
     stats = loader.fault_stats()
-    assert stats["bad_shards"] == stats["retries"] == 0
+    assert stats["bad_shards"] == 0  # (retries may happen: a loaded machine breaks a connection now and then)
     assert stats["bytes_read"] >= sum(s.bytes for s in loader.index.shards) * 0.5
 
 
 @pytest.mark.parametrize("read_ahead", [0, "64K"])
 def test_ranged_chunked_reads(s3_data, proxy, read_ahead):
-    """Each shard is read as range requests of chunk_size bytes (after one size request)."""
+    """Each shard is read once, as range requests of at most chunk_size bytes (after one size request); a
+    range resent by the transport or resumed by a retry is not another read."""
     ix = ShardIndex.load(s3_data.url, s3_data.options)
     loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, chunk_size=32768, budget=BUDGET,
                                read_ahead=read_ahead, shuffle=False)
     assert_same(batches(loader), batches(StreamBatchLoader(s3_data.local, budget=BUDGET, shuffle=False)))
     for i, info in enumerate(ix.shards):
-        ranges = sorted(tuple(map(int, rng[len("bytes="):].split("-"))) for _, _, rng, _ in
-                        proxy.gets(f"shard-{i:06d}.tar"))
-        # the ranges tile the object once, none longer than chunk_size (a worker's first shard starts smaller)
-        assert ranges[0][0] == 0 and ranges[-1][1] == info.bytes - 1
-        assert all(b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:]))
-        assert all(hi - lo + 1 <= 32768 for lo, hi in ranges)
-        assert len(ranges) <= math.ceil(info.bytes / 32768) + 3
+        gets = proxy.gets(f"shard-{i:06d}.tar")
+        ranges = {byte_range(rng, info.bytes) for _, _, rng, _ in gets}
+        assert all(rng for _, _, rng, _ in gets), "a whole-object GET"
+        assert times_read(gets, info.bytes) == 1  # every byte once, none twice
+        assert all(hi - lo + 1 <= 32768 for lo, hi in ranges)  # (a worker's first shard starts smaller)
+        assert len({hi for _, hi in ranges}) <= math.ceil(info.bytes / 32768) + 3  # chunks, by their last byte
 
 
 def test_aws_environment_variables(s3_data, monkeypatch):
