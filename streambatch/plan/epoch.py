@@ -15,7 +15,7 @@ import numpy as np
 from .config import BatchingConfig
 from .lengths import Lengths
 from .shards import plan_slots
-from .slot import Adjust, SlotPlan, apply_adjust, batch_costs, halve_largest, hardest_batch
+from .slot import Adjust, SlotPlan, apply_adjust, batch_costs, cut_largest, hardest_batch
 from .slot import interleave, per_worker, plan_slot
 
 EVEN_BATCHES = ("split", "drop", "pad")
@@ -125,11 +125,11 @@ def plan_rank(
 
 def _split_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust]) -> int:
     """Decide which workers split how often: each time the worker holding the largest batch (the first on
-    ties) halves it with :func:`halve_largest`, the rule that worker applies to its real batches."""
-    stand_ins = [[range(len(b)) for b in s.batches] for s in raw]
+    ties) cuts it by :func:`cut_largest`, the rule that worker applies to its real batches."""
+    sizes = [np.fromiter((len(b) for b in s.batches), dtype=np.int64, count=len(s.batches)) for s in raw]
     for _ in range(need):
-        w = max(range(len(raw)), key=lambda w: (max((len(b) for b in stand_ins[w]), default=0), -w))
-        halve_largest(stand_ins[w])
+        w = max(range(len(raw)), key=lambda w: (int(sizes[w].max()) if sizes[w].size else 0, -w))
+        sizes[w], _ = cut_largest(sizes[w])
         adjust[w].split += 1
     return need
 
@@ -238,12 +238,18 @@ def rank_raw_slots(
     world_size: int,
     num_workers: int,
     excluded: Any = None,
+    counted: bool = False,
 ) -> list[SlotPlan]:
     """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
-    (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one)."""
+    (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one). ``counted``: keep
+    only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time."""
     slots = range(rank * num_workers, (rank + 1) * num_workers)
     dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, excluded, slots)
-    return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in slots]
+    out = []
+    for s in slots:
+        plan = plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded)
+        out.append(plan.counted() if counted else plan)
+    return out
 
 
 def plan_rank_local(
@@ -260,13 +266,14 @@ def plan_rank_local(
 ) -> RankSchedule:
     """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
     step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""
-    raw = rank_raw_slots(lengths, config, epoch, rank, world_size, num_workers, excluded)
+    # the hardest-first rule weighs real batches; otherwise counting needs batch sizes only
+    raw = rank_raw_slots(lengths, config, epoch, rank, world_size, num_workers, excluded, counted=not hardest_first)
     mine = RankSummary.of(raw)
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
     steps = agreed_steps(summaries, even_batches)
     rp = plan_rank(raw, steps, even_batches, config, epoch, rank, lengths, hardest_first)
     return RankSchedule(epoch, steps, rp.adjust, rp.first_worker, rp.surplus, rp.repeated, rp.splits,
-                        sum(s.skipped for s in raw), sum(s.dropped for s in raw), sum(len(s.gids) for s in raw))
+                        sum(s.skipped for s in raw), sum(s.dropped for s in raw), sum(s.num_samples for s in raw))
 
 
 def consumed_ids(plan: EpochPlan, consumed: int) -> np.ndarray:

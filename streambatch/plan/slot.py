@@ -1,7 +1,7 @@
 """One (rank, worker) slot's plan: its pieces, its batches, and the adjustments that equalise the ranks.
 
 The planner decides an :class:`Adjust` per slot; each DataLoader worker re-plans its own slot and applies that
-same :class:`Adjust` with :func:`apply_adjust`. Both sides use the one split rule here (:func:`halve_largest`),
+same :class:`Adjust` with :func:`apply_adjust`. Both sides use the one split rule here (:func:`cut_largest`),
 so what the planner counted is what the workers yield.
 """
 
@@ -28,6 +28,20 @@ class SlotPlan:
     repeat: list[bool] = field(default_factory=list)
     skipped: int = 0
     dropped: int = 0
+    samples: int = -1  # of a counted plan (:meth:`counted`), whose ``gids`` are gone
+    lengths: np.ndarray | None = None  # by stream position, when planned with ``keep_lengths``
+
+    @property
+    def num_samples(self) -> int:
+        """Samples the slot streams this epoch."""
+        return self.samples if self.samples >= 0 else len(self.gids)
+
+    def counted(self) -> "SlotPlan":
+        """The plan as a rank's main process needs it to count and equalise steps: each batch stood in for by
+        ``range(size)`` (what the split and pad rules look at) and no ids — a fraction of the memory, so a rank
+        holds one slot's full plan at a time."""
+        return SlotPlan(self.pieces, np.zeros(0, dtype=np.int64), [range(len(b)) for b in self.batches],
+                        list(self.repeat), self.skipped, self.dropped, self.num_samples)
 
 
 @dataclass
@@ -79,33 +93,37 @@ def plan_slot(
     epoch: int,
     slot: int,
     excluded: Any = None,
+    keep_lengths: bool = False,
 ) -> SlotPlan:
     """One slot's batches before equalisation: the slot's batcher run over its stream's lengths.
 
-    ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array."""
+    ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array.
+    ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not)."""
     gids = slot_stream(pieces, offsets, excluded)
     lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
     bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens)
-    return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped))
+    return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped),
+                    lengths=lens if keep_lengths else None)
 
 
-def largest(sizes: Any) -> int:
-    """Index of the first largest value."""
-    best, best_i = -1, 0
-    for i, n in enumerate(sizes):
-        if n > best:
-            best, best_i = n, i
-    return best_i
+def cut_largest(sizes: np.ndarray) -> tuple[np.ndarray, int]:
+    """The one split rule on batch sizes: the first largest batch, at ``i``, becomes two (the first half the
+    smaller). Returns the new sizes and ``i``."""
+    i = int(np.argmax(sizes))
+    n = int(sizes[i])
+    sizes = np.insert(sizes, i + 1, n - n // 2)
+    sizes[i] = n // 2
+    return sizes, i
 
 
-def halve_largest(batches: list[Any]) -> None:
-    """The one split rule: cut the first largest batch in two in place (the first half the smaller).
-
-    The planner runs it on ``range(len(b))`` stand-ins to count steps, the workers on their real batches."""
-    i = largest(len(b) for b in batches)
-    b = batches[i]
-    h = len(b) // 2
-    batches[i:i + 1] = [b[:h], b[h:]]
+def halve_largest(batches: list[Any], times: int = 1) -> None:
+    """Split batches in place by :func:`cut_largest`, ``times`` over (sizes tracked in numpy: each cut costs
+    a copy in C, not a Python scan). The planner counts with the same rule on sizes alone."""
+    sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    for _ in range(times):
+        sizes, i = cut_largest(sizes)
+        b = batches[i]
+        batches[i:i + 1] = [b[:int(sizes[i])], b[int(sizes[i]):]]
 
 
 def apply_adjust(
@@ -113,9 +131,8 @@ def apply_adjust(
 ) -> SlotPlan:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
     batches, repeat = list(plan.batches), list(plan.repeat)
-    for _ in range(adj.split):
-        halve_largest(batches)
     if adj.split:
+        halve_largest(batches, adj.split)
         repeat = [False] * len(batches)
     if adj.pad:
         batches, repeat = _padded(batches, repeat, adj.pad, epoch_rng(seed, epoch, slot, 1))
@@ -178,8 +195,21 @@ def interleave(counts: Sequence[int], start: int = 0) -> list[tuple[int, int]]:
 
 
 def per_worker(counts: Sequence[int], consumed: int, start: int = 0) -> list[int]:
-    """How many of each worker's batches are among the first ``consumed`` batches of the rank."""
-    done = [0] * len(counts)
-    for w, _ in interleave(counts, start)[:consumed]:
-        done[w] += 1
-    return done
+    """How many of each worker's batches are among the first ``consumed`` batches of the rank (the
+    :func:`interleave` order, counted without listing it: full rounds found by bisection, then the last
+    partial round in the round-robin order)."""
+    c = np.asarray(counts, dtype=np.int64)
+    nw = len(c)
+    if not nw or consumed <= 0:
+        return [0] * nw
+    lo, hi = 0, int(c.max())
+    while lo < hi:  # the most full rounds whose batches fit in ``consumed``
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if int(np.minimum(c, mid).sum()) <= consumed else (lo, mid - 1)
+    done = np.minimum(c, lo)
+    left = consumed - int(done.sum())
+    for w in [(start + i) % nw for i in range(nw)]:
+        if left and c[w] > lo:
+            done[w] += 1
+            left -= 1
+    return done.tolist()

@@ -156,8 +156,8 @@ def _planned_batches(
     excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config)
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
-    raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded)
-    by_pos = lengths[raw.gids]
+    raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
+    by_pos = raw.lengths
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
     def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
