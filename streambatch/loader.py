@@ -116,7 +116,8 @@ class StreamBatchLoader:
 
     ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index
     file, a brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each
-    sample's ``.json``; no ``len()``). ``budget`` is the largest padded size of a batch in the dataset's unit.
+    sample's ``.json``; no ``len()``). ``budget`` is the largest padded size of a batch in the dataset's unit
+    (or a duration like ``"60s"`` for audio with an index).
     ``options`` are the batching options (:class:`BatchingConfig`) and read options (``READ_OPTIONS``) by
     name. The README lists every option.
     """
@@ -124,7 +125,7 @@ class StreamBatchLoader:
     def __init__(
         self,
         source: str | Sequence[str] | ShardIndex,
-        budget: float | None = None,
+        budget: float | str | None = None,
         *,
         index: str | ShardIndex | None = None,
         decode: Decode = "auto",
@@ -271,27 +272,34 @@ class StreamBatchLoader:
 
     def _empty_message(self, s: RankSchedule, local: bool) -> str:
         """Why an epoch plans no batch at all, and what to change."""
-        cfg, ix = self.config, self.index
+        ix, slots = self.index, f"{self.world_size} × {max(1, self.num_workers)}"
         head = f"{self.name}: epoch {s.epoch} has no batches"
         if not ix.num_samples:
             return f"{head}: the dataset has no samples"
+        causes, fixes = [], []
         if s.skipped:
-            table = ix.shard_table(("count", "min_length", "max_length"))
-            full = table["count"] > 0
-            lo, hi = (length_text(table[k][full].min() if k == "min_length" else table[k][full].max(), ix)
-                      for k in ("min_length", "max_length"))
-            limits = [f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length),
-                                                               ("max_length", cfg.max_length)) if v]
-            return (f"{head}: all {s.skipped:,} samples{' of this rank' if local else ''} are skipped (lengths "
-                    f"{lo} to {hi}; kept: {', '.join(limits + [f'at most the budget {length_text(cfg.budget, ix)}'])})"
-                    "; widen min_length/max_length or raise the budget")
+            causes.append(f"{s.skipped:,} skipped ({self._kept_text()})")
+            fixes.append("widen min_length/max_length or raise the budget")
         if s.dropped:
-            return (f"{head}: drop_last=True dropped all {s.dropped:,} samples (no (rank, worker) slot of "
-                    f"{self.world_size} × {max(1, self.num_workers)} fills one batch); use drop_last=False or "
-                    "fewer ranks/workers")
-        return (f"{head}: even_batches={self.even_batches!r} and a rank without batches ({ix.num_samples:,} samples "
-                f"over {self.world_size} ranks × {max(1, self.num_workers)} workers); use even_batches='split' or "
-                "fewer ranks/workers")
+            causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
+            fixes.append("use drop_last=False or fewer ranks/workers")
+        n = s.planned_samples if local else ix.num_samples
+        if s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
+            causes.append(f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
+                          f"even_batches={self.even_batches!r})")
+            fixes.append("use fewer ranks/workers")
+        of = f"this rank's {n:,}" if local else f"the {n:,}"
+        return f"{head}: of {of} samples, {'; '.join(causes)}; {' or '.join(fixes)}"
+
+    def _kept_text(self) -> str:
+        """The dataset's length range and what the options keep: ``lengths 1 to 9 samples; kept: ...``."""
+        cfg, ix = self.config, self.index
+        table = ix.shard_table(("count", "min_length", "max_length"))
+        full = table["count"] > 0
+        lo, hi = table["min_length"][full].min(), table["max_length"][full].max()
+        kept = [f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v]
+        kept.append(f"at most the budget {length_text(cfg.budget, ix)} alone")
+        return f"lengths {length_text(lo, ix)} to {length_text(hi, ix)}; kept: {', '.join(kept)}"
 
     def _rank_local(self, epoch: int) -> bool:
         """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""

@@ -279,7 +279,7 @@ def test_max_length_filtering_everything_is_an_error_not_an_empty_epoch(audio_ds
     from streambatch.errors import EmptyEpochError
 
     loader = StreamBatchLoader(audio_ds, budget=BUDGET, max_length=100)
-    with pytest.raises(EmptyEpochError, match=r"epoch 0 has no batches: all 160 samples are skipped .*max_length=100"):
+    with pytest.raises(EmptyEpochError, match=r"epoch 0 has no batches: of the 160 samples, 160 skipped \(lengths .*max_length=100 samples"):
         len(loader)
     with pytest.raises(EmptyEpochError):
         next(iter(loader))
@@ -289,7 +289,7 @@ def test_drop_last_dropping_everything_is_an_error(audio_ds):
     from streambatch.errors import EmptyEpochError
 
     loader = StreamBatchLoader(audio_ds, budget=BUDGET * 1000, drop_last=True, buffer_size=500)
-    with pytest.raises(EmptyEpochError, match="drop_last=True dropped all 160 samples"):
+    with pytest.raises(EmptyEpochError, match="of the 160 samples, 160 dropped by drop_last=True"):
         len(loader)
 
 
@@ -355,3 +355,16 @@ def test_len_after_resumes_on_other_world_sizes_adds_every_earlier_layout(audio_
     remaining = last.remaining
     assert last.consumed == 3 and len(last) == 3 + remaining
     assert len(run(last)) == remaining
+
+
+def test_too_few_samples_for_every_rank_is_an_error(audio_ds):
+    """Three samples kept (max_length), four ranks: a rank without a batch means no rank steps at all."""
+    from streambatch.errors import EmptyEpochError
+
+    cap = float(np.sort(ShardIndex.load(audio_ds).lengths)[2])
+    for even in ("split", "drop"):
+        loader = StreamBatchLoader(audio_ds, budget=BUDGET, max_length=cap, rank=0, world_size=4, even_batches=even)
+        with pytest.raises(EmptyEpochError, match=f"157 skipped .*; the rest too few for every rank to get a batch "
+                           rf"\(4 × 1 \(rank, worker\) slots, even_batches='{even}'\).* or use fewer ranks"):
+            len(loader)
+    assert len(StreamBatchLoader(audio_ds, budget=BUDGET, max_length=cap)) == 1  # one rank: the three samples batch

@@ -56,7 +56,7 @@ class BatchingConfig:
     @classmethod
     def make(
         cls,
-        budget: float | None,
+        budget: float | str | None,
         lengths: np.ndarray | None = None,
         *,
         num_buckets: int | None = None,
@@ -74,7 +74,7 @@ class BatchingConfig:
         model, calibrated = (PackedCost(), None) if packed else resolve_cost(cost, quadratic_factor)
         if budget is None:
             budget = calibrated
-        budget = check_budget(budget)
+        budget = parse_budget(budget)  # a number; a string without the dataset's unit only as a plain number
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
