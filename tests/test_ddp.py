@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_tree
+from conftest import kill_tree, popen
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
@@ -43,11 +43,12 @@ def dataset(corpus: Path, max_count: int) -> str:
     return str(out)
 
 
-def torchrun(args: list[str], nproc: int, extra: list[str] | None = None, **popen) -> subprocess.Popen:
+def torchrun(args: list[str], nproc: int, extra: list[str] | None = None) -> subprocess.Popen:
+    """A torchrun job in a session of its own; the test's teardown ends it, its ranks and their workers."""
     cmd = [sys.executable, "-m", "torch.distributed.run", *(extra or ["--standalone"]), f"--nproc_per_node={nproc}",
            SCRIPT, *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
+    return popen(cmd, env=env)
 
 
 def wait(proc: subprocess.Popen, timeout: float = TIMEOUT) -> None:
@@ -131,7 +132,7 @@ def kill_when_stopped(proc: subprocess.Popen, out: Path, nproc: int) -> None:
             kill_tree(proc.pid)
             pytest.fail("the job did not reach its stop step")
         time.sleep(0.2)
-    kill_tree(proc.pid)  # a hard kill, like a node failure
+    kill_tree(proc.pid, grace=0)  # a hard kill of torchrun, its ranks and their workers, like a node failure
     proc.wait()
 
 

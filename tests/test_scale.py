@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from conftest import kill_tree  # noqa: E402
+from conftest import kill_tree, popen  # noqa: E402
 from make_index import write_synthetic_index  # noqa: E402
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "tools" / "plan_job.py")
@@ -19,8 +18,9 @@ BUDGET = 200 * 16_000
 
 
 def run(cmd: list[str], timeout: float = 240) -> None:
+    """Run ``cmd`` to a clean end; a failure or a timeout ends it and every process below it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = popen(cmd, env=env)
     try:
         assert proc.wait(timeout=timeout) == 0
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from conftest import make_audio, write_jsonl
+from conftest import make_audio, popen, write_jsonl
 from streambatch.cli import main
 from streambatch.errors import ShardifyError
 from streambatch.dataset.index import ShardIndex
@@ -245,8 +245,8 @@ def test_a_killed_shardify_write_resumes_to_the_clean_result(tmp_path):
     src = _many_small_files(tmp_path / "src", 400)
     out, clean = tmp_path / "out", tmp_path / "clean"
     args = ["write", str(src), "--max-count", "1", "--workers", "1", "--shuffle", "--no-progress"]
-    proc = subprocess.Popen([sys.executable, "-m", "streambatch.cli", *args[:2], str(out), *args[2:]],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = popen([sys.executable, "-m", "streambatch.cli", *args[:2], str(out), *args[2:]],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while len(list(out.glob("shard-*.tar"))) < 5:
         assert proc.poll() is None and time.time() < deadline, "the write ended before it could be killed"

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from streambatch import ShardIndex, StreamBatchLoader
+from streambatch.procs import watch_parent
 
 REQUEUE_EXIT_CODE = 85
 VOCAB = " abcdefghijklmnopqrstuvwxyz'"  # CTC blank is 0, these are 1..len
@@ -182,6 +183,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     stop = StopFlag()  # first, so a signal during start-up is not lost
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's rank: end with torchrun, even when it is SIGKILLed
+        watch_parent(os.getppid())
     if a.threads:
         torch.set_num_threads(a.threads)
     rank, world, device = init_distributed(a.device)

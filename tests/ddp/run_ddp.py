@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from streambatch import StreamBatchLoader
+from streambatch.procs import watch_parent
 
 
 class TinySpeechModel(nn.Module):
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--train", action="store_true")
     p.add_argument("--persistent-workers", action="store_true")
     a = p.parse_args()
+    watch_parent(os.getppid())  # torchrun killed by SIGKILL: this rank ends too instead of waiting forever
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
