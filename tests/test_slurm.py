@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
@@ -135,7 +136,7 @@ def test_a_failing_array_task_means_no_merge(slurm, tmp_path):
     m = tmp_path / "m.jsonl"
     audio = tmp_path / "a"
     write_audio_corpus(str(audio), 4, seed=1, sample_rate=SR)
-    rows = [{"audio_filepath": str(p), "duration": 1.0} for p in sorted(audio.glob("*.flac"))]
+    rows = [{"audio_filepath": str(p), "duration": sf.info(str(p)).duration} for p in sorted(audio.glob("*.flac"))]
     rows.append({"audio_filepath": str(audio / "missing.flac"), "duration": 1.0})  # the last part's record
     m.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "ds"
