@@ -56,6 +56,20 @@ def test_a_killed_write_strands_no_worker(tmp_path):
     assert proc.returncode == -signal.SIGKILL
 
 
+def test_the_parent_watch_alone_ends_an_orphan(tmp_path):
+    """The fallback where Linux's parent-death signal is not there: the watch thread ends a process whose
+    parent was SIGKILLed."""
+    ready = tmp_path / "watching"
+    code = ("import os, time; from streambatch.procs import watch_parent; watch_parent(os.getppid()); "
+            f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
+    parent = popen(["bash", "-c", f'"{sys.executable}" -c "{code}" & wait'])
+    wait_until(lambda: ready.exists(), 30, "the child did not start watching")
+    child = tree(parent.pid)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    wait_until(lambda: not running(child), 5, f"the orphan {running(child)} still runs")
+
+
 def test_the_check_names_a_left_process_and_not_an_ended_one():
     watch = ProcessWatch().start()
     leaked = subprocess.Popen(["sleep", "60"])  # deliberately left running
