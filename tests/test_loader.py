@@ -300,6 +300,10 @@ def test_without_index_an_epoch_of_skipped_samples_is_an_error(audio_ds):
     loader = StreamBatchLoader(urls, budget=10)  # no index: the lengths are known only once read
     with pytest.raises(EmptyEpochError, match=f"epoch 0 yielded no batches from {len(urls)} shards"):
         run(loader)
+    # a nominal epoch cycles the shards until it has its batches: a pass that accepts nothing must end it
+    nominal = StreamBatchLoader(urls, budget=10, batches_per_epoch=3, num_workers=2)
+    with pytest.raises(EmptyEpochError, match="a whole pass over its .* shards gave no sample the batcher accepts"):
+        run(nominal)
     with pytest.raises(ValueError, match="a duration needs the dataset's unit"):
         StreamBatchLoader(urls, budget="12s")
 

@@ -15,6 +15,7 @@ from torch.utils.data import IterableDataset
 
 from ..dataset.index import ShardIndex
 from ..dist import worker_info
+from ..errors import EmptyEpochError
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
@@ -185,12 +186,14 @@ def _online_batches(
         samples = read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults)
         return iter_batches(samples, batcher, json_length)
     # batches_per_epoch: cycle the shards (reshuffled each pass) until the slot's share is met
-    samples = _cycle_unindexed(ctx, epoch, slot, faults)
+    samples = _cycle_unindexed(ctx, epoch, slot, faults, batcher)
     return itertools.islice(iter_batches(samples, batcher, json_length), adj.take)
 
 
-def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog | None) -> Iterator[dict[str, Any]]:
-    """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index)."""
+def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog | None,
+                     batcher: BucketBatcher) -> Iterator[dict[str, Any]]:
+    """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index); a pass
+    in which the batcher accepted no sample is an error (the next would not either: it would cycle forever)."""
     for rep in itertools.count():
         pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle, rep)[slot]
         if not pieces:
@@ -198,7 +201,15 @@ def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog |
                 f"{len(ctx.urls)} shards cannot feed {ctx.num_slots} (rank, worker) slots without an index; "
                 "use fewer workers or ranks, more shards, or write an index with `shardify write`"
             )
-        yield from read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults)
+        streamed, skipped = 0, len(batcher.skipped)
+        for sample in read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults):
+            streamed += 1
+            yield sample
+        if len(batcher.skipped) - skipped >= streamed:
+            raise EmptyEpochError(
+                f"slot {slot}: a whole pass over its {len(pieces)} shards gave no sample the batcher accepts "
+                f"({streamed} streamed, all outside min_length/max_length or over the budget {batcher.budget:g} "
+                "alone): no batch can be formed; raise the budget or widen min_length/max_length")
 
 
 def unindexed_pieces(
