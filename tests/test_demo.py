@@ -25,11 +25,13 @@ def test_demo_table(tmp_path, capsys):
     text = capsys.readouterr().out
     rows = _rows(text)
     assert set(rows) == {"a", "b", "c"}, text
-    # columns: batches, samples/batch, padding %, over budget, max cost/budget, samples/s
+    # columns: batches, samples/batch, padding %, over budget, max cost/budget, samples/s, batch-mates kept %
     batches = {k: int(v[0].replace(",", "")) for k, v in rows.items()}
     padding = {k: float(v[2]) for k, v in rows.items()}
     over = {k: v[3] for k, v in rows.items()}
     cost = {k: float(v[4]) for k, v in rows.items()}
+    kept = {k: float(v[6]) for k, v in rows.items()}  # same batch-mates next epoch %
+    assert kept["b"] == 100.0 and kept["a"] < 10.0, text  # (c) depends on the dataset beside its window
     assert padding["c"] < padding["a"], text
     assert over["c"] == f"0/{batches['c']}", text
     assert cost["c"] <= 1.0
@@ -62,3 +64,12 @@ def test_fixed_baselines_cover_every_sample_once():
     sb = fixed_sorted_batches(lengths, 10, 0)
     spans = [lengths[b].max() - lengths[b].min() for b in sb]
     assert max(spans) < 30
+
+
+def test_batch_mates_kept_counts_pairs_batched_together_again():
+    from streambatch.demo import batch_mates_kept
+
+    a = [np.array([0, 1, 2]), np.array([3, 4])]
+    assert batch_mates_kept(a, a[::-1], 5) == 1.0  # the same batches in another order
+    assert batch_mates_kept(a, [np.array([0, 3]), np.array([1, 4]), np.array([2])], 5) == 0.0
+    assert batch_mates_kept(a, [np.array([0, 1]), np.array([2, 3, 4])], 5) == 2 / 4  # (0,1) and (3,4) of 4 pairs
