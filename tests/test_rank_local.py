@@ -154,7 +154,6 @@ def test_resume_on_other_layouts_plans_as_the_global_oracle(case, resumes):
 
 
 def test_a_rank_resuming_on_another_world_size_reads_only_its_share():
-    from streambatch.plan.epoch import RankSchedule as _RS  # noqa: F401 - same module as the planner
     from streambatch.plan.resume import Layout, Resumed
 
     rng = np.random.default_rng(1)
