@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import abc
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -21,21 +22,56 @@ class SampleTooLongError(ValueError):
     """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
 
 
-class BatchPlan(list):
+class BatchPlan(abc.Sequence):
     """The batches of one stream, as arrays of positions in that stream, plus what was left out.
 
-    ``skipped`` holds the positions of samples outside ``[min_length, max_length]`` or longer than the
-    budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
+    Held flat (one position array and the batch bounds, like a CSR matrix): a slot of a million samples costs
+    its positions, not a Python object per batch. ``plan[i]`` is batch ``i`` (a view); ``sizes`` are the
+    batch sizes. ``skipped`` holds the positions of samples outside ``[min_length, max_length]`` or longer
+    than the budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
     """
 
-    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = ()):
-        super().__init__(batches)
+    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = (),
+                 *, flat: np.ndarray | None = None, bounds: np.ndarray | None = None):
+        if flat is None:
+            batches = [np.asarray(b) for b in batches]
+            sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+            flat = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.flat, self.bounds = flat, bounds
         self.skipped = np.asarray(skipped, dtype=np.int64)
         self.dropped = np.asarray(dropped, dtype=np.int64)
 
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("batch index out of range")
+        return self.flat[self.bounds[i]:self.bounds[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        flat, bounds = self.flat, self.bounds.tolist()
+        return (flat[a:b] for a, b in zip(bounds, bounds[1:]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, abc.Sequence) or len(self) != len(other):
+            return False
+        return all(np.array_equal(a, b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
     @property
     def num_samples(self) -> int:
-        return int(sum(len(b) for b in self))
+        return int(self.bounds[-1])
 
 
 class BucketBatcher:
@@ -118,6 +154,13 @@ class BucketBatcher:
 
     def push_many(self, sids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
         """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
+        out: list[np.ndarray] = []
+        for flat, k in self._push_many_flat(sids, lengths):
+            out.extend(np.split(flat, np.cumsum(k)[:-1]) if len(k) else [])
+        return out
+
+    def _push_many_flat(self, sids: np.ndarray, lengths: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`push_many`, yielding each round's emitted batches flat (ids, sizes)."""
         sids = np.asarray(sids, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.float64)
         ok = self.accepts_many(lengths)
@@ -125,7 +168,6 @@ class BucketBatcher:
             for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
                 self._reject(sid, length)
             sids, lengths = sids[ok], lengths[ok]
-        out: list[np.ndarray] = []
         pos, n = 0, len(sids)
         while pos < n:
             k = min(self.buffer_size - self.held, n - pos)
@@ -135,8 +177,7 @@ class BucketBatcher:
             pos += k
             self.max_held = max(self.max_held, self.held)
             if self.held >= self.buffer_size:
-                out.extend(self._round(final=False))
-        return out
+                yield self._round_flat(final=False)
 
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:
@@ -159,17 +200,26 @@ class BucketBatcher:
 
     def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
         """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions
-        (int32 where they fit: half the memory of a rank's plan)."""
+        (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only)."""
         n = len(lengths)
         if n < 2**31:
             self._out_dtype = np.int32
-        batches: list[np.ndarray] = []
+        flats: list[np.ndarray] = []
+        sizes: list[np.ndarray] = []
         step = max(self.buffer_size, 1 << 16)  # in chunks: the same batches, a chunk's temporaries at a time
         for a in range(0, n, step):
             b = min(n, a + step)
-            batches.extend(self.push_many(np.arange(a, b), np.asarray(lengths[a:b])))
-        batches.extend(self.flush())
-        return BatchPlan(batches, skipped=self.skipped, dropped=self.dropped)
+            for flat, k in self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b])):
+                flats.append(flat)
+                sizes.append(k)
+        if self.held:
+            flat, k = self._round_flat(final=True)
+            flats.append(flat)
+            sizes.append(k)
+        flat = np.concatenate(flats) if flats else np.zeros(0, dtype=self._out_dtype)
+        counts = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds)
 
     # ---- packing --------------------------------------------------------------------------------
     def _sort_window(self) -> None:
@@ -267,45 +317,67 @@ class BucketBatcher:
         return members, np.asarray(full, dtype=bool)
 
     def _round(self, final: bool) -> list[np.ndarray]:
+        """One round of packing and emission, as a list of batches (the online path)."""
+        flat, sizes = self._round_flat(final)
+        return np.split(flat, np.cumsum(sizes)[:-1]) if len(sizes) else []
+
+    def _round_flat(self, final: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Sort the window, cut it into batches and emit some: the emitted batches' ids flat, and their sizes.
+
+        Mid-stream, complete batches leave in random order until ``refill`` samples are freed (partial ones,
+        fullest first, only if those don't free enough); at the end all leave (``drop_last``: complete only)."""
         self._sort_window()
         h = self.held
         ids, lens = self._ids[:h], self._lens[:h]
         batches, full = self._pack(lens)
-        if isinstance(batches, tuple):  # runs of the sorted window
-            starts, ends = batches
-            sizes = ends - starts
-            part = lambda b: slice(starts[b], ends[b])  # noqa: E731
-        else:
-            sizes = np.array([len(m) for m in batches], dtype=np.int64)
-            part = batches.__getitem__
+        members, sizes = _batch_members(batches)
         nb = len(sizes)
         if final:
             chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
             if self.drop_last:
                 keep = full[chosen]
-                for b in chosen[~keep]:
-                    self.dropped.extend(ids[part(b)].tolist())
+                self.dropped.extend(ids[members(chosen[~keep])].tolist())
                 chosen = chosen[keep]
             self.held = self._nsorted = 0
-            return [ids[part(b)].astype(self._out_dtype) for b in chosen]
-        # complete batches in random order; partial ones (fullest first) only if those don't free enough
+            return ids[members(chosen)].astype(self._out_dtype), sizes[chosen]
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
-        fill = np.array([lens[part(b)].sum() for b in partial])
+        fill = np.add.reduceat(lens[members(partial)], np.cumsum(sizes[partial]) - sizes[partial]) if len(partial) else np.zeros(0)
         if self.shuffle:
             complete = complete[self.rng.permutation(len(complete))]
         cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]]).astype(np.int64)
         freed = np.cumsum(sizes[cand])
         chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
-        out = [ids[part(b)].astype(self._out_dtype) for b in chosen]
+        out = members(chosen)
         keep = np.ones(h, dtype=bool)
-        for b in chosen:
-            keep[part(b)] = False
-        k = int(keep.sum())
+        keep[out] = False
+        k = h - len(out)
+        flat = ids[out].astype(self._out_dtype)
         self._ids[:k] = ids[keep]
         self._lens[:k] = lens[keep]
         self.held = self._nsorted = k
-        return out
+        return flat, sizes[chosen]
+
+
+def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
+    """For packed batches — runs ``(starts, ends)`` of the sorted window, or a list of position arrays — a
+    function giving the window positions of chosen batches (concatenated in the given order), and the sizes."""
+    if isinstance(batches, tuple):
+        starts, ends = batches
+        sizes = ends - starts
+
+        def runs(chosen: np.ndarray) -> np.ndarray:
+            k = sizes[chosen]
+            total = int(k.sum())
+            return np.arange(total, dtype=np.int64) + np.repeat(starts[chosen] - (np.cumsum(k) - k), k)
+
+        return runs, sizes
+    sizes = np.array([len(m) for m in batches], dtype=np.int64)
+
+    def lists(chosen: np.ndarray) -> np.ndarray:
+        return np.concatenate([batches[b] for b in chosen]) if len(chosen) else np.zeros(0, dtype=np.int64)
+
+    return lists, sizes
 
 
 def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator[list]:

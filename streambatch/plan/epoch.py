@@ -245,11 +245,7 @@ def rank_raw_slots(
     only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time."""
     slots = range(rank * num_workers, (rank + 1) * num_workers)
     dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, excluded, slots)
-    out = []
-    for s in slots:
-        plan = plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded)
-        out.append(plan.counted() if counted else plan)
-    return out
+    return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded, counted=counted) for s in slots]
 
 
 def plan_rank_local(

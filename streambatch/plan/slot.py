@@ -36,12 +36,13 @@ class SlotPlan:
         """Samples the slot streams this epoch."""
         return self.samples if self.samples >= 0 else len(self.gids)
 
-    def counted(self) -> "SlotPlan":
+    @classmethod
+    def counted(cls, pieces: list[Piece], streamed: int, plan: Any) -> "SlotPlan":
         """The plan as a rank's main process needs it to count and equalise steps: each batch stood in for by
-        ``range(size)`` (what the split and pad rules look at) and no ids — a fraction of the memory, so a rank
-        holds one slot's full plan at a time."""
-        return SlotPlan(self.pieces, np.zeros(0, dtype=np.int64), [range(len(b)) for b in self.batches],
-                        list(self.repeat), self.skipped, self.dropped, self.num_samples)
+        ``range(size)`` (what the split and pad rules look at) and no ids — a fraction of the memory."""
+        sizes = plan.sizes.tolist()
+        return cls(pieces, np.zeros(0, dtype=np.int64), [range(k) for k in sizes], [False] * len(sizes),
+                   len(plan.skipped), len(plan.dropped), streamed)
 
 
 @dataclass
@@ -94,14 +95,21 @@ def plan_slot(
     slot: int,
     excluded: Any = None,
     keep_lengths: bool = False,
+    counted: bool = False,
 ) -> SlotPlan:
     """One slot's batches before equalisation: the slot's batcher run over its stream's lengths.
 
     ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array.
-    ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not)."""
+    ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not).
+    ``counted``: only the batch sizes (:meth:`SlotPlan.counted`), planned without listing the samples' ids."""
+    if counted and hasattr(lengths, "shard"):
+        lens = stream_lengths(pieces, lengths, excluded)
+        return SlotPlan.counted(pieces, len(lens), BucketBatcher.for_slot(config, epoch, slot).plan(lens))
     gids = slot_stream(pieces, offsets, excluded)
     lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
     bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens)
+    if counted:
+        return SlotPlan.counted(pieces, len(gids), bp)
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped),
                     lengths=lens if keep_lengths else None)
 
