@@ -29,6 +29,9 @@ from .read.faults import FAULT_FIELDS
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, read_options, split_options
 from .summary import length_text
+from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
+from .dataset.mixture import MixedIndex, dataset_names, mixture_sources, selection_of
+from .dataset.source import ShardURLs
 
 log = logging.getLogger("streambatch")
 
@@ -68,9 +71,10 @@ class StreamBatchLoader:
 
     def __init__(
         self,
-        source: str | Sequence[str] | ShardIndex,
+        source: str | Sequence[str] | dict[str, str] | ShardIndex,
         budget: float | str | None = None,
         *,
+        weights: dict[str, float] | Sequence[float] | None = None,
         index: str | ShardIndex | None = None,
         decode: Decode = "auto",
         num_workers: int = 0,
@@ -95,10 +99,16 @@ class StreamBatchLoader:
             check_budget(budget)  # before reading anything
         self.storage_options = storage_options
         self.read_options = read_options(**reading)
-        self.index, self.urls = resolve_source(source, index, storage_options)
+        sources = mixture_sources(source, weights)
+        if sources is not None:
+            self.index = MixedIndex.open(sources, storage_options)
+            self.urls = ShardURLs(self.index)  # type: ignore[arg-type]
+            self.name = "mixture of " + ", ".join(self.index.names)
+        else:
+            self.index, self.urls = resolve_source(source, index, storage_options)
+            self.name = str(source) if isinstance(source, str) else (self.index.root if self.index is not None else "")
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
-        self.name = str(source) if isinstance(source, str) else (self.index.root if self.index is not None else "")
         self.config = batching_config(self._parse_budget(budget), self.index, batching)
         self._check_shortest_fits()
         info = process_info(rank, world_size)
@@ -115,6 +125,7 @@ class StreamBatchLoader:
             decode=decode, pad_to_multiple_of=batching.get("pad_to_multiple_of"),
             sample_rate=ix.sample_rate if ix is not None and ix.unit == "samples" else None,
             packed=self.config.cost.packed, micro_batches=int(micro_batches), loss_weight_by=loss_weight_by,
+            datasets=dataset_names(self.index),
         )
         if self.index is None and self.world_size > 1 and not batches_per_epoch:
             raise ValueError(
@@ -183,7 +194,11 @@ class StreamBatchLoader:
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
-        return self._whole_plan(e, index_lengths(self.index))
+        lengths = index_lengths(self.index)
+        plan = self._whole_plan(e, lengths)
+        if isinstance(self.index, MixedIndex):
+            plan.datasets = mixture_report(self.index, plan, lengths)
+        return plan
 
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(
@@ -210,40 +225,9 @@ class StreamBatchLoader:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
             self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
             if sched.steps == 0 and self._earlier(e) == 0:
-                raise EmptyEpochError(self._empty_message(sched, local))
+                raise EmptyEpochError(empty_epoch_message(self, sched, local))
             self._schedules = {e: sched}
         return self._schedules[e]
-
-    def _empty_message(self, s: RankSchedule, local: bool) -> str:
-        """Why an epoch plans no batch at all, and what to change."""
-        ix, slots = self.index, f"{self.world_size} × {max(1, self.num_workers)}"
-        head = f"{self.name}: epoch {s.epoch} has no batches"
-        if not ix.num_samples:
-            return f"{head}: the dataset has no samples"
-        causes, fixes = [], []
-        if s.skipped:
-            causes.append(f"{s.skipped:,} skipped ({self._kept_text()})")
-            fixes.append("widen min_length/max_length or raise the budget")
-        if s.dropped:
-            causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
-            fixes.append("use drop_last=False or fewer ranks/workers")
-        n = s.planned_samples if local else ix.num_samples
-        if s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
-            causes.append(f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
-                          f"even_batches={self.even_batches!r})")
-            fixes.append("use fewer ranks/workers")
-        of = f"this rank's {n:,}" if local else f"the {n:,}"
-        return f"{head}: of {of} samples, {'; '.join(causes)}; {' or '.join(fixes)}"
-
-    def _kept_text(self) -> str:
-        """The dataset's length range and what the options keep: ``lengths 1 to 9 samples; kept: ...``."""
-        cfg, ix = self.config, self.index
-        table = ix.shard_table(("count", "min_length", "max_length"))
-        full = table["count"] > 0
-        lo, hi = table["min_length"][full].min(), table["max_length"][full].max()
-        kept = [f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v]
-        kept.append(f"at most the budget {length_text(cfg.budget, ix)} alone")
-        return f"lengths {length_text(lo, ix)} to {length_text(hi, ix)}; kept: {', '.join(kept)}"
 
     def _rank_local(self, epoch: int) -> bool:
         """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""
@@ -256,7 +240,7 @@ class StreamBatchLoader:
         return self.planning != "global" and possible
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        return excluded_in(self._resumed, epoch, lengths, self.config)
+        return excluded_in(self._resumed, epoch, lengths, self.config, selection_of(self.index, epoch, self.config.seed))
 
     def _earlier(self, epoch: int) -> int:
         """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
@@ -366,19 +350,11 @@ class StreamBatchLoader:
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         if steps is None and self._consumed == 0:
-            raise EmptyEpochError(self._unindexed_empty(epoch))
+            raise EmptyEpochError(unindexed_empty_message(self.name or self.urls[0], len(self.urls), self.config,
+                                                          epoch, int(self._bad_shards.sum())))
         self._consumed = 0
         self._resumed, self._saved_steps = None, None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
-
-    def _unindexed_empty(self, epoch: int) -> str:
-        """Why a pass without an index gave no batch: every sample skipped (or lost with bad shards)."""
-        cfg, bad = self.config, int(self._bad_shards.sum())
-        limits = "".join(f", {k}={v:g}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v)
-        return (f"{self.name or self.urls[0]}: epoch {epoch} yielded no batches from {len(self.urls)} shards: every "
-                f"sample was skipped (kept: lengths within budget={cfg.budget:g}{limits})"
-                + (f" or lost with {bad} bad shards" if bad else "") + "; check the budget against the lengths "
-                "in the samples' .json (`shardify inspect` needs an index)")
 
     # ---- resumption ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -396,6 +372,7 @@ class StreamBatchLoader:
             "even_batches": self.even_batches,
             "hardest_first": self.hardest_first,
             "num_samples": self.index.num_samples if self.index is not None else None,
+            "mixture": self.index.state() if isinstance(self.index, MixedIndex) else None,
             "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
             "excluded": _pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
         }
@@ -445,6 +422,9 @@ class StreamBatchLoader:
             raise ValueError(
                 f"state was saved for a dataset of {state['num_samples']} samples, this one has {self.index.num_samples}"
             )
+        mine = self.index.state() if isinstance(self.index, MixedIndex) else None
+        if state.get("mixture") != mine and "mixture" in state:
+            raise ValueError(f"state was saved for the mixture {state['mixture']}, this loader reads {mine}")
         consumed = int(state.get("batches_consumed", 0))
         if self.index is None and consumed:
             raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
@@ -460,7 +440,9 @@ class StreamBatchLoader:
         if steps is None:
             lengths = index_lengths(self.index)
             steps = make_epoch_plan(lengths, self.config, self.epoch, world, workers, even,
-                                    before.consumed(lengths, self.config), hardest).steps
+                                    before.consumed(lengths, self.config, selection_of(self.index, self.epoch,
+                                                                                       self.config.seed)),
+                                    hardest).steps
         return Layout(world, workers, even, hardest, int(steps), consumed)
 
 

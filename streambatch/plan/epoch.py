@@ -37,6 +37,7 @@ class EpochPlan:
     split_batches: int = 0
     skipped_samples: int = 0
     dropped_samples: int = 0
+    datasets: dict | None = None  # a mixture's per-dataset samples, length, hours and share (loader.plan())
 
     def rank_slots(self, rank: int) -> range:
         return range(rank * self.num_workers, (rank + 1) * self.num_workers)

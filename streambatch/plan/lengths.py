@@ -16,11 +16,14 @@ Loader = Callable[[Sequence[int]], Sequence[np.ndarray]]
 class Lengths:
     """Per-shard sample counts and length totals, and per-sample lengths loaded (and kept) per shard.
 
-    ``load(shards)`` returns the length arrays of those shards; it is called once per shard at most."""
+    ``load(shards)`` returns the length arrays of those shards; it is called once per shard at most.
+    ``scale`` (a mixture's): per shard, the expected share of it an epoch takes; shards are dealt to slots by
+    ``totals × scale`` and each sample by its length times its shard's scale."""
 
-    def __init__(self, counts: np.ndarray, totals: np.ndarray, load: Loader):
+    def __init__(self, counts: np.ndarray, totals: np.ndarray, load: Loader, scale: np.ndarray | None = None):
         self.counts = np.asarray(counts, dtype=np.int64)
-        self.totals = np.asarray(totals, dtype=np.float64)
+        self.scale = None if scale is None else np.asarray(scale, dtype=np.float64)
+        self.totals = np.asarray(totals, dtype=np.float64) * (1.0 if self.scale is None else self.scale)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self._load = load
         self._arrays: dict[int, np.ndarray] = {}
@@ -97,4 +100,5 @@ def index_lengths(index: Any) -> Lengths:
     """:class:`Lengths` over a :class:`~streambatch.dataset.index.ShardIndex`: counts and totals from its shard
     table, per-sample lengths read per shard when asked for (only their row groups on a columnar index)."""
     table = index.shard_table(("count", "total_length"))
-    return Lengths(table["count"], table["total_length"], index.shard_lengths)
+    scale = index.deal_scale() if hasattr(index, "deal_scale") else None
+    return Lengths(table["count"], table["total_length"], index.shard_lengths, scale)

@@ -17,6 +17,7 @@ import numpy as np
 from .config import BatchingConfig
 from .epoch import plan_rank, rank_raw_slots
 from .lengths import Lengths, by_shard
+from .mixing import any_of
 from .shards import Deal
 from .slot import per_worker
 
@@ -54,9 +55,10 @@ class Resumed:
     layouts: tuple[Layout, ...] = ()
     base: np.ndarray | None = None
 
-    def consumed(self, lengths: Lengths, config: BatchingConfig) -> Any:
-        """The samples consumed before this layout, as a mask indexable by global ids (None: nothing)."""
-        mask: Any = self.base
+    def consumed(self, lengths: Lengths, config: BatchingConfig, selection: Any = None) -> Any:
+        """The samples consumed before this layout, as a mask indexable by global ids (None: nothing); with a
+        mixture's ``selection``, the samples the epoch does not take are in it too (the old plans left them out)."""
+        mask: Any = any_of(selection, self.base)
         for layout in self.layouts:
             mask = Consumed(lengths, config, self.epoch, layout, mask)
         return mask
@@ -127,9 +129,12 @@ class Consumed:
             mask[gids[sel] - offsets[s]] = True
 
 
-def excluded_in(resumed: Resumed | None, epoch: int, lengths: Lengths, config: BatchingConfig) -> Any:
-    """The samples of ``epoch`` consumed on earlier layouts (a lazy mask over global ids), or None: what the
-    loader plans around and each worker streams around."""
+def excluded_in(
+    resumed: Resumed | None, epoch: int, lengths: Lengths, config: BatchingConfig, selection: Any = None
+) -> Any:
+    """The samples ``epoch`` leaves out — consumed on earlier layouts, or (``selection``) not taken by a
+    mixture this epoch — as a lazy mask over global ids, or None: what the loader plans around and each
+    worker streams around."""
     if resumed is None or resumed.epoch != epoch:
-        return None
-    return resumed.consumed(lengths, config)
+        return selection
+    return resumed.consumed(lengths, config, selection)

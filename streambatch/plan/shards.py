@@ -128,6 +128,9 @@ class Deal:
 
     def slot_of(self, position: int) -> np.ndarray:
         """The slot of each sample (tar order) of the shard at ``position`` in the order."""
-        x = np.asarray(self.lengths.shard(int(self.order[position])), dtype=np.float64)
+        shard = int(self.order[position])
+        x = np.asarray(self.lengths.shard(shard), dtype=np.float64)
+        if self.lengths.scale is not None:
+            x = x * self.lengths.scale[shard]
         mid = self.prefix[position] + np.cumsum(x) - x / 2
         return np.minimum((mid * self.num_slots / self.total).astype(np.int64), self.num_slots - 1)

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..dataset.index import ShardIndex
+from ..dataset.mixture import DatasetNames, selection_of
 from ..dist import worker_info
 from ..errors import EmptyEpochError
 from ..plan.batcher import BucketBatcher, iter_batches
@@ -80,6 +81,7 @@ class CollateOptions:
     packed: bool = False
     micro_batches: int = 1
     loss_weight_by: str = "samples"
+    datasets: DatasetNames | None = None  # a mixture's dataset names by shard: ``batch["dataset"]``
 
 
 @dataclass
@@ -154,7 +156,7 @@ def _planned_batches(
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
     lengths = ctx.lengths()
     offsets = lengths.offsets
-    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config)
+    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config, selection_of(ctx.index, epoch, ctx.config.seed))
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
@@ -239,14 +241,21 @@ def finish_batch(samples: list[dict[str, Any]], opts: CollateOptions) -> dict[st
     DataLoader passes them on together; the loader yields them one by one)."""
     kw = dict(pad_to_multiple_of=opts.pad_to_multiple_of, sample_rate=opts.sample_rate, packed=opts.packed)
     if opts.micro_batches <= 1:
-        return collate(samples, opts.decode, **kw)
+        return _named(collate(samples, opts.decode, **kw), samples, opts.datasets)
     groups, weights = split_micro_batches(samples, opts.micro_batches, opts.loss_weight_by)
     out = []
     for j, (group, w) in enumerate(zip(groups, weights)):
-        mb = collate(group, opts.decode, **kw)
+        mb = _named(collate(group, opts.decode, **kw), group, opts.datasets)
         mb.update(micro_batch=j, num_micro_batches=len(groups), loss_weight=w, last_micro_batch=j == len(groups) - 1)
         out.append(mb)
     return out
+
+
+def _named(batch: dict[str, Any], samples: list[dict[str, Any]], names: DatasetNames | None) -> dict[str, Any]:
+    """Under a mixture, ``batch["dataset"]``: the name of each sample's dataset."""
+    if names is not None:
+        batch["dataset"] = [names.of(int(s["__shard__"])) for s in samples]
+    return batch
 
 
 class CheckedBatches:

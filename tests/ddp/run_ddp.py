@@ -38,7 +38,7 @@ class TinySpeechModel(nn.Module):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="a dataset folder or a mixture file")
     p.add_argument("--out", required=True)
     p.add_argument("--budget", type=float, required=True)
     p.add_argument("--epochs", type=int, default=1)
@@ -90,7 +90,7 @@ def main() -> None:
             dist.all_reduce(t)  # a collective every step: uneven steps would hang here
             step += 1
             log.write(json.dumps({"event": "batch", "epoch": epoch, "step": step, "keys": batch["keys"],
-                                  "cost": audio.shape[0] * audio.shape[1]}) + "\n")
+                                  "dataset": batch.get("dataset"), "cost": audio.shape[0] * audio.shape[1]}) + "\n")
             log.flush()
             if step == a.stop_after:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),

@@ -1,0 +1,296 @@
+"""Several datasets read as one: the mixture a user names (sources and weights, or a mixture file) and
+:class:`MixedIndex`, which presents their indexes to the planner and the readers as one shard list.
+
+Each dataset enters as ``copies`` virtual copies of its shards (:class:`~streambatch.plan.mixing.DatasetDraw`);
+per epoch the samples a copy does not take are excluded from the plan, so every guarantee of a single dataset
+(exact ``len``, equal steps, exact resume) holds over the mixture. Nothing here lists samples: virtual shards
+map to real ones in O(datasets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..plan.mixing import DatasetDraw, Selection
+from ..plan.stats import LengthStats, stream_stats
+from . import storage
+from .index import INDEX_NAME, ShardIndex
+
+MIXTURE_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of a mixture: its name (``batch["dataset"]``), where it is, and its weight."""
+
+    name: str
+    url: str
+    weight: float = 1.0
+
+
+def mixture_sources(source: Any, weights: Any = None) -> list[Source] | None:
+    """The datasets a loader ``source`` names, or None for a single dataset: a ``{name: url}`` mapping, a
+    list of dataset folders (with ``weights``), or a mixture file (``.yaml``/``.yml``, or ``.json`` holding
+    ``datasets``)."""
+    if isinstance(source, Mapping):
+        items = [(str(k), str(v)) for k, v in source.items()]
+    elif isinstance(source, (list, tuple)) and weights is not None:
+        items = [(_name(str(u)), str(u)) for u in source]
+    elif isinstance(source, str) and _is_mixture_file(source):
+        if weights is not None:
+            raise ValueError(f"{source}: a mixture file holds its weights; do not pass weights= as well")
+        return load_mixture(source)
+    elif weights is not None:
+        raise ValueError("weights= needs several datasets: a {name: folder} mapping or a list of folders")
+    else:
+        return None
+    names = [n for n, _ in items]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"dataset names must differ; {', '.join(dup)} appears more than once (use a {{name: folder}} mapping)")
+    w = _weights(weights, names)
+    return [Source(n, u, w[n]) for n, u in items]
+
+
+def _name(url: str) -> str:
+    return os.path.basename(url.rstrip("/")) or url
+
+
+def _weights(weights: Any, names: list[str]) -> dict[str, float]:
+    if weights is None:
+        return {n: 1.0 for n in names}
+    if isinstance(weights, Mapping):
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise ValueError(f"weights name unknown datasets: {', '.join(map(str, unknown))} (datasets: {', '.join(names)})")
+        return {n: float(weights.get(n, 1.0)) for n in names}
+    weights = list(weights)
+    if len(weights) != len(names):
+        raise ValueError(f"{len(weights)} weights for {len(names)} datasets")
+    return {n: float(w) for n, w in zip(names, weights)}
+
+
+def _is_mixture_file(source: str) -> bool:
+    if source.endswith(MIXTURE_SUFFIXES):
+        return True
+    return source.endswith(".json") and os.path.basename(source) != INDEX_NAME and "datasets" in _read_spec(source)
+
+
+def _read_spec(url: str) -> dict:
+    with storage.open_url(url, "rb") as f:
+        text = f.read().decode("utf-8")
+    try:
+        if url.endswith(MIXTURE_SUFFIXES):
+            import yaml
+
+            spec = yaml.safe_load(text)
+        else:
+            spec = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is the file's problem, said in one line
+        raise ValueError(f"{url}: not a readable mixture file ({type(e).__name__}: {e})") from None
+    return spec if isinstance(spec, dict) else {}
+
+
+def load_mixture(url: str) -> list[Source]:
+    """The datasets of a mixture file: ``datasets:`` as a list of ``{name, path, weight}`` or a mapping
+    ``name: {path, weight}`` (or ``name: path``); relative paths are relative to the file."""
+    spec = _read_spec(url).get("datasets")
+    if isinstance(spec, Mapping):
+        spec = [{"name": k, **(v if isinstance(v, Mapping) else {"path": v})} for k, v in spec.items()]
+    if not isinstance(spec, list) or not spec:
+        raise ValueError(f"{url}: a mixture file needs a non-empty 'datasets' list or mapping")
+    base = storage.parent_url(url)
+    out = []
+    for i, d in enumerate(spec):
+        if not isinstance(d, Mapping) or "path" not in d:
+            raise ValueError(f"{url}: dataset {i + 1} needs a 'path'")
+        path = str(d["path"])
+        if "://" not in path and not os.path.isabs(path):
+            path = storage.join_url(base, path)
+        out.append(Source(str(d.get("name") or _name(path)), path, float(d.get("weight", 1.0))))
+    return mixture_sources({s.name: s.url for s in out}, {s.name: s.weight for s in out})
+
+
+class VirtualShards(Sequence):
+    """The mixture's shard list: virtual shard ``v`` is shard ``s`` of dataset ``d`` (copy ``r``)."""
+
+    def __init__(self, mixed: "MixedIndex"):
+        self.mixed = mixed
+
+    def __len__(self) -> int:
+        return int(self.mixed.first_shard[-1])
+
+    def __getitem__(self, v: Any) -> Any:
+        if isinstance(v, slice):
+            return [self[i] for i in range(*v.indices(len(self)))]
+        d, s = self.mixed.real_shard(int(v))
+        return self.mixed.indexes[d].shards[s]
+
+
+class MixedIndex:
+    """The indexes of a mixture's datasets as one index: the planner's shard table and lengths, the readers'
+    shard URLs and checksums, and each epoch's :class:`~streambatch.plan.mixing.Selection`."""
+
+    def __init__(self, sources: Sequence[Source], indexes: Sequence[ShardIndex]):
+        self.sources, self.indexes = list(sources), list(indexes)
+        self.names = [s.name for s in self.sources]
+        _check_units(self.sources, self.indexes)
+        self.unit, self.sample_rate = self.indexes[0].unit, self.indexes[0].sample_rate
+        self.root, self.meta, self.version = None, {}, 2
+        self.draws = [DatasetDraw.of(ix.num_samples, s.weight, 0, d)
+                      for d, (s, ix) in enumerate(zip(self.sources, self.indexes))]
+        self._tables = [ix.shard_table(("count", "total_length", "min_length", "max_length")) for ix in self.indexes]
+        # the virtual shards: for each dataset, its shards once per copy, in blocks of (dataset, copy)
+        self.blocks = [(d, r) for d, draw in enumerate(self.draws) for r in range(draw.copies)]
+        self._block = np.array(self.blocks, dtype=np.int64).reshape(-1, 2)
+        sizes = [len(self._tables[d]["count"]) for d, _ in self.blocks]
+        self.first_shard = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._count = self._column("count").astype(np.int64)
+        self._first_gid = np.concatenate([[0], np.cumsum(self._count)]).astype(np.int64)
+        self.shards = VirtualShards(self)
+
+    @classmethod
+    def open(cls, sources: Sequence[Source], storage_options: dict | None = None) -> "MixedIndex":
+        """Load each dataset's index (a folder holding ``index.json`` or an index file)."""
+        indexes = []
+        for s in sources:
+            url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
+            if not storage.exists(url, storage_options):
+                raise FileNotFoundError(f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)")
+            indexes.append(ShardIndex.load(url, storage_options))
+        return cls(sources, indexes)
+
+    # ---- virtual shards ---------------------------------------------------------------------------
+    def real_shard(self, v: int) -> tuple[int, int]:
+        """(dataset, shard in that dataset's index) of virtual shard ``v``."""
+        b = int(np.searchsorted(self.first_shard, v, side="right")) - 1
+        return self.blocks[b][0], v - int(self.first_shard[b])
+
+    def block_of(self, shards: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.first_shard, shards, side="right") - 1
+
+    def dataset_of_shard(self, shards: np.ndarray) -> np.ndarray:
+        """The dataset number of each virtual shard."""
+        return self._block[self.block_of(np.asarray(shards)), 0]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def _column(self, name: str) -> np.ndarray:
+        parts = [self._tables[d][name] for d, _ in self.blocks]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the plan's id space: every copy of every dataset, whether an epoch takes them or not."""
+        return int(self._first_gid[-1])
+
+    @property
+    def total_length(self) -> float:
+        return float(self._column("total_length").sum())
+
+    def shard_table(self, columns: Sequence[str] = ("count", "total_length", "max_length", "min_length")) -> dict[str, np.ndarray]:
+        out = {k: self._column(k) for k in columns}
+        out["first"] = self._first_gid[:-1].copy()
+        return out
+
+    def deal_scale(self) -> np.ndarray:
+        """Per virtual shard, the expected share of it an epoch takes: shards are dealt by expected length."""
+        shares = [np.full(len(self._tables[d]["count"]), self.draws[d].expected_share(r)) for d, r in self.blocks]
+        return np.concatenate(shares) if shares else np.zeros(0)
+
+    def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.zeros(0)] * len(shards)
+        real = [self.real_shard(int(v)) for v in shards]
+        for d in sorted({d for d, _ in real}):
+            mine = [i for i, (dd, _) in enumerate(real) if dd == d]
+            for i, arr in zip(mine, self.indexes[d].shard_lengths([real[i][1] for i in mine])):
+                out[i] = arr
+        return out
+
+    def shard_url(self, v: int) -> str:
+        d, s = self.real_shard(int(v))
+        return self.indexes[d].shard_url(s)
+
+    def sample_offsets(self, v: int) -> Any:
+        d, s = self.real_shard(int(v))
+        return self.indexes[d].sample_offsets(s)
+
+    def seconds_per_unit(self) -> float | None:
+        return self.indexes[0].seconds_per_unit()
+
+    def length_stats(self, progress: bool = False) -> LengthStats:
+        """Every dataset's lengths once (unweighted), streamed."""
+        stats = stream_stats(chunk for ix in self.indexes for chunk in ix.iter_lengths())
+        stats.total = float(sum(ix.total_length for ix in self.indexes))
+        return stats
+
+    # ---- per epoch --------------------------------------------------------------------------------
+    def needs_selection(self) -> bool:
+        return any(draw.take != draw.size for draw in self.draws)
+
+    def selection(self, epoch: int, seed: int) -> Selection | None:
+        """The samples epoch ``epoch`` leaves out (None when every dataset is taken exactly once); the
+        datasets' cycles are permuted from ``seed``."""
+        if not self.needs_selection():
+            return None
+        return Selection(self, [dataclasses.replace(d, seed=int(seed)) for d in self.draws], epoch)
+
+    def locate(self, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(dataset, copy, sample id within the dataset) of each global id of the plan."""
+        shard = np.searchsorted(self._first_gid, gids, side="right") - 1
+        block = self.block_of(shard)
+        dataset, copy = self._block[block, 0], self._block[block, 1]
+        ids = gids - self._first_gid[shard]  # position in the shard
+        for d in np.unique(dataset).tolist():
+            sel = dataset == d
+            ids[sel] += self._tables[d]["first"][shard[sel] - self.first_shard[block[sel]]]
+        return dataset, copy, ids
+
+    def state(self) -> list[list[Any]]:
+        """What a checkpoint records of the mixture (names, weights, sizes), to refuse another one."""
+        return [[s.name, s.weight, ix.num_samples] for s, ix in zip(self.sources, self.indexes)]
+
+
+def _check_units(sources: Sequence[Source], indexes: Sequence[ShardIndex]) -> None:
+    """A mixture's datasets share the length unit and sample rate (lengths must be comparable)."""
+    a, ia = sources[0], indexes[0]
+    for s, ix in zip(sources[1:], indexes[1:]):
+        if (ix.unit, ix.sample_rate) != (ia.unit, ia.sample_rate):
+            raise ValueError(
+                f"datasets {a.name!r} ({ia.unit}" + (f" @ {ia.sample_rate} Hz" if ia.sample_rate else "") + f") and "
+                f"{s.name!r} ({ix.unit}" + (f" @ {ix.sample_rate} Hz" if ix.sample_rate else "") + ") have different "
+                "length units: a mixture's lengths must be comparable (write them with the same unit and rate)"
+            )
+
+
+def selection_of(index: Any, epoch: int, seed: int) -> Selection | None:
+    """The samples epoch ``epoch`` of a mixture leaves out; None for a single dataset."""
+    return index.selection(epoch, seed) if isinstance(index, MixedIndex) else None
+
+
+def dataset_names(index: Any) -> "DatasetNames | None":
+    """How a worker names each sample's dataset from its (virtual) shard; None for a single dataset."""
+    if not isinstance(index, MixedIndex):
+        return None
+    return DatasetNames(tuple(index.names), index.first_shard.copy(), index._block[:, 0].copy())
+
+
+@dataclass(frozen=True)
+class DatasetNames:
+    """Dataset names by virtual shard (small: one row per dataset copy), for ``batch["dataset"]``."""
+
+    names: tuple[str, ...]
+    first_shard: np.ndarray
+    block_dataset: np.ndarray
+
+    def of(self, shard: int) -> str:
+        b = int(np.searchsorted(self.first_shard, shard, side="right")) - 1
+        return self.names[int(self.block_dataset[b])]

@@ -1,0 +1,70 @@
+"""What the loader tells its user in words: why an epoch has no batches, and what a mixture's epoch holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .plan.config import BatchingConfig
+from .summary import length_text
+
+
+def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
+    """Why an epoch plans no batch at all (``s``: the rank's schedule), and what to change."""
+    ix, slots = loader.index, f"{loader.world_size} × {max(1, loader.num_workers)}"
+    head = f"{loader.name}: epoch {s.epoch} has no batches"
+    if not ix.num_samples:
+        return f"{head}: the dataset has no samples"
+    causes, fixes = [], []
+    if s.skipped:
+        causes.append(f"{s.skipped:,} skipped ({kept_text(loader.config, ix)})")
+        fixes.append("widen min_length/max_length or raise the budget")
+    if s.dropped:
+        causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
+        fixes.append("use drop_last=False or fewer ranks/workers")
+    n = s.planned_samples if local else ix.num_samples
+    if s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
+        causes.append(f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
+                      f"even_batches={loader.even_batches!r})")
+        fixes.append("use fewer ranks/workers")
+    of = f"this rank's {n:,}" if local else f"the {n:,}"
+    return f"{head}: of {of} samples, {'; '.join(causes)}; {' or '.join(fixes)}"
+
+
+def kept_text(cfg: BatchingConfig, ix: Any) -> str:
+    """The dataset's length range and what the options keep: ``lengths 1 to 9 samples; kept: ...``."""
+    table = ix.shard_table(("count", "min_length", "max_length"))
+    full = table["count"] > 0
+    lo, hi = table["min_length"][full].min(), table["max_length"][full].max()
+    kept = [f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v]
+    kept.append(f"at most the budget {length_text(cfg.budget, ix)} alone")
+    return f"lengths {length_text(lo, ix)} to {length_text(hi, ix)}; kept: {', '.join(kept)}"
+
+
+def unindexed_empty_message(name: str, num_urls: int, cfg: BatchingConfig, epoch: int, bad: int) -> str:
+    """Why a pass without an index gave no batch: every sample skipped (or lost with bad shards)."""
+    limits = "".join(f", {k}={v:g}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v)
+    return (f"{name}: epoch {epoch} yielded no batches from {num_urls} shards: every "
+            f"sample was skipped (kept: lengths within budget={cfg.budget:g}{limits})"
+            + (f" or lost with {bad} bad shards" if bad else "") + "; check the budget against the lengths "
+            "in the samples' .json (`shardify inspect` needs an index)")
+
+
+def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, float]]:
+    """Per dataset of a mixture, what the planned epoch holds: samples, total length (and hours for audio)
+    and share of the epoch's samples — the batches every rank yields, repeats of ``pad`` not counted."""
+    gids = [s.gids[b] for s in plan.slots for b, rep in zip(s.batches, s.repeat) if not rep]
+    gids = np.concatenate(gids) if gids else np.zeros(0, dtype=np.int64)
+    dataset, _, _ = index.locate(gids)
+    lens = np.asarray(lengths[gids], dtype=np.float64)
+    spu = index.seconds_per_unit()
+    out = {}
+    for d, name in enumerate(index.names):
+        sel = dataset == d
+        row = {"samples": int(sel.sum()), "length": float(lens[sel].sum()),
+               "share": float(sel.sum() / max(1, gids.size))}
+        if spu:
+            row["hours"] = row["length"] * spu / 3600
+        out[name] = row
+    return out

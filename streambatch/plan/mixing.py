@@ -1,0 +1,150 @@
+"""Which samples of each dataset of a mixture an epoch takes: exact counts from the weights, no replacement
+before every sample has been seen, computed per sample without listing the dataset.
+
+A dataset of ``N`` samples with weight ``w`` contributes ``take = round(w·N)`` samples to every epoch. Its
+samples are laid out in an endless sequence of *cycles*, each a seeded permutation of the dataset, and epoch
+``e`` takes the positions ``[e·take, (e+1)·take)`` of that sequence. So ``w = 1`` takes every sample once,
+``w = 2`` every sample exactly twice, ``w = 0.5`` a seeded half — the other half next epoch — and no sample
+repeats before the whole dataset was taken. The permutations are stateless bijections (a Feistel network
+with cycle walking), so a rank finds the occurrence counts of just its own samples: O(samples asked), never
+O(N).
+
+In the plan a dataset appears as ``copies`` virtual copies of its shards; copy ``r`` holds, in tar order, the
+samples the epoch takes more than ``r`` times (:meth:`DatasetDraw.occurrences`). The rest are excluded, as
+samples consumed before a resume are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """A 64-bit integer hash (the splitmix64 finaliser), elementwise."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+class CyclePermutation:
+    """A seeded bijection of ``[0, n)`` evaluated per element: a 4-round Feistel network on the smallest
+    even number of bits that holds ``n``, walked until the value falls inside ``[0, n)``."""
+
+    def __init__(self, n: int, key: Sequence[int]):
+        self.n = int(n)
+        bits = max(2, (self.n - 1).bit_length())
+        bits += bits & 1
+        self.half = np.uint64(bits // 2)
+        self.mask = np.uint64((1 << (bits // 2)) - 1)
+        self.keys = np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in key]).generate_state(4, dtype=np.uint64)
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for k in self.keys:
+            left, right = right, left ^ (_mix64(right ^ k) & self.mask)
+        return (left << self.half) | right
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        """The position of each id in the permutation."""
+        x = self._feistel(np.asarray(ids, dtype=np.uint64))
+        out = x >= self.n
+        while out.any():
+            x[out] = self._feistel(x[out])
+            out = x >= self.n
+        return x.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class DatasetDraw:
+    """How many times each epoch takes each sample of one dataset of ``size`` samples (``take`` per epoch)."""
+
+    size: int
+    take: int
+    seed: int
+    dataset: int  # the dataset's number in the mixture: its permutations differ from the others'
+
+    @classmethod
+    def of(cls, size: int, weight: float, seed: int, dataset: int) -> "DatasetDraw":
+        if not np.isfinite(weight) or weight < 0:
+            raise ValueError(f"dataset weight must be a finite number >= 0, got {weight}")
+        return cls(int(size), int(round(weight * size)), int(seed), int(dataset))
+
+    @property
+    def copies(self) -> int:
+        """Most times an epoch can take one sample: ``take // size``, plus two where an epoch's window starts
+        or ends inside a cycle (a sample may then be in the end of one cycle and the start of the next)."""
+        if self.size == 0 or self.take == 0:
+            return 0
+        q, m = divmod(self.take, self.size)
+        return q + 2 if m else q
+
+    def expected_share(self, copy: int) -> float:
+        """The expected fraction of a copy's samples an epoch takes (to deal copies by their expected length)."""
+        if self.size == 0:
+            return 0.0
+        return float(min(1.0, max(0.0, self.take / self.size - copy)))
+
+    def occurrences(self, ids: np.ndarray, epoch: int) -> np.ndarray:
+        """How many times epoch ``epoch`` takes each of these samples (ids within the dataset)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(ids.size, dtype=np.int64)
+        if self.take == 0 or ids.size == 0:
+            return out
+        lo, hi, n = epoch * self.take, (epoch + 1) * self.take, self.size
+        for cycle in range(lo // n, (hi - 1) // n + 1):
+            start = cycle * n
+            if lo <= start and start + n <= hi:  # the whole cycle is in the window: every sample once
+                out += 1
+                continue
+            pos = CyclePermutation(n, (self.seed, self.dataset, cycle))(ids) + start
+            out += (pos >= lo) & (pos < hi)
+        return out
+
+
+class Selection:
+    """The samples of a mixture an epoch leaves out, as a lazy mask over the plan's global ids (like the
+    resume masks): ``sel[gids]``, ``sel[lo:hi]`` and ``sel[gid]`` are True for samples not taken.
+
+    ``layout`` maps global ids to (dataset, copy, sample id within the dataset); see
+    :class:`~streambatch.dataset.mixture.MixedIndex`."""
+
+    def __init__(self, layout: Any, draws: Sequence[DatasetDraw], epoch: int):
+        self.layout, self.draws, self.epoch = layout, list(draws), int(epoch)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self._excluded(np.arange(key.start, key.stop, dtype=np.int64))
+        if np.ndim(key) == 0:
+            return bool(self._excluded(np.array([int(key)], dtype=np.int64))[0])
+        return self._excluded(np.asarray(key, dtype=np.int64))
+
+    def _excluded(self, gids: np.ndarray) -> np.ndarray:
+        dataset, copy, ids = self.layout.locate(gids)
+        out = np.zeros(gids.size, dtype=bool)
+        for d in np.unique(dataset).tolist():
+            sel = dataset == d
+            out[sel] = self.draws[d].occurrences(ids[sel], self.epoch) <= copy[sel]
+        return out
+
+
+class AnyOf:
+    """Two lazy masks over global ids as one: True where either is (a selection and an old resume mask)."""
+
+    def __init__(self, a: Any, b: Any):
+        self.a, self.b = a, b
+
+    def __getitem__(self, key: Any) -> Any:
+        x, y = self.a[key], self.b[key]
+        return bool(x or y) if np.ndim(x) == 0 else np.asarray(x, dtype=bool) | np.asarray(y, dtype=bool)
+
+
+def any_of(a: Any, b: Any) -> Any:
+    """The union of two masks, either of which may be None."""
+    if a is None:
+        return b
+    return a if b is None else AnyOf(a, b)
