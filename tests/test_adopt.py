@@ -19,6 +19,7 @@ import webdataset as wds
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.cli import main
 from streambatch.dataset.tar import iter_members
+from streambatch.write.adopt_nemo import manifest_texts
 
 SR = 8000
 
@@ -175,6 +176,7 @@ def test_nemo_tarred_dataset(tmp_path, capsys):
     seen, lengths, _ = stream(str(src))
     assert seen == collections.Counter(list(want))
     assert lengths == {k: v["frames"] for k, v in want.items()}
+    assert manifest_texts(str(src)) == {k: v["text"] for k, v in want.items()}
 
     manifest = src / "tarred_audio_manifest.json"
     manifest.write_text(manifest.read_text() + json.dumps({"audio_filepath": "gone.wav", "duration": 1.0,

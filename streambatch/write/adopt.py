@@ -284,7 +284,8 @@ def _meta(src: str, layout: str, manifests: list[str], adopted: Adopted, tars: S
     meta: dict[str, Any] = {
         "source": os.path.abspath(src) if storage.is_local(src) else src,
         "kind": "adopted",
-        "adopted": {"layout": layout, "manifests": manifests, "left_out": left_out, "unnamed": adopted.unnamed},
+        "adopted": {"layout": layout, "left_out": left_out, "unnamed": adopted.unnamed,
+                    "manifests": [os.path.abspath(m) if storage.is_local(m) else m for m in manifests]},
         "created": utc_now(),
         "skipped": len(adopted.problems),
     }

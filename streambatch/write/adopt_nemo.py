@@ -64,6 +64,17 @@ def read_manifests(urls: Sequence[str], storage_options: dict | None = None) -> 
     return entries
 
 
+def manifest_texts(dataset: str, storage_options: dict | None = None) -> dict[str, str]:
+    """{sample key: text} of an adopted NeMo dataset, from the manifest(s) its index names: the tars hold only
+    audio, so a training step looks up ``batch["keys"]`` here (keys are member names without extension)."""
+    from ..dataset.index import ShardIndex
+
+    urls = ShardIndex.load(dataset, storage_options).meta.get("adopted", {}).get("manifests") or []
+    if not urls:
+        raise ShardifyError(f"{dataset}: not a NeMo tarred dataset indexed by `shardify index`")
+    return {e.member.rsplit("/", 1)[-1].split(".", 1)[0]: e.text or "" for e in read_manifests(urls, storage_options)}
+
+
 def json_line(line: str, where: str) -> dict[str, Any]:
     try:
         d = json.loads(line)
