@@ -1,4 +1,5 @@
-"""The ``shardify`` command: write (whole, as parts, resumed), merge, stage, inspect, verify, demo.
+"""The ``shardify`` command: write (whole, as parts, resumed), index (existing tars), merge, stage, inspect,
+verify, demo.
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
 with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
@@ -80,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write, inspect and verify length-annotated WebDataset shards for streambatch.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_write, _add_merge, _add_stage, _add_inspect, _add_verify, _add_upgrade, _add_demo,
-                _add_calibrate):
+    for add in (_add_write, _add_index, _add_merge, _add_stage, _add_inspect, _add_verify, _add_upgrade,
+                _add_demo, _add_calibrate):
         add(sub)
     return parser
 
@@ -146,6 +147,15 @@ def _add_write(sub: Any) -> None:
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_storage(w)
     w.set_defaults(func=cmd_write)
+
+
+def _add_index(sub: Any) -> None:
+    from .write.adopt_cli import DESCRIPTION, HELP, add_arguments
+
+    p = sub.add_parser("index", help=HELP, description=DESCRIPTION)
+    add_arguments(p, _positive_int, _part)
+    _add_storage(p)
+    p.set_defaults(func=cmd_index)
 
 
 def _add_merge(sub: Any) -> None:
@@ -306,6 +316,12 @@ def cmd_write(args: argparse.Namespace) -> int:
     print(f"wrote {what} ({total_text(index)}); index: {index.unit}"
           + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
     return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .write.adopt_cli import run_cli
+
+    return run_cli(args, storage_options_from(args.storage_option))
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

@@ -115,7 +115,7 @@ def collate(
         batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
         if mode == "none":
             batch["samples"] = list(samples)
-    if mode == "text" and any("txt" in s for s in samples):
+    if any("txt" in s for s in samples):  # a transcript member (tars indexed in place carry text so)
         batch["text"] = [s["txt"].decode("utf-8") if "txt" in s else m.get("text") for s, m in zip(samples, meta)]
     fields = sorted({k for m in meta for k in m} - _RESERVED - set(batch))
     for k in fields:

@@ -157,6 +157,8 @@ class _Executor:
             self.lost.add(pos)
             self.count("lost_samples")
             return None
+        if sample.get("json") is None:  # a tar indexed in place (`shardify index`): its length is the index's
+            sample["json"] = {"length": self.lengths[pos].item()}
         got = (sample.get("json") or {}).get("length")
         if got is not None and got != self.lengths[pos]:
             raise RuntimeError(

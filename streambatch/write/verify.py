@@ -42,9 +42,10 @@ class _SampleChecks:
     """The per-sample checks of one shard, fed its members in tar order; ``keys`` are the samples read;
     ``undecodable`` the audio members that do not decode (or decode to another length), all of them."""
 
-    def __init__(self, info: ShardInfo, decode: DecodeCheck | None = None):
+    def __init__(self, info: ShardInfo, decode: DecodeCheck | None = None, adopted: bool = False):
         self.info = info
         self.decode = decode
+        self.adopted = adopted  # tars indexed in place (`shardify index`): a .json is optional, length 0 = left out
         self.keys: list[str] = []
         self.seen: set[str] = set()
         self.bad: list[str] = []
@@ -71,15 +72,19 @@ class _SampleChecks:
         i = len(self.keys)
         self.keys.append(s["key"])
         where = f"sample {i} ({s['key']})"
+        if self.adopted and i < self.info.count and self.info.lengths[i] == 0:
+            self.bad = [b for b in self.bad if not b.startswith(f"{s['key']}.json:")]
+            return  # left out when the tars were indexed (listed in errors.jsonl): never streamed to training
         if s["key"] in self.seen:
             self.bad.append(f"{where}: key appears twice")
         self.seen.add(s["key"])
-        if "json" not in s["exts"]:
+        written = not self.adopted  # an adopted sample's .json is optional (its length: the audio header or text)
+        if written and "json" not in s["exts"]:
             self.bad.append(f"{where}: no .json member")
-        if not [e for e in s["exts"] if e != "json"]:
+        if written and not [e for e in s["exts"] if e != "json"]:
             self.bad.append(f"{where}: no payload member")
         length = s.get("length")
-        if "json" in s["exts"] and not s.get("bad_json") and i < self.info.count:
+        if "json" in s["exts"] and not s.get("bad_json") and i < self.info.count and (written or length is not None):
             want = self.info.lengths[i]
             if length is None or not _same_length(length, want):
                 self.bad.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
@@ -109,14 +114,15 @@ def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeChec
 
 def verify_shard(
     url: str, info: ShardInfo, storage_options: dict | None = None, max_listed: int = 5,
-    decode: DecodeCheck | None = None,
+    decode: DecodeCheck | None = None, adopted: bool = False,
 ) -> list[str]:
     """Problems of one shard against its index entry (empty when it matches); with ``decode``, also every
-    audio member that does not decode (all listed, as ``KEY.EXT: problem``)."""
+    audio member that does not decode (all listed, as ``KEY.EXT: problem``). ``adopted``: the shard was indexed
+    in place (``shardify index``): samples need no ``.json``, and those left out (length 0) are not checked."""
     if not storage.exists(url, storage_options):
         return ["missing"]
     problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]
-    checks = _SampleChecks(info, decode)
+    checks = _SampleChecks(info, decode, adopted)
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             reader = HashingReader(f.read)
@@ -156,12 +162,12 @@ def _resampled(frames: int, sr: int, target: int) -> int:
     return frames if sr == target else (2 * frames * target + sr) // (2 * sr)
 
 
-_Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None"]
+_Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None", bool]
 
 
 def _verify_job(job: _Job) -> list[str]:
-    url, info, storage_options, check = job
-    return verify_shard(url, info, storage_options, decode=check)
+    url, info, storage_options, check, adopted = job
+    return verify_shard(url, info, storage_options, decode=check, adopted=adopted)
 
 
 def verify_dataset(
@@ -177,7 +183,8 @@ def verify_dataset(
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if decode and hasattr(os, "sched_getaffinity") else 1
     urls = index.shard_urls()
-    jobs = ((url, info, storage_options, check) for url, info in zip(urls, index.shards))
+    adopted = index.meta.get("kind") == "adopted"
+    jobs = ((url, info, storage_options, check, adopted) for url, info in zip(urls, index.shards))
     bar = tqdm(total=len(urls), desc="decoding" if decode else "verifying", unit="shard", file=sys.stderr,
                disable=None if progress else True)
     with bar:
@@ -195,10 +202,10 @@ def verify_dataset(
 def _portable(jobs: Iterable[_Job]) -> Iterator[_Job]:
     """The jobs with a plain copy of each shard entry (a version 2 entry reads its lengths from a table that
     stays in this process)."""
-    for url, info, so, check in jobs:
+    for url, info, so, check, adopted in jobs:
         plain = ShardInfo(info.url, info.count, info.bytes, lengths=np.asarray(info.lengths), sha256=info.sha256,
                           keys_sha1=info.keys_sha1)
-        yield url, plain, so, check
+        yield url, plain, so, check, adopted
 
 
 def _verify_in_pool(jobs: Iterator[_Job], n: int, workers: int, remote: bool, bar: tqdm) -> list[list[str]]:

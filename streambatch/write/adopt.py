@@ -1,0 +1,310 @@
+"""``shardify index SRC``: adopt tar shards that already exist, without rewriting a byte of them.
+
+The tars in SRC (plain webdataset tars of audio and/or text, or a NeMo tarred audio dataset) are read once
+(:mod:`.adopt_scan`, in ``workers`` processes): every sample the loader will stream, its byte range, its length
+(audio headers; a ``.json`` ``length``; text tokens) and the tar's size and sha256. The result is a normal
+version 2 index beside the tars (or in ``out``, pointing back at them), so ``verify``, the loader, DDP,
+resume and mixing all work on it.
+
+A sample the loader could not use (a member that does not read, a NeMo member the manifest does not name)
+cannot be cut out of a tar that is not rewritten: it stays in the index with length 0, which the loader never
+plans (as it never plans a sample outside ``min_length``), so its position in the stream stays right. A tar
+the loader cannot read past (damaged, or an invalid ``.json``) is left out whole.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ..dataset import storage
+from ..dataset.format import keys_sha1
+from ..dataset.index import ShardIndex, ShardInfo
+from ..errors import InputProblem, ShardifyError
+from .adopt_nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
+from .adopt_scan import SampleScan, ShardScan, scan_tar
+from .parts import Scope, parse_part, part_range, utc_now, write_errors
+from .probe import _resampled, check_unit, process_pool
+
+LAYOUTS = ("auto", "audio", "text", "nemo")
+
+
+@dataclass
+class Adopted:
+    """The index's view of the scanned tars: per kept tar its lengths (0: left out), the problems found, and
+    counts for the index's ``meta``."""
+
+    infos: list[ShardInfo] = field(default_factory=list)
+    problems: list[InputProblem] = field(default_factory=list)
+    unnamed: int = 0  # samples a NeMo manifest does not name
+
+
+def find_tars(src: str, storage_options: dict | None = None) -> list[str]:
+    """URLs of the ``.tar`` files in the folder ``src``, in natural order (``audio_2`` before ``audio_10``)."""
+    if storage.is_local(src) and not os.path.isdir(storage.local_path(src)):
+        what = "does not exist" if not os.path.exists(storage.local_path(src)) else "is not a folder"
+        raise ShardifyError(f"{src} {what}: SRC is the folder that holds the tar shards")
+    names = [n for n in storage.listdir(src, storage_options) if n.endswith(".tar")]
+    if not names:
+        raise ShardifyError(f"{src}: no .tar files found (SRC is the folder that holds the tar shards)")
+    natural = [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)] for n in names]
+    return [storage.join_url(src, n) for _, n in sorted(zip(natural, names))]
+
+
+def index_tars(
+    src: str,
+    out: str | None = None,
+    *,
+    layout: str = "auto",
+    manifest: str | None = None,
+    unit: str | None = None,
+    sample_rate: int | None = None,
+    workers: int = 1,
+    on_error: str = "fail",
+    overwrite: bool = False,
+    part: str | tuple[int, int] | None = None,
+    storage_options: dict | None = None,
+    progress: bool = True,
+) -> ShardIndex:
+    """Index the tars in ``src`` as they are: ``index.json`` (version 2) in ``out`` (default ``src``).
+
+    ``layout``: ``audio`` (webdataset tars with an audio member per sample, optional ``.txt``/``.json``),
+    ``text`` (``.txt``, ``.input_ids.npy`` or a ``.json`` ``text``), ``nemo`` (a tarred manifest beside the
+    tars, or ``manifest``), or ``auto``. Members the loader could not use raise :class:`ShardifyError` naming
+    the first (``on_error="fail"``), or are left out and listed in ``errors.jsonl`` (``"skip"``). ``part=(i, n)``
+    indexes the i-th of n slices of the tars as ``index.part-IIII.json``; ``shardify merge`` joins them.
+    """
+    src, out = str(src).rstrip("/") or "/", str(out or src).rstrip("/") or "/"
+    _check_options(layout, workers, on_error)
+    part = parse_part(part)
+    scope = Scope(part)
+    tars = find_tars(src, storage_options)
+    num_tars = len(tars)
+    if part is not None:
+        tars = tars[slice(*part_range(num_tars, *part))]
+        if not tars:
+            raise ShardifyError(f"part {part[0]}/{part[1]} has no tars: {src} holds {num_tars}; use at most "
+                                f"{num_tars} parts")
+    _check_out(out, scope, overwrite, storage_options)
+    manifests = _manifests(src, layout, manifest, storage_options)
+    scans = scan_tars(tars, workers, progress, storage_options)
+    layout = "nemo" if manifests else _layout(layout, scans)
+    kind = "text" if layout == "text" else "audio"
+    unit = check_unit(kind, unit, sample_rate)
+    named = match_manifest(read_manifests(manifests, storage_options), scans, part is None) if manifests else None
+    rate = None if kind == "text" else index_rate(scans, named, unit, sample_rate)
+    adopted = adopt(scans, named, layout, unit, rate, out)
+    _report(adopted.problems, on_error)
+    if not any(int(np.count_nonzero(i.lengths)) for i in adopted.infos):
+        raise ShardifyError(f"{src}: no sample the loader could use; nothing was written")
+    meta = _meta(src, layout, manifests, adopted, tars, part, num_tars, on_error)
+    write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in adopted.problems],
+                 storage_options, remove_stale=True)
+    index = ShardIndex(shards=adopted.infos, unit=unit, sample_rate=rate, root=out, meta=meta)
+    _save(index, storage.join_url(out, scope.index_name), storage_options)
+    return index
+
+
+def _check_options(layout: str, workers: int, on_error: str) -> None:
+    if layout not in LAYOUTS:
+        raise ShardifyError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if on_error not in ("fail", "skip"):
+        raise ShardifyError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if int(workers) <= 0:
+        raise ShardifyError("workers must be positive")
+
+
+def _check_out(out: str, scope: Scope, overwrite: bool, storage_options: dict | None) -> None:
+    """Refuse to replace an index in ``out`` unless ``overwrite`` (the tars are never touched)."""
+    if storage.is_local(out) and os.path.exists(storage.local_path(out)) and not os.path.isdir(storage.local_path(out)):
+        raise ShardifyError(f"{out} exists and is not a folder")
+    if not overwrite and storage.exists(storage.join_url(out, scope.index_name), storage_options):
+        raise ShardifyError(f"{out} already has {scope.index_name}; pass --overwrite to index the tars again "
+                            "(only the index is replaced, never a tar)")
+    storage.makedirs(out, storage_options)
+
+
+def _manifests(src: str, layout: str, manifest: str | None, storage_options: dict | None) -> list[str]:
+    """The NeMo manifest(s) to read: ``manifest`` if given, else found beside the tars (layout auto/nemo)."""
+    if manifest and layout not in ("auto", "nemo"):
+        raise ShardifyError(f"--manifest is for NeMo tarred datasets, not layout {layout!r}")
+    if manifest:
+        if not storage.exists(manifest, storage_options):
+            raise ShardifyError(f"{manifest}: manifest not found")
+        return [manifest]
+    found = find_manifests(src, storage_options) if layout in ("auto", "nemo") else []
+    if layout == "nemo" and not found:
+        raise ShardifyError(f"{src}: no tarred_audio_manifest.json (or sharded_manifests/manifest_*.json) beside "
+                            "the tars; pass --manifest FILE")
+    return found
+
+
+def scan_tars(tars: Sequence[str], workers: int = 1, progress: bool = True,
+              storage_options: dict | None = None) -> list[ShardScan]:
+    """Read every tar once (in ``workers`` processes); scans in tar order."""
+    bar = tqdm(total=len(tars), desc="indexing", unit="tar", file=sys.stderr, disable=None if progress else True)
+    scans: list[ShardScan] = []
+    try:
+        if workers <= 1 or len(tars) < 2:
+            for url in tars:
+                scans.append(scan_tar(url, storage_options))
+                bar.update()
+            return scans
+        remote = any(not storage.is_local(u) for u in tars)
+        with process_pool(min(workers, len(tars)), remote) as ex:
+            for scan in ex.map(scan_tar, tars, [storage_options] * len(tars)):
+                scans.append(scan)
+                bar.update()
+        return scans
+    finally:
+        bar.close()
+
+
+def _layout(layout: str, scans: Sequence[ShardScan]) -> str:
+    """``auto``: audio when any sample has an audio member, else text when any has text; else an error."""
+    if layout != "auto":
+        return layout
+    samples = [s for scan in scans for s in scan.samples]
+    if any(s.audio is not None for s in samples):
+        return "audio"
+    if any(s.tokens >= 0 for s in samples):
+        return "text"
+    first = next((scan for scan in scans if scan.samples), None)
+    if first is None:
+        raise ShardifyError(f"no readable samples in the tars ({scans[0].url}: {scans[0].fatal or 'empty'})")
+    s = first.samples[0]
+    raise ShardifyError(f"unknown layout: {first.url} sample {s.key!r} has members "
+                        f"{', '.join('.' + e for e in s.exts)}; expected audio (flac, wav, ogg, opus, mp3) or "
+                        "text (.txt, .input_ids.npy, a .json text); pass --layout, or --manifest for NeMo")
+
+
+def index_rate(scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, unit: str,
+               sample_rate: int | None) -> int | None:
+    """The index's sample rate: ``sample_rate`` if given, else the one rate of the usable audio members (mixed
+    rates are an error when lengths are counted in samples)."""
+    first_at: dict[int, str] = {}
+    for j, scan in enumerate(scans):
+        for i, s in enumerate(scan.samples):
+            if s.rate and s.problem is None and (named is None or named[j][i] is not None):
+                first_at.setdefault(s.rate, f"{scan.url} ({s.key}.{s.audio})")
+    if sample_rate:
+        return int(sample_rate)
+    rates = sorted(first_at)
+    if len(rates) > 1 and unit == "samples":
+        a, b = rates[:2]
+        raise ShardifyError(f"mixed sample rates: {first_at[a]} is {a} Hz but {first_at[b]} is {b} Hz; pass "
+                            "--sample-rate R to count lengths in samples at R")
+    return rates[0] if len(rates) == 1 else None
+
+
+def adopt(scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, layout: str, unit: str,
+          rate: int | None, out: str) -> Adopted:
+    """The index entries of the scanned tars (urls relative to ``out`` where they can be) and every problem."""
+    res = Adopted()
+    for j, scan in enumerate(scans):
+        if scan.fatal:
+            res.problems.append(InputProblem(scan.url, f"{scan.fatal}; the whole tar is left out"))
+            continue
+        lengths = np.zeros(len(scan.samples), dtype=np.float64 if unit == "seconds" else np.int64)
+        for i, s in enumerate(scan.samples):
+            entry = named[j][i] if named is not None else None
+            if named is not None and entry is None:
+                res.unnamed += 1
+                continue
+            got = sample_length(s, layout, unit, rate, entry)
+            if isinstance(got, str):
+                res.problems.append(InputProblem(scan.url, got, key=s.key))
+            else:
+                lengths[i] = got
+        keys = [s.key for s in scan.samples]
+        res.infos.append(ShardInfo(shard_url(scan.url, out), len(keys), scan.bytes, lengths, scan.sha256,
+                                   keys_sha1(keys), keys=keys, offsets=np.asarray(scan.offsets, np.int64),
+                                   sizes=np.asarray(scan.sizes, np.int64)))
+    return res
+
+
+def sample_length(s: SampleScan, layout: str, unit: str, rate: int | None, entry: Entry | None) -> float | str:
+    """A sample's length in ``unit``, or (a str) why the loader could not use it. A ``.json`` ``length`` is the
+    length the loader checks the index against, so it must agree with the audio header."""
+    if s.problem is not None:
+        return s.problem
+    if layout == "text":
+        if s.length is not None:
+            whole = s.length > 0 and s.length == int(s.length)
+            return s.length if whole else f"{s.key}.json: length {s.length:g} is not a positive whole number"
+        if s.tokens < 0:
+            return f"{s.key}: no text member (.txt, .input_ids.npy or a .json text), has {_exts(s)}"
+        return s.tokens if s.tokens > 0 else f"{s.key}: empty text (0 tokens)"
+    if s.audio is None:
+        return f"{s.key}: no audio member (flac, wav, ogg, opus, mp3), has {_exts(s)}"
+    header = _resampled(s.frames, s.rate, rate or s.rate) if unit == "samples" else s.frames / s.rate
+    if unit == "samples" and header <= 0:
+        return f"{s.key}.{s.audio}: {s.frames} frames at {s.rate} Hz is 0 samples at {rate} Hz"
+    if s.length is not None and abs(s.length - header) > 1e-6 * max(1.0, header):
+        return (f"{s.key}.json: length {s.length:g} but the audio header gives {header:g} {unit} ({s.frames} frames "
+                f"at {s.rate} Hz); the loader checks the .json length (is --unit right?)")
+    if entry is not None:
+        problem = duration_problem(entry.duration, f"{s.key}.{s.audio}: the manifest ({entry.where})", s.rate, s.frames)
+    else:
+        problem = duration_problem(s.duration, f"{s.key}.json", s.rate, s.frames)
+    return problem or header
+
+
+def _exts(s: SampleScan) -> str:
+    return ", ".join("." + e for e in s.exts) or "no members"
+
+
+def shard_url(tar: str, out: str) -> str:
+    """The tar's url as the index in ``out`` lists it: its name when beside the index, a relative path when
+    both are local, else its full URL."""
+    if storage.parent_url(tar).rstrip("/") == out.rstrip("/"):
+        return tar.rstrip("/").rsplit("/", 1)[-1]
+    if storage.is_local(tar) and storage.is_local(out) and not tar.startswith("file://") and not out.startswith("file://"):
+        return os.path.relpath(os.path.abspath(tar), os.path.abspath(out)).replace(os.sep, "/")
+    return tar
+
+
+def _report(problems: Sequence[InputProblem], on_error: str) -> None:
+    """With ``on_error="fail"``, the first problem as one line (and how many more)."""
+    if problems and on_error == "fail":
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ShardifyError(f"{problems[0]}{more}; nothing was written: pass --on-error skip to index the rest "
+                            "(the samples left out are listed in errors.jsonl)")
+
+
+def _meta(src: str, layout: str, manifests: list[str], adopted: Adopted, tars: Sequence[str],
+          part: tuple[int, int] | None, num_tars: int, on_error: str) -> dict[str, Any]:
+    left_out = sum(int(len(i.lengths) - np.count_nonzero(i.lengths)) for i in adopted.infos)
+    meta: dict[str, Any] = {
+        "source": os.path.abspath(src) if storage.is_local(src) else src,
+        "kind": "adopted",
+        "adopted": {"layout": layout, "left_out": left_out, "unnamed": adopted.unnamed,
+                    "manifests": [os.path.abspath(m) if storage.is_local(m) else m for m in manifests]},
+        "created": utc_now(),
+        "skipped": len(adopted.problems),
+    }
+    if part is not None:
+        a, b = part_range(num_tars, *part)
+        meta["part"] = {"index": part[0], "count": part[1], "records": [a, b], "num_records": num_tars,
+                        "on_error": on_error}
+    return meta
+
+
+def _save(index: ShardIndex, url: str, storage_options: dict | None) -> None:
+    """Write the index; a folder that cannot be written (read-only storage) is one clear line."""
+    try:
+        index.save(url, storage_options)
+    except PermissionError as e:
+        raise ShardifyError(f"{storage.parent_url(url)}: cannot write the index there ({e.strerror or e}); "
+                            "pass --out DIR to put it elsewhere (it points back at the tars)") from None
+    except OSError as e:
+        if e.errno != 30:  # EROFS
+            raise
+        raise ShardifyError(f"{storage.parent_url(url)}: read-only storage; pass --out DIR to put the index "
+                            "elsewhere (it points back at the tars)") from None

@@ -1,0 +1,145 @@
+"""NeMo tarred audio datasets for ``shardify index``: the tarred manifest and its entries matched to tar members.
+
+NeMo's ``convert_to_tarred_audio_dataset.py`` writes ``audio_0.tar`` … ``audio_{N-1}.tar`` (one member per
+utterance, named by the manifest's ``audio_filepath``) and ``tarred_audio_manifest.json`` (JSON lines:
+``audio_filepath``, ``duration``, ``text``, ``shard_id``, …), optionally also ``sharded_manifests/manifest_I.json``.
+Each manifest entry must name a member of its tar (``shard_id`` says which); members the manifest does not name
+are left out of the epoch, as NeMo leaves them out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..dataset import storage
+from ..errors import ShardifyError
+from .adopt_scan import ShardScan
+from .probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
+
+MANIFEST_NAME = "tarred_audio_manifest.json"
+SHARDED_DIR = "sharded_manifests"
+_TAR_NUMBER = re.compile(r"(\d+)\.tar$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One manifest line: the member it names, its tar (``shard_id``; None when not given), its duration and
+    text, and where it is (``FILE:LINE``)."""
+
+    member: str
+    shard: int | None
+    duration: float | None
+    text: str | None
+    where: str
+
+
+def find_manifests(src: str, storage_options: dict | None = None) -> list[str]:
+    """The tarred manifest beside the tars (``tarred_audio_manifest.json``), else every
+    ``sharded_manifests/manifest_*.json``; none: not a NeMo tarred dataset."""
+    names = storage.listdir(src, storage_options)
+    if MANIFEST_NAME in names:
+        return [storage.join_url(src, MANIFEST_NAME)]
+    if SHARDED_DIR in names:
+        sub = storage.join_url(src, SHARDED_DIR)
+        found = [n for n in storage.listdir(sub, storage_options) if re.fullmatch(r"manifest_\d+\.json", n)]
+        return [storage.join_url(sub, n) for n in sorted(found, key=lambda n: int(re.findall(r"\d+", n)[0]))]
+    return []
+
+
+def read_manifests(urls: Sequence[str], storage_options: dict | None = None) -> list[Entry]:
+    """Every entry of the manifests; a line that is not a JSON object with an ``audio_filepath`` is an error
+    naming it (the manifest is the dataset's definition: it is not skipped around)."""
+    entries: list[Entry] = []
+    for url in urls:
+        with storage.open_url(url, "rb", storage_options) as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                entries.append(_entry(json_line(line, f"{url}:{n}"), f"{url}:{n}"))
+    if not entries:
+        raise ShardifyError(f"{', '.join(urls)}: the manifest has no entries")
+    return entries
+
+
+def manifest_texts(dataset: str, storage_options: dict | None = None) -> dict[str, str]:
+    """{sample key: text} of an adopted NeMo dataset, from the manifest(s) its index names: the tars hold only
+    audio, so a training step looks up ``batch["keys"]`` here (keys are member names without extension)."""
+    from ..dataset.index import ShardIndex
+
+    urls = ShardIndex.load(dataset, storage_options).meta.get("adopted", {}).get("manifests") or []
+    if not urls:
+        raise ShardifyError(f"{dataset}: not a NeMo tarred dataset indexed by `shardify index`")
+    return {e.member.rsplit("/", 1)[-1].split(".", 1)[0]: e.text or "" for e in read_manifests(urls, storage_options)}
+
+
+def json_line(line: str, where: str) -> dict[str, Any]:
+    try:
+        d = json.loads(line)
+    except ValueError as e:
+        raise ShardifyError(f"{where}: not a JSON line ({e})") from None
+    if not isinstance(d, dict) or not isinstance(d.get("audio_filepath"), str):
+        raise ShardifyError(f"{where}: a manifest entry needs an audio_filepath (the member's name in its tar)")
+    return d
+
+
+def _entry(d: dict[str, Any], where: str) -> Entry:
+    shard = d.get("shard_id")
+    duration = d.get("duration")
+    return Entry(d["audio_filepath"], int(shard) if isinstance(shard, (int, float)) else None,
+                 float(duration) if isinstance(duration, (int, float)) else None,
+                 d["text"] if isinstance(d.get("text"), str) else None, where)
+
+
+def tar_number(url: str) -> int | None:
+    """The shard number in a NeMo tar's name (``audio_12.tar`` → 12)."""
+    m = _TAR_NUMBER.search(url.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: bool) -> list[list[Entry | None]]:
+    """For each tar, each sample's manifest entry (None: the manifest does not name it). ``whole``: the scans
+    are every tar of the dataset (not one ``--part``), so an entry without ``shard_id`` must be found too.
+
+    An entry naming a member no tar holds, or naming one member twice, is an error that names the line."""
+    numbers = {tar_number(s.url): j for j, s in enumerate(scans)}
+    by_name: dict[tuple[int, str], list[int]] = {}
+    for j, scan in enumerate(scans):
+        for i, s in enumerate(scan.samples):
+            if s.audio is not None:
+                by_name.setdefault((j, f"{s.key}.{s.audio}"), []).append(i)
+            for ext in s.exts:  # a member soundfile does not know is still named by the manifest
+                by_name.setdefault((j, f"{s.key}.{ext}"), []).append(i)
+    found: list[list[Entry | None]] = [[None] * len(s.samples) for s in scans]
+    for e in entries:
+        if e.shard is not None and e.shard not in numbers:
+            if whole:
+                raise ShardifyError(f"{e.where}: shard_id {e.shard} names a tar that is not there "
+                                    f"(no audio_{e.shard}.tar beside the others)")
+            continue  # another part's tar
+        tars = [numbers[e.shard]] if e.shard is not None else range(len(scans))
+        hit = next(((j, by_name[(j, e.member)][0]) for j in tars if (j, e.member) in by_name), None)
+        if hit is None:
+            if e.shard is None and not whole:
+                continue
+            in_tar = scans[tars[0]].url if e.shard is not None else "any tar"
+            raise ShardifyError(f"{e.where}: the manifest names {e.member!r}, which is not a member of {in_tar}")
+        j, i = hit
+        if found[j][i] is not None:
+            raise ShardifyError(f"{e.where}: {e.member!r} is named twice (also at {found[j][i].where}); "
+                                "segments of one file (an offset field) cannot be indexed in place")
+        found[j][i] = e
+    return found
+
+
+def duration_problem(duration: float | None, where: str, rate: int, frames: int) -> str | None:
+    """A declared duration (``where``: the manifest line, or the sample's ``.json``) against the member's
+    header: None when they agree (see :data:`~.probe.DURATION_TOLERANCE`) or none is declared."""
+    if duration is None or rate <= 0:
+        return None
+    header = frames / rate
+    if abs(duration - header) <= max(DURATION_TOLERANCE_S, DURATION_TOLERANCE * header):
+        return None
+    return f"{where} says duration {duration:g} s but the audio header says {header:.6g} s ({frames} frames at {rate} Hz)"

@@ -1,0 +1,179 @@
+"""Reading one existing tar for ``shardify index``: its samples as the loader will group them, where each lies
+in the tar, and what each one's members say about its length; the tar itself is only read.
+
+The members are walked with the one tar parser (:mod:`streambatch.dataset.tar`) and grouped by key exactly as
+the loader groups them, so sample ``i`` of the index is sample ``i`` of the stream. Audio members are probed
+from their bytes (header, and the end of the audio: a member cut short is caught here), ``.json`` members are
+parsed, text is counted in whitespace tokens (or ``input_ids.npy`` entries).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..dataset import storage
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
+from ..dataset.format import HashingReader
+from ..dataset.tar import iter_members, split_name
+from ..errors import ShardReadError
+
+
+@dataclass
+class SampleScan:
+    """What one sample's members say: its audio member's extension, rate and frames (0 where none), the
+    ``length`` and ``duration`` of its ``.json`` (None where absent), its text tokens (-1: no text), its ``.json``
+    fields, and the problem that keeps the loader from using it (None when it is fine)."""
+
+    key: str
+    exts: tuple[str, ...]
+    audio: str | None = None
+    rate: int = 0
+    frames: int = 0
+    length: float | None = None
+    duration: float | None = None
+    tokens: int = -1
+    problem: str | None = None
+
+
+@dataclass
+class ShardScan:
+    """One tar read whole: its size and sha256, its samples in tar order with their byte ranges, and
+    ``fatal``: why the loader cannot read the tar at all (then the shard is left out of the index)."""
+
+    url: str
+    bytes: int = 0
+    sha256: str = ""
+    samples: list[SampleScan] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    fatal: str | None = None
+
+
+def scan_tar(url: str, storage_options: dict | None = None) -> ShardScan:
+    """Read the tar at ``url`` once: every sample (members grouped by key, as the loader groups them), the byte
+    range its members span, and the tar's size and sha256."""
+    scan = ShardScan(url)
+    try:
+        with storage.open_url(url, "rb", storage_options) as f:
+            reader = HashingReader(f.read)
+            _walk(iter_members(reader, url), reader, scan)
+            if scan.fatal:
+                return scan
+            digest = reader.drain()
+    except FileNotFoundError:
+        scan.fatal = "tar not found"
+        return scan
+    except (ShardReadError, OSError) as e:
+        msg = str(e).removeprefix(f"{url}: ")
+        scan.fatal = f"unreadable tar after {len(scan.samples)} samples ({msg})"
+        return scan
+    scan.bytes, scan.sha256 = digest.bytes, digest.hexdigest()
+    return scan
+
+
+def _walk(members: Any, reader: HashingReader, scan: ShardScan) -> None:
+    """Group the members into samples (consecutive members with one key) and scan each: a sample's range
+    starts where the member before it ended (its headers included) and ends with its last member's padding."""
+    key: str | None = None
+    group: dict[str, bytes] = {}
+    start = end = 0
+    for name, data in members:
+        k, ext = split_name(name)
+        if k != key:
+            if key is not None:
+                _add(scan, key, group, start, end)
+            key, group, start = k, {}, end
+        group[ext] = data
+        end = reader.digest.bytes
+        if scan.fatal:
+            return
+    if key is not None:
+        _add(scan, key, group, start, end)
+
+
+def _add(scan: ShardScan, key: str, group: dict[str, bytes], start: int, end: int) -> None:
+    sample = scan_sample(key, group)
+    if sample.problem is not None and sample.problem.startswith(_FATAL):
+        scan.fatal = f"{key}.json: {sample.problem[len(_FATAL):]}"
+    scan.samples.append(sample)
+    scan.offsets.append(start)
+    scan.sizes.append(end - start)
+
+
+#: the mark of a member problem that stops the loader reading the whole tar (an invalid ``.json``)
+_FATAL = "\0"
+
+
+def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
+    """One sample's members (extension → bytes) as a :class:`SampleScan`."""
+    s = SampleScan(key, tuple(members))
+    meta = _json(members.get("json")) if "json" in members else {}
+    if isinstance(meta, str):  # the loader parses every .json and gives up the tar on an invalid one
+        s.problem = _FATAL + meta
+        return s
+    if not isinstance(meta, dict):
+        s.problem = f"{key}.json: not a JSON object"
+        return s
+    s.length, s.duration = _number(meta.get("length")), _number(meta.get("duration"))
+    s.audio = next((e for e in AUDIO_EXTENSIONS if e in members), None)
+    if s.audio is not None:
+        got = audio_header(members[s.audio])
+        if isinstance(got, str):
+            s.problem = f"{key}.{s.audio}: {got}"
+        else:
+            s.rate, s.frames = got
+    s.tokens = _tokens(members, meta)
+    if s.tokens == -2:
+        s.problem = s.problem or f"{key}: its text is not UTF-8 or its input_ids.npy is not a 1-D array"
+    return s
+
+
+def _json(raw: bytes | None) -> Any:
+    """The parsed ``.json`` member, or (a str) why it does not parse."""
+    try:
+        return json.loads(raw or b"")
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"invalid JSON ({e})"
+
+
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _tokens(members: dict[str, bytes], meta: dict[str, Any]) -> int:
+    """Tokens of the sample's text: ``input_ids.npy`` entries, else whitespace tokens of ``.txt``, else of the
+    ``.json`` ``text``; -1 when it has none, -2 when it cannot be read."""
+    try:
+        if "input_ids.npy" in members:
+            ids = np.load(io.BytesIO(members["input_ids.npy"]), allow_pickle=False)
+            return int(ids.shape[0]) if ids.ndim == 1 else -2
+        if "txt" in members:
+            return len(members["txt"].decode("utf-8").split())
+    except (ValueError, UnicodeDecodeError, OSError):
+        return -2
+    text = meta.get("text")
+    return len(text.split()) if isinstance(text, str) else -1
+
+
+def audio_header(data: bytes) -> tuple[int, int] | str:
+    """``(sample_rate, frames)`` of an audio member from its bytes, or what is wrong with it (a member whose
+    audio ends before its header says is a problem here, not a crash in training)."""
+    if not data:
+        return "empty audio member (0 bytes)"
+    try:
+        info = probe(io.BytesIO(data), check_end=True)
+    except TruncatedAudio as e:
+        return str(e)
+    except AudioError as e:
+        msg = (str(e.__cause__ or e).strip().splitlines() or ["?"])[-1]
+        msg = re.sub(r"^Error opening <.*?>: ", "", msg)
+        return "audio member has no frames" if "header reports" in msg else f"not readable audio ({msg.rstrip('.')})"
+    if info.frames <= 0:
+        return "audio member has no frames"
+    return info.sample_rate, info.frames
