@@ -209,7 +209,8 @@ def _add_inspect(sub: Any) -> None:
         "tokens, length percentiles (in the dataset's unit and, for audio, seconds), a suggested batch "
         "budget and bucket boundaries.",
     )
-    i.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+    i.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json), or a mixture file "
+                   "(.yaml/.json naming datasets and weights)")
     i.add_argument("--budget", metavar="B",
                    help="batch budget (max padded length per batch) in the dataset's unit, or seconds with "
                    "an 's' suffix for audio (e.g. 60s); default: suggested from the lengths")
@@ -355,9 +356,14 @@ def _load(args: argparse.Namespace) -> ShardIndex:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from .dataset.mixture import open_index
     from .summary import inspect_dataset
 
-    return inspect_dataset(_load(args), args.out, args.budget, args.num_buckets, args.plot, args.json)
+    try:
+        index = open_index(args.out, storage_options_from(args.storage_option))
+    except (FileNotFoundError, IndexError_) as e:
+        raise ShardifyError(str(e)) from None
+    return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json)
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:

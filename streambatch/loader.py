@@ -63,7 +63,8 @@ class StreamBatchLoader:
 
     ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index
     file, a brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each
-    sample's ``.json``; no ``len()``). ``budget`` is the largest padded size of a batch in the dataset's unit
+    sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}``
+    mapping, a list of folders, or a mixture file. ``budget`` is the largest padded size of a batch in the dataset's unit
     (or a duration like ``"60s"`` for audio with an index).
     ``options`` are the batching options (:class:`BatchingConfig`) and read options (``READ_OPTIONS``) by
     name. The README lists every option.

@@ -72,9 +72,14 @@ def inspect_dataset(
 
 def _summary(index: ShardIndex, dataset: str, lengths: LengthStats) -> dict[str, Any]:
     """Counts, totals and percentiles, with the seconds view for audio."""
-    stats = lengths.summary(index.unit, index.seconds_per_unit(), num_shards=index.num_shards)
+    shards = sum(ix.num_shards for ix in index.indexes) if hasattr(index, "indexes") else index.num_shards
+    stats = lengths.summary(index.unit, index.seconds_per_unit(), num_shards=shards)
     spu = index.seconds_per_unit()
     summary: dict[str, Any] = {"dataset": dataset, "sample_rate": index.sample_rate, **stats}
+    if hasattr(index, "draws"):  # a mixture: its datasets and what each epoch takes of them
+        from .dataset.mixture import mixture_table
+
+        summary["datasets"] = mixture_table(index)
     if spu and lengths.count:
         summary["seconds"] = {
             "min": lengths.min * spu, "mean": lengths.mean * spu, "max": lengths.max * spu,
@@ -123,6 +128,9 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
         rows.append(("skipped", f"{skipped} bad inputs when written (errors.jsonl)"))
     for k, v in rows:
         print(f"{k:<10} {v}")
+    for name, d in s.get("datasets", {}).items():
+        hours = f", {_hours(d['hours_per_epoch'])}" if "hours_per_epoch" in d else ""
+        print(f"  {name}: {d['samples']:,} samples, weight {d['weight']:g}: {d['per_epoch']:,} per epoch{hours}")
     if s["num_samples"]:
         within = s.get("percentiles_within")
         print("length percentiles" + (f" (each within {within:.1%}, from a streamed histogram):" if within else ":"))

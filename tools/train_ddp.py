@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from streambatch import ShardIndex, StreamBatchLoader
+from streambatch import StreamBatchLoader
 from streambatch.procs import watch_parent
 
 REQUEUE_EXIT_CODE = 85
@@ -155,7 +155,8 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, loa
 # ---- the run -------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="dataset folder or URL written by `shardify write` (with index.json)")
+    p.add_argument("--data", required=True, help="dataset folder or URL written by `shardify write` (with index.json), or a "
+                   "mixture file (.yaml/.json) naming several datasets and their weights")
     p.add_argument("--budget", default="200s",
                    help="batch budget: padded length per batch in the dataset's unit, or seconds with an s "
                    "suffix (default 200s)")
@@ -201,9 +202,10 @@ def say(rank: int, msg: str) -> None:
 
 
 def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, stop: StopFlag) -> int:
+    from streambatch.dataset.mixture import open_index
     from streambatch.summary import parse_budget
 
-    index = ShardIndex.load(a.data)
+    index = open_index(a.data)  # a dataset, or a mixture file naming several
     budget = parse_budget(a.budget, index)
     seconds_per_sample = 1.0 / (index.sample_rate or 16000)  # batch["lengths"] count decoded samples
     torch.manual_seed(a.seed)

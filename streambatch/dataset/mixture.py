@@ -294,3 +294,23 @@ class DatasetNames:
     def of(self, shard: int) -> str:
         b = int(np.searchsorted(self.first_shard, shard, side="right")) - 1
         return self.names[int(self.block_dataset[b])]
+
+
+def open_index(url: str, storage_options: dict | None = None) -> "ShardIndex | MixedIndex":
+    """A dataset's index, or a mixture file's datasets as one :class:`MixedIndex` (``shardify inspect``, the
+    training script's budget parsing)."""
+    if _is_mixture_file(url):
+        return MixedIndex.open(load_mixture(url), storage_options)
+    return ShardIndex.load(url, storage_options)
+
+
+def mixture_table(index: MixedIndex) -> dict[str, dict[str, float]]:
+    """Per dataset: its samples, weight, and the samples (and hours, for audio) one epoch takes."""
+    spu = index.seconds_per_unit()
+    out = {}
+    for s, ix, draw in zip(index.sources, index.indexes, index.draws):
+        row: dict[str, float] = {"samples": ix.num_samples, "weight": s.weight, "per_epoch": draw.take}
+        if spu:
+            row["hours_per_epoch"] = ix.total_length * spu / 3600 * (draw.take / max(1, draw.size))
+        out[s.name] = row
+    return out
