@@ -11,7 +11,6 @@ import logging
 import time
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 from torch.utils.data import DataLoader
 
 from .dataset.index import ShardIndex
@@ -29,6 +28,8 @@ from .read.faults import FAULT_FIELDS
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, read_options, split_options
 from .summary import length_text
+from .checkpoint import check_state, old_layout, pack_mask, unpack_mask
+from .metrics import EpochMeter, metered, metrics_line, planned_figures
 from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
 from .dataset.mixture import MixedIndex, dataset_names, mixture_sources, selection_of
 from .dataset.source import ShardURLs
@@ -91,6 +92,7 @@ class StreamBatchLoader:
         loss_weight_by: str = "samples",
         hardest_first: bool = False,
         planning: str = "auto",
+        progress: bool = False,
         storage_options: dict | None = None,
         **options: Any,
     ):
@@ -120,7 +122,8 @@ class StreamBatchLoader:
         self.even_batches, self.hardest_first = even_batches, bool(hardest_first)
         if planning not in PLANNING:
             raise ValueError(f"planning must be one of {PLANNING}, got {planning!r}")
-        self.planning = planning
+        self.planning, self.progress = planning, bool(progress)
+        self._meter: EpochMeter | None = None
         ix = self.index
         self.collate_options = CollateOptions(
             decode=decode, pad_to_multiple_of=batching.get("pad_to_multiple_of"),
@@ -340,7 +343,8 @@ class StreamBatchLoader:
         steps = self._publish(epoch)
         if self._dataloader is None or not self.persistent_workers:
             self._dataloader = self._make_dataloader()
-        for item in self._dataloader:
+        self._meter = EpochMeter(epoch, self.config.budget, self.config.cost, self._unit_per_element())
+        for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
             if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once the
                 yield from item[:-1]  # last one is out (a state saved mid-batch resumes at its first)
                 self._consumed += 1
@@ -353,9 +357,40 @@ class StreamBatchLoader:
         if steps is None and self._consumed == 0:
             raise EmptyEpochError(unindexed_empty_message(self.name or self.urls[0], len(self.urls), self.config,
                                                           epoch, int(self._bad_shards.sum())))
+        log.info(metrics_line(self._meter.summary()))
         self._consumed = 0
         self._resumed, self._saved_steps = None, None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
+
+    def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterator[Any]:
+        """With ``progress=True``, a tqdm bar over the pass (from the batches already consumed)."""
+        if not self.progress:
+            return items
+        from tqdm.auto import tqdm
+
+        return tqdm(items, total=None if steps is None else self._earlier(epoch) + steps,
+                    initial=self.consumed, desc=f"epoch {epoch}", unit="batch")
+
+    def _unit_per_element(self) -> float:
+        """Dataset length units per element of a padded tensor along T (a budget in seconds: 1 / rate)."""
+        ix = self.index
+        if ix is not None and ix.unit == "seconds":
+            return 1.0 / float(ix.sample_rate) if ix.sample_rate else 0.0
+        return 1.0
+
+    def metrics(self, planned: bool = False) -> dict[str, Any]:
+        """How the current (or last) pass fed the training loop: padding %, budget utilisation %, batches and
+        samples per second, time to first batch, seconds the loop waited on the loader, a mixture's dataset
+        shares, and the storage counters of :meth:`fault_stats`. ``planned=True`` adds the planned epoch's
+        padding and budget use for this rank (plans the whole epoch: O(N))."""
+        out = self._meter.summary() if self._meter is not None else {}
+        faults = self.fault_stats()
+        out["storage"] = {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")}
+        if planned and self.index is not None:
+            epoch = self._meter.epoch if self._meter is not None else self.epoch
+            out["planned"] = planned_figures(self.plan(epoch), self.rank, index_lengths(self.index), self.config.budget,
+                                             self.config.cost)
+        return out
 
     # ---- resumption ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -375,7 +410,7 @@ class StreamBatchLoader:
             "num_samples": self.index.num_samples if self.index is not None else None,
             "mixture": self.index.state() if isinstance(self.index, MixedIndex) else None,
             "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
-            "excluded": _pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
+            "excluded": pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
         }
         return state
 
@@ -388,12 +423,12 @@ class StreamBatchLoader:
         yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
         out what was consumed by re-planning only the old ranks that held its own shards.
         """
-        consumed = self._check_state(state)
+        consumed = check_state(self, state)
         self.epoch = int(state["epoch"])
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         layouts = [Layout.from_state(d) for d in state.get("earlier_layouts") or []]
-        base = _unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
+        base = unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
         same_layout = (
             state.get("world_size") == self.world_size
             and state.get("num_workers") == max(1, self.num_workers)
@@ -401,7 +436,7 @@ class StreamBatchLoader:
             and state.get("hardest_first", self.hardest_first) == self.hardest_first
         )
         if consumed and not same_layout:
-            layouts.append(self._old_layout(state, consumed, Resumed(self.epoch, tuple(layouts), base)))
+            layouts.append(old_layout(self, state, consumed, Resumed(self.epoch, tuple(layouts), base)))
             consumed = 0
         self._resumed = Resumed(self.epoch, tuple(layouts), base) if layouts or base is not None else None
         self._consumed = consumed
@@ -414,49 +449,3 @@ class StreamBatchLoader:
                 self.epoch, self.world_size, max(1, self.num_workers), old.world_size, old.num_workers,
                 old.consumed, old.steps,
             )
-
-    def _check_state(self, state: dict[str, Any]) -> int:
-        """The state's batches consumed, once it is known to belong to this loader's dataset and seed."""
-        if state.get("seed", self.config.seed) != self.config.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, this loader has seed {self.config.seed}")
-        if self.index is not None and state.get("num_samples") not in (None, self.index.num_samples):
-            raise ValueError(
-                f"state was saved for a dataset of {state['num_samples']} samples, this one has {self.index.num_samples}"
-            )
-        mine = self.index.state() if isinstance(self.index, MixedIndex) else None
-        if state.get("mixture") != mine and "mixture" in state:
-            raise ValueError(f"state was saved for the mixture {state['mixture']}, this loader reads {mine}")
-        consumed = int(state.get("batches_consumed", 0))
-        if self.index is None and consumed:
-            raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
-        return consumed
-
-    def _old_layout(self, state: dict[str, Any], consumed: int, before: Resumed) -> Layout:
-        """The layout the state was saved on. A state from before ``steps`` was saved gets its step count
-        from the old layout's whole plan (O(N), once)."""
-        world, workers = int(state["world_size"]), int(state["num_workers"])
-        even = state.get("even_batches", self.even_batches)
-        hardest = bool(state.get("hardest_first", self.hardest_first))
-        steps = state.get("steps")
-        if steps is None:
-            lengths = index_lengths(self.index)
-            steps = make_epoch_plan(lengths, self.config, self.epoch, world, workers, even,
-                                    before.consumed(lengths, self.config, selection_of(self.index, self.epoch,
-                                                                                       self.config.seed)),
-                                    hardest).steps
-        return Layout(world, workers, even, hardest, int(steps), consumed)
-
-
-def _pack_mask(mask: np.ndarray) -> str:
-    import base64
-    import zlib
-
-    return base64.b64encode(zlib.compress(np.packbits(mask).tobytes())).decode("ascii")
-
-
-def _unpack_mask(packed: str, n: int) -> np.ndarray:
-    import base64
-    import zlib
-
-    bits = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype=np.uint8)
-    return np.unpackbits(bits)[:n].astype(bool)

@@ -140,7 +140,7 @@ def test_resume_chain_on_other_world_sizes_sees_every_sample_once(audio_ds):
 
 def test_a_state_saved_with_a_consumed_mask_still_resumes(audio_ds):
     """States written before the layouts were saved carry a mask of consumed samples and no step count."""
-    from streambatch.loader import _pack_mask
+    from streambatch.checkpoint import pack_mask
 
     kw = dict(budget=BUDGET, buffer_size=30, seed=2)
     index = ShardIndex.load(audio_ds)
@@ -153,7 +153,7 @@ def test_a_state_saved_with_a_consumed_mask_still_resumes(audio_ds):
     done = [k for b in batches[:3] for k in b]
     order = [k for b in batches for k in b]
     old = {"epoch": 0, "batches_consumed": 0, "seed": 2, "world_size": 1, "num_workers": 1,
-           "even_batches": "split", "num_samples": index.num_samples, "excluded": _pack_mask(mask)}
+           "even_batches": "split", "num_samples": index.num_samples, "excluded": pack_mask(mask)}
     rest, _ = _run_ranks(audio_ds, 2, kw, state=old)
     assert int(mask.sum()) == len(done)
     assert sorted(rest + done) == sorted(order)

@@ -1,0 +1,117 @@
+"""How well the loader fed the training loop in a pass, measured in the main process as batches are handed
+over: padding and budget use of the delivered batches, batches and samples per second, time to the first
+batch, the time the training loop waited on the loader, and (under a mixture) each dataset's share."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class EpochMeter:
+    """The running figures of one pass. ``budget``/``cost``: the batching budget and cost model, to say how
+    full each batch is; ``unit_per_element``: dataset units per tensor element along T (1, or 1/rate for a
+    budget in seconds)."""
+
+    def __init__(self, epoch: int, budget: float | None, cost: Any, unit_per_element: float = 1.0):
+        self.epoch, self.budget, self.cost, self.unit = epoch, budget, cost, unit_per_element
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.waited = 0.0
+        self.batches = self.samples = 0
+        self.real = self.padded = 0
+        self.used: list[float] = []
+        self.datasets: collections.Counter = collections.Counter()
+
+    def record(self, batch: Any, waited: float) -> None:
+        """One batch handed to the training loop after the loop waited ``waited`` seconds for it."""
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now - self.start
+        self.waited += waited
+        self.batches += 1
+        for part in batch if isinstance(batch, list) else [batch]:  # a batch's micro-batches count together
+            if isinstance(part, dict):
+                self._measure(part)
+
+    def _measure(self, batch: dict[str, Any]) -> None:
+        lengths = batch.get("lengths")
+        if lengths is not None and len(lengths):
+            n = int(len(lengths))
+            longest = _width(batch, lengths)
+            self.samples += n
+            self.real += int(np.asarray(lengths).sum())
+            self.padded += n * longest
+            if self.budget and not getattr(self.cost, "packed", False):
+                self.used.append(float(self.cost.cost(n, longest * self.unit)) / self.budget)
+        for name in batch.get("dataset") or ():
+            self.datasets[name] += 1
+
+    def summary(self) -> dict[str, Any]:
+        """The pass's figures (see README "Metrics")."""
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        out: dict[str, Any] = {
+            "epoch": self.epoch, "batches": self.batches, "samples": self.samples, "seconds": seconds,
+            "batches_per_s": self.batches / seconds, "samples_per_s": self.samples / seconds,
+            "time_to_first_batch_s": self.first, "waited_on_loader_s": self.waited,
+            "padding_pct": 100.0 * (1 - self.real / self.padded) if self.padded else None,
+            "budget_utilisation_pct": 100.0 * float(np.mean(self.used)) if self.used else None,
+        }
+        if self.datasets:
+            total = sum(self.datasets.values())
+            out["dataset_shares"] = {k: v / total for k, v in sorted(self.datasets.items())}
+        return out
+
+
+def _width(batch: dict[str, Any], lengths: Any) -> int:
+    """The padded length T of a batch (its padding mask's width), else its longest sample."""
+    mask = batch.get("padding_mask")
+    if mask is not None and getattr(mask, "ndim", 0) == 2:
+        return int(mask.shape[1])
+    return int(np.asarray(lengths).max())
+
+
+def metered(batches: Iterator[Any], meter: EpochMeter) -> Iterator[Any]:
+    """Stage: pass batches on, timing how long each was waited for and recording it in ``meter``."""
+    it = iter(batches)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        meter.record(batch, time.perf_counter() - t0)
+        yield batch
+
+
+def planned_figures(plan: Any, rank: int, lengths: Any, budget: float, cost: Any) -> dict[str, Any]:
+    """Padding and budget use of the batches the plan gives ``rank`` (repeats of ``pad`` included, as they are
+    delivered), from the index lengths."""
+    real = padded = 0
+    used = []
+    for s in plan.rank_slots(rank):
+        slot = plan.slots[s]
+        for b in slot.batches:
+            x = np.asarray(lengths[slot.gids[b]], dtype=np.float64)
+            real += float(x.sum())
+            padded += len(x) * float(x.max())
+            used.append(float(cost.cost(len(x), float(x.max()))) / budget)
+    return {"padding_pct": 100.0 * (1 - real / padded) if padded else None,
+            "budget_utilisation_pct": 100.0 * float(np.mean(used)) if used else None,
+            "batches": len(used)}
+
+
+def metrics_line(m: dict[str, Any]) -> str:
+    """The once-per-epoch log line."""
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x:.1f}%"
+
+    first = "-" if m["time_to_first_batch_s"] is None else f"{m['time_to_first_batch_s']:.2f} s"
+    shares = "".join(f", {k} {v:.1%}" for k, v in m.get("dataset_shares", {}).items())
+    return (f"epoch {m['epoch']}: {m['batches']} batches, {m['samples']} samples in {m['seconds']:.1f} s "
+            f"({m['batches_per_s']:.2f} batches/s, {m['samples_per_s']:.1f} samples/s); first batch after {first}; "
+            f"waited on the loader {m['waited_on_loader_s']:.1f} s; padding {pct(m['padding_pct'])}, budget used "
+            f"{pct(m['budget_utilisation_pct'])}{shares}")
