@@ -218,6 +218,12 @@ def _add_inspect(sub: Any) -> None:
                    help="number of buckets for the boundaries (default: chosen from the lengths)")
     i.add_argument("--plot", metavar="FILE.png", help="save a length histogram (needs matplotlib)")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.add_argument("--plan", action="store_true",
+                   help="plan epoch 0 with --budget on --world-size ranks x --num-workers workers and show its steps "
+                   "per rank, batch-size histogram, padding and budget use (--plot draws them)")
+    i.add_argument("--world-size", type=_positive_int, default=1, metavar="W", help="ranks for --plan (default 1)")
+    i.add_argument("--num-workers", type=_positive_int, default=1, metavar="N",
+                   help="DataLoader workers per rank for --plan (default 1)")
     _add_storage(i)
     i.set_defaults(func=cmd_inspect)
 
@@ -363,7 +369,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         index = open_index(args.out, storage_options_from(args.storage_option))
     except (FileNotFoundError, IndexError_) as e:
         raise ShardifyError(str(e)) from None
+    if args.plan:
+        return _inspect_plan(index, args)
     return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json)
+
+
+def _inspect_plan(index: Any, args: argparse.Namespace) -> int:
+    from .plan_report import plot_planned, planned_epoch, print_planned
+    from .summary import parse_budget
+
+    if not args.budget:
+        raise ShardifyError("--plan needs --budget (`shardify inspect DS` suggests one)")
+    options = {"num_buckets": args.num_buckets} if args.num_buckets else {}
+    p = planned_epoch(index, parse_budget(args.budget, index), args.world_size, args.num_workers, **options)
+    if args.plot:
+        p["plot"] = plot_planned(p, args.plot)
+    print_planned(p, args.json)
+    return 0
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:

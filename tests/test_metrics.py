@@ -50,3 +50,22 @@ def test_progress_bar_and_epoch_log(text_ds, capsys, caplog):
     n = len(list(loader))
     assert f"{n}/{n}" in capsys.readouterr().err
     assert any("padding" in r.getMessage() and f"{n} batches" in r.getMessage() for r in caplog.records)
+
+
+def test_inspect_plan_shows_the_planned_epoch(text_ds, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "streambatch.cli", "inspect", text_ds, "--plan", "--budget",
+                          str(BUDGET), "--world-size", "2", "--num-workers", "2", "--json",
+                          "--plot", str(tmp_path / "plan.png")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    p = json.loads(out.stdout)
+    loaders = [StreamBatchLoader(text_ds, budget=BUDGET, rank=r, world_size=2, num_workers=2) for r in range(2)]
+    assert p["steps"] == len(loaders[0]) == len(loaders[1])
+    assert sum(p["batch_sizes"]["counts"]) == p["batches"]
+    assert sum(p["samples_per_rank"]) + p["left_out"] == 200
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    bad = subprocess.run([sys.executable, "-m", "streambatch.cli", "inspect", text_ds, "--plan"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--plan needs --budget" in bad.stderr
