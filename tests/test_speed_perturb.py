@@ -120,3 +120,12 @@ def test_speed_perturb_needs_audio(tmp_path):
     write_shards(str(tmp_path / "t.jsonl"), str(tmp_path / "shards"), progress=False)
     with pytest.raises(ValueError, match="audio lengths in samples"):
         StreamBatchLoader(str(tmp_path / "shards"), budget=100, speed_perturb=(0.9, 1.1))
+
+
+def test_a_repeated_sample_draws_again_and_the_first_draw_is_unchanged():
+    """A mixture that repeats a sample within an epoch passes its repeat number: repeat 0 is the plain draw."""
+    sp, gids = SpeedPerturb.make((0.9, 1.0, 1.1)), np.arange(3000)
+    plain = sp.factors_of(4, 2, gids)
+    assert np.array_equal(sp.factors_of(4, 2, gids, np.zeros(3000, dtype=np.int64)), plain)
+    again = sp.factors_of(4, 2, gids, np.ones(3000, dtype=np.int64))
+    assert 0.5 < (again != plain).mean() < 0.8  # independent draws of 3 equally likely factors differ 2/3 of the time

@@ -41,11 +41,15 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def sample_uniform(seed: Any, epoch: int, gids: np.ndarray, tag: int = SPEED_TAG) -> np.ndarray:
-    """One uniform number in [0, 1) per global id, a pure function of ``(seed, epoch, tag, id)``."""
+def sample_uniform(seed: Any, epoch: int, gids: np.ndarray, tag: int = SPEED_TAG, repeats: Any = None) -> np.ndarray:
+    """One uniform number in [0, 1) per global id, a pure function of ``(seed, epoch, tag, id)`` — and of the
+    repeat number where a mixture repeats a sample within the epoch (``repeats``, 0 or None: the first)."""
     key = np.random.SeedSequence([*seed_words(seed), int(epoch), tag]).generate_state(1, np.uint64)[0]
     with np.errstate(over="ignore"):
         h = _mix(np.asarray(gids, dtype=np.uint64) ^ key)
+        if repeats is not None:
+            r = np.asarray(repeats, dtype=np.uint64)
+            h = np.where(r > 0, _mix(h ^ r), h)
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
@@ -75,10 +79,10 @@ class SpeedPerturb:
             raise ValueError(f"speed_perturb: weights must be non-negative with a positive sum, got {spec!r}")
         return cls(tuple(f.tolist()), tuple(w.tolist()))
 
-    def factors_of(self, seed: Any, epoch: int, gids: np.ndarray) -> np.ndarray:
-        """Each sample's factor, drawn by weight from ``(seed, epoch, global id)``."""
+    def factors_of(self, seed: Any, epoch: int, gids: np.ndarray, repeats: Any = None) -> np.ndarray:
+        """Each sample's factor, drawn by weight from ``(seed, epoch, global id)`` (and its repeat number)."""
         cum = np.cumsum(self.weights) / float(np.sum(self.weights))
-        pick = np.searchsorted(cum, sample_uniform(seed, epoch, gids), side="right")
+        pick = np.searchsorted(cum, sample_uniform(seed, epoch, gids, SPEED_TAG, repeats), side="right")
         return np.asarray(self.factors)[np.minimum(pick, len(self.factors) - 1)]
 
 

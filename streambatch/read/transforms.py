@@ -75,7 +75,8 @@ class SampleOps:
         if (self.speed is not None or self.features is not None) and name != "audio":
             raise ValueError(f"speed_perturb and features need audio samples; this batch decodes {name!r}")
         gids = np.array([_gid(s) for s in samples], dtype=np.int64)
-        factors = self.speed.factors_of(self.seed, self.epoch, gids) if self.speed is not None else None
+        repeats = [int(s.get("__repeat__", 0)) for s in samples]  # set where a dataset mixture repeats a sample
+        factors = self.speed.factors_of(self.seed, self.epoch, gids, repeats) if self.speed is not None else None
         out = []
         for i, (s, p) in enumerate(zip(samples, payload)):
             if factors is not None:
