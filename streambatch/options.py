@@ -92,6 +92,8 @@ def sample_plan(given: dict[str, Any], index: ShardIndex | None, decode: Any, se
     which = ", ".join(k for k in ("transform", "speed_perturb", "features") if o[k] is not None)
     if index is None:
         raise ValueError(f"{which} need an index: each sample's randomness and planned length follow its global id")
+    if decode == "none":
+        raise ValueError(f"{which} work on decoded samples; decode='none' keeps them raw")
     if (speed is not None or features is not None):
         if index.unit != "samples" or not index.sample_rate:
             raise ValueError(f"speed_perturb and features need audio lengths in samples with a sample rate; this "

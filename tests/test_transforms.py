@@ -185,3 +185,8 @@ def test_readme_examples_run(tmp_path):
     code = readme_examples("Transforms", "Speed perturbation", "Features")
     assert "transform=" in code and "speed_perturb=" in code and 'features="fbank"' in code
     exec(compile(code.replace("/tmp/sb-augment", str(tmp_path)), "README.md", "exec"), {})
+
+
+def test_transform_needs_decoded_samples(data):
+    with pytest.raises(ValueError, match="decode='none' keeps them raw"):
+        StreamBatchLoader(data, budget=BUDGET, decode="none", transform=lambda s, r: s)
