@@ -9,7 +9,6 @@ import numpy as np
 
 from .dataset.mixture import MixedIndex, selection_of
 from .plan.epoch import make_epoch_plan
-from .plan.lengths import index_lengths
 from .plan.resume import Layout, Resumed
 
 
@@ -38,7 +37,7 @@ def old_layout(loader: Any, state: dict[str, Any], consumed: int, before: Resume
     hardest = bool(state.get("hardest_first", loader.hardest_first))
     steps = state.get("steps")
     if steps is None:
-        lengths = index_lengths(loader.index)
+        lengths = loader._lengths(loader.epoch)
         steps = make_epoch_plan(lengths, loader.config, loader.epoch, world, workers, even,
                                 before.consumed(lengths, loader.config, selection_of(loader.index, loader.epoch,
                                                                                    loader.config.seed)),

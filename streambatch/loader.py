@@ -18,15 +18,16 @@ from .dataset.source import resolve_source
 from .dist import all_gather_ints, process_group_matches, process_info
 from .errors import BudgetError, EmptyEpochError
 from .plan.batcher import BucketBatcher
-from .plan.config import check_budget, parse_budget
+from .plan.config import check_budget
 from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
 from .plan.lengths import Lengths, index_lengths
+from .plan.perturb import planned_lengths
 from .plan.resume import Layout, Resumed, excluded_in
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
-from .options import batching_config, read_options, split_options
+from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
 from .checkpoint import check_state, old_layout, pack_mask, unpack_mask
 from .metrics import EpochMeter, metered, metrics_line, planned_figures
@@ -96,6 +97,7 @@ class StreamBatchLoader:
         storage_options: dict | None = None,
         **options: Any,
     ):
+        per_sample = pop_sample_options(options)  # transform, speed_perturb, features
         batching, reading = split_options(options)
         self._check(micro_batches, loss_weight_by, even_batches)
         if budget is not None and not isinstance(budget, str):
@@ -112,7 +114,8 @@ class StreamBatchLoader:
             self.name = str(source) if isinstance(source, str) else (self.index.root if self.index is not None else "")
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
-        self.config = batching_config(self._parse_budget(budget), self.index, batching)
+        self.length_plan, ops = sample_plan(per_sample, self.index, decode, batching.get("seed", 0))
+        self.config = batching_config(self._parse_budget(budget), self.index, batching, self.length_plan)
         self._check_shortest_fits()
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
@@ -130,6 +133,7 @@ class StreamBatchLoader:
             sample_rate=ix.sample_rate if ix is not None and ix.unit == "samples" else None,
             packed=self.config.cost.packed, micro_batches=int(micro_batches), loss_weight_by=loss_weight_by,
             datasets=dataset_names(self.index),
+            per_sample=ops,
         )
         if self.index is None and self.world_size > 1 and not batches_per_epoch:
             raise ValueError(
@@ -148,11 +152,8 @@ class StreamBatchLoader:
         self._dataloader: DataLoader | None = None
 
     def _parse_budget(self, budget: Any) -> float | None:
-        """The budget in the dataset's unit (a duration like ``"60s"`` converted with the index's rate)."""
-        if budget is None:
-            return None
-        ix = self.index
-        return parse_budget(budget, ix.unit, ix.sample_rate) if ix is not None else parse_budget(budget)
+        """The budget in the plan's unit (a duration like ``"60s"`` converted with the index's rate)."""
+        return plan_budget(budget, self.index, self.length_plan)
 
     def _check_shortest_fits(self) -> None:
         """A budget that not even the shortest sample fits alone is an error now (from the index's shard
@@ -162,15 +163,19 @@ class StreamBatchLoader:
         table = self.index.shard_table(("count", "min_length"))
         mins = table["min_length"][table["count"] > 0]
         shortest = float(mins.min()) if mins.size else 0.0
+        if self.length_plan is not None:
+            shortest = self.length_plan.shortest(shortest)
         alone = BucketBatcher(self.config.replace(min_length=0, max_length=None, strict=False, buffer_size=1))
         if shortest <= 0 or alone.accepts(shortest):
             return
         cfg, ix = self.config, self.index
         padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
         how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
+        frames = self.length_plan is not None and self.length_plan.in_frames
+        text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, ix))
         raise BudgetError(
-            f"{self.name}: budget {length_text(cfg.budget, ix)} {how} the shortest sample, "
-            f"{length_text(shortest, ix)}: every sample would be skipped and no epoch would have a batch; "
+            f"{self.name}: budget {text(cfg.budget)} {how} the shortest sample, "
+            f"{text(shortest)}: every sample would be skipped and no epoch would have a batch; "
             "use a larger budget (`shardify inspect` suggests one)"
         )
 
@@ -198,11 +203,15 @@ class StreamBatchLoader:
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
-        lengths = index_lengths(self.index)
+        lengths = self._lengths(e)
         plan = self._whole_plan(e, lengths)
         if isinstance(self.index, MixedIndex):
             plan.datasets = mixture_report(self.index, plan, lengths)
         return plan
+
+    def _lengths(self, epoch: int) -> Lengths:
+        """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
+        return planned_lengths(index_lengths(self.index), self.length_plan, self.config.seed, epoch)
 
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(
@@ -219,7 +228,7 @@ class StreamBatchLoader:
         e = self.epoch if epoch is None else int(epoch)
         if e not in self._schedules:
             t0 = time.perf_counter()
-            lengths = index_lengths(self.index)
+            lengths = self._lengths(e)
             local = self._rank_local(e)
             if local:
                 sched = plan_rank_local(lengths, self.config, e, self.rank, self.world_size, max(1, self.num_workers),
@@ -296,6 +305,7 @@ class StreamBatchLoader:
             rank=self.rank, world_size=self.world_size, num_workers=max(1, self.num_workers),
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
             state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
+            length_plan=self.length_plan,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -388,7 +398,7 @@ class StreamBatchLoader:
         out["storage"] = {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")}
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
-            out["planned"] = planned_figures(self.plan(epoch), self.rank, index_lengths(self.index), self.config.budget,
+            out["planned"] = planned_figures(self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget,
                                              self.config.cost)
         return out
 

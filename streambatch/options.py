@@ -8,8 +8,10 @@ from typing import Any
 from .dataset import storage
 from .dataset.index import ShardIndex
 from .plan.config import OPTIONS as BATCHING_OPTIONS
-from .plan.config import BatchingConfig
+from .plan.config import BatchingConfig, parse_budget
 from .plan.cost import calibration_info
+from .plan.perturb import LengthPlan, SpeedPerturb
+from .plan.stats import stream_stats
 from .read.reader import ReadOptions
 from .read.retry import RetryPolicy
 
@@ -18,6 +20,10 @@ READ_OPTIONS: dict[str, Any] = {
     "chunk_size": "8M", "read_ahead": "64M", "read_concurrency": 4, "retries": 8, "timeout": 60.0,
     "backoff": 0.25, "verify": "sha256", "max_bad_shards": 2, "cache_dir": None, "cache_size": None,
 }
+
+
+#: per-sample options the loader takes by name (the README's "Transforms", "Speed perturbation", "Features")
+SAMPLE_OPTIONS: dict[str, Any] = {"transform": None, "speed_perturb": None, "features": None}
 
 
 def read_options(**given: Any) -> ReadOptions:
@@ -35,25 +41,86 @@ def read_options(**given: Any) -> ReadOptions:
     )
 
 
-def batching_config(budget: float | None, index: ShardIndex | None, options: dict[str, Any]) -> BatchingConfig:
+def batching_config(budget: float | None, index: ShardIndex | None, options: dict[str, Any],
+                    length_plan: LengthPlan | None = None) -> BatchingConfig:
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
-    lengths rounded as the tensor will be when they count tensor elements."""
+    lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
     cost = options.get("cost")
     calib = None if options.get("packed") else calibration_info(cost)
+    unit = "frames" if length_plan is not None and length_plan.in_frames else index.unit if index is not None else None
     if calib is not None:
-        if index is not None and calib.get("unit") not in (None, index.unit):
-            raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {index.unit!r}")
+        if index is not None and calib.get("unit") not in (None, unit):
+            raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
         if options.get("max_batch_size") is None and calib.get("max_batch_size"):
             # the search stopped there: larger batches would be extrapolated, not measured
             options = {**options, "max_batch_size": int(calib["max_batch_size"])}
     if index is not None and index.unit == "seconds":
         options = {**options, "pad_to_multiple_of": None}
     # every length, streamed in bounded memory, read once where an option needs them
-    stats = index.length_stats() if index is not None and options.get("num_buckets") else None
+    stats = _stats(index, length_plan) if index is not None and options.get("num_buckets") else None
     config = BatchingConfig.make(budget, stats, **options)
     if hasattr(config.cost, "check_monotone") and index is not None:
-        config.cost.check_monotone(stats if stats is not None else index.length_stats())
+        config.cost.check_monotone(stats if stats is not None else _stats(index, length_plan))
     return config
+
+
+def _stats(index: ShardIndex, length_plan: LengthPlan | None) -> Any:
+    """Statistics of every length in the plan's unit (frames when planning in them; speed factors aside)."""
+    if length_plan is None or not length_plan.in_frames:
+        return index.length_stats()
+    return stream_stats(length_plan.frames(x) for x in index.iter_lengths())
+
+
+def pop_sample_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The per-sample options (:data:`SAMPLE_OPTIONS`) taken out of the loader's ``**options``."""
+    return {k: options.pop(k) for k in list(options) if k in SAMPLE_OPTIONS}
+
+
+def sample_plan(given: dict[str, Any], index: ShardIndex | None, decode: Any, seed: Any
+                ) -> tuple[LengthPlan | None, Any]:
+    """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
+    (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
+    from .read.features import plans_in_frames, resolve_features
+    from .read.transforms import SampleOps, require_soxr
+
+    o = {**SAMPLE_OPTIONS, **given}
+    speed, features, transform = SpeedPerturb.make(o["speed_perturb"]), resolve_features(o["features"]), o["transform"]
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be a callable fn(sample, rng) -> sample, got {transform!r}")
+    if speed is None and features is None and transform is None:
+        return None, None
+    which = ", ".join(k for k in ("transform", "speed_perturb", "features") if o[k] is not None)
+    if index is None:
+        raise ValueError(f"{which} need an index: each sample's randomness and planned length follow its global id")
+    if decode == "none":
+        raise ValueError(f"{which} work on decoded samples; decode='none' keeps them raw")
+    if (speed is not None or features is not None):
+        if index.unit != "samples" or not index.sample_rate:
+            raise ValueError(f"speed_perturb and features need audio lengths in samples with a sample rate; this "
+                             f"index counts {index.unit}" + ("" if index.sample_rate else " without a sample rate"))
+        if decode not in ("auto", "audio"):
+            raise ValueError(f"speed_perturb and features work on decoded audio; decode={decode!r}")
+    if speed is not None:
+        require_soxr()
+    frames = features if plans_in_frames(features) else None
+    plan = LengthPlan(int(index.sample_rate or 0), speed, frames) if speed is not None or frames is not None else None
+    return plan, SampleOps(transform, speed, features, seed, 0, index.sample_rate)
+
+
+def plan_budget(budget: Any, index: ShardIndex | None, length_plan: LengthPlan | None) -> float | None:
+    """The budget in the plan's unit: the dataset's, or feature frames when planning in them (a number counts
+    frames; a duration is the frames of that much audio)."""
+    if budget is None:
+        return None
+    if index is None:
+        return parse_budget(budget)
+    if length_plan is None or not length_plan.in_frames:
+        return parse_budget(budget, index.unit, index.sample_rate)
+    try:
+        return parse_budget(budget, "frames")
+    except ValueError:  # a duration: its samples, then their frames
+        samples = parse_budget(budget, index.unit, index.sample_rate)
+        return float(parse_budget(float(length_plan.frames(int(samples)))))
 
 
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -81,9 +81,13 @@ def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> 
 
 
 def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
-    """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard."""
+    """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard; the
+    planned ones (speed perturbation, feature frames) where ``lengths`` plans them (:mod:`.perturb`)."""
     parts = [lengths.shard(p.shard)[p.start:p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
-    return np.concatenate(parts) if parts else np.zeros(0)
+    out = np.concatenate(parts) if parts else np.zeros(0)
+    if hasattr(lengths, "plan_lengths"):  # the one hook of per-sample length changes
+        out = lengths.plan_lengths(out, slot_stream(pieces, lengths.offsets, excluded))
+    return out
 
 
 def plan_slot(

@@ -88,12 +88,14 @@ def collate(
     pad_value: float = 0,
     sample_rate: int | None = None,
     packed: bool = False,
+    per_sample: Any = None,
 ) -> dict[str, Any]:
     """Decode and pad one batch of samples (see the module docstring for the fields).
 
     ``packed=True``: no padding — the payloads concatenated (``[total, ...]``) with ``cu_seqlens`` (int32
     ``[B + 1]``, the offsets of each sample) and ``max_seqlen``, the form variable-length attention kernels
-    (flash-attention's ``varlen`` functions) take.
+    (flash-attention's ``varlen`` functions) take. ``per_sample``: the stages run on each decoded payload before
+    padding (:class:`~streambatch.read.transforms.SampleOps`: speed perturbation, transform, features).
     """
     mode = resolve_decode(decode, samples[0])
     payload = [decode_sample(s, mode, sample_rate) for s in samples]
@@ -101,6 +103,9 @@ def collate(
     meta = [s.get("json") or {} for s in samples]
     if all(p is not None for p in payload):
         name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
+        if per_sample is not None:  # read/transforms.py
+            payload, added, name = per_sample(samples, payload, name)
+            batch.update(added)
         lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
         batch["lengths"] = lengths
         if packed:

@@ -118,9 +118,10 @@ class _Executor:
     """The state of :func:`execute_plan`: samples held by stream position, positions lost, the reservoir."""
 
     def __init__(self, samples: Iterator[Any], plan: SlotPlan, first: int, lengths: np.ndarray,
-                 faults: FaultLog | None, reservoir: int):
+                 faults: FaultLog | None, reservoir: int, index_lengths: np.ndarray | None = None):
         self.it = iter(samples)
         self.plan, self.lengths, self.faults = plan, lengths, faults
+        self.index_lengths = lengths if index_lengths is None else index_lengths  # what each .json must say
         self.needed = np.zeros(len(plan.gids), dtype=bool)
         for b in plan.batches[first:]:
             self.needed[b] = True
@@ -149,7 +150,7 @@ class _Executor:
             self.count("lost_samples", len(gone))
             self.pool.discard(item.url)
             return None
-        pos, _, sample = item
+        pos, gid, sample = item
         self.upto = max(self.upto, pos)
         if not self.needed[pos]:
             return None
@@ -160,11 +161,12 @@ class _Executor:
         if sample.get("json") is None:  # a tar indexed in place (`shardify index`): its length is the index's
             sample["json"] = {"length": self.lengths[pos].item()}
         got = (sample.get("json") or {}).get("length")
-        if got is not None and got != self.lengths[pos]:
+        if got is not None and got != self.index_lengths[pos]:
             raise RuntimeError(
                 f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
-                f"{self.lengths[pos]}; {_MISMATCH}"
+                f"{self.index_lengths[pos]}; {_MISMATCH}"
             )
+        sample["__id__"] = gid  # per-sample randomness is seeded by it (read/transforms.py)
         self.held[pos] = sample
         return pos
 
@@ -226,17 +228,19 @@ def execute_plan(
     lengths: np.ndarray,
     faults: FaultLog | None = None,
     reservoir: int = 64,
+    index_lengths: np.ndarray | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
 
-    ``samples`` come from :func:`positioned`; ``lengths`` are the index's, by stream position. Batches ``plan.batches[first:]`` are yielded in plan order; a
+    ``samples`` come from :func:`positioned`; ``lengths`` are the planned ones by stream position, and
+    ``index_lengths`` the index's where they differ (speed perturbation, feature frames). Batches ``plan.batches[first:]`` are yielded in plan order; a
     batch marked as a repeat is yielded again from the samples of the one before it. Samples no remaining
     batch needs are dropped on arrival; lost ones are re-drawn from the last ``reservoir`` emitted (counted).
     """
     todo, repeat = plan.batches[first:], plan.repeat[first:]
     if not todo:
         return
-    ex = _Executor(samples, plan, first, lengths, faults, reservoir)
+    ex = _Executor(samples, plan, first, lengths, faults, reservoir, index_lengths)
     last: list[dict[str, Any]] = []
     for k, b in enumerate(todo):
         if repeat[k] and k > 0:

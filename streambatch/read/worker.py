@@ -20,9 +20,10 @@ from ..errors import EmptyEpochError
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
+from ..plan.perturb import LengthPlan, planned_lengths
 from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
-from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot
+from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, stream_lengths
 from .collate import Decode, collate, split_micro_batches
 from .execute import execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
@@ -82,6 +83,7 @@ class CollateOptions:
     micro_batches: int = 1
     loss_weight_by: str = "samples"
     datasets: DatasetNames | None = None  # a mixture's dataset names by shard: ``batch["dataset"]``
+    per_sample: Any = None  # a read.transforms.SampleOps: speed perturbation, transform, features
 
 
 @dataclass
@@ -104,14 +106,15 @@ class SlotContext:
     faults: torch.Tensor
     bad: torch.Tensor
     resumed: Resumed | None = None
+    length_plan: LengthPlan | None = None  # speed perturbation / feature frames (plan/perturb.py)
 
     @property
     def num_slots(self) -> int:
         return self.world_size * self.num_workers
 
-    def lengths(self) -> Lengths:
-        """The index lengths as the planner reads them: per shard, only the shards asked for."""
-        return index_lengths(self.index)
+    def lengths(self, epoch: int) -> Lengths:
+        """The lengths the epoch is planned on, as the planner reads them: per shard, only the shards asked for."""
+        return planned_lengths(index_lengths(self.index), self.length_plan, self.config.seed, epoch)
 
 
 class EpochStream(IterableDataset):
@@ -141,7 +144,10 @@ def stream_slot(
     ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None
 ) -> Iterator[Any]:
     """The one place the read stages are composed, for one (rank, worker) slot."""
-    checked = CheckedBatches(ctx.collate, faults)
+    opts = ctx.collate
+    if opts.per_sample is not None:  # per-sample randomness follows the epoch
+        opts = dataclasses.replace(opts, per_sample=opts.per_sample.for_epoch(epoch))
+    checked = CheckedBatches(opts, faults)
     if ctx.index is not None:
         batches = _planned_batches(ctx, epoch, slot, adj, first, faults)
     else:
@@ -154,13 +160,14 @@ def _planned_batches(
     ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None
 ) -> Iterator[list[dict[str, Any]]]:
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
-    lengths = ctx.lengths()
+    lengths = ctx.lengths(epoch)
     offsets = lengths.offsets
     excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config, selection_of(ctx.index, epoch, ctx.config.seed))
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
     by_pos = raw.lengths
+    index_pos = stream_lengths(pieces, lengths.base, excluded) if ctx.length_plan is not None else None
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
     def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
@@ -168,7 +175,7 @@ def _planned_batches(
         samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
                               faults, markers=True)
         return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,
-                            ctx.read.reservoir)
+                            ctx.read.reservoir, index_pos)
 
     if adj.hardest and first == 0 and plan.batches:
         # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
@@ -239,7 +246,8 @@ def json_length(sample: dict[str, Any]) -> float:
 def finish_batch(samples: list[dict[str, Any]], opts: CollateOptions) -> dict[str, Any] | list[dict[str, Any]]:
     """Stage end: decode and pad a formed batch, or with ``micro_batches`` its micro-batches as one list (the
     DataLoader passes them on together; the loader yields them one by one)."""
-    kw = dict(pad_to_multiple_of=opts.pad_to_multiple_of, sample_rate=opts.sample_rate, packed=opts.packed)
+    kw = dict(pad_to_multiple_of=opts.pad_to_multiple_of, sample_rate=opts.sample_rate, packed=opts.packed,
+              per_sample=opts.per_sample)
     if opts.micro_batches <= 1:
         return _named(collate(samples, opts.decode, **kw), samples, opts.datasets)
     groups, weights = split_micro_batches(samples, opts.micro_batches, opts.loss_weight_by)

@@ -1,0 +1,119 @@
+"""What a worker does to each sample of a formed batch between decoding and padding: speed perturbation, the
+user's ``transform`` with its own generator, and features.
+
+Each sample's factor and generator come from ``(seed, epoch, global sample id)`` (:mod:`streambatch.plan.perturb`),
+so the tensors are the same after a resume, on any world size and in any worker, and differ from epoch to epoch.
+The plan promised each sample's length: a stage that makes a sample longer than that is an error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..plan.perturb import SpeedPerturb, perturbed_samples, sample_rng
+
+Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
+
+
+def require_soxr() -> Any:
+    """soxr, or an error saying how to install it."""
+    try:
+        import soxr
+    except ImportError:
+        raise ImportError("speed_perturb needs soxr: pip install 'streambatch[audio]'") from None
+    return soxr
+
+
+def speed_resample(wav: torch.Tensor, factor: float, sample_rate: int) -> torch.Tensor:
+    """``wav`` played ``factor`` times as fast at the same rate: soxr's high-quality resampler from
+    ``sample_rate × factor`` to ``sample_rate``, trimmed to the planned ``floor(n / factor + 0.5)`` samples."""
+    if factor == 1.0:
+        return wav
+    soxr = require_soxr()
+    out = soxr.resample(np.ascontiguousarray(wav.numpy(), dtype=np.float32), sample_rate * factor, sample_rate)
+    return torch.from_numpy(np.ascontiguousarray(out[: int(perturbed_samples(wav.shape[0], factor))]))
+
+
+def name_of(fn: Any) -> str:
+    """How an error names a user's callable: ``module.qualname``, else its repr."""
+    qual = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", None)
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "")
+    return f"{module}.{qual}" if qual and module else repr(fn)
+
+
+def _too_long(stage: str, fn: Any, key: str, got: int, planned: int, unit: str) -> ValueError:
+    return ValueError(
+        f"{stage} {name_of(fn)} made sample {key!r} {got} {unit} long, longer than the {planned} {unit} planned: "
+        "the budget is planned on each sample's length, so a per-sample stage may shorten a sample, never lengthen it"
+    )
+
+
+@dataclass(frozen=True)
+class SampleOps:
+    """The per-sample stages of one loader, for one epoch (:meth:`for_epoch`): ``speed`` (factors drawn per
+    sample), ``transform`` (``fn(sample, rng) -> sample``) and ``features`` (``fn(waveform, sample_rate)``)."""
+
+    transform: Transform | None = None
+    speed: SpeedPerturb | None = None
+    features: Any = None
+    seed: Any = 0
+    epoch: int = 0
+    sample_rate: int | None = None
+
+    def for_epoch(self, epoch: int) -> "SampleOps":
+        return dataclasses.replace(self, epoch=int(epoch))
+
+    def __call__(self, samples: Sequence[dict[str, Any]], payload: list[torch.Tensor], name: str
+                 ) -> tuple[list[torch.Tensor], dict[str, Any], str]:
+        """The batch's payloads after the stages, the fields they add to the batch (``speed``), and the
+        payload's name in the batch (``features`` once features are computed)."""
+        if (self.speed is not None or self.features is not None) and name != "audio":
+            raise ValueError(f"speed_perturb and features need audio samples; this batch decodes {name!r}")
+        gids = np.array([_gid(s) for s in samples], dtype=np.int64)
+        repeats = [int(s.get("__repeat__", 0)) for s in samples]  # set where a dataset mixture repeats a sample
+        factors = self.speed.factors_of(self.seed, self.epoch, gids, repeats) if self.speed is not None else None
+        out = []
+        for i, (s, p) in enumerate(zip(samples, payload)):
+            if factors is not None:
+                p = speed_resample(p, float(factors[i]), self.sample_rate)
+            if self.transform is not None:
+                p = self._transform(s, p, name, int(gids[i]))
+            if self.features is not None:
+                p = self._features(s, p)
+            out.append(p)
+        fields = {"speed": torch.tensor(factors, dtype=torch.float32)} if factors is not None else {}
+        return out, fields, "features" if self.features is not None else name
+
+    def _transform(self, sample: dict[str, Any], payload: torch.Tensor, name: str, gid: int) -> torch.Tensor:
+        """The user's transform on a copy of the sample holding its decoded payload under ``name``."""
+        rng = sample_rng(self.seed, self.epoch, gid, int(sample.get("__repeat__", 0)))
+        got = self.transform({**sample, name: payload, "__id__": gid}, rng)
+        if not isinstance(got, dict) or name not in got:
+            raise TypeError(f"transform {name_of(self.transform)} must return the sample dict with its {name!r}")
+        out = got[name] if isinstance(got[name], torch.Tensor) else torch.as_tensor(np.asarray(got[name]))
+        if out.shape[0] > payload.shape[0]:
+            raise _too_long("transform", self.transform, sample["__key__"], out.shape[0], payload.shape[0], "steps")
+        return out
+
+    def _features(self, sample: dict[str, Any], wav: torch.Tensor) -> torch.Tensor:
+        """Features of the waveform; no more frames than the plan counted, where it counts frames."""
+        feats = self.features(wav, self.sample_rate)
+        feats = feats if isinstance(feats, torch.Tensor) else torch.as_tensor(np.asarray(feats))
+        counter = getattr(self.features, "num_frames", None)
+        if callable(counter):
+            planned = int(counter(np.int64(wav.shape[0]), self.sample_rate))
+            if feats.shape[0] > planned:
+                raise _too_long("features", self.features, sample["__key__"], feats.shape[0], planned, "frames")
+        return feats
+
+
+def _gid(sample: dict[str, Any]) -> int:
+    """The sample's global id, which the executor attaches when its planned batch is formed."""
+    if "__id__" not in sample:
+        raise RuntimeError(f"sample {sample.get('__key__')!r} carries no global id: per-sample stages need an index")
+    return int(sample["__id__"])
