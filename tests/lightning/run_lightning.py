@@ -67,7 +67,8 @@ def main() -> None:
     watch_parent(os.getppid())
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
-    dm = StreamBatchDataModule(a.data, a.budget, val_source=a.data, num_workers=a.num_workers, buffer_size=40, seed=3)
+    dm = StreamBatchDataModule(a.data, a.budget, val_source=a.data, num_workers=a.num_workers, buffer_size=40, seed=3,
+                               persistent_workers=True)
     callbacks = []
     if a.ckpt_dir:
         callbacks.append(ModelCheckpoint(dirpath=a.ckpt_dir, filename="{step}", every_n_train_steps=a.save_every,
