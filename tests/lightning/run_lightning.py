@@ -49,7 +49,13 @@ class KeyRecorder(pl.LightningModule):
                       "keys": batch["keys"]})
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        # a schedule over the whole run reads trainer.estimated_stepping_batches, which sets up the train loader
+        # before Lightning restores the loop state (Lightning issue 20550: the fit loop's copy of the loader
+        # state is then not loaded; the DataModule's is)
+        opt = torch.optim.SGD(self.parameters(), lr=0.01)
+        total = self.trainer.estimated_stepping_batches
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=0.01, total_steps=int(total) + 10), "interval": "step"}}
 
 
 def main() -> None:
