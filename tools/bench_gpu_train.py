@@ -559,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
             print("audio s/s: seconds of real (unpadded) audio trained per wall-clock second; loader wait: share of the")
             print(f"  time spent waiting for the next batch; peak mem: {'max_memory_allocated' if device.type == 'cuda' else 'peak RSS rise'} / the device memory for the run;")
             print("  OOMs: out-of-memory errors caught by OOMGuard (each restarts the batch in pieces).")
-            result = {"rows": [r.row(total) for r in runs], "device_memory": total}
+            result = {"rows": [r.row(total) for r in runs]}
+    result["device_memory"] = args.device_bytes
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device_name(device), "parameters": params, "calibration": {
