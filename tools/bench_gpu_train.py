@@ -420,9 +420,10 @@ def run_methods(shards: str, cal: dict, calib_path: str, cfg: ModelConfig, devic
 
 def check_epoch(shards: str, calib_path: str, cal: dict, cfg: ModelConfig, device: torch.device,
                 args: argparse.Namespace) -> dict[str, Any]:
-    """One epoch of the calibrated loader with a fresh model: each step's peak memory (a full step, as
-    calibration measured it) and the out-of-memory errors caught."""
+    """One epoch of the calibrated loader with a fresh model, after one warm-up step on a synthetic batch: each
+    step's peak memory (a full step, as calibration measured it) and the out-of-memory errors caught."""
     from streambatch import StreamBatchLoader
+    from streambatch.fit.calibrate import default_make_batch
     from streambatch.fit.oom import OOMGuard
 
     trainer = make_trainer(cfg, device, args.seed)
@@ -430,6 +431,8 @@ def check_epoch(shards: str, calib_path: str, cal: dict, cfg: ModelConfig, devic
     loader = StreamBatchLoader(shards, cost=calib_path, num_workers=args.workers, pin_memory=device.type == "cuda",
                                seed=args.seed, buffer_size=args.buffer_size, worker_init_fn=_one_thread if args.workers else None)
     memory = PeakMemory(device)
+    warm = default_make_batch("samples", SAMPLE_RATE)(1, min(r["length"] for r in cal["per_length"]))
+    trainer.step(warm)  # one-time allocations (optimizer state, workspaces), as calibration's own warm-up step
     steps = []
     for batch in loader:
         memory.reset()
