@@ -36,6 +36,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -76,6 +77,7 @@ def make_corpus(folder: str, n: int, max_seconds: float, seed: int = 0, per_shar
                  format="WAV", subtype="PCM_16")
     shards = os.path.join(folder, "shards")
     write_shards(audio, shards, max_count=per_shard, progress=False)
+    shutil.rmtree(audio)  # the shards hold every byte
     return shards
 
 
