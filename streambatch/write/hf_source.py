@@ -61,7 +61,10 @@ def _datasets() -> Any:
     except ImportError:
         raise ShardifyError("a Hugging Face dataset source needs the 'datasets' package: "
                             "pip install 'streambatch[hf]'") from None
+    from huggingface_hub.utils import logging as hub_logging
+
     datasets.logging.set_verbosity_error()  # no progress bars or retry chatter: errors are one line
+    hub_logging.set_verbosity_error()
     datasets.disable_progress_bars()
     return datasets
 

@@ -97,7 +97,7 @@ def _hub_file(name: str) -> str:
     """``tokenizer.json`` of the hub model ``name`` (from the local cache when there)."""
     _need("tokenizers")
     hub = _need("huggingface_hub")
-    hub.utils.logging.set_verbosity_error()  # no retry chatter: one line says what went wrong
+    _need("huggingface_hub.utils.logging").set_verbosity_error()  # no retry chatter: one line says what is wrong
     try:
         return hub.hf_hub_download(name, TOKENIZER_FILE)
     except Exception as e:  # noqa: BLE001 - network, missing repo, missing file: all mean "cannot load it"
