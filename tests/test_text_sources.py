@@ -22,6 +22,7 @@ from streambatch.cli import main
 from streambatch.dataset.index import IndexError_, ShardIndex, upgrade
 from streambatch.errors import InputErrors
 from streambatch.write.parts import merge_parts
+from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset
 from streambatch.write.writer import write_shards
 
@@ -197,6 +198,20 @@ def test_hf_audio_arrays_with_output_length_chars(tmp_path, hf_arrays, capsys):
     assert index.shard_output_lengths([2, 0])[0].tolist() == [len(rows["utt4"][1])]
 
 
+def test_hf_arrays_give_the_same_shards_for_any_workers_and_keep_int16(tmp_path):
+    pcm = [(tone(600 + 100 * i, i) * 32767).astype(np.int16) for i in range(4)]
+    ds = datasets.Dataset.from_dict({"audio": [{"array": a, "sampling_rate": 8000} for a in pcm]})
+    ds.save_to_disk(str(tmp_path / "hf"))
+    shards = []
+    for workers in (1, 2):
+        write_shards(str(tmp_path / "hf"), str(tmp_path / f"w{workers}"), workers=workers, max_count=2, progress=False)
+        shards.append([(tmp_path / f"w{workers}" / f"shard-00000{j}.tar").read_bytes() for j in range(2)])
+    assert shards[0] == shards[1]
+    for s, a in zip(read_back(tmp_path / "w2"), pcm):
+        decoded, sr = sf.read(io.BytesIO(s["wav"]), dtype="int16")
+        assert sr == 8000 and sf.info(io.BytesIO(s["wav"])).subtype == "PCM_16" and np.array_equal(decoded, a)
+
+
 def test_hf_audio_feature_bytes_kept_and_splits(tmp_path, hf_flac_splits, sp_model):
     path, expected = hf_flac_splits
     encode = encoder(sp_model)
@@ -234,7 +249,7 @@ def test_hf_text_dataset_with_tokenizer(tmp_path, tok_json):
 
 
 # ---- output lengths through merge, version 1 and re-saves --------------------------------------------------
-def test_output_lengths_survive_parts_merge_version_1_and_upgrade(tmp_path, hf_arrays):
+def test_output_lengths_survive_parts_merge_stage_version_1_and_upgrade(tmp_path, hf_arrays):
     path, rows = hf_arrays
     want = [len(t) for _, t, _ in rows.values()]
     out = tmp_path / "parts"
@@ -245,6 +260,9 @@ def test_output_lengths_survive_parts_merge_version_1_and_upgrade(tmp_path, hf_a
     again = ShardIndex.load(str(out))
     assert again.has_output_lengths
     assert np.concatenate(again.shard_output_lengths(range(again.num_shards))).tolist() == want
+    stage_dataset(str(out), str(tmp_path / "staged"), progress=False)
+    staged = ShardIndex.load(str(tmp_path / "staged"))
+    assert np.concatenate(staged.shard_output_lengths(range(staged.num_shards))).tolist() == want
 
     v1 = write_shards(path, str(tmp_path / "v1"), output_length="chars", index_version=1, progress=False)
     loaded = ShardIndex.load(str(tmp_path / "v1"))

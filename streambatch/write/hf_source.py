@@ -13,8 +13,8 @@ the audio is never all in memory. ``datasets`` is optional: ``pip install 'strea
 from __future__ import annotations
 
 import functools
-import io
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -146,18 +146,23 @@ class HFAudio:
 
 
 def _wav(array: Any, rate: int) -> bytes:
-    """Samples as a WAV file: float as 32/64-bit float, int16/int32 as PCM (bit-exact); (channels, frames) ok."""
+    """Samples as a WAV file: float32/64 as IEEE float, int16/int32 as PCM (bit-exact); a list of channels is
+    (channels, frames). Built here rather than by libsndfile, whose float WAVs carry a time stamp (a PEAK
+    chunk), so the same dataset gives the same shards."""
     values = array.values
     if hasattr(values.type, "value_type"):  # a list of channels
         arr = np.stack([np.asarray(ch.values.to_numpy(zero_copy_only=False)) for ch in array]).T
     else:
-        arr = np.asarray(values.to_numpy(zero_copy_only=False))
-    subtype = {"f4": "FLOAT", "f8": "DOUBLE", "i2": "PCM_16", "i4": "PCM_32"}.get(arr.dtype.str[1:], "FLOAT")
-    import soundfile as sf
-
-    buf = io.BytesIO()
-    sf.write(buf, arr if subtype != "FLOAT" else arr.astype(np.float32), rate, format="WAV", subtype=subtype)
-    return buf.getvalue()
+        arr = np.asarray(values.to_numpy(zero_copy_only=False))[:, None]
+    if arr.dtype.kind not in "fi" or arr.dtype.itemsize not in (2, 4, 8) or arr.dtype.str[1:] in ("i8", "f2"):
+        arr = arr.astype(np.float32)
+    data = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"))).tobytes()
+    channels, width = arr.shape[1], arr.dtype.itemsize
+    tag = 3 if arr.dtype.kind == "f" else 1
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * channels * width, channels * width, 8 * width)
+    fact = b"fact" + struct.pack("<II", 4, arr.shape[0]) if tag == 3 else b""
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + fact + b"data" + struct.pack("<I", len(data))
+    return b"RIFF" + struct.pack("<I", len(body) + len(data)) + body + data
 
 
 def _ext(value: dict[str, Any], head: bytes) -> str:
@@ -204,7 +209,8 @@ def hf_rows(src: str, problems: list[InputProblem]) -> Iterator[tuple[int, dict[
     rest = ds.remove_columns([audio]) if audio is not None else ds
     text_col = next((c for c in TEXT_COLUMNS if c in rest.column_names), None)
     skip = {text_col} if audio is not None else {text_col, "input_ids", "length"}
-    for n, row in enumerate(rest):
+    rows = iter(rest) if rest.column_names else ({} for _ in range(len(ds)))  # no other column: rows all the same
+    for n, row in enumerate(rows):
         name, ext = next(names) if names is not None else ("", "")
         key = next((str(row[c]) for c in KEY_COLUMNS if row.get(c) not in (None, "")), None) or name
         out: dict[str, Any] = {"key": key or f"{stem}_{n:09d}", "text": row.get(text_col) if text_col else None}
