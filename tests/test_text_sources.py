@@ -41,9 +41,10 @@ def tok_json(tmp_path_factory) -> str:
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(SENTENCES * 3, trainers.BpeTrainer(vocab_size=80, special_tokens=["[UNK]", "[CLS]", "[SEP]"]))
+    specials = ["[UNK]", "[CLS]", "[SEP]"]
+    tok.train_from_iterator(SENTENCES * 3, trainers.BpeTrainer(vocab_size=80, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+        single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in specials[1:]])
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
@@ -53,8 +54,8 @@ def tok_json(tmp_path_factory) -> str:
 def sp_model(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("spm")
     (d / "corpus.txt").write_text("\n".join(SENTENCES * 10) + "\n")
-    spm.SentencePieceTrainer.train(input=str(d / "corpus.txt"), model_prefix=str(d / "sp"), vocab_size=30, hard_vocab_limit=False,
-                                   model_type="unigram", minloglevel=2)
+    spm.SentencePieceTrainer.train(input=str(d / "corpus.txt"), model_prefix=str(d / "sp"), vocab_size=30,
+                                   hard_vocab_limit=False, model_type="unigram", minloglevel=2)
     return str(d / "sp.model")
 
 
@@ -165,7 +166,8 @@ def test_tokenizer_hash_tells_tokenizers_apart_and_the_loader_reads_the_ids(tmp_
 
 def test_input_ids_another_tokenizer_made_are_bad_input(tmp_path, tok_json):
     good = encoder(tok_json)("hello world")
-    rows = [{"id": "ok", "text": "hello world", "input_ids": good}, {"id": "bad", "text": "hello world", "input_ids": [1, 2]},
+    rows = [{"id": "ok", "text": "hello world", "input_ids": good},
+            {"id": "bad", "text": "hello world", "input_ids": [1, 2]},
             {"id": "ids_only", "input_ids": [5, 6, 7]}]
     src = write_jsonl(tmp_path / "t.jsonl", rows)
     with pytest.raises(InputErrors, match=r"t.jsonl:2.*not what --tokenizer .* makes of its text"):
@@ -308,7 +310,7 @@ def test_hub_really_unreachable_is_one_line_exit_2(tmp_path):
     assert "cannot load the Hugging Face dataset" in line and "save_to_disk" in line
 
 
-def test_option_mistakes_are_one_line_exit_2(tmp_path, hf_arrays, hf_flac_splits, tok_json):
+def test_option_mistakes_are_one_line_exit_2(tmp_path, hf_arrays, hf_flac_splits, tok_json, capsys):
     text = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b"}])
     (tmp_path / "broken.json").write_text("{not a tokenizer")
     cases = [
@@ -320,7 +322,10 @@ def test_option_mistakes_are_one_line_exit_2(tmp_path, hf_arrays, hf_flac_splits
         (("write", f"hf:{hf_flac_splits[0]}:dev", tmp_path / "o6"), "no split 'dev'; the dataset has"),
     ]
     for argv, expected in cases:
-        assert expected in one_line_error(run_cli(*argv)), argv
+        capsys.readouterr()
+        code = main([*map(str, argv), "--no-progress"])
+        err = capsys.readouterr().err
+        assert expected in one_line_error(subprocess.CompletedProcess(argv, code, "", err)), argv
 
 
 def test_a_sample_without_transcript_is_bad_input(tmp_path):
