@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_write(sub: Any) -> None:
     from .write.sources import KINDS
+    from .write.text_cli import SOURCE_HELP, add_arguments as add_text_arguments
 
     w = sub.add_parser(
         "write",
@@ -96,19 +97,22 @@ def _add_write(sub: Any) -> None:
         description="Write SRC as length-annotated WebDataset shards (shard-000000.tar, ...) and index.json "
         "(written last) in OUT. SRC is a folder of audio files (wav/flac/ogg, recursive; NAME.txt beside an "
         "audio file is its transcript), a JSONL manifest (NeMo style: audio_filepath or path, duration, text, "
-        "...), a SpeechBrain JSON or CSV manifest, or a text JSONL (text and/or input_ids). Audio lengths "
+        "...), a SpeechBrain JSON or CSV manifest, a text JSONL (text and/or input_ids), or a Hugging Face "
+        "dataset (hf:NAME[:SPLIT] or a save_to_disk folder). Audio lengths "
         "are read from file headers, never by decoding; the original audio bytes are stored as they are. Each "
         "sample is KEY.json ({\"length\": N, \"sample_rate\", \"duration\", \"text\", other fields}) then "
         "KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing written).",
     )
     w.add_argument("src", metavar="SRC", help="audio folder, .jsonl/.json manifest, SpeechBrain .json/.csv, "
-                   "or text .jsonl")
+                   "text .jsonl, or " + SOURCE_HELP)
     w.add_argument("out", metavar="OUT", help="output folder or fsspec URL (s3://bucket/prefix, ...)")
     w.add_argument("--kind", choices=KINDS, help="what SRC is (default: detected: a folder; .csv or a JSON "
-                   "object of objects = speechbrain; JSON lines with an audio path field = manifest, else text)")
+                   "object of objects = speechbrain; JSON lines with an audio path field = manifest, else text; hf:... or a "
+                   "save_to_disk folder = hf)")
     w.add_argument("--unit", choices=("samples", "seconds", "tokens"),
                    help="length unit of the dataset (default: samples for audio, tokens for text). tokens are "
-                   "whitespace tokens of text, unless a record has input_ids or a precomputed length")
+                   "--tokenizer's tokens; without one, whitespace tokens of text, unless a record has input_ids or "
+                   "a precomputed length")
     w.add_argument("--sample-rate", type=_positive_int, metavar="R",
                    help="count audio lengths in samples at R Hz (round(frames*R/rate)) and record R in the "
                    "index; needed when files have different sample rates (each .json keeps its file's rate)")
@@ -144,6 +148,7 @@ def _add_write(sub: Any) -> None:
                    help="2 (default): index.json plus Parquet tables (the shard table; each sample's key, "
                    "length and byte range in its tar), read per rank; 1: one JSON file with every length, for "
                    "streambatch releases before the columnar index")
+    add_text_arguments(w)
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_storage(w)
     w.set_defaults(func=cmd_write)
@@ -304,7 +309,8 @@ def cmd_write(args: argparse.Namespace) -> int:
         data_root=args.data_root, max_count=args.max_count, max_size=args.max_size, shuffle=args.shuffle,
         seed=args.seed, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite,
         resume=args.resume, part=args.part, storage_options=storage_options_from(args.storage_option),
-        progress=not args.no_progress, stats=stats, index_version=args.index_version,
+        progress=not args.no_progress, stats=stats, index_version=args.index_version, tokenizer=args.tokenizer,
+        output_length=args.output_length,
     )
     skipped = index.meta.get("skipped", 0)
     if skipped:

@@ -52,11 +52,13 @@ def _arrow() -> tuple[Any, Any]:
     return pa, pq
 
 
-def sample_schema(length_type: str) -> "pa.Schema":
-    """The per-sample table: offset/size locate a sample's members in its tar (null when unknown)."""
+def sample_schema(length_type: str, output_length: bool = False) -> "pa.Schema":
+    """The per-sample table: offset/size locate a sample's members in its tar (null when unknown);
+    ``output_length`` (a dataset written with ``--output-length``): each sample's second length."""
     pa, _ = _arrow()
-    return pa.schema([("shard", pa.int32()), ("key", pa.string()), ("length", pa.type_for_alias(length_type)),
-                      ("offset", pa.int64()), ("size", pa.int64())])
+    fields = [("shard", pa.int32()), ("key", pa.string()), ("length", pa.type_for_alias(length_type)),
+              ("offset", pa.int64()), ("size", pa.int64())]
+    return pa.schema(fields + [("output_length", pa.int64())] if output_length else fields)
 
 
 def shard_schema(length_type: str) -> "pa.Schema":
@@ -167,6 +169,7 @@ class ColumnarIndex:
         for rel in [self.shard_entry.get("path")] + [p.get("path") if isinstance(p, dict) else None for p in self.parts]:
             if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or "://" in rel:
                 raise IndexError_(f"{source}: table path {rel!r} is not a file beside the index")
+        self.has_output_lengths = "output_length" in header["columns"]
         self._cache: dict[int, np.ndarray] = {}
         self._last: tuple[int, Any] | None = None  # the row group shard_samples read last
         self._files: dict[int, Any] = {}
@@ -339,6 +342,21 @@ class ColumnarIndex:
                 out[i] = arr[starts[i]:starts[i] + counts[i]].astype(narrow)
         return out
 
+    def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        """The output lengths (int64) of the given shards, reading only their row groups, each once; the index
+        must have them (:attr:`has_output_lengths`)."""
+        ids = [int(i) for i in shards]
+        read: dict[int, np.ndarray] = {}
+        out = []
+        for i in ids:
+            g, start, n = int(self.shard_group[i]), int(self.shard_row[i]), int(self.columns.count[i])
+            if g not in read:
+                empty = self.group_part[g] < 0
+                col = None if empty else self._read_group(g, ["output_length"]).column("output_length")
+                read[g] = np.zeros(0, np.int64) if col is None else col.to_numpy().astype(np.int64)
+            out.append(read[g][start:start + n].copy())
+        return out
+
     def all_lengths(self) -> np.ndarray:
         """Every sample's length, shards in order (every row group read and cached)."""
         if not len(self.group_start):
@@ -371,18 +389,22 @@ class ColumnarIndex:
 # ---- writing ---------------------------------------------------------------------------------------
 
     def shard_samples(self, shard: int) -> dict[str, Any]:
-        """Everything the sample table holds for one shard: ``lengths``, and ``keys``, ``offsets``, ``sizes``
-        (None where the index does not know them). Reading shards in order reads each row group once (the
-        last one is kept), so re-saving an index streams it."""
+        """Everything the sample table holds for one shard: ``lengths``, and ``keys``, ``offsets``, ``sizes``,
+        ``output_lengths`` (None where the index does not know them). Reading shards in order reads each row
+        group once (the last one is kept), so re-saving an index streams it."""
         g, n = int(self.shard_group[shard]), int(self.columns.count[shard])
         if self.group_part[g] < 0:
-            return {"lengths": np.zeros(0, dtype=self.length_type), "keys": None, "offsets": None, "sizes": None}
+            empty = {"lengths": np.zeros(0, dtype=self.length_type), "keys": None, "offsets": None, "sizes": None}
+            return {**empty, "output_lengths": np.zeros(0, np.int64) if self.has_output_lengths else None}
         if self._last is None or self._last[0] != g:
-            self._last = (g, self._read_group(g, ["key", "length", "offset", "size"]))
+            extra = ["output_length"] if self.has_output_lengths else []
+            self._last = (g, self._read_group(g, ["key", "length", "offset", "size", *extra]))
         start = int(self.shard_row[shard])
         t, cached = self._last[1].slice(start, n), self._cache.get(g)  # a cached group may hold changes made in place
         lengths = cached[start:start + n] if cached is not None else t.column("length").to_numpy()
-        out: dict[str, Any] = {"lengths": lengths.astype(self.length_type)}
+        out: dict[str, Any] = {"lengths": lengths.astype(self.length_type), "output_lengths": None}
+        if self.has_output_lengths:
+            out["output_lengths"] = t.column("output_length").to_numpy().astype(np.int64)
         for name, column in (("keys", "key"), ("offsets", "offset"), ("sizes", "size")):
             col = t.column(column)
             out[name] = None if col.null_count else (col.to_pylist() if name == "keys" else col.to_numpy())

@@ -120,7 +120,7 @@ class ShardIndex:
         with tqdm(total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr,
                   disable=not progress) as bar:
             write_v2(url, (_saving(s) for s in self.shards), header, self._length_type(), storage_options,
-                     progress=bar)
+                     progress=bar, output_length=self.has_output_lengths)
 
     def _length_type(self) -> str:
         """The length column's type: float64 if any shard's lengths are fractional, else int64."""
@@ -168,6 +168,22 @@ class ShardIndex:
         if isinstance(self.shards, ShardList):
             return self.shards.shard_lengths(shards)
         return [self.shards[int(i)].lengths for i in shards]
+
+    @property
+    def has_output_lengths(self) -> bool:
+        """Whether every sample has an output length (a second length: ``shardify write --output-length``)."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.reader.has_output_lengths
+        return bool(self.shards) and all(s.has_output_lengths for s in self.shards)
+
+    def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        """The output lengths (int64) of the given shards, like :meth:`shard_lengths`: on version 2 only their
+        row groups are read (one read each). The index must have them (:attr:`has_output_lengths`)."""
+        if not self.has_output_lengths:
+            raise IndexError_("this index has no output lengths (write it with `shardify write --output-length`)")
+        if isinstance(self.shards, ShardList):
+            return self.shards.reader.shard_output_lengths(shards)
+        return [np.asarray(self.shards[int(i)].output_lengths, dtype=np.int64) for i in shards]
 
     def iter_lengths(self) -> Iterator[np.ndarray]:
         """Every shard's lengths in order, streamed (version 2: one row group in memory at a time)."""

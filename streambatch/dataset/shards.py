@@ -41,20 +41,23 @@ class ShardInfo:
 
     ``lengths``: per-sample lengths in tar order; from a version 2 index they load on first use (the shard's
     row group, cached by the index). ``keys``/``offsets``/``sizes``: optional per-sample extras a writer may
-    attach for the version 2 sample table (not stored in version 1, not loaded back).
+    attach for the version 2 sample table (not stored in version 1, not loaded back). ``output_lengths``: each
+    sample's second length (``--output-length``), or None; stored in both versions, loaded on use.
     """
 
     __slots__ = ("url", "count", "bytes", "sha256", "keys_sha1", "keys", "offsets", "sizes", "_lengths", "_table",
-                 "_row")
+                 "_row", "_output_lengths")
 
     def __init__(self, url: str, count: int, bytes: int, lengths: np.ndarray | None = None,
                  sha256: str | None = None, keys_sha1: str | None = None, *, keys: Sequence[str] | None = None,
-                 offsets: Any = None, sizes: Any = None, table: "ShardList | None" = None, row: int = -1) -> None:
+                 offsets: Any = None, sizes: Any = None, table: "ShardList | None" = None, row: int = -1,
+                 output_lengths: np.ndarray | None = None) -> None:
         if lengths is None and table is None:
             raise TypeError("ShardInfo needs lengths")
         self.url, self.count, self.bytes, self.sha256, self.keys_sha1 = url, count, bytes, sha256, keys_sha1
         self.keys, self.offsets, self.sizes = keys, offsets, sizes
         self._lengths, self._table, self._row = lengths, table, row
+        self._output_lengths = output_lengths
 
     @property
     def lengths(self) -> np.ndarray:
@@ -68,6 +71,19 @@ class ShardInfo:
         self._lengths = value
         if self._table is not None:
             self._table.changed.add(self._row)
+
+    @property
+    def has_output_lengths(self) -> bool:
+        """Whether the shard knows its samples' output lengths (without reading them)."""
+        return self._output_lengths is not None or (self._table is not None and self._table.reader.has_output_lengths)
+
+    @property
+    def output_lengths(self) -> np.ndarray | None:
+        """Each sample's output length (int64), or None; from a version 2 index: its row group, read now."""
+        if self._output_lengths is None and self.has_output_lengths:
+            assert self._table is not None
+            return self._table.reader.shard_output_lengths([self._row])[0]
+        return self._output_lengths
 
     def _from_table(self, column: str) -> float | None:
         """A number of the version 2 shard table, while the lengths are the stored ones."""
@@ -113,13 +129,16 @@ class ShardInfo:
             "sha256": self.sha256,
             "keys_sha1": self.keys_sha1,
             "lengths": encode_lengths(lengths),
+            **({"output_lengths": encode_lengths(self.output_lengths)} if self.has_output_lengths else {}),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ShardInfo":
         lengths = decode_lengths(d["lengths"])
-        if len(lengths) != int(d["count"]):
-            raise IndexError_(f"shard {d.get('url')!r}: count {d['count']} but {len(lengths)} lengths")
+        outs = decode_lengths(d["output_lengths"]) if "output_lengths" in d else None
+        if len(lengths) != int(d["count"]) or (outs is not None and len(outs) != len(lengths)):
+            raise IndexError_(f"shard {d.get('url')!r}: count {d['count']} but {len(lengths)} lengths"
+                              + ("" if outs is None else f" and {len(outs)} output lengths"))
         return cls(
             url=d["url"],
             count=int(d["count"]),
@@ -127,6 +146,7 @@ class ShardInfo:
             lengths=lengths,
             sha256=d.get("sha256"),
             keys_sha1=d.get("keys_sha1"),
+            output_lengths=outs,
         )
 
 
@@ -225,11 +245,12 @@ class _Streamed:
     """A shard as saved: its info, with lengths (and keys, offsets, sizes) from its index's sample table when it
     came from a version 2 index, read a row group at a time and not kept."""
 
-    __slots__ = ("info", "lengths", "keys", "offsets", "sizes")
+    __slots__ = ("info", "lengths", "keys", "offsets", "sizes", "output_lengths")
 
     def __init__(self, info: ShardInfo, stored: dict[str, Any]) -> None:
         self.info = info
         self.lengths, self.keys, self.offsets, self.sizes = (stored[k] for k in ("lengths", "keys", "offsets", "sizes"))
+        self.output_lengths = stored.get("output_lengths")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.info, name)

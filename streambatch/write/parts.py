@@ -28,7 +28,7 @@ _PART_FILE_RE = re.compile(r"^(?:shard-p(\d+)-\d+\.tar|index\.part-(\d+)(?:\.jso
 _SINGLE_FILE_RE = re.compile(r"^(?:shard-\d+\.tar|index(?:\.json|\.shards\.parquet|\.samples)|errors\.jsonl)"
                              r"(?:\.tmp-.*)?$")
 #: part index fields that every part of one run must share
-_PART_SAME = ("source", "kind", "shuffle", "seed", "max_count", "max_size")
+_PART_SAME = ("source", "kind", "shuffle", "seed", "max_count", "max_size", "tokenizer", "output_length")
 
 
 # ---- parts and the files they make -------------------------------------------------------------

@@ -9,11 +9,13 @@ one run reports every bad input at once.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import io
 import multiprocessing
 import os
 import re
 import sys
-from typing import Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 from tqdm import tqdm
 
@@ -42,12 +44,23 @@ def check_unit(kind: str, unit: str | None, sample_rate: int | None) -> str:
     return unit
 
 
-def probe_file(path: str, storage_options: dict | None = None) -> tuple[int, int, int] | str:
-    """``(sample_rate, frames, bytes)`` of an audio file from its header, or what is wrong with it (the end of
-    the audio is decoded too, so a file cut short is a problem here, not a bad shard in training)."""
+@contextlib.contextmanager
+def _opened(path: Any, storage_options: dict | None) -> Iterator[tuple[BinaryIO, int]]:
+    """The audio open for reading, and its size: a file (path or URL), or a source's blob (``read()``)."""
+    if not isinstance(path, str):
+        data = path.read()
+        yield io.BytesIO(data), len(data)
+        return
+    with storage.open_url(path, "rb", storage_options) as f:
+        yield f, os.fstat(f.fileno()).st_size if storage.is_local(path) else storage.size(path, storage_options)
+
+
+def probe_file(path: Any, storage_options: dict | None = None) -> tuple[int, int, int] | str:
+    """``(sample_rate, frames, bytes)`` of an audio file (or a source's audio blob) from its header, or what is
+    wrong with it (the end of the audio is decoded too, so a file cut short is a problem here, not a bad shard
+    in training)."""
     try:
-        with storage.open_url(path, "rb", storage_options) as f:
-            nbytes = os.fstat(f.fileno()).st_size if storage.is_local(path) else storage.size(path, storage_options)
+        with _opened(path, storage_options) as (f, nbytes):
             if nbytes == 0:
                 return "empty audio file (0 bytes)"
             info = probe(f, check_end=True)
@@ -70,7 +83,7 @@ def probe_file(path: str, storage_options: dict | None = None) -> tuple[int, int
     return info.sample_rate, info.frames, nbytes
 
 
-def _probe_one(args: tuple[str, dict | None]) -> tuple[int, int, int] | str:
+def _probe_one(args: tuple[Any, dict | None]) -> tuple[int, int, int] | str:
     return probe_file(*args)
 
 
@@ -87,7 +100,7 @@ def probe_records(
     records: Sequence[Record], workers: int = 1, progress: bool = True, storage_options: dict | None = None
 ) -> list[tuple[int, int, int] | str]:
     """Probe every record's audio header (in ``workers`` processes); results in record order."""
-    args = [(r.path, storage_options) for r in records]
+    args = [(r.path if r.audio is None else r.audio, storage_options) for r in records]
     bar = tqdm(total=len(args), desc="probing", unit="file", file=sys.stderr, disable=None if progress else True)
     try:
         if workers <= 1 or len(args) < 2:
@@ -96,7 +109,7 @@ def probe_records(
                 results.append(_probe_one(a))
                 bar.update()
             return results
-        remote = any(not storage.is_local(r.path) for r in records)
+        remote = any(r.path and not storage.is_local(r.path) for r in records)
         with process_pool(workers, remote) as ex:
             results = []
             for res in ex.map(_probe_one, args, chunksize=max(1, min(256, len(args) // (workers * 8)))):
@@ -156,7 +169,7 @@ def _probe_audio(
         if not isinstance(res, str):
             res = duration_problem(rec, res[0], res[1]) or res
         if isinstance(res, str):  # name the audio file unless the problem is reported at it already
-            problems.append(rec.problem(res if rec.where == rec.path else f"{res}: {rec.path}"))
+            problems.append(rec.problem(res if rec.where == rec.path or rec.path is None else f"{res}: {rec.path}"))
         else:
             probed.append((rec, *res))
     return probed, problems
@@ -190,7 +203,7 @@ def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -
     when lengths are counted in samples)."""
     first_at: dict[int, str] = {}
     for rec, sr, _, _ in probed:
-        first_at.setdefault(sr, rec.path if rec.where == rec.path else f"{rec.path} ({rec.where})")
+        first_at.setdefault(sr, rec.where if rec.path is None or rec.where == rec.path else f"{rec.path} ({rec.where})")
     rates = sorted(first_at)
     if sample_rate is None and len(rates) > 1 and unit == "samples":
         (a, b) = rates[:2]

@@ -1,5 +1,5 @@
 """shardify inputs → records: an audio folder, a JSONL manifest (NeMo style), a SpeechBrain JSON or CSV
-manifest, or a text JSONL.
+manifest, a text JSONL, or a Hugging Face dataset (``hf_source.py``).
 
 ``read_source(src)`` returns the records it could read and an ``InputProblem`` for every bad one (a line
 that is not JSON, a missing field, a duplicate key, ...). Nothing here opens an audio file: lengths are
@@ -21,8 +21,9 @@ from typing import Any, Iterator
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..errors import InputProblem, ShardifyError
 from ..dataset.storage import is_local, local_path, open_url
+from .hf_source import hf_rows, is_hf_source, is_text as hf_is_text
 
-KINDS = ("folder", "manifest", "speechbrain", "text")
+KINDS = ("folder", "manifest", "speechbrain", "text", "hf")
 AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")
 LENGTH_FIELDS = ("duration", "length")
 KEY_FIELDS = ("id", "utt_id", "key")
@@ -31,8 +32,10 @@ DATA_ROOT_PLACEHOLDERS = ("{data_root}", "${data_root}", "$data_root")
 
 @dataclass
 class Record:
-    """One sample to write. ``path`` is the resolved audio file (None for text); ``length`` is a length the
-    source declares itself (text: a precomputed token count); ``fields`` are the source's other fields."""
+    """One sample to write. ``path`` is the resolved audio file (None for text); ``audio`` instead reads audio
+    kept inside the source (a Hugging Face dataset row: ``read()`` and ``ext``); ``length`` is a length the
+    source declares itself (text: a precomputed token count); ``output_length`` is the sample's second length
+    (``--output-length``); ``fields`` are the source's other fields."""
 
     key: str
     path: str | None = None
@@ -42,6 +45,8 @@ class Record:
     fields: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     line: int | None = None
+    audio: Any = None
+    output_length: int | None = None
 
     @property
     def where(self) -> str:
@@ -50,6 +55,8 @@ class Record:
     @property
     def ext(self) -> str:
         """Lower-cased extension of the audio file, without the dot."""
+        if self.audio is not None:
+            return str(self.audio.ext)
         return os.path.splitext(self.path or "")[1].lstrip(".").lower()
 
     def problem(self, error: str) -> InputProblem:
@@ -81,6 +88,8 @@ def detect_kind(src: str) -> str:
     """``folder`` for a directory; ``speechbrain`` for a .csv or a JSON object of objects; for JSON lines,
     ``manifest`` when the first record has an audio path field, else ``text``."""
     src = str(src)
+    if is_hf_source(src):
+        return "hf"
     if is_local(src) and os.path.isdir(local_path(src)):
         return "folder"
     if is_local(src) and not os.path.exists(local_path(src)):
@@ -125,9 +134,11 @@ def read_source(
     kind = kind or detect_kind(src)
     if kind not in KINDS:
         raise ShardifyError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if kind != "folder" and is_local(src) and os.path.isdir(local_path(src)):
+    if kind not in ("folder", "hf") and is_local(src) and os.path.isdir(local_path(src)):
         raise ShardifyError(f"{src}: is a folder, but --kind {kind} expects a file")
-    if kind == "folder":
+    if kind == "hf":
+        records, problems = _read_hf(src)
+    elif kind == "folder":
         if not (is_local(src) and os.path.isdir(local_path(src))):
             raise ShardifyError(f"{src}: not a local folder")
         records, problems = _read_folder(local_path(src))
@@ -142,6 +153,13 @@ def read_source(
             records, problems = _read_speechbrain_json(src, data_root)
     records, dup = _drop_duplicate_keys(records)
     return records, problems + dup
+
+
+def source_medium(src: str, kind: str) -> str:
+    """``text`` or ``audio``: what the samples of ``src`` (of ``kind``) hold, which decides the length unit."""
+    if kind == "hf":
+        return "text" if hf_is_text(src) else "audio"
+    return "text" if kind == "text" else "audio"
 
 
 def _drop_duplicate_keys(records: list[Record]) -> tuple[list[Record], list[InputProblem]]:
@@ -420,6 +438,16 @@ def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
             length = int(length)
         fields = {k: v for k, v in obj.items() if k not in ("text", "input_ids", "length")}
         records.append(Record(key=key, text=text, input_ids=ids, length=length, fields=fields, source=src, line=n))
+    return records, problems
+
+
+def _read_hf(src: str) -> tuple[list[Record], list[InputProblem]]:
+    """The rows of a Hugging Face dataset as records (``line``: the row number, from 0)."""
+    problems: list[InputProblem] = []
+    records = []
+    for n, row in hf_rows(src, problems):
+        key = sanitize_key(row.pop("key"))
+        records.append(Record(key=key, source=src, line=n, **row))
     return records, problems
 
 

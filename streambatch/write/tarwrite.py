@@ -33,21 +33,25 @@ RECORD = tarfile.RECORDSIZE
 # ---- samples and their tar members -------------------------------------------------------------
 @dataclass
 class Member:
-    """One tar member: ``data`` in memory, or the file at ``path`` (copied byte for byte)."""
+    """One tar member: ``data`` in memory, the file at ``path`` (copied byte for byte), or what ``blob.read()``
+    returns (audio inside a source, e.g. a Hugging Face dataset row; read when the shard is written)."""
 
     name: str
     size: int
     data: bytes | None = None
     path: str | None = None
+    blob: Any = None
 
 
 @dataclass
 class Sample:
-    """One sample to write: its key, its length in the index's unit, and its tar members in tar order."""
+    """One sample to write: its key, its length in the index's unit, and its tar members in tar order;
+    ``output_length``: its second length (``--output-length``), when the write counts one."""
 
     key: str
     length: int | float
     members: list[Member]
+    output_length: int | None = None
 
     @property
     def tar_bytes(self) -> int:
@@ -86,6 +90,11 @@ def _with_fields(d: dict[str, Any], fields: dict[str, Any], skip: tuple[str, ...
     return d
 
 
+def _lengths(rec: Record, length: int | float) -> dict[str, Any]:
+    """The ``.json``'s lengths: ``length``, and ``output_length`` when the record has one."""
+    return {"length": length} if rec.output_length is None else {"length": length, "output_length": rec.output_length}
+
+
 def _members(key: str, meta: dict[str, Any], payload: list[Member]) -> list[Member]:
     j = _json_bytes(meta)
     return [Member(f"{key}.json", len(j), data=j)] + sorted(payload, key=lambda m: m.name)
@@ -94,18 +103,18 @@ def _members(key: str, meta: dict[str, Any], payload: list[Member]) -> list[Memb
 def audio_sample(rec: Record, length: int | float, sample_rate: int, frames: int, nbytes: int) -> Sample:
     """An audio record as a sample: its ``.json`` (length, rate, duration, text, the source's fields) and
     the audio file's original bytes."""
-    meta: dict[str, Any] = {"length": length, "sample_rate": sample_rate}
+    meta: dict[str, Any] = {**_lengths(rec, length), "sample_rate": sample_rate}
     meta["duration"] = rec.fields["duration"] if "duration" in rec.fields else round(frames / sample_rate, 6)
     if rec.text is not None:
         meta["text"] = rec.text
     _with_fields(meta, rec.fields, skip=("duration",))
-    payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path)]
-    return Sample(rec.key, length, _members(rec.key, meta, payload))
+    payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path, blob=rec.audio)]
+    return Sample(rec.key, length, _members(rec.key, meta, payload), rec.output_length)
 
 
 def text_sample(rec: Record, length: int) -> Sample:
     """A text record as a sample: its ``.json`` and ``.txt`` and/or ``.input_ids.npy`` (int32)."""
-    meta = _with_fields({"length": length}, rec.fields)
+    meta = _with_fields(_lengths(rec, length), rec.fields)
     payload = []
     if rec.text is not None:
         payload.append(Member(f"{rec.key}.txt", 0, data=rec.text.encode("utf-8")))
@@ -115,7 +124,7 @@ def text_sample(rec: Record, length: int) -> Sample:
         payload.append(Member(f"{rec.key}.input_ids.npy", 0, data=buf.getvalue()))
     for m in payload:
         m.size = len(m.data)
-    return Sample(rec.key, length, _members(rec.key, meta, payload))
+    return Sample(rec.key, length, _members(rec.key, meta, payload), rec.output_length)
 
 
 # ---- which samples go in which shard -----------------------------------------------------------
@@ -173,14 +182,24 @@ def _write_tar(f: Any, samples: Sequence[Sample], storage_options: dict | None) 
         for s in samples:
             for m in s.members:
                 ti = _tarinfo(m.name, m.size)
-                if m.data is not None:
-                    tar.addfile(ti, io.BytesIO(m.data))
+                if m.data is not None or m.blob is not None:
+                    tar.addfile(ti, io.BytesIO(_member_bytes(m)))
                     continue
                 with storage.open_url(m.path, "rb", storage_options) as src:
                     if storage.is_local(m.path) and os.fstat(src.fileno()).st_size != m.size:
                         raise ShardifyError(f"{m.path}: the file changed size while shards were being written")
                     tar.addfile(ti, src)
     return hw.digest.hexdigest()
+
+
+def _member_bytes(m: Member) -> bytes:
+    """An in-memory member's bytes (a blob read now), which must be the size planned."""
+    if m.data is not None:
+        return m.data
+    data = m.blob.read()
+    if len(data) != m.size:
+        raise ShardifyError(f"{m.name}: {len(data)} bytes, but {m.size} when it was measured (the source changed)")
+    return data
 
 
 @contextlib.contextmanager
@@ -223,8 +242,11 @@ def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
     lengths = np.asarray([s.length for s in task.samples])
     sizes = np.asarray([s.tar_bytes for s in task.samples], dtype=np.int64)
     offsets = np.cumsum(sizes) - sizes
+    outs = [s.output_length for s in task.samples]
+    output_lengths = None if any(o is None for o in outs) else np.asarray(outs, dtype=np.int64)
     return ShardInfo(url=task.name, count=len(keys), bytes=nbytes, lengths=lengths, sha256=sha,
-                     keys_sha1=keys_sha1(keys), keys=keys, offsets=offsets, sizes=sizes)
+                     keys_sha1=keys_sha1(keys), keys=keys, offsets=offsets, sizes=sizes,
+                     output_lengths=output_lengths)
 
 
 class _Differs(Exception):

@@ -21,7 +21,8 @@ from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
 from .parts import Scope, check_out, clear_out, parse_part, part_range, prepare_resume, utc_now, write_errors
 from .probe import check_unit, measure, process_pool
-from .sources import KINDS, Record, detect_kind, read_source
+from .sources import KINDS, Record, detect_kind, read_source, source_medium
+from .tokenize import TextOptions
 from .tarwrite import ShardTask, existing_shard, plan_shards, write_shard
 
 DEFAULT_MAX_COUNT = 1000
@@ -61,6 +62,8 @@ def write_shards(
     progress: bool = True,
     stats: dict[str, int] | None = None,
     index_version: int = 2,
+    tokenizer: str | None = None,
+    output_length: str | None = None,
 ) -> ShardIndex:
     """Write ``src`` (audio folder, JSONL manifest, SpeechBrain JSON/CSV, or text JSONL) as
     length-annotated WebDataset shards plus ``index.json`` under ``out`` (a folder or fsspec URL).
@@ -73,6 +76,9 @@ def write_shards(
     ``resume=True`` keeps the complete shards a previous (interrupted) run of the same command wrote and
     writes the rest. ``stats`` (if given) receives ``kept`` and ``written`` shard counts. ``index_version``:
     2 (Parquet tables with each sample's key and byte range) or 1 (one JSON file, for older readers).
+    ``tokenizer``: a text source's lengths are that tokenizer's tokens (``input_ids`` stored);
+    ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio sample's transcript length (see
+    ``tokenize.py``).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite)
@@ -82,15 +88,18 @@ def write_shards(
     scope = Scope(part)
     max_bytes = parse_size(max_size)
     kind = kind or detect_kind(src)
-    unit = check_unit(kind, unit, sample_rate)
+    medium = source_medium(src, kind)
+    unit = check_unit(medium, unit, sample_rate)
+    text = TextOptions.load(tokenizer, output_length, medium)
     check_out(out, overwrite, storage_options, part, resume)
 
     records, problems = read_source(src, kind, data_root)
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
-    samples, more, index_rate = measure(records, kind, unit, sample_rate, workers, progress, storage_options,
+    records, unusable = text.apply(records)
+    samples, more, index_rate = measure(records, medium, unit, sample_rate, workers, progress, storage_options,
                                         on_error)
-    problems = _problems_to_report(src, problems, more, on_error, part, num_records, bool(samples))
+    problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
 
     plan = plan_shards([s.tar_bytes for s in samples], int(max_count), max_bytes)
     names = [scope.shard_name(j) for j in range(len(plan))]
@@ -103,6 +112,7 @@ def write_shards(
     write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options,
                  remove_stale=resume)
     meta = _index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems))
+    meta.update(text.meta())
     if part is not None:
         meta["part"] = {"index": part[0], "count": part[1], "records": list(span), "num_records": num_records,
                         "on_error": on_error}
@@ -169,7 +179,7 @@ def _prepare_out(out: str, overwrite: bool, resume: bool, scope: Scope, planned:
 def _index_meta(src: str, kind: str, shuffle: bool, seed: int, max_count: int, max_bytes: int,
                 skipped: int) -> dict[str, Any]:
     return {
-        "source": os.path.abspath(src) if storage.is_local(src) else src,
+        "source": os.path.abspath(src) if storage.is_local(src) and not src.startswith("hf:") else src,
         "kind": kind,
         "created": utc_now(),
         "streambatch_version": _version(),
