@@ -30,7 +30,8 @@ from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochSta
 from .options import batching_config, read_options, split_options
 from .summary import length_text
 from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
-from .dataset.mixture import MixedIndex, dataset_names, mixture_sources, selection_of
+from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
+from .dataset.where import left_out, open_filter
 from .dataset.source import ShardURLs
 
 log = logging.getLogger("streambatch")
@@ -67,7 +68,8 @@ class StreamBatchLoader:
     mapping, a list of folders, or a mixture file. ``budget`` is the largest padded size of a batch in the dataset's unit
     (or a duration like ``"60s"`` for audio with an index).
     ``options`` are the batching options (:class:`BatchingConfig`) and read options (``READ_OPTIONS``) by
-    name. The README lists every option.
+    name. ``where``: keep only the samples for which this SQL expression over the sample table's columns is
+    true (``"language = 'de' AND snr > 10"``; DuckDB). The README lists every option.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class StreamBatchLoader:
         hardest_first: bool = False,
         planning: str = "auto",
         storage_options: dict | None = None,
+        where: str | None = None,
         **options: Any,
     ):
         batching, reading = split_options(options)
@@ -112,6 +115,7 @@ class StreamBatchLoader:
             raise ValueError(f"{source}: no shards found")
         self.config = batching_config(self._parse_budget(budget), self.index, batching)
         self._check_shortest_fits()
+        self.filter = open_filter(self.index, where)  # evaluated by DuckDB over the sample table's columns
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
         self.num_workers = int(num_workers)
@@ -195,7 +199,7 @@ class StreamBatchLoader:
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
-        lengths = index_lengths(self.index)
+        lengths = self._lengths()
         plan = self._whole_plan(e, lengths)
         if isinstance(self.index, MixedIndex):
             plan.datasets = mixture_report(self.index, plan, lengths)
@@ -216,7 +220,7 @@ class StreamBatchLoader:
         e = self.epoch if epoch is None else int(epoch)
         if e not in self._schedules:
             t0 = time.perf_counter()
-            lengths = index_lengths(self.index)
+            lengths = self._lengths()
             local = self._rank_local(e)
             if local:
                 sched = plan_rank_local(lengths, self.config, e, self.rank, self.world_size, max(1, self.num_workers),
@@ -240,8 +244,12 @@ class StreamBatchLoader:
             )
         return self.planning != "global" and possible
 
+    def _lengths(self) -> Lengths:
+        return index_lengths(self.index, self.filter.scale if self.filter is not None else None)
+
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        return excluded_in(self._resumed, epoch, lengths, self.config, selection_of(self.index, epoch, self.config.seed))
+        return excluded_in(self._resumed, epoch, lengths, self.config,
+                           left_out(self.index, self.filter, epoch, self.config.seed, lengths.offsets))
 
     def _earlier(self, epoch: int) -> int:
         """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
@@ -293,6 +301,7 @@ class StreamBatchLoader:
             rank=self.rank, world_size=self.world_size, num_workers=max(1, self.num_workers),
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
             state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
+            filter=self.filter,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -374,6 +383,7 @@ class StreamBatchLoader:
             "hardest_first": self.hardest_first,
             "num_samples": self.index.num_samples if self.index is not None else None,
             "mixture": self.index.state() if isinstance(self.index, MixedIndex) else None,
+            "where": self.filter.expr if self.filter is not None else None,
             "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
             "excluded": _pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
         }
@@ -426,6 +436,9 @@ class StreamBatchLoader:
         mine = self.index.state() if isinstance(self.index, MixedIndex) else None
         if state.get("mixture") != mine and "mixture" in state:
             raise ValueError(f"state was saved for the mixture {state['mixture']}, this loader reads {mine}")
+        where = self.filter.expr if self.filter is not None else None
+        if "where" in state and state["where"] != where:
+            raise ValueError(f"state was saved with where={state['where']!r}, this loader has where={where!r}")
         consumed = int(state.get("batches_consumed", 0))
         if self.index is None and consumed:
             raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
@@ -439,10 +452,10 @@ class StreamBatchLoader:
         hardest = bool(state.get("hardest_first", self.hardest_first))
         steps = state.get("steps")
         if steps is None:
-            lengths = index_lengths(self.index)
+            lengths = self._lengths()
             steps = make_epoch_plan(lengths, self.config, self.epoch, world, workers, even,
-                                    before.consumed(lengths, self.config, selection_of(self.index, self.epoch,
-                                                                                       self.config.seed)),
+                                    before.consumed(lengths, self.config, left_out(self.index, self.filter, self.epoch,
+                                                                                   self.config.seed, lengths.offsets)),
                                     hardest).steps
         return Layout(world, workers, even, hardest, int(steps), consumed)
 

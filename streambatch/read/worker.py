@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import DatasetNames, selection_of
+from ..dataset.mixture import DatasetNames
+from ..dataset.where import left_out
 from ..dist import worker_info
 from ..errors import EmptyEpochError
 from ..plan.batcher import BucketBatcher, iter_batches
@@ -104,6 +105,7 @@ class SlotContext:
     faults: torch.Tensor
     bad: torch.Tensor
     resumed: Resumed | None = None
+    filter: Any = None  # a :class:`~streambatch.dataset.where.PlanFilter` (``where=``), or None
 
     @property
     def num_slots(self) -> int:
@@ -111,7 +113,7 @@ class SlotContext:
 
     def lengths(self) -> Lengths:
         """The index lengths as the planner reads them: per shard, only the shards asked for."""
-        return index_lengths(self.index)
+        return index_lengths(self.index, self.filter.scale if self.filter is not None else None)
 
 
 class EpochStream(IterableDataset):
@@ -156,7 +158,8 @@ def _planned_batches(
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
     lengths = ctx.lengths()
     offsets = lengths.offsets
-    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config, selection_of(ctx.index, epoch, ctx.config.seed))
+    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config,
+                           left_out(ctx.index, ctx.filter, epoch, ctx.config.seed, offsets))
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)

@@ -14,7 +14,7 @@ import os
 import tarfile
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
@@ -43,11 +43,13 @@ class Member:
 
 @dataclass
 class Sample:
-    """One sample to write: its key, its length in the index's unit, and its tar members in tar order."""
+    """One sample to write: its key, its length in the index's unit, its tar members in tar order, and its
+    ``.json`` dict (``meta``: where the index's metadata columns come from)."""
 
     key: str
     length: int | float
     members: list[Member]
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tar_bytes(self) -> int:
@@ -100,7 +102,7 @@ def audio_sample(rec: Record, length: int | float, sample_rate: int, frames: int
         meta["text"] = rec.text
     _with_fields(meta, rec.fields, skip=("duration",))
     payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path)]
-    return Sample(rec.key, length, _members(rec.key, meta, payload))
+    return Sample(rec.key, length, _members(rec.key, meta, payload), meta)
 
 
 def text_sample(rec: Record, length: int) -> Sample:
@@ -115,7 +117,7 @@ def text_sample(rec: Record, length: int) -> Sample:
         payload.append(Member(f"{rec.key}.input_ids.npy", 0, data=buf.getvalue()))
     for m in payload:
         m.size = len(m.data)
-    return Sample(rec.key, length, _members(rec.key, meta, payload))
+    return Sample(rec.key, length, _members(rec.key, meta, payload), meta)
 
 
 # ---- which samples go in which shard -----------------------------------------------------------
