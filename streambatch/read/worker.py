@@ -28,6 +28,7 @@ from .collate import Decode, collate, split_micro_batches
 from .execute import execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .reader import ReadOptions, read_pieces
+from .skip import skip_left_out
 
 
 @dataclass
@@ -167,7 +168,8 @@ def _planned_batches(
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
     def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
-        needed = pieces_needed(part, start, offsets, excluded)
+        needed = skip_left_out(pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded,
+                               ctx.read.chunk_size)
         samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
                               faults, markers=True)
         return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,
