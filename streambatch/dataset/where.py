@@ -223,3 +223,14 @@ def left_out(index: Any, flt: PlanFilter | None, epoch: int, seed: int, offsets:
     from .mixture import selection_of
 
     return any_of(selection_of(index, epoch, seed), flt.mask(offsets) if flt is not None else None)
+
+
+def kept_stats(index: Any, expr: str) -> Any:
+    """Length statistics of the samples ``expr`` keeps (each dataset of a mixture once), streamed a row group
+    at a time (``shardify inspect --where``)."""
+    from ..plan.stats import stream_stats
+
+    names = getattr(index, "names", None)
+    parts = [SampleFilter(ix, expr, "where" if names is None else f"where (dataset {n!r})")
+             for ix, n in zip(getattr(index, "indexes", None) or [index], names or [None])]
+    return stream_stats(chunk for p in parts for chunk in p.iter_kept_lengths())
