@@ -16,6 +16,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+#: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
+CACHE_ALL = 1 << 24
 _STRING = re.compile(r"'(?:[^']|'')*'")
 _IDENT = re.compile(r'"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*)')
 
@@ -135,9 +137,13 @@ class SampleFilter:
         return got[start:start + int(r.columns.count[shard])]
 
     def scan(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(first shard, keep, lengths) of every row group in order, one in memory at a time (not cached)."""
+        """(first shard, keep, lengths) of every row group in order, one in memory at a time (kept for
+        :meth:`keep` only when the whole dataset's answers are small: up to :data:`CACHE_ALL` samples)."""
+        small = int(self.reader.group_rows.sum()) <= CACHE_ALL
         for g in range(len(self.reader.group_start)):
             keep, lengths = self._group(g, lengths=True)
+            if small:
+                self._cache[g] = keep
             yield int(self.reader.group_start[g]), keep, lengths  # type: ignore[misc]
 
     def kept_totals(self) -> tuple[np.ndarray, np.ndarray]:
