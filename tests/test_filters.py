@@ -237,7 +237,19 @@ def test_inspect_where(dataset, manifest, capsys):
 
 
 # ---- not fetching what is filtered out --------------------------------------------------------------
-def test_filtered_runs_are_not_fetched_from_s3(manifest, moto_endpoint, proxy):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_local_byte_ranges_give_the_same_batches(dataset, num_workers):
+    """Small chunks: pieces split around the filtered runs (three samples, 10-25 KB, between kept ones) are
+    read as byte ranges of the local files, and give the very batches a whole read gives."""
+    kw = dict(budget=BUDGET, where="snr IN (0, 4, 8, 12, 16)", decode="audio", num_workers=num_workers, seed=4)
+    whole = list(StreamBatchLoader(dataset, **kw))
+    ranged = list(StreamBatchLoader(dataset, chunk_size="4K", **kw))
+    assert [b["keys"] for b in ranged] == [b["keys"] for b in whole]
+    assert all((a["audio"] == b["audio"]).all() for a, b in zip(ranged, whole))
+
+
+@pytest.mark.parametrize("read_ahead", [0, "64K"])
+def test_filtered_runs_are_not_fetched_from_s3(manifest, moto_endpoint, proxy, read_ahead):
     from conftest_s3 import BUCKET, s3_options
     from faultproxy import byte_range
 
@@ -247,7 +259,7 @@ def test_filtered_runs_are_not_fetched_from_s3(manifest, moto_endpoint, proxy):
     chunk = 4096
     proxy.reset()
     loader = StreamBatchLoader(url, BUDGET, where="language = 'de'", decode="none", chunk_size=chunk,
-                               storage_options=s3_options(proxy.url))
+                               read_ahead=read_ahead, storage_options=s3_options(proxy.url))
     keys = epoch_keys(loader)
     assert Counter(keys) == Counter(expected(manifest[1], lambda r: r["language"] == "de"))
     fetched = total = skipped = 0
