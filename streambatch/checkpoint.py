@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .dataset.mixture import MixedIndex, selection_of
+from .dataset.mixture import MixedIndex
+from .dataset.where import left_out
 from .plan.epoch import make_epoch_plan
 from .plan.resume import Layout, Resumed
 
@@ -23,6 +24,9 @@ def check_state(loader: Any, state: dict[str, Any]) -> int:
     mine = loader.index.state() if isinstance(loader.index, MixedIndex) else None
     if state.get("mixture") != mine and "mixture" in state:
         raise ValueError(f"state was saved for the mixture {state['mixture']}, this loader reads {mine}")
+    where = loader.filter.expr if loader.filter is not None else None
+    if "where" in state and state["where"] != where:
+        raise ValueError(f"state was saved with where={state['where']!r}, this loader has where={where!r}")
     consumed = int(state.get("batches_consumed", 0))
     if loader.index is None and consumed:
         raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
@@ -39,8 +43,8 @@ def old_layout(loader: Any, state: dict[str, Any], consumed: int, before: Resume
     if steps is None:
         lengths = loader._lengths(loader.epoch)
         steps = make_epoch_plan(lengths, loader.config, loader.epoch, world, workers, even,
-                                before.consumed(lengths, loader.config, selection_of(loader.index, loader.epoch,
-                                                                                   loader.config.seed)),
+                                before.consumed(lengths, loader.config, left_out(loader.index, loader.filter, loader.epoch,
+                                                                                 loader.config.seed, lengths.offsets)),
                                 hardest).steps
     return Layout(world, workers, even, hardest, int(steps), consumed)
 

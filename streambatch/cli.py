@@ -149,6 +149,10 @@ def _add_write(sub: Any) -> None:
                    "length and byte range in its tar), read per rank; 1: one JSON file with every length, for "
                    "streambatch releases before the columnar index")
     add_text_arguments(w)
+    w.add_argument("--columns", metavar="NAMES",
+                   help="comma-separated .json fields stored as columns of the sample table, for filters "
+                   "(where=, inspect --where); \"\" for none. Default: every field whose values are scalars "
+                   "(numbers, booleans or strings: speaker, language, duration, scores, ...) but the transcript")
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_storage(w)
     w.set_defaults(func=cmd_write)
@@ -221,6 +225,9 @@ def _add_inspect(sub: Any) -> None:
                    "an 's' suffix for audio (e.g. 60s); default: suggested from the lengths")
     i.add_argument("--num-buckets", type=_positive_int, metavar="K",
                    help="number of buckets for the boundaries (default: chosen from the lengths)")
+    i.add_argument("--where", metavar="EXPR",
+                   help="summarise only the samples this SQL expression over the sample table's columns keeps, "
+                   "e.g. \"language = 'de' AND snr > 10\" (needs duckdb: pip install 'streambatch[filters]')")
     i.add_argument("--plot", metavar="FILE.png", help="save a length histogram (needs matplotlib)")
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.add_argument("--plan", action="store_true",
@@ -310,7 +317,7 @@ def cmd_write(args: argparse.Namespace) -> int:
         seed=args.seed, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite,
         resume=args.resume, part=args.part, storage_options=storage_options_from(args.storage_option),
         progress=not args.no_progress, stats=stats, index_version=args.index_version, tokenizer=args.tokenizer,
-        output_length=args.output_length,
+        output_length=args.output_length, columns=args.columns,
     )
     skipped = index.meta.get("skipped", 0)
     if skipped:
@@ -377,7 +384,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise ShardifyError(str(e)) from None
     if args.plan:
         return _inspect_plan(index, args)
-    return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json)
+    return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json, args.where)
 
 
 def _inspect_plan(index: Any, args: argparse.Namespace) -> int:

@@ -32,7 +32,8 @@ from .summary import length_text
 from .checkpoint import check_state, old_layout, pack_mask, unpack_mask
 from .metrics import EpochMeter, metered, metrics_line, planned_figures
 from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
-from .dataset.mixture import MixedIndex, dataset_names, mixture_sources, selection_of
+from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
+from .dataset.where import left_out, open_filter
 from .dataset.source import ShardURLs
 
 log = logging.getLogger("streambatch")
@@ -69,7 +70,8 @@ class StreamBatchLoader:
     mapping, a list of folders, or a mixture file. ``budget`` is the largest padded size of a batch in the dataset's unit
     (or a duration like ``"60s"`` for audio with an index).
     ``options`` are the batching options (:class:`BatchingConfig`) and read options (``READ_OPTIONS``) by
-    name. The README lists every option.
+    name. ``where``: keep only the samples for which this SQL expression over the sample table's columns is
+    true (``"language = 'de' AND snr > 10"``; DuckDB). The README lists every option.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class StreamBatchLoader:
         planning: str = "auto",
         progress: bool = False,
         storage_options: dict | None = None,
+        where: str | None = None,
         **options: Any,
     ):
         per_sample = pop_sample_options(options)  # transform, speed_perturb, features
@@ -117,6 +120,7 @@ class StreamBatchLoader:
         self.length_plan, ops = sample_plan(per_sample, self.index, decode, batching.get("seed", 0))
         self.config = batching_config(self._parse_budget(budget), self.index, batching, self.length_plan)
         self._check_shortest_fits()
+        self.filter = open_filter(self.index, where)  # evaluated by DuckDB over the sample table's columns
         info = process_info(rank, world_size)
         self.rank, self.world_size = info.rank, info.world_size
         self.num_workers = int(num_workers)
@@ -211,7 +215,8 @@ class StreamBatchLoader:
 
     def _lengths(self, epoch: int) -> Lengths:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
-        return planned_lengths(index_lengths(self.index), self.length_plan, self.config.seed, epoch)
+        kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
+        return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
 
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(
@@ -253,7 +258,8 @@ class StreamBatchLoader:
         return self.planning != "global" and possible
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        return excluded_in(self._resumed, epoch, lengths, self.config, selection_of(self.index, epoch, self.config.seed))
+        return excluded_in(self._resumed, epoch, lengths, self.config,
+                           left_out(self.index, self.filter, epoch, self.config.seed, lengths.offsets))
 
     def _earlier(self, epoch: int) -> int:
         """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
@@ -306,6 +312,7 @@ class StreamBatchLoader:
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
             state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
             length_plan=self.length_plan,
+            filter=self.filter,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -419,6 +426,7 @@ class StreamBatchLoader:
             "hardest_first": self.hardest_first,
             "num_samples": self.index.num_samples if self.index is not None else None,
             "mixture": self.index.state() if isinstance(self.index, MixedIndex) else None,
+            "where": self.filter.expr if self.filter is not None else None,
             "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
             "excluded": pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
         }

@@ -52,12 +52,17 @@ def parse_budget(text: str, index: ShardIndex) -> float:
 
 def inspect_dataset(
     index: ShardIndex, dataset: str, budget_text: str | None = None, num_buckets: int | None = None,
-    plot: str | None = None, as_json: bool = False,
+    plot: str | None = None, as_json: bool = False, where: str | None = None,
 ) -> int:
     """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
-    The lengths are streamed shard by shard (bounded memory at any dataset size)."""
-    lengths = index.length_stats(progress=not as_json)
+    The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
+    the samples this filter keeps (:mod:`~streambatch.dataset.where`), and what fraction that is."""
+    lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
     summary = _summary(index, dataset, lengths)
+    if where is not None:
+        total = int(index.num_samples if not hasattr(index, "indexes") else sum(ix.num_samples for ix in index.indexes))
+        summary["where"] = {"expression": where, "kept": lengths.count, "of": total,
+                            "fraction": lengths.count / total if total else 0.0}
     budget = boundaries = None
     if lengths.count:
         budget, boundaries = _suggestions(index, lengths, budget_text, num_buckets, summary)
@@ -68,6 +73,15 @@ def inspect_dataset(
     else:
         _print_summary(summary, index, budget, boundaries)
     return 0
+
+
+def _kept(index: ShardIndex, where: str) -> LengthStats:
+    from .dataset.where import kept_stats
+
+    try:
+        return kept_stats(index, where)
+    except (ValueError, ImportError) as e:
+        raise ShardifyError(str(e)) from None
 
 
 def _summary(index: ShardIndex, dataset: str, lengths: LengthStats) -> dict[str, Any]:
@@ -123,6 +137,9 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
         if "total_hours" in s:
             total = f"{_hours(s['total_hours'])} ({total})"
         rows += [("total", total), ("min", both(s["min"])), ("mean", both(s["mean"])), ("max", both(s["max"]))]
+    if "where" in s:
+        w = s["where"]
+        rows.append(("where", f"{w['expression']}: keeps {w['kept']:,} of {w['of']:,} samples ({w['fraction']:.1%})"))
     skipped = index.meta.get("skipped")
     if skipped:
         rows.append(("skipped", f"{skipped} bad inputs when written (errors.jsonl)"))

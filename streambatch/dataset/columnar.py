@@ -52,13 +52,20 @@ def _arrow() -> tuple[Any, Any]:
     return pa, pq
 
 
-def sample_schema(length_type: str, output_length: bool = False) -> "pa.Schema":
+def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_length: bool = False) -> "pa.Schema":
     """The per-sample table: offset/size locate a sample's members in its tar (null when unknown);
-    ``output_length`` (a dataset written with ``--output-length``): each sample's second length."""
+    ``output_length`` (a dataset written with ``--output-length``): each sample's second length; ``extra``:
+    the metadata columns (:mod:`.columns`), ``{name: arrow type}``, after them."""
     pa, _ = _arrow()
     fields = [("shard", pa.int32()), ("key", pa.string()), ("length", pa.type_for_alias(length_type)),
               ("offset", pa.int64()), ("size", pa.int64())]
-    return pa.schema(fields + [("output_length", pa.int64())] if output_length else fields)
+    if output_length:
+        fields.append(("output_length", pa.int64()))
+    return pa.schema(fields + [(k, pa.type_for_alias(t)) for k, t in (extra or {}).items()])
+
+
+#: the sample table's own columns (the rest are metadata columns)
+BASE_COLUMNS = ("shard", "key", "length", "offset", "size", "output_length")
 
 
 def shard_schema(length_type: str) -> "pa.Schema":
@@ -162,6 +169,7 @@ class ColumnarIndex:
             self.parts = list(header["tables"]["samples"])
             self.shard_entry = dict(header["tables"]["shards"])
             self.id = str(header["id"])
+            self.extra = {str(k): str(v) for k, v in header["columns"].items() if k not in BASE_COLUMNS}
         except (KeyError, TypeError) as e:
             raise IndexError_(f"{source}: malformed version 2 header ({e!r})") from e
         if self.length_type not in LENGTH_TYPES:
@@ -395,10 +403,11 @@ class ColumnarIndex:
         g, n = int(self.shard_group[shard]), int(self.columns.count[shard])
         if self.group_part[g] < 0:
             empty = {"lengths": np.zeros(0, dtype=self.length_type), "keys": None, "offsets": None, "sizes": None}
-            return {**empty, "output_lengths": np.zeros(0, np.int64) if self.has_output_lengths else None}
+            return {**empty, "output_lengths": np.zeros(0, np.int64) if self.has_output_lengths else None,
+                    "columns": {}}
         if self._last is None or self._last[0] != g:
-            extra = ["output_length"] if self.has_output_lengths else []
-            self._last = (g, self._read_group(g, ["key", "length", "offset", "size", *extra]))
+            second = ["output_length"] if self.has_output_lengths else []
+            self._last = (g, self._read_group(g, ["key", "length", "offset", "size", *second, *self.extra]))
         start = int(self.shard_row[shard])
         t, cached = self._last[1].slice(start, n), self._cache.get(g)  # a cached group may hold changes made in place
         lengths = cached[start:start + n] if cached is not None else t.column("length").to_numpy()
@@ -408,4 +417,12 @@ class ColumnarIndex:
         for name, column in (("keys", "key"), ("offsets", "offset"), ("sizes", "size")):
             col = t.column(column)
             out[name] = None if col.null_count else (col.to_pylist() if name == "keys" else col.to_numpy())
+        out["columns"] = {k: t.column(k) for k in self.extra}
         return out
+
+    def read_columns(self, g: int, columns: Sequence[str]) -> "pa.Table":
+        """Columns of row group ``g`` (shards ``group_start[g]..group_stop[g]-1``, samples in index order); an
+        empty table of the shards that have no sample row group."""
+        if self.group_part[g] < 0:
+            return sample_schema(self.length_type, self.extra, self.has_output_lengths).empty_table().select(list(columns))
+        return self._read_group(g, list(columns)).select(list(columns))

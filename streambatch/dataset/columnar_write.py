@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import columnar
+from .columns import arrow_column
 from .columnar import (FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, _arrow, _digest, json_number, sample_schema,
                        shard_schema, table_names, table_url, typed_lengths)
 from .storage import AtomicWriter, parent_url, write_bytes_atomic
@@ -53,6 +54,16 @@ def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: "pa.DataType", 
     return pa.concat_arrays([pa.nulls(c, typ) if v is None else pa.array(v, typ) for v, c in values])
 
 
+def _meta_column(group: list[tuple[Any, np.ndarray]], name: str, typ: str) -> "pa.Array":
+    """A metadata column of the group's shards (a shard without it: nulls)."""
+    pa, _ = _arrow()
+    arrays = [arrow_column((getattr(s, "columns", None) or {}).get(name), typ, len(x)) for s, x in group]
+    for (s, x), a in zip(group, arrays):
+        if len(a) != len(x):
+            raise ValueError(f"shard {s.url}: {len(a)} values of column {name!r} for {len(x)} samples")
+    return pa.concat_arrays(arrays) if arrays else pa.array([], pa.type_for_alias(typ))
+
+
 class V2Writer:
     """Streams shards into the version 2 tables: bounded memory (one row group of samples and one of shards).
 
@@ -60,16 +71,20 @@ class V2Writer:
     samples (whole groups) make a sample file. :meth:`close` publishes the tables and returns the header's
     ``tables`` entry; nothing is visible under the final names before then (local storage). ``index_name``: the
     header's file name, which names the tables (:func:`~.columnar.table_names`). ``output_length``: the sample
-    table has an ``output_length`` column (each shard's ``output_lengths``).
+    table has an ``output_length`` column (each shard's ``output_lengths``). ``columns``: the metadata columns,
+    ``{name: arrow type}``, whose values each shard brings in its ``columns`` dict (null where absent).
     """
 
     def __init__(self, root: str, length_type: str, storage_options: dict | None = None,
                  rows_per_file: int | None = None, rows_per_group: int | None = None,
-                 index_name: str = INDEX_NAME, output_length: bool = False) -> None:
+                 index_name: str = INDEX_NAME, columns: dict[str, str] | None = None,
+                 output_length: bool = False) -> None:
         if length_type not in LENGTH_TYPES:
             raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
         self.root, self.length_type, self.so = root, length_type, storage_options
         self.output_length = output_length
+        self.extra = dict(columns or {})
+        self.schema = sample_schema(length_type, self.extra, output_length)
         self.rows_per_file = rows_per_file or columnar.ROWS_PER_FILE
         self.rows_per_group = rows_per_group or columnar.ROWS_PER_GROUP
         self.id = uuid.uuid4().hex
@@ -103,7 +118,7 @@ class V2Writer:
         if self.part is None or (self.part.rows and self.part.rows + self.group_rows > self.rows_per_file):
             self._next_part()
         assert self.part is not None
-        schema, n = sample_schema(self.length_type, self.output_length), self.group_rows
+        schema, n = self.schema, self.group_rows
         ids = [self.num_shards - len(self.group) + i for i in range(len(self.group))]
         counts = [len(x) for _, x in self.group]
         table = pa.table([
@@ -111,7 +126,8 @@ class V2Writer:
             _column(self.group, "keys", pa.string(), n),
             pa.array(np.concatenate([x for _, x in self.group]), schema.field("length").type),
             _column(self.group, "offsets", pa.int64(), n), _column(self.group, "sizes", pa.int64(), n),
-        ] + ([_column(self.group, "output_lengths", pa.int64(), n)] if self.output_length else []), schema=schema)
+        ] + ([_column(self.group, "output_lengths", pa.int64(), n)] if self.output_length else [])
+          + [_meta_column(self.group, k, t) for k, t in self.extra.items()], schema=schema)
         self.part.write(table)
         self._shard_rows(len(self.parts) - 1, self.part.groups - 1)
 
@@ -145,8 +161,7 @@ class V2Writer:
             self._end_part()
         rel = f"{self.samples_dir}/part-{len(self.parts):05d}.parquet"
         self.parts.append({"path": rel, "shards": [self.num_shards - len(self.group), None]})
-        schema = sample_schema(self.length_type, self.output_length)
-        self.part = _TableFile(table_url(self.root, rel), schema, self.id, self.so, ["shard"])
+        self.part = _TableFile(table_url(self.root, rel), self.schema, self.id, self.so, ["shard"])
         self.files.append(self.part)
 
     def _end_part(self) -> None:
@@ -177,13 +192,14 @@ class V2Writer:
 
 
 def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: str,
-             storage_options: dict | None = None, progress: Any = None, output_length: bool = False,
-             **sizes: int) -> dict[str, Any]:
+             storage_options: dict | None = None, progress: Any = None, columns: dict[str, str] | None = None,
+             output_length: bool = False, **sizes: int) -> dict[str, Any]:
     """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
     (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
-    updated per shard; ``output_length``: write the shards' output lengths. Returns the header written."""
+    updated per shard; ``columns``: the metadata columns; ``output_length``: write the shards' output lengths.
+    Returns the header written."""
     w = V2Writer(parent_url(index_url), length_type, storage_options, **sizes,
-                 index_name=index_url.rstrip("/").rsplit("/", 1)[-1], output_length=output_length)
+                 index_name=index_url.rstrip("/").rsplit("/", 1)[-1], columns=columns, output_length=output_length)
     try:
         for shard in shards:
             w.add(shard)
@@ -195,6 +211,6 @@ def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: s
         raise
     out = {"format": FORMAT, "version": 2, **header, "num_shards": w.num_shards, "num_samples": w.num_samples,
            "total_length": json_number(w.total), "id": w.id,
-           "columns": {f.name: str(f.type) for f in sample_schema(length_type, output_length)}, "tables": tables}
+           "columns": {f.name: str(f.type) for f in w.schema}, "tables": tables}
     write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
     return out

@@ -18,6 +18,7 @@ import numpy as np
 
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexError_, json_number
 from .columnar_write import write_v2
+from .columns import merged_columns
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
 from ..plan.stats import LengthStats, stream_stats
@@ -35,7 +36,8 @@ class ShardIndex:
 
     ``unit`` is ``"samples"`` (audio samples at ``sample_rate``), ``"seconds"``, ``"tokens"`` or
     ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve against. ``shards`` is a list,
-    or a :class:`ShardList` for an index loaded from version 2.
+    or a :class:`ShardList` for an index loaded from version 2. ``columns``: the sample table's metadata
+    columns, ``{name: arrow type}`` (:mod:`.columns`; a version 2 index's own when not given).
     """
 
     shards: Sequence[ShardInfo]
@@ -43,6 +45,11 @@ class ShardIndex:
     sample_rate: int | None = None
     root: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.columns and isinstance(self.shards, ShardList):
+            self.columns = dict(self.shards.reader.extra)
 
     # ---- reading and writing -------------------------------------------------------------------
     @classmethod
@@ -120,7 +127,7 @@ class ShardIndex:
         with tqdm(total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr,
                   disable=not progress) as bar:
             write_v2(url, (_saving(s) for s in self.shards), header, self._length_type(), storage_options,
-                     progress=bar, output_length=self.has_output_lengths)
+                     progress=bar, columns=self.columns, output_length=self.has_output_lengths)
 
     def _length_type(self) -> str:
         """The length column's type: float64 if any shard's lengths are fractional, else int64."""
@@ -268,7 +275,9 @@ class ShardIndex:
         shards: list[ShardInfo] = []
         for ix in indexes:
             shards.extend(ix.shards)
-        return cls(shards=shards, unit=first.unit, sample_rate=first.sample_rate, root=first.root, meta=dict(first.meta))
+        columns = merged_columns([ix.columns for ix in indexes], [str(ix.root) for ix in indexes])
+        return cls(shards=shards, unit=first.unit, sample_rate=first.sample_rate, root=first.root, meta=dict(first.meta),
+                   columns=columns)
 
 
 def _absolute(url: str, root: str | None) -> str:

@@ -40,22 +40,23 @@ class ShardInfo:
     """One shard as the index lists it. ``url`` is relative to the index's folder unless absolute.
 
     ``lengths``: per-sample lengths in tar order; from a version 2 index they load on first use (the shard's
-    row group, cached by the index). ``keys``/``offsets``/``sizes``: optional per-sample extras a writer may
-    attach for the version 2 sample table (not stored in version 1, not loaded back). ``output_lengths``: each
-    sample's second length (``--output-length``), or None; stored in both versions, loaded on use.
+    row group, cached by the index). ``keys``/``offsets``/``sizes``/``columns`` (metadata column values by name):
+    optional per-sample extras a writer may attach for the version 2 sample table (not stored in version 1, not
+    loaded back). ``output_lengths``: each sample's second length (``--output-length``), or None; stored in both
+    versions, loaded on use.
     """
 
-    __slots__ = ("url", "count", "bytes", "sha256", "keys_sha1", "keys", "offsets", "sizes", "_lengths", "_table",
-                 "_row", "_output_lengths")
+    __slots__ = ("url", "count", "bytes", "sha256", "keys_sha1", "keys", "offsets", "sizes", "columns", "_lengths",
+                 "_table", "_row", "_output_lengths")
 
     def __init__(self, url: str, count: int, bytes: int, lengths: np.ndarray | None = None,
                  sha256: str | None = None, keys_sha1: str | None = None, *, keys: Sequence[str] | None = None,
-                 offsets: Any = None, sizes: Any = None, table: "ShardList | None" = None, row: int = -1,
-                 output_lengths: np.ndarray | None = None) -> None:
+                 offsets: Any = None, sizes: Any = None, columns: dict[str, Any] | None = None,
+                 table: "ShardList | None" = None, row: int = -1, output_lengths: np.ndarray | None = None) -> None:
         if lengths is None and table is None:
             raise TypeError("ShardInfo needs lengths")
         self.url, self.count, self.bytes, self.sha256, self.keys_sha1 = url, count, bytes, sha256, keys_sha1
-        self.keys, self.offsets, self.sizes = keys, offsets, sizes
+        self.keys, self.offsets, self.sizes, self.columns = keys, offsets, sizes, columns
         self._lengths, self._table, self._row = lengths, table, row
         self._output_lengths = output_lengths
 
@@ -242,15 +243,16 @@ class ShardList(Sequence[ShardInfo]):
 
 
 class _Streamed:
-    """A shard as saved: its info, with lengths (and keys, offsets, sizes) from its index's sample table when it
-    came from a version 2 index, read a row group at a time and not kept."""
+    """A shard as saved: its info, with lengths (and keys, offsets, sizes, metadata columns) from its index's
+    sample table when it came from a version 2 index, read a row group at a time and not kept."""
 
-    __slots__ = ("info", "lengths", "keys", "offsets", "sizes", "output_lengths")
+    __slots__ = ("info", "lengths", "keys", "offsets", "sizes", "output_lengths", "columns")
 
     def __init__(self, info: ShardInfo, stored: dict[str, Any]) -> None:
         self.info = info
         self.lengths, self.keys, self.offsets, self.sizes = (stored[k] for k in ("lengths", "keys", "offsets", "sizes"))
         self.output_lengths = stored.get("output_lengths")
+        self.columns = stored.get("columns")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.info, name)

@@ -96,9 +96,13 @@ def by_shard(gids: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarra
     return [(int(shard_of[g[0]]), g) for g in np.split(order, cuts)]
 
 
-def index_lengths(index: Any) -> Lengths:
+def index_lengths(index: Any, kept_share: np.ndarray | None = None) -> Lengths:
     """:class:`Lengths` over a :class:`~streambatch.dataset.index.ShardIndex`: counts and totals from its shard
-    table, per-sample lengths read per shard when asked for (only their row groups on a columnar index)."""
+    table, per-sample lengths read per shard when asked for (only their row groups on a columnar index).
+    ``kept_share`` (a filter's): per shard, the share of its length kept; shards are dealt by the kept length
+    (times a mixture's expected share)."""
     table = index.shard_table(("count", "total_length"))
     scale = index.deal_scale() if hasattr(index, "deal_scale") else None
+    if kept_share is not None:
+        scale = kept_share if scale is None else scale * kept_share
     return Lengths(table["count"], table["total_length"], index.shard_lengths, scale)

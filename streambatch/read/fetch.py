@@ -29,6 +29,7 @@ class Job:
     def __init__(self, ordinal: int, url: str, shard: int, size: int | None, sha256: str | None):
         self.ordinal, self.url, self.shard = ordinal, url, shard
         self.expected_size, self.expected_sha = size, sha256
+        self.byte_range: tuple[int, int] | None = None  # read only these bytes of the shard (read/skip.py)
         self.size: int | None = None
         self.local: str | None = None  # read this local file (a local shard, or the cached copy)
         self.verified = False  # the cached copy was checked in full when it was downloaded
@@ -106,6 +107,13 @@ class ChunkStream:
             self._close = None
 
 
+def _job_chunks(job: Job, chunk_size: int, ramp: bool = False) -> Iterator[tuple[int, int]]:
+    """(offset, length) of the range requests for the job: its shard, or its byte range of it."""
+    lo, hi = job.byte_range if job.byte_range is not None else (0, job.size or 0)
+    for off, n in _chunks(hi - lo, chunk_size, ramp):
+        yield lo + off, n
+
+
 def _chunks(size: int, chunk_size: int, ramp: bool = False) -> Iterator[tuple[int, int]]:
     """(offset, length) of the range requests for an object of ``size`` bytes. With ``ramp`` the first
     requests are smaller (1/8, 1/4, 1/2 of ``chunk_size``), so the parser can start before a whole chunk has
@@ -131,6 +139,19 @@ def _prepare_local(job: Job, verify: str) -> None:
         raise ShardReadError(f"{job.url}: cannot open shard ({e})") from e
     check_size(job.url, size, job.expected_size, verify)
     job.size, job.local = size, p
+
+
+def _local_range(f: Any, lo: int, hi: int, chunk_size: int) -> Callable[[], bytes]:
+    """Chunks of bytes ``[lo, hi)`` of an open local file."""
+    f.seek(lo)
+    left = [hi - lo]
+
+    def next_chunk() -> bytes:
+        data = f.read(min(chunk_size, left[0])) if left[0] > 0 else b""
+        left[0] -= len(data)
+        return data
+
+    return next_chunk
 
 
 # ---- strategy 2: the node-local cache -------------------------------------------------------------------
@@ -243,7 +264,7 @@ class _ReadAhead:
     def _request_chunks(self, job: Job) -> None:
         """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding."""
         assert job.size is not None
-        for off, n in _chunks(job.size, self.chunk_size, ramp=job.ordinal == 0):
+        for off, n in _job_chunks(job, self.chunk_size, ramp=job.ordinal == 0):
             with self._cond:
                 while (not self.stop.is_set() and not job.cancelled and self._outstanding > 0
                        and self._outstanding + n > self.limit):
@@ -355,10 +376,12 @@ class Fetcher:
             self.read_ahead.opened(job)
         else:
             self._prepare(job)
-        sha = self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified
+        sha = self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified and job.byte_range is None
         if job.local is not None:
             f = open(job.local, "rb")
             cs = min(self.opts.chunk_size, 1 << 20)
+            if job.byte_range is not None:
+                return ChunkStream(_local_range(f, *job.byte_range, cs), sha, f.close)
             return ChunkStream(lambda: f.read(cs), sha, f.close)
         if self.read_ahead is not None:
             read_ahead = self.read_ahead
@@ -367,19 +390,19 @@ class Fetcher:
 
     def _on_demand(self, job: Job) -> Callable[[], bytes | None]:
         """Strategy 3a: the job's chunks requested one at a time, as the parser asks for them."""
-        size, cs = job.size or 0, self.opts.chunk_size
-        offsets = iter(range(0, size, cs))
+        chunks = _job_chunks(job, self.opts.chunk_size)
 
         def next_chunk() -> bytes | None:
-            o = next(offsets, None)
-            return None if o is None else self.ranges.read(job.url, o, min(o + cs, size), job.expected_size)
+            o = next(chunks, None)
+            return None if o is None else self.ranges.read(job.url, o[0], o[0] + o[1], job.expected_size)
 
         return next_chunk
 
     def check(self, job: Job, stream: ChunkStream) -> None:
-        """After the whole shard was read: its size and checksum."""
-        if job.size is not None and stream.delivered != job.size:
-            raise ShardReadError(f"{job.url}: read {stream.delivered} bytes, expected {job.size}")
+        """After the whole shard (or the job's byte range) was read: its size and checksum (not for a range)."""
+        want = job.byte_range[1] - job.byte_range[0] if job.byte_range is not None else job.size
+        if want is not None and stream.delivered != want:
+            raise ShardReadError(f"{job.url}: read {stream.delivered} bytes, expected {want}")
         problem = sha256_problem(stream.digest.hexdigest(), job.expected_sha) if stream.digest is not None else None
         if problem:
             raise ChecksumMismatch(f"{job.url}: {problem}")

@@ -59,9 +59,10 @@ class ReadOptions:
 def _piece_samples(fetcher: Fetcher, job: Job, piece: Piece) -> Iterator[dict[str, Any]]:
     """The samples ``[piece.start, piece.stop)`` of the job's shard; a shard read to its end is checked."""
     stream = fetcher.open(job)
+    first = piece.start if job.byte_range is not None else 0  # a byte range starts at the piece's first sample
     try:
         for sample in group_samples(iter_members(stream, job.url), job.url, piece.shard):
-            i = sample["__index__"]
+            i = sample["__index__"] = sample["__index__"] + first
             if i >= piece.stop:
                 return
             if i >= piece.start:
@@ -79,6 +80,8 @@ def _jobs(urls: Sequence[str], pieces: Sequence[Piece], shards: Sequence[Any] | 
     for j, p in enumerate(pieces):
         info = shards[p.shard] if shards is not None else None
         jobs.append(Job(j, urls[p.shard], p.shard, getattr(info, "bytes", None), getattr(info, "sha256", None)))
+        if getattr(p, "end_byte", 0) > 0:  # a read/skip.py Span: only its bytes
+            jobs[-1].byte_range = (p.first_byte, p.end_byte)
     return jobs
 
 

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import DatasetNames, selection_of
+from ..dataset.mixture import DatasetNames
+from ..dataset.where import left_out
 from ..dist import worker_info
 from ..errors import EmptyEpochError
 from ..plan.batcher import BucketBatcher, iter_batches
@@ -28,6 +29,7 @@ from .collate import Decode, collate, split_micro_batches
 from .execute import execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .reader import ReadOptions, read_pieces
+from .skip import skip_left_out
 
 
 @dataclass
@@ -107,14 +109,17 @@ class SlotContext:
     bad: torch.Tensor
     resumed: Resumed | None = None
     length_plan: LengthPlan | None = None  # speed perturbation / feature frames (plan/perturb.py)
+    filter: Any = None  # a :class:`~streambatch.dataset.where.PlanFilter` (``where=``), or None
 
     @property
     def num_slots(self) -> int:
         return self.world_size * self.num_workers
 
     def lengths(self, epoch: int) -> Lengths:
-        """The lengths the epoch is planned on, as the planner reads them: per shard, only the shards asked for."""
-        return planned_lengths(index_lengths(self.index), self.length_plan, self.config.seed, epoch)
+        """The lengths the epoch is planned on, as the planner reads them: per shard, only the shards asked for
+        (shards dealt by kept length under ``where=``; speed perturbation / feature frames planned)."""
+        kept = self.filter.scale if self.filter is not None else None
+        return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
 
 
 class EpochStream(IterableDataset):
@@ -162,7 +167,8 @@ def _planned_batches(
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
     lengths = ctx.lengths(epoch)
     offsets = lengths.offsets
-    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config, selection_of(ctx.index, epoch, ctx.config.seed))
+    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config,
+                           left_out(ctx.index, ctx.filter, epoch, ctx.config.seed, offsets))
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
@@ -171,7 +177,8 @@ def _planned_batches(
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
     def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
-        needed = pieces_needed(part, start, offsets, excluded)
+        needed = skip_left_out(pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded,
+                               ctx.read.chunk_size)
         samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
                               faults, markers=True)
         return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..dataset import storage
+from ..dataset.columns import ColumnError, merged_columns
 from ..dataset.format import (ERRORS_NAME, OUR_FILES, PART_ERRORS_NAME, PART_INDEX_GLOB, PART_INDEX_NAME,
                               PART_SHARD_NAME, SHARD_NAME)
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
@@ -288,8 +289,12 @@ def _merged_index(out: str, ordered: list[tuple[str, ShardIndex]]) -> ShardIndex
     meta["created"] = utc_now()
     meta["skipped"] = int(sum(ix.meta.get("skipped", 0) for _, ix in ordered))
     meta["parts"] = n
+    try:  # every part's metadata columns (null in the parts without one), so the filters work on the whole
+        columns = merged_columns([ix.columns for _, ix in ordered], [url for url, _ in ordered])
+    except ColumnError as e:
+        raise ShardifyError(str(e)) from None
     return ShardIndex(shards=_merged_shards(out, ordered), unit=first.unit, sample_rate=sample_rate, root=out,
-                      meta=meta)
+                      meta=meta, columns=columns)
 
 
 def _merged_shards(out: str, ordered: list[tuple[str, ShardIndex]]) -> list[ShardInfo]:

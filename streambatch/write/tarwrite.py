@@ -14,7 +14,7 @@ import os
 import tarfile
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
@@ -45,12 +45,14 @@ class Member:
 
 @dataclass
 class Sample:
-    """One sample to write: its key, its length in the index's unit, and its tar members in tar order;
-    ``output_length``: its second length (``--output-length``), when the write counts one."""
+    """One sample to write: its key, its length in the index's unit, its tar members in tar order, and its
+    ``.json`` dict (``meta``: where the index's metadata columns come from); ``output_length``: its second length
+    (``--output-length``), when the write counts one."""
 
     key: str
     length: int | float
     members: list[Member]
+    meta: dict[str, Any] = field(default_factory=dict)
     output_length: int | None = None
 
     @property
@@ -109,7 +111,7 @@ def audio_sample(rec: Record, length: int | float, sample_rate: int, frames: int
         meta["text"] = rec.text
     _with_fields(meta, rec.fields, skip=("duration",))
     payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path, blob=rec.audio)]
-    return Sample(rec.key, length, _members(rec.key, meta, payload), rec.output_length)
+    return Sample(rec.key, length, _members(rec.key, meta, payload), meta, rec.output_length)
 
 
 def text_sample(rec: Record, length: int) -> Sample:
@@ -124,7 +126,7 @@ def text_sample(rec: Record, length: int) -> Sample:
         payload.append(Member(f"{rec.key}.input_ids.npy", 0, data=buf.getvalue()))
     for m in payload:
         m.size = len(m.data)
-    return Sample(rec.key, length, _members(rec.key, meta, payload), rec.output_length)
+    return Sample(rec.key, length, _members(rec.key, meta, payload), meta, rec.output_length)
 
 
 # ---- which samples go in which shard -----------------------------------------------------------

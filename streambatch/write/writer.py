@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..dataset import storage
+from ..dataset.columns import ColumnError, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
 from .parts import Scope, check_out, clear_out, parse_part, part_range, prepare_resume, utc_now, write_errors
@@ -64,6 +65,7 @@ def write_shards(
     index_version: int = 2,
     tokenizer: str | None = None,
     output_length: str | None = None,
+    columns: str | Sequence[str] | None = None,
 ) -> ShardIndex:
     """Write ``src`` (audio folder, JSONL manifest, SpeechBrain JSON/CSV, or text JSONL) as
     length-annotated WebDataset shards plus ``index.json`` under ``out`` (a folder or fsspec URL).
@@ -79,6 +81,8 @@ def write_shards(
     ``tokenizer``: a text source's lengths are that tokenizer's tokens (``input_ids`` stored);
     ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio sample's transcript length (see
     ``tokenize.py``).
+    ``columns``: the ``.json`` fields stored as metadata columns of the sample table, for filters (a list or
+    ``"a,b"``; ``""`` for none); default: every scalar field but the transcript (:mod:`~..dataset.columns`).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite)
@@ -101,6 +105,7 @@ def write_shards(
                                         on_error)
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
 
+    chosen = _columns(samples, columns, index_version)
     plan = plan_shards([s.tar_bytes for s in samples], int(max_count), max_bytes)
     names = [scope.shard_name(j) for j in range(len(plan))]
     _prepare_out(out, overwrite, resume, scope, set(names), storage_options)
@@ -109,6 +114,8 @@ def write_shards(
         for name, (a, b) in zip(names, plan)
     ]
     infos = write_planned(tasks, int(workers), progress, stats)
+    for info, task in zip(infos, tasks):
+        info.columns = column_values([s.meta for s in task.samples], chosen)
     write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options,
                  remove_stale=resume)
     meta = _index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems))
@@ -116,9 +123,22 @@ def write_shards(
     if part is not None:
         meta["part"] = {"index": part[0], "count": part[1], "records": list(span), "num_records": num_records,
                         "on_error": on_error}
-    index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta)
+    index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
     index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
+
+
+def _columns(samples: Sequence[Any], names: str | Sequence[str] | None, index_version: int) -> dict[str, str]:
+    """The metadata columns to store (none in a version 1 index, which has no sample table)."""
+    names = parse_columns(names)
+    if index_version == 1:
+        if names:
+            raise ShardifyError("--columns needs the version 2 index (a version 1 index has no sample table)")
+        return {}
+    try:
+        return choose_columns([s.meta for s in samples], names)
+    except ColumnError as e:
+        raise ShardifyError(str(e)) from None
 
 
 def _check_options(kind: str | None, max_count: int, workers: int, on_error: str, resume: bool,

@@ -1,0 +1,121 @@
+"""Metadata columns of the sample table: which of the samples' scalar ``.json`` fields (speaker, language,
+duration, scores, ...) become typed columns beside shard, key, length, offset and size, so a filter
+(:mod:`.where`) can select samples from the index without reading a shard.
+
+By default every field whose values are all scalars of one kind (numbers, booleans or strings) becomes a
+column, except the transcript (``text``) and the fields that would shadow the table's own columns; a writer
+may name the columns instead (``--columns``). Types are Arrow type names as the index header lists them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+#: the sample table's own columns: a field of the same name cannot be a metadata column
+RESERVED = ("shard", "key", "length", "offset", "size", "output_length")
+#: fields never stored by default (transcripts are long, and a filter has no use for them)
+NOT_BY_DEFAULT = ("text",)
+_RANK = {"bool": 0, "int64": 1, "double": 2}
+
+
+class ColumnError(ValueError):
+    """A metadata column that cannot be stored as asked (named but absent, not scalar, mixed kinds)."""
+
+
+def _kind(v: Any) -> str | None:
+    """The Arrow type of one scalar value (None: null; ``"other"``: not a scalar)."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int64" if -(2**63) <= v < 2**63 else "other"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, str):
+        return "string"
+    return "other"
+
+
+def unify(a: str | None, b: str | None) -> str | None:
+    """The type that holds values of types ``a`` and ``b``: numbers widen to ``double``; else ``"other"``."""
+    if a is None or a == b:
+        return b
+    if b is None:
+        return a
+    if a in ("int64", "double") and b in ("int64", "double"):
+        return "double"
+    return "other"
+
+
+def field_types(metas: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each field's type over all the samples' ``.json`` dicts (``"other"`` where not one scalar kind),
+    in the order the fields first appear."""
+    types: dict[str, str | None] = {}
+    for meta in metas:
+        for k, v in meta.items():
+            types[k] = unify(types.get(k), _kind(v)) if k in types else _kind(v)
+    return {k: (t or "other") for k, t in types.items()}  # a field that is always null: no type to store
+
+
+def choose_columns(metas: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> dict[str, str]:
+    """The metadata columns to store, ``{name: arrow type}``: ``names`` (``--columns``) or every scalar
+    field but the transcript and reserved names. A named field that is missing or not scalar is an error
+    listing the fields that can be columns."""
+    types = field_types(metas)
+    usable = {k: t for k, t in types.items() if t != "other" and k not in RESERVED}
+    if names is None:
+        return {k: t for k, t in usable.items() if k not in NOT_BY_DEFAULT}
+    out: dict[str, str] = {}
+    for name in names:
+        if name not in usable:
+            why = ("is one of the sample table's own columns" if name in RESERVED else
+                   "is not a scalar of one kind (number, boolean or string) in every sample" if name in types
+                   else "is in no sample's .json")
+            raise ColumnError(f"--columns: {name!r} {why}; fields that can be columns: "
+                              f"{', '.join(usable) or '(none)'}")
+        out[name] = usable[name]
+    return out
+
+
+def parse_columns(text: str | Sequence[str] | None) -> list[str] | None:
+    """``--columns``: a comma-separated list (``""`` for none); None keeps the default choice."""
+    if text is None:
+        return None
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return [s.strip() for s in items if s.strip()]
+
+
+def merged_columns(schemas: Sequence[Mapping[str, str]], where: Sequence[str]) -> dict[str, str]:
+    """The columns of several indexes merged into one (parts of a dataset): every column of any of them
+    (null in the others), numbers widened to ``double``; one name with two kinds is an error naming both."""
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for schema, url in zip(schemas, where):
+        for k, t in schema.items():
+            u = unify(out.get(k), t)
+            if u == "other":
+                raise ColumnError(f"column {k!r} is {out[k]} in {seen[k]} but {t} in {url}: the parts cannot be "
+                                  "merged into one sample table (write them with the same --columns)")
+            out[k], seen[k] = u, seen.get(k, url)
+    return out
+
+
+def column_values(metas: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> dict[str, list[Any]]:
+    """The values of each column for these samples (None where a sample lacks the field)."""
+    return {k: [m.get(k) for m in metas] for k in columns}
+
+
+def arrow_column(values: Any, typ: str, n: int) -> Any:
+    """One shard's values of a column as an Arrow array of ``typ`` (``values`` None: all null; an Arrow array
+    read back from a table is cast, a list converted)."""
+    import pyarrow as pa
+
+    t = pa.type_for_alias(typ)
+    if values is None:
+        return pa.nulls(n, t)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values if values.type == t else values.cast(t)
+    return pa.array(list(values), t)

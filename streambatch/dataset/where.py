@@ -1,0 +1,242 @@
+"""Filters: ``where="language = 'de' AND snr > 10"`` evaluated by DuckDB over the sample table's columns.
+
+:class:`Where` is one SQL expression, checked once against the table's columns (one clear line naming the
+bad column or the syntax error, with the columns there are) and then evaluated on Arrow tables of one row
+group at a time; nothing is ever passed to Python's ``eval``, and DuckDB runs with file access disabled.
+:class:`SampleFilter` applies it to an index: which samples of a shard it keeps (cached per row group), the
+kept share of each shard's length (so shards are dealt by the length they keep), and the kept lengths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+
+#: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
+CACHE_ALL = 1 << 24
+_STRING = re.compile(r"'(?:[^']|'')*'")
+_IDENT = re.compile(r'"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*)')
+
+
+def _duckdb() -> Any:
+    try:
+        import duckdb
+    except ImportError:
+        raise ImportError("where= needs DuckDB: pip install 'streambatch[filters]'") from None
+    return duckdb
+
+
+class Where:
+    """One filter expression over columns ``{name: arrow type}``; True keeps a sample (NULL does not)."""
+
+    def __init__(self, expr: str, columns: dict[str, str], what: str = "where"):
+        self.expr, self.columns, self.what = str(expr), dict(columns), what
+        self._con: Any = None
+        self._pid = -1
+        self._lock = threading.Lock()
+        self.used = self._check()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_con": None, "_pid": -1, "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _problem(self, why: str) -> ValueError:
+        cols = ", ".join(f"{k} ({t})" for k, t in self.columns.items())
+        return ValueError(f"{self.what}={self.expr!r}: {why}; the sample table's columns: {cols}")
+
+    def _check(self) -> list[str]:
+        """Refuse anything but one boolean expression over the columns; the columns it names (a superset)."""
+        bare = _STRING.sub("''", self.expr)
+        if ";" in bare or re.search(r"\bselect\b", bare, re.IGNORECASE):
+            raise self._problem("only an expression is allowed (no ';', no SELECT)")
+        if not bare.strip():
+            raise self._problem("the expression is empty")
+        import pyarrow as pa
+
+        empty = pa.schema([(k, pa.type_for_alias(t)) for k, t in self.columns.items()]).empty_table()
+        types = self._run(empty, types=True)
+        if str(types[0]).upper() not in ("BOOLEAN", "NULL"):
+            raise self._problem(f"it gives {types[0]}, not true/false (compare it: e.g. snr > 10)")
+        named = {a or b for a, b in _IDENT.findall(bare)}
+        lower = {n.lower() for n in named}
+        return [k for k in self.columns if k in named or k.lower() in lower]
+
+    def _connection(self) -> Any:
+        """This process's DuckDB connection (file access off; a forked worker opens its own)."""
+        if self._con is None or self._pid != os.getpid():
+            duckdb = _duckdb()
+            self._con = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
+            self._pid = os.getpid()
+        return self._con
+
+    def _run(self, table: Any, types: bool = False) -> Any:
+        duckdb = _duckdb()
+        with self._lock:
+            try:
+                rel = self._connection().from_arrow(table).select(duckdb.SQLExpression(self.expr).alias("keep"))
+                return rel.types if types else rel.arrow()
+            except duckdb.Error as e:
+                msg = re.sub(r"^[A-Za-z ]*Error: ", "", (str(e).strip().splitlines() or [""])[0])
+                missing = re.match(r'Referenced column "(.+?)" not found', msg)
+                raise self._problem(f"no column {missing.group(1)!r}" if missing else msg.rstrip("!")) from None
+
+    def evaluate(self, table: Any) -> np.ndarray:
+        """Which rows of an Arrow table (holding at least :attr:`used`) the expression keeps, in row order."""
+        if table.num_rows == 0:
+            return np.zeros(0, dtype=bool)
+        got = self._run(table.select(self.used) if self.used else table)
+        keep = got.read_all() if hasattr(got, "read_all") else got
+        arr = keep.column("keep").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False)
+        if len(arr) != table.num_rows:
+            raise RuntimeError(f"{self.what}: {len(arr)} results for {table.num_rows} rows")
+        return np.asarray(arr, dtype=bool)
+
+
+def filter_columns(index: Any) -> dict[str, str]:
+    """The columns a filter on ``index`` (a version 2 :class:`~.index.ShardIndex`) can name."""
+    reader = getattr(index.shards, "reader", None)
+    if reader is None:
+        raise ValueError("where= needs a version 2 index with metadata columns (this one is version 1): write the "
+                         "dataset again with `shardify write` (`shardify upgrade` keeps no metadata columns)")
+    return {"key": "string", "length": reader.length_type, **reader.extra}
+
+
+class SampleFilter:
+    """A :class:`Where` applied to one dataset's index: kept samples per shard, evaluated per row group."""
+
+    def __init__(self, index: Any, expr: str, what: str = "where"):
+        self.index, self.where = index, Where(expr, filter_columns(index), what)
+        self.reader = index.shards.reader
+        self._cache: dict[int, np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cache": {}}
+
+    def _group(self, g: int, lengths: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """(keep, lengths or None) of row group ``g``'s samples."""
+        names = list(dict.fromkeys([*self.where.used, *(["length"] if lengths else [])]))
+        table = self.reader.read_columns(g, names or ["length"])
+        keep = self.where.evaluate(table)
+        return keep, (table.column("length").to_numpy() if lengths else None)
+
+    def keep(self, shard: int) -> np.ndarray:
+        """Which samples of ``shard`` (tar order) the filter keeps; its row group is evaluated once."""
+        r = self.reader
+        g = int(r.shard_group[shard])
+        got = self._cache.get(g)
+        if got is None:
+            got = self._cache[g] = self._group(g)[0]
+        start = int(r.shard_row[shard])
+        return got[start:start + int(r.columns.count[shard])]
+
+    def scan(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(first shard, keep, lengths) of every row group in order, one in memory at a time (kept for
+        :meth:`keep` only when the whole dataset's answers are small: up to :data:`CACHE_ALL` samples)."""
+        small = int(self.reader.group_rows.sum()) <= CACHE_ALL
+        for g in range(len(self.reader.group_start)):
+            keep, lengths = self._group(g, lengths=True)
+            if small:
+                self._cache[g] = keep
+            yield int(self.reader.group_start[g]), keep, lengths  # type: ignore[misc]
+
+    def kept_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per shard: samples kept and their total length (streamed over every row group)."""
+        r = self.reader
+        n = len(r.columns.count)
+        counts, totals = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
+        for g, (_, keep, lengths) in enumerate(self.scan()):
+            a, b = int(r.group_start[g]), int(r.group_stop[g])
+            rows = r.shard_row[a:b].astype(np.int64)
+            nonempty = r.columns.count[a:b] > 0
+            if not keep.size:
+                continue
+            starts = rows[nonempty]
+            counts[a:b][nonempty] = np.add.reduceat(keep.astype(np.int64), starts)
+            totals[a:b][nonempty] = np.add.reduceat(np.where(keep, lengths, 0).astype(np.float64), starts)
+        return counts, totals
+
+    def iter_kept_lengths(self) -> Iterator[np.ndarray]:
+        """The kept samples' lengths, a row group at a time (``shardify inspect --where``)."""
+        for _, keep, lengths in self.scan():
+            yield lengths[keep]
+
+
+class PlanFilter:
+    """A filter over the plan's shards (one dataset's, or a mixture's virtual shards; each dataset filtered by
+    the same expression): which samples a shard keeps, the kept share of each shard's length (``scale``, to deal
+    shards by the length they keep; computed once, by streaming the filter's columns), and the lazy mask of the
+    samples it leaves out (:class:`~streambatch.plan.filter.LeftOut`)."""
+
+    def __init__(self, index: Any, expr: str):
+        self.index, self.expr = index, str(expr)
+        names = getattr(index, "names", None)
+        ixs = getattr(index, "indexes", None) or [index]
+        self.parts = [SampleFilter(ix, expr, "where" if names is None else f"where (dataset {n!r})")
+                      for ix, n in zip(ixs, names or [None])]
+        kept = [p.kept_totals() for p in self.parts]
+        self.kept = int(sum(int(c.sum()) for c, _ in kept))
+        self.total = int(sum(ix.num_samples for ix in ixs))
+        shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
+        blocks = getattr(index, "blocks", None)
+        self.scale = shares[0] if blocks is None else (
+            np.concatenate([shares[d] for d, _ in blocks]) if blocks else np.zeros(0))
+        if self.kept == 0:
+            raise ValueError(f"where={self.expr!r} keeps none of the {self.total:,} samples")
+
+    def keep(self, shard: int) -> np.ndarray:
+        """Which samples of plan shard ``shard`` (tar order) the filter keeps."""
+        if len(self.parts) == 1 and not hasattr(self.index, "real_shard"):
+            return self.parts[0].keep(int(shard))
+        d, s = self.index.real_shard(int(shard))
+        return self.parts[d].keep(s)
+
+    def mask(self, offsets: np.ndarray) -> Any:
+        """The samples left out, as a lazy mask over the plan's global ids (``offsets``: each shard's first)."""
+        from ..plan.filter import LeftOut
+
+        return LeftOut(self.keep, offsets)
+
+
+def _share(kept: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Kept length over total length per shard (1 where a shard has no length: nothing to scale)."""
+    total = np.asarray(total, dtype=np.float64)
+    out = np.ones(len(total))
+    np.divide(kept, total, out=out, where=total > 0)
+    return out
+
+
+def open_filter(index: Any, where: str | None) -> PlanFilter | None:
+    """The loader's filter (None without ``where``); a filter needs an index to read the columns from."""
+    if where is None:
+        return None
+    if index is None:
+        raise ValueError(f"where={where!r} needs a dataset index (index.json with metadata columns): write the "
+                         "dataset with `shardify write`, or load it by its folder")
+    return PlanFilter(index, where)
+
+
+def left_out(index: Any, flt: PlanFilter | None, epoch: int, seed: int, offsets: np.ndarray) -> Any:
+    """What epoch ``epoch`` leaves out before any resume: a mixture's unselected samples and the filtered ones,
+    one lazy mask over the plan's global ids (None: nothing) — the same in the planner and in every worker."""
+    from ..plan.mixing import any_of
+    from .mixture import selection_of
+
+    return any_of(selection_of(index, epoch, seed), flt.mask(offsets) if flt is not None else None)
+
+
+def kept_stats(index: Any, expr: str) -> Any:
+    """Length statistics of the samples ``expr`` keeps (each dataset of a mixture once), streamed a row group
+    at a time (``shardify inspect --where``)."""
+    from ..plan.stats import stream_stats
+
+    names = getattr(index, "names", None)
+    parts = [SampleFilter(ix, expr, "where" if names is None else f"where (dataset {n!r})")
+             for ix, n in zip(getattr(index, "indexes", None) or [index], names or [None])]
+    return stream_stats(chunk for p in parts for chunk in p.iter_kept_lengths())
