@@ -85,9 +85,7 @@ def write_shards(
     ``"a,b"``; ``""`` for none); default: every scalar field but the transcript (:mod:`~..dataset.columns`).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
-    _check_options(kind, max_count, workers, on_error, resume, overwrite)
-    if index_version not in (1, 2):
-        raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
+    _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version)
     part = parse_part(part)
     scope = Scope(part)
     max_bytes = parse_size(max_size)
@@ -118,14 +116,19 @@ def write_shards(
         info.columns = column_values([s.meta for s in task.samples], chosen)
     write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options,
                  remove_stale=resume)
-    meta = _index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems))
-    meta.update(text.meta())
-    if part is not None:
-        meta["part"] = {"index": part[0], "count": part[1], "records": list(span), "num_records": num_records,
-                        "on_error": on_error}
+    meta = {**_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems)), **text.meta(),
+            **_part_meta(part, span, num_records, on_error)}
     index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
     index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
+
+
+def _part_meta(part: tuple[int, int] | None, span: Any, num_records: int, on_error: str) -> dict[str, Any]:
+    """What a part index records of its part (nothing for a whole write)."""
+    if part is None:
+        return {}
+    return {"part": {"index": part[0], "count": part[1], "records": list(span), "num_records": num_records,
+                     "on_error": on_error}}
 
 
 def _columns(samples: Sequence[Any], names: str | Sequence[str] | None, index_version: int) -> dict[str, str]:
@@ -142,7 +145,9 @@ def _columns(samples: Sequence[Any], names: str | Sequence[str] | None, index_ve
 
 
 def _check_options(kind: str | None, max_count: int, workers: int, on_error: str, resume: bool,
-                   overwrite: bool) -> None:
+                   overwrite: bool, index_version: int = 2) -> None:
+    if index_version not in (1, 2):
+        raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
     if on_error not in ("fail", "skip"):
         raise ShardifyError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
     if kind is not None and kind not in KINDS:
