@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
+from .select import LengthHistogram, run_keys, run_positions, select_runs
 
 
 class SampleTooLongError(ValueError):
@@ -112,6 +113,7 @@ class BucketBatcher:
         self.max_held = 0
         self.skipped: list[int] = []
         self.dropped: list[int] = []
+        self._seen = LengthHistogram()  # lengths pushed so far: how common each length is in this stream
 
     # ---- input ----------------------------------------------------------------------------------
     def _tensor_len(self, lengths: np.ndarray) -> np.ndarray:
@@ -145,6 +147,7 @@ class BucketBatcher:
         h = self.held
         self._ids[h] = sid
         self._lens[h] = length
+        self._seen.add_one(float(length))
         self.held = h + 1
         if self.held > self.max_held:
             self.max_held = self.held
@@ -173,6 +176,7 @@ class BucketBatcher:
             k = min(self.buffer_size - self.held, n - pos)
             self._ids[self.held:self.held + k] = sids[pos:pos + k]
             self._lens[self.held:self.held + k] = lengths[pos:pos + k]
+            self._seen.add(lengths[pos:pos + k])
             self.held += k
             pos += k
             self.max_held = max(self.max_held, self.held)
@@ -243,14 +247,9 @@ class BucketBatcher:
         self._lens[:h], self._ids[:h] = lens, ids
         self._nsorted = h
 
-    def _pack(self, s: np.ndarray) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
-        """Cut lengths ``s`` (sorted longest first) greedily into batches.
-
-        Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
-        arrays — and whether each is complete (no further sample could join).
-        """
-        if self.cost.packed:
-            return self._pack_by_sum(s)
+    def _runs(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each position of the sorted window ``s``: where a batch starting there ends (its capacity,
+        in multiples of ``batch_size_multiple_of``), and where its bucket's run of the window ends."""
         n = len(s)
         cap = self._capacity(s)
         if self.multiple > 1:
@@ -262,6 +261,18 @@ class BucketBatcher:
             seg_end = np.append(change, n)[np.searchsorted(change, np.arange(n), side="right")]
         else:
             seg_end = np.full(n, n, dtype=np.int64)
+        return reach, seg_end
+
+    def _pack(self, s: np.ndarray) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """Cut lengths ``s`` (sorted longest first) greedily into batches.
+
+        Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
+        arrays — and whether each is complete (no further sample could join).
+        """
+        if self.cost.packed:
+            return self._pack_by_sum(s)
+        n = len(s)
+        reach, seg_end = self._runs(s)
         full = reach <= seg_end
         nxt = np.append(np.minimum(reach, seg_end), n)  # sentinel n jumps to itself
         # the greedy chain start → start + capacity, followed by pointer doubling: a few vectorised passes
@@ -324,22 +335,61 @@ class BucketBatcher:
     def _round_flat(self, final: bool) -> tuple[np.ndarray, np.ndarray]:
         """Sort the window, cut it into batches and emit some: the emitted batches' ids flat, and their sizes.
 
-        Mid-stream, complete batches leave in random order until ``refill`` samples are freed (partial ones,
-        fullest first, only if those don't free enough); at the end all leave (``drop_last``: complete only)."""
+        Mid-stream, the tightest complete batches leave (:mod:`~streambatch.plan.select`; packed batches: complete
+        ones at random) until ``refill`` samples are freed, in random order; partial ones, fullest first, only if
+        those don't free enough. At the end all leave, in random order (``drop_last``: complete ones only)."""
         self._sort_window()
+        if final:
+            return self._final_round()
+        if self.cost.packed:
+            return self._emit(*self._greedy_choice(np.arange(self.held), self.refill))
+        return self._emit(*self._tightest_choice())
+
+    def _final_round(self) -> tuple[np.ndarray, np.ndarray]:
+        """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""
         h = self.held
-        ids, lens = self._ids[:h], self._lens[:h]
-        batches, full = self._pack(lens)
+        ids = self._ids[:h]
+        batches, full = self._pack(self._lens[:h])
         members, sizes = _batch_members(batches)
         nb = len(sizes)
-        if final:
-            chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
-            if self.drop_last:
-                keep = full[chosen]
-                self.dropped.extend(ids[members(chosen[~keep])].tolist())
-                chosen = chosen[keep]
-            self.held = self._nsorted = 0
-            return ids[members(chosen)].astype(self._out_dtype), sizes[chosen]
+        chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
+        if self.drop_last:
+            keep = full[chosen]
+            self.dropped.extend(ids[members(chosen[~keep])].tolist())
+            chosen = chosen[keep]
+        self.held = self._nsorted = 0
+        return ids[members(chosen)].astype(self._out_dtype), sizes[chosen]
+
+    def _tightest_choice(self) -> tuple[np.ndarray, np.ndarray]:
+        """Window positions of the batches to emit (flat, in emission order) and their sizes: the tightest
+        disjoint complete runs, topped up with the greedy cut's batches if they free fewer than ``refill``."""
+        h = self.held
+        lens = self._lens[:h]
+        ends, seg_end = self._runs(lens)
+        tiebreak = self.rng if self.shuffle else None
+        key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
+        starts = select_runs(key, ends, self.refill)
+        if not self.shuffle:
+            starts = np.sort(starts)
+        sizes = ends[starts] - starts
+        out = run_positions(starts, ends[starts])
+        if len(out) < self.refill:
+            rest = np.ones(h, dtype=bool)
+            rest[out] = False
+            more, more_sizes = self._greedy_choice(np.flatnonzero(rest), self.refill - len(out))
+            out, sizes = np.concatenate([out, more]), np.concatenate([sizes, more_sizes])
+        if self.shuffle and len(sizes) > 1:
+            order = self.rng.permutation(len(sizes))
+            first = np.cumsum(sizes) - sizes
+            out, sizes = out[run_positions(first[order], first[order] + sizes[order])], sizes[order]
+        return out, sizes
+
+    def _greedy_choice(self, positions: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """The window at ``positions`` (sorted) cut greedily; complete batches in random order, then partial
+        ones fullest first, until ``need`` samples are chosen: their window positions flat, and sizes."""
+        lens = self._lens[positions]
+        batches, full = self._pack(lens)
+        members, sizes = _batch_members(batches)
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
         fill = np.add.reduceat(lens[members(partial)], np.cumsum(sizes[partial]) - sizes[partial]) if len(partial) else np.zeros(0)
@@ -347,8 +397,13 @@ class BucketBatcher:
             complete = complete[self.rng.permutation(len(complete))]
         cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]]).astype(np.int64)
         freed = np.cumsum(sizes[cand])
-        chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
-        out = members(chosen)
+        chosen = cand[: int(np.searchsorted(freed, need, side="left")) + 1]
+        return positions[members(chosen)], sizes[chosen]
+
+    def _emit(self, out: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the samples at window positions ``out`` from the window; their ids flat, and the sizes."""
+        h = self.held
+        ids, lens = self._ids[:h], self._lens[:h]
         keep = np.ones(h, dtype=bool)
         keep[out] = False
         k = h - len(out)
@@ -356,7 +411,7 @@ class BucketBatcher:
         self._ids[:k] = ids[keep]
         self._lens[:k] = lens[keep]
         self.held = self._nsorted = k
-        return flat, sizes[chosen]
+        return flat, sizes
 
 
 def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
