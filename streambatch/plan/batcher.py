@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
-from .select import LengthHistogram, run_keys, run_positions, select_runs
+from .select import LengthHistogram, hold_level, run_keys, run_positions, select_runs
 
 
 class SampleTooLongError(ValueError):
@@ -114,6 +114,7 @@ class BucketBatcher:
         self.skipped: list[int] = []
         self.dropped: list[int] = []
         self._seen = LengthHistogram()  # lengths pushed so far: how common each length is in this stream
+        self._pushed = 0  # samples that entered the window
 
     # ---- input ----------------------------------------------------------------------------------
     def _tensor_len(self, lengths: np.ndarray) -> np.ndarray:
@@ -148,6 +149,7 @@ class BucketBatcher:
         self._ids[h] = sid
         self._lens[h] = length
         self._seen.add_one(float(length))
+        self._pushed += 1
         self.held = h + 1
         if self.held > self.max_held:
             self.max_held = self.held
@@ -177,6 +179,7 @@ class BucketBatcher:
             self._ids[self.held:self.held + k] = sids[pos:pos + k]
             self._lens[self.held:self.held + k] = lengths[pos:pos + k]
             self._seen.add(lengths[pos:pos + k])
+            self._pushed += k
             self.held += k
             pos += k
             self.max_held = max(self.max_held, self.held)
@@ -367,7 +370,8 @@ class BucketBatcher:
         lens = self._lens[:h]
         ends, seg_end = self._runs(lens)
         tiebreak = self.rng if self.shuffle else None
-        key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
+        hold = hold_level(self._pushed, self.buffer_size)
+        key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), hold, tiebreak)
         starts = select_runs(key, ends, self.refill)
         if not self.shuffle:
             starts = np.sort(starts)

@@ -20,15 +20,26 @@ import numpy as np
 BINS_PER_OCTAVE = 8
 _OFFSET = 128 * BINS_PER_OCTAVE  # bin of length 1; covers lengths 2^-128 .. 2^128
 _NUM_BINS = 2 * _OFFSET
-_STEPS_LIST = [2.0 ** (j / BINS_PER_OCTAVE) for j in range(1, BINS_PER_OCTAVE)]  # mantissa thresholds in [1, 2)
+_ROOT = math.sqrt(math.sqrt(math.sqrt(2.0)))  # 2 ** (1 / 8) from correctly rounded steps: alike everywhere
+_STEPS_LIST = [_ROOT]  # mantissa thresholds in [1, 2): powers of the root by repeated products
+for _ in range(BINS_PER_OCTAVE - 2):
+    _STEPS_LIST.append(_STEPS_LIST[-1] * _ROOT)
 _STEPS = np.array(_STEPS_LIST)
 _STEPS_FULL = np.array([1.0] + _STEPS_LIST)
 
-#: How a candidate's spread is weighed by the frequency ``c`` of its length: ``spread × c ** SPREAD_EXPONENT``.
-#: At 1 every length waits in the window about as long (order exactly as random as the stream's); below 1 rare
-#: lengths (the long tail, the very short) wait longer for close neighbours, which pads less but holds them
-#: back a little. 0.75 keeps |Spearman ρ| of batch position against mean length near 0.02 on the benchmarks.
-SPREAD_EXPONENT = 0.75
+#: How a candidate's spread is weighed by the frequency ``c`` of its length: ``spread × c ** (1 - hold / 16)``.
+#: At ``hold`` 0 every length waits in the window about as long (its order as random as the stream's); above,
+#: rare lengths (the long tail, the very short) wait longer for close neighbours, which pads less but delays
+#: them a little: a delay that shows as order correlation only near the ends of the stream. So ``hold`` grows
+#: with the stream, by one every :data:`HOLD_RAMP` / :data:`MAX_HOLD` windows of samples pushed, up to
+#: :data:`MAX_HOLD` (``c ** 0.75``).
+MAX_HOLD = 4
+HOLD_RAMP = 10
+
+
+def hold_level(pushed: int, buffer_size: int) -> int:
+    """The ``hold`` of :func:`run_keys` once ``pushed`` samples have entered a window of ``buffer_size``."""
+    return min(MAX_HOLD, MAX_HOLD * pushed // (HOLD_RAMP * buffer_size))
 
 
 class LengthHistogram:
@@ -77,10 +88,10 @@ NO_RUN = np.iinfo(np.int64).max
 
 
 def run_keys(lens: np.ndarray, padded: np.ndarray, ends: np.ndarray, ok: np.ndarray, frequency: np.ndarray,
-             rng: np.random.Generator | None) -> np.ndarray:
+             hold: int, rng: np.random.Generator | None) -> np.ndarray:
     """A distinct key for each candidate run ``[i, ends[i])`` of the window (``lens`` sorted longest first;
-    ``padded`` the lengths as the tensor pads them; ``frequency`` how common each length is), lower for
-    tighter; :data:`NO_RUN` where ``ok`` is False (no complete batch starts there).
+    ``padded`` the lengths as the tensor pads them; ``frequency`` how common each length is; ``hold`` see
+    :data:`MAX_HOLD`), lower for tighter; :data:`NO_RUN` where ``ok`` is False (no complete batch starts there).
 
     The key packs the weighed spread (15 bits, about 0.4 % apart), a random tie-break (16 bits; without
     ``rng`` none) and the position, so keys are distinct and compare in that order. Only correctly rounded
@@ -90,8 +101,11 @@ def run_keys(lens: np.ndarray, padded: np.ndarray, ends: np.ndarray, ok: np.ndar
     e = np.minimum(ends, n)
     idx = np.arange(n, dtype=np.int64)
     spread = padded - (csum[e] - csum[:-1]) / np.maximum(e - idx, 1)
-    c = frequency.astype(np.float64)
-    weight = c if SPREAD_EXPONENT == 1 else np.sqrt(c * np.sqrt(c))  # c ** 0.75
+    weight = frequency.astype(np.float64)
+    if hold:
+        root = np.sqrt(np.sqrt(np.sqrt(np.sqrt(weight))))  # c ** (1 / 16)
+        for _ in range(hold):
+            weight /= root
     key = _quantize(np.maximum(spread, 0.0) * weight) << 48
     if rng is not None:
         key |= rng.integers(0, 1 << 16, n, dtype=np.int64) << 32
