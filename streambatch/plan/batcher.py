@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
-from .select import LengthHistogram, hold_level, run_keys, run_positions, select_runs
+from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
 
 
 class SampleTooLongError(ValueError):
@@ -365,14 +365,14 @@ class BucketBatcher:
 
     def _tightest_choice(self) -> tuple[np.ndarray, np.ndarray]:
         """Window positions of the batches to emit (flat, in emission order) and their sizes: the tightest
-        disjoint complete runs, topped up with the greedy cut's batches if they free fewer than ``refill``."""
+        disjoint complete runs (:func:`~streambatch.plan.select.tight_share` of ``refill``), topped up with
+        the greedy cut's batches (complete ones at random, then partial ones) to ``refill``."""
         h = self.held
         lens = self._lens[:h]
         ends, seg_end = self._runs(lens)
         tiebreak = self.rng if self.shuffle else None
-        hold = hold_level(self._pushed, self.buffer_size)
-        key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), hold, tiebreak)
-        starts = select_runs(key, ends, self.refill)
+        key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
+        starts = select_runs(key, ends, tight_share(self._pushed, self.buffer_size, self.refill))
         if not self.shuffle:
             starts = np.sort(starts)
         sizes = ends[starts] - starts

@@ -27,19 +27,18 @@ for _ in range(BINS_PER_OCTAVE - 2):
 _STEPS = np.array(_STEPS_LIST)
 _STEPS_FULL = np.array([1.0] + _STEPS_LIST)
 
-#: How a candidate's spread is weighed by the frequency ``c`` of its length: ``spread × c ** (1 - hold / 16)``.
-#: At ``hold`` 0 every length waits in the window about as long (its order as random as the stream's); above,
-#: rare lengths (the long tail, the very short) wait longer for close neighbours, which pads less but delays
-#: them a little: a delay that shows as order correlation only near the ends of the stream. So ``hold`` grows
-#: with the stream, by one every :data:`HOLD_RAMP` / :data:`MAX_HOLD` windows of samples pushed, up to
-#: :data:`MAX_HOLD` (``c ** 0.75``).
-MAX_HOLD = 4
-HOLD_RAMP = 10
+#: How much of each round the tightest runs fill: a share that grows from none to all of ``refill`` over the
+#: first ``TIGHT_RAMP`` windows of samples pushed (the rest leaves as random complete batches of the greedy cut).
+#: Choosing the tightest runs makes rare lengths (the long tail, the very short) wait longer for close
+#: neighbours, which pads less but delays them a little: a delay that would show as order correlation on a
+#: stream only a few windows long, whose end is a large part of it.
+TIGHT_RAMP = 5
 
 
-def hold_level(pushed: int, buffer_size: int) -> int:
-    """The ``hold`` of :func:`run_keys` once ``pushed`` samples have entered a window of ``buffer_size``."""
-    return min(MAX_HOLD, MAX_HOLD * pushed // (HOLD_RAMP * buffer_size))
+def tight_share(pushed: int, buffer_size: int, refill: int) -> int:
+    """Samples a round sends out as the tightest runs, once ``pushed`` samples have entered the window."""
+    ramp = TIGHT_RAMP * buffer_size
+    return refill * min(pushed, ramp) // ramp
 
 
 class LengthHistogram:
@@ -88,10 +87,13 @@ NO_RUN = np.iinfo(np.int64).max
 
 
 def run_keys(lens: np.ndarray, padded: np.ndarray, ends: np.ndarray, ok: np.ndarray, frequency: np.ndarray,
-             hold: int, rng: np.random.Generator | None) -> np.ndarray:
+             rng: np.random.Generator | None) -> np.ndarray:
     """A distinct key for each candidate run ``[i, ends[i])`` of the window (``lens`` sorted longest first;
-    ``padded`` the lengths as the tensor pads them; ``frequency`` how common each length is; ``hold`` see
-    :data:`MAX_HOLD`), lower for tighter; :data:`NO_RUN` where ``ok`` is False (no complete batch starts there).
+    ``padded`` the lengths as the tensor pads them; ``frequency`` how common each length is), lower for
+    tighter; :data:`NO_RUN` where ``ok`` is False (no complete batch starts there).
+
+    Tighter means a smaller spread (longest padded length minus mean length) times ``frequency ** 0.75``: a
+    common length is held to a tighter spread than a rare one, for which close neighbours take longer to come.
 
     The key packs the weighed spread (15 bits, about 0.4 % apart), a random tie-break (16 bits; without
     ``rng`` none) and the position, so keys are distinct and compare in that order. Only correctly rounded
@@ -101,11 +103,8 @@ def run_keys(lens: np.ndarray, padded: np.ndarray, ends: np.ndarray, ok: np.ndar
     e = np.minimum(ends, n)
     idx = np.arange(n, dtype=np.int64)
     spread = padded - (csum[e] - csum[:-1]) / np.maximum(e - idx, 1)
-    weight = frequency.astype(np.float64)
-    if hold:
-        root = np.sqrt(np.sqrt(np.sqrt(np.sqrt(weight))))  # c ** (1 / 16)
-        for _ in range(hold):
-            weight /= root
+    c = frequency.astype(np.float64)
+    weight = np.sqrt(c * np.sqrt(c))  # c ** 0.75
     key = _quantize(np.maximum(spread, 0.0) * weight) << 48
     if rng is not None:
         key |= rng.integers(0, 1 << 16, n, dtype=np.int64) << 32
