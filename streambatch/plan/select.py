@@ -55,16 +55,21 @@ class LengthHistogram:
     def bins(lengths: np.ndarray) -> np.ndarray:
         mantissa, exponent = np.frexp(np.asarray(lengths, dtype=np.float64))
         b = exponent.astype(np.int64) * BINS_PER_OCTAVE + np.searchsorted(_STEPS, 2 * mantissa, side="right")
-        return np.clip(b + _OFFSET, 0, _NUM_BINS - 1)
+        return np.minimum(np.maximum(b + _OFFSET, 0), _NUM_BINS - 1)
 
     def add(self, lengths: np.ndarray) -> None:
         if len(lengths):
             self.counts += np.bincount(self.bins(lengths), minlength=_NUM_BINS)
 
-    def add_one(self, length: float) -> None:
+    @staticmethod
+    def bin_of(length: float) -> int:
+        """:meth:`bins` of one length."""
         mantissa, exponent = math.frexp(length)
         b = exponent * BINS_PER_OCTAVE + bisect.bisect_right(_STEPS_LIST, 2 * mantissa)
-        self.counts[min(max(b + _OFFSET, 0), _NUM_BINS - 1)] += 1
+        return min(max(b + _OFFSET, 0), _NUM_BINS - 1)
+
+    def add_one(self, length: float) -> None:
+        self.counts[self.bin_of(length)] += 1
 
     def of(self, lengths: np.ndarray) -> np.ndarray:
         """How many pushed lengths share each length's bin."""
@@ -74,7 +79,7 @@ class LengthHistogram:
         """:meth:`of` for lengths sorted longest first, from the few bin edges they span."""
         if len(lengths) == 0:
             return np.zeros(0, dtype=np.int64)
-        lo, hi = self.bins(lengths[[-1, 0]])
+        lo, hi = self.bin_of(float(lengths[-1])), self.bin_of(float(lengths[0]))
         b = np.arange(lo + 1, hi + 1, dtype=np.int64) - _OFFSET  # bins whose lower edge lies inside
         edges = np.ldexp(_STEPS_FULL[b % BINS_PER_OCTAVE], (b // BINS_PER_OCTAVE - 1).astype(np.int32))
         first = np.searchsorted(lengths[::-1], edges, side="left")  # ascending: first at or above each edge
@@ -117,7 +122,7 @@ def _quantize(x: np.ndarray) -> np.ndarray:
     """Non-negative values as levels 0 .. 2^15 - 1 in the same order, from their exponent and first 8 bits of
     mantissa (exact: read off the float's bits); values below 2^-64 are 0, above 2^64 the top level."""
     bits = (x.view(np.int64) >> 44) - ((1023 - 64) << 8)  # sign 0, exponent (11 bits), 8 mantissa bits
-    return np.clip(bits, 0, (1 << 15) - 1)
+    return np.minimum(np.maximum(bits, 0), (1 << 15) - 1)
 
 
 def select_runs(key: np.ndarray, ends: np.ndarray, need: int) -> np.ndarray:
@@ -153,12 +158,12 @@ def select_runs(key: np.ndarray, ends: np.ndarray, need: int) -> np.ndarray:
 
 
 def range_min(r: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """``min(r[lo[q]:hi[q]])`` for every query (each range non-empty), from a sparse table of ``r``."""
+    """``min(r[lo[q]:hi[q]])`` for every query (each range non-empty), from a sparse table of ``r`` (int64)."""
     if len(lo) == 0:
         return np.zeros(0, dtype=r.dtype)
     level = np.frexp((hi - lo).astype(np.float64))[1] - 1  # floor(log2(width))
     top = int(level.max())
-    table = np.full((top + 1, len(r)), np.iinfo(r.dtype).max, dtype=r.dtype)
+    table = np.full((top + 1, len(r)), NO_RUN, dtype=np.int64)
     table[0] = r
     for j in range(top):  # row j + 1: min over [i, i + 2^(j+1))
         w = 1 << j
