@@ -88,8 +88,10 @@ class BucketBatcher:
     emission order stays random (no correlation of length with position in the epoch).
     """
 
-    def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None):
+    def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None,
+                 stream_length: int | None = None):
         c = config
+        self.stream_length = stream_length  # samples the stream will bring, where known (plan() knows it)
         self.config = c
         self.budget = float(c.budget)
         self.boundaries = c.bucket_boundaries if c.bucket_boundaries is not None else np.zeros(0)
@@ -201,14 +203,18 @@ class BucketBatcher:
         return self._round(final=True)
 
     @classmethod
-    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int) -> "BucketBatcher":
+    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int, stream_length: int | None = None) -> "BucketBatcher":
         """A fresh batcher whose shuffle is seeded for one (rank, worker) slot of one epoch."""
-        return cls(config, seed=slot_seed(config.seed, epoch, slot))
+        return cls(config, seed=slot_seed(config.seed, epoch, slot), stream_length=stream_length)
 
     def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
         """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions
-        (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only)."""
+        (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only).
+        The stream's length is known here: pushing the same lengths into a batcher made with
+        ``stream_length=len(lengths)`` forms the same batches."""
         n = len(lengths)
+        if self.stream_length is None:
+            self.stream_length = n
         if n < 2**31:
             self._out_dtype = np.int32
         flats: list[np.ndarray] = []
@@ -371,18 +377,21 @@ class BucketBatcher:
         lens = self._lens[:h]
         ends, seg_end = self._runs(lens)
         tiebreak = self.rng if self.shuffle else None
-        key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
-        starts = select_runs(key, ends, tight_share(self._pushed, self.buffer_size, self.refill))
+        need = tight_share(self._pushed, self.stream_length, self.buffer_size, self.refill)
+        starts = np.zeros(0, dtype=np.int64)
+        if need:
+            key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
+            starts = select_runs(key, ends, need)
         if not self.shuffle:
             starts = np.sort(starts)
         sizes = ends[starts] - starts
         out = run_positions(starts, ends[starts])
-        if len(out) < self.refill:
+        if len(out) < min(self.refill, h):
             rest = np.ones(h, dtype=bool)
             rest[out] = False
             more, more_sizes = self._greedy_choice(np.flatnonzero(rest), self.refill - len(out))
             out, sizes = np.concatenate([out, more]), np.concatenate([sizes, more_sizes])
-        if self.shuffle and len(sizes) > 1:
+        if self.shuffle and len(starts) and len(sizes) > 1:  # (only greedy batches: in random order already)
             order = self.rng.permutation(len(sizes))
             first = np.cumsum(sizes) - sizes
             out, sizes = out[run_positions(first[order], first[order] + sizes[order])], sizes[order]

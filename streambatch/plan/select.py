@@ -27,18 +27,26 @@ for _ in range(BINS_PER_OCTAVE - 2):
 _STEPS = np.array(_STEPS_LIST)
 _STEPS_FULL = np.array([1.0] + _STEPS_LIST)
 
-#: How much of each round the tightest runs fill: a share that grows from none to all of ``refill`` over the
-#: first ``TIGHT_RAMP`` windows of samples pushed (the rest leaves as random complete batches of the greedy cut).
-#: Choosing the tightest runs makes rare lengths (the long tail, the very short) wait longer for close
-#: neighbours, which pads less but delays them a little: a delay that would show as order correlation on a
-#: stream only a few windows long, whose end is a large part of it.
+#: How much of each round the tightest runs fill (the rest leaves as random complete batches of the greedy cut,
+#: as without them). Choosing the tightest runs makes rare lengths (the long tail, the very short) wait longer
+#: for close neighbours: that pads less, but delays them, and the delayed ones all leave at the end of the
+#: stream, where they show as order correlation unless the stream is many windows long. So the share depends
+#: on how many windows long the stream is: none up to ``LONG_STREAM[0]`` windows, all of ``refill`` from
+#: ``LONG_STREAM[1]`` (in between in proportion), eased in over the first ``TIGHT_RAMP`` windows pushed; none
+#: where the stream's length is unknown (the online path without an index batches as before).
+LONG_STREAM = (5, 20)
 TIGHT_RAMP = 5
 
 
-def tight_share(pushed: int, buffer_size: int, refill: int) -> int:
-    """Samples a round sends out as the tightest runs, once ``pushed`` samples have entered the window."""
+def tight_share(pushed: int, stream_length: int | None, buffer_size: int, refill: int) -> int:
+    """Samples a round sends out as the tightest runs, once ``pushed`` of ``stream_length`` samples have
+    entered a window of ``buffer_size`` (integer arithmetic: the same everywhere)."""
+    if stream_length is None:
+        return 0
+    lo, hi = LONG_STREAM
+    long_part = min(max(stream_length - lo * buffer_size, 0), (hi - lo) * buffer_size)
     ramp = TIGHT_RAMP * buffer_size
-    return refill * min(pushed, ramp) // ramp
+    return refill * long_part * min(pushed, ramp) // ((hi - lo) * buffer_size * ramp)
 
 
 class LengthHistogram:
