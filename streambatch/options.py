@@ -38,6 +38,9 @@ def read_options(**given: Any) -> ReadOptions:
 def batching_config(budget: float | None, index: ShardIndex | None, options: dict[str, Any]) -> BatchingConfig:
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements."""
+    if index is None and options.get("batch_order", "random") != "random":
+        raise ValueError(f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
+                         "an index (write one with `shardify index`); without one batches leave as they form")
     cost = options.get("cost")
     calib = None if options.get("packed") else calibration_info(cost)
     if calib is not None:

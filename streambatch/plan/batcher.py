@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import abc
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .batchplan import BatchPlan
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
 from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
@@ -21,58 +21,6 @@ from .select import LengthHistogram, run_keys, run_positions, select_runs, tight
 
 class SampleTooLongError(ValueError):
     """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
-
-
-class BatchPlan(abc.Sequence):
-    """The batches of one stream, as arrays of positions in that stream, plus what was left out.
-
-    Held flat (one position array and the batch bounds, like a CSR matrix): a slot of a million samples costs
-    its positions, not a Python object per batch. ``plan[i]`` is batch ``i`` (a view); ``sizes`` are the
-    batch sizes. ``skipped`` holds the positions of samples outside ``[min_length, max_length]`` or longer
-    than the budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
-    """
-
-    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = (),
-                 *, flat: np.ndarray | None = None, bounds: np.ndarray | None = None):
-        if flat is None:
-            batches = [np.asarray(b) for b in batches]
-            sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-            flat = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.flat, self.bounds = flat, bounds
-        self.skipped = np.asarray(skipped, dtype=np.int64)
-        self.dropped = np.asarray(dropped, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.bounds) - 1
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError("batch index out of range")
-        return self.flat[self.bounds[i]:self.bounds[i + 1]]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        flat, bounds = self.flat, self.bounds.tolist()
-        return (flat[a:b] for a, b in zip(bounds, bounds[1:]))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, abc.Sequence) or len(self) != len(other):
-            return False
-        return all(np.array_equal(a, b) for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return np.diff(self.bounds)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.bounds[-1])
 
 
 class BucketBatcher:
@@ -85,7 +33,9 @@ class BucketBatcher:
     crosses a boundary. Complete batches are then emitted in a seeded random choice and order until at least
     ``refill`` samples have left the window, and the rest wait for new samples to pack with. Every batch is
     thus cut from a sorted run of up to ``buffer_size`` samples (padding close to a global sort), while the
-    emission order stays random (no correlation of length with position in the epoch).
+    emission order stays random (no correlation of length with position in the epoch). With ``batch_order``
+    ``"ascending"``/``"descending"``, :meth:`plan` sorts the stream's batches by their longest sample
+    (:func:`sort_batches`); :meth:`push`/:meth:`flush` emit batches as they form (no whole stream to sort).
     """
 
     def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None,
@@ -231,6 +181,8 @@ class BucketBatcher:
             sizes.append(k)
         flat = np.concatenate(flats) if flats else np.zeros(0, dtype=self._out_dtype)
         counts = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        if self.config.batch_order != "random" and len(counts) > 1:
+            flat, counts = sort_batches(flat, counts, np.asarray(lengths), self.config.batch_order == "descending")
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds)
 
@@ -446,6 +398,15 @@ def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
         return np.concatenate([batches[b] for b in chosen]) if len(chosen) else np.zeros(0, dtype=np.int64)
 
     return lists, sizes
+
+
+def sort_batches(flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, descending: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Batches (positions ``flat``, ``sizes``) reordered by their longest sample's length, shortest first
+    (``descending``: longest first); batches with equally long longest samples keep their planned order."""
+    first = np.cumsum(sizes) - sizes
+    longest = np.maximum.reduceat(lengths[flat], first)
+    order = np.argsort(-longest if descending else longest, kind="stable")
+    return flat[run_positions(first[order], first[order] + sizes[order])], sizes[order]
 
 
 def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator[list]:
