@@ -38,6 +38,7 @@ from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE, librispeech_like  
 LABELS = {"librispeech": "LibriSpeech-like", "commonvoice": "CommonVoice-like", "text": "text"}
 TARGET_CORR = 0.1
 TARGET_RHO = 0.05
+RHO_MIN_BATCHES = 1_000  # the rho target is checked on at least this many batches
 TARGET_RATIO = 1.02
 DEFAULT_BUFFER = 2_000  # BatchingConfig.buffer_size's default
 
@@ -121,7 +122,8 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
                     "0 over budget": s["over"] == 0,
                     "all seen": s["distinct"] == n and s["samples"] == n,
                     f"|corr|<={TARGET_CORR}": abs(s["corr"]) <= TARGET_CORR,
-                    f"|rho|<={TARGET_RHO}": abs(rho) <= TARGET_RHO,
+                    # a random order scatters by ~1/sqrt(batches): below 1,000 batches rho says little
+                    f"|rho|<={TARGET_RHO}": abs(rho) <= TARGET_RHO or s["batches"] < RHO_MIN_BATCHES,
                     f"batches<={TARGET_RATIO:.2f}x oracle": ratio <= TARGET_RATIO,
                 }
                 verdict = "PASS" if all(checks.values()) else "MISS (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
@@ -305,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     print("B (fixed rows) = the oracle's mean batch size, so every row has about as many batches.")
     print("padding % = 1 - real/padded elements, padded = sum of n x max_len; over budget: batches with n x max_len > budget.")
     print("sorted oracle = sorted_oracle (all lengths sorted, greedy), its batches shuffled; corr = Pearson(batch position, batch max length);")
-    print("rho = Spearman(batch position, batch mean length); in a random order it still scatters by about 1/sqrt(batches) (0.03 at 1,000).")
+    print("rho = Spearman(batch position, batch mean length); in a random order it still scatters by about 1/sqrt(batches) (0.03 at 1,000),")
+    print(f"  so its target is checked only on rows of at least {RHO_MIN_BATCHES:,} batches.")
     print("buf=2,000 is BatchingConfig's default buffer_size; the targets are set at 10,000.")
     print(f"targets for streambatch: 0 over budget, all samples seen, |corr| <= {TARGET_CORR}, |rho| <= {TARGET_RHO}, "
           f"batches <= {TARGET_RATIO:.2f} x oracle:")
