@@ -45,6 +45,9 @@ def batching_config(budget: float | None, index: ShardIndex | None, options: dic
                     length_plan: LengthPlan | None = None) -> BatchingConfig:
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
+    if index is None and options.get("batch_order", "random") != "random":
+        raise ValueError(f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
+                         "an index (write one with `shardify index`); without one batches leave as they form")
     cost = options.get("cost")
     calib = None if options.get("packed") else calibration_info(cost)
     unit = "frames" if length_plan is not None and length_plan.in_frames else index.unit if index is not None else None

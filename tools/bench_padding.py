@@ -7,8 +7,9 @@ Three parts, each printed as a plain table:
    LibriSpeech-like (budget 200 s @ 16 kHz), CommonVoice-like (60 s), text (16,384 tokens), N lengths each
    in random stream order. Rows: fixed random, fixed sorted (global sort, fixed batch size, batches
    shuffled), the globally sorted greedy oracle (``sorted_oracle``, batches shuffled) and streambatch
-   (``plan_batches`` with ``buffer_size=10_000``; larger buffers on text). The fixed batch size is the
-   oracle's mean batch size, so all rows have about the same number of batches.
+   (``plan_batches`` with the default ``buffer_size=2_000`` and ``10_000``; larger buffers on text). The fixed
+   batch size is the oracle's mean batch size, so all rows have about the same number of batches. Order
+   randomness: Pearson of batch position against longest sample, Spearman's rho against mean length.
 2. **Planning speed**: ``plan_batches`` over 1 M LibriSpeech-like lengths (target >= 1 M lengths/s).
 3. **Streaming throughput**: ``StreamBatchLoader`` against a plain ``webdataset.WebDataset`` pipeline over
    the same local shards, both decoding FLAC with ``streambatch.dataset.audio.decode`` (soundfile) and padding with
@@ -36,7 +37,10 @@ from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE, librispeech_like  
 
 LABELS = {"librispeech": "LibriSpeech-like", "commonvoice": "CommonVoice-like", "text": "text"}
 TARGET_CORR = 0.1
+TARGET_RHO = 0.05
+RHO_MIN_BATCHES = 1_000  # the rho target is checked on at least this many batches
 TARGET_RATIO = 1.02
+DEFAULT_BUFFER = 2_000  # BatchingConfig.buffer_size's default
 
 
 def fmt_budget(name: str, budget: float) -> str:
@@ -58,6 +62,19 @@ def fixed_sorted(lengths: np.ndarray, b: int, rng: np.random.Generator) -> list[
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def spearman_rho(batches: list[np.ndarray], lengths: np.ndarray) -> float:
+    """Spearman's rho of batch position in the epoch against the batch's mean length (order randomness)."""
+    means = np.array([lengths[b].mean() for b in batches if len(b)])
+    if len(means) < 3 or means.std() == 0:
+        return 0.0
+    ranks = np.empty(len(means))
+    order = np.argsort(means, kind="stable")
+    ranks[order] = np.arange(len(means))
+    _, first, counts = np.unique(means[order], return_index=True, return_counts=True)
+    ranks[order] = np.repeat(first + (counts - 1) / 2, counts)  # ties share their mean rank
+    return float(np.corrcoef(np.arange(len(means)), ranks)[0, 1])
+
+
 def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list[str]]:
     rows, summary = [], []
     for name, (gen, budget, unit) in DISTRIBUTIONS.items():
@@ -77,11 +94,13 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
             t0 = time.perf_counter()
             plan = plan_batches(lengths, budget, buffer_size=buf, seed=seed)
             t_plan[buf] = time.perf_counter() - t0
-            methods.append((f"streambatch buf={buf:,}", list(plan)))
+            default = " (default)" if buf == DEFAULT_BUFFER else ""
+            methods.append((f"streambatch buf={buf:,}{default}", list(plan)))
         first = True
         n_oracle = len(oracle)
         for label, batches in methods:
             s = batch_stats(batches, lengths, budget)
+            rho = spearman_rho(batches, lengths)
             is_sb = label.startswith("streambatch")
             ratio = s["batches"] / n_oracle
             rows.append([
@@ -94,26 +113,29 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
                 f"{s['over']:,}",
                 f"{s['distinct']:,}/{n:,}" if s["distinct"] == s["samples"] else f"{s['samples']:,} (dup!)",
                 f"{s['corr']:+.3f}",
+                f"{rho:+.3f}",
             ])
             first = False
             if is_sb:
-                buf = int(label.split("=")[1].replace(",", ""))
+                buf = int(label.split("=")[1].split()[0].replace(",", ""))
                 checks = {
                     "0 over budget": s["over"] == 0,
                     "all seen": s["distinct"] == n and s["samples"] == n,
                     f"|corr|<={TARGET_CORR}": abs(s["corr"]) <= TARGET_CORR,
+                    # a random order scatters by ~1/sqrt(batches): below 1,000 batches rho says little
+                    f"|rho|<={TARGET_RHO}": abs(rho) <= TARGET_RHO or s["batches"] < RHO_MIN_BATCHES,
                     f"batches<={TARGET_RATIO:.2f}x oracle": ratio <= TARGET_RATIO,
                 }
                 verdict = "PASS" if all(checks.values()) else "MISS (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
                 summary.append(
                     f"{LABELS[name]:<17} buf={buf:<7,} batches/oracle = {ratio:.4f}  over={s['over']}  "
-                    f"seen={s['distinct']:,}/{n:,}  corr={s['corr']:+.3f}  plan {t_plan[buf]:.2f} s  -> {verdict}"
+                    f"seen={s['distinct']:,}/{n:,}  corr={s['corr']:+.3f}  rho={rho:+.3f}  plan {t_plan[buf]:.2f} s  -> {verdict}"
                 )
-        rows.append([""] * 9)
+        rows.append([""] * 10)
     rows.pop()
     header = ["distribution (budget)", "method", "padding %", "batches", "/ceil(total/budget)",
-              "/oracle", "over budget", "samples seen", "corr(pos,max)"]
-    text = table(rows, header, "llrrrrrrr")
+              "/oracle", "over budget", "samples seen", "corr(pos,max)", "rho(pos,mean)"]
+    text = table(rows, header, "llrrrrrrrr")
     return text, summary
 
 
@@ -275,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"streambatch from {os.path.dirname(streambatch.__file__)}")
     print()
 
-    buffers = {"librispeech": [10_000], "commonvoice": [10_000], "text": [10_000, 40_000, 100_000]}
+    buffers = {"librispeech": [DEFAULT_BUFFER, 10_000], "commonvoice": [DEFAULT_BUFFER, 10_000],
+               "text": [DEFAULT_BUFFER, 10_000, 40_000, 100_000]}
     buffers = {k: [b for b in v if b <= max(10_000, args.n)] for k, v in buffers.items()}
     print(f"1. batching quality: N = {args.n:,} lengths per distribution, streamed in random order, seed {args.seed}")
     t0 = time.perf_counter()
@@ -283,8 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print("B (fixed rows) = the oracle's mean batch size, so every row has about as many batches.")
     print("padding % = 1 - real/padded elements, padded = sum of n x max_len; over budget: batches with n x max_len > budget.")
-    print("sorted oracle = sorted_oracle (all lengths sorted, greedy), its batches shuffled; corr = Pearson(batch position, batch max length).")
-    print(f"targets for streambatch: 0 over budget, all samples seen, |corr| <= {TARGET_CORR}, batches <= {TARGET_RATIO:.2f} x oracle:")
+    print("sorted oracle = sorted_oracle (all lengths sorted, greedy), its batches shuffled; corr = Pearson(batch position, batch max length);")
+    print("rho = Spearman(batch position, batch mean length); in a random order it still scatters by about 1/sqrt(batches) (0.03 at 1,000),")
+    print(f"  so its target is checked only on rows of at least {RHO_MIN_BATCHES:,} batches.")
+    print("buf=2,000 is BatchingConfig's default buffer_size; the targets are set at 10,000.")
+    print(f"targets for streambatch: 0 over budget, all samples seen, |corr| <= {TARGET_CORR}, |rho| <= {TARGET_RHO}, "
+          f"batches <= {TARGET_RATIO:.2f} x oracle:")
     for line in summary:
         print("  " + line)
     print(f"({time.perf_counter() - t0:.1f} s)")

@@ -9,69 +9,18 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import abc
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .batchplan import BatchPlan
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
+from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
 
 
 class SampleTooLongError(ValueError):
     """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
-
-
-class BatchPlan(abc.Sequence):
-    """The batches of one stream, as arrays of positions in that stream, plus what was left out.
-
-    Held flat (one position array and the batch bounds, like a CSR matrix): a slot of a million samples costs
-    its positions, not a Python object per batch. ``plan[i]`` is batch ``i`` (a view); ``sizes`` are the
-    batch sizes. ``skipped`` holds the positions of samples outside ``[min_length, max_length]`` or longer
-    than the budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
-    """
-
-    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = (),
-                 *, flat: np.ndarray | None = None, bounds: np.ndarray | None = None):
-        if flat is None:
-            batches = [np.asarray(b) for b in batches]
-            sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-            flat = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.flat, self.bounds = flat, bounds
-        self.skipped = np.asarray(skipped, dtype=np.int64)
-        self.dropped = np.asarray(dropped, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.bounds) - 1
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError("batch index out of range")
-        return self.flat[self.bounds[i]:self.bounds[i + 1]]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        flat, bounds = self.flat, self.bounds.tolist()
-        return (flat[a:b] for a, b in zip(bounds, bounds[1:]))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, abc.Sequence) or len(self) != len(other):
-            return False
-        return all(np.array_equal(a, b) for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return np.diff(self.bounds)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.bounds[-1])
 
 
 class BucketBatcher:
@@ -84,11 +33,15 @@ class BucketBatcher:
     crosses a boundary. Complete batches are then emitted in a seeded random choice and order until at least
     ``refill`` samples have left the window, and the rest wait for new samples to pack with. Every batch is
     thus cut from a sorted run of up to ``buffer_size`` samples (padding close to a global sort), while the
-    emission order stays random (no correlation of length with position in the epoch).
+    emission order stays random (no correlation of length with position in the epoch). With ``batch_order``
+    ``"ascending"``/``"descending"``, :meth:`plan` sorts the stream's batches by their longest sample
+    (:func:`sort_batches`); :meth:`push`/:meth:`flush` emit batches as they form (no whole stream to sort).
     """
 
-    def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None):
+    def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None,
+                 stream_length: int | None = None):
         c = config
+        self.stream_length = stream_length  # samples the stream will bring, where known (plan() knows it)
         self.config = c
         self.budget = float(c.budget)
         self.boundaries = c.bucket_boundaries if c.bucket_boundaries is not None else np.zeros(0)
@@ -112,6 +65,8 @@ class BucketBatcher:
         self.max_held = 0
         self.skipped: list[int] = []
         self.dropped: list[int] = []
+        self._seen = LengthHistogram()  # lengths pushed so far: how common each length is in this stream
+        self._pushed = 0  # samples that entered the window
 
     # ---- input ----------------------------------------------------------------------------------
     def _tensor_len(self, lengths: np.ndarray) -> np.ndarray:
@@ -145,6 +100,8 @@ class BucketBatcher:
         h = self.held
         self._ids[h] = sid
         self._lens[h] = length
+        self._seen.add_one(float(length))
+        self._pushed += 1
         self.held = h + 1
         if self.held > self.max_held:
             self.max_held = self.held
@@ -173,6 +130,8 @@ class BucketBatcher:
             k = min(self.buffer_size - self.held, n - pos)
             self._ids[self.held:self.held + k] = sids[pos:pos + k]
             self._lens[self.held:self.held + k] = lengths[pos:pos + k]
+            self._seen.add(lengths[pos:pos + k])
+            self._pushed += k
             self.held += k
             pos += k
             self.max_held = max(self.max_held, self.held)
@@ -194,14 +153,18 @@ class BucketBatcher:
         return self._round(final=True)
 
     @classmethod
-    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int) -> "BucketBatcher":
+    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int, stream_length: int | None = None) -> "BucketBatcher":
         """A fresh batcher whose shuffle is seeded for one (rank, worker) slot of one epoch."""
-        return cls(config, seed=slot_seed(config.seed, epoch, slot))
+        return cls(config, seed=slot_seed(config.seed, epoch, slot), stream_length=stream_length)
 
     def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
         """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions
-        (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only)."""
+        (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only).
+        The stream's length is known here: pushing the same lengths into a batcher made with
+        ``stream_length=len(lengths)`` forms the same batches."""
         n = len(lengths)
+        if self.stream_length is None:
+            self.stream_length = n
         if n < 2**31:
             self._out_dtype = np.int32
         flats: list[np.ndarray] = []
@@ -218,6 +181,8 @@ class BucketBatcher:
             sizes.append(k)
         flat = np.concatenate(flats) if flats else np.zeros(0, dtype=self._out_dtype)
         counts = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        if self.config.batch_order != "random" and len(counts) > 1:
+            flat, counts = sort_batches(flat, counts, np.asarray(lengths), self.config.batch_order == "descending")
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds)
 
@@ -243,14 +208,9 @@ class BucketBatcher:
         self._lens[:h], self._ids[:h] = lens, ids
         self._nsorted = h
 
-    def _pack(self, s: np.ndarray) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
-        """Cut lengths ``s`` (sorted longest first) greedily into batches.
-
-        Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
-        arrays — and whether each is complete (no further sample could join).
-        """
-        if self.cost.packed:
-            return self._pack_by_sum(s)
+    def _runs(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each position of the sorted window ``s``: where a batch starting there ends (its capacity,
+        in multiples of ``batch_size_multiple_of``), and where its bucket's run of the window ends."""
         n = len(s)
         cap = self._capacity(s)
         if self.multiple > 1:
@@ -262,6 +222,18 @@ class BucketBatcher:
             seg_end = np.append(change, n)[np.searchsorted(change, np.arange(n), side="right")]
         else:
             seg_end = np.full(n, n, dtype=np.int64)
+        return reach, seg_end
+
+    def _pack(self, s: np.ndarray) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """Cut lengths ``s`` (sorted longest first) greedily into batches.
+
+        Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
+        arrays — and whether each is complete (no further sample could join).
+        """
+        if self.cost.packed:
+            return self._pack_by_sum(s)
+        n = len(s)
+        reach, seg_end = self._runs(s)
         full = reach <= seg_end
         nxt = np.append(np.minimum(reach, seg_end), n)  # sentinel n jumps to itself
         # the greedy chain start → start + capacity, followed by pointer doubling: a few vectorised passes
@@ -324,22 +296,65 @@ class BucketBatcher:
     def _round_flat(self, final: bool) -> tuple[np.ndarray, np.ndarray]:
         """Sort the window, cut it into batches and emit some: the emitted batches' ids flat, and their sizes.
 
-        Mid-stream, complete batches leave in random order until ``refill`` samples are freed (partial ones,
-        fullest first, only if those don't free enough); at the end all leave (``drop_last``: complete only)."""
+        Mid-stream, the tightest complete batches leave (:mod:`~streambatch.plan.select`; packed batches: complete
+        ones at random) until ``refill`` samples are freed, in random order; partial ones, fullest first, only if
+        those don't free enough. At the end all leave, in random order (``drop_last``: complete ones only)."""
         self._sort_window()
+        if final:
+            return self._final_round()
+        if self.cost.packed:
+            return self._emit(*self._greedy_choice(np.arange(self.held), self.refill))
+        return self._emit(*self._tightest_choice())
+
+    def _final_round(self) -> tuple[np.ndarray, np.ndarray]:
+        """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""
         h = self.held
-        ids, lens = self._ids[:h], self._lens[:h]
-        batches, full = self._pack(lens)
+        ids = self._ids[:h]
+        batches, full = self._pack(self._lens[:h])
         members, sizes = _batch_members(batches)
         nb = len(sizes)
-        if final:
-            chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
-            if self.drop_last:
-                keep = full[chosen]
-                self.dropped.extend(ids[members(chosen[~keep])].tolist())
-                chosen = chosen[keep]
-            self.held = self._nsorted = 0
-            return ids[members(chosen)].astype(self._out_dtype), sizes[chosen]
+        chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
+        if self.drop_last:
+            keep = full[chosen]
+            self.dropped.extend(ids[members(chosen[~keep])].tolist())
+            chosen = chosen[keep]
+        self.held = self._nsorted = 0
+        return ids[members(chosen)].astype(self._out_dtype), sizes[chosen]
+
+    def _tightest_choice(self) -> tuple[np.ndarray, np.ndarray]:
+        """Window positions of the batches to emit (flat, in emission order) and their sizes: the tightest
+        disjoint complete runs (:func:`~streambatch.plan.select.tight_share` of ``refill``), topped up with
+        the greedy cut's batches (complete ones at random, then partial ones) to ``refill``."""
+        h = self.held
+        lens = self._lens[:h]
+        ends, seg_end = self._runs(lens)
+        tiebreak = self.rng if self.shuffle else None
+        need = tight_share(self._pushed, self.stream_length, self.buffer_size, self.refill)
+        starts = np.zeros(0, dtype=np.int64)
+        if need:
+            key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
+            starts = select_runs(key, ends, need)
+        if not self.shuffle:
+            starts = np.sort(starts)
+        sizes = ends[starts] - starts
+        out = run_positions(starts, ends[starts])
+        if len(out) < min(self.refill, h):
+            rest = np.ones(h, dtype=bool)
+            rest[out] = False
+            more, more_sizes = self._greedy_choice(np.flatnonzero(rest), self.refill - len(out))
+            out, sizes = np.concatenate([out, more]), np.concatenate([sizes, more_sizes])
+        if self.shuffle and len(starts) and len(sizes) > 1:  # (only greedy batches: in random order already)
+            order = self.rng.permutation(len(sizes))
+            first = np.cumsum(sizes) - sizes
+            out, sizes = out[run_positions(first[order], first[order] + sizes[order])], sizes[order]
+        return out, sizes
+
+    def _greedy_choice(self, positions: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """The window at ``positions`` (sorted) cut greedily; complete batches in random order, then partial
+        ones fullest first, until ``need`` samples are chosen: their window positions flat, and sizes."""
+        lens = self._lens[positions]
+        batches, full = self._pack(lens)
+        members, sizes = _batch_members(batches)
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
         fill = np.add.reduceat(lens[members(partial)], np.cumsum(sizes[partial]) - sizes[partial]) if len(partial) else np.zeros(0)
@@ -347,8 +362,13 @@ class BucketBatcher:
             complete = complete[self.rng.permutation(len(complete))]
         cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]]).astype(np.int64)
         freed = np.cumsum(sizes[cand])
-        chosen = cand[: int(np.searchsorted(freed, self.refill, side="left")) + 1]
-        out = members(chosen)
+        chosen = cand[: int(np.searchsorted(freed, need, side="left")) + 1]
+        return positions[members(chosen)], sizes[chosen]
+
+    def _emit(self, out: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Remove the samples at window positions ``out`` from the window; their ids flat, and the sizes."""
+        h = self.held
+        ids, lens = self._ids[:h], self._lens[:h]
         keep = np.ones(h, dtype=bool)
         keep[out] = False
         k = h - len(out)
@@ -356,7 +376,7 @@ class BucketBatcher:
         self._ids[:k] = ids[keep]
         self._lens[:k] = lens[keep]
         self.held = self._nsorted = k
-        return flat, sizes[chosen]
+        return flat, sizes
 
 
 def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
@@ -378,6 +398,15 @@ def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
         return np.concatenate([batches[b] for b in chosen]) if len(chosen) else np.zeros(0, dtype=np.int64)
 
     return lists, sizes
+
+
+def sort_batches(flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, descending: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Batches (positions ``flat``, ``sizes``) reordered by their longest sample's length, shortest first
+    (``descending``: longest first); batches with equally long longest samples keep their planned order."""
+    first = np.cumsum(sizes) - sizes
+    longest = np.maximum.reduceat(lengths[flat], first)
+    order = np.argsort(-longest if descending else longest, kind="stable")
+    return flat[run_positions(first[order], first[order] + sizes[order])], sizes[order]
 
 
 def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator[list]:

@@ -9,19 +9,24 @@ import numpy as np
 from .stats import LengthStats
 
 
-def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_buckets: int | None = None) -> np.ndarray:
+def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_buckets: int | None = None,
+                        spacing: str = "quantile") -> np.ndarray:
     """Bucket boundaries for ``lengths`` under ``budget``: the upper edges of all buckets but the last.
 
-    Boundaries sit at the lengths where a batch's capacity ``floor(budget / max_len)`` changes
+    ``spacing="quantile"`` (the default): boundaries sit at the lengths where a batch's capacity ``floor(budget / max_len)`` changes
     (``budget / k``), so every sample of a bucket fits the same number of times in a batch and a full
     bucket batch wastes no capacity. Where those classes are narrower than the data needs (short samples,
     many per batch), neighbouring classes are merged so that each bucket holds about ``1/num_buckets`` of
-    the samples. The default ``num_buckets`` is :func:`default_num_buckets`.
+    the samples. ``spacing="exponential"``: edges that grow by a constant factor from the shortest to the
+    longest length (each bucket as many times longer than the last). The default ``num_buckets`` is
+    :func:`default_num_buckets`.
     """
     lengths = LengthStats.of(lengths).within(0, budget)
     if lengths.count == 0:
         return np.zeros(0)
     lo, hi = lengths.min, lengths.max
+    if spacing == "exponential":
+        return exponential_boundaries(lo, hi, num_buckets or default_num_buckets(lengths, budget))
     kmax = int(budget // lo)  # most samples per batch
     kmin = max(1, int(budget // hi))
     if num_buckets is None:
@@ -44,6 +49,15 @@ def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_bu
     else:
         bounds = targets
     return np.unique(bounds)
+
+
+def exponential_boundaries(lo: float, hi: float, num_buckets: int) -> np.ndarray:
+    """``num_buckets - 1`` edges between ``lo`` and ``hi`` at a constant ratio, rounded to 6 significant digits
+    (every rank computes the same edges even where its ``pow`` differs in the last bit)."""
+    if num_buckets <= 1 or not 0 < lo < hi:
+        return np.zeros(0)
+    edges = lo * (hi / lo) ** (np.arange(1, num_buckets) / num_buckets)
+    return np.unique([float(f"{e:.6g}") for e in edges])
 
 
 #: a bucket should hold at least this many batches of median-length samples to be worth its own batches

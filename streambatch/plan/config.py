@@ -39,6 +39,7 @@ class BatchingConfig:
     shuffle: bool = True
     seed: int | Sequence[int] = 0
     pad_to_multiple_of: int | None = None
+    batch_order: str = "random"
     cost: CostModel = field(default_factory=PaddedCost)
 
     def __post_init__(self) -> None:
@@ -49,6 +50,8 @@ class BatchingConfig:
             raise ValueError(f"batch_size_multiple_of must be at least 1, got {self.batch_size_multiple_of}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.batch_order not in BATCH_ORDERS:
+            raise ValueError(f"batch_order must be one of {', '.join(map(repr, BATCH_ORDERS))}, got {self.batch_order!r}")
         if self.bucket_boundaries is not None:
             edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
@@ -60,6 +63,7 @@ class BatchingConfig:
         lengths: np.ndarray | None = None,
         *,
         num_buckets: int | None = None,
+        bucket_spacing: str = "quantile",
         cost: Any = None,
         quadratic_factor: float | None = None,
         packed: bool = False,
@@ -67,7 +71,8 @@ class BatchingConfig:
     ) -> "BatchingConfig":
         """A config from user-facing options: ``cost`` by name, callable or calibration file (whose budget
         is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries estimated from
-        ``lengths``. ``options`` are the other fields; an unknown name is a clear ``TypeError``."""
+        ``lengths``, spaced by ``bucket_spacing`` (:data:`BUCKET_SPACINGS`). ``options`` are the other fields;
+        an unknown name is a clear ``TypeError``."""
         unknown = sorted(set(options) - set(FIELDS))
         if unknown:
             raise TypeError(f"unknown batching option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
@@ -75,16 +80,25 @@ class BatchingConfig:
         if budget is None:
             budget = calibrated
         budget = parse_budget(budget)  # a number; a string without the dataset's unit only as a plain number
+        if bucket_spacing not in BUCKET_SPACINGS:
+            raise ValueError(f"bucket_spacing must be one of {', '.join(map(repr, BUCKET_SPACINGS))}, got {bucket_spacing!r}")
+        if bucket_spacing != "quantile" and not num_buckets:
+            raise ValueError(f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets")
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
-            options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets)
+            options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
         return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
 
     def replace(self, **changes: Any) -> "BatchingConfig":
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
+
+#: emission orders of a slot's batches: ``random`` (seeded), or sorted by each batch's longest sample
+BATCH_ORDERS = ("random", "ascending", "descending")
+#: how ``num_buckets`` boundaries are spaced: equal counts of samples, or equal ratios of length
+BUCKET_SPACINGS = ("quantile", "exponential")
 
 BUDGET_ERROR = (
     "budget must be a positive finite number in the dataset's unit, a duration like '60s' for audio, or come "
@@ -144,7 +158,7 @@ def _seconds_to_unit(text: str, seconds: float, unit: str | None, sample_rate: i
 #: the option names BatchingConfig takes as fields (``make`` takes these plus num_buckets/cost/packed)
 FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))
 #: every keyword :meth:`BatchingConfig.make` understands besides ``budget`` and ``lengths``
-OPTIONS = FIELDS + ("num_buckets", "cost", "quadratic_factor", "packed")
+OPTIONS = FIELDS + ("num_buckets", "bucket_spacing", "cost", "quadratic_factor", "packed")
 
 
 def slot_seed(seed: Any, epoch: int, slot: int) -> list[int]:

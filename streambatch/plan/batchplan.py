@@ -1,0 +1,60 @@
+"""BatchPlan: the batches of one stream, held flat (positions and batch bounds), plus what was left out."""
+
+from __future__ import annotations
+
+from collections import abc
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+
+class BatchPlan(abc.Sequence):
+    """The batches of one stream, as arrays of positions in that stream, plus what was left out.
+
+    Held flat (one position array and the batch bounds, like a CSR matrix): a slot of a million samples costs
+    its positions, not a Python object per batch. ``plan[i]`` is batch ``i`` (a view); ``sizes`` are the
+    batch sizes. ``skipped`` holds the positions of samples outside ``[min_length, max_length]`` or longer
+    than the budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
+    """
+
+    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = (),
+                 *, flat: np.ndarray | None = None, bounds: np.ndarray | None = None):
+        if flat is None:
+            batches = [np.asarray(b) for b in batches]
+            sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+            flat = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.flat, self.bounds = flat, bounds
+        self.skipped = np.asarray(skipped, dtype=np.int64)
+        self.dropped = np.asarray(dropped, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("batch index out of range")
+        return self.flat[self.bounds[i]:self.bounds[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        flat, bounds = self.flat, self.bounds.tolist()
+        return (flat[a:b] for a, b in zip(bounds, bounds[1:]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, abc.Sequence) or len(self) != len(other):
+            return False
+        return all(np.array_equal(a, b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.bounds[-1])
