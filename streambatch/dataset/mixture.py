@@ -215,6 +215,15 @@ class MixedIndex:
                 out[i] = arr
         return out
 
+    @property
+    def has_output_lengths(self) -> bool:
+        return all(getattr(ix, "has_output_lengths", False) for ix in self.indexes)
+
+    def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        """The output lengths of these virtual shards (every dataset must have them)."""
+        real = [self.real_shard(int(v)) for v in shards]
+        return [self.indexes[d].shard_output_lengths([s])[0] for d, s in real]
+
     def shard_url(self, v: int) -> str:
         d, s = self.real_shard(int(v))
         return self.indexes[d].shard_url(s)

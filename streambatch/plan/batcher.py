@@ -16,6 +16,7 @@ import numpy as np
 from .batchplan import BatchPlan
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
+from .outputs import bound_reach
 from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
 
 
@@ -60,6 +61,8 @@ class BucketBatcher:
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._out_dtype: type = np.int64  # batches as int32 positions when the whole stream is known to fit
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
+        self.output_budget = float(c.output_budget) if c.output_budget is not None else None
+        self._outs = np.zeros(self.buffer_size, dtype=np.float64)  # output lengths (with an output budget)
         self.held = 0
         self._nsorted = 0  # window[:_nsorted] is sorted longest first; the rest arrived since
         self.max_held = 0
@@ -82,24 +85,29 @@ class BucketBatcher:
             return np.where(t <= self.budget, self.max_batch_size, 0)
         return self.cost.capacity(t, self.budget, self.max_batch_size)
 
-    def accepts_many(self, lengths: np.ndarray) -> np.ndarray:
-        """Whether samples of these lengths can ever be batched (else they are skipped and counted)."""
+    def accepts_many(self, lengths: np.ndarray, outputs: np.ndarray | None = None) -> np.ndarray:
+        """Whether samples of these lengths (and output lengths) can ever be batched (else they are skipped
+        and counted)."""
         lengths = np.asarray(lengths, dtype=np.float64)
         ok = (lengths >= self.min_length) & (lengths <= self.max_length) & (lengths > 0)
         ok[ok] = self._capacity(lengths[ok]) >= 1
+        if self.output_budget is not None and outputs is not None:
+            ok &= np.asarray(outputs, dtype=np.float64) <= self.output_budget
         return ok
 
-    def accepts(self, length: float) -> bool:
-        return bool(self.accepts_many(np.array([length]))[0])
+    def accepts(self, length: float, output: float = 0.0) -> bool:
+        return bool(self.accepts_many(np.array([length]), np.array([output]))[0])
 
-    def push(self, sid: int, length: float) -> list[np.ndarray]:
-        """Add one sample; return the batches (arrays of ids) that are ready, usually none."""
-        if not self.accepts(length):
+    def push(self, sid: int, length: float, output: float = 0.0) -> list[np.ndarray]:
+        """Add one sample (with its output length under an ``output_budget``); return the batches (arrays of
+        ids) that are ready, usually none."""
+        if not self.accepts(length, output):
             self._reject(sid, length)
             return []
         h = self.held
         self._ids[h] = sid
         self._lens[h] = length
+        self._outs[h] = output
         self._seen.add_one(float(length))
         self._pushed += 1
         self.held = h + 1
@@ -109,27 +117,30 @@ class BucketBatcher:
             return self._round(final=False)
         return []
 
-    def push_many(self, sids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    def push_many(self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None) -> list[np.ndarray]:
         """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
         out: list[np.ndarray] = []
-        for flat, k in self._push_many_flat(sids, lengths):
+        for flat, k in self._push_many_flat(sids, lengths, outputs):
             out.extend(np.split(flat, np.cumsum(k)[:-1]) if len(k) else [])
         return out
 
-    def _push_many_flat(self, sids: np.ndarray, lengths: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _push_many_flat(self, sids: np.ndarray, lengths: np.ndarray,
+                        outputs: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """:meth:`push_many`, yielding each round's emitted batches flat (ids, sizes)."""
         sids = np.asarray(sids, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.float64)
-        ok = self.accepts_many(lengths)
+        outputs = np.zeros(len(lengths)) if outputs is None else np.asarray(outputs, dtype=np.float64)
+        ok = self.accepts_many(lengths, outputs)
         if not ok.all():
             for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
                 self._reject(sid, length)
-            sids, lengths = sids[ok], lengths[ok]
+            sids, lengths, outputs = sids[ok], lengths[ok], outputs[ok]
         pos, n = 0, len(sids)
         while pos < n:
             k = min(self.buffer_size - self.held, n - pos)
             self._ids[self.held:self.held + k] = sids[pos:pos + k]
             self._lens[self.held:self.held + k] = lengths[pos:pos + k]
+            self._outs[self.held:self.held + k] = outputs[pos:pos + k]
             self._seen.add(lengths[pos:pos + k])
             self._pushed += k
             self.held += k
@@ -157,7 +168,7 @@ class BucketBatcher:
         """A fresh batcher whose shuffle is seeded for one (rank, worker) slot of one epoch."""
         return cls(config, seed=slot_seed(config.seed, epoch, slot), stream_length=stream_length)
 
-    def plan(self, lengths: Sequence[float] | np.ndarray) -> BatchPlan:
+    def plan(self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None) -> BatchPlan:
         """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions
         (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only).
         The stream's length is known here: pushing the same lengths into a batcher made with
@@ -172,7 +183,8 @@ class BucketBatcher:
         step = max(self.buffer_size, 1 << 16)  # in chunks: the same batches, a chunk's temporaries at a time
         for a in range(0, n, step):
             b = min(n, a + step)
-            for flat, k in self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b])):
+            outs = None if outputs is None else np.asarray(outputs[a:b])
+            for flat, k in self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b]), outs):
                 flats.append(flat)
                 sizes.append(k)
         if self.held:
@@ -195,27 +207,30 @@ class BucketBatcher:
         h, m = self.held, self._nsorted
         if m == h:
             return
-        new_lens, new_ids = self._lens[m:h], self._ids[m:h]
+        new_lens, new_ids, new_outs = self._lens[m:h], self._ids[m:h], self._outs[m:h]
         o = np.argsort(-new_lens, kind="stable")
-        new_lens, new_ids = new_lens[o], new_ids[o]
+        new_lens, new_ids, new_outs = new_lens[o], new_ids[o], new_outs[o]
         # final slots of the new samples; the old ones fill the rest in their order
         pos = np.searchsorted(-self._lens[:m], -new_lens, side="right") + np.arange(h - m)
         old = np.ones(h, dtype=bool)
         old[pos] = False
-        lens, ids = np.empty(h), np.empty(h, dtype=np.int64)
-        lens[old], ids[old] = self._lens[:m], self._ids[:m]
-        lens[pos], ids[pos] = new_lens, new_ids
-        self._lens[:h], self._ids[:h] = lens, ids
+        lens, ids, outs = np.empty(h), np.empty(h, dtype=np.int64), np.empty(h)
+        lens[old], ids[old], outs[old] = self._lens[:m], self._ids[:m], self._outs[:m]
+        lens[pos], ids[pos], outs[pos] = new_lens, new_ids, new_outs
+        self._lens[:h], self._ids[:h], self._outs[:h] = lens, ids, outs
         self._nsorted = h
 
-    def _runs(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _runs(self, s: np.ndarray, o: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """For each position of the sorted window ``s``: where a batch starting there ends (its capacity,
-        in multiples of ``batch_size_multiple_of``), and where its bucket's run of the window ends."""
+        in multiples of ``batch_size_multiple_of``; under an output budget also ``n × max(o) ≤ output_budget``
+        for the output lengths ``o``), and where its bucket's run of the window ends."""
         n = len(s)
         cap = self._capacity(s)
         if self.multiple > 1:
             cap = np.where(cap >= self.multiple, cap - cap % self.multiple, cap)
         reach = np.arange(n, dtype=np.int64) + cap
+        if self.output_budget is not None and o is not None:
+            reach = bound_reach(reach, o, self.output_budget, self.multiple)
         if self.boundaries.size:
             bucket = np.searchsorted(self.boundaries, s, side="left")
             change = np.flatnonzero(np.diff(bucket)) + 1
@@ -224,7 +239,7 @@ class BucketBatcher:
             seg_end = np.full(n, n, dtype=np.int64)
         return reach, seg_end
 
-    def _pack(self, s: np.ndarray) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
+    def _pack(self, s: np.ndarray, o: np.ndarray | None = None) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
         """Cut lengths ``s`` (sorted longest first) greedily into batches.
 
         Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
@@ -233,7 +248,7 @@ class BucketBatcher:
         if self.cost.packed:
             return self._pack_by_sum(s)
         n = len(s)
-        reach, seg_end = self._runs(s)
+        reach, seg_end = self._runs(s, o)
         full = reach <= seg_end
         nxt = np.append(np.minimum(reach, seg_end), n)  # sentinel n jumps to itself
         # the greedy chain start → start + capacity, followed by pointer doubling: a few vectorised passes
@@ -310,7 +325,7 @@ class BucketBatcher:
         """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""
         h = self.held
         ids = self._ids[:h]
-        batches, full = self._pack(self._lens[:h])
+        batches, full = self._pack(self._lens[:h], self._outs[:h])
         members, sizes = _batch_members(batches)
         nb = len(sizes)
         chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
@@ -327,7 +342,7 @@ class BucketBatcher:
         the greedy cut's batches (complete ones at random, then partial ones) to ``refill``."""
         h = self.held
         lens = self._lens[:h]
-        ends, seg_end = self._runs(lens)
+        ends, seg_end = self._runs(lens, self._outs[:h])
         tiebreak = self.rng if self.shuffle else None
         need = tight_share(self._pushed, self.stream_length, self.buffer_size, self.refill)
         starts = np.zeros(0, dtype=np.int64)
@@ -353,7 +368,7 @@ class BucketBatcher:
         """The window at ``positions`` (sorted) cut greedily; complete batches in random order, then partial
         ones fullest first, until ``need`` samples are chosen: their window positions flat, and sizes."""
         lens = self._lens[positions]
-        batches, full = self._pack(lens)
+        batches, full = self._pack(lens, self._outs[positions])
         members, sizes = _batch_members(batches)
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
@@ -368,13 +383,14 @@ class BucketBatcher:
     def _emit(self, out: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Remove the samples at window positions ``out`` from the window; their ids flat, and the sizes."""
         h = self.held
-        ids, lens = self._ids[:h], self._lens[:h]
+        ids, lens, outs = self._ids[:h], self._lens[:h], self._outs[:h]
         keep = np.ones(h, dtype=bool)
         keep[out] = False
         k = h - len(out)
         flat = ids[out].astype(self._out_dtype)
         self._ids[:k] = ids[keep]
         self._lens[:k] = lens[keep]
+        self._outs[:k] = outs[keep]
         self.held = self._nsorted = k
         return flat, sizes
 
@@ -409,7 +425,7 @@ def sort_batches(flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, desce
     return flat[run_positions(first[order], first[order] + sizes[order])], sizes[order]
 
 
-def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator[list]:
+def iter_batches(items: Iterable, batcher: BucketBatcher, length_of, output_of=None) -> Iterator[list]:
     """Stage: feed ``items`` through ``batcher`` (``length_of(item)`` gives the length), yield item batches.
 
     Items are held in a dict keyed by arrival number until their batch is emitted, so at most
@@ -418,7 +434,7 @@ def iter_batches(items: Iterable, batcher: BucketBatcher, length_of) -> Iterator
     held: dict[int, object] = {}
     for i, item in enumerate(items):
         held[i] = item
-        ready = batcher.push(i, length_of(item))
+        ready = batcher.push(i, length_of(item), output_of(item) if output_of is not None else 0.0)
         if batcher.skipped and batcher.skipped[-1] == i:
             held.pop(i)
         for batch in ready:
@@ -434,6 +450,7 @@ def plan_batches(
     budget: float | None = None,
     *,
     config: BatchingConfig | None = None,
+    output_lengths: Sequence[float] | np.ndarray | None = None,
     **options: Any,
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
@@ -441,13 +458,16 @@ def plan_batches(
     Pure and without I/O: the same :class:`BucketBatcher` the loader runs, fed with the whole array. Give a
     :class:`BatchingConfig`, or its options by name (:meth:`BatchingConfig.make`: ``num_buckets`` estimates
     boundaries from ``lengths``; without boundaries every batch is cut from the sorted window directly).
+    ``output_lengths`` with ``output_budget``: every batch also holds ``n × max output length ≤ output_budget``.
     """
     lengths = np.asarray(lengths)
     if config is None:
         config = BatchingConfig.make(budget, lengths, **options)
     elif budget is not None or options:
         raise TypeError("pass either config= or the batching options, not both")
-    return BucketBatcher(config).plan(lengths)
+    if config.output_budget is not None and output_lengths is None:
+        raise ValueError("output_budget needs output_lengths (each sample's second length)")
+    return BucketBatcher(config).plan(lengths, None if output_lengths is None else np.asarray(output_lengths))
 
 
 def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None = None) -> list[np.ndarray]:

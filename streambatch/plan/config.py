@@ -40,6 +40,7 @@ class BatchingConfig:
     seed: int | Sequence[int] = 0
     pad_to_multiple_of: int | None = None
     batch_order: str = "random"
+    output_budget: float | None = None
     cost: CostModel = field(default_factory=PaddedCost)
 
     def __post_init__(self) -> None:
@@ -50,6 +51,10 @@ class BatchingConfig:
             raise ValueError(f"batch_size_multiple_of must be at least 1, got {self.batch_size_multiple_of}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.output_budget is not None:
+            check_budget(self.output_budget)
+            if self.cost.packed:
+                raise ValueError("output_budget bounds padded batches (n × max output length); packed batches have none")
         if self.batch_order not in BATCH_ORDERS:
             raise ValueError(f"batch_order must be one of {', '.join(map(repr, BATCH_ORDERS))}, got {self.batch_order!r}")
         if self.bucket_boundaries is not None:

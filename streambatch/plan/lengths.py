@@ -27,6 +27,8 @@ class Lengths:
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self._load = load
         self._arrays: dict[int, np.ndarray] = {}
+        self.load_outputs: Loader | None = None  # each shard's output lengths (two-length budgets), if known
+        self._outputs: dict[int, np.ndarray] = {}
 
     @classmethod
     def of(cls, shard_lengths: Sequence[np.ndarray]) -> "Lengths":
@@ -65,6 +67,16 @@ class Lengths:
         if s not in self._arrays:
             self.prefetch([s])
         return self._arrays[s]
+
+    def outputs(self, s: int) -> np.ndarray:
+        """The output lengths of shard ``s`` in tar order (the second length of two-length budgets)."""
+        s = int(s)
+        if s not in self._outputs:
+            if self.load_outputs is None:
+                raise ValueError("output_budget needs each sample's output length: write the dataset with "
+                                 "`shardify write --output-length chars|tokens:NAME`")
+            self._outputs[s] = np.asarray(self.load_outputs([s])[0])
+        return self._outputs[s]
 
     def __getitem__(self, gids: np.ndarray) -> np.ndarray:
         """Lengths of samples by global id (shards in index order, samples in tar order)."""
@@ -105,4 +117,7 @@ def index_lengths(index: Any, kept_share: np.ndarray | None = None) -> Lengths:
     scale = index.deal_scale() if hasattr(index, "deal_scale") else None
     if kept_share is not None:
         scale = kept_share if scale is None else scale * kept_share
-    return Lengths(table["count"], table["total_length"], index.shard_lengths, scale)
+    out = Lengths(table["count"], table["total_length"], index.shard_lengths, scale)
+    if getattr(index, "has_output_lengths", False):
+        out.load_outputs = index.shard_output_lengths
+    return out

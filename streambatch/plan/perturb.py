@@ -142,6 +142,7 @@ class PlannedLengths(Lengths):
     def __init__(self, base: Lengths, plan: LengthPlan, seed: Any, epoch: int):
         super().__init__(base.counts, base.totals, base._load)
         self.scale = base.scale  # a mixture's deal scale (``totals`` are already scaled)
+        self.load_outputs, self._outputs = base.load_outputs, base._outputs
         self._arrays = base._arrays  # one cache: a shard's lengths are read once
         self.base, self.plan, self.seed, self.epoch = base, plan, seed, int(epoch)
 

@@ -90,6 +90,12 @@ def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.n
     return out
 
 
+def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
+    """The output lengths of a slot's stream (two-length budgets), ordered as :func:`stream_lengths`."""
+    parts = [lengths.outputs(p.shard)[p.start:p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
 def plan_slot(
     pieces: list[Piece],
     lengths: Any,
@@ -106,12 +112,13 @@ def plan_slot(
     ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array.
     ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not).
     ``counted``: only the batch sizes (:meth:`SlotPlan.counted`), planned without listing the samples' ids."""
+    outs = stream_outputs(pieces, lengths, excluded) if config.output_budget is not None else None
     if counted and hasattr(lengths, "shard"):
         lens = stream_lengths(pieces, lengths, excluded)
-        return SlotPlan.counted(pieces, len(lens), BucketBatcher.for_slot(config, epoch, slot).plan(lens))
+        return SlotPlan.counted(pieces, len(lens), BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs))
     gids = slot_stream(pieces, offsets, excluded)
     lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
-    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens)
+    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs)
     if counted:
         return SlotPlan.counted(pieces, len(gids), bp)
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped),

@@ -200,10 +200,10 @@ def _online_batches(
     if adj.take < 0:  # one pass over this slot's shards
         pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle)[slot]
         samples = read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults)
-        return iter_batches(samples, batcher, json_length)
+        return iter_batches(samples, batcher, json_length, _output_of(ctx.config))
     # batches_per_epoch: cycle the shards (reshuffled each pass) until the slot's share is met
     samples = _cycle_unindexed(ctx, epoch, slot, faults, batcher)
-    return itertools.islice(iter_batches(samples, batcher, json_length), adj.take)
+    return itertools.islice(iter_batches(samples, batcher, json_length, _output_of(ctx.config)), adj.take)
 
 
 def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog | None,
@@ -237,6 +237,20 @@ def unindexed_pieces(
     for i, s in enumerate(order):
         slots[i % num_slots].append(Piece(int(s), 0, 1 << 62))
     return slots
+
+
+def _output_of(config: BatchingConfig) -> Any:
+    """How the online path reads a sample's output length: from its ``.json``, under an output budget."""
+    return json_output_length if config.output_budget is not None else None
+
+
+def json_output_length(sample: dict[str, Any]) -> float:
+    """A sample's output length from its ``.json`` (two-length budgets without an index)."""
+    meta = sample.get("json")
+    if not isinstance(meta, dict) or "output_length" not in meta:
+        raise ValueError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no 'output_length' in its "
+                         ".json; output_budget needs shards written with `shardify write --output-length`")
+    return meta["output_length"]
 
 
 def json_length(sample: dict[str, Any]) -> float:
