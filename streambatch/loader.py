@@ -295,6 +295,8 @@ class StreamBatchLoader:
             kwargs["prefetch_factor"] = self.prefetch_factor or 2
             kwargs["persistent_workers"] = self.persistent_workers
             kwargs["worker_init_fn"] = _WorkerInit(self.worker_init_fn)
+            if self.filter is not None:  # DuckDB is not fork-safe: workers start from a clean forkserver
+                kwargs["multiprocessing_context"] = "forkserver"
         return DataLoader(
             EpochStream(self._context()),
             batch_size=None,

@@ -72,7 +72,8 @@ class Where:
         """This process's DuckDB connection (file access off; a forked worker opens its own)."""
         if self._con is None or self._pid != os.getpid():
             duckdb = _duckdb()
-            self._con = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
+            self._con = duckdb.connect(config={"enable_external_access": False, "threads": 1,
+                                               "lock_configuration": True})  # one thread: nothing to fork mid-lock
             self._pid = os.getpid()
         return self._con
 
