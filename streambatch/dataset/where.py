@@ -16,6 +16,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .columnar import column_numpy
+
 #: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
 CACHE_ALL = 1 << 24
 _STRING = re.compile(r"'(?:[^']|'')*'")
@@ -125,7 +127,7 @@ class SampleFilter:
         names = list(dict.fromkeys([*self.where.used, *(["length"] if lengths else [])]))
         table = self.reader.read_columns(g, names or ["length"])
         keep = self.where.evaluate(table)
-        return keep, (table.column("length").to_numpy() if lengths else None)
+        return keep, (column_numpy(table.column("length")) if lengths else None)
 
     def keep(self, shard: int) -> np.ndarray:
         """Which samples of ``shard`` (tar order) the filter keeps; its row group is evaluated once."""
