@@ -152,6 +152,41 @@ def planning_speed(n: int, seed: int) -> list[list[str]]:
     return rows
 
 
+def two_length_oracle(lengths: np.ndarray, outputs: np.ndarray, budget: float, out_budget: float) -> int:
+    """Batches of the sorted oracle under both budgets: all samples sorted by input length, cut greedily where
+    either ``n × max_len`` or ``n × max_output_len`` would pass its budget."""
+    order = np.argsort(-lengths, kind="stable")
+    x, o = lengths[order].tolist(), outputs[order].tolist()
+    count, i, n = 0, 0, len(x)
+    while i < n:
+        k, top_o = 0, 0.0
+        while i + k < n and (k + 1) * x[i] <= budget and (k + 1) * max(top_o, o[i + k]) <= out_budget:
+            top_o = max(top_o, o[i + k])
+            k += 1
+        i, count = i + max(k, 1), count + 1
+    return count
+
+
+def two_length(n: int, seed: int) -> list[list[str]]:
+    """Audio seconds and transcript tokens (about 15 a second, lognormal spread) under both budgets."""
+    _, budget, _ = DISTRIBUTIONS["librispeech"]
+    lengths = librispeech_like(n, seed)
+    rng = np.random.default_rng(seed + 1)
+    outputs = np.maximum(1, (lengths / SAMPLE_RATE * 15 * rng.lognormal(0, 0.35, n)).astype(np.int64))
+    rows = []
+    for out_budget in (3_000, 6_000):
+        oracle = two_length_oracle(lengths, outputs, budget, out_budget)
+        for buf in (2_000, 10_000):
+            plan = plan_batches(lengths, budget, output_lengths=outputs, output_budget=out_budget, buffer_size=buf,
+                                seed=seed)
+            over = sum(len(b) * lengths[b].max() > budget or len(b) * outputs[b].max() > out_budget for b in plan)
+            pad_in = 1 - lengths.sum() / sum(len(b) * lengths[b].max() for b in plan)
+            pad_out = 1 - outputs.sum() / sum(len(b) * outputs[b].max() for b in plan)
+            rows.append([f"output budget {out_budget:,} tokens, buf={buf:,}", f"{len(plan):,}", f"{oracle:,}",
+                         f"{len(plan) / oracle:.4f}", f"{100 * pad_in:.2f}", f"{100 * pad_out:.2f}", str(over)])
+    return rows
+
+
 # ---- 3. streaming throughput ---------------------------------------------------------------------
 def _flac(data: bytes):
     from streambatch.dataset.audio import decode
@@ -319,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"2. planning speed: plan_batches over {args.plan_n:,} LibriSpeech-like lengths, budget 200 s, best of 3 (target >= 1 M/s)")
     print(table(planning_speed(args.plan_n, args.seed), ["", "lengths", "best s", "rate", "target"], "lrrrl"))
+    print()
+
+    print(f"2b. two-length budgets: {args.n:,} LibriSpeech-like lengths with transcripts of ~15 tokens/s, audio budget "
+          "200 s and an output budget; oracle = all samples sorted by audio length, cut where either budget binds")
+    print(table(two_length(args.n, args.seed), ["", "batches", "oracle", "batches/oracle", "audio pad %",
+                                                "token pad %", "over budget"], "lrrrrrr"))
     print()
 
     if not args.skip_stream:
