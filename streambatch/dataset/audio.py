@@ -122,6 +122,40 @@ def decode(data: bytes, mono: bool = True) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(wav, dtype=np.float32), int(sr)
 
 
+def _rounded(n: int, multiple: int | None) -> int:
+    return n + (multiple - n % multiple) % multiple if multiple else n
+
+
+def decode_padded(payloads: list[bytes], sample_rate: int | None = None,
+                  pad_to_multiple_of: int | None = None) -> tuple[np.ndarray, list[int]] | None:
+    """Decode mono clips straight into one zero-padded float32 ``[B, T]`` array, and their lengths: each clip
+    is decoded into its row (no array per clip, no copy into the batch). None when a clip is not mono, has
+    another rate than ``sample_rate``, does not state its length or cannot be read: :func:`decode` then
+    decodes them one by one (and says what is wrong)."""
+    files: list[sf.SoundFile] = []
+    try:
+        for data in payloads:
+            f = sf.SoundFile(io.BytesIO(data), "r")
+            files.append(f)
+            if f.channels != 1 or f.frames <= 0 or (sample_rate and f.samplerate != sample_rate):
+                return None
+        frames = [int(f.frames) for f in files]
+        t_max = _rounded(max(frames, default=0), pad_to_multiple_of)
+        out = np.empty((len(files), t_max), dtype=np.float32)
+        lengths = []
+        for row, f, n in zip(out, files, frames):
+            got = len(f.read(n, dtype="float32", out=row[:n]))
+            row[got:] = 0
+            lengths.append(got)
+        t = _rounded(max(lengths, default=0), pad_to_multiple_of)
+        return (out if t == t_max else np.ascontiguousarray(out[:, :t])), lengths  # a clip shorter than it said
+    except Exception:  # noqa: BLE001 - decoded one by one, which raises the clear error
+        return None
+    finally:
+        for f in files:
+            f.close()
+
+
 def _decode_torchaudio(data: bytes, first_error: Exception) -> tuple[np.ndarray, int]:
     try:
         import torchaudio  # optional

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio
+from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio, decode_padded
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}
@@ -80,6 +80,34 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
     raise ValueError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
 
 
+def _padded_audio(samples: Sequence[dict[str, Any]], sample_rate: int | None,
+                  pad_to_multiple_of: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
+    exts = [audio_ext(s) for s in samples]
+    if not exts or None in exts:
+        return None
+    got = decode_padded([s[e] for s, e in zip(samples, exts)], sample_rate, pad_to_multiple_of)
+    if got is None:
+        return None
+    out, lengths = got
+    return torch.tensor(lengths, dtype=torch.int64), torch.from_numpy(out)
+
+
+def _pad_payload(batch: dict[str, Any], name: str, payload: list[torch.Tensor], packed: bool, pad_value: float,
+                 pad_to_multiple_of: int | None) -> None:
+    """Put decoded payloads in the batch: padded with a mask, or packed with ``cu_seqlens``."""
+    lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
+    batch["lengths"] = lengths
+    if packed:
+        batch[name] = torch.cat(list(payload))
+        batch["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+        batch["max_seqlen"] = int(lengths.max())
+    else:
+        padded = pad_stack(payload, pad_value, pad_to_multiple_of)
+        batch[name] = padded
+        batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
+
+
 def collate(
     samples: Sequence[dict[str, Any]],
     decode: Decode = "auto",
@@ -96,25 +124,23 @@ def collate(
     (flash-attention's ``varlen`` functions) take.
     """
     mode = resolve_decode(decode, samples[0])
-    payload = [decode_sample(s, mode, sample_rate) for s in samples]
     batch: dict[str, Any] = {"keys": [s["__key__"] for s in samples]}
     meta = [s.get("json") or {} for s in samples]
-    if all(p is not None for p in payload):
-        name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
-        lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
-        batch["lengths"] = lengths
-        if packed:
-            batch[name] = torch.cat(list(payload))
-            batch["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
-            batch["max_seqlen"] = int(lengths.max())
-        else:
-            padded = pad_stack(payload, pad_value, pad_to_multiple_of)
-            batch[name] = padded
-            batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
+    direct = None
+    if mode == "audio" and not packed and pad_value == 0:
+        direct = _padded_audio(samples, sample_rate, pad_to_multiple_of)
+    if direct is not None:  # decoded straight into the batch
+        batch["lengths"], batch["audio"] = direct
+        batch["padding_mask"] = torch.arange(direct[1].shape[1])[None, :] >= direct[0][:, None]
     else:
-        batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
-        if mode == "none":
-            batch["samples"] = list(samples)
+        payload = [decode_sample(s, mode, sample_rate) for s in samples]
+        if all(p is not None for p in payload):
+            name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
+            _pad_payload(batch, name, payload, packed, pad_value, pad_to_multiple_of)
+        else:
+            batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
+            if mode == "none":
+                batch["samples"] = list(samples)
     if mode == "text" and any("txt" in s for s in samples):
         batch["text"] = [s["txt"].decode("utf-8") if "txt" in s else m.get("text") for s, m in zip(samples, meta)]
     fields = sorted({k for m in meta for k in m} - _RESERVED - set(batch))

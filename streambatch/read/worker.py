@@ -23,7 +23,8 @@ from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot
 from .collate import Decode, collate, split_micro_batches
-from .execute import execute_plan, pieces_needed, positioned
+from .direct import DirectShards, can_read_direct
+from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .reader import ReadOptions, read_pieces
 
@@ -163,6 +164,9 @@ def _planned_batches(
 
     def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
         needed = pieces_needed(part, start, offsets, excluded)
+        if can_read_direct(ctx.urls, [p for p, _ in needed], ctx.index):  # local files: read by position
+            shards = DirectShards(ctx.urls, ctx.index, [p for p, _ in needed], lengths.counts, ctx.read, faults)
+            return execute_direct(shards, part, start, by_pos, offsets, faults, ctx.read.reservoir)
         samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
                               faults, markers=True)
         return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,
