@@ -122,38 +122,46 @@ def decode(data: bytes, mono: bool = True) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(wav, dtype=np.float32), int(sr)
 
 
-def _rounded(n: int, multiple: int | None) -> int:
-    return n + (multiple - n % multiple) % multiple if multiple else n
+class Clips:
+    """Encoded mono clips opened for decoding straight into the rows of one array (the padded batch): no array
+    per clip, no copy. :func:`open_clips` gives None where that cannot be done; :func:`decode` then decodes
+    them one by one (and says what is wrong with a bad one)."""
+
+    def __init__(self, files: list[sf.SoundFile]):
+        self.files = files
+        self.frames = [int(f.frames) for f in files]  # as the headers state them
+
+    def decode_into(self, out: np.ndarray) -> list[int]:
+        """Decode clip ``i`` into ``out[i, :frames]``, zero the rest of the row; the frames each one gave."""
+        lengths = []
+        for row, f, n in zip(out, self.files, self.frames):
+            got = len(f.read(n, dtype="float32", out=row[:n]))
+            row[got:] = 0
+            lengths.append(got)
+        return lengths
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
 
 
-def decode_padded(payloads: list[bytes], sample_rate: int | None = None,
-                  pad_to_multiple_of: int | None = None) -> tuple[np.ndarray, list[int]] | None:
-    """Decode mono clips straight into one zero-padded float32 ``[B, T]`` array, and their lengths: each clip
-    is decoded into its row (no array per clip, no copy into the batch). None when a clip is not mono, has
-    another rate than ``sample_rate``, does not state its length or cannot be read: :func:`decode` then
-    decodes them one by one (and says what is wrong)."""
+def open_clips(payloads: list[bytes], sample_rate: int | None = None) -> Clips | None:
+    """:class:`Clips` over encoded clips, or None when one is not mono, has another rate than ``sample_rate``,
+    does not state its length or cannot be opened."""
     files: list[sf.SoundFile] = []
     try:
         for data in payloads:
             f = sf.SoundFile(io.BytesIO(data), "r")
             files.append(f)
             if f.channels != 1 or f.frames <= 0 or (sample_rate and f.samplerate != sample_rate):
-                return None
-        frames = [int(f.frames) for f in files]
-        t_max = _rounded(max(frames, default=0), pad_to_multiple_of)
-        out = np.empty((len(files), t_max), dtype=np.float32)
-        lengths = []
-        for row, f, n in zip(out, files, frames):
-            got = len(f.read(n, dtype="float32", out=row[:n]))
-            row[got:] = 0
-            lengths.append(got)
-        t = _rounded(max(lengths, default=0), pad_to_multiple_of)
-        return (out if t == t_max else np.ascontiguousarray(out[:, :t])), lengths  # a clip shorter than it said
+                break
+        else:
+            return Clips(files)
     except Exception:  # noqa: BLE001 - decoded one by one, which raises the clear error
-        return None
-    finally:
-        for f in files:
-            f.close()
+        pass
+    for f in files:
+        f.close()
+    return None
 
 
 def _decode_torchaudio(data: bytes, first_error: Exception) -> tuple[np.ndarray, int]:

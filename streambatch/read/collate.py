@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio, decode_padded
+from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio, open_clips
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}
@@ -80,17 +80,39 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
     raise ValueError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
 
 
+def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor for a batch; in a DataLoader worker, in shared memory from the start, so passing
+    it to the main process copies nothing (as torch's own collate does)."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    numel = int(np.prod(shape))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
+    return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
+
+
 def _padded_audio(samples: Sequence[dict[str, Any]], sample_rate: int | None,
                   pad_to_multiple_of: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
     exts = [audio_ext(s) for s in samples]
     if not exts or None in exts:
         return None
-    got = decode_padded([s[e] for s, e in zip(samples, exts)], sample_rate, pad_to_multiple_of)
-    if got is None:
+    clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate)
+    if clips is None:
         return None
-    out, lengths = got
-    return torch.tensor(lengths, dtype=torch.int64), torch.from_numpy(out)
+    try:
+        t_max = _rounded(max(clips.frames), pad_to_multiple_of)
+        out = batch_tensor((len(samples), t_max), torch.float32)
+        lengths = clips.decode_into(out.numpy())
+    except Exception:  # noqa: BLE001 - decoded one by one, which raises the clear error
+        return None
+    finally:
+        clips.close()
+    t = _rounded(max(lengths), pad_to_multiple_of)
+    return torch.tensor(lengths, dtype=torch.int64), (out if t == t_max else out[:, :t].contiguous())
+
+
+def _rounded(n: int, multiple: int | None) -> int:
+    return n + (multiple - n % multiple) % multiple if multiple else n
 
 
 def _pad_payload(batch: dict[str, Any], name: str, payload: list[torch.Tensor], packed: bool, pad_value: float,
@@ -130,8 +152,9 @@ def collate(
     if mode == "audio" and not packed and pad_value == 0:
         direct = _padded_audio(samples, sample_rate, pad_to_multiple_of)
     if direct is not None:  # decoded straight into the batch
-        batch["lengths"], batch["audio"] = direct
-        batch["padding_mask"] = torch.arange(direct[1].shape[1])[None, :] >= direct[0][:, None]
+        lengths, audio = batch["lengths"], batch["audio"] = direct
+        batch["padding_mask"] = mask = batch_tensor(tuple(audio.shape), torch.bool)
+        torch.ge(torch.arange(audio.shape[1])[None, :], lengths[:, None], out=mask)
     else:
         payload = [decode_sample(s, mode, sample_rate) for s in samples]
         if all(p is not None for p in payload):
