@@ -293,13 +293,20 @@ def execute_direct(
     offsets: np.ndarray,
     faults: FaultLog | None = None,
     reservoir: int = 64,
+    last: bool = True,
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: :func:`execute_plan`'s batches, each sample read by position (``plan.gids`` → shard, place in the
-    shard) when its batch is due; lost samples are re-drawn the same way. Pending sha256 checks are
-    waited for at the end, so a corrupt shard is always counted in the pass that read it."""
+    shard) when its batch is due; lost samples are re-drawn the same way. At the end of the ``last`` part of
+    the slot's plan, pending sha256 checks are waited for (a corrupt shard is always counted in the pass that
+    read it) and the shards closed; stopped early, they are closed at once."""
     try:
         if plan.batches[first:]:
             yield from _run(_DirectExecutor(shards, plan, first, lengths, offsets, faults, reservoir), plan, first)
-        shards.check_hashes(wait=True)
+        if last:
+            shards.check_hashes(wait=True)
+    except GeneratorExit:
+        last = True
+        raise
     finally:
-        shards.close()
+        if last:
+            shards.close()

@@ -162,11 +162,14 @@ def _planned_batches(
     by_pos = raw.lengths
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
-    def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
+    direct = None
+    if can_read_direct(ctx.urls, plan.pieces, ctx.index):  # local files: read by position, not streamed
+        direct = DirectShards(ctx.urls, ctx.index, plan.pieces, lengths.counts, ctx.read, faults)
+
+    def run(part: SlotPlan, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:
+        if direct is not None:
+            return execute_direct(direct, part, start, by_pos, offsets, faults, ctx.read.reservoir, last)
         needed = pieces_needed(part, start, offsets, excluded)
-        if can_read_direct(ctx.urls, [p for p, _ in needed], ctx.index):  # local files: read by position
-            shards = DirectShards(ctx.urls, ctx.index, [p for p, _ in needed], lengths.counts, ctx.read, faults)
-            return execute_direct(shards, part, start, by_pos, offsets, faults, ctx.read.reservoir)
         samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
                               faults, markers=True)
         return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,
@@ -175,7 +178,7 @@ def _planned_batches(
     if adj.hardest and first == 0 and plan.batches:
         # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
         # holding everything the stream delivers before it
-        yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0)
+        yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0, last=False)
         first = 1
     yield from run(plan, first)
 
