@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import batch_stats, best_of, machine, table  # noqa: E402
+from _bench_common import WorkerPeaks, batch_stats, best_of, machine, peak_rss_mb, table  # noqa: E402
 
 from streambatch.plan.batcher import plan_batches, sorted_oracle  # noqa: E402
 from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE, librispeech_like  # noqa: E402
@@ -185,52 +185,6 @@ def _count(batch) -> tuple[int, int, int]:
     return n, int(batch["lengths"].sum()), payload.numel()
 
 
-def _vmhwm_mb(pid: int | str = "self") -> float:
-    """Peak resident memory (VmHWM) of a process in MB, 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _children() -> list[int]:
-    pids = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return pids
-
-
-class WorkerPeaks:
-    """Polls the peak RSS (VmHWM) of this process's children (the DataLoader workers) while they live."""
-
-    def __init__(self, every: float = 0.02):
-        import threading
-
-        self.peaks: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
-        self._thread.start()
-
-    def _run(self, every: float) -> None:
-        while not self._stop.is_set():
-            for pid in _children():
-                self.peaks[pid] = max(self.peaks.get(pid, 0.0), _vmhwm_mb(pid))
-            self._stop.wait(every)
-
-    def stop(self) -> list[float]:
-        self._stop.set()
-        self._thread.join()
-        return [v for v in self.peaks.values() if v > 0]
-
-
 def _consume(make) -> dict:
     """Build a loader with ``make()`` and run one epoch: seconds (from building it), time to first batch,
     samples, padding, and the peak RSS of this process and of each worker."""
@@ -246,7 +200,7 @@ def _consume(make) -> dict:
     t = time.perf_counter() - t0
     workers = peaks.stop()
     return {"seconds": t, "first": first, "samples": n, "padding": (1 - real / padded) if padded else float("nan"),
-            "rss": _vmhwm_mb(), "worker_rss": max(workers, default=0.0)}
+            "rss": peak_rss_mb(), "worker_rss": max(workers, default=0.0)}
 
 
 def run_streambatch(shards: str, budget: float, workers: int, seed: int, decode: bool) -> dict:
@@ -300,7 +254,7 @@ def run_bare(urls: list[str], workers: int, seed: int, decode: bool) -> dict:
     else:
         n = sum(_bare_decode(u) for u in urls)
     t = time.perf_counter() - t0
-    return {"seconds": t, "first": None, "samples": n, "padding": float("nan"), "rss": _vmhwm_mb(),
+    return {"seconds": t, "first": None, "samples": n, "padding": float("nan"), "rss": peak_rss_mb(),
             "worker_rss": max(peaks.stop(), default=0.0)}
 
 
