@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from streambatch.dataset.tar import iter_members
+from streambatch.dataset.tar import buffer_members, iter_members
 from streambatch.errors import ShardReadError
 
 
@@ -50,3 +50,18 @@ def test_broken_shards_are_clear_errors():
     flipped[10] ^= 0xFF  # a damaged header
     with pytest.raises(ShardReadError, match="checksum"):
         list(iter_members(io.BytesIO(bytes(flipped)), "mem.tar"))
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_members_of_a_byte_span_as_the_stream_gives_them(fmt):
+    raw = make_tar(fmt, NAMES)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:  # the records, without the closing zero blocks
+        last = tar.getmembers()[-1]
+    end = last.offset_data + last.size + (-last.size % 512)
+    assert list(buffer_members(raw[:end], "mem")) == list(iter_members(io.BytesIO(raw), "mem"))
+    flipped = bytearray(raw[:end])
+    flipped[10] ^= 0xFF
+    with pytest.raises(ShardReadError, match="checksum"):
+        list(buffer_members(bytes(flipped), "mem.tar"))
+    with pytest.raises(ShardReadError, match="truncated"):
+        list(buffer_members(raw[:end - 600], "mem.tar"))

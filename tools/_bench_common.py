@@ -66,3 +66,50 @@ def batch_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, budget: floa
         "corr": corr,
         "mean_size": float(sizes.mean()) if sizes.size else 0.0,
     }
+
+
+# ---- memory: peak RSS of this process and of its children (DataLoader workers) ----------------------------
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """Peak resident memory (VmHWM) of a process in MB, 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children() -> list[int]:
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return pids
+
+
+class WorkerPeaks:
+    """Polls the peak RSS (VmHWM) of this process's children (the DataLoader workers) while they live."""
+
+    def __init__(self, every: float = 0.02):
+        import threading
+
+        self.peaks: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.is_set():
+            for pid in _children():
+                self.peaks[pid] = max(self.peaks.get(pid, 0.0), peak_rss_mb(pid))
+            self._stop.wait(every)
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return [v for v in self.peaks.values() if v > 0]

@@ -11,11 +11,13 @@ Three parts, each printed as a plain table:
    batch size is the oracle's mean batch size, so all rows have about the same number of batches. Order
    randomness: Pearson of batch position against longest sample, Spearman's rho against mean length.
 2. **Planning speed**: ``plan_batches`` over 1 M LibriSpeech-like lengths (target >= 1 M lengths/s).
-3. **Streaming throughput**: ``StreamBatchLoader`` against a plain ``webdataset.WebDataset`` pipeline over
-   the same local shards, both decoding FLAC with ``streambatch.dataset.audio.decode`` (soundfile) and padding with
-   ``streambatch.read.collate.collate``; samples/s, target >= 0.95x webdataset.
+3. **Streaming throughput, time to first batch, memory**: ``StreamBatchLoader`` against a plain
+   ``webdataset.WebDataset`` pipeline over the same local shards, both decoding FLAC with soundfile and padding
+   with ``streambatch.read.collate.collate``, and against the decoding ceiling (a bare tarfile + soundfile loop):
+   samples/s (target >= 0.95x webdataset, >= 0.95x the bare loop at 0 workers, >= 0.9x with workers), time to
+   first batch and peak RSS of the main process and per worker, each run in a fresh process.
 
-Usage: ``python tools/bench_padding.py [--n 200000] [--quick]``. ``--quick`` is a small, fast run.
+Usage: ``python tools/bench_padding.py [--n 200000] [--workers 0,2,4] [--quick]``. ``--quick`` is a small, fast run.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import batch_stats, best_of, machine, table  # noqa: E402
+from _bench_common import WorkerPeaks, batch_stats, best_of, machine, peak_rss_mb, table  # noqa: E402
 
 from streambatch.plan.batcher import plan_batches, sorted_oracle  # noqa: E402
 from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE, librispeech_like  # noqa: E402
@@ -187,7 +189,8 @@ def two_length(n: int, seed: int) -> list[list[str]]:
     return rows
 
 
-# ---- 3. streaming throughput ---------------------------------------------------------------------
+# ---- 3. streaming throughput, time to first batch, memory, the decoding ceiling ------------------------
+# Each run is a fresh process (``--child``), so its peak RSS and its time to first batch are its own.
 def _flac(data: bytes):
     from streambatch.dataset.audio import decode
 
@@ -239,35 +242,172 @@ def _count(batch) -> tuple[int, int, int]:
     return n, int(batch["lengths"].sum()), payload.numel()
 
 
-def _consume(batches) -> tuple[float, int, float]:
+def _consume(make) -> dict:
+    """Build a loader with ``make()`` and run one epoch: seconds (from building it), time to first batch,
+    samples, padding, and the peak RSS of this process and of each worker."""
+    peaks = WorkerPeaks()
     t0 = time.perf_counter()
+    first = None
     n = real = padded = 0
-    for batch in batches:
+    for batch in make():
+        if first is None:
+            first = time.perf_counter() - t0
         a, b, c = _count(batch)
         n, real, padded = n + a, real + b, padded + c
-    return time.perf_counter() - t0, n, (1 - real / padded) if padded else float("nan")
+    t = time.perf_counter() - t0
+    workers = peaks.stop()
+    return {"seconds": t, "first": first, "samples": n, "padding": (1 - real / padded) if padded else float("nan"),
+            "rss": peak_rss_mb(), "worker_rss": max(workers, default=0.0)}
 
 
-def run_streambatch(shards: str, budget: float, workers: int, seed: int, decode: bool) -> tuple[float, int, float]:
+def run_streambatch(shards: str, budget: float, workers: int, seed: int, decode: bool) -> dict:
     from streambatch import StreamBatchLoader
 
-    loader = StreamBatchLoader(shards, budget=budget, num_workers=workers, seed=seed,
-                               decode="audio" if decode else "none")
-    return _consume(loader)
+    return _consume(lambda: StreamBatchLoader(shards, budget=budget, num_workers=workers, seed=seed,
+                                              decode="audio" if decode else "none"))
 
 
-def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, decode: bool) -> tuple[float, int, float]:
+def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, decode: bool) -> dict:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(1000)
-    if decode:  # our soundfile decode for flac; json by wds's basic handlers
-        ds = ds.decode(wds.handle_extension("flac", _flac)).batched(batch_size, collation_fn=_collate_decoded)
-    else:  # json parsed as streambatch's reader does; audio stays bytes
-        ds = ds.decode().batched(batch_size, collation_fn=_list)
-    dl = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=_identity,
-                    worker_init_fn=_worker_init if workers else None)
-    return _consume(dl)
+    def make():
+        ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(1000)
+        if decode:  # our soundfile decode for flac; json by wds's basic handlers
+            ds = ds.decode(wds.handle_extension("flac", _flac)).batched(batch_size, collation_fn=_collate_decoded)
+        else:  # json parsed as streambatch's reader does; audio stays bytes
+            ds = ds.decode().batched(batch_size, collation_fn=_list)
+        return DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=_identity,
+                          worker_init_fn=_worker_init if workers else None)
+
+    return _consume(make)
+
+
+def _bare_decode(url: str) -> int:
+    import io
+    import tarfile
+
+    import soundfile as sf
+
+    n = 0
+    with tarfile.open(url) as tf:
+        for m in tf:
+            if m.name.endswith(".flac"):
+                sf.read(io.BytesIO(tf.extractfile(m).read()), dtype="float32", always_2d=True)
+                n += 1
+    return n
+
+
+def run_bare(urls: list[str], workers: int, seed: int, decode: bool) -> dict:
+    """The decoding ceiling: each shard opened with tarfile and each FLAC decoded with soundfile, no batching,
+    no padding, shards dealt to ``workers`` processes (a Pool) or read here."""
+    peaks = WorkerPeaks()
+    t0 = time.perf_counter()
+    if workers:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(workers, initializer=_worker_init, initargs=(0,)) as pool:
+            n = sum(pool.imap_unordered(_bare_decode, urls))
+    else:
+        n = sum(_bare_decode(u) for u in urls)
+    t = time.perf_counter() - t0
+    return {"seconds": t, "first": None, "samples": n, "padding": float("nan"), "rss": peak_rss_mb(),
+            "worker_rss": max(peaks.stop(), default=0.0)}
+
+
+def first_batch_parts(shards: str, budget: float, seed: int) -> dict:
+    """streambatch's first batch at 0 workers, part by part: the index opened (Parquet reader imported), the
+    loader built, the epoch planned, the first batch read (its slot re-planned, its samples read), decoded."""
+    from streambatch import ShardIndex, StreamBatchLoader
+    from streambatch.read.collate import collate
+
+    marks = [time.perf_counter()]
+    index = ShardIndex.load(shards)
+    marks.append(time.perf_counter())
+    loader = StreamBatchLoader(index, budget=budget, seed=seed, decode="none")
+    marks.append(time.perf_counter())
+    loader.schedule()
+    marks.append(time.perf_counter())
+    batch = next(iter(loader))
+    marks.append(time.perf_counter())
+    collate(batch["samples"], "audio")
+    marks.append(time.perf_counter())
+    names = ("open index (Parquet reader imported)", "build loader", "plan epoch", "read first batch", "decode+pad it")
+    return {k: b - a for k, a, b in zip(names, marks, marks[1:])}
+
+
+def child(spec: dict) -> dict:
+    """One run in this (fresh) process; ``spec`` names the loader and its settings."""
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    import streambatch  # noqa: F401
+    import webdataset  # noqa: F401
+
+    imports = time.perf_counter() - t0
+    kind, w, seed, decode = spec["loader"], spec["workers"], spec["seed"], spec["decode"]
+    if kind == "parts":
+        return first_batch_parts(spec["shards"], spec["budget"], seed)
+    if kind == "streambatch":
+        out = run_streambatch(spec["shards"], spec["budget"], w, seed, decode)
+    elif kind == "webdataset":
+        out = run_webdataset(spec["urls"], spec["batch_size"], w, seed, decode)
+    else:
+        out = run_bare(spec["urls"], w, seed, decode)
+    return {**out, "imports": imports}
+
+
+def _in_child(spec: dict) -> dict:
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                         check=True, capture_output=True, text=True)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def _best(specs: dict[str, dict], repeats: int) -> dict[str, dict]:
+    """Each spec run ``repeats`` times, alternating; per spec the fastest run's figures, and the smallest time
+    to first batch and peak RSS seen (the machine is shared: the least disturbed run is the closest)."""
+    best: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, spec in specs.items():
+            r = _in_child(spec)
+            b = best.get(name)
+            if b is None:
+                best[name] = r
+                continue
+            keep = dict(r if r["seconds"] < b["seconds"] else b)
+            for k in ("first", "rss", "worker_rss"):
+                vals = [x[k] for x in (r, b) if x[k] is not None]
+                keep[k] = min(vals) if vals else None
+            best[name] = keep
+    return best
+
+
+def _row(work: str, workers: int, label: str, r: dict, verdict: str) -> list[str]:
+    return [work, str(workers), label, f"{r['samples']:,}", f"{r['seconds']:.2f}", f"{r['samples'] / r['seconds']:,.0f}",
+            "-" if r["padding"] != r["padding"] else f"{100 * r['padding']:.1f}",
+            "-" if r["first"] is None else f"{r['first']:.3f}", f"{r['rss']:.0f}",
+            f"{r['worker_rss']:.0f}" if workers else "-", verdict]
+
+
+def _verdicts(sb: dict, wds: dict, bare: dict | None, workers: int) -> tuple[str, str]:
+    """(streambatch's line against webdataset, against the decoding ceiling)."""
+    sps = {k: r["samples"] / r["seconds"] for k, r in (("sb", sb), ("wds", wds))}
+    ratio = sps["sb"] / sps["wds"]
+    rss = sb["rss"] / wds["rss"]
+    wrss = f", worker RSS {sb['worker_rss'] / wds['worker_rss']:.2f}x" if workers and wds["worker_rss"] else ""
+    ttfb = f", first batch {sb['first'] / wds['first']:.2f}x" if sb["first"] and wds["first"] else ""
+    line = f"{ratio:.3f}x {'PASS' if ratio >= 0.95 else 'MISS'}; RSS {rss:.2f}x{wrss}{ttfb}"
+    if bare is None:
+        return line, ""
+    ceiling = sps["sb"] / (bare["samples"] / bare["seconds"])
+    target = 0.95 if workers == 0 else 0.9
+    procs = "" if workers == 0 else f" at {workers} processes each"
+    return line, f"{ceiling:.3f}x of the bare loop{procs} {'PASS' if ceiling >= target else 'MISS'} (>= {target}x)"
 
 
 def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: int) -> tuple[str, list[str]]:
@@ -283,29 +423,30 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
         notes.append(f"corpus: {index.num_samples:,} synthetic FLAC utterances ({index.total_length / SAMPLE_RATE / 3600:.2f} h, "
                      f"median {np.median(index.lengths) / SAMPLE_RATE:.1f} s) in {index.num_shards} shards, "
                      f"written in {time.perf_counter() - t0:.1f} s")
+        common = {"seed": seed, "shards": shards, "urls": urls, "budget": budget}
         for decode in (True, False):
             for workers in workers_list:
                 planned = len(StreamBatchLoader(shards, budget=budget, num_workers=workers, seed=seed))
                 b = max(1, int(round(index.num_samples / max(1, planned))))
-                best = {"streambatch": (float("inf"), 0, 0.0), "webdataset": (float("inf"), 0, 0.0)}
-                for _ in range(repeats):  # alternate, keep the better of each
-                    for name in ("streambatch", "webdataset"):
-                        r = (run_streambatch(shards, budget, workers, seed, decode) if name == "streambatch"
-                             else run_webdataset(urls, b, workers, seed, decode))
-                        if r[0] < best[name][0]:
-                            best[name] = r
-                sps = {k: v[1] / v[0] for k, v in best.items()}
-                ratio = sps["streambatch"] / sps["webdataset"]
-                for name in ("webdataset", "streambatch"):
-                    t, n, pad = best[name]
-                    desc = f"fixed B={b}" if name == "webdataset" else "budget 60 s"
-                    rows.append([
-                        "decode+pad" if decode else "read only", str(workers), f"{name} ({desc})", f"{n:,}",
-                        f"{t:.2f}", f"{n / t:,.0f}", "-" if pad != pad else f"{100 * pad:.1f}",
-                        f"{ratio:.3f}x  {'PASS' if ratio >= 0.95 else 'MISS'}" if name == "streambatch" else "",
-                    ])
-    header = ["work", "workers", "loader", "samples", "best s", "samples/s", "padding %", "vs webdataset (>=0.95x)"]
-    return table(rows, header, "lrlrrrrl"), notes
+                specs = {name: {**common, "loader": name, "workers": workers, "decode": decode, "batch_size": b}
+                         for name in ("streambatch", "webdataset") + (("bare",) if decode else ())}
+                best = _best(specs, repeats)
+                vs_wds, vs_bare = _verdicts(best["streambatch"], best["webdataset"], best.get("bare"), workers)
+                work = "decode+pad" if decode else "read only"
+                if decode:
+                    rows.append(_row(work, workers, "bare loop (tarfile + soundfile)", best["bare"], ""))
+                rows.append(_row(work, workers, f"webdataset (fixed B={b})", best["webdataset"], ""))
+                rows.append(_row(work, workers, "streambatch (budget 60 s)", best["streambatch"], vs_wds))
+                if vs_bare:
+                    rows.append([""] * 10 + [vs_bare])
+                imports = best["streambatch"]["imports"]
+        parts = _in_child({**common, "loader": "parts", "workers": 0, "decode": True})
+    notes.append(f"each run a fresh process; its imports (streambatch, webdataset: {imports:.2f} s) not counted")
+    notes.append("streambatch's first batch at 0 workers by part (s): "
+                 + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + f"; sum {sum(parts.values()):.3f}")
+    header = ["work", "workers", "loader", "samples", "best s", "samples/s", "padding %", "first batch s",
+              "peak RSS MB", "per worker MB", "streambatch vs webdataset (>=0.95x) / vs bare loop"]
+    return table(rows, header, "lrlrrrrrrrl"), notes
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -318,10 +459,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="synthetic utterances for the streaming test (default 3,000)")
     p.add_argument("--repeats", type=int, default=2, help="alternating runs per loader, best kept (default 2)")
     p.add_argument("--skip-stream", action="store_true", help="skip the streaming throughput part")
-    p.add_argument("--quick", action="store_true", help="small fast run: n=20,000, 200 k planning, 400 utterances")
+    p.add_argument("--workers", default="0,2,4", help="DataLoader workers for the streaming part (default 0,2,4)")
+    p.add_argument("--quick", action="store_true", help="small fast run: n=20,000, 200 k planning, 400 utterances, "
+                   "workers 0,2")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # one streaming run, in a fresh process
     args = p.parse_args(argv)
+    if args.child:
+        import json
+
+        print("RESULT " + json.dumps(child(json.loads(args.child))))
+        return 0
     if args.quick:
         args.n, args.plan_n, args.stream_utterances = 20_000, 200_000, 400
+        args.workers = "0,2" if args.workers == p.get_default("workers") else args.workers
 
     import torch
 
@@ -365,16 +515,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_stream:
         print(f"3. streaming throughput: {args.stream_utterances:,} utterances in local shards, one epoch per run, "
               f"{args.repeats} alternating runs each, best kept")
-        text, notes = streaming(args.stream_utterances, args.seed, [0, 2], args.repeats)
+        text, notes = streaming(args.stream_utterances, args.seed, [int(w) for w in args.workers.split(",")],
+                                args.repeats)
         for note in notes:
             print(note)
         print(text)
-        print("decode+pad: both decode FLAC with streambatch.dataset.audio.decode (soundfile) and pad with streambatch.read.collate.collate;")
+        print("decode+pad: both decode FLAC with soundfile (streambatch.dataset.audio) and pad with streambatch.read.collate.collate;")
         print("  webdataset 1.0.2: WebDataset(shardshuffle) -> shuffle(1000) -> decode(flac: our decode) -> batched(B, collate).")
         print("  streambatch's lower padding makes smaller tensors to fill and pass between processes: part of its lead.")
+        print("bare loop = the decoding ceiling: tarfile opens each shard, soundfile.read decodes each FLAC; no batching,")
+        print("  no padding; with workers, shards dealt to a Pool of that many processes. Targets: >= 0.95x of it at 0")
+        print("  workers, >= 0.9x at the same number of processes.")
         print("read only: no audio decode (streambatch decode='none'; webdataset .decode() parses only the json) = loader")
         print("  overhead alone: tar reading, grouping, shuffling/planning, batching, worker transfer.")
-        print("B = the mean batch size of streambatch's plan. samples/s includes DataLoader start-up; torch threads = 1.")
+        print("best s / samples/s: from building the loader to its last batch, DataLoader start-up included (best run);")
+        print("  first batch s: from building the loader to its first batch; peak RSS: VmHWM of the main process and")
+        print("  of the largest worker (polled every 20 ms), least of the runs. B = the mean batch size of streambatch's")
+        print("  plan. torch threads = 1.")
     return 0
 
 

@@ -197,13 +197,14 @@ class ColumnarIndex:
         self.has_output_lengths = "output_length" in header["columns"]
         self._cache: dict[int, np.ndarray] = {}
         self._last: tuple[int, Any] | None = None  # the row group shard_samples read last
+        self._spans: tuple[int, Any] | None = None  # the row group sample_offsets read last
         self._files: dict[int, Any] = {}
         self._pid = os.getpid()
         self.columns = ShardColumns(self._read_shard_table(ShardColumns.PLAN), self._read_rest)
         self._index_groups()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}, "_cache": {}, "_last": None}  # open files and cached row groups stay here
+        return {**self.__dict__, "_files": {}, "_cache": {}, "_last": None, "_spans": None}  # open files and cached row groups stay here
 
     def table_files(self) -> list[tuple[str, int]]:
         """(path relative to the index's folder, bytes) of every table file the header names."""
@@ -405,7 +406,10 @@ class ColumnarIndex:
         g = int(self.shard_group[shard])
         if self.group_part[g] < 0:
             return None
-        t = self._read_group(g, ["offset", "size"]).slice(int(self.shard_row[shard]), int(self.columns.count[shard]))
+        last = self._spans  # a reader asks shard after shard of one row group: read it once (no lock: one tuple)
+        if last is None or last[0] != g:
+            last = self._spans = (g, self._read_group(g, ["offset", "size"]))
+        t = last[1].slice(int(self.shard_row[shard]), int(self.columns.count[shard]))
         if t.column("offset").null_count or t.column("size").null_count:
             return None
         return column_numpy(t.column("offset")), column_numpy(t.column("size"))

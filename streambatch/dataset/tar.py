@@ -51,6 +51,58 @@ def _pax_path(data: bytes) -> bytes | None:
     return path
 
 
+_EVEN_BYTES = int.from_bytes(b"\xff\x00" * 256, "little")
+_EVEN_PAIRS = int.from_bytes(b"\xff\xff\x00\x00" * 128, "little")
+
+
+def _byte_sum(block: bytes) -> int:
+    """The sum of a 512-byte block's bytes, as one big integer's lanes folded (4x faster than ``sum``)."""
+    x = int.from_bytes(block, "little")
+    pairs = (x & _EVEN_BYTES) + ((x >> 8) & _EVEN_BYTES)  # 16-bit lanes
+    quads = (pairs & _EVEN_PAIRS) + ((pairs >> 16) & _EVEN_PAIRS)  # 32-bit lanes, the total < 2**32 - 1
+    return quads % 0xFFFFFFFF
+
+
+def _header(header: bytes, url: str) -> tuple[bytes, int]:
+    """(type flag, member size) of a 512-byte header whose checksum is right; else :class:`ShardReadError`."""
+    try:
+        expected = _octal(header[148:156])
+        size = _octal(header[124:136])
+    except ValueError:
+        raise ShardReadError(f"{url}: not a readable tar shard (invalid header)") from None
+    if expected != _byte_sum(header) - sum(header[148:156]) + 256:
+        raise ShardReadError(f"{url}: not a readable tar shard (bad header checksum)")
+    return header[156:157], size
+
+
+class _Names:
+    """The name of each member, following GNU long-name (``L``) and pax ``path`` (``x``) records."""
+
+    def __init__(self) -> None:
+        self.long_name: bytes | None = None
+
+    def name(self, kind: bytes, header: bytes, data: bytes) -> str | None:
+        """The regular file's name, or None for a record that is not a file (it may name the next member)."""
+        if kind == b"L":  # GNU long name for the next member
+            self.long_name = data.split(b"\0", 1)[0]
+            return None
+        if kind == b"x":  # pax header for the next member
+            self.long_name = _pax_path(data) or self.long_name
+            return None
+        name, self.long_name = self.long_name, None
+        if kind not in (b"0", b"\0", b"7"):  # directories, links, global pax headers: nothing to yield
+            return None
+        if name is None:
+            name = header[:100].split(b"\0", 1)[0]
+            if header[257:262] == b"ustar":
+                prefix = header[345:500].split(b"\0", 1)[0]
+                if prefix:
+                    name = prefix + b"/" + name
+        if name.endswith(b"/"):  # old-style directory entries are "files" named with a slash
+            return None
+        return name.decode("utf-8", "surrogateescape")
+
+
 def iter_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in a tar stream, in tar order.
 
@@ -59,7 +111,7 @@ def iter_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
     call, about three times faster, which matters when the loader reads without decoding.
     """
     read = stream.read
-    long_name: bytes | None = None
+    names = _Names()
     while True:
         header = _read_exact(read, 512)
         if not header:
@@ -68,40 +120,36 @@ def iter_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
             raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
         if header.count(0) == 512:  # end of archive
             return
-        try:
-            expected = _octal(header[148:156])
-            size = _octal(header[124:136])
-        except ValueError:
-            raise ShardReadError(f"{url}: not a readable tar shard (invalid header)") from None
-        if expected != sum(header[:148]) + 256 + sum(header[156:]):
-            raise ShardReadError(f"{url}: not a readable tar shard (bad header checksum)")
+        kind, size = _header(header, url)
         data = _read_exact(read, size) if size else b""
         if len(data) < size:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
         pad = -size % 512
         if pad and len(_read_exact(read, pad)) < pad:
             raise ShardReadError(f"{url}: not a readable tar shard (truncated)")
-        kind = header[156:157]
-        if kind == b"L":  # GNU long name for the next member
-            long_name = data.split(b"\0", 1)[0]
-            continue
-        if kind == b"x":  # pax header for the next member
-            long_name = _pax_path(data) or long_name
-            continue
-        if kind in (b"0", b"\0", b"7"):
-            if long_name is not None:
-                name = long_name
-            else:
-                name = header[:100].split(b"\0", 1)[0]
-                if header[257:262] == b"ustar":
-                    prefix = header[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix + b"/" + name
-            long_name = None
-            if not name.endswith(b"/"):  # old-style directory entries are "files" named with a slash
-                yield name.decode("utf-8", "surrogateescape"), data
-        else:  # directories, links, global pax headers: nothing to yield
-            long_name = None
+        name = names.name(kind, header, data)
+        if name is not None:
+            yield name, data
+
+
+def buffer_members(buf: bytes, url: str) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of each regular file in ``buf``, whole tar records (one sample's members, read where the
+    index says they are); the same checks as :func:`iter_members`, without a stream to read through."""
+    names = _Names()
+    pos, end = 0, len(buf)
+    while pos < end:
+        header = buf[pos:pos + 512]
+        if len(header) < 512:
+            raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
+        kind, size = _header(header, url)
+        pos += 512
+        if pos + size > end:
+            raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
+        data = buf[pos:pos + size]
+        pos += size + (-size % 512)
+        name = names.name(kind, header, data)
+        if name is not None:
+            yield name, data
 
 
 def split_name(name: str) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio
+from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio, open_clips
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}
@@ -80,6 +80,56 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
     raise ValueError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
 
 
+def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor for a batch; in a DataLoader worker, in shared memory from the start, so passing
+    it to the main process copies nothing (as torch's own collate does)."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    numel = int(np.prod(shape))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
+    return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
+
+
+def _padded_audio(samples: Sequence[dict[str, Any]], sample_rate: int | None,
+                  pad_to_multiple_of: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
+    exts = [audio_ext(s) for s in samples]
+    if not exts or None in exts:
+        return None
+    clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate)
+    if clips is None:
+        return None
+    try:
+        t_max = _rounded(max(clips.frames), pad_to_multiple_of)
+        out = batch_tensor((len(samples), t_max), torch.float32)
+        lengths = clips.decode_into(out.numpy())
+    except Exception:  # noqa: BLE001 - decoded one by one, which raises the clear error
+        return None
+    finally:
+        clips.close()
+    t = _rounded(max(lengths), pad_to_multiple_of)
+    return torch.tensor(lengths, dtype=torch.int64), (out if t == t_max else out[:, :t].contiguous())
+
+
+def _rounded(n: int, multiple: int | None) -> int:
+    return n + (multiple - n % multiple) % multiple if multiple else n
+
+
+def _pad_payload(batch: dict[str, Any], name: str, payload: list[torch.Tensor], packed: bool, pad_value: float,
+                 pad_to_multiple_of: int | None) -> None:
+    """Put decoded payloads in the batch: padded with a mask, or packed with ``cu_seqlens``."""
+    lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
+    batch["lengths"] = lengths
+    if packed:
+        batch[name] = torch.cat(list(payload))
+        batch["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+        batch["max_seqlen"] = int(lengths.max())
+    else:
+        padded = pad_stack(payload, pad_value, pad_to_multiple_of)
+        batch[name] = padded
+        batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
+
+
 def collate(
     samples: Sequence[dict[str, Any]],
     decode: Decode = "auto",
@@ -98,28 +148,27 @@ def collate(
     padding (:class:`~streambatch.read.transforms.SampleOps`: speed perturbation, transform, features).
     """
     mode = resolve_decode(decode, samples[0])
-    payload = [decode_sample(s, mode, sample_rate) for s in samples]
     batch: dict[str, Any] = {"keys": [s["__key__"] for s in samples]}
     meta = [s.get("json") or {} for s in samples]
-    if all(p is not None for p in payload):
-        name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
-        if per_sample is not None:  # read/transforms.py
-            payload, added, name = per_sample(samples, payload, name)
-            batch.update(added)
-        lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
-        batch["lengths"] = lengths
-        if packed:
-            batch[name] = torch.cat(list(payload))
-            batch["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
-            batch["max_seqlen"] = int(lengths.max())
-        else:
-            padded = pad_stack(payload, pad_value, pad_to_multiple_of)
-            batch[name] = padded
-            batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
+    direct = None
+    if mode == "audio" and not packed and pad_value == 0 and per_sample is None:
+        direct = _padded_audio(samples, sample_rate, pad_to_multiple_of)
+    if direct is not None:  # decoded straight into the batch
+        lengths, audio = batch["lengths"], batch["audio"] = direct
+        batch["padding_mask"] = mask = batch_tensor(tuple(audio.shape), torch.bool)
+        torch.ge(torch.arange(audio.shape[1])[None, :], lengths[:, None], out=mask)
     else:
-        batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
-        if mode == "none":
-            batch["samples"] = list(samples)
+        payload = [decode_sample(s, mode, sample_rate) for s in samples]
+        if all(p is not None for p in payload):
+            name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
+            if per_sample is not None:  # read/transforms.py: speed perturbation, transform, features
+                payload, added, name = per_sample(samples, payload, name)
+                batch.update(added)
+            _pad_payload(batch, name, payload, packed, pad_value, pad_to_multiple_of)
+        else:
+            batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
+            if mode == "none":
+                batch["samples"] = list(samples)
     if any("txt" in s for s in samples):  # a transcript member (tars indexed in place carry text so)
         batch["text"] = [s["txt"].decode("utf-8") if "txt" in s else m.get("text") for s, m in zip(samples, meta)]
     fields = sorted({k for m in meta for k in m} - _RESERVED - set(batch))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, piece_excluded
+from .direct import DirectShards
 from .faults import FaultLog, ShardFault
 
 
@@ -152,6 +153,10 @@ class _Executor:
             return None
         pos, gid, sample = item
         self.upto = max(self.upto, pos)
+        return self.accept(pos, sample)
+
+    def accept(self, pos: int, sample: dict[str, Any] | None) -> int | None:
+        """Hold the sample at ``pos`` if a batch still needs it (None: it was lost); its position, or None."""
         if not self.needed[pos]:
             return None
         if sample is None:
@@ -159,19 +164,20 @@ class _Executor:
             self.count("lost_samples")
             return None
         if sample.get("json") is None:  # a tar indexed in place (`shardify index`): its length is the index's
-            sample["json"] = {"length": self.lengths[pos].item()}
+            sample["json"] = {"length": self.index_lengths[pos].item()}
         got = (sample.get("json") or {}).get("length")
         if got is not None and got != self.index_lengths[pos]:
             raise RuntimeError(
                 f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
                 f"{self.index_lengths[pos]}; {_MISMATCH}"
             )
-        sample["__id__"] = gid  # per-sample randomness is seeded by it (read/transforms.py)
+        sample["__id__"] = int(self.plan.gids[pos])  # per-sample randomness is seeded by it (read/transforms.py)
         self.held[pos] = sample
         return pos
 
-    def wait_for(self, pos: int, unformed: int) -> None:
-        """Read the stream until position ``pos`` has arrived."""
+    def gather(self, b: np.ndarray, unformed: int) -> None:
+        """Read the stream until every sample of batch ``b`` has arrived (``unformed``: batches still due)."""
+        pos = int(b.max())
         while self.upto < pos:
             if self.pull() is _END:
                 raise RuntimeError(f"the stream ended with {unformed} planned batches unformed; {_MISMATCH}")
@@ -221,6 +227,50 @@ class _Executor:
             self.count("shrunk_batches")
 
 
+class _DirectExecutor(_Executor):
+    """:class:`_Executor` over samples read by position (:class:`~.direct.DirectShards`) as each batch is due,
+    instead of a stream: nothing is read before its batch, nothing held after it."""
+
+    def __init__(self, shards: DirectShards, plan: SlotPlan, first: int, lengths: np.ndarray,
+                 offsets: np.ndarray, faults: FaultLog | None, reservoir: int, index_lengths: np.ndarray | None = None):
+        super().__init__(iter(()), plan, first, lengths, faults, reservoir, index_lengths)
+        self.shards, self.offsets, self.first = shards, offsets, first
+        self.k = 0  # the batch being formed (of plan.batches[first:])
+
+    def fetch(self, pos: int) -> int | None:
+        if pos in self.held or pos in self.lost:
+            return pos if pos in self.held else None
+        gid = int(self.plan.gids[pos])
+        shard = int(np.searchsorted(self.offsets, gid, side="right")) - 1
+        return self.accept(pos, self.shards.sample(shard, gid - int(self.offsets[shard])))
+
+    def gather(self, b: np.ndarray, unformed: int) -> None:
+        self.shards.check_hashes()
+        for pos in b.tolist():
+            self.fetch(pos)
+        self.k += 1
+
+    def pull(self) -> Any:
+        """The next sample a later batch needs that can be read (to fill a batch when nothing was emitted yet)."""
+        for b in self.plan.batches[self.first + self.k:]:
+            for pos in b.tolist():
+                if pos not in self.lost and self.fetch(pos) is not None:
+                    return pos
+        return _END
+
+
+def _run(ex: _Executor, plan: SlotPlan, first: int) -> Iterator[list[dict[str, Any]]]:
+    todo, repeat = plan.batches[first:], plan.repeat[first:]
+    last: list[dict[str, Any]] = []
+    for k, b in enumerate(todo):
+        if repeat[k] and k > 0:
+            yield list(last)
+            continue
+        ex.gather(b, len(todo) - k)
+        last = ex.form(b)
+        yield last
+
+
 def execute_plan(
     samples: Iterator[Any],
     plan: SlotPlan,
@@ -237,15 +287,34 @@ def execute_plan(
     batch marked as a repeat is yielded again from the samples of the one before it. Samples no remaining
     batch needs are dropped on arrival; lost ones are re-drawn from the last ``reservoir`` emitted (counted).
     """
-    todo, repeat = plan.batches[first:], plan.repeat[first:]
-    if not todo:
-        return
-    ex = _Executor(samples, plan, first, lengths, faults, reservoir, index_lengths)
-    last: list[dict[str, Any]] = []
-    for k, b in enumerate(todo):
-        if repeat[k] and k > 0:
-            yield list(last)
-            continue
-        ex.wait_for(int(b.max()), len(todo) - k)
-        last = ex.form(b)
-        yield last
+    if plan.batches[first:]:
+        yield from _run(_Executor(samples, plan, first, lengths, faults, reservoir, index_lengths), plan, first)
+
+
+def execute_direct(
+    shards: DirectShards,
+    plan: SlotPlan,
+    first: int,
+    lengths: np.ndarray,
+    offsets: np.ndarray,
+    faults: FaultLog | None = None,
+    reservoir: int = 64,
+    last: bool = True,
+    index_lengths: np.ndarray | None = None,
+) -> Iterator[list[dict[str, Any]]]:
+    """Stage: :func:`execute_plan`'s batches, each sample read by position (``plan.gids`` → shard, place in the
+    shard) when its batch is due; lost samples are re-drawn the same way. At the end of the ``last`` part of
+    the slot's plan, pending sha256 checks are waited for (a corrupt shard is always counted in the pass that
+    read it) and the shards closed; stopped early, they are closed at once."""
+    try:
+        if plan.batches[first:]:
+            ex = _DirectExecutor(shards, plan, first, lengths, offsets, faults, reservoir, index_lengths)
+            yield from _run(ex, plan, first)
+        if last:
+            shards.check_hashes(wait=True)
+    except GeneratorExit:
+        last = True
+        raise
+    finally:
+        if last:
+            shards.close()

@@ -26,7 +26,8 @@ from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, stream_lengths
 from .collate import Decode, collate, split_micro_batches
-from .execute import execute_plan, pieces_needed, positioned
+from .direct import DirectShards, can_read_direct
+from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .reader import ReadOptions, read_pieces
 from .skip import skip_left_out
@@ -176,7 +177,13 @@ def _planned_batches(
     index_pos = stream_lengths(pieces, lengths.base, excluded) if ctx.length_plan is not None else None
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
-    def run(part: SlotPlan, start: int) -> Iterator[list[dict[str, Any]]]:
+    direct = None
+    if can_read_direct(ctx.urls, plan.pieces, ctx.index):  # local files: read by position, not streamed
+        direct = DirectShards(ctx.urls, ctx.index, plan.pieces, lengths.counts, ctx.read, faults)
+
+    def run(part: SlotPlan, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:
+        if direct is not None:
+            return execute_direct(direct, part, start, by_pos, offsets, faults, ctx.read.reservoir, last, index_pos)
         needed = skip_left_out(pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded,
                                ctx.read.chunk_size)
         samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
@@ -187,7 +194,7 @@ def _planned_batches(
     if adj.hardest and first == 0 and plan.batches:
         # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
         # holding everything the stream delivers before it
-        yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0)
+        yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0, last=False)
         first = 1
     yield from run(plan, first)
 

@@ -1,0 +1,75 @@
+"""Local shards read by position (the index's byte spans) give exactly the batches a stream gives."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from streambatch import StreamBatchLoader
+from streambatch.read import worker
+from streambatch.synthetic import write_audio_corpus
+from streambatch.write.writer import write_shards
+
+SR = 8000
+BUDGET = 13 * SR  # the longest synthetic clip is 12 s: every sample fits
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("direct_ds")
+    write_audio_corpus(str(root / "audio"), 120, seed=3, sample_rate=SR)
+    write_shards(str(root / "audio"), str(root / "shards"), max_count=20, shuffle=True, seed=4, progress=False)
+    return str(root / "shards")
+
+
+def _batches(ds, **kw):
+    return [(b["keys"], b["audio"], b["lengths"], b["text"]) for b in StreamBatchLoader(ds, budget=BUDGET, seed=9, **kw)]
+
+
+def _same(a, b):
+    assert [x[0] for x in a] == [x[0] for x in b]
+    for (_, audio_a, len_a, text_a), (_, audio_b, len_b, text_b) in zip(a, b):
+        assert torch.equal(audio_a, audio_b) and torch.equal(len_a, len_b) and text_a == text_b
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_workers": 2}, {"hardest_first": True, "pad_to_multiple_of": 320}])
+def test_read_by_position_gives_the_streamed_batches(ds, monkeypatch, kw):
+    direct = _batches(ds, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(worker, "can_read_direct", lambda *a: False)  # every shard streamed through the tar parser
+        streamed = _batches(ds, **kw)
+    _same(direct, streamed)
+    assert sum(len(k) for k, *_ in direct) == 120
+
+
+def test_resume_reads_by_position_too(ds):
+    full = _batches(ds)
+    loader = StreamBatchLoader(ds, budget=BUDGET, seed=9)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    again = StreamBatchLoader(ds, budget=BUDGET, seed=9)
+    again.load_state_dict(state)
+    _same([(b["keys"], b["audio"], b["lengths"], b["text"]) for b in again], full[3:])
+
+
+def test_a_shard_that_changed_after_planning_is_counted_bad(ds, tmp_path):
+    import shutil
+
+    copy = str(tmp_path / "ds")
+    shutil.copytree(ds, copy)
+    loader = StreamBatchLoader(copy, budget=BUDGET, seed=9)
+    planned = len(loader)
+    path = os.path.join(copy, "shard-000002.tar")
+    with open(path, "r+b") as f:  # a payload byte: same size, another sha256, every header intact
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x55]))
+    batches = list(loader)
+    assert len(batches) == planned
+    assert all(int(b["lengths"].max()) * len(b["keys"]) <= BUDGET for b in batches)
+    assert loader.fault_stats()["bad_shard_urls"] == [path]
