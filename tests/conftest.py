@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Collection
+from typing import Any, Collection
 
 import numpy as np
 import pytest
@@ -32,6 +32,17 @@ def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, see
     subtype = "VORBIS" if fmt == "OGG" else "PCM_16"
     sf.write(str(path), wav, sr, format=fmt, subtype=subtype)
     return sf.info(str(path)).frames
+
+
+def audio_dataset(root: Path, n: int, corpus_seed: int, sample_rate: int = SR, **write: Any) -> str:
+    """A synthetic audio corpus of ``n`` clips under ``root``, written as shards (``write``: the
+    ``write_shards`` options): the shards' folder."""
+    from streambatch.synthetic import write_audio_corpus
+    from streambatch.write.writer import write_shards
+
+    write_audio_corpus(str(root / "audio"), n, seed=corpus_seed, sample_rate=sample_rate)
+    write_shards(str(root / "audio"), str(root / "shards"), progress=False, **write)
+    return str(root / "shards")
 
 
 def write_jsonl(path: str | os.PathLike, rows: list, raw_lines: dict[int, str] | None = None) -> Path:

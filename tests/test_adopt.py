@@ -12,7 +12,6 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 import soundfile as sf
 import webdataset as wds
 

@@ -7,11 +7,11 @@ import os
 
 import numpy as np
 import pytest
+from conftest import audio_dataset
 
 from streambatch import BatchingConfig, ShardIndex, StreamBatchLoader, plan_batches
 from streambatch.plan.buckets import estimate_boundaries
-from streambatch.synthetic import DISTRIBUTIONS, write_audio_corpus
-from streambatch.write.writer import write_shards
+from streambatch.synthetic import DISTRIBUTIONS
 
 SR = 8000
 BUDGET = 12 * SR
@@ -20,9 +20,7 @@ BUDGET = 12 * SR
 @pytest.fixture(scope="module")
 def audio_ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("order_ds")
-    write_audio_corpus(str(root / "audio"), 120, seed=7, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=20, shuffle=True, seed=2, progress=False)
-    return str(root / "shards")
+    return audio_dataset(root, 120, 7, SR, max_count=20, shuffle=True, seed=2)
 
 
 @pytest.mark.parametrize("name", ["librispeech", "text"])

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import audio_dataset
 import torch
 
 from streambatch import StreamBatchLoader
 from streambatch.read import worker
-from streambatch.synthetic import write_audio_corpus
-from streambatch.write.writer import write_shards
 
 SR = 8000
 BUDGET = 13 * SR  # the longest synthetic clip is 12 s: every sample fits
@@ -19,9 +18,7 @@ BUDGET = 13 * SR  # the longest synthetic clip is 12 s: every sample fits
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("direct_ds")
-    write_audio_corpus(str(root / "audio"), 120, seed=3, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=20, shuffle=True, seed=4, progress=False)
-    return str(root / "shards")
+    return audio_dataset(root, 120, 3, SR, max_count=20, shuffle=True, seed=4)
 
 
 def _batches(ds, **kw):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import kaldi_native_fbank as knf
 import numpy as np
 import pytest
+from conftest import audio_dataset
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,8 +14,6 @@ from hypothesis import strategies as st
 from streambatch import StreamBatchLoader
 from streambatch.plan.perturb import kaldi_num_frames, perturbed_samples
 from streambatch.read.features import Fbank
-from streambatch.synthetic import write_audio_corpus
-from streambatch.write.writer import write_shards
 
 SR = 16000
 FRAMES = 1500  # 15 s of 10 ms frames per batch
@@ -23,9 +22,7 @@ FRAMES = 1500  # 15 s of 10 ms frames per batch
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("features")
-    write_audio_corpus(str(root / "audio"), 40, seed=9, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=10, shuffle=True, seed=0, progress=False)
-    return str(root / "shards")
+    return audio_dataset(root, 40, 9, SR, max_count=10, shuffle=True, seed=0)
 
 
 def index_samples(b: dict) -> np.ndarray:

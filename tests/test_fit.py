@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import audio_dataset
 import torch
 from torch import nn
 
 from streambatch import StreamBatchLoader
 from streambatch.read.collate import to_packed_sequence
-from streambatch.synthetic import write_audio_corpus
-from streambatch.write.writer import write_shards
 
 SR = 8000
 BUDGET = 12 * SR
@@ -20,9 +19,7 @@ BUDGET = 12 * SR
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("fit")
-    write_audio_corpus(str(root / "audio"), 120, seed=9, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=20, progress=False)
-    return str(root / "shards")
+    return audio_dataset(root, 120, 9, SR, max_count=20)
 
 
 def test_packed_batches_are_padding_free_and_within_budget(ds):

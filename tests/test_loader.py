@@ -7,10 +7,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import audio_dataset
 import torch
 
 from streambatch import ShardIndex, StreamBatchLoader, plan_batches
-from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
 
 SR = 8000
@@ -20,9 +20,7 @@ BUDGET = 12 * SR  # 12 s of audio per batch
 @pytest.fixture(scope="module")
 def audio_ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("audio_ds")
-    write_audio_corpus(str(root / "audio"), 160, seed=5, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=25, shuffle=True, seed=1, progress=False)
-    return str(root / "shards")
+    return audio_dataset(root, 160, 5, SR, max_count=25, shuffle=True, seed=1)
 
 
 @pytest.fixture(scope="module")

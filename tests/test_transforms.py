@@ -14,12 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import kill_tree, popen
+from conftest import audio_dataset, kill_tree, popen
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.plan.perturb import sample_rng
-from streambatch.synthetic import write_audio_corpus
-from streambatch.write.writer import write_shards
 
 SR = 16000
 BUDGET = "14s"  # the longest utterance is 12 s, 13.3 s at speed 0.9: none is skipped
@@ -30,9 +28,7 @@ TIMEOUT = 180
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("augment")
-    write_audio_corpus(str(root / "audio"), 48, seed=3, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=8, shuffle=True, seed=0, progress=False)
-    return str(root / "shards")
+    return audio_dataset(root, 48, 3, SR, max_count=8, shuffle=True, seed=0)
 
 
 def job(data: str, out: Path, *args: str, nproc: int = 0) -> subprocess.Popen:
