@@ -3,28 +3,21 @@ masks): asking about some samples evaluates the filter on their shards only, onc
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from .lengths import by_shard
+from .lengths import LazyMask, by_shard
 
 
-class LeftOut:
+class LeftOut(LazyMask):
     """``mask[gids]``, ``mask[lo:hi]`` and ``mask[gid]`` are True for samples the filter does not keep.
     ``keep_of(shard)`` gives a shard's kept samples in tar order; ``offsets`` each shard's first global id."""
 
     def __init__(self, keep_of: Callable[[int], np.ndarray], offsets: np.ndarray):
         self.keep_of, self.offsets = keep_of, np.asarray(offsets, dtype=np.int64)
 
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, slice):
-            return self._left_out(np.arange(key.start, key.stop, dtype=np.int64))
-        if np.ndim(key) == 0:
-            return bool(self._left_out(np.array([int(key)], dtype=np.int64))[0])
-        return self._left_out(np.asarray(key, dtype=np.int64))
-
-    def _left_out(self, gids: np.ndarray) -> np.ndarray:
+    def _mask(self, gids: np.ndarray) -> np.ndarray:
         out = np.zeros(gids.size, dtype=bool)
         for s, sel in by_shard(gids, self.offsets):
             out[sel] = ~np.asarray(self.keep_of(s), dtype=bool)[gids[sel] - self.offsets[s]]

@@ -98,6 +98,22 @@ class Lengths:
         return np.concatenate([self._arrays[s] for s in range(self.num_shards)])
 
 
+class LazyMask:
+    """A mask over the plan's global ids, computed for the ids asked about: ``mask[gids]``, ``mask[lo:hi]`` and
+    ``mask[gid]`` give booleans (True: the sample is left out). Subclasses compute :meth:`_mask` for an id array;
+    resume, mixture and filter masks are all of this kind, so the planner and the readers take any of them."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self._mask(np.arange(key.start, key.stop, dtype=np.int64))
+        if np.ndim(key) == 0:
+            return bool(self._mask(np.array([int(key)], dtype=np.int64))[0])
+        return self._mask(np.asarray(key, dtype=np.int64))
+
+    def _mask(self, gids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
 def by_shard(gids: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """(shard, positions in ``gids``) for each shard the global ids fall in, shards in order."""
     if not gids.size:

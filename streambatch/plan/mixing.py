@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .lengths import LazyMask
+
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
@@ -106,7 +108,7 @@ class DatasetDraw:
         return out
 
 
-class Selection:
+class Selection(LazyMask):
     """The samples of a mixture an epoch leaves out, as a lazy mask over the plan's global ids (like the
     resume masks): ``sel[gids]``, ``sel[lo:hi]`` and ``sel[gid]`` are True for samples not taken.
 
@@ -116,14 +118,7 @@ class Selection:
     def __init__(self, layout: Any, draws: Sequence[DatasetDraw], epoch: int):
         self.layout, self.draws, self.epoch = layout, list(draws), int(epoch)
 
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, slice):
-            return self._excluded(np.arange(key.start, key.stop, dtype=np.int64))
-        if np.ndim(key) == 0:
-            return bool(self._excluded(np.array([int(key)], dtype=np.int64))[0])
-        return self._excluded(np.asarray(key, dtype=np.int64))
-
-    def _excluded(self, gids: np.ndarray) -> np.ndarray:
+    def _mask(self, gids: np.ndarray) -> np.ndarray:
         dataset, copy, ids = self.layout.locate(gids)
         out = np.zeros(gids.size, dtype=bool)
         for d in np.unique(dataset).tolist():
@@ -132,15 +127,15 @@ class Selection:
         return out
 
 
-class AnyOf:
-    """Two lazy masks over global ids as one: True where either is (a selection and an old resume mask)."""
+class AnyOf(LazyMask):
+    """Two masks over global ids (lazy ones or arrays) as one: True where either is (a selection and an old
+    resume mask)."""
 
     def __init__(self, a: Any, b: Any):
         self.a, self.b = a, b
 
-    def __getitem__(self, key: Any) -> Any:
-        x, y = self.a[key], self.b[key]
-        return bool(x or y) if np.ndim(x) == 0 else np.asarray(x, dtype=bool) | np.asarray(y, dtype=bool)
+    def _mask(self, gids: np.ndarray) -> np.ndarray:
+        return np.asarray(self.a[gids], dtype=bool) | np.asarray(self.b[gids], dtype=bool)
 
 
 def any_of(a: Any, b: Any) -> Any:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import BatchingConfig
 from .epoch import plan_rank, rank_raw_slots
-from .lengths import Lengths, by_shard
+from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
 from .shards import Deal
 from .slot import per_worker
@@ -64,7 +64,7 @@ class Resumed:
         return mask
 
 
-class Consumed:
+class Consumed(LazyMask):
     """The samples consumed under ``layout`` (after those of ``prior``), as a lazily computed mask over global
     ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs
     a re-plan of the old ranks that held them (once per rank), and nothing else."""
@@ -78,14 +78,7 @@ class Consumed:
         self._slots: dict[int, np.ndarray] = {}  # shard -> the old slot of each of its samples
         self._ranks: set[int] = set()  # old ranks re-planned so far
 
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, slice):
-            return self._take(np.arange(key.start, key.stop, dtype=np.int64))
-        if np.ndim(key) == 0:
-            return bool(self._take(np.array([int(key)], dtype=np.int64))[0])
-        return self._take(np.asarray(key, dtype=np.int64))
-
-    def _take(self, gids: np.ndarray) -> np.ndarray:
+    def _mask(self, gids: np.ndarray) -> np.ndarray:
         """Whether each sample was consumed: re-plan the old ranks that held these samples (once each)."""
         out = np.zeros(gids.size, dtype=bool)
         offsets = self.lengths.offsets
