@@ -87,21 +87,30 @@ def metered(batches: Iterator[Any], meter: EpochMeter) -> Iterator[Any]:
         yield batch
 
 
-def planned_figures(plan: Any, rank: int, lengths: Any, budget: float, cost: Any) -> dict[str, Any]:
-    """Padding and budget use of the batches the plan gives ``rank`` (repeats of ``pad`` included, as they are
-    delivered), from the index lengths."""
-    real = padded = 0
-    used = []
+def planned_batches(plan: Any, rank: int, lengths: Any, budget: float, cost: Any) -> dict[str, np.ndarray]:
+    """Per batch the plan gives ``rank`` (repeats of ``pad`` included, as they are delivered): its ``size``, the
+    ``real`` and ``padded`` lengths it holds, and ``used``, its cost over the budget (from the index lengths)."""
+    rows = []
     for s in plan.rank_slots(rank):
         slot = plan.slots[s]
         for b in slot.batches:
             x = np.asarray(lengths[slot.gids[b]], dtype=np.float64)
-            real += float(x.sum())
-            padded += len(x) * float(x.max())
-            used.append(float(cost.cost(len(x), float(x.max()))) / budget)
-    return {"padding_pct": 100.0 * (1 - real / padded) if padded else None,
-            "budget_utilisation_pct": 100.0 * float(np.mean(used)) if used else None,
-            "batches": len(used)}
+            rows.append((len(x), x.sum(), len(x) * x.max(), float(cost.cost(len(x), float(x.max()))) / budget))
+    table = np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+    return dict(zip(("size", "real", "padded", "used"), table.T))
+
+
+def batch_figures(b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Padding % and mean budget use of some batches (:func:`planned_batches`)."""
+    padded = float(b["padded"].sum())
+    return {"padding_pct": 100.0 * (1 - float(b["real"].sum()) / padded) if padded else None,
+            "budget_utilisation_pct": 100.0 * float(b["used"].mean()) if len(b["used"]) else None,
+            "batches": len(b["size"])}
+
+
+def planned_figures(plan: Any, rank: int, lengths: Any, budget: float, cost: Any) -> dict[str, Any]:
+    """Padding and budget use of the batches the plan gives ``rank``."""
+    return batch_figures(planned_batches(plan, rank, lengths, budget, cost))
 
 
 def metrics_line(m: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .dataset.mixture import selection_of
 from .errors import ShardifyError
+from .metrics import batch_figures, planned_batches
 from .plan.config import BatchingConfig
 from .plan.epoch import make_epoch_plan
 from .plan.lengths import index_lengths
@@ -24,23 +25,12 @@ def planned_epoch(index: Any, budget: float, world_size: int, num_workers: int, 
     config = BatchingConfig.make(budget, stats, **options)
     plan = make_epoch_plan(lengths, config, epoch, world_size, num_workers,
                            excluded=selection_of(index, epoch, config.seed))
-    sizes, real, padded, used, per_rank = [], 0.0, 0.0, [], []
-    for rank in range(world_size):
-        n = 0
-        for s in plan.rank_slots(rank):
-            slot = plan.slots[s]
-            for b in slot.batches:
-                x = np.asarray(lengths[slot.gids[b]], dtype=np.float64)
-                sizes.append(len(x))
-                n += len(x)
-                real, padded = real + x.sum(), padded + len(x) * x.max()
-                used.append(config.cost.cost(len(x), float(x.max())) / config.budget)
-        per_rank.append(n)
+    ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
+    every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
+    sizes = every["size"].astype(np.int64).tolist()
     counts, edges = np.histogram(sizes, bins=min(20, max(1, len(set(sizes))))) if sizes else (np.zeros(0), np.zeros(1))
     return {"budget": config.budget, "world_size": world_size, "num_workers": num_workers, "steps": plan.steps,
-            "batches": len(sizes), "samples_per_rank": per_rank,
-            "padding_pct": 100 * (1 - real / padded) if padded else None,
-            "budget_utilisation_pct": 100 * float(np.mean(used)) if used else None,
+            "samples_per_rank": [int(b["size"].sum()) for b in ranks], **batch_figures(every),
             "left_out": plan.surplus_samples, "skipped": plan.skipped_samples,
             "batch_sizes": {"counts": counts.astype(int).tolist(), "edges": edges.tolist(),
                             "min": min(sizes, default=0), "max": max(sizes, default=0),

@@ -206,14 +206,19 @@ class MixedIndex:
         shares = [np.full(len(self._tables[d]["count"]), self.draws[d].expected_share(r)) for d, r in self.blocks]
         return np.concatenate(shares) if shares else np.zeros(0)
 
-    def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+    def _per_dataset(self, shards: Sequence[int], read: str) -> list[np.ndarray]:
+        """``index.<read>(its shards)`` of each dataset for these virtual shards, one call per dataset (on a
+        version 2 index: one read per row group), in the order asked."""
         out: list[np.ndarray] = [np.zeros(0)] * len(shards)
         real = [self.real_shard(int(v)) for v in shards]
         for d in sorted({d for d, _ in real}):
             mine = [i for i, (dd, _) in enumerate(real) if dd == d]
-            for i, arr in zip(mine, self.indexes[d].shard_lengths([real[i][1] for i in mine])):
+            for i, arr in zip(mine, getattr(self.indexes[d], read)([real[i][1] for i in mine])):
                 out[i] = arr
         return out
+
+    def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
+        return self._per_dataset(shards, "shard_lengths")
 
     @property
     def has_output_lengths(self) -> bool:
@@ -221,8 +226,7 @@ class MixedIndex:
 
     def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
         """The output lengths of these virtual shards (every dataset must have them)."""
-        real = [self.real_shard(int(v)) for v in shards]
-        return [self.indexes[d].shard_output_lengths([s])[0] for d, s in real]
+        return self._per_dataset(shards, "shard_output_lengths")
 
     def shard_url(self, v: int) -> str:
         d, s = self.real_shard(int(v))
