@@ -256,7 +256,7 @@ class ColumnarIndex:
         at = 0
         for rg in range(pf.metadata.num_row_groups):
             try:
-                t = pf.read_row_group(rg, columns=names)
+                t = pf.read_row_group(rg, columns=names, use_threads=False)
             except Exception as e:  # noqa: BLE001 - checksum, decoding, a missing column: a damaged table
                 raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
             if t.schema.names != names or any(t.schema.field(k).type != schema.field(k).type for k in names):
@@ -319,7 +319,7 @@ class ColumnarIndex:
         if rows != want:
             raise IndexError_(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
         try:
-            t = pf.read_row_group(rg, columns=["shard", *columns])
+            t = pf.read_row_group(rg, columns=["shard", *columns], use_threads=False)
         except Exception as e:  # noqa: BLE001 - checksum, decompression, decoding: all mean a damaged file
             raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
         a, b = int(self.group_start[g]), int(self.group_stop[g])
