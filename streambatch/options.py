@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .dataset import storage
@@ -61,10 +62,24 @@ def batching_config(budget: float | None, index: ShardIndex | None, options: dic
         options = {**options, "pad_to_multiple_of": None}
     # every length, streamed in bounded memory, read once where an option needs them
     stats = _stats(index, length_plan) if index is not None and options.get("num_buckets") else None
-    config = BatchingConfig.make(budget, stats, **options)
+    config = BatchingConfig.make(budget, stats, **options, **_window_figures(index, length_plan))
     if hasattr(config.cost, "check_monotone") and index is not None:
         config.cost.check_monotone(stats if stats is not None else _stats(index, length_plan))
     return config
+
+
+def _window_figures(index: ShardIndex | None, length_plan: LengthPlan | None) -> dict[str, float | None]:
+    """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
+    if index is None or not index.num_samples:
+        return {}
+    indexes = getattr(index, "indexes", [index])  # a mixture: its datasets' own figures
+    count = sum(ix.num_samples for ix in indexes)
+    mean = sum(ix.total_length for ix in indexes) / count if count else None
+    if mean is not None and length_plan is not None and length_plan.in_frames:
+        mean = float(length_plan.frames(int(mean)))
+    sizes = [ix.total_bytes for ix in indexes]
+    # an index that does not say its bytes (written before its header carried them): the floor, not a guess
+    return {"mean_length": mean, "sample_bytes": sum(sizes) / count if None not in sizes else math.inf}
 
 
 def _stats(index: ShardIndex, length_plan: LengthPlan | None) -> Any:

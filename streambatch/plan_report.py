@@ -11,7 +11,7 @@ import numpy as np
 from .dataset.mixture import selection_of
 from .errors import ShardifyError
 from .metrics import batch_figures, planned_batches
-from .plan.config import BatchingConfig
+from .options import batching_config
 from .plan.epoch import make_epoch_plan
 from .plan.lengths import index_lengths
 
@@ -21,8 +21,7 @@ def planned_epoch(index: Any, budget: float, world_size: int, num_workers: int, 
     """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
     padding % and mean budget use over the batches (from the index lengths)."""
     lengths = index_lengths(index)
-    stats = index.length_stats() if options.get("num_buckets") else None
-    config = BatchingConfig.make(budget, stats, **options)
+    config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
     plan = make_epoch_plan(lengths, config, epoch, world_size, num_workers,
                            excluded=selection_of(index, epoch, config.seed))
     ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]

@@ -7,7 +7,7 @@ Three parts, each printed as a plain table:
    LibriSpeech-like (budget 200 s @ 16 kHz), CommonVoice-like (60 s), text (16,384 tokens), N lengths each
    in random stream order. Rows: fixed random, fixed sorted (global sort, fixed batch size, batches
    shuffled), the globally sorted greedy oracle (``sorted_oracle``, batches shuffled) and streambatch
-   (``plan_batches`` with the default ``buffer_size=2_000`` and ``10_000``; larger buffers on text). The fixed
+   (``plan_batches`` with the default window (sized from the lengths) and ``10_000``; more sizes on text). The fixed
    batch size is the oracle's mean batch size, so all rows have about the same number of batches. Order
    randomness: Pearson of batch position against longest sample, Spearman's rho against mean length.
 2. **Planning speed**: ``plan_batches`` over 1 M LibriSpeech-like lengths (target >= 1 M lengths/s).
@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import WorkerPeaks, batch_stats, best_of, machine, peak_rss_mb, table  # noqa: E402
 
 from streambatch.plan.batcher import plan_batches, sorted_oracle  # noqa: E402
+from streambatch.plan.config import BatchingConfig  # noqa: E402
 from streambatch.synthetic import DISTRIBUTIONS, SAMPLE_RATE, librispeech_like  # noqa: E402
 
 LABELS = {"librispeech": "LibriSpeech-like", "commonvoice": "CommonVoice-like", "text": "text"}
@@ -42,7 +43,7 @@ TARGET_CORR = 0.1
 TARGET_RHO = 0.05
 RHO_MIN_BATCHES = 1_000  # the rho target is checked on at least this many batches
 TARGET_RATIO = 1.02
-DEFAULT_BUFFER = 2_000  # BatchingConfig.buffer_size's default
+DEFAULT_BUFFER = 2_000  # BatchingConfig.buffer_size's floor (its value for speech)
 
 
 def fmt_budget(name: str, budget: float) -> str:
@@ -92,11 +93,12 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
             ("sorted oracle", oracle_shuffled),
         ]
         t_plan = {}
-        for buf in buffers[name]:
+        for asked in buffers[name]:  # None: the default window, sized from the lengths
+            buf = BatchingConfig.make(budget, lengths, buffer_size=asked).buffer_size
             t0 = time.perf_counter()
-            plan = plan_batches(lengths, budget, buffer_size=buf, seed=seed)
+            plan = plan_batches(lengths, budget, buffer_size=asked, seed=seed)
             t_plan[buf] = time.perf_counter() - t0
-            default = " (default)" if buf == DEFAULT_BUFFER else ""
+            default = " (default)" if asked is None else ""
             methods.append((f"streambatch buf={buf:,}{default}", list(plan)))
         first = True
         n_oracle = len(oracle)
@@ -482,9 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"streambatch from {os.path.dirname(streambatch.__file__)}")
     print()
 
-    buffers = {"librispeech": [DEFAULT_BUFFER, 10_000], "commonvoice": [DEFAULT_BUFFER, 10_000],
-               "text": [DEFAULT_BUFFER, 10_000, 40_000, 100_000]}
-    buffers = {k: [b for b in v if b <= max(10_000, args.n)] for k, v in buffers.items()}
+    buffers = {"librispeech": [None, 10_000], "commonvoice": [None, 10_000],
+               "text": [None, DEFAULT_BUFFER, 10_000, 40_000, 100_000]}
+    buffers = {k: [b for b in v if b is None or b <= max(10_000, args.n)] for k, v in buffers.items()}
     print(f"1. batching quality: N = {args.n:,} lengths per distribution, streamed in random order, seed {args.seed}")
     t0 = time.perf_counter()
     text, summary = quality(args.n, args.seed, buffers)
@@ -494,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     print("sorted oracle = sorted_oracle (all lengths sorted, greedy), its batches shuffled; corr = Pearson(batch position, batch max length);")
     print("rho = Spearman(batch position, batch mean length); in a random order it still scatters by about 1/sqrt(batches) (0.03 at 1,000),")
     print(f"  so its target is checked only on rows of at least {RHO_MIN_BATCHES:,} batches.")
-    print("buf=2,000 is BatchingConfig's default buffer_size; the targets are set at 10,000.")
+    print("(default) = buffer_size left out: 64 batches of the mean length, at least 2,000 samples (plan_batches has no")
+    print("  byte cap; the loader caps the window at 256 MiB of stored samples); the targets are set at the default.")
     print(f"targets for streambatch: 0 over budget, all samples seen, |corr| <= {TARGET_CORR}, |rho| <= {TARGET_RHO}, "
           f"batches <= {TARGET_RATIO:.2f} x oracle:")
     for line in summary:

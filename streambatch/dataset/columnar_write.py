@@ -91,6 +91,7 @@ class V2Writer:
         self.shards_name, self.samples_dir = table_names(index_name)
         self.num_shards = self.num_samples = 0
         self.total: float | int = 0
+        self.bytes = 0
         self.group: list[tuple[Any, np.ndarray]] = []
         self.group_rows = 0
         self.shard_rows: dict[str, list[Any]] = {n: [] for n in shard_schema(length_type).names}
@@ -146,6 +147,7 @@ class V2Writer:
                 r[name].append(value)
             self.num_samples += len(x)
             self.total += total
+            self.bytes += int(shard.bytes)
         self.group, self.group_rows = [], 0
         if len(r["url"]) >= self.rows_per_group:
             self._flush_shards()
@@ -210,7 +212,7 @@ def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: s
         w.abort()
         raise
     out = {"format": FORMAT, "version": 2, **header, "num_shards": w.num_shards, "num_samples": w.num_samples,
-           "total_length": json_number(w.total), "id": w.id,
+           "total_length": json_number(w.total), "total_bytes": w.bytes, "id": w.id,
            "columns": {f.name: str(f.type) for f in w.schema}, "tables": tables}
     write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
     return out

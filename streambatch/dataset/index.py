@@ -162,6 +162,14 @@ class ShardIndex:
         return float(sum(s.total_length for s in self.shards))
 
     @property
+    def total_bytes(self) -> int | None:
+        """Bytes of all shards (None for a version 2 index written before its header carried the figure)."""
+        if isinstance(self.shards, ShardList):
+            value = self.shards.reader.header.get("total_bytes")
+            return int(value) if value is not None else None
+        return int(sum(s.bytes for s in self.shards))
+
+    @property
     def lengths(self) -> np.ndarray:
         """All per-sample lengths, shards in index order, samples in tar order."""
         if isinstance(self.shards, ShardList):

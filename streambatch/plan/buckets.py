@@ -85,3 +85,22 @@ def suggest_budget(lengths: np.ndarray | LengthStats, unit: str = "samples", sam
     b = max(lengths.percentile(50) * 32, lengths.max)
     step = sample_rate if (unit == "samples" and sample_rate) else 1
     return float(math.ceil(b / step) * step)
+
+
+#: ``buffer_size``'s floor and its value where nothing is known of the dataset
+DEFAULT_BUFFER = 2_000
+#: batches' worth of samples an automatic window holds: what text (hundreds of short sequences a batch) needs to
+#: pack within 2 % of a global sort; speech (tens a batch) stays at the floor
+WINDOW_BATCHES = 64
+#: raw bytes an automatic window may hold beyond the floor (a streamed shard's samples wait in it compressed)
+WINDOW_BYTES = 256 << 20
+
+
+def default_buffer_size(capacity_at_mean: float, sample_bytes: float | None = None) -> int:
+    """The window when ``buffer_size`` is not given: :data:`WINDOW_BATCHES` batches of samples of the mean
+    length (``capacity_at_mean`` a batch), at most :data:`WINDOW_BYTES` of samples of ``sample_bytes`` each
+    where that is known, and never fewer than :data:`DEFAULT_BUFFER` samples."""
+    want = WINDOW_BATCHES * max(float(capacity_at_mean), 0.0)
+    if sample_bytes is not None and sample_bytes > 0:
+        want = min(want, WINDOW_BYTES / float(sample_bytes))
+    return max(DEFAULT_BUFFER, int(want)) if math.isfinite(want) else DEFAULT_BUFFER

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import BudgetError
-from .buckets import estimate_boundaries
+from .buckets import DEFAULT_BUFFER, default_buffer_size, estimate_boundaries
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class BatchingConfig:
     bucket_boundaries: np.ndarray | None = None
     max_batch_size: int | None = None
     batch_size_multiple_of: int = 1
-    buffer_size: int = 2_000
+    buffer_size: int | None = None
     refill: int | None = None
     min_length: float = 0
     max_length: float | None = None
@@ -45,6 +45,8 @@ class BatchingConfig:
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
+        if self.buffer_size is None:  # nothing known of the lengths here: the floor (make() sizes it from them)
+            object.__setattr__(self, "buffer_size", DEFAULT_BUFFER)
         if self.buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {self.buffer_size}")
         if self.batch_size_multiple_of < 1:
@@ -72,11 +74,15 @@ class BatchingConfig:
         cost: Any = None,
         quadratic_factor: float | None = None,
         packed: bool = False,
+        mean_length: float | None = None,
+        sample_bytes: float | None = None,
         **options: Any,
     ) -> "BatchingConfig":
         """A config from user-facing options: ``cost`` by name, callable or calibration file (whose budget
         is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries estimated from
-        ``lengths``, spaced by ``bucket_spacing`` (:data:`BUCKET_SPACINGS`). ``options`` are the other fields;
+        ``lengths``, spaced by ``bucket_spacing`` (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window
+        is sized from the mean length (``mean_length``, else that of ``lengths``) and the mean stored bytes of a
+        sample (``sample_bytes``, where known): :func:`default_buffer_size`. ``options`` are the other fields;
         an unknown name is a clear ``TypeError``."""
         unknown = sorted(set(options) - set(FIELDS))
         if unknown:
@@ -93,11 +99,32 @@ class BatchingConfig:
             if lengths is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
             options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
+        if options.get("buffer_size") is None:
+            options["buffer_size"] = _auto_buffer(model, budget, options.get("max_batch_size"),
+                                                  _mean(lengths) if mean_length is None else mean_length, sample_bytes)
         return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
 
     def replace(self, **changes: Any) -> "BatchingConfig":
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _mean(lengths: Any) -> float | None:
+    """The mean of an array of lengths or of :class:`LengthStats` (None without any)."""
+    if lengths is None:
+        return None
+    if isinstance(lengths, np.ndarray):
+        return float(lengths.mean()) if lengths.size else None
+    return float(lengths.mean) if lengths.count else None
+
+
+def _auto_buffer(model: CostModel, budget: float, max_batch_size: int | None, mean: float | None,
+                 sample_bytes: float | None) -> int:
+    """The default window for samples of ``mean`` length (the floor when it is unknown)."""
+    if mean is None or not math.isfinite(mean) or mean <= 0 or model.packed:
+        return DEFAULT_BUFFER
+    cap = model.capacity(np.array([float(mean)]), float(budget), int(max_batch_size) if max_batch_size else 1 << 40)
+    return default_buffer_size(float(cap[0]), sample_bytes)
 
 
 #: emission orders of a slot's batches: ``random`` (seeded), or sorted by each batch's longest sample
