@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 import webdataset as wds
 
@@ -269,6 +270,25 @@ def test_output_length_column_errors_name_the_field_and_where(tmp_path, capsys):
     assert cli("index", str(wsrc), "--output-length", "chars", "--overwrite") == 0
     assert output_lengths_by_key(str(wsrc)) == {f"utt{i:04d}": len(f"the words {i}") for i in range(8)}
     assert "n" in ShardIndex.load(str(wsrc)).columns  # a .json field is a metadata column, as `write` stores it
+
+
+def test_output_length_tokens_counts_the_manifest_text(tmp_path):
+    """--output-length tokens:TOKENIZER on a NeMo dataset: each sample's output_length is the tokenizer's count
+    of its manifest text (the library's own count, special tokens included)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    src = tmp_path / "nemo"
+    want = write_nemo(src)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.train_from_iterator([v["text"] for v in want.values()],
+                            tokenizers.trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]", "[CLS]"]))
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="[CLS] $A",
+                                                                  special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert cli("index", str(src), "--output-length", f"tokens:{tmp_path / 'tokenizer.json'}") == 0
+    counts = {k: len(tok.encode(v["text"]).ids) for k, v in want.items()}
+    assert output_lengths_by_key(str(src)) == counts and len(set(counts.values())) > 1
+    assert ShardIndex.load(str(src)).meta["output_length"]["tokenizer"]["kind"] == "tokenizers"
 
 
 def test_two_ranks_stream_the_manifest_text(tmp_path):
