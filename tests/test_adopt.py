@@ -214,6 +214,7 @@ def test_output_lengths_and_filters_on_an_adopted_nemo_dataset(tmp_path):
         expected = {k: expect(v) for k, v in want.items()}
         assert output_lengths_by_key(str(src)) == expected
         assert ShardIndex.load(str(src)).meta["output_length"]["unit"] == spec.split(":")[0]
+        assert cli("verify", str(src)) == 0
         for where in (None, "lang = 'de'"):
             loader = StreamBatchLoader(str(src), budget=budget, output_budget=out_budget, num_workers=workers,
                                        buffer_size=16, seed=1, where=where)
