@@ -12,13 +12,13 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 import webdataset as wds
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.cli import main
 from streambatch.dataset.tar import iter_members
-from streambatch.write.adopt_nemo import manifest_texts
 
 SR = 8000
 
@@ -136,7 +136,8 @@ def test_damaged_members_skip_lists_them_and_fail_exits_2_with_one_line(tmp_path
 def write_nemo(root: Path, per_tar: tuple[int, int] = (7, 6), extra: bool = True) -> dict[str, dict]:
     """A NeMo-style tarred dataset: audio_0.tar, audio_1.tar (one wav member per utterance, as NeMo's converter
     writes them with tarfile) and tarred_audio_manifest.json. ``extra``: audio_1.tar also holds a member the
-    manifest does not name. Returns {key: {"frames", "text"}}."""
+    manifest does not name. Each entry also has a ``lang`` and a ``num_tokens``. Returns {key: {"frames", "text",
+    "lang", "num_tokens"}}."""
     root.mkdir(parents=True, exist_ok=True)
     want, lines, n = {}, [], 0
     for shard, count in enumerate(per_tar):
@@ -150,10 +151,12 @@ def write_nemo(root: Path, per_tar: tuple[int, int] = (7, 6), extra: bool = True
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
                 if key != "not_in_manifest":
-                    text = f"words of {key}"
-                    want[key] = {"frames": frames, "text": text}
+                    k = int(key[-5:])
+                    text = f"words of {key}" + " more" * (k % 5)
+                    fields = {"lang": "de" if k % 3 else "en", "num_tokens": len(text.split())}
+                    want[key] = {"frames": frames, "text": text, **fields}
                     lines.append({"audio_filepath": f"{key}.wav", "duration": round(frames / SR, 3), "text": text,
-                                  "shard_id": shard})
+                                  "shard_id": shard, **fields})
             n += count
     (root / "tarred_audio_manifest.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return want
@@ -172,10 +175,11 @@ def test_nemo_tarred_dataset(tmp_path, capsys):
     assert ix.meta["adopted"]["layout"] == "nemo" and ix.num_samples == len(want) + 1
     assert {k: v for k, v in index_lengths(str(src)).items() if v} == {k: v["frames"] for k, v in want.items()}
     assert cli("verify", str(src), "--decode") == 0
-    seen, lengths, _ = stream(str(src))
-    assert seen == collections.Counter(list(want))
-    assert lengths == {k: v["frames"] for k, v in want.items()}
-    assert manifest_texts(str(src)) == {k: v["text"] for k, v in want.items()}
+    for workers in (0, 2):  # the manifest's text, stored in the sample table, is each sample's batch["text"]
+        seen, lengths, texts = stream(str(src), num_workers=workers)
+        assert seen == collections.Counter(list(want))
+        assert lengths == {k: v["frames"] for k, v in want.items()}
+        assert texts == {k: v["text"] for k, v in want.items()}
 
     manifest = src / "tarred_audio_manifest.json"
     manifest.write_text(manifest.read_text() + json.dumps({"audio_filepath": "gone.wav", "duration": 1.0,
@@ -184,6 +188,123 @@ def test_nemo_tarred_dataset(tmp_path, capsys):
     assert cli("index", str(src), "--overwrite") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gone.wav" in err[0] and "audio_1.tar" in err[0] and f"{manifest}:{len(want) + 1}" in err[0]
+
+
+def output_lengths_by_key(folder: str) -> dict[str, int]:
+    """{key: output_length} from the sample table, of the samples the loader plans (length > 0)."""
+    ix = ShardIndex.load(folder)
+    out = {}
+    for s in range(ix.num_shards):
+        stored = ix.shards.reader.shard_samples(s)
+        out.update((k, o) for k, n, o in zip(stored["keys"], stored["lengths"].tolist(),
+                                             stored["output_lengths"].tolist()) if n)
+    return out
+
+
+def test_output_lengths_and_filters_on_an_adopted_nemo_dataset(tmp_path):
+    """--output-length chars / column:FIELD: the sample table holds each sample's transcript characters / the
+    manifest's integer field, and the loader keeps budget and output_budget on every batch, each key once with
+    its manifest text; the manifest's scalar fields are columns, so where= filters an adopted dataset."""
+    src = tmp_path / "nemo"
+    want = write_nemo(src, per_tar=(12, 10, 9))
+    budget, out_budget = 4 * SR, 120
+    for spec, expect, workers in (("chars", lambda v: len(v["text"]), 0),
+                                  ("column:num_tokens", lambda v: v["num_tokens"], 2)):
+        assert cli("index", str(src), "--output-length", spec, "--overwrite") == 0
+        expected = {k: expect(v) for k, v in want.items()}
+        assert output_lengths_by_key(str(src)) == expected
+        assert ShardIndex.load(str(src)).meta["output_length"]["unit"] == spec.split(":")[0]
+        assert cli("verify", str(src)) == 0
+        for where in (None, "lang = 'de'"):
+            loader = StreamBatchLoader(str(src), budget=budget, output_budget=out_budget, num_workers=workers,
+                                       buffer_size=16, seed=1, where=where)
+            steps = len(loader)
+            batches = list(loader)
+            assert len(batches) == steps
+            keys = [k for b in batches for k in b["keys"]]
+            kept = {k for k, v in want.items() if where is None or v["lang"] == "de"}
+            assert sorted(keys) == sorted(kept)
+            for b in batches:
+                n = len(b["keys"])
+                assert n * int(b["lengths"].max()) <= budget
+                assert n * max(expected[k] for k in b["keys"]) <= out_budget
+                assert b["text"] == [want[k]["text"] for k in b["keys"]]
+        assert max(len({k for k in b["keys"]}) for b in batches) > 1  # the output budget is not one per batch
+
+
+def write_wds_json(folder: Path, fields: list[dict]) -> None:
+    """webdataset tars of flac + txt + a .json of ``fields[i]`` per sample (a .json text is the transcript)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(folder / "part-%04d.tar"), maxcount=4, verbose=0) as w:
+        for i, f in enumerate(fields):
+            w.write({"__key__": f"utt{i:04d}", "flac": audio_bytes("flac", 600 + 50 * i, seed=i),
+                     "txt": f"the words {i}", "json": f})
+
+
+def test_output_length_column_errors_name_the_field_and_where(tmp_path, capsys):
+    """column:FIELD missing or not a whole number: exit 2, one line naming the field and the manifest line or the
+    sample's .json member, nothing written; on webdataset tars, chars counts the .txt, column: reads the .json."""
+    src = tmp_path / "nemo"
+    write_nemo(src)
+    manifest = src / "tarred_audio_manifest.json"
+    cases = [("column:n_words", "'n_words'", f"{manifest}:1:")]
+    lines = manifest.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["num_tokens"] = "many"
+    (src / "edited.json").write_text("\n".join(lines[:2] + [json.dumps(bad)] + lines[3:]) + "\n")
+    for spec, field, where in cases + [("column:num_tokens", "'num_tokens'", f"{src / 'edited.json'}:3:")]:
+        capsys.readouterr()
+        extra = ["--manifest", str(src / "edited.json")] if "edited" in where else []
+        assert cli("index", str(src), "--output-length", spec, *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and field in err[0] and where in err[0], err
+        assert not (src / "index.json").exists()
+
+    wsrc = tmp_path / "wds"
+    write_wds_json(wsrc, [{"n": i} for i in range(6)] + [{"n": 2.5}, {"speaker": "x"}])
+    capsys.readouterr()
+    assert cli("index", str(wsrc), "--output-length", "column:n") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'n'" in err[0] and "utt0006.json" in err[0] and "(and 1 more)" in err[0], err
+    assert cli("index", str(wsrc), "--output-length", "column:n", "--on-error", "skip") == 0
+    assert output_lengths_by_key(str(wsrc)) == {f"utt{i:04d}": i for i in range(6)}
+    assert cli("index", str(wsrc), "--output-length", "chars", "--overwrite") == 0
+    assert output_lengths_by_key(str(wsrc)) == {f"utt{i:04d}": len(f"the words {i}") for i in range(8)}
+    assert "n" in ShardIndex.load(str(wsrc)).columns  # a .json field is a metadata column, as `write` stores it
+
+
+def test_output_length_tokens_counts_the_manifest_text(tmp_path):
+    """--output-length tokens:TOKENIZER on a NeMo dataset: each sample's output_length is the tokenizer's count
+    of its manifest text (the library's own count, special tokens included)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    src = tmp_path / "nemo"
+    want = write_nemo(src)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.train_from_iterator([v["text"] for v in want.values()],
+                            tokenizers.trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]", "[CLS]"]))
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="[CLS] $A",
+                                                                  special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert cli("index", str(src), "--output-length", f"tokens:{tmp_path / 'tokenizer.json'}") == 0
+    counts = {k: len(tok.encode(v["text"]).ids) for k, v in want.items()}
+    assert output_lengths_by_key(str(src)) == counts and len(set(counts.values())) > 1
+    assert ShardIndex.load(str(src)).meta["output_length"]["tokenizer"]["kind"] == "tokenizers"
+
+
+def test_two_ranks_stream_the_manifest_text(tmp_path):
+    """torchrun, 2 ranks x 2 workers, planned rank-locally, over an adopted NeMo dataset: every key once, each
+    with its manifest text."""
+    from test_ddp import check_epoch, read_logs, run_job
+
+    src = tmp_path / "nemo"
+    want = write_nemo(src, per_tar=(9, 8, 9, 8), extra=False)
+    assert cli("index", str(src)) == 0
+    logs = run_job(str(src), tmp_path / "job", 2)
+    check_epoch(logs, 0, len(want))
+    texts = {k: t for log in read_logs(tmp_path / "job").values() for e in log if e["event"] == "batch"
+             for k, t in zip(e["keys"], e["text"])}
+    assert texts == {k: v["text"] for k, v in want.items()}
 
 
 def test_text_tars(tmp_path):

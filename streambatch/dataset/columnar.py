@@ -198,13 +198,15 @@ class ColumnarIndex:
         self._cache: dict[int, np.ndarray] = {}
         self._last: tuple[int, Any] | None = None  # the row group shard_samples read last
         self._spans: tuple[int, Any] | None = None  # the row group sample_offsets read last
+        self._values: tuple[tuple[int, str], Any] | None = None  # the row group column shard_values read last
         self._files: dict[int, Any] = {}
         self._pid = os.getpid()
         self.columns = ShardColumns(self._read_shard_table(ShardColumns.PLAN), self._read_rest)
         self._index_groups()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}, "_cache": {}, "_last": None, "_spans": None}  # open files and cached row groups stay here
+        return {**self.__dict__, "_files": {}, "_cache": {}, "_last": None, "_spans": None,
+                "_values": None}  # open files and cached row groups stay here
 
     def table_files(self) -> list[tuple[str, int]]:
         """(path relative to the index's folder, bytes) of every table file the header names."""
@@ -413,6 +415,15 @@ class ColumnarIndex:
         if t.column("offset").null_count or t.column("size").null_count:
             return None
         return column_numpy(t.column("offset")), column_numpy(t.column("size"))
+
+    def shard_values(self, shard: int, name: str) -> list[Any]:
+        """The values of metadata column ``name`` for one shard's samples, in tar order (the row group's column
+        is read once for the shards of the group asked in a row)."""
+        g = int(self.shard_group[shard])
+        last = self._values  # no lock: one tuple
+        if last is None or last[0] != (g, name):
+            last = self._values = ((g, name), self.read_columns(g, [name]).column(name))
+        return last[1].slice(int(self.shard_row[shard]), int(self.columns.count[shard])).to_pylist()
 
 
 # ---- writing ---------------------------------------------------------------------------------------

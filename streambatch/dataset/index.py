@@ -233,6 +233,20 @@ class ShardIndex:
             return None
         return np.asarray(info.offsets), np.asarray(info.sizes)
 
+    def has_column(self, name: str) -> bool:
+        """Whether the sample table has the metadata column ``name``."""
+        return name in self.columns
+
+    def shard_values(self, shard: int, name: str) -> list[Any] | None:
+        """The values of the sample table's metadata column ``name`` for one shard's samples (tar order), or
+        None where the index has no such column (the reader reads the shard's row group on first use)."""
+        if name not in self.columns:
+            return None
+        if isinstance(self.shards, ShardList):
+            return self.shards.reader.shard_values(int(shard), name)
+        values = (self.shards[int(shard)].columns or {}).get(name)
+        return None if values is None else list(values)
+
     def shard_url(self, i: int) -> str:
         """The absolute URL (or path) of shard ``i``."""
         return _absolute(self.shards[int(i)].url, self.root)

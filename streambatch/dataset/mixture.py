@@ -232,6 +232,15 @@ class MixedIndex:
         d, s = self.real_shard(int(v))
         return self.indexes[d].shard_url(s)
 
+    def shard_values(self, v: int, name: str) -> list[Any] | None:
+        """A metadata column's values for virtual shard ``v`` (None where its dataset has no such column)."""
+        d, s = self.real_shard(int(v))
+        return self.indexes[d].shard_values(s, name)
+
+    def has_column(self, name: str) -> bool:
+        """Whether any dataset's sample table has the metadata column ``name``."""
+        return any(name in ix.columns for ix in self.indexes)
+
     def sample_offsets(self, v: int) -> Any:
         d, s = self.real_shard(int(v))
         return self.indexes[d].sample_offsets(s)

@@ -2,8 +2,8 @@
 
 Only emitted batches are decoded: buffers hold compressed bytes. A batch is a dict with the padded
 payload (``audio`` float32 ``[B, T]``, ``input_ids`` int64 ``[B, T]``, or ``inputs`` for a custom decoder),
-``lengths`` int64 ``[B]``, ``padding_mask`` bool ``[B, T]`` (True on padding), ``keys``, and every other
-``.json`` field as a list.
+``lengths`` int64 ``[B]``, ``padding_mask`` bool ``[B, T]`` (True on padding), ``keys``, ``text`` (each
+sample's ``.txt``, ``.json`` text, or the index's ``text`` column), and every other ``.json`` field as a list.
 """
 
 from __future__ import annotations
@@ -169,12 +169,19 @@ def collate(
             batch["lengths"] = torch.tensor([m.get("length", 0) for m in meta])
             if mode == "none":
                 batch["samples"] = list(samples)
-    if any("txt" in s for s in samples):  # a transcript member (tars indexed in place carry text so)
-        batch["text"] = [s["txt"].decode("utf-8") if "txt" in s else m.get("text") for s, m in zip(samples, meta)]
+    if any("txt" in s or "__text__" in s for s in samples):  # a transcript member, or the index's text column
+        batch["text"] = [sample_text(s, m) for s, m in zip(samples, meta)]
     fields = sorted({k for m in meta for k in m} - _RESERVED - set(batch))
     for k in fields:
         batch[k] = [m.get(k) for m in meta]
     return batch
+
+
+def sample_text(sample: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """A sample's text: its ``.txt``, else its ``.json`` ``text``, else the sample table's (``__text__``)."""
+    if "txt" in sample:
+        return sample["txt"].decode("utf-8")
+    return meta["text"] if "text" in meta else sample.get("__text__")
 
 
 def split_micro_batches(

@@ -31,6 +31,7 @@ from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .reader import ReadOptions, read_pieces
 from .skip import skip_left_out
+from .table_text import TableText
 
 
 @dataclass
@@ -158,8 +159,9 @@ def stream_slot(
         batches = _planned_batches(ctx, epoch, slot, adj, first, faults)
     else:
         batches = _online_batches(ctx, epoch, slot, adj, faults)
+    texts = TableText.of(ctx.index)  # transcripts the tars do not hold (an adopted NeMo dataset's)
     for batch in batches:
-        yield checked(batch)
+        yield checked(texts(batch) if texts is not None else batch)
 
 
 def _planned_batches(

@@ -27,6 +27,7 @@ from ..dataset import storage
 from ..dataset.format import keys_sha1
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputProblem, ShardifyError
+from .adopt_fields import SampleExtras
 from .adopt_nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
 from .adopt_scan import SampleScan, ShardScan, scan_tar
 from .parts import Scope, parse_part, part_range, utc_now, write_errors
@@ -43,6 +44,7 @@ class Adopted:
     infos: list[ShardInfo] = field(default_factory=list)
     problems: list[InputProblem] = field(default_factory=list)
     unnamed: int = 0  # samples a NeMo manifest does not name
+    columns: dict[str, str] = field(default_factory=dict)  # the sample table's metadata columns
 
 
 def find_tars(src: str, storage_options: dict | None = None) -> list[str]:
@@ -69,6 +71,8 @@ def index_tars(
     on_error: str = "fail",
     overwrite: bool = False,
     part: str | tuple[int, int] | None = None,
+    output_length: str | None = None,
+    columns: str | Sequence[str] | None = None,
     storage_options: dict | None = None,
     progress: bool = True,
 ) -> ShardIndex:
@@ -79,6 +83,9 @@ def index_tars(
     tars, or ``manifest``), or ``auto``. Members the loader could not use raise :class:`ShardifyError` naming
     the first (``on_error="fail"``), or are left out and listed in ``errors.jsonl`` (``"skip"``). ``part=(i, n)``
     indexes the i-th of n slices of the tars as ``index.part-IIII.json``; ``shardify merge`` joins them.
+    ``output_length``: ``chars``, ``tokens:TOKENIZER`` (of each transcript) or ``column:FIELD`` (an integer field
+    of the manifest entry or ``.json``); ``columns``: the fields stored as metadata columns (default: every
+    scalar field but the transcript; a NeMo dataset's transcripts are always stored, as ``text``).
     """
     src, out = str(src).rstrip("/") or "/", str(out or src).rstrip("/") or "/"
     _check_options(layout, workers, on_error)
@@ -93,20 +100,22 @@ def index_tars(
                                 f"{num_tars} parts")
     _check_out(out, scope, overwrite, storage_options)
     manifests = _manifests(src, layout, manifest, storage_options)
+    extras = SampleExtras(output_length, columns)
     scans = scan_tars(tars, workers, progress, storage_options)
     layout = "nemo" if manifests else _layout(layout, scans)
     kind = "text" if layout == "text" else "audio"
     unit = check_unit(kind, unit, sample_rate)
     named = match_manifest(read_manifests(manifests, storage_options), scans, part is None) if manifests else None
     rate = None if kind == "text" else index_rate(scans, named, unit, sample_rate)
-    adopted = adopt(scans, named, layout, unit, rate, out)
+    adopted = adopt(scans, named, layout, unit, rate, out, extras.for_layout(layout))
     _report(adopted.problems, on_error)
     if not any(int(np.count_nonzero(i.lengths)) for i in adopted.infos):
         raise ShardifyError(f"{src}: no sample the loader could use; nothing was written")
-    meta = _meta(src, layout, manifests, adopted, tars, part, num_tars, on_error)
+    meta = {**_meta(src, layout, manifests, adopted, tars, part, num_tars, on_error), **extras.meta()}
     write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in adopted.problems],
                  storage_options, remove_stale=True)
-    index = ShardIndex(shards=adopted.infos, unit=unit, sample_rate=rate, root=out, meta=meta)
+    index = ShardIndex(shards=adopted.infos, unit=unit, sample_rate=rate, root=out, meta=meta,
+                       columns=adopted.columns)
     _save(index, storage.join_url(out, scope.index_name), storage_options)
     return index
 
@@ -204,29 +213,41 @@ def index_rate(scans: Sequence[ShardScan], named: list[list[Entry | None]] | Non
 
 
 def adopt(scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, layout: str, unit: str,
-          rate: int | None, out: str) -> Adopted:
-    """The index entries of the scanned tars (urls relative to ``out`` where they can be) and every problem."""
+          rate: int | None, out: str, extras: SampleExtras | None = None) -> Adopted:
+    """The index entries of the scanned tars (urls relative to ``out`` where they can be) and every problem;
+    with ``extras``, their output lengths and metadata columns too."""
     res = Adopted()
     for j, scan in enumerate(scans):
         if scan.fatal:
             res.problems.append(InputProblem(scan.url, f"{scan.fatal}; the whole tar is left out"))
             continue
-        lengths = np.zeros(len(scan.samples), dtype=np.float64 if unit == "seconds" else np.int64)
-        for i, s in enumerate(scan.samples):
-            entry = named[j][i] if named is not None else None
-            if named is not None and entry is None:
-                res.unnamed += 1
-                continue
-            got = sample_length(s, layout, unit, rate, entry)
-            if isinstance(got, str):
-                res.problems.append(InputProblem(scan.url, got, key=s.key))
-            else:
-                lengths[i] = got
+        entries = named[j] if named is not None else None
+        lengths = _lengths(scan, entries, layout, unit, rate, res)
+        outs = extras.add(scan, entries, lengths, res.problems) if extras is not None else None
         keys = [s.key for s in scan.samples]
         res.infos.append(ShardInfo(shard_url(scan.url, out), len(keys), scan.bytes, lengths, scan.sha256,
                                    keys_sha1(keys), keys=keys, offsets=np.asarray(scan.offsets, np.int64),
-                                   sizes=np.asarray(scan.sizes, np.int64)))
+                                   sizes=np.asarray(scan.sizes, np.int64), output_lengths=outs))
+    if extras is not None:
+        res.columns = extras.columns(res.infos)
     return res
+
+
+def _lengths(scan: ShardScan, entries: Sequence[Entry | None] | None, layout: str, unit: str, rate: int | None,
+             res: Adopted) -> np.ndarray:
+    """One tar's sample lengths (0: left out; the problems and unnamed members counted in ``res``)."""
+    lengths = np.zeros(len(scan.samples), dtype=np.float64 if unit == "seconds" else np.int64)
+    for i, s in enumerate(scan.samples):
+        entry = entries[i] if entries is not None else None
+        if entries is not None and entry is None:
+            res.unnamed += 1
+            continue
+        got = sample_length(s, layout, unit, rate, entry)
+        if isinstance(got, str):
+            res.problems.append(InputProblem(scan.url, got, key=s.key))
+        else:
+            lengths[i] = got
+    return lengths
 
 
 def sample_length(s: SampleScan, layout: str, unit: str, rate: int | None, entry: Entry | None) -> float | str:

@@ -45,6 +45,17 @@ def add_arguments(p: argparse.ArgumentParser, positive_int: Callable[[str], int]
                    help="index only the I-th of N slices of the tars (I = 0 .. N-1, e.g. "
                    "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) as index.part-IIII.json; then `shardify merge "
                    "DIR` (DIR: --out, else SRC) writes index.json")
+    p.add_argument("--output-length", metavar="chars|tokens:NAME_OR_PATH|column:FIELD",
+                   help="give each audio sample a second length (output_length in the sample table, for the "
+                   "loader's output_budget): its transcript's characters (chars) or tokens of a tokenizer "
+                   "(tokens:NAME_OR_PATH, as `shardify write --tokenizer`), the transcript being the NeMo manifest's "
+                   "text, else the .txt or the .json text; or column:FIELD, an integer field of the manifest entry "
+                   "or the .json, as it is. A sample without one is bad input (--on-error)")
+    p.add_argument("--columns", metavar="NAMES",
+                   help="comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
+                   "columns of the sample table, for filters (where=); default: every scalar field but the "
+                   "transcript; \"\" for none. A NeMo dataset's transcripts are always stored (column text: the "
+                   "loader's batch[\"text\"])")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -55,7 +66,8 @@ def run_cli(args: argparse.Namespace, storage_options: dict | None) -> int:
     out = args.out or args.src
     index = index_tars(args.src, args.out, layout=args.layout, manifest=args.manifest, unit=args.unit,
                        sample_rate=args.sample_rate, workers=args.workers, on_error=args.on_error,
-                       overwrite=args.overwrite, part=args.part, storage_options=storage_options,
+                       overwrite=args.overwrite, part=args.part, output_length=args.output_length,
+                       columns=args.columns, storage_options=storage_options,
                        progress=not args.no_progress)
     adopted = index.meta["adopted"]
     if index.meta.get("skipped"):

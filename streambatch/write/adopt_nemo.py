@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..dataset import storage
@@ -27,13 +27,15 @@ _TAR_NUMBER = re.compile(r"(\d+)\.tar$")
 @dataclass(frozen=True)
 class Entry:
     """One manifest line: the member it names, its tar (``shard_id``; None when not given), its duration and
-    text, and where it is (``FILE:LINE``)."""
+    text, where it is (``FILE:LINE``), and all its fields (for ``--columns`` and ``--output-length
+    column:FIELD``)."""
 
     member: str
     shard: int | None
     duration: float | None
     text: str | None
     where: str
+    fields: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def find_manifests(src: str, storage_options: dict | None = None) -> list[str]:
@@ -64,17 +66,6 @@ def read_manifests(urls: Sequence[str], storage_options: dict | None = None) -> 
     return entries
 
 
-def manifest_texts(dataset: str, storage_options: dict | None = None) -> dict[str, str]:
-    """{sample key: text} of an adopted NeMo dataset, from the manifest(s) its index names: the tars hold only
-    audio, so a training step looks up ``batch["keys"]`` here (keys are member names without extension)."""
-    from ..dataset.index import ShardIndex
-
-    urls = ShardIndex.load(dataset, storage_options).meta.get("adopted", {}).get("manifests") or []
-    if not urls:
-        raise ShardifyError(f"{dataset}: not a NeMo tarred dataset indexed by `shardify index`")
-    return {e.member.rsplit("/", 1)[-1].split(".", 1)[0]: e.text or "" for e in read_manifests(urls, storage_options)}
-
-
 def json_line(line: str, where: str) -> dict[str, Any]:
     try:
         d = json.loads(line)
@@ -90,7 +81,8 @@ def _entry(d: dict[str, Any], where: str) -> Entry:
     duration = d.get("duration")
     return Entry(d["audio_filepath"], int(shard) if isinstance(shard, (int, float)) else None,
                  float(duration) if isinstance(duration, (int, float)) else None,
-                 d["text"] if isinstance(d.get("text"), str) else None, where)
+                 d["text"] if isinstance(d.get("text"), str) else None, where,
+                 d)
 
 
 def tar_number(url: str) -> int | None:

@@ -27,8 +27,10 @@ from ..errors import ShardReadError
 @dataclass
 class SampleScan:
     """What one sample's members say: its audio member's extension, rate and frames (0 where none), the
-    ``length`` and ``duration`` of its ``.json`` (None where absent), its text tokens (-1: no text), its ``.json``
-    fields, and the problem that keeps the loader from using it (None when it is fine)."""
+    ``length`` and ``duration`` of its ``.json`` (None where absent), its text tokens (-1: no text), an audio
+    sample's transcript (``.txt``, else the ``.json`` ``text``), its ``.json`` fields but ``text`` (for
+    ``--columns`` and ``--output-length column:FIELD``), and the problem that keeps the loader from using it
+    (None when it is fine)."""
 
     key: str
     exts: tuple[str, ...]
@@ -38,6 +40,8 @@ class SampleScan:
     length: float | None = None
     duration: float | None = None
     tokens: int = -1
+    text: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
 
 
@@ -131,7 +135,14 @@ def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
     s.tokens = _tokens(members, meta)
     if s.tokens == -2:
         s.problem = s.problem or f"{key}: its text is not UTF-8 or its input_ids.npy is not a 1-D array"
+    elif s.audio is not None:  # a transcript (short); a text sample's document is not carried
+        s.text = members["txt"].decode("utf-8") if "txt" in members else _str(meta.get("text"))
+    s.meta = {k: v for k, v in meta.items() if k != "text"}
     return s
+
+
+def _str(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
 
 
 def _json(raw: bytes | None) -> Any:

@@ -127,20 +127,32 @@ def tokenize_records(records: list[Record], tok: TextTokenizer) -> tuple[list[Re
 
 @dataclass
 class OutputLength:
-    """How ``--output-length`` counts a transcript: ``chars`` (characters), or ``tokens`` of ``tokenizer``."""
+    """How ``--output-length`` gives a sample its second length: ``chars`` (transcript characters), ``tokens``
+    of ``tokenizer``, or (``shardify index`` only) ``column``: the integer ``field`` of the sample's manifest
+    entry or ``.json``, as it is."""
 
     unit: str
     tokenizer: TextTokenizer | None = None
+    field: str | None = None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"unit": self.unit}
         if self.tokenizer is not None:
             out["tokenizer"] = self.tokenizer.describe()
+        if self.field is not None:
+            out["field"] = self.field
         return out
 
+    def count(self, texts: Sequence[str]) -> list[int]:
+        """The length of each transcript: its characters, or its tokens (one batched encode)."""
+        if self.tokenizer is None:
+            return [len(t) for t in texts]
+        return [len(ids) for ids in self.tokenizer.encode(list(texts))]
 
-def parse_output_length(spec: str | None) -> OutputLength | None:
-    """``chars`` or ``tokens:NAME_OR_PATH`` (the tokenizer loaded); None stays None."""
+
+def parse_output_length(spec: str | None, column: bool = False) -> OutputLength | None:
+    """``chars`` or ``tokens:NAME_OR_PATH`` (the tokenizer loaded), and with ``column`` also ``column:FIELD``;
+    None stays None."""
     if spec is None:
         return None
     if spec == "chars":
@@ -148,7 +160,10 @@ def parse_output_length(spec: str | None) -> OutputLength | None:
     kind, sep, name = str(spec).partition(":")
     if kind == "tokens" and sep and name:
         return OutputLength("tokens", load_tokenizer(name))
-    raise ShardifyError(f"--output-length must be 'chars' or 'tokens:TOKENIZER', not {spec!r}")
+    if column and kind == "column" and sep and name:
+        return OutputLength("column", field=name)
+    forms = "'chars', 'tokens:TOKENIZER' or 'column:FIELD'" if column else "'chars' or 'tokens:TOKENIZER'"
+    raise ShardifyError(f"--output-length must be {forms}, not {spec!r}")
 
 
 def output_lengths(records: list[Record], how: OutputLength) -> tuple[list[Record], list[InputProblem]]:
@@ -156,11 +171,7 @@ def output_lengths(records: list[Record], how: OutputLength) -> tuple[list[Recor
     kept = [r for r in records if r.text is not None]
     problems = [r.problem(f"no transcript ('text') to count for --output-length {how.unit}")
                 for r in records if r.text is None]
-    if how.tokenizer is None:
-        counts = [len(r.text or "") for r in kept]
-    else:
-        counts = [len(ids) for ids in how.tokenizer.encode([r.text or "" for r in kept])]
-    for r, n in zip(kept, counts):
+    for r, n in zip(kept, how.count([r.text or "" for r in kept])):
         r.output_length = n
     return kept, problems
 

@@ -90,7 +90,7 @@ def main() -> None:
             dist.all_reduce(t)  # a collective every step: uneven steps would hang here
             step += 1
             log.write(json.dumps({"event": "batch", "epoch": epoch, "step": step, "keys": batch["keys"],
-                                  "dataset": batch.get("dataset"), "cost": audio.shape[0] * audio.shape[1]}) + "\n")
+                                  "dataset": batch.get("dataset"), "text": batch.get("text"), "cost": audio.shape[0] * audio.shape[1]}) + "\n")
             log.flush()
             if step == a.stop_after:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
