@@ -1,8 +1,9 @@
 """Fault accounting for a rank's readers: counters, the bad-shard budget and the faults themselves.
 
 Every worker counts retries, bytes, cache use, bad shards and the time it waited for storage in its row of
-one shared array, so the main process and the other workers see the whole rank's numbers; past ``max_bad_shards`` bad shards in an epoch
-:class:`TooManyBadShards` stops it. :class:`ShardFault` marks, in a sample stream, where a shard went bad.
+one shared array, so the main process and the other workers see the whole rank's numbers; past
+``max_bad_shards`` bad shards in an epoch :class:`TooManyBadShards` stops it. :class:`ShardFault` marks, in a
+sample stream, where a shard went bad.
 """
 
 from __future__ import annotations
