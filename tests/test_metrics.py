@@ -121,3 +121,18 @@ def test_time_waited_on_storage(s3_data, proxy, workers, caplog):
     assert ahead["waited_on_storage_s"] < slow["waited_on_storage_s"]  # requests in flight while it parsed
     assert near["waited_on_storage_s"] < min(0.25 * blocking * DELAY, slow["waited_on_storage_s"])
     assert any("readers waited on storage" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.usefixtures("watchdog")
+def test_time_waited_on_the_node_cache(s3_data, proxy, tmp_path):
+    """With a node cache, the reader waits for a shard's download (at least the first one's); the next pass
+    reads the cached copies from local disk and waits less."""
+    loader = audio_loader(s3_data.url, 0, storage_options=s3_data.proxied, cache_dir=str(tmp_path / "cache"))
+    proxy.reset(Rule("latency", match=".tar", seconds=DELAY))
+    downloading = storage_pass(loader)
+    cached = storage_pass(loader)
+    print(f"\ncache: waited on storage {downloading['waited_on_storage_s']:.3f} s downloading "
+          f"({len(proxy.gets('.tar'))} requests x {DELAY} s), {cached['waited_on_storage_s']:.4f} s from the cache")
+    assert downloading["storage"]["cache_downloads"] == 8 and cached["storage"]["cache_hits"] == 8
+    assert downloading["waited_on_storage_s"] >= 0.5 * DELAY
+    assert cached["waited_on_storage_s"] < downloading["waited_on_storage_s"]
