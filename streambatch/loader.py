@@ -25,12 +25,12 @@ from .plan.perturb import planned_lengths
 from .plan.resume import Layout, Resumed, excluded_in
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
-from .read.faults import FAULT_FIELDS
+from .read.faults import FAULT_FIELDS, STORAGE_WAIT
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
 from .checkpoint import check_state, old_layout, pack_mask, unpack_mask
-from .metrics import EpochMeter, metered, metrics_line, planned_figures
+from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
 from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
 from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
 from .dataset.where import left_out, open_filter
@@ -352,6 +352,7 @@ class StreamBatchLoader:
         URLs in ``bad_shard_urls``), planned samples lost with them, samples re-drawn in their place, batches
         that came out smaller, request retries, bytes read from remote storage, cache downloads and hits."""
         out: dict[str, Any] = dict(zip(FAULT_FIELDS, (int(x) for x in self._fault_counts.sum(0).tolist())))
+        del out[STORAGE_WAIT]  # a time, not a fault: metrics() reports it
         out["bad_shard_urls"] = [self.urls[i] for i in self._bad_shards.nonzero().flatten().tolist()]
         return out
 
@@ -376,7 +377,7 @@ class StreamBatchLoader:
         if steps is None and self._consumed == 0:
             raise EmptyEpochError(unindexed_empty_message(self.name or self.urls[0], len(self.urls), self.config,
                                                           epoch, int(self._bad_shards.sum())))
-        log.info(metrics_line(self._meter.summary()))
+        log.info(metrics_line(self.metrics()))
         self._consumed = 0
         self._resumed, self._saved_steps = None, None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
@@ -399,12 +400,14 @@ class StreamBatchLoader:
 
     def metrics(self, planned: bool = False) -> dict[str, Any]:
         """How the current (or last) pass fed the training loop: padding %, budget utilisation %, batches and
-        samples per second, time to first batch, seconds the loop waited on the loader, a mixture's dataset
-        shares, and the storage counters of :meth:`fault_stats`. ``planned=True`` adds the planned epoch's
-        padding and budget use for this rank (plans the whole epoch: O(N))."""
+        samples per second, time to first batch, seconds the loop waited on the loader and the readers waited on
+        storage (all workers, and per worker), a mixture's dataset shares, and the storage counters of
+        :meth:`fault_stats`. ``planned=True`` adds the planned epoch's padding and budget use for this rank
+        (plans the whole epoch: O(N))."""
         out = self._meter.summary() if self._meter is not None else {}
         faults = self.fault_stats()
         out["storage"] = {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")}
+        out.update(storage_waits(self._fault_counts[:, FAULT_FIELDS.index(STORAGE_WAIT)].tolist()))
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
             out["planned"] = planned_figures(self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget,

@@ -1,6 +1,7 @@
 """How well the loader fed the training loop in a pass, measured in the main process as batches are handed
 over: padding and budget use of the delivered batches, batches and samples per second, time to the first
-batch, the time the training loop waited on the loader, and (under a mixture) each dataset's share."""
+batch, the time the training loop waited on the loader, and (under a mixture) each dataset's share. The time
+the readers waited on storage is counted where they read (:func:`~streambatch.read.faults.waiting_on_storage`)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,13 @@ def planned_figures(plan: Any, rank: int, lengths: Any, budget: float, cost: Any
     return batch_figures(planned_batches(plan, rank, lengths, budget, cost))
 
 
+def storage_waits(ns_per_worker: list[int]) -> dict[str, Any]:
+    """Seconds the readers were blocked waiting for shard bytes in a pass: in all (``waited_on_storage_s``) and
+    per DataLoader worker (one entry with ``num_workers=0``: the main process)."""
+    per = [n / 1e9 for n in ns_per_worker]
+    return {"waited_on_storage_s": sum(per), "waited_on_storage_per_worker_s": per}
+
+
 def metrics_line(m: dict[str, Any]) -> str:
     """The once-per-epoch log line."""
     def pct(x: Any) -> str:
@@ -122,5 +130,6 @@ def metrics_line(m: dict[str, Any]) -> str:
     shares = "".join(f", {k} {v:.1%}" for k, v in m.get("dataset_shares", {}).items())
     return (f"epoch {m['epoch']}: {m['batches']} batches, {m['samples']} samples in {m['seconds']:.1f} s "
             f"({m['batches_per_s']:.2f} batches/s, {m['samples_per_s']:.1f} samples/s); first batch after {first}; "
-            f"waited on the loader {m['waited_on_loader_s']:.1f} s; padding {pct(m['padding_pct'])}, budget used "
+            f"waited on the loader {m['waited_on_loader_s']:.1f} s; readers waited on storage "
+            f"{m.get('waited_on_storage_s', 0.0):.2f} s; padding {pct(m['padding_pct'])}, budget used "
             f"{pct(m['budget_utilisation_pct'])}{shares}")

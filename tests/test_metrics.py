@@ -7,8 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from faultproxy import Rule
 from streambatch import StreamBatchLoader
 from streambatch.write.writer import write_shards
+
+pytest_plugins = ["conftest_s3"]
 
 BUDGET = 2000
 
@@ -69,3 +72,67 @@ def test_inspect_plan_shows_the_planned_epoch(text_ds, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "streambatch.cli", "inspect", text_ds, "--plan"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--plan needs --budget" in bad.stderr
+
+
+# ---- time the readers waited on storage -----------------------------------------------------------------
+AUDIO_BUDGET = 12 * 8000
+DELAY = 0.08  # seconds the proxy adds to every shard request
+
+
+def audio_loader(source, workers, **kw):
+    return StreamBatchLoader(source, budget=AUDIO_BUDGET, seed=7, num_workers=workers, chunk_size="64K", **kw)
+
+
+def storage_pass(loader):
+    """One pass; its metrics, checked: a figure per reader that add up to the total."""
+    n = len(list(loader))
+    m = loader.metrics()
+    assert m["batches"] == n and len(m["waited_on_storage_per_worker_s"]) == max(1, loader.num_workers)
+    assert m["waited_on_storage_s"] == pytest.approx(sum(m["waited_on_storage_per_worker_s"]))
+    return m
+
+
+@pytest.mark.usefixtures("watchdog")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_time_waited_on_storage(s3_data, proxy, workers, caplog):
+    """Reading on demand through a proxy that answers each shard request ``DELAY`` s late, the readers wait at
+    least for every request, and the next pass, not delayed, starts from 0 and waits less; read-ahead hides part
+    of it (its background requests are not the readers' wait); local shards in page cache cost next to nothing."""
+    local = audio_loader(s3_data.local, workers)
+    storage_pass(local)  # warms the page cache
+    near = storage_pass(local)
+    caplog.set_level("INFO", logger="streambatch")
+    on_demand = audio_loader(s3_data.url, workers, storage_options=s3_data.proxied, read_ahead=0)
+    proxy.reset(Rule("latency", match=".tar", seconds=DELAY))
+    slow = storage_pass(on_demand)
+    blocking = len(proxy.gets(".tar"))  # read on demand: a reader waits for each of its requests itself
+    proxy.reset()
+    undelayed = storage_pass(on_demand)
+    proxy.reset(Rule("latency", match=".tar", seconds=DELAY))
+    ahead = storage_pass(audio_loader(s3_data.url, workers, storage_options=s3_data.proxied))
+    print(f"\nworkers={workers}: {blocking} requests x {DELAY} s; waited on storage: on demand "
+          f"{slow['waited_on_storage_s']:.3f} s {[round(x, 3) for x in slow['waited_on_storage_per_worker_s']]}, "
+          f"not delayed {undelayed['waited_on_storage_s']:.3f} s, read-ahead {ahead['waited_on_storage_s']:.3f} s, "
+          f"local {near['waited_on_storage_s']:.4f} s")
+    assert blocking >= 8 and slow["waited_on_storage_s"] >= 0.5 * blocking * DELAY
+    assert min(slow["waited_on_storage_per_worker_s"]) >= 0.5 * DELAY  # every reader waited for its own
+    assert undelayed["waited_on_storage_s"] < slow["waited_on_storage_s"]  # per pass, not since construction
+    assert min(ahead["waited_on_storage_per_worker_s"]) >= 0.5 * DELAY  # at least for its first request
+    assert ahead["waited_on_storage_s"] < slow["waited_on_storage_s"]  # requests in flight while it parsed
+    assert near["waited_on_storage_s"] < min(0.25 * blocking * DELAY, slow["waited_on_storage_s"])
+    assert any("readers waited on storage" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.usefixtures("watchdog")
+def test_time_waited_on_the_node_cache(s3_data, proxy, tmp_path):
+    """With a node cache, the reader waits for a shard's download (at least the first one's); the next pass
+    reads the cached copies from local disk and waits less."""
+    loader = audio_loader(s3_data.url, 0, storage_options=s3_data.proxied, cache_dir=str(tmp_path / "cache"))
+    proxy.reset(Rule("latency", match=".tar", seconds=DELAY))
+    downloading = storage_pass(loader)
+    cached = storage_pass(loader)
+    print(f"\ncache: waited on storage {downloading['waited_on_storage_s']:.3f} s downloading "
+          f"({len(proxy.gets('.tar'))} requests x {DELAY} s), {cached['waited_on_storage_s']:.4f} s from the cache")
+    assert downloading["storage"]["cache_downloads"] == 8 and cached["storage"]["cache_hits"] == 8
+    assert downloading["waited_on_storage_s"] >= 0.5 * DELAY
+    assert cached["waited_on_storage_s"] < downloading["waited_on_storage_s"]

@@ -25,8 +25,9 @@ from ..dataset.storage import is_local
 from ..dataset.tar import buffer_members, group_samples
 from ..errors import ShardReadError
 from ..plan.shards import Piece
-from .faults import ChecksumMismatch, FaultLog
+from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .fetch import Job, _prepare_local
+from .ranges import Count
 
 #: open shard files (and their offset arrays) a worker keeps; a batch's samples come from a window of shards
 OPEN_SHARDS = 64
@@ -48,16 +49,17 @@ def _file_sha256(path: str) -> str:
 class _Shard:
     """One open shard: its file, the byte span of each sample, the index's size and sha256."""
 
-    def __init__(self, job: Job, spans: tuple[np.ndarray, np.ndarray], verify: str):
+    def __init__(self, job: Job, spans: tuple[np.ndarray, np.ndarray], verify: str, count: Count | None = None):
         _prepare_local(job, verify)  # the size, before any byte is used
         self.job = job
         self.offsets, self.sizes = spans
         self.fd = os.open(job.local, os.O_RDONLY)
+        self.pread = waiting_on_storage(os.pread, count)  # a positioned read is time waited on storage
 
     def read(self, i: int) -> dict[str, Any]:
         """Sample ``i`` of the shard (tar order): its members as bytes, its ``.json`` parsed."""
         url, off, n = self.job.url, int(self.offsets[i]), int(self.sizes[i])
-        buf = os.pread(self.fd, n, off)
+        buf = self.pread(self.fd, n, off)
         if len(buf) < n:
             raise ShardReadError(f"{url}: not a readable tar shard (sample {i} ends early: truncated)")
         got = list(group_samples(buffer_members(buf, url), url, self.job.shard))
@@ -108,7 +110,8 @@ class DirectShards:
         spans = self.index.sample_offsets(s)
         if spans is None:
             raise RuntimeError(f"{job.url}: the index has no byte offsets for this shard but has them for others")
-        sh = _Shard(job, spans, self.opts.verify)
+        count = self.faults.add if self.faults is not None else None
+        sh = waiting_on_storage(_Shard, count)(job, spans, self.opts.verify, count)  # opening it waits too
         if len(self.open) >= OPEN_SHARDS:
             self.open.popitem(last=False)[1].close()
         self.open[s] = sh

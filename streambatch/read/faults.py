@@ -1,16 +1,18 @@
 """Fault accounting for a rank's readers: counters, the bad-shard budget and the faults themselves.
 
-Every worker counts retries, bytes, cache use and bad shards in its row of one shared array, so the main
-process and the other workers see the whole rank's numbers; past ``max_bad_shards`` bad shards in an epoch
-:class:`TooManyBadShards` stops it. :class:`ShardFault` marks, in a sample stream, where a shard went bad.
+Every worker counts retries, bytes, cache use, bad shards and the time it waited for storage in its row of
+one shared array, so the main process and the other workers see the whole rank's numbers; past
+``max_bad_shards`` bad shards in an epoch :class:`TooManyBadShards` stops it. :class:`ShardFault` marks, in a
+sample stream, where a shard went bad.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -18,10 +20,14 @@ from ..errors import ShardReadError
 
 log = logging.getLogger("streambatch")
 
+#: the counter of nanoseconds a reader was blocked waiting for shard bytes (:func:`waiting_on_storage`)
+STORAGE_WAIT = "storage_wait_ns"
 FAULT_FIELDS = (
     "bad_shards", "lost_samples", "redrawn_samples", "shrunk_batches", "retries", "bytes_read",
-    "cache_downloads", "cache_hits",
+    "cache_downloads", "cache_hits", STORAGE_WAIT,
 )
+
+T = TypeVar("T")
 
 
 class ChecksumMismatch(ShardReadError):
@@ -90,6 +96,24 @@ class FaultLog:
             return ""
         bad = [self.urls[i] for i in np.flatnonzero(np.asarray(self.bad))[:10]]
         return "; bad shards: " + ", ".join(bad)
+
+
+def waiting_on_storage(fn: Callable[..., T], count: Callable[..., None] | None) -> Callable[..., T]:
+    """``fn``, adding the nanoseconds each call takes to counter :data:`STORAGE_WAIT` with ``count``. The one
+    way the read side measures how long it was blocked on storage: wrap exactly the calls the consumer waits
+    in (a chunk read, waiting for a read-ahead chunk, a positioned read), so read-ahead that is done in time
+    costs nothing."""
+    if count is None:
+        return fn
+
+    def timed(*args: object, **kwargs: object) -> T:
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            count(STORAGE_WAIT, time.perf_counter_ns() - t0)
+
+    return timed
 
 
 @dataclass(frozen=True)

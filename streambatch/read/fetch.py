@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from ..dataset.format import Digest, HashingReader, sha256_problem
 from ..dataset.storage import is_local, local_path
 from ..errors import ShardReadError
-from .faults import ChecksumMismatch, FaultLog
+from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .ranges import Count, RangeReader, check_size
 from .retry import RetryPolicy
 
@@ -371,22 +371,33 @@ class Fetcher:
             job.size = self.ranges.size(job.url, job.expected_size)
 
     def open(self, job: Job) -> ChunkStream:
-        """The byte stream of ``job`` (jobs are opened in order)."""
+        """The byte stream of ``job`` (jobs are opened in order). The time spent waiting for the job to be
+        prepared and for each of its chunks counts as waiting on storage; read-ahead done in time does not."""
+        count = self._count if self.faults is not None else None
+        waiting_on_storage(self._ready, count)(job)
+        sha = self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified and job.byte_range is None
+        next_chunk, close = self._chunk_source(job)
+        return ChunkStream(waiting_on_storage(next_chunk, count), sha, close)
+
+    def _ready(self, job: Job) -> None:
+        """Wait for the read-ahead to prepare ``job``, or prepare it here."""
         if self.read_ahead is not None:
             self.read_ahead.opened(job)
         else:
             self._prepare(job)
-        sha = self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified and job.byte_range is None
+
+    def _chunk_source(self, job: Job) -> tuple[Callable[[], bytes | None], Callable[[], None] | None]:
+        """The job's next-chunk function, and what closes its file (None: nothing to close)."""
         if job.local is not None:
             f = open(job.local, "rb")
             cs = min(self.opts.chunk_size, 1 << 20)
             if job.byte_range is not None:
-                return ChunkStream(_local_range(f, *job.byte_range, cs), sha, f.close)
-            return ChunkStream(lambda: f.read(cs), sha, f.close)
+                return _local_range(f, *job.byte_range, cs), f.close
+            return (lambda: f.read(cs)), f.close
         if self.read_ahead is not None:
             read_ahead = self.read_ahead
-            return ChunkStream(lambda: read_ahead.take(job), sha)
-        return ChunkStream(self._on_demand(job), sha)
+            return (lambda: read_ahead.take(job)), None
+        return self._on_demand(job), None
 
     def _on_demand(self, job: Job) -> Callable[[], bytes | None]:
         """Strategy 3a: the job's chunks requested one at a time, as the parser asks for them."""
