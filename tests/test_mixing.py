@@ -141,10 +141,13 @@ def test_draws_take_round_w_n_and_cover_before_repeating(n, w, seed):
         assert seen.max() - seen.min() <= 1
 
 
-def test_torchrun_mixture_equal_steps_exact_counts_and_resume(mixture, tmp_path):
+@pytest.mark.parametrize("batch_by", [None, "dataset"])
+def test_torchrun_mixture_equal_steps_exact_counts_and_resume(mixture, tmp_path, batch_by):
     """Real torchrun ranks over the 3-dataset mixture: equal steps and exact per-dataset counts in each epoch,
-    a kill and resume mid-epoch on the same world size, then a resume on another one."""
-    common = ["--data", str(mixture / "mix.json"), "--budget", str(BUDGET), "--epochs", "2"]
+    a kill and resume mid-epoch on the same world size, then a resume on another one (``batch_by="dataset"``:
+    every batch of every rank from one dataset)."""
+    common = ["--data", str(mixture / "mix.json"), "--budget", str(BUDGET),
+              *(["--batch-by", batch_by] if batch_by else []), "--epochs", "2"]
     out = tmp_path / "same"
     out.mkdir()
     kill_when_stopped(torchrun([*common, "--out", str(out), "--stop-after", "3"], 2), out, 2)
@@ -154,6 +157,8 @@ def test_torchrun_mixture_equal_steps_exact_counts_and_resume(mixture, tmp_path)
         steps = {r: len(batches(log, epoch)) for r, log in logs.items()}
         assert len(set(steps.values())) == 1, steps
         check_weights(epoch_counts(b for log in logs.values() for b in batches(log, epoch)))
+        if batch_by:
+            assert all(len(set(b["dataset"])) == 1 for log in logs.values() for b in batches(log, epoch))
 
     out = tmp_path / "other"
     out.mkdir()
@@ -165,4 +170,7 @@ def test_torchrun_mixture_equal_steps_exact_counts_and_resume(mixture, tmp_path)
     wait(torchrun([*common[:-2], "--out", str(out), "--resume"], 3))
     logs = read_logs(out)
     assert len({len(batches(log)) for log in logs.values()}) == 1
-    check_weights(epoch_counts(before) + epoch_counts(b for log in logs.values() for b in batches(log)))
+    after = [b for log in logs.values() for b in batches(log)]
+    check_weights(epoch_counts(before) + epoch_counts(after))
+    if batch_by:
+        assert all(len(set(b["dataset"])) == 1 for b in before + after)

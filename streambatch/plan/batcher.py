@@ -7,16 +7,17 @@ with no I/O (the epoch planner, ``len(loader)`` and the benchmarks). So the plan
 
 from __future__ import annotations
 
-import bisect
 import math
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .batchplan import BatchPlan
+from .batchplan import BatchPlan, sort_batches, sorted_oracle  # noqa: F401 - sorted_oracle: the reference, public here
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
+from .groups import GroupHistograms, group_ends, group_runs
 from .outputs import bound_reach
+from .packed import pack_by_sum
 from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
 
 
@@ -37,6 +38,7 @@ class BucketBatcher:
     emission order stays random (no correlation of length with position in the epoch). With ``batch_order``
     ``"ascending"``/``"descending"``, :meth:`plan` sorts the stream's batches by their longest sample
     (:func:`sort_batches`); :meth:`push`/:meth:`flush` emit batches as they form (no whole stream to sort).
+    With ``batch_by``, each sample also carries a group key and no batch holds two keys (:mod:`.groups`).
     """
 
     def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None,
@@ -63,12 +65,15 @@ class BucketBatcher:
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
         self.output_budget = float(c.output_budget) if c.output_budget is not None else None
         self._outs = np.zeros(self.buffer_size, dtype=np.float64)  # output lengths (with an output budget)
+        self.grouped = c.batch_by is not None
+        self._groups = np.zeros(self.buffer_size, dtype=np.int64)  # group keys (with batch_by)
         self.held = 0
         self._nsorted = 0  # window[:_nsorted] is sorted longest first; the rest arrived since
         self.max_held = 0
         self.skipped: list[int] = []
         self.dropped: list[int] = []
-        self._seen = LengthHistogram()  # lengths pushed so far: how common each length is in this stream
+        # lengths pushed so far: how common each length is in this stream (per group key with batch_by)
+        self._seen: Any = GroupHistograms() if self.grouped else LengthHistogram()
         self._pushed = 0  # samples that entered the window
 
     # ---- input ----------------------------------------------------------------------------------
@@ -98,9 +103,9 @@ class BucketBatcher:
     def accepts(self, length: float, output: float = 0.0) -> bool:
         return bool(self.accepts_many(np.array([length]), np.array([output]))[0])
 
-    def push(self, sid: int, length: float, output: float = 0.0) -> list[np.ndarray]:
-        """Add one sample (with its output length under an ``output_budget``); return the batches (arrays of
-        ids) that are ready, usually none."""
+    def push(self, sid: int, length: float, output: float = 0.0, group: int = 0) -> list[np.ndarray]:
+        """Add one sample (with its output length under an ``output_budget``, its group key under ``batch_by``);
+        return the batches (arrays of ids) that are ready, usually none."""
         if not self.accepts(length, output):
             self._reject(sid, length)
             return []
@@ -108,7 +113,11 @@ class BucketBatcher:
         self._ids[h] = sid
         self._lens[h] = length
         self._outs[h] = output
-        self._seen.add_one(float(length))
+        self._groups[h] = group
+        if self.grouped:
+            self._seen.add_one(float(length), int(group))
+        else:
+            self._seen.add_one(float(length))
         self._pushed += 1
         self.held = h + 1
         if self.held > self.max_held:
@@ -117,37 +126,47 @@ class BucketBatcher:
             return self._round(final=False)
         return []
 
-    def push_many(self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None) -> list[np.ndarray]:
+    def push_many(self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None,
+                  groups: np.ndarray | None = None) -> list[np.ndarray]:
         """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
         out: list[np.ndarray] = []
-        for flat, k in self._push_many_flat(sids, lengths, outputs):
+        for flat, k in self._push_many_flat(sids, lengths, outputs, groups):
             out.extend(np.split(flat, np.cumsum(k)[:-1]) if len(k) else [])
         return out
 
-    def _push_many_flat(self, sids: np.ndarray, lengths: np.ndarray,
-                        outputs: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _push_many_flat(self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None,
+                        groups: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """:meth:`push_many`, yielding each round's emitted batches flat (ids, sizes)."""
         sids = np.asarray(sids, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.float64)
         outputs = np.zeros(len(lengths)) if outputs is None else np.asarray(outputs, dtype=np.float64)
+        groups = np.zeros(len(lengths), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
         ok = self.accepts_many(lengths, outputs)
         if not ok.all():
             for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
                 self._reject(sid, length)
-            sids, lengths, outputs = sids[ok], lengths[ok], outputs[ok]
+            sids, lengths, outputs, groups = sids[ok], lengths[ok], outputs[ok], groups[ok]
         pos, n = 0, len(sids)
         while pos < n:
             k = min(self.buffer_size - self.held, n - pos)
             self._ids[self.held:self.held + k] = sids[pos:pos + k]
             self._lens[self.held:self.held + k] = lengths[pos:pos + k]
             self._outs[self.held:self.held + k] = outputs[pos:pos + k]
-            self._seen.add(lengths[pos:pos + k])
+            self._groups[self.held:self.held + k] = groups[pos:pos + k]
+            self._count(lengths[pos:pos + k], groups[pos:pos + k])
             self._pushed += k
             self.held += k
             pos += k
             self.max_held = max(self.max_held, self.held)
             if self.held >= self.buffer_size:
                 yield self._round_flat(final=False)
+
+    def _count(self, lengths: np.ndarray, groups: np.ndarray) -> None:
+        """Count pushed lengths in the histogram that weighs how common a length is (per group key)."""
+        if self.grouped:
+            self._seen.add(lengths, groups)
+        else:
+            self._seen.add(lengths)
 
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:
@@ -168,12 +187,15 @@ class BucketBatcher:
         """A fresh batcher whose shuffle is seeded for one (rank, worker) slot of one epoch."""
         return cls(config, seed=slot_seed(config.seed, epoch, slot), stream_length=stream_length)
 
-    def plan(self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None) -> BatchPlan:
-        """Run a whole stream with these lengths through this (fresh) batcher: its batches as positions
-        (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its positions only).
-        The stream's length is known here: pushing the same lengths into a batcher made with
+    def plan(self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None,
+             groups: np.ndarray | None = None) -> BatchPlan:
+        """Run a whole stream with these lengths (output lengths, group keys) through this (fresh) batcher: its
+        batches as positions (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its
+        positions only). The stream's length is known here: pushing the same lengths into a batcher made with
         ``stream_length=len(lengths)`` forms the same batches."""
         n = len(lengths)
+        if self.grouped and groups is None:
+            raise ValueError(f"batch_by={self.config.batch_by!r} needs each sample's group key (groups=)")
         if self.stream_length is None:
             self.stream_length = n
         if n < 2**31:
@@ -184,7 +206,8 @@ class BucketBatcher:
         for a in range(0, n, step):
             b = min(n, a + step)
             outs = None if outputs is None else np.asarray(outputs[a:b])
-            for flat, k in self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b]), outs):
+            keys = None if groups is None else np.asarray(groups[a:b])
+            for flat, k in self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b]), outs, keys):
                 flats.append(flat)
                 sizes.append(k)
         if self.held:
@@ -202,10 +225,17 @@ class BucketBatcher:
     def _sort_window(self) -> None:
         """Merge the samples pushed since the last round into the window, kept sorted longest first.
 
-        Ties keep arrival order, so the result equals a stable sort of the whole window.
+        Ties keep arrival order, so the result equals a stable sort of the whole window. With ``batch_by`` the
+        window is sorted by group key first (a stable sort of the whole window on both keys).
         """
         h, m = self.held, self._nsorted
         if m == h:
+            return
+        if self.grouped:
+            o = np.lexsort((-self._lens[:h], self._groups[:h]))
+            for a in (self._lens, self._ids, self._outs, self._groups):
+                a[:h] = a[:h][o]
+            self._nsorted = h
             return
         new_lens, new_ids, new_outs = self._lens[m:h], self._ids[m:h], self._outs[m:h]
         o = np.argsort(-new_lens, kind="stable")
@@ -220,35 +250,46 @@ class BucketBatcher:
         self._lens[:h], self._ids[:h], self._outs[:h] = lens, ids, outs
         self._nsorted = h
 
-    def _runs(self, s: np.ndarray, o: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _runs(self, s: np.ndarray, o: np.ndarray | None = None, g: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
         """For each position of the sorted window ``s``: where a batch starting there ends (its capacity,
         in multiples of ``batch_size_multiple_of``; under an output budget also ``n × max(o) ≤ output_budget``
-        for the output lengths ``o``), and where its bucket's run of the window ends."""
+        for the output lengths ``o``), and where its bucket's run of the window ends (with ``batch_by``: its
+        group's run too, for the group keys ``g``). Where a batch ends never decreases along the window."""
         n = len(s)
         cap = self._capacity(s)
         if self.multiple > 1:
             cap = np.where(cap >= self.multiple, cap - cap % self.multiple, cap)
         reach = np.arange(n, dtype=np.int64) + cap
+        g_end = group_ends(g) if self.grouped and g is not None else None
+        if g_end is not None:  # past its group's run means "not complete yet": one past is as good, and monotone
+            reach = np.minimum(reach, g_end + 1)
         if self.output_budget is not None and o is not None:
-            reach = bound_reach(reach, o, self.output_budget, self.multiple)
+            reach = bound_reach(reach, o, self.output_budget, self.multiple, g_end)
+        cuts = np.zeros(max(n - 1, 0), dtype=bool)
         if self.boundaries.size:
-            bucket = np.searchsorted(self.boundaries, s, side="left")
-            change = np.flatnonzero(np.diff(bucket)) + 1
+            cuts |= np.diff(np.searchsorted(self.boundaries, s, side="left")) != 0
+        if g_end is not None:
+            cuts |= np.diff(g) != 0
+        if cuts.any():
+            change = np.flatnonzero(cuts) + 1
             seg_end = np.append(change, n)[np.searchsorted(change, np.arange(n), side="right")]
         else:
             seg_end = np.full(n, n, dtype=np.int64)
         return reach, seg_end
 
-    def _pack(self, s: np.ndarray, o: np.ndarray | None = None) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
-        """Cut lengths ``s`` (sorted longest first) greedily into batches.
+    def _pack(self, s: np.ndarray, o: np.ndarray | None = None, g: np.ndarray | None = None
+              ) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """Cut lengths ``s`` (sorted longest first; with ``batch_by`` within each group key of ``g``) greedily
+        into batches.
 
         Returns the batches — ``(starts, ends)`` of runs in ``s``, or for packed batches a list of position
         arrays — and whether each is complete (no further sample could join).
         """
         if self.cost.packed:
-            return self._pack_by_sum(s)
+            return self._pack_by_sum(s, g)
         n = len(s)
-        reach, seg_end = self._runs(s, o)
+        reach, seg_end = self._runs(s, o, g)
         full = reach <= seg_end
         nxt = np.append(np.minimum(reach, seg_end), n)  # sentinel n jumps to itself
         # the greedy chain start → start + capacity, followed by pointer doubling: a few vectorised passes
@@ -264,44 +305,19 @@ class BucketBatcher:
         starts.sort()
         return (starts, nxt[starts]), full[starts]
 
-    def _pack_by_sum(self, s: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Packed batches (no padding): each batch takes the longest samples left that fit, then fills
-        what remains of the budget best-fit (the longest sample that still fits, again and again), which
-        keeps the short samples for the small gaps. A batch is complete when not even the window's shortest
-        sample would fit; the others wait for new samples."""
+    def _pack_by_sum(self, s: np.ndarray, g: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+        """Packed batches (no padding) by :func:`~streambatch.plan.packed.pack_by_sum`; with ``batch_by`` each
+        group's run of the window on its own."""
         t = self._tensor_len(s).tolist()
-        n = len(t)
-        neg = [-x for x in t]  # ascending, for bisect
-        parent = list(range(n + 1))  # next unused position at or after i (union-find with path halving)
-
-        def find(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        budget, cap = self.budget, self.max_batch_size
-        shortest = t[-1] if n else 0.0
-        members, full = [], []
-        i = find(0)
-        while i < n:
-            batch, tot = [], 0.0
-            while i < n and len(batch) < cap and tot + t[i] <= budget:
-                batch.append(i)
-                tot += t[i]
-                parent[i] = i + 1
-                i = find(i + 1)
-            while len(batch) < cap and budget - tot >= shortest:
-                j = find(bisect.bisect_left(neg, tot - budget))  # first unused sample ≤ what is left
-                if j >= n:
-                    break
-                batch.append(j)
-                tot += t[j]
-                parent[j] = j + 1
-            i = find(i)
-            members.append(np.array(sorted(batch), dtype=np.int64))
-            full.append(len(batch) >= cap or budget - tot < shortest)
-        return members, np.asarray(full, dtype=bool)
+        if not self.grouped or g is None:
+            return pack_by_sum(t, self.budget, self.max_batch_size)
+        members: list[np.ndarray] = []
+        full: list[np.ndarray] = []
+        for a, b in group_runs(g):
+            m, f = pack_by_sum(t[a:b], self.budget, self.max_batch_size)
+            members += [x + a for x in m]
+            full.append(f)
+        return members, np.concatenate(full) if full else np.zeros(0, dtype=bool)
 
     def _round(self, final: bool) -> list[np.ndarray]:
         """One round of packing and emission, as a list of batches (the online path)."""
@@ -325,7 +341,7 @@ class BucketBatcher:
         """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""
         h = self.held
         ids = self._ids[:h]
-        batches, full = self._pack(self._lens[:h], self._outs[:h])
+        batches, full = self._pack(self._lens[:h], self._outs[:h], self._groups[:h])
         members, sizes = _batch_members(batches)
         nb = len(sizes)
         chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
@@ -342,12 +358,14 @@ class BucketBatcher:
         the greedy cut's batches (complete ones at random, then partial ones) to ``refill``."""
         h = self.held
         lens = self._lens[:h]
-        ends, seg_end = self._runs(lens, self._outs[:h])
+        g = self._groups[:h]
+        ends, seg_end = self._runs(lens, self._outs[:h], g)
         tiebreak = self.rng if self.shuffle else None
         need = tight_share(self._pushed, self.stream_length, self.buffer_size, self.refill)
         starts = np.zeros(0, dtype=np.int64)
         if need:
-            key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, self._seen.of_sorted(lens), tiebreak)
+            seen = self._seen.of_sorted(lens, g) if self.grouped else self._seen.of_sorted(lens)
+            key = run_keys(lens, self._tensor_len(lens), ends, ends <= seg_end, seen, tiebreak)
             starts = select_runs(key, ends, need)
         if not self.shuffle:
             starts = np.sort(starts)
@@ -368,7 +386,7 @@ class BucketBatcher:
         """The window at ``positions`` (sorted) cut greedily; complete batches in random order, then partial
         ones fullest first, until ``need`` samples are chosen: their window positions flat, and sizes."""
         lens = self._lens[positions]
-        batches, full = self._pack(lens, self._outs[positions])
+        batches, full = self._pack(lens, self._outs[positions], self._groups[positions])
         members, sizes = _batch_members(batches)
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
@@ -383,14 +401,12 @@ class BucketBatcher:
     def _emit(self, out: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Remove the samples at window positions ``out`` from the window; their ids flat, and the sizes."""
         h = self.held
-        ids, lens, outs = self._ids[:h], self._lens[:h], self._outs[:h]
         keep = np.ones(h, dtype=bool)
         keep[out] = False
         k = h - len(out)
-        flat = ids[out].astype(self._out_dtype)
-        self._ids[:k] = ids[keep]
-        self._lens[:k] = lens[keep]
-        self._outs[:k] = outs[keep]
+        flat = self._ids[:h][out].astype(self._out_dtype)
+        for a in (self._ids, self._lens, self._outs, self._groups):
+            a[:k] = a[:h][keep]
         self.held = self._nsorted = k
         return flat, sizes
 
@@ -416,17 +432,9 @@ def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
     return lists, sizes
 
 
-def sort_batches(flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, descending: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Batches (positions ``flat``, ``sizes``) reordered by their longest sample's length, shortest first
-    (``descending``: longest first); batches with equally long longest samples keep their planned order."""
-    first = np.cumsum(sizes) - sizes
-    longest = np.maximum.reduceat(lengths[flat], first)
-    order = np.argsort(-longest if descending else longest, kind="stable")
-    return flat[run_positions(first[order], first[order] + sizes[order])], sizes[order]
-
-
-def iter_batches(items: Iterable, batcher: BucketBatcher, length_of, output_of=None) -> Iterator[list]:
-    """Stage: feed ``items`` through ``batcher`` (``length_of(item)`` gives the length), yield item batches.
+def iter_batches(items: Iterable, batcher: BucketBatcher, length_of, output_of=None, group_of=None) -> Iterator[list]:
+    """Stage: feed ``items`` through ``batcher`` (``length_of(item)`` gives the length; ``output_of`` the output
+    length under an output budget, ``group_of`` the group key under ``batch_by``), yield item batches.
 
     Items are held in a dict keyed by arrival number until their batch is emitted, so at most
     ``buffer_size`` items are in memory.
@@ -434,7 +442,8 @@ def iter_batches(items: Iterable, batcher: BucketBatcher, length_of, output_of=N
     held: dict[int, object] = {}
     for i, item in enumerate(items):
         held[i] = item
-        ready = batcher.push(i, length_of(item), output_of(item) if output_of is not None else 0.0)
+        ready = batcher.push(i, length_of(item), output_of(item) if output_of is not None else 0.0,
+                             group_of(item) if group_of is not None else 0)
         if batcher.skipped and batcher.skipped[-1] == i:
             held.pop(i)
         for batch in ready:
@@ -451,6 +460,7 @@ def plan_batches(
     *,
     config: BatchingConfig | None = None,
     output_lengths: Sequence[float] | np.ndarray | None = None,
+    groups: Sequence[int] | np.ndarray | None = None,
     **options: Any,
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
@@ -459,6 +469,7 @@ def plan_batches(
     :class:`BatchingConfig`, or its options by name (:meth:`BatchingConfig.make`: ``num_buckets`` estimates
     boundaries from ``lengths``; without boundaries every batch is cut from the sorted window directly).
     ``output_lengths`` with ``output_budget``: every batch also holds ``n × max output length ≤ output_budget``.
+    ``groups`` with ``batch_by``: each sample's group key (integers); no batch holds two keys.
     """
     lengths = np.asarray(lengths)
     if config is None:
@@ -467,20 +478,5 @@ def plan_batches(
         raise TypeError("pass either config= or the batching options, not both")
     if config.output_budget is not None and output_lengths is None:
         raise ValueError("output_budget needs output_lengths (each sample's second length)")
-    return BucketBatcher(config).plan(lengths, None if output_lengths is None else np.asarray(output_lengths))
-
-
-def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None = None) -> list[np.ndarray]:
-    """Reference: the whole dataset sorted by length and packed greedily (needs all lengths in memory)."""
-    lengths = np.asarray(lengths)
-    order = np.argsort(-lengths, kind="stable")
-    order = order[lengths[order] <= budget]
-    out, start = [], 0
-    cap = max_batch_size or 1 << 62
-    n = len(order)
-    while start < n:
-        m = lengths[order[start]]
-        k = int(min(budget // m, cap, n - start))
-        out.append(order[start:start + k])
-        start += k
-    return out
+    outs = None if output_lengths is None else np.asarray(output_lengths)
+    return BucketBatcher(config).plan(lengths, outs, None if groups is None else np.asarray(groups))

@@ -1,4 +1,5 @@
-"""BatchPlan: the batches of one stream, held flat (positions and batch bounds), plus what was left out."""
+"""BatchPlan: the batches of one stream, held flat (positions and batch bounds), plus what was left out; their
+ordering by length (``batch_order``), and the sorted oracle the benchmarks compare with."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections import abc
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
+from .select import run_positions
 
 
 class BatchPlan(abc.Sequence):
@@ -58,3 +61,28 @@ class BatchPlan(abc.Sequence):
     @property
     def num_samples(self) -> int:
         return int(self.bounds[-1])
+
+
+def sort_batches(flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, descending: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Batches (positions ``flat``, ``sizes``) reordered by their longest sample's length, shortest first
+    (``descending``: longest first); batches with equally long longest samples keep their planned order."""
+    first = np.cumsum(sizes) - sizes
+    longest = np.maximum.reduceat(lengths[flat], first)
+    order = np.argsort(-longest if descending else longest, kind="stable")
+    return flat[run_positions(first[order], first[order] + sizes[order])], sizes[order]
+
+
+def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None = None) -> list[np.ndarray]:
+    """Reference: the whole dataset sorted by length and packed greedily (needs all lengths in memory)."""
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    order = order[lengths[order] <= budget]
+    out, start = [], 0
+    cap = max_batch_size or 1 << 62
+    n = len(order)
+    while start < n:
+        m = lengths[order[start]]
+        k = int(min(budget // m, cap, n - start))
+        out.append(order[start:start + k])
+        start += k
+    return out

@@ -41,6 +41,7 @@ class BatchingConfig:
     pad_to_multiple_of: int | None = None
     batch_order: str = "random"
     output_budget: float | None = None
+    batch_by: str | None = None
     cost: CostModel = field(default_factory=PaddedCost)
 
     def __post_init__(self) -> None:
@@ -57,6 +58,8 @@ class BatchingConfig:
             check_budget(self.output_budget)
             if self.cost.packed:
                 raise ValueError("output_budget bounds padded batches (n × max output length); packed batches have none")
+        if self.batch_by is not None and self.batch_by not in BATCH_BY:
+            raise ValueError(f"batch_by must be None or one of {', '.join(map(repr, BATCH_BY))}, got {self.batch_by!r}")
         if self.batch_order not in BATCH_ORDERS:
             raise ValueError(f"batch_order must be one of {', '.join(map(repr, BATCH_ORDERS))}, got {self.batch_order!r}")
         if self.bucket_boundaries is not None:
@@ -129,6 +132,8 @@ def _auto_buffer(model: CostModel, budget: float, max_batch_size: int | None, me
 
 #: emission orders of a slot's batches: ``random`` (seeded), or sorted by each batch's longest sample
 BATCH_ORDERS = ("random", "ascending", "descending")
+#: what ``batch_by`` may group batches by: each batch from one dataset of a mixture (None: any samples)
+BATCH_BY = ("dataset",)
 #: how ``num_buckets`` boundaries are spaced: equal counts of samples, or equal ratios of length
 BUCKET_SPACINGS = ("quantile", "exponential")
 

@@ -18,7 +18,8 @@ class Lengths:
 
     ``load(shards)`` returns the length arrays of those shards; it is called once per shard at most.
     ``scale`` (a mixture's): per shard, the expected share of it an epoch takes; shards are dealt to slots by
-    ``totals × scale`` and each sample by its length times its shard's scale."""
+    ``totals × scale`` and each sample by its length times its shard's scale. ``groups`` (a mixture's): per shard,
+    the group key its samples carry under ``batch_by="dataset"`` (the dataset's number)."""
 
     def __init__(self, counts: np.ndarray, totals: np.ndarray, load: Loader, scale: np.ndarray | None = None):
         self.counts = np.asarray(counts, dtype=np.int64)
@@ -29,14 +30,17 @@ class Lengths:
         self._arrays: dict[int, np.ndarray] = {}
         self.load_outputs: Loader | None = None  # each shard's output lengths (two-length budgets), if known
         self._outputs: dict[int, np.ndarray] = {}
+        self.groups: np.ndarray | None = None  # per shard: its samples' group key (batch_by), if known
 
     @classmethod
-    def of(cls, shard_lengths: Sequence[np.ndarray]) -> "Lengths":
-        """All lengths already in memory (the global plan, tests, benchmarks)."""
+    def of(cls, shard_lengths: Sequence[np.ndarray], groups: Sequence[int] | None = None) -> "Lengths":
+        """All lengths already in memory (the global plan, tests, benchmarks); ``groups``: each shard's group
+        key (``batch_by``)."""
         arrays = [np.asarray(x) for x in shard_lengths]
         totals = [float(a.sum()) if a.size else 0.0 for a in arrays]
         out = cls(np.array([a.size for a in arrays], dtype=np.int64), np.array(totals), lambda ids: [arrays[i] for i in ids])
         out._arrays = dict(enumerate(arrays))
+        out.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
         return out
 
     @property
@@ -136,4 +140,6 @@ def index_lengths(index: Any, kept_share: np.ndarray | None = None) -> Lengths:
     out = Lengths(table["count"], table["total_length"], index.shard_lengths, scale)
     if getattr(index, "has_output_lengths", False):
         out.load_outputs = index.shard_output_lengths
+    if hasattr(index, "dataset_of_shard"):  # a mixture: each virtual shard's dataset, the key of batch_by="dataset"
+        out.groups = np.asarray(index.dataset_of_shard(np.arange(out.num_shards)), dtype=np.int64)
     return out

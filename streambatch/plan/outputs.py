@@ -40,13 +40,15 @@ def output_reach(outs: np.ndarray, budget: float, limit: np.ndarray) -> np.ndarr
         hi[act] = np.where(ok, hi[act], mid - 1)
 
 
-def bound_reach(reach: np.ndarray, outs: np.ndarray, budget: float, multiple: int) -> np.ndarray:
-    """``reach`` (where each batch of the sorted window ends under the input budget; beyond the window: not
-    complete yet) shortened where the output budget binds first (in multiples of ``multiple`` where possible),
-    then made non-decreasing (a suffix minimum: a later start never reaches less far, which the greedy cut and
-    the run selection rely on; a shortened run is still within both budgets)."""
+def bound_reach(reach: np.ndarray, outs: np.ndarray, budget: float, multiple: int,
+                end: np.ndarray | None = None) -> np.ndarray:
+    """``reach`` (where each batch of the sorted window ends under the input budget; beyond the window, or
+    beyond ``end``, where each position's group ends under ``batch_by``: not complete yet) shortened where the
+    output budget binds first (in multiples of ``multiple`` where possible), then made non-decreasing (a suffix
+    minimum: a later start never reaches less far, which the greedy cut and the run selection rely on; a
+    shortened run is still within both budgets)."""
     n = len(outs)
-    limit = np.minimum(reach, n)
+    limit = np.minimum(reach, n if end is None else end)
     out_end = output_reach(outs, budget, limit)
     binds = out_end < limit
     if multiple > 1:

@@ -143,6 +143,7 @@ class PlannedLengths(Lengths):
         super().__init__(base.counts, base.totals, base._load)
         self.scale = base.scale  # a mixture's deal scale (``totals`` are already scaled)
         self.load_outputs, self._outputs = base.load_outputs, base._outputs
+        self.groups = base.groups  # a mixture's dataset per shard (batch_by)
         self._arrays = base._arrays  # one cache: a shard's lengths are read once
         self.base, self.plan, self.seed, self.epoch = base, plan, seed, int(epoch)
 

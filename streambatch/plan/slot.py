@@ -96,6 +96,17 @@ def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.n
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
+def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Any, batch_by: str) -> np.ndarray:
+    """The group key of each sample of a slot's stream (``batch_by``: its shard's dataset), ordered as
+    :func:`stream_lengths`."""
+    groups = getattr(lengths, "groups", None)
+    if groups is None:
+        raise ValueError(f"batch_by={batch_by!r} groups the samples of a mixture by dataset; these lengths come "
+                         "from one dataset (give several datasets, or leave batch_by=None)")
+    kept = [int(np.count_nonzero(~piece_excluded(p, lengths.offsets, excluded))) for p in pieces]
+    return np.repeat(groups[[p.shard for p in pieces]], kept) if pieces else np.zeros(0, dtype=np.int64)
+
+
 def plan_slot(
     pieces: list[Piece],
     lengths: Any,
@@ -113,12 +124,13 @@ def plan_slot(
     ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not).
     ``counted``: only the batch sizes (:meth:`SlotPlan.counted`), planned without listing the samples' ids."""
     outs = stream_outputs(pieces, lengths, excluded) if config.output_budget is not None else None
+    keys = stream_groups(pieces, lengths, excluded, config.batch_by) if config.batch_by is not None else None
     if counted and hasattr(lengths, "shard"):
         lens = stream_lengths(pieces, lengths, excluded)
-        return SlotPlan.counted(pieces, len(lens), BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs))
+        return SlotPlan.counted(pieces, len(lens), BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs, keys))
     gids = slot_stream(pieces, offsets, excluded)
     lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
-    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs)
+    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs, keys)
     if counted:
         return SlotPlan.counted(pieces, len(gids), bp)
     return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped),

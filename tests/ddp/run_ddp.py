@@ -50,6 +50,7 @@ def main() -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--train", action="store_true")
     p.add_argument("--persistent-workers", action="store_true")
+    p.add_argument("--batch-by", default=None, help="batch_by of a mixture: 'dataset'")
     a = p.parse_args()
     watch_parent(os.getppid())  # torchrun killed by SIGKILL: this rank ends too instead of waiting forever
 
@@ -62,6 +63,7 @@ def main() -> None:
     loader = StreamBatchLoader(
         a.data, budget=a.budget, num_workers=a.num_workers, buffer_size=a.buffer_size, seed=a.seed,
         even_batches=a.even_batches, persistent_workers=a.persistent_workers,
+        **({"batch_by": a.batch_by} if a.batch_by else {}),
     )
     ckpt = os.path.join(a.out, f"ckpt-rank{rank}.pt")
     step = 0
