@@ -30,7 +30,30 @@ def check_state(loader: Any, state: dict[str, Any]) -> int:
     consumed = int(state.get("batches_consumed", 0))
     if loader.index is None and consumed:
         raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
+    if consumed and "batching" in state:  # between epochs the options may change; within one they decide what was seen
+        _check_batching(state["batching"], batching_record(loader.config))
     return consumed
+
+
+def batching_record(config: Any) -> dict[str, Any]:
+    """The batching options that decide an epoch's batches, as plain values (a checkpoint holds them so that a
+    mid-epoch resume with other options is refused rather than silently losing or repeating samples)."""
+    fields = ("budget", "buffer_size", "refill", "max_batch_size", "batch_size_multiple_of", "min_length",
+              "max_length", "drop_last", "strict", "shuffle", "pad_to_multiple_of", "batch_order", "output_budget",
+              "batch_by")
+    out = {k: getattr(config, k) for k in fields if hasattr(config, k)}
+    edges = config.bucket_boundaries
+    out["bucket_boundaries"] = None if edges is None else [float(x) for x in edges]
+    out["cost"] = config.cost.to_json() if hasattr(config.cost, "to_json") else config.cost.name
+    return out
+
+
+def _check_batching(saved: dict[str, Any], mine: dict[str, Any]) -> None:
+    differ = [k for k in saved if k in mine and saved[k] != mine[k]]
+    if differ:
+        said = ", ".join(f"{k}={saved[k]!r} (now {mine[k]!r})" for k in differ)
+        raise ValueError(f"state was saved mid-epoch with other batching options: {said}; resume with the same "
+                         "options, or from the end of an epoch")
 
 
 def old_layout(loader: Any, state: dict[str, Any], consumed: int, before: Resumed) -> Layout:

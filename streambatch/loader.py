@@ -29,7 +29,7 @@ from .read.faults import FAULT_FIELDS, STORAGE_WAIT
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
-from .checkpoint import check_state, old_layout, pack_mask, unpack_mask
+from .checkpoint import batching_record, check_state, old_layout, pack_mask, unpack_mask
 from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
 from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
 from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
@@ -432,6 +432,7 @@ class StreamBatchLoader:
             "num_samples": self.index.num_samples if self.index is not None else None,
             "mixture": self.index.state() if isinstance(self.index, MixedIndex) else None,
             "where": self.filter.expr if self.filter is not None else None,
+            "batching": batching_record(self.config),
             "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
             "excluded": pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
         }

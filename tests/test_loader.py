@@ -104,6 +104,27 @@ def test_resume_mid_epoch_gives_the_remaining_batches(audio_ds, num_workers):
     assert head + tail == full
 
 
+def test_resume_mid_epoch_with_other_batching_options_is_refused(audio_ds):
+    """The saved batches-consumed count means something only for the batches those options planned: another
+    budget or window mid-epoch would lose or repeat samples, so it is a clear error; between epochs it is fine."""
+    kw = dict(budget=BUDGET, buffer_size=50, seed=4)
+    first = StreamBatchLoader(audio_ds, **kw)
+    it = iter(first)
+    next(it), next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    for change in ({"buffer_size": 60}, {"budget": BUDGET * 0.9}):
+        with pytest.raises(ValueError, match=f"other batching options: {next(iter(change))}="):
+            StreamBatchLoader(audio_ds, **{**kw, **change}).load_state_dict(state)
+    done = StreamBatchLoader(audio_ds, **kw)
+    for _ in done:
+        pass
+    end = done.state_dict()  # the end of an epoch: the next starts fresh with whatever options
+    other = StreamBatchLoader(audio_ds, **{**kw, "budget": BUDGET * 0.9})
+    other.load_state_dict(json.loads(json.dumps(end)))
+    assert sum(len(b["keys"]) for b in other) == other.index.num_samples
+
+
 def _run_ranks(audio_ds, world, kw, state=None, stop=None):
     """Every rank of a layout (explicit rank/world_size, no process group): its keys and its state after
     ``stop`` batches (all of them when None)."""
