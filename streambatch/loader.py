@@ -26,6 +26,7 @@ from .plan.resume import Layout, Resumed, excluded_in
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
+from .read.ring import batch_ring
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
@@ -154,6 +155,8 @@ class StreamBatchLoader:
         self._state = SharedEpochState(self.num_workers)
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
         self._dataloader: DataLoader | None = None
+        self._ring = batch_ring(self.num_workers, self.config.budget, decode, self.prefetch_factor)
+        self._open_passes = 0  # passes begun and not yet ended (the ring is reclaimed only between passes)
 
     def _parse_budget(self, budget: Any) -> float | None:
         """The budget in the plan's unit (a duration like ``"60s"`` converted with the index's rate)."""
@@ -314,7 +317,7 @@ class StreamBatchLoader:
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
             state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
             length_plan=self.length_plan,
-            filter=self.filter,
+            filter=self.filter, ring=self._ring,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -362,15 +365,21 @@ class StreamBatchLoader:
         steps = self._publish(epoch)
         if self._dataloader is None or not self.persistent_workers:
             self._dataloader = self._make_dataloader()
+            if self._ring is not None and self._open_passes == 0:  # no worker of an earlier pass runs
+                self._ring.reclaim()
         self._meter = EpochMeter(epoch, self.config.budget, self.config.cost, self._unit_per_element())
-        for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
-            if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once the
-                yield from item[:-1]  # last one is out (a state saved mid-batch resumes at its first)
-                self._consumed += 1
-                yield item[-1]
-            else:
-                self._consumed += 1
-                yield item
+        self._open_passes += 1
+        try:
+            for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
+                if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
+                    yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
+                    self._consumed += 1
+                    yield item[-1]
+                else:
+                    self._consumed += 1
+                    yield item
+        finally:
+            self._open_passes -= 1
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         if steps is None and self._consumed == 0:
