@@ -26,7 +26,7 @@ from .plan.resume import Layout, Resumed, excluded_in
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS
-from .read.ring import batch_ring
+from .read.ring import BatchRing, batch_ring
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
@@ -74,6 +74,9 @@ class StreamBatchLoader:
     name. ``where``: keep only the samples for which this SQL expression over the sample table's columns is
     true (``"language = 'de' AND snr > 10"``; DuckDB). The README lists every option.
     """
+
+    _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
+    _open_passes = 0  # passes begun and not ended: the ring is reclaimed only between passes
 
     def __init__(
         self,
@@ -155,8 +158,6 @@ class StreamBatchLoader:
         self._state = SharedEpochState(self.num_workers)
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
         self._dataloader: DataLoader | None = None
-        self._ring = batch_ring(self.num_workers, self.config.budget, decode, self.prefetch_factor)
-        self._open_passes = 0  # passes begun and not yet ended (the ring is reclaimed only between passes)
 
     def _parse_budget(self, budget: Any) -> float | None:
         """The budget in the plan's unit (a duration like ``"60s"`` converted with the index's rate)."""
@@ -295,6 +296,9 @@ class StreamBatchLoader:
     def _make_dataloader(self) -> DataLoader:
         kwargs: dict[str, Any] = {}
         if self.num_workers > 0:
+            if self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
+                self._ring = batch_ring(self.num_workers, self.config.budget, self.collate_options.decode,
+                                        self.prefetch_factor)
             kwargs["prefetch_factor"] = self.prefetch_factor or 2
             kwargs["persistent_workers"] = self.persistent_workers
             kwargs["worker_init_fn"] = _WorkerInit(self.worker_init_fn)
