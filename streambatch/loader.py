@@ -26,6 +26,7 @@ from .plan.resume import Layout, Resumed, excluded_in
 from .plan.slot import Adjust, per_worker
 from .read.collate import Decode
 from .read.faults import FAULT_FIELDS, STORAGE_WAIT
+from .read.ring import BatchRing, batch_ring
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
@@ -73,6 +74,9 @@ class StreamBatchLoader:
     name. ``where``: keep only the samples for which this SQL expression over the sample table's columns is
     true (``"language = 'de' AND snr > 10"``; DuckDB). The README lists every option.
     """
+
+    _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
+    _open_passes = 0  # passes begun and not ended: the ring is reclaimed only between passes
 
     def __init__(
         self,
@@ -292,6 +296,9 @@ class StreamBatchLoader:
     def _make_dataloader(self) -> DataLoader:
         kwargs: dict[str, Any] = {}
         if self.num_workers > 0:
+            if self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
+                self._ring = batch_ring(self.num_workers, self.config.budget, self.collate_options.decode,
+                                        self.prefetch_factor)
             kwargs["prefetch_factor"] = self.prefetch_factor or 2
             kwargs["persistent_workers"] = self.persistent_workers
             kwargs["worker_init_fn"] = _WorkerInit(self.worker_init_fn)
@@ -314,7 +321,7 @@ class StreamBatchLoader:
             collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
             state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
             length_plan=self.length_plan,
-            filter=self.filter,
+            filter=self.filter, ring=self._ring,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -363,15 +370,21 @@ class StreamBatchLoader:
         steps = self._publish(epoch)
         if self._dataloader is None or not self.persistent_workers:
             self._dataloader = self._make_dataloader()
+            if self._ring is not None and self._open_passes == 0:  # no worker of an earlier pass runs
+                self._ring.reclaim()
         self._meter = EpochMeter(epoch, self.config.budget, self.config.cost, self._unit_per_element())
-        for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
-            if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once the
-                yield from item[:-1]  # last one is out (a state saved mid-batch resumes at its first)
-                self._consumed += 1
-                yield item[-1]
-            else:
-                self._consumed += 1
-                yield item
+        self._open_passes += 1
+        try:
+            for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
+                if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
+                    yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
+                    self._consumed += 1
+                    yield item[-1]
+                else:
+                    self._consumed += 1
+                    yield item
+        finally:
+            self._open_passes -= 1
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         if steps is None and self._consumed == 0:

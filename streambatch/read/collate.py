@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio, open_clips
+from .ring import slot_tensor
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}
@@ -40,7 +41,7 @@ def pad_stack(arrays: Sequence[torch.Tensor], pad_value: float = 0, pad_to_multi
     if pad_to_multiple_of and t_max % pad_to_multiple_of:
         t_max += pad_to_multiple_of - t_max % pad_to_multiple_of
     first = arrays[0]
-    out = torch.full((len(arrays), t_max, *first.shape[1:]), pad_value, dtype=first.dtype)
+    out = batch_tensor((len(arrays), t_max, *first.shape[1:]), first.dtype).fill_(pad_value)
     for i, a in enumerate(arrays):
         out[i, : a.shape[0]] = a
     return out
@@ -82,9 +83,13 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
 
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor for a batch; in a DataLoader worker, in shared memory from the start, so passing
-    it to the main process copies nothing (as torch's own collate does)."""
+    it to the main process copies nothing: in the worker's free ring buffer (read/ring.py), else in a fresh
+    segment (as torch's own collate does)."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
+    out = slot_tensor(shape, dtype)
+    if out is not None:
+        return out
     numel = int(np.prod(shape))
     storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
     return torch.empty(0, dtype=dtype).new(storage).resize_(shape)

@@ -30,6 +30,7 @@ from .direct import DirectShards, can_read_direct
 from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .reader import ReadOptions, read_pieces
+from .ring import BatchRing
 from .skip import skip_left_out
 from .table_text import TableText
 
@@ -112,6 +113,7 @@ class SlotContext:
     resumed: Resumed | None = None
     length_plan: LengthPlan | None = None  # speed perturbation / feature frames (plan/perturb.py)
     filter: Any = None  # a :class:`~streambatch.dataset.where.PlanFilter` (``where=``), or None
+    ring: BatchRing | None = None  # reused shared-memory batch buffers per worker (read/ring.py)
 
     @property
     def num_slots(self) -> int:
@@ -144,13 +146,17 @@ class EpochStream(IterableDataset):
             ctx.faults.numpy(), ctx.bad.numpy(), row=physical,
             max_bad_shards=ctx.read.max_bad_shards, urls=ctx.urls, rank=ctx.rank,
         )
-        yield from stream_slot(ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults)
+        place = ctx.ring.writer(physical) if ctx.ring is not None and torch.utils.data.get_worker_info() else None
+        yield from stream_slot(ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults,
+                               place)
 
 
 def stream_slot(
-    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None
+    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None,
+    place: Any = None,
 ) -> Iterator[Any]:
-    """The one place the read stages are composed, for one (rank, worker) slot."""
+    """The one place the read stages are composed, for one (rank, worker) slot; ``place`` (a worker's
+    :class:`~streambatch.read.ring.RingWriter`) makes each batch in a reused shared-memory buffer."""
     opts = ctx.collate
     if opts.per_sample is not None:  # per-sample randomness follows the epoch
         opts = dataclasses.replace(opts, per_sample=opts.per_sample.for_epoch(epoch))
@@ -161,7 +167,8 @@ def stream_slot(
         batches = _online_batches(ctx, epoch, slot, adj, faults)
     texts = TableText.of(ctx.index)  # transcripts the tars do not hold (an adopted NeMo dataset's)
     for batch in batches:
-        yield checked(texts(batch) if texts is not None else batch)
+        batch = texts(batch) if texts is not None else batch
+        yield checked(batch) if place is None else place(lambda: checked(batch))
 
 
 def _planned_batches(
