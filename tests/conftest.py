@@ -45,6 +45,21 @@ def audio_dataset(root: Path, n: int, corpus_seed: int, sample_rate: int = SR, *
     return str(root / "shards")
 
 
+def text_dataset(root: Path, n: int, seed: int, max_tokens: int = 120, with_text: bool = False, **write: Any) -> str:
+    """``n`` token-id documents of 1 .. ``max_tokens`` - 1 random ids (``with_text``: also their ids as a
+    ``text`` field), written as shards under ``root`` (``write``: the ``write_shards`` options): the shards' folder."""
+    from streambatch.write.writer import write_shards
+
+    rng = np.random.default_rng(seed)
+    with open(root / "text.jsonl", "w") as f:
+        for i in range(n):
+            ids = rng.integers(1, 1000, size=int(rng.integers(1, max_tokens))).tolist()
+            row = {"id": f"s{i}", "input_ids": ids, **({"text": " ".join(map(str, ids))} if with_text else {})}
+            f.write(json.dumps(row) + "\n")
+    write_shards(str(root / "text.jsonl"), str(root / "shards"), progress=False, **write)
+    return str(root / "shards")
+
+
 def write_jsonl(path: str | os.PathLike, rows: list, raw_lines: dict[int, str] | None = None) -> Path:
     """Write rows as JSON lines; ``raw_lines`` {position: text} inserts verbatim (e.g. broken) lines."""
     path = Path(path)
@@ -227,6 +242,18 @@ def stop_started() -> None:
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def finish(proc: subprocess.Popen, timeout: float, what: str = "the job", hint: str = "") -> None:
+    """Wait for a started job to exit 0; past ``timeout`` its whole process tree is killed and the test fails
+    (``hint``: the likely cause of a hang, for the message)."""
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.wait()
+        pytest.fail(f"{what} did not finish in {timeout} s{hint}")
+    assert rc == 0, f"{what} exited with {rc}"
 
 
 def cmdline(pid: int) -> str:

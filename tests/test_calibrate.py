@@ -25,6 +25,8 @@ from streambatch.fit.search import fit_memory_model, search_max_batch
 from streambatch.plan.cost import PaddedCost, QuadraticCost, resolve_cost
 from streambatch.dataset.index import ShardIndex, ShardInfo
 
+from conftest import text_dataset
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU calibration measures through /proc")
 
 MiB = 1 << 20
@@ -278,14 +280,8 @@ def test_cli_prints_the_table_and_writes_the_file(tmp_path, capsys):
 def test_loader_reads_the_calibration_file_end_to_end(tmp_path):
     """calibrate over a real text dataset's index, then StreamBatchLoader(budget=None, cost=FILE) batches."""
     from streambatch import StreamBatchLoader
-    from streambatch.write.writer import write_shards
 
-    rng = np.random.default_rng(0)
-    with open(tmp_path / "text.jsonl", "w") as f:
-        for i in range(300):
-            ids = rng.integers(1, 1000, size=int(rng.integers(1, 120))).tolist()
-            f.write(json.dumps({"id": f"s{i}", "input_ids": ids}) + "\n")
-    write_shards(str(tmp_path / "text.jsonl"), str(tmp_path / "shards"), max_count=40, progress=False)
+    text_dataset(tmp_path, 300, 0, max_count=40)
     per_token = 2048  # bytes of activation memory per padded token
 
     def step(batch):  # the loader's batch: input_ids [n, L]

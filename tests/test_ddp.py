@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_tree, popen
+from conftest import finish, kill_tree, popen
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
@@ -52,13 +52,7 @@ def torchrun(args: list[str], nproc: int, extra: list[str] | None = None) -> sub
 
 
 def wait(proc: subprocess.Popen, timeout: float = TIMEOUT) -> None:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        proc.wait()
-        pytest.fail(f"DDP job did not finish in {timeout} s (a hang: ranks stepping unevenly?)")
-    assert rc == 0, f"torchrun exited with {rc}"
+    finish(proc, timeout, "torchrun", " (a hang: ranks stepping unevenly?)")
 
 
 def run_job(data: str, out: Path, nproc: int, *args: str) -> dict[int, list[dict]]:

@@ -22,6 +22,8 @@ from streambatch.dataset.index import IndexError_, ShardInfo, upgrade
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
 
+from conftest import text_dataset
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from make_index import write_synthetic_index  # noqa: E402
 
@@ -42,14 +44,7 @@ def audio_v1(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_v1(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v2text")
-    rng = np.random.default_rng(0)
-    with open(root / "text.jsonl", "w") as f:
-        for i in range(120):
-            ids = rng.integers(1, 1000, size=int(rng.integers(1, 90))).tolist()
-            f.write(json.dumps({"id": f"s{i}", "input_ids": ids}) + "\n")
-    write_shards(str(root / "text.jsonl"), str(root / "shards"), max_count=16, progress=False, index_version=1)
-    return str(root / "shards")
+    return text_dataset(tmp_path_factory.mktemp("v2text"), 120, 0, max_tokens=90, max_count=16, index_version=1)
 
 
 def upgraded(src: str, dst) -> str:

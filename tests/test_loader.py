@@ -7,11 +7,10 @@ import os
 
 import numpy as np
 import pytest
-from conftest import audio_dataset
+from conftest import audio_dataset, text_dataset
 import torch
 
 from streambatch import ShardIndex, StreamBatchLoader, plan_batches
-from streambatch.write.writer import write_shards
 
 SR = 8000
 BUDGET = 12 * SR  # 12 s of audio per batch
@@ -25,14 +24,7 @@ def audio_ds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text_ds")
-    rng = np.random.default_rng(0)
-    with open(root / "text.jsonl", "w") as f:
-        for i in range(300):
-            ids = rng.integers(1, 1000, size=int(rng.integers(1, 120))).tolist()
-            f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "text": " ".join(map(str, ids))}) + "\n")
-    write_shards(str(root / "text.jsonl"), str(root / "shards"), max_count=40, progress=False)
-    return str(root / "shards")
+    return text_dataset(tmp_path_factory.mktemp("text_ds"), 300, 0, with_text=True, max_count=40)
 
 
 def run(loader):

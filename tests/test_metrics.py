@@ -9,7 +9,8 @@ import pytest
 
 from faultproxy import Rule
 from streambatch import StreamBatchLoader
-from streambatch.write.writer import write_shards
+
+from conftest import text_dataset
 
 pytest_plugins = ["conftest_s3"]
 
@@ -18,14 +19,7 @@ BUDGET = 2000
 
 @pytest.fixture(scope="module")
 def text_ds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("metrics")
-    rng = np.random.default_rng(4)
-    with open(root / "t.jsonl", "w") as f:
-        for i in range(200):
-            ids = rng.integers(1, 1000, size=int(rng.integers(1, 120))).tolist()
-            f.write(json.dumps({"id": f"s{i}", "input_ids": ids}) + "\n")
-    write_shards(str(root / "t.jsonl"), str(root / "ds"), max_count=30, progress=False)
-    return str(root / "ds")
+    return text_dataset(tmp_path_factory.mktemp("metrics"), 200, 4, max_count=30)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

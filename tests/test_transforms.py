@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import audio_dataset, kill_tree, popen
+from conftest import audio_dataset, finish, kill_tree, popen
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.plan.perturb import sample_rng
@@ -37,16 +37,6 @@ def job(data: str, out: Path, *args: str, nproc: int = 0) -> subprocess.Popen:
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
     return popen([*head, SCRIPT, "--data", data, "--out", str(out), "--budget", BUDGET, *args],
                  env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-
-
-def finish(proc: subprocess.Popen) -> None:
-    try:
-        rc = proc.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        proc.wait()
-        pytest.fail(f"the job did not finish in {TIMEOUT} s")
-    assert rc == 0, f"the job exited with {rc}"
 
 
 def kill_when_stopped(proc: subprocess.Popen, out: Path, ranks: int) -> None:
@@ -84,12 +74,12 @@ def test_kill_and_resume_gives_bit_identical_augmented_batches(data, tmp_path, n
     """Transform and speed perturbation (and fbank features): the resumed run's remaining batches are the
     uninterrupted run's, tensor for tensor; the same sample differs between epochs."""
     args = ["--num-workers", str(num_workers), "--epochs", "2", "--speed", *(["--features"] if features else [])]
-    finish(job(data, tmp_path / "full", *args))
+    finish(job(data, tmp_path / "full", *args), TIMEOUT)
     full = batches(logs(tmp_path / "full")[0])
     steps0 = sum(1 for b in full if b["epoch"] == 0)
     out = tmp_path / "killed"
     kill_when_stopped(job(data, out, *args, "--stop-after", str(steps0 - 2)), out, 1)
-    finish(job(data, out, *args, "--resume"))
+    finish(job(data, out, *args, "--resume"), TIMEOUT)
     resumed = batches(logs(out)[0])
     assert [b["step"] for b in resumed] == list(range(1, len(full) + 1))
     assert [(b["keys"], b["batch_sha"], b["speed"]) for b in resumed] == [
@@ -103,7 +93,7 @@ def test_resume_on_another_world_size_keeps_every_augmented_tensor(data, tmp_pat
     """2 ranks under torchrun are killed mid-epoch, 3 ranks resume: every sample the resumed job emits is bit for
     bit the tensor the uninterrupted 2-rank job emitted for it, and none is lost or repeated."""
     args = ["--num-workers", "2", "--speed"]
-    finish(job(data, tmp_path / "full", *args, nproc=2))
+    finish(job(data, tmp_path / "full", *args, nproc=2), TIMEOUT)
     full = per_sample(logs(tmp_path / "full"))
     out = tmp_path / "killed"
     kill_when_stopped(job(data, out, *args, "--stop-after", "2", nproc=2), out, 2)
@@ -114,7 +104,7 @@ def test_resume_on_another_world_size_keeps_every_augmented_tensor(data, tmp_pat
     for f in out.glob("log-rank*.before"):
         for r in (json.loads(x) for x in f.read_text().splitlines()):
             before.update({(r["epoch"], k): h for k, h in zip(r["keys"], r["sample_sha"])})
-    finish(job(data, out, *args, "--resume", nproc=3))
+    finish(job(data, out, *args, "--resume", nproc=3), TIMEOUT)
     after = per_sample(logs(out))
     assert before and after and not set(before) & set(after)
     assert len(before) + len(after) == ShardIndex.load(data).num_samples
