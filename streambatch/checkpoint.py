@@ -41,10 +41,10 @@ def batching_record(config: Any) -> dict[str, Any]:
     fields = ("budget", "buffer_size", "refill", "max_batch_size", "batch_size_multiple_of", "min_length",
               "max_length", "drop_last", "strict", "shuffle", "pad_to_multiple_of", "batch_order", "output_budget",
               "batch_by")
-    out = {k: getattr(config, k) for k in fields if hasattr(config, k)}
+    out = {k: getattr(config, k) for k in fields}
     edges = config.bucket_boundaries
     out["bucket_boundaries"] = None if edges is None else [float(x) for x in edges]
-    out["cost"] = config.cost.to_json() if hasattr(config.cost, "to_json") else config.cost.name
+    out["cost"] = config.cost.to_json()
     return out
 
 
