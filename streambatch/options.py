@@ -8,6 +8,7 @@ from typing import Any
 
 from .dataset import storage
 from .dataset.index import ShardIndex
+from .dataset.mixture import datasets_of
 from .plan.config import OPTIONS as BATCHING_OPTIONS
 from .plan.config import BatchingConfig, parse_budget
 from .plan.cost import calibration_info
@@ -76,7 +77,7 @@ def _window_figures(index: ShardIndex | None, length_plan: LengthPlan | None) ->
     """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
     if index is None or not index.num_samples:
         return {}
-    indexes = getattr(index, "indexes", [index])  # a mixture: its datasets' own figures
+    indexes = [ix for _, ix in datasets_of(index)]  # a mixture: its datasets' own figures
     count = sum(ix.num_samples for ix in indexes)
     mean = sum(ix.total_length for ix in indexes) / count if count else None
     if mean is not None and length_plan is not None and length_plan.in_frames:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .dataset.index import ShardIndex
+from .dataset.mixture import datasets_of
 from .errors import BudgetError, ShardifyError
 from .plan.buckets import estimate_boundaries, suggest_budget
 from .plan.config import parse_budget as parse_any_budget
@@ -60,7 +61,7 @@ def inspect_dataset(
     lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
     summary = _summary(index, dataset, lengths)
     if where is not None:
-        total = int(index.num_samples if not hasattr(index, "indexes") else sum(ix.num_samples for ix in index.indexes))
+        total = sum(ix.num_samples for _, ix in datasets_of(index))
         summary["where"] = {"expression": where, "kept": lengths.count, "of": total,
                             "fraction": lengths.count / total if total else 0.0}
     budget = boundaries = None
@@ -86,7 +87,7 @@ def _kept(index: ShardIndex, where: str) -> LengthStats:
 
 def _summary(index: ShardIndex, dataset: str, lengths: LengthStats) -> dict[str, Any]:
     """Counts, totals and percentiles, with the seconds view for audio."""
-    shards = sum(ix.num_shards for ix in index.indexes) if hasattr(index, "indexes") else index.num_shards
+    shards = sum(ix.num_shards for _, ix in datasets_of(index))
     stats = lengths.summary(index.unit, index.seconds_per_unit(), num_shards=shards)
     spu = index.seconds_per_unit()
     summary: dict[str, Any] = {"dataset": dataset, "sample_rate": index.sample_rate, **stats}

@@ -336,3 +336,10 @@ def mixture_table(index: MixedIndex) -> dict[str, dict[str, float]]:
             row["hours_per_epoch"] = ix.total_length * spu / 3600 * (draw.take / max(1, draw.size))
         out[s.name] = row
     return out
+
+
+def datasets_of(index: Any) -> list[tuple[str | None, ShardIndex]]:
+    """Each dataset a plan reads, with its name: a mixture's datasets, or the one index (name None)."""
+    if isinstance(index, MixedIndex):
+        return list(zip(index.names, index.indexes))
+    return [(None, index)]

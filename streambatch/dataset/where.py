@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .columnar import column_numpy
+from .mixture import datasets_of
 
 #: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
 CACHE_ALL = 1 << 24
@@ -179,10 +180,9 @@ class PlanFilter:
 
     def __init__(self, index: Any, expr: str):
         self.index, self.expr = index, str(expr)
-        names = getattr(index, "names", None)
-        ixs = getattr(index, "indexes", None) or [index]
-        self.parts = [SampleFilter(ix, expr, "where" if names is None else f"where (dataset {n!r})")
-                      for ix, n in zip(ixs, names or [None])]
+        datasets = datasets_of(index)
+        ixs = [ix for _, ix in datasets]
+        self.parts = [SampleFilter(ix, expr, "where" if n is None else f"where (dataset {n!r})") for n, ix in datasets]
         kept = [p.kept_totals() for p in self.parts]
         self.kept = int(sum(int(c.sum()) for c, _ in kept))
         self.total = int(sum(ix.num_samples for ix in ixs))
@@ -239,7 +239,5 @@ def kept_stats(index: Any, expr: str) -> Any:
     at a time (``shardify inspect --where``)."""
     from ..plan.stats import stream_stats
 
-    names = getattr(index, "names", None)
-    parts = [SampleFilter(ix, expr, "where" if names is None else f"where (dataset {n!r})")
-             for ix, n in zip(getattr(index, "indexes", None) or [index], names or [None])]
+    parts = [SampleFilter(ix, expr, "where" if n is None else f"where (dataset {n!r})") for n, ix in datasets_of(index)]
     return stream_stats(chunk for p in parts for chunk in p.iter_kept_lengths())
