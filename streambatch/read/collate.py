@@ -95,6 +95,24 @@ def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
 
 
+#: from this padded length on, a mask is filled row by row (two fills a row) rather than by one comparison per
+#: element: 20x faster for audio (20 x 100k), slower for short text rows
+ROW_FILL_FROM = 2048
+
+
+def padding_mask(lengths: torch.Tensor, t: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool ``[B, t]``, True on padding (``out`` filled when given)."""
+    if out is None:
+        out = torch.empty((len(lengths), t), dtype=torch.bool)
+    if t < ROW_FILL_FROM:
+        return torch.ge(torch.arange(t)[None, :], lengths[:, None], out=out)
+    rows = out.numpy()
+    for row, n in zip(rows, lengths.tolist()):
+        row[:n] = False
+        row[n:] = True
+    return out
+
+
 def _padded_audio(samples: Sequence[dict[str, Any]], sample_rate: int | None,
                   pad_to_multiple_of: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
@@ -132,7 +150,7 @@ def _pad_payload(batch: dict[str, Any], name: str, payload: list[torch.Tensor], 
     else:
         padded = pad_stack(payload, pad_value, pad_to_multiple_of)
         batch[name] = padded
-        batch["padding_mask"] = torch.arange(padded.shape[1])[None, :] >= lengths[:, None]
+        batch["padding_mask"] = padding_mask(lengths, padded.shape[1])
 
 
 def collate(
@@ -160,8 +178,7 @@ def collate(
         direct = _padded_audio(samples, sample_rate, pad_to_multiple_of)
     if direct is not None:  # decoded straight into the batch
         lengths, audio = batch["lengths"], batch["audio"] = direct
-        batch["padding_mask"] = mask = batch_tensor(tuple(audio.shape), torch.bool)
-        torch.ge(torch.arange(audio.shape[1])[None, :], lengths[:, None], out=mask)
+        batch["padding_mask"] = padding_mask(lengths, audio.shape[1], batch_tensor(tuple(audio.shape), torch.bool))
     else:
         payload = [decode_sample(s, mode, sample_rate) for s in samples]
         if all(p is not None for p in payload):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import uuid
 import weakref
@@ -108,7 +109,7 @@ class Slot:
 
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """An uninitialised tensor in this buffer, or None where it does not fit."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         off = _aligned(self.used)
         if off + nbytes > self.ring.slot_bytes:
             return None
@@ -191,7 +192,7 @@ def _placed(token: str, worker: int, k: int, seq: tuple[int, int], offset: int, 
         weakref.finalize(base, _release, ring, ring.flags.numpy(), worker, k)
         _BASES[key] = base
     dt = getattr(torch, dtype.split(".")[-1])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dt).element_size()
+    nbytes = math.prod(shape) * dt.itemsize
     return torch.from_numpy(base)[offset:offset + nbytes].view(dt).view(shape)
 
 
