@@ -15,7 +15,8 @@ Three parts, each printed as a plain table:
    ``webdataset.WebDataset`` pipeline over the same local shards, both decoding FLAC with soundfile and padding
    with ``streambatch.read.collate.collate``, and against the decoding ceiling (a bare tarfile + soundfile loop):
    samples/s (target >= 0.95x webdataset, >= 0.95x the bare loop at 0 workers, >= 0.9x with workers), time to
-   first batch and peak RSS of the main process and per worker, each run in a fresh process.
+   first batch and peak RSS of the main process and per worker, each run in a fresh process; 3b. the ceiling
+   again on a 3x longer run (``--ceiling-utterances``), where worker start-up weighs a third as much.
 
 Usage: ``python tools/bench_padding.py [--n 200000] [--workers 0,2,4] [--quick]``. ``--quick`` is a small, fast run.
 """
@@ -451,6 +452,26 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
     return table(rows, header, "lrlrrrrrrrl"), notes
 
 
+def ceiling(num_utterances: int, seed: int, workers_list: list[int], repeats: int) -> tuple[str, list[str]]:
+    """Streambatch against the bare decode loop on a longer run, where DataLoader start-up (forking workers,
+    their first batches: part 3's "first batch s") weighs about as little as in a real epoch."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_ceiling_") as tmp:
+        shards = make_corpus(tmp, num_utterances, seed)
+        urls = sorted(os.path.join(shards, f) for f in os.listdir(shards) if f.endswith(".tar"))
+        common = {"seed": seed, "shards": shards, "urls": urls, "budget": 60 * SAMPLE_RATE, "decode": True}
+        for workers in workers_list:
+            best = _best({name: {**common, "loader": name, "workers": workers} for name in ("bare", "streambatch")},
+                         repeats)
+            sps = {k: r["samples"] / r["seconds"] for k, r in best.items()}
+            ratio, target = sps["streambatch"] / sps["bare"], 0.95 if workers == 0 else 0.9
+            rows.append([str(workers), f"{best['bare']['seconds']:.2f}", f"{sps['bare']:,.0f}",
+                         f"{best['streambatch']['seconds']:.2f}", f"{sps['streambatch']:,.0f}",
+                         f"{ratio:.3f}x {'PASS' if ratio >= target else 'MISS'} (>= {target}x)"])
+    header = ["workers", "bare loop s", "samples/s", "streambatch s", "samples/s", "streambatch / bare loop"]
+    return table(rows, header, "rrrrrl"), [f"{num_utterances:,} utterances, {repeats} alternating runs each, best kept"]
+
+
 # ---- main ----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -459,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan-n", type=int, default=1_000_000, help="lengths for the planning-speed test (default 1 M)")
     p.add_argument("--stream-utterances", type=int, default=3000,
                    help="synthetic utterances for the streaming test (default 3,000)")
+    p.add_argument("--ceiling-utterances", type=int, default=9000,
+                   help="synthetic utterances for the decoding-ceiling run (part 3b; default 9,000; 0 skips it)")
     p.add_argument("--repeats", type=int, default=2, help="alternating runs per loader, best kept (default 2)")
     p.add_argument("--skip-stream", action="store_true", help="skip the streaming throughput part")
     p.add_argument("--workers", default="0,2,4", help="DataLoader workers for the streaming part (default 0,2,4)")
@@ -472,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(child(json.loads(args.child))))
         return 0
     if args.quick:
-        args.n, args.plan_n, args.stream_utterances = 20_000, 200_000, 400
+        args.n, args.plan_n, args.stream_utterances, args.ceiling_utterances = 20_000, 200_000, 400, 0
         args.workers = "0,2" if args.workers == p.get_default("workers") else args.workers
 
     import torch
@@ -535,6 +558,14 @@ def main(argv: list[str] | None = None) -> int:
         print("  first batch s: from building the loader to its first batch; peak RSS: VmHWM of the main process and")
         print("  of the largest worker (polled every 20 ms), least of the runs. B = the mean batch size of streambatch's")
         print("  plan. torch threads = 1.")
+        if args.ceiling_utterances:
+            print()
+            print("3b. the decoding ceiling on a longer run: streambatch (decode+pad) against the bare loop, the same "
+                  "processes; start-up weighs less than in part 3's short epoch")
+            text, notes = ceiling(args.ceiling_utterances, args.seed, [int(w) for w in args.workers.split(",")],
+                                  args.repeats)
+            print(notes[0])
+            print(text)
     return 0
 
 
