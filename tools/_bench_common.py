@@ -81,6 +81,24 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
+def pss_mb(pid: int | str = "self") -> float:
+    """Proportional set size of a process in MB (pages shared with N processes count 1/N), 0 once it is gone.
+    Reading it walks the page tables (milliseconds): for snapshots, not for polling."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def footprint_mb() -> float:
+    """This process's and its children's (DataLoader workers') PSS summed: their memory on the node."""
+    return pss_mb() + sum(pss_mb(pid) for pid in _children())
+
+
 def _children() -> list[int]:
     pids = []
     for task in os.listdir("/proc/self/task"):

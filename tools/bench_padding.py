@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import WorkerPeaks, batch_stats, best_of, machine, peak_rss_mb, table  # noqa: E402
+from _bench_common import WorkerPeaks, batch_stats, best_of, footprint_mb, machine, peak_rss_mb, table  # noqa: E402
 
 from streambatch.plan.batcher import plan_batches, sorted_oracle  # noqa: E402
 from streambatch.plan.config import BatchingConfig  # noqa: E402
@@ -245,32 +245,38 @@ def _count(batch) -> tuple[int, int, int]:
     return n, int(batch["lengths"].sum()), payload.numel()
 
 
-def _consume(make) -> dict:
+def _consume(make, footprint: bool = False) -> dict:
     """Build a loader with ``make()`` and run one epoch: seconds (from building it), time to first batch,
-    samples, padding, and the peak RSS of this process and of each worker."""
+    samples, padding, and the peak RSS of this process and of each worker. ``footprint``: also the largest
+    PSS of this process and its workers together, from a snapshot every 10 batches (slow to read: a run of
+    its own, not a timed one)."""
     peaks = WorkerPeaks()
     t0 = time.perf_counter()
     first = None
-    n = real = padded = 0
+    n = real = padded = batches = 0
+    pss = 0.0
     for batch in make():
         if first is None:
             first = time.perf_counter() - t0
         a, b, c = _count(batch)
-        n, real, padded = n + a, real + b, padded + c
+        n, real, padded, batches = n + a, real + b, padded + c, batches + 1
+        if footprint and batches % 10 == 0:
+            pss = max(pss, footprint_mb())
     t = time.perf_counter() - t0
     workers = peaks.stop()
     return {"seconds": t, "first": first, "samples": n, "padding": (1 - real / padded) if padded else float("nan"),
-            "rss": peak_rss_mb(), "worker_rss": max(workers, default=0.0)}
+            "rss": peak_rss_mb(), "worker_rss": max(workers, default=0.0), "pss": pss}
 
 
-def run_streambatch(shards: str, budget: float, workers: int, seed: int, decode: bool) -> dict:
+def run_streambatch(shards: str, budget: float, workers: int, seed: int, decode: bool, footprint: bool = False) -> dict:
     from streambatch import StreamBatchLoader
 
     return _consume(lambda: StreamBatchLoader(shards, budget=budget, num_workers=workers, seed=seed,
-                                              decode="audio" if decode else "none"))
+                                              decode="audio" if decode else "none"), footprint)
 
 
-def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, decode: bool) -> dict:
+def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, decode: bool,
+                   footprint: bool = False) -> dict:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
@@ -283,7 +289,7 @@ def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, de
         return DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=_identity,
                           worker_init_fn=_worker_init if workers else None)
 
-    return _consume(make)
+    return _consume(make, footprint)
 
 
 def _bare_decode(url: str) -> int:
@@ -352,10 +358,11 @@ def child(spec: dict) -> dict:
     kind, w, seed, decode = spec["loader"], spec["workers"], spec["seed"], spec["decode"]
     if kind == "parts":
         return first_batch_parts(spec["shards"], spec["budget"], seed)
+    footprint = bool(spec.get("footprint"))
     if kind == "streambatch":
-        out = run_streambatch(spec["shards"], spec["budget"], w, seed, decode)
+        out = run_streambatch(spec["shards"], spec["budget"], w, seed, decode, footprint)
     elif kind == "webdataset":
-        out = run_webdataset(spec["urls"], spec["batch_size"], w, seed, decode)
+        out = run_webdataset(spec["urls"], spec["batch_size"], w, seed, decode, footprint)
     else:
         out = run_bare(spec["urls"], w, seed, decode)
     return {**out, "imports": imports}
@@ -394,7 +401,7 @@ def _row(work: str, workers: int, label: str, r: dict, verdict: str) -> list[str
     return [work, str(workers), label, f"{r['samples']:,}", f"{r['seconds']:.2f}", f"{r['samples'] / r['seconds']:,.0f}",
             "-" if r["padding"] != r["padding"] else f"{100 * r['padding']:.1f}",
             "-" if r["first"] is None else f"{r['first']:.3f}", f"{r['rss']:.0f}",
-            f"{r['worker_rss']:.0f}" if workers else "-", verdict]
+            f"{r['worker_rss']:.0f}" if workers else "-", f"{r['pss']:.0f}" if r.get("pss") else "-", verdict]
 
 
 def _verdicts(sb: dict, wds: dict, bare: dict | None, workers: int) -> tuple[str, str]:
@@ -403,6 +410,8 @@ def _verdicts(sb: dict, wds: dict, bare: dict | None, workers: int) -> tuple[str
     ratio = sps["sb"] / sps["wds"]
     rss = sb["rss"] / wds["rss"]
     wrss = f", worker RSS {sb['worker_rss'] / wds['worker_rss']:.2f}x" if workers and wds["worker_rss"] else ""
+    if sb.get("pss") and wds.get("pss"):
+        wrss += f", main+workers PSS {sb['pss'] / wds['pss']:.2f}x"
     ttfb = f", first batch {sb['first'] / wds['first']:.2f}x" if sb["first"] and wds["first"] else ""
     line = f"{ratio:.3f}x {'PASS' if ratio >= 0.95 else 'MISS'}; RSS {rss:.2f}x{wrss}{ttfb}"
     if bare is None:
@@ -434,6 +443,9 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
                 specs = {name: {**common, "loader": name, "workers": workers, "decode": decode, "batch_size": b}
                          for name in ("streambatch", "webdataset") + (("bare",) if decode else ())}
                 best = _best(specs, repeats)
+                if workers and decode:  # memory on the node: a run of its own (reading PSS is slow)
+                    for name in ("streambatch", "webdataset"):
+                        best[name]["pss"] = _in_child({**specs[name], "footprint": True})["pss"]
                 vs_wds, vs_bare = _verdicts(best["streambatch"], best["webdataset"], best.get("bare"), workers)
                 work = "decode+pad" if decode else "read only"
                 if decode:
@@ -441,15 +453,15 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
                 rows.append(_row(work, workers, f"webdataset (fixed B={b})", best["webdataset"], ""))
                 rows.append(_row(work, workers, "streambatch (budget 60 s)", best["streambatch"], vs_wds))
                 if vs_bare:
-                    rows.append([""] * 10 + [vs_bare])
+                    rows.append([""] * 11 + [vs_bare])
                 imports = best["streambatch"]["imports"]
         parts = _in_child({**common, "loader": "parts", "workers": 0, "decode": True})
     notes.append(f"each run a fresh process; its imports (streambatch, webdataset: {imports:.2f} s) not counted")
     notes.append("streambatch's first batch at 0 workers by part (s): "
                  + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + f"; sum {sum(parts.values()):.3f}")
     header = ["work", "workers", "loader", "samples", "best s", "samples/s", "padding %", "first batch s",
-              "peak RSS MB", "per worker MB", "streambatch vs webdataset (>=0.95x) / vs bare loop"]
-    return table(rows, header, "lrlrrrrrrrl"), notes
+              "peak RSS MB", "per worker MB", "main+workers PSS MB", "streambatch vs webdataset (>=0.95x) / vs bare loop"]
+    return table(rows, header, "lrlrrrrrrrrl"), notes
 
 
 def ceiling(num_utterances: int, seed: int, workers_list: list[int], repeats: int) -> tuple[str, list[str]]:
@@ -557,7 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         print("best s / samples/s: from building the loader to its last batch, DataLoader start-up included (best run);")
         print("  first batch s: from building the loader to its first batch; peak RSS: VmHWM of the main process and")
         print("  of the largest worker (polled every 20 ms), least of the runs. B = the mean batch size of streambatch's")
-        print("  plan. torch threads = 1.")
+        print("  plan. torch threads = 1. main+workers PSS: the largest sum of the main process's and its workers' PSS")
+        print("  (shared pages split between the processes that map them: the loader's memory on the node), from a")
+        print("  snapshot every 10 batches in one untimed run of its own (decode+pad with workers).")
         if args.ceiling_utterances:
             print()
             print("3b. the decoding ceiling on a longer run: streambatch (decode+pad) against the bare loop, the same "
