@@ -69,29 +69,27 @@ def batch_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, budget: floa
 
 
 # ---- memory: peak RSS of this process and of its children (DataLoader workers) ----------------------------
-def peak_rss_mb(pid: int | str = "self") -> float:
-    """Peak resident memory (VmHWM) of a process in MB, 0 once it is gone."""
+def _proc_mb(path: str, field: str) -> float:
+    """A ``kB`` field of a /proc file in MB, 0 once the process is gone."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """Peak resident memory (VmHWM) of a process in MB, 0 once it is gone."""
+    return _proc_mb(f"/proc/{pid}/status", "VmHWM")
 
 
 def pss_mb(pid: int | str = "self") -> float:
     """Proportional set size of a process in MB (pages shared with N processes count 1/N), 0 once it is gone.
     Reading it walks the page tables (milliseconds): for snapshots, not for polling."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return _proc_mb(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def footprint_mb() -> float:
