@@ -3,6 +3,9 @@ or any view of it, is never written over, however long it is kept; stopping a pa
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import pytest
 from conftest import audio_dataset
 import torch
@@ -71,3 +74,39 @@ def test_a_pass_stopped_early_leaves_no_buffer_held(ds):
     _check(held, reference)
     del batch, held
     assert int(loader._ring.flags.sum()) == 0
+
+
+def _resident(ptr: int) -> int:
+    """Bytes of the mapping holding address ``ptr`` resident in this process (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= ptr < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds {ptr:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps; the pages are dropped on Linux")
+def test_the_main_process_keeps_only_the_batches_it_holds_resident(ds):
+    # a loop that reads every batch whole, as a training step does, and keeps none: the ring's buffers are
+    # resident in the workers that fill them, and in the main process only while a batch is held, so the
+    # resident sets of the processes (what top and RSS-summing job accounting add up) count the ring once
+    loader = StreamBatchLoader(ds, budget=BUDGET, seed=1, num_workers=2)
+    reference = _rows(StreamBatchLoader(ds, budget=BUDGET, seed=1, num_workers=0))
+    loader_ring_bytes = None
+    most = 0
+    for batch in loader:
+        _check(batch, reference)  # reads the audio and the mask of every row
+        ring = loader._ring
+        ptr, slot = ring.data.data_ptr(), ring.slot_bytes
+        loader_ring_bytes = ring.num_workers * ring.slots * slot
+        most = max(most, _resident(ptr))
+    assert loader_ring_bytes >= 6 * slot  # more buffers than a loop holds at once, so the promise is tested
+    assert most <= 2 * slot  # the batch in hand, and the one before it until its name is rebound
+    del batch
+    gc.collect()
+    assert _resident(ptr) == 0

@@ -62,18 +62,42 @@ def json_number(x: float) -> float | int:
 
 
 def _arrow() -> tuple[Any, Any]:
-    """pyarrow and pyarrow.parquet, imported when a version 2 index is first read or written."""
+    """pyarrow and pyarrow.parquet, imported when a version 2 index is first written (reading needs less:
+    :class:`ParquetTable`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     return pa, pq
 
 
+class ParquetTable:
+    """One Parquet table file open for reading row groups by column name, checksums verified.
+
+    pyarrow.parquet.ParquetFile wraps the same reader but imports pyarrow's filesystem modules (the S3, GCS,
+    Azure and HDFS bindings: ~4 MB resident in every training process) and allocates from Arrow's default
+    pool (mimalloc: a ~4 MB arena that stays). The index is read once per process in small row groups, where
+    neither pays off, so this opens pyarrow's reader directly on the system allocator."""
+
+    def __init__(self, source: Any):
+        import pyarrow as pa
+        from pyarrow._parquet import ParquetReader
+
+        self._reader = ParquetReader(memory_pool=pa.system_memory_pool())
+        self._reader.open(source, page_checksum_verification=True, pre_buffer=False)
+        self.metadata = self._reader.metadata
+
+    def read_row_group(self, rg: int, columns: Sequence[str]) -> "pa.Table":
+        """Row group ``rg``, the ``columns`` named (a name the table lacks is a KeyError), one thread."""
+        indices = [self._reader.column_name_idx(c) for c in columns]
+        return self._reader.read_row_group(rg, column_indices=indices, use_threads=False)
+
+
 def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_length: bool = False) -> "pa.Schema":
     """The per-sample table: offset/size locate a sample's members in its tar (null when unknown);
     ``output_length`` (a dataset written with ``--output-length``): each sample's second length; ``extra``:
     the metadata columns (:mod:`.columns`), ``{name: arrow type}``, after them."""
-    pa, _ = _arrow()
+    import pyarrow as pa
+
     fields = [("shard", pa.int32()), ("key", pa.string()), ("length", pa.type_for_alias(length_type)),
               ("offset", pa.int64()), ("size", pa.int64())]
     if output_length:
@@ -87,7 +111,8 @@ BASE_COLUMNS = ("shard", "key", "length", "offset", "size", "output_length")
 
 def shard_schema(length_type: str) -> "pa.Schema":
     """The shard table; checksums are raw digests (fixed-size binary: half the memory of hex strings)."""
-    pa, _ = _arrow()
+    import pyarrow as pa
+
     lt = pa.type_for_alias(length_type)
     return pa.schema([
         ("url", pa.string()), ("count", pa.int64()), ("bytes", pa.int64()), ("sha256", pa.binary(32)),
@@ -214,9 +239,10 @@ class ColumnarIndex:
 
     # ---- opening tables ------------------------------------------------------------------------
     def _open(self, rel: str, entry: dict[str, Any], whole: bool = False) -> Any:
-        """A verified ParquetFile: size as the header says, footer readable, the same write id, the row count.
-        ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
-        pa, pq = _arrow()
+        """A verified :class:`ParquetTable`: size as the header says, footer readable, the same write id, the row
+        count. ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
+        import pyarrow as pa
+
         url = table_url(self.root, rel)
         try:
             f = open_random(url, self.storage_options)
@@ -231,7 +257,7 @@ class ColumnarIndex:
             with f:
                 f = pa.BufferReader(f.read())
         try:
-            pf = pq.ParquetFile(f, page_checksum_verification=True)
+            pf = ParquetTable(f)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged footer
             f.close()
             raise IndexError_(f"{url}: not a readable Parquet table ({e})") from e
@@ -247,7 +273,8 @@ class ColumnarIndex:
     def _read_shard_table(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """Columns of the shard table (all others than the planning ones when ``names`` is None), a row group
         at a time: numbers into numpy arrays, strings kept as Arrow chunks (no second copy while converting)."""
-        pa, _ = _arrow()
+        import pyarrow as pa
+
         rel = str(self.shard_entry["path"])
         pf, url = self._open(rel, self.shard_entry, whole=True), table_url(self.root, rel)
         schema, n = shard_schema(self.length_type), pf.metadata.num_rows
@@ -258,7 +285,7 @@ class ColumnarIndex:
         at = 0
         for rg in range(pf.metadata.num_row_groups):
             try:
-                t = pf.read_row_group(rg, columns=names, use_threads=False)
+                t = pf.read_row_group(rg, names)
             except Exception as e:  # noqa: BLE001 - checksum, decoding, a missing column: a damaged table
                 raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
             if t.schema.names != names or any(t.schema.field(k).type != schema.field(k).type for k in names):
@@ -268,7 +295,6 @@ class ColumnarIndex:
             for k in texts:
                 chunks[k].extend(t.column(k).chunks)
             at += t.num_rows
-        pa.default_memory_pool().release_unused()
         return {**{k: pa.chunked_array(c, schema.field(k).type) for k, c in chunks.items()}, **nums}
 
     def _read_rest(self) -> dict[str, Any]:
@@ -321,7 +347,7 @@ class ColumnarIndex:
         if rows != want:
             raise IndexError_(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
         try:
-            t = pf.read_row_group(rg, columns=["shard", *columns], use_threads=False)
+            t = pf.read_row_group(rg, ["shard", *columns])
         except Exception as e:  # noqa: BLE001 - checksum, decompression, decoding: all mean a damaged file
             raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
         a, b = int(self.group_start[g]), int(self.group_stop[g])

@@ -8,6 +8,12 @@ memory); a worker decodes a batch straight into a free buffer of its row and sen
 lie, and the main process turns that back into tensors viewing the buffer (:func:`_placed`): no copy, no new
 segment.
 
+When a batch is released, the main process also drops its buffer's pages from its own mapping
+(``madvise(MADV_DONTNEED)``; the data stays in shared memory for the worker that reuses it): the main process then
+maps only the batches the loop holds, as with fresh segments, instead of every buffer it ever read. Resident-set
+figures (``top``, and job accounting that sums the RSS of a job's processes) would otherwise count the whole
+ring twice, once in the main process and once in the workers.
+
 The contract, which never depends on what the training loop does: a buffer is written again only once nothing
 in the main process refers to its batch any more. All of a batch's tensors share one NumPy base; its finalizer
 marks the buffer free. A loop may keep a batch, or any view of it, as long as it likes (logging, a replay
@@ -19,9 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import logging
 import math
+import mmap
 import os
+import sys
 import uuid
 import weakref
 from typing import Any, Callable, Iterator
@@ -39,8 +48,23 @@ _BASES: weakref.WeakValueDictionary[tuple, np.ndarray] = weakref.WeakValueDictio
 _CURRENT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("streambatch_batch_slot", default=None)
 
 
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def _aligned(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise where its MADV_DONTNEED keeps shared data (Linux); None elsewhere."""
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_MADVISE = _libc_madvise()
 
 
 def _free_shm_bytes() -> int | None:
@@ -57,7 +81,8 @@ class BatchRing:
 
     def __init__(self, num_workers: int, slots: int, slot_bytes: int):
         self.token = uuid.uuid4().hex
-        self.num_workers, self.slots, self.slot_bytes = num_workers, slots, _aligned(slot_bytes)
+        # whole pages per buffer, so each one's pages can be dropped from the main process alone
+        self.num_workers, self.slots, self.slot_bytes = num_workers, slots, _aligned(slot_bytes, mmap.PAGESIZE)
         storage = torch.UntypedStorage._new_shared(num_workers * slots * self.slot_bytes)
         self.data = torch.empty(0, dtype=torch.uint8).set_(storage)
         self.flags = torch.zeros((num_workers, slots), dtype=torch.int8).share_memory_()
@@ -86,6 +111,12 @@ class BatchRing:
     def span(self, worker: int, k: int) -> int:
         """Where buffer ``k`` of ``worker`` starts in the segment."""
         return (worker * self.slots + k) * self.slot_bytes
+
+    def drop_pages(self, worker: int, k: int) -> None:
+        """Unmap buffer ``k`` of ``worker`` from this process's resident set; its data stays in shared memory
+        (a later read maps it again)."""
+        if _MADVISE is not None:
+            _MADVISE(self.data.data_ptr() + self.span(worker, k), self.slot_bytes, mmap.MADV_DONTNEED)
 
     def writer(self, worker: int) -> RingWriter:
         return RingWriter(self, worker)
@@ -173,6 +204,7 @@ class Placed:
 
 def _release(ring: BatchRing, flags: np.ndarray, worker: int, k: int) -> None:
     ring.held.discard((worker, k))
+    ring.drop_pages(worker, k)
     flags[worker, k] = 0
 
 
