@@ -295,6 +295,7 @@ class ColumnarIndex:
             for k in texts:
                 chunks[k].extend(t.column(k).chunks)
             at += t.num_rows
+        pa.system_memory_pool().release_unused()  # the read buffers back to the system (malloc_trim)
         return {**{k: pa.chunked_array(c, schema.field(k).type) for k, c in chunks.items()}, **nums}
 
     def _read_rest(self) -> dict[str, Any]:
