@@ -14,8 +14,9 @@ Three parts, each printed as a plain table:
 3. **Streaming throughput, time to first batch, memory**: ``StreamBatchLoader`` against a plain
    ``webdataset.WebDataset`` pipeline over the same local shards, both decoding FLAC with soundfile and padding
    with ``streambatch.read.collate.collate``, and against the decoding ceiling (a bare tarfile + soundfile loop):
-   samples/s (target >= 0.95x webdataset, >= 0.95x the bare loop at 0 workers, >= 0.9x with workers), time to
-   first batch and peak RSS of the main process and per worker, each run in a fresh process; 3b. the ceiling
+   samples/s (target >= 0.95x webdataset, >= 0.95x the bare loop at 0 workers, >= 0.9x with workers) and time to
+   first batch, each run in a fresh process; memory (peak RSS of the main process and per worker, PSS of them
+   all) from one more run per loader that reads every batch whole, as a training step does; 3b. the ceiling
    again on a 3x longer run (``--ceiling-utterances``), where worker start-up weighs a third as much.
 
 Usage: ``python tools/bench_padding.py [--n 200000] [--workers 0,2,4] [--quick]``. ``--quick`` is a small, fast run.
@@ -245,11 +246,20 @@ def _count(batch) -> tuple[int, int, int]:
     return n, int(batch["lengths"].sum()), payload.numel()
 
 
+def _read_whole(batch) -> None:
+    """Read every tensor of a decoded batch, as a training step does (a copy to the GPU reads it all)."""
+    import torch
+
+    for v in batch.values():
+        if isinstance(v, torch.Tensor):
+            v.sum()
+
+
 def _consume(make, footprint: bool = False) -> dict:
     """Build a loader with ``make()`` and run one epoch: seconds (from building it), time to first batch,
-    samples, padding, and the peak RSS of this process and of each worker. ``footprint``: also the largest
-    PSS of this process and its workers together, from a snapshot every 10 batches (slow to read: a run of
-    its own, not a timed one)."""
+    samples, padding, and the peak RSS of this process and of each worker. ``footprint``, a memory run (not a
+    timed one): every batch is read whole as a training step would, and the largest PSS of this process and
+    its workers together comes from a snapshot every 10 batches."""
     peaks = WorkerPeaks()
     t0 = time.perf_counter()
     first = None
@@ -260,8 +270,10 @@ def _consume(make, footprint: bool = False) -> dict:
             first = time.perf_counter() - t0
         a, b, c = _count(batch)
         n, real, padded, batches = n + a, real + b, padded + c, batches + 1
-        if footprint and batches % 10 == 0:
-            pss = max(pss, footprint_mb())
+        if footprint:
+            _read_whole(batch)
+            if batches % 10 == 0:
+                pss = max(pss, footprint_mb())
     t = time.perf_counter() - t0
     workers = peaks.stop()
     return {"seconds": t, "first": first, "samples": n, "padding": (1 - real / padded) if padded else float("nan"),
@@ -449,9 +461,10 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
                 specs = {name: {**common, "loader": name, "workers": workers, "decode": decode, "batch_size": b}
                          for name in ("streambatch", "webdataset") + (("bare",) if decode else ())}
                 best = _best(specs, repeats)
-                if workers and decode:  # memory on the node: a run of its own (reading PSS is slow)
+                if decode:  # memory: a run of its own that reads every batch (and PSS, slow to read)
                     for name in ("streambatch", "webdataset"):
-                        best[name]["pss"] = _in_child({**specs[name], "footprint": True})["pss"]
+                        mem = _in_child({**specs[name], "footprint": True})
+                        best[name].update({k: mem[k] for k in ("rss", "worker_rss", "pss")})
                 vs_wds, vs_bare = _verdicts(best["streambatch"], best["webdataset"], best.get("bare"), workers)
                 work = "decode+pad" if decode else "read only"
                 if decode:
@@ -575,11 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         print("read only: no audio decode (streambatch decode='none'; webdataset .decode() parses only the json) = loader")
         print("  overhead alone: tar reading, grouping, shuffling/planning, batching, worker transfer.")
         print("best s / samples/s: from building the loader to its last batch, DataLoader start-up included (best run);")
-        print("  first batch s: from building the loader to its first batch; peak RSS: VmHWM of the main process and")
-        print("  of the largest worker (polled every 20 ms), least of the runs. B = the mean batch size of streambatch's")
-        print("  plan. torch threads = 1. main+workers PSS: the largest sum of the main process's and its workers' PSS")
-        print("  (shared pages split between the processes that map them: the loader's memory on the node), from a")
-        print("  snapshot every 10 batches in one untimed run of its own (decode+pad with workers).")
+        print("  first batch s: from building the loader to its first batch. B = the mean batch size of streambatch's")
+        print("  plan. torch threads = 1. Memory, decode+pad rows: from one more (untimed) run per loader whose loop")
+        print("  reads every batch whole, as a training step does: peak RSS = VmHWM of the main process and of the")
+        print("  largest worker (polled every 20 ms); main+workers PSS = the largest sum of the main process's and its")
+        print("  workers' PSS (shared pages split between the processes that map them: the loader's memory on the")
+        print("  node), a snapshot every 10 batches. Read-only rows: peak RSS of the timed runs, least of them.")
         if args.ceiling_utterances:
             print()
             print("3b. the decoding ceiling on a longer run: streambatch (decode+pad) against the bare loop, the same "
