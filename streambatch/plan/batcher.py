@@ -114,10 +114,7 @@ class BucketBatcher:
         self._lens[h] = length
         self._outs[h] = output
         self._groups[h] = group
-        if self.grouped:
-            self._seen.add_one(float(length), int(group))
-        else:
-            self._seen.add_one(float(length))
+        self._seen.add_one(float(length), int(group))
         self._pushed += 1
         self.held = h + 1
         if self.held > self.max_held:
@@ -153,7 +150,7 @@ class BucketBatcher:
             self._lens[self.held:self.held + k] = lengths[pos:pos + k]
             self._outs[self.held:self.held + k] = outputs[pos:pos + k]
             self._groups[self.held:self.held + k] = groups[pos:pos + k]
-            self._count(lengths[pos:pos + k], groups[pos:pos + k])
+            self._seen.add(lengths[pos:pos + k], groups[pos:pos + k])
             self._pushed += k
             self.held += k
             pos += k
@@ -161,12 +158,6 @@ class BucketBatcher:
             if self.held >= self.buffer_size:
                 yield self._round_flat(final=False)
 
-    def _count(self, lengths: np.ndarray, groups: np.ndarray) -> None:
-        """Count pushed lengths in the histogram that weighs how common a length is (per group key)."""
-        if self.grouped:
-            self._seen.add(lengths, groups)
-        else:
-            self._seen.add(lengths)
 
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:

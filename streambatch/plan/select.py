@@ -65,7 +65,9 @@ class LengthHistogram:
         b = exponent.astype(np.int64) * BINS_PER_OCTAVE + np.searchsorted(_STEPS, 2 * mantissa, side="right")
         return np.minimum(np.maximum(b + _OFFSET, 0), _NUM_BINS - 1)
 
-    def add(self, lengths: np.ndarray) -> None:
+    def add(self, lengths: np.ndarray, groups: np.ndarray | None = None) -> None:
+        """Count ``lengths``; ``groups`` is ignored (one histogram for every key: the interface of
+        :class:`~streambatch.plan.groups.GroupHistograms`, which keeps one per key)."""
         if len(lengths):
             self.counts += np.bincount(self.bins(lengths), minlength=_NUM_BINS)
 
@@ -76,7 +78,8 @@ class LengthHistogram:
         b = exponent * BINS_PER_OCTAVE + bisect.bisect_right(_STEPS_LIST, 2 * mantissa)
         return min(max(b + _OFFSET, 0), _NUM_BINS - 1)
 
-    def add_one(self, length: float) -> None:
+    def add_one(self, length: float, group: int = 0) -> None:
+        """:meth:`add` of one length."""
         self.counts[self.bin_of(length)] += 1
 
     def of(self, lengths: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ sample's ``.txt``, ``.json`` text, or the index's ``text`` column), and every ot
 from __future__ import annotations
 
 import io
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -90,7 +91,7 @@ def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     out = slot_tensor(shape, dtype)
     if out is not None:
         return out
-    numel = int(np.prod(shape))
+    numel = math.prod(shape)
     storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
     return torch.empty(0, dtype=dtype).new(storage).resize_(shape)
 
