@@ -158,7 +158,6 @@ class BucketBatcher:
             if self.held >= self.buffer_size:
                 yield self._round_flat(final=False)
 
-
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:
             raise SampleTooLongError(
