@@ -97,16 +97,13 @@ def test_the_main_process_keeps_only_the_batches_it_holds_resident(ds):
     # resident sets of the processes (what top and RSS-summing job accounting add up) count the ring once
     loader = StreamBatchLoader(ds, budget=BUDGET, seed=1, num_workers=2)
     reference = _rows(StreamBatchLoader(ds, budget=BUDGET, seed=1, num_workers=0))
-    loader_ring_bytes = None
     most = 0
     for batch in loader:
         _check(batch, reference)  # reads the audio and the mask of every row
-        ring = loader._ring
-        ptr, slot = ring.data.data_ptr(), ring.slot_bytes
-        loader_ring_bytes = ring.num_workers * ring.slots * slot
-        most = max(most, _resident(ptr))
-    assert loader_ring_bytes >= 6 * slot  # more buffers than a loop holds at once, so the promise is tested
-    assert most <= 2 * slot  # the batch in hand, and the one before it until its name is rebound
+        most = max(most, _resident(loader._ring.data.data_ptr()))
+    ring = loader._ring
+    assert ring.num_workers * ring.slots >= 6  # more buffers than a loop holds at once, so the promise is tested
+    assert most <= 2 * ring.slot_bytes  # the batch in hand, and the one before it until its name is rebound
     del batch
     gc.collect()
-    assert _resident(ptr) == 0
+    assert _resident(ring.data.data_ptr()) == 0
