@@ -1,9 +1,29 @@
 """streambatch: stream length-annotated WebDataset shards into budget-bounded, low-padding batches."""
 
-from .plan.batcher import BatchPlan, BucketBatcher, SampleTooLongError, plan_batches
+from .dataset.index import ShardIndex, ShardInfo
+from .errors import (
+    AudioError,
+    BudgetError,
+    CalibrationError,
+    ChecksumMismatch,
+    ColumnError,
+    EmptyEpochError,
+    IndexFormatError,
+    InputErrors,
+    InputProblem,
+    MissingCredentials,
+    OptionError,
+    RetriesExhausted,
+    SampleTooLongError,
+    ShardifyError,
+    ShardReadError,
+    StreamBatchError,
+    TooManyBadShards,
+    TruncatedAudio,
+)
+from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
 from .plan.buckets import estimate_boundaries, suggest_budget
 from .plan.config import BatchingConfig
-from .dataset.index import ShardIndex, ShardInfo
 
 __version__ = "0.1.0"
 
@@ -11,7 +31,6 @@ __all__ = [
     "BatchingConfig",
     "BatchPlan",
     "BucketBatcher",
-    "SampleTooLongError",
     "ShardIndex",
     "ShardInfo",
     "StreamBatchLoader",
@@ -23,6 +42,25 @@ __all__ = [
     "OOMGuard",
     "run_with_oom_split",
     "__version__",
+    # errors: every one derives from StreamBatchError
+    "StreamBatchError",
+    "ShardifyError",
+    "OptionError",
+    "InputErrors",
+    "InputProblem",
+    "BudgetError",
+    "EmptyEpochError",
+    "MissingCredentials",
+    "ShardReadError",
+    "ChecksumMismatch",
+    "TooManyBadShards",
+    "RetriesExhausted",
+    "IndexFormatError",
+    "ColumnError",
+    "AudioError",
+    "TruncatedAudio",
+    "SampleTooLongError",
+    "CalibrationError",
 ]
 
 # The loader and calibration pull in torch, the writer the source parsers: import each only when asked for,

@@ -38,9 +38,22 @@ def check_state(loader: Any, state: dict[str, Any]) -> int:
 def batching_record(config: Any) -> dict[str, Any]:
     """The batching options that decide an epoch's batches, as plain values (a checkpoint holds them so that a
     mid-epoch resume with other options is refused rather than silently losing or repeating samples)."""
-    fields = ("budget", "buffer_size", "refill", "max_batch_size", "batch_size_multiple_of", "min_length",
-              "max_length", "drop_last", "strict", "shuffle", "pad_to_multiple_of", "batch_order", "output_budget",
-              "batch_by")
+    fields = (
+        "budget",
+        "buffer_size",
+        "refill",
+        "max_batch_size",
+        "batch_size_multiple_of",
+        "min_length",
+        "max_length",
+        "drop_last",
+        "strict",
+        "shuffle",
+        "pad_to_multiple_of",
+        "batch_order",
+        "output_budget",
+        "batch_by",
+    )
     out = {k: getattr(config, k) for k in fields}
     edges = config.bucket_boundaries
     out["bucket_boundaries"] = None if edges is None else [float(x) for x in edges]
@@ -52,8 +65,10 @@ def _check_batching(saved: dict[str, Any], mine: dict[str, Any]) -> None:
     differ = [k for k in saved if k in mine and saved[k] != mine[k]]
     if differ:
         said = ", ".join(f"{k}={saved[k]!r} (now {mine[k]!r})" for k in differ)
-        raise ValueError(f"state was saved mid-epoch with other batching options: {said}; resume with the same "
-                         "options, or from the end of an epoch")
+        raise ValueError(
+            f"state was saved mid-epoch with other batching options: {said}; resume with the same "
+            "options, or from the end of an epoch"
+        )
 
 
 def old_layout(loader: Any, state: dict[str, Any], consumed: int, before: Resumed) -> Layout:
@@ -65,10 +80,20 @@ def old_layout(loader: Any, state: dict[str, Any], consumed: int, before: Resume
     steps = state.get("steps")
     if steps is None:
         lengths = loader._lengths(loader.epoch)
-        steps = make_epoch_plan(lengths, loader.config, loader.epoch, world, workers, even,
-                                before.consumed(lengths, loader.config, left_out(loader.index, loader.filter, loader.epoch,
-                                                                                 loader.config.seed, lengths.offsets)),
-                                hardest).steps
+        steps = make_epoch_plan(
+            lengths,
+            loader.config,
+            loader.epoch,
+            world,
+            workers,
+            even,
+            before.consumed(
+                lengths,
+                loader.config,
+                left_out(loader.index, loader.filter, loader.epoch, loader.config.seed, lengths.offsets),
+            ),
+            hardest,
+        ).steps
     return Layout(world, workers, even, hardest, int(steps), consumed)
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import glob
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
@@ -64,13 +65,13 @@ class Result:
 def fixed_random_batches(n: int, batch_size: int, seed: int) -> list[np.ndarray]:
     """(a) A random permutation of all samples cut into batches of ``batch_size``."""
     perm = np.random.default_rng([seed, 1]).permutation(n)
-    return [perm[i:i + batch_size] for i in range(0, n, batch_size)]
+    return [perm[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
 def fixed_sorted_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[np.ndarray]:
     """(b) All samples sorted by length, cut into batches of ``batch_size``, the batches shuffled."""
     order = np.argsort(lengths, kind="stable")
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     return [batches[i] for i in np.random.default_rng([seed, 2]).permutation(len(batches))]
 
 
@@ -106,7 +107,9 @@ class PlannedBatches(IterableDataset):
     An iterable dataset for a torch DataLoader: worker ``w`` of ``W`` executes batches ``w, w + W, ...``.
     """
 
-    def __init__(self, urls: Sequence[str], counts: Sequence[int], batches: Sequence[np.ndarray], sample_rate: int | None):
+    def __init__(
+        self, urls: Sequence[str], counts: Sequence[int], batches: Sequence[np.ndarray], sample_rate: int | None
+    ):
         self.urls, self.counts, self.batches, self.sample_rate = list(urls), list(counts), list(batches), sample_rate
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -157,7 +160,9 @@ def run_fixed(name: str, index, batches: Sequence[np.ndarray], budget: float, nu
     return _run(name, dl, budget)
 
 
-def run_streambatch(name: str, shards: str, budget: float, seed: int, num_workers: int = NUM_WORKERS) -> tuple[Result, Any]:
+def run_streambatch(
+    name: str, shards: str, budget: float, seed: int, num_workers: int = NUM_WORKERS
+) -> tuple[Result, Any]:
     from .loader import StreamBatchLoader
 
     loader = StreamBatchLoader(shards, budget=budget, num_workers=num_workers, seed=seed)
@@ -217,10 +222,14 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
         if n != num_utterances:
             print(f"  note: it holds {n:,} utterances, not the {num_utterances:,} asked for")
     else:
-        print(f"wrote {n:,} synthetic utterances to {os.path.join(out, 'audio')} and "
-              f"{index.num_shards} shards to {shards} in {t_data:.1f} s")
-    print(f"dataset: {n:,} FLAC utterances, {hours:.2f} h, {lengths.min() / sr:.1f}-{lengths.max() / sr:.1f} s "
-          f"(median {np.median(lengths) / sr:.1f} s), {index.num_shards} shards")
+        print(
+            f"wrote {n:,} synthetic utterances to {os.path.join(out, 'audio')} and "
+            f"{index.num_shards} shards to {shards} in {t_data:.1f} s"
+        )
+    print(
+        f"dataset: {n:,} FLAC utterances, {hours:.2f} h, {lengths.min() / sr:.1f}-{lengths.max() / sr:.1f} s "
+        f"(median {np.median(lengths) / sr:.1f} s), {index.num_shards} shards"
+    )
     print(f"budget: {BUDGET_SECONDS} s of audio per batch ({budget:,} samples @ {sr} Hz) = max padded size n x max_len")
     print(f"streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
     print()
@@ -232,24 +241,46 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
     fs = run_fixed(f"(b) fixed sorted, B={batch_size}", index, fixed_sorted_batches(lengths, batch_size, seed), budget)
     sb.name = f"(c) streambatch, budget {BUDGET_SECONDS} s"
     results = [fr, fs, sb]
-    kept = [batch_mates_kept(fixed_random_batches(n, batch_size, seed), fixed_random_batches(n, batch_size, seed + 1), n),
-            batch_mates_kept(fixed_sorted_batches(lengths, batch_size, seed),
-                             fixed_sorted_batches(lengths, batch_size, seed + 1), n),
-            batch_mates_kept(*(streambatch_batches(shards, budget, seed, e) for e in (0, 1)), n)]
+    kept = [
+        batch_mates_kept(fixed_random_batches(n, batch_size, seed), fixed_random_batches(n, batch_size, seed + 1), n),
+        batch_mates_kept(
+            fixed_sorted_batches(lengths, batch_size, seed), fixed_sorted_batches(lengths, batch_size, seed + 1), n
+        ),
+        batch_mates_kept(*(streambatch_batches(shards, budget, seed, e) for e in (0, 1)), n),
+    ]
 
-    rows = [["method", "batches", "samples/batch", "padding %", "over budget", "max cost/budget", "samples/s",
-             "same batch-mates next epoch %"]]
+    rows = [
+        [
+            "method",
+            "batches",
+            "samples/batch",
+            "padding %",
+            "over budget",
+            "max cost/budget",
+            "samples/s",
+            "same batch-mates next epoch %",
+        ]
+    ]
     for r, k in zip(results, kept):
-        rows.append([
-            r.name, f"{r.batches:,}", f"{r.samples / max(1, r.batches):.1f}", f"{100 * r.padding:.1f}",
-            f"{r.over_budget}/{r.batches}", f"{r.max_cost / budget:.2f}", f"{r.samples_per_second:,.0f}",
-            f"{100 * k:.1f}",
-        ])
+        rows.append(
+            [
+                r.name,
+                f"{r.batches:,}",
+                f"{r.samples / max(1, r.batches):.1f}",
+                f"{100 * r.padding:.1f}",
+                f"{r.over_budget}/{r.batches}",
+                f"{r.max_cost / budget:.2f}",
+                f"{r.samples_per_second:,.0f}",
+                f"{100 * k:.1f}",
+            ]
+        )
     for line in _table(rows, "lrrrrrrr"):
         print(line)
     print()
-    print(f"B = {batch_size}: the fixed batch size with the same mean samples per batch as streambatch "
-          f"({sb.samples:,} samples / {sb.batches} batches).")
+    print(
+        f"B = {batch_size}: the fixed batch size with the same mean samples per batch as streambatch "
+        f"({sb.samples:,} samples / {sb.batches} batches)."
+    )
     print("padding % = 1 - real / padded audio samples; cost = n x max_len of a batch (what the budget bounds).")
     print("all three read the same shards with the same tar reader and decode+pad with streambatch.collate.collate;")
     print("samples/s: one epoch each, one after the other in this run (noisy on a shared machine); padding costs")
@@ -265,6 +296,8 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
         print(f"WARNING: streambatch yielded {sb.batches} batches but planned {planned}")
     print()
     print(f"data: {shards} (index.json + {index.num_shards} shards); total time {time.perf_counter() - t_start:.1f} s")
-    print(f'use it: StreamBatchLoader("{shards}", budget={BUDGET_SECONDS} * {sr})  '
-          f"# from streambatch import StreamBatchLoader")
+    print(
+        f'use it: StreamBatchLoader("{shards}", budget={BUDGET_SECONDS} * {sr})  '
+        f"# from streambatch import StreamBatchLoader"
+    )
     return 0

@@ -72,8 +72,12 @@ def process_group_matches(rank: int, world_size: int) -> bool:
     try:
         import torch.distributed as dist
 
-        return bool(dist.is_available() and dist.is_initialized()
-                    and dist.get_rank() == rank and dist.get_world_size() == world_size)
+        return bool(
+            dist.is_available()
+            and dist.is_initialized()
+            and dist.get_rank() == rank
+            and dist.get_world_size() == world_size
+        )
     except Exception:  # pragma: no cover - torch without distributed support
         return False
 

@@ -1,15 +1,17 @@
-"""Errors a user can act on: bad input records and bad arguments.
+"""Every exception streambatch raises on purpose, under one root: :class:`StreamBatchError`.
 
+Each class also keeps the builtin base users caught before the root existed (``ValueError``, ``IOError``,
+``PermissionError``, ``RuntimeError``), so ``except ValueError`` still works. :class:`ShardifyError` and its
+subclasses are mistakes in what the user asked for or gave (the CLI prints one line and exits with 2);
+the others are failures met while reading data or fitting a model.
 ``InputProblem`` is one bad input record, reported as ``FILE:LINE: problem`` (or ``FILE: problem``).
-``ShardifyError`` is a mistake in what the user asked for (the CLI prints it and exits with 2);
-``InputErrors`` carries the list of bad records when ``on_error="fail"``. ``BudgetError`` and
-``EmptyEpochError`` (also ``ValueError``) are a loader's options that would give no batches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 #: how many problems an error message lists before saying "... and N more"
 MAX_LISTED = 20
@@ -35,7 +37,11 @@ class InputProblem:
         return {"source": self.source, "line": self.line, "key": self.key, "error": self.error}
 
 
-class ShardifyError(Exception):
+class StreamBatchError(Exception):
+    """The root of every exception streambatch raises on purpose: ``except StreamBatchError`` catches them all."""
+
+
+class ShardifyError(StreamBatchError):
     """A user error (bad arguments, bad input, refusing to overwrite): reported without a traceback."""
 
 
@@ -69,5 +75,54 @@ class MissingCredentials(ShardifyError, PermissionError):
     """Object storage refused a URL for want of credentials; the message names the URL and where they come from."""
 
 
-class ShardReadError(IOError):
+class OptionError(ShardifyError, ValueError):
+    """An option with a value of the wrong type or out of its range; the message names the option."""
+
+
+class ShardReadError(StreamBatchError, IOError):
     """A shard that cannot be opened or is not a valid tar stream; the message names its URL."""
+
+
+class ChecksumMismatch(ShardReadError):
+    """The shard's sha256 differs from the index's (found once its last byte was read)."""
+
+
+class TooManyBadShards(StreamBatchError, RuntimeError):
+    """More bad shards in one epoch on one rank than ``max_bad_shards`` allows."""
+
+
+class RetriesExhausted(StreamBatchError, IOError):
+    """A request failed with transient errors on every try; ``last`` is the final error."""
+
+    def __init__(self, what: str, attempts: int, last: BaseException):
+        self.last = last
+        self.attempts = attempts
+        super().__init__(f"{what}: failed {attempts} times, last error: {type(last).__name__}: {last}")
+
+
+class IndexFormatError(StreamBatchError, ValueError):
+    """An index file that cannot be read or does not describe a streambatch dataset."""
+
+
+#: the name :class:`IndexFormatError` had before (kept so code that catches it keeps working)
+IndexError_ = IndexFormatError
+
+
+class ColumnError(StreamBatchError, ValueError):
+    """A metadata column that cannot be stored as asked (named but absent, not scalar, mixed kinds)."""
+
+
+class AudioError(StreamBatchError, ValueError):
+    """A file or byte string that cannot be read as audio."""
+
+
+class TruncatedAudio(AudioError):
+    """A file whose audio data ends before the frames its header declares (cut short, or corrupt at the end)."""
+
+
+class SampleTooLongError(StreamBatchError, ValueError):
+    """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
+
+
+class CalibrationError(StreamBatchError, RuntimeError):
+    """The step function failed for a reason other than running out of memory, or nothing fits."""

@@ -25,8 +25,10 @@ def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
         fixes.append("use drop_last=False or fewer ranks/workers")
     n = s.planned_samples if local else ix.num_samples
     if s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
-        causes.append(f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
-                      f"even_batches={loader.even_batches!r})")
+        causes.append(
+            f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
+            f"even_batches={loader.even_batches!r})"
+        )
         fixes.append("use fewer ranks/workers")
     of = f"this rank's {n:,}" if local else f"the {n:,}"
     return f"{head}: of {of} samples, {'; '.join(causes)}; {' or '.join(fixes)}"
@@ -37,7 +39,9 @@ def kept_text(cfg: BatchingConfig, ix: Any) -> str:
     table = ix.shard_table(("count", "min_length", "max_length"))
     full = table["count"] > 0
     lo, hi = table["min_length"][full].min(), table["max_length"][full].max()
-    kept = [f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v]
+    kept = [
+        f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v
+    ]
     kept.append(f"at most the budget {length_text(cfg.budget, ix)} alone")
     return f"lengths {length_text(lo, ix)} to {length_text(hi, ix)}; kept: {', '.join(kept)}"
 
@@ -45,10 +49,13 @@ def kept_text(cfg: BatchingConfig, ix: Any) -> str:
 def unindexed_empty_message(name: str, num_urls: int, cfg: BatchingConfig, epoch: int, bad: int) -> str:
     """Why a pass without an index gave no batch: every sample skipped (or lost with bad shards)."""
     limits = "".join(f", {k}={v:g}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v)
-    return (f"{name}: epoch {epoch} yielded no batches from {num_urls} shards: every "
-            f"sample was skipped (kept: lengths within budget={cfg.budget:g}{limits})"
-            + (f" or lost with {bad} bad shards" if bad else "") + "; check the budget against the lengths "
-            "in the samples' .json (`shardify inspect` needs an index)")
+    return (
+        f"{name}: epoch {epoch} yielded no batches from {num_urls} shards: every "
+        f"sample was skipped (kept: lengths within budget={cfg.budget:g}{limits})"
+        + (f" or lost with {bad} bad shards" if bad else "")
+        + "; check the budget against the lengths "
+        "in the samples' .json (`shardify inspect` needs an index)"
+    )
 
 
 def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, float]]:
@@ -62,8 +69,11 @@ def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, f
     out = {}
     for d, name in enumerate(index.names):
         sel = dataset == d
-        row = {"samples": int(sel.sum()), "length": float(lens[sel].sum()),
-               "share": float(sel.sum() / max(1, gids.size))}
+        row = {
+            "samples": int(sel.sum()),
+            "length": float(lens[sel].sum()),
+            "share": float(sel.sum() / max(1, gids.size)),
+        }
         if spu:
             row["hours"] = row["length"] * spu / 3600
         out[name] = row

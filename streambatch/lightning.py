@@ -64,8 +64,7 @@ class LightningLoader:
             _rewind(self.loader, 0)
         it = iter(self.loader)
         self._pass, self._loaded = it, None
-        for batch in it:
-            yield batch
+        yield from it
 
     def _follow(self) -> None:
         """Move the loader to Lightning's epoch when Lightning has gone past it."""
@@ -86,8 +85,9 @@ class LightningLoader:
         if finish:
             extra = next(it, None)
             if extra is not None:
-                raise RuntimeError(f"the loader yielded a batch past its planned {len(self.loader)} in epoch "
-                                   f"{self.loader.epoch}")
+                raise RuntimeError(
+                    f"the loader yielded a batch past its planned {len(self.loader)} in epoch {self.loader.epoch}"
+                )
         else:
             it.close()  # type: ignore[attr-defined]
 
@@ -165,9 +165,11 @@ class StreamBatchDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is not None and stage == "fit" and trainer.reload_dataloaders_every_n_epochs != 1:
             if trainer.reload_dataloaders_every_n_epochs:
-                log.warning("reload_dataloaders_every_n_epochs=%d set to 1: every epoch of the plan has its own "
-                            "number of batches, which Lightning reads when it reloads",
-                            trainer.reload_dataloaders_every_n_epochs)
+                log.warning(
+                    "reload_dataloaders_every_n_epochs=%d set to 1: every epoch of the plan has its own "
+                    "number of batches, which Lightning reads when it reloads",
+                    trainer.reload_dataloaders_every_n_epochs,
+                )
             trainer.reload_dataloaders_every_n_epochs = 1
 
     def train_dataloader(self) -> LightningLoader:

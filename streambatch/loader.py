@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from torch.utils.data import DataLoader
 
+from .checkpoint import batching_record, check_state, old_layout, pack_mask, unpack_mask
 from .dataset.index import ShardIndex
-from .dataset.source import resolve_source
+from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
+from .dataset.source import ShardURLs, resolve_source
+from .dataset.where import left_out, open_filter
 from .dist import all_gather_ints, process_group_matches, process_info
 from .errors import BudgetError, EmptyEpochError
+from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
+from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
+from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .plan.batcher import BucketBatcher
 from .plan.config import check_budget
 from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
@@ -28,19 +35,13 @@ from .read.collate import Decode
 from .read.faults import FAULT_FIELDS, STORAGE_WAIT
 from .read.ring import BatchRing, batch_ring
 from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
-from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
 from .summary import length_text
-from .checkpoint import batching_record, check_state, old_layout, pack_mask, unpack_mask
-from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
-from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
-from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
-from .dataset.where import left_out, open_filter
-from .dataset.source import ShardURLs
 
 log = logging.getLogger("streambatch")
 
 #: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
 PLANNING = ("auto", "local", "global")
+
 
 def _identity(x: Any) -> Any:
     return x
@@ -68,8 +69,8 @@ class StreamBatchLoader:
     ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index
     file, a brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each
     sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}``
-    mapping, a list of folders, or a mixture file. ``budget`` is the largest padded size of a batch in the dataset's unit
-    (or a duration like ``"60s"`` for audio with an index).
+    mapping, a list of folders, or a mixture file. ``budget`` is the largest padded size of a batch in the
+    dataset's unit (or a duration like ``"60s"`` for audio with an index).
     ``options`` are the batching options (:class:`BatchingConfig`) and read options (``READ_OPTIONS``) by
     name. ``where``: keep only the samples for which this SQL expression over the sample table's columns is
     true (``"language = 'de' AND snr > 10"``; DuckDB). The README lists every option.
@@ -137,9 +138,12 @@ class StreamBatchLoader:
         self._meter: EpochMeter | None = None
         ix = self.index
         self.collate_options = CollateOptions(
-            decode=decode, pad_to_multiple_of=batching.get("pad_to_multiple_of"),
+            decode=decode,
+            pad_to_multiple_of=batching.get("pad_to_multiple_of"),
             sample_rate=ix.sample_rate if ix is not None and ix.unit == "samples" else None,
-            packed=self.config.cost.packed, micro_batches=int(micro_batches), loss_weight_by=loss_weight_by,
+            packed=self.config.cost.packed,
+            micro_batches=int(micro_batches),
+            loss_weight_by=loss_weight_by,
             datasets=dataset_names(self.index),
             per_sample=ops,
         )
@@ -224,8 +228,14 @@ class StreamBatchLoader:
 
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(
-            lengths, self.config, epoch, self.world_size, max(1, self.num_workers),
-            self.even_batches, self._excluded_in(epoch, lengths), self.hardest_first,
+            lengths,
+            self.config,
+            epoch,
+            self.world_size,
+            max(1, self.num_workers),
+            self.even_batches,
+            self._excluded_in(epoch, lengths),
+            self.hardest_first,
         )
 
     def schedule(self, epoch: int | None = None) -> RankSchedule:
@@ -240,9 +250,18 @@ class StreamBatchLoader:
             lengths = self._lengths(e)
             local = self._rank_local(e)
             if local:
-                sched = plan_rank_local(lengths, self.config, e, self.rank, self.world_size, max(1, self.num_workers),
-                                        all_gather_ints, self.even_batches, self.hardest_first,
-                                        self._excluded_in(e, lengths))
+                sched = plan_rank_local(
+                    lengths,
+                    self.config,
+                    e,
+                    self.rank,
+                    self.world_size,
+                    max(1, self.num_workers),
+                    all_gather_ints,
+                    self.even_batches,
+                    self.hardest_first,
+                    self._excluded_in(e, lengths),
+                )
             else:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
             self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
@@ -262,8 +281,13 @@ class StreamBatchLoader:
         return self.planning != "global" and possible
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        return excluded_in(self._resumed, epoch, lengths, self.config,
-                           left_out(self.index, self.filter, epoch, self.config.seed, lengths.offsets))
+        return excluded_in(
+            self._resumed,
+            epoch,
+            lengths,
+            self.config,
+            left_out(self.index, self.filter, epoch, self.config.seed, lengths.offsets),
+        )
 
     def _earlier(self, epoch: int) -> int:
         """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
@@ -297,8 +321,9 @@ class StreamBatchLoader:
         kwargs: dict[str, Any] = {}
         if self.num_workers > 0:
             if self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
-                self._ring = batch_ring(self.num_workers, self.config.budget, self.collate_options.decode,
-                                        self.prefetch_factor)
+                self._ring = batch_ring(
+                    self.num_workers, self.config.budget, self.collate_options.decode, self.prefetch_factor
+                )
             kwargs["prefetch_factor"] = self.prefetch_factor or 2
             kwargs["persistent_workers"] = self.persistent_workers
             kwargs["worker_init_fn"] = _WorkerInit(self.worker_init_fn)
@@ -316,12 +341,22 @@ class StreamBatchLoader:
     def _context(self) -> SlotContext:
         """What every DataLoader worker of this loader gets once."""
         return SlotContext(
-            urls=self.urls, index=self.index, config=self.config,
-            rank=self.rank, world_size=self.world_size, num_workers=max(1, self.num_workers),
-            collate=self.collate_options, read=self.read_options, storage_options=self.storage_options,
-            state=self._state, faults=self._fault_counts, bad=self._bad_shards, resumed=self._resumed,
+            urls=self.urls,
+            index=self.index,
+            config=self.config,
+            rank=self.rank,
+            world_size=self.world_size,
+            num_workers=max(1, self.num_workers),
+            collate=self.collate_options,
+            read=self.read_options,
+            storage_options=self.storage_options,
+            state=self._state,
+            faults=self._fault_counts,
+            bad=self._bad_shards,
+            resumed=self._resumed,
             length_plan=self.length_plan,
-            filter=self.filter, ring=self._ring,
+            filter=self.filter,
+            ring=self._ring,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -349,9 +384,21 @@ class StreamBatchLoader:
             "epoch %d: %d batches per rank on %d ranks; rank %d planned %d samples in %.2f s (%s plan, %d lengths "
             "read); even_batches=%s on %s: %d samples left out, %d repeated, %d batches split; %d skipped "
             "(outside min_length/max_length/budget), %d dropped (drop_last)",
-            s.epoch, s.steps, self.world_size, self.rank, s.planned_samples, seconds,
-            "rank-local" if local else "whole-epoch O(N)", loaded, self.even_batches, scope, s.surplus, s.repeated,
-            s.splits, s.skipped, s.dropped,
+            s.epoch,
+            s.steps,
+            self.world_size,
+            self.rank,
+            s.planned_samples,
+            seconds,
+            "rank-local" if local else "whole-epoch O(N)",
+            loaded,
+            self.even_batches,
+            scope,
+            s.surplus,
+            s.repeated,
+            s.splits,
+            s.skipped,
+            s.dropped,
         )
 
     def fault_stats(self) -> dict[str, Any]:
@@ -388,8 +435,11 @@ class StreamBatchLoader:
         if steps is not None and self._consumed != steps:
             raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
         if steps is None and self._consumed == 0:
-            raise EmptyEpochError(unindexed_empty_message(self.name or self.urls[0], len(self.urls), self.config,
-                                                          epoch, int(self._bad_shards.sum())))
+            raise EmptyEpochError(
+                unindexed_empty_message(
+                    self.name or self.urls[0], len(self.urls), self.config, epoch, int(self._bad_shards.sum())
+                )
+            )
         log.info(metrics_line(self.metrics()))
         self._consumed = 0
         self._resumed, self._saved_steps = None, None
@@ -401,8 +451,13 @@ class StreamBatchLoader:
             return items
         from tqdm.auto import tqdm
 
-        return tqdm(items, total=None if steps is None else self._earlier(epoch) + steps,
-                    initial=self.consumed, desc=f"epoch {epoch}", unit="batch")
+        return tqdm(
+            items,
+            total=None if steps is None else self._earlier(epoch) + steps,
+            initial=self.consumed,
+            desc=f"epoch {epoch}",
+            unit="batch",
+        )
 
     def _unit_per_element(self) -> float:
         """Dataset length units per element of a padded tensor along T (a budget in seconds: 1 / rate)."""
@@ -423,8 +478,9 @@ class StreamBatchLoader:
         out.update(storage_waits(self._fault_counts[:, FAULT_FIELDS.index(STORAGE_WAIT)].tolist()))
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
-            out["planned"] = planned_figures(self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget,
-                                             self.config.cost)
+            out["planned"] = planned_figures(
+                self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget, self.config.cost
+            )
         return out
 
     # ---- resumption ---------------------------------------------------------------------------------
@@ -483,6 +539,11 @@ class StreamBatchLoader:
             log.info(
                 "resuming epoch %d on %d ranks × %d workers (saved on %d × %d after %d of %d batches per rank): "
                 "the samples not yet consumed are planned again",
-                self.epoch, self.world_size, max(1, self.num_workers), old.world_size, old.num_workers,
-                old.consumed, old.steps,
+                self.epoch,
+                self.world_size,
+                max(1, self.num_workers),
+                old.world_size,
+                old.num_workers,
+                old.consumed,
+                old.steps,
             )

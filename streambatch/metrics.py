@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -55,9 +56,14 @@ class EpochMeter:
         """The pass's figures (see README "Metrics")."""
         seconds = max(time.perf_counter() - self.start, 1e-9)
         out: dict[str, Any] = {
-            "epoch": self.epoch, "batches": self.batches, "samples": self.samples, "seconds": seconds,
-            "batches_per_s": self.batches / seconds, "samples_per_s": self.samples / seconds,
-            "time_to_first_batch_s": self.first, "waited_on_loader_s": self.waited,
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "samples": self.samples,
+            "seconds": seconds,
+            "batches_per_s": self.batches / seconds,
+            "samples_per_s": self.samples / seconds,
+            "time_to_first_batch_s": self.first,
+            "waited_on_loader_s": self.waited,
             "padding_pct": 100.0 * (1 - self.real / self.padded) if self.padded else None,
             "budget_utilisation_pct": 100.0 * float(np.mean(self.used)) if self.used else None,
         }
@@ -104,9 +110,11 @@ def planned_batches(plan: Any, rank: int, lengths: Any, budget: float, cost: Any
 def batch_figures(b: dict[str, np.ndarray]) -> dict[str, Any]:
     """Padding % and mean budget use of some batches (:func:`planned_batches`)."""
     padded = float(b["padded"].sum())
-    return {"padding_pct": 100.0 * (1 - float(b["real"].sum()) / padded) if padded else None,
-            "budget_utilisation_pct": 100.0 * float(b["used"].mean()) if len(b["used"]) else None,
-            "batches": len(b["size"])}
+    return {
+        "padding_pct": 100.0 * (1 - float(b["real"].sum()) / padded) if padded else None,
+        "budget_utilisation_pct": 100.0 * float(b["used"].mean()) if len(b["used"]) else None,
+        "batches": len(b["size"]),
+    }
 
 
 def planned_figures(plan: Any, rank: int, lengths: Any, budget: float, cost: Any) -> dict[str, Any]:
@@ -123,13 +131,16 @@ def storage_waits(ns_per_worker: list[int]) -> dict[str, Any]:
 
 def metrics_line(m: dict[str, Any]) -> str:
     """The once-per-epoch log line."""
+
     def pct(x: Any) -> str:
         return "-" if x is None else f"{x:.1f}%"
 
     first = "-" if m["time_to_first_batch_s"] is None else f"{m['time_to_first_batch_s']:.2f} s"
     shares = "".join(f", {k} {v:.1%}" for k, v in m.get("dataset_shares", {}).items())
-    return (f"epoch {m['epoch']}: {m['batches']} batches, {m['samples']} samples in {m['seconds']:.1f} s "
-            f"({m['batches_per_s']:.2f} batches/s, {m['samples_per_s']:.1f} samples/s); first batch after {first}; "
-            f"waited on the loader {m['waited_on_loader_s']:.1f} s; readers waited on storage "
-            f"{m.get('waited_on_storage_s', 0.0):.2f} s; padding {pct(m['padding_pct'])}, budget used "
-            f"{pct(m['budget_utilisation_pct'])}{shares}")
+    return (
+        f"epoch {m['epoch']}: {m['batches']} batches, {m['samples']} samples in {m['seconds']:.1f} s "
+        f"({m['batches_per_s']:.2f} batches/s, {m['samples_per_s']:.1f} samples/s); first batch after {first}; "
+        f"waited on the loader {m['waited_on_loader_s']:.1f} s; readers waited on storage "
+        f"{m.get('waited_on_storage_s', 0.0):.2f} s; padding {pct(m['padding_pct'])}, budget used "
+        f"{pct(m['budget_utilisation_pct'])}{shares}"
+    )

@@ -19,8 +19,16 @@ from .read.retry import RetryPolicy
 
 #: read options the loader takes by name (the README's "Reading" table), with their defaults
 READ_OPTIONS: dict[str, Any] = {
-    "chunk_size": "8M", "read_ahead": "64M", "read_concurrency": 4, "retries": 8, "timeout": 60.0,
-    "backoff": 0.25, "verify": "sha256", "max_bad_shards": 2, "cache_dir": None, "cache_size": None,
+    "chunk_size": "8M",
+    "read_ahead": "64M",
+    "read_concurrency": 4,
+    "retries": 8,
+    "timeout": 60.0,
+    "backoff": 0.25,
+    "verify": "sha256",
+    "max_bad_shards": 2,
+    "cache_dir": None,
+    "cache_size": None,
 }
 
 
@@ -43,23 +51,30 @@ def read_options(**given: Any) -> ReadOptions:
     )
 
 
-def batching_config(budget: float | None, index: ShardIndex | None, options: dict[str, Any],
-                    length_plan: LengthPlan | None = None) -> BatchingConfig:
+def batching_config(
+    budget: float | None, index: ShardIndex | None, options: dict[str, Any], length_plan: LengthPlan | None = None
+) -> BatchingConfig:
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
     if options.get("batch_by") is not None and not hasattr(index, "dataset_of_shard"):
-        raise ValueError(f"batch_by={options['batch_by']!r} keeps every batch within one dataset of a mixture; this "
-                         "loader reads one dataset (name several: a {name: folder} mapping, a list of folders with "
-                         "weights=, or a mixture file), or leave batch_by=None")
+        raise ValueError(
+            f"batch_by={options['batch_by']!r} keeps every batch within one dataset of a mixture; this "
+            "loader reads one dataset (name several: a {name: folder} mapping, a list of folders with "
+            "weights=, or a mixture file), or leave batch_by=None"
+        )
     if index is None and options.get("batch_order", "random") != "random":
-        raise ValueError(f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
-                         "an index (write one with `shardify index`); without one batches leave as they form")
+        raise ValueError(
+            f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
+            "an index (write one with `shardify index`); without one batches leave as they form"
+        )
     cost = options.get("cost")
     calib = None if options.get("packed") else calibration_info(cost)
     unit = "frames" if length_plan is not None and length_plan.in_frames else index.unit if index is not None else None
     if calib is not None:
         if index is not None and calib.get("unit") not in (None, unit):
-            raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
+            raise ValueError(
+                f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}"
+            )
         if options.get("max_batch_size") is None and calib.get("max_batch_size"):
             # the search stopped there: larger batches would be extrapolated, not measured
             options = {**options, "max_batch_size": int(calib["max_batch_size"])}
@@ -99,8 +114,9 @@ def pop_sample_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options.pop(k) for k in list(options) if k in SAMPLE_OPTIONS}
 
 
-def sample_plan(given: dict[str, Any], index: ShardIndex | None, decode: Any, seed: Any
-                ) -> tuple[LengthPlan | None, Any]:
+def sample_plan(
+    given: dict[str, Any], index: ShardIndex | None, decode: Any, seed: Any
+) -> tuple[LengthPlan | None, Any]:
     """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
     from .read.features import plans_in_frames, resolve_features
@@ -117,10 +133,12 @@ def sample_plan(given: dict[str, Any], index: ShardIndex | None, decode: Any, se
         raise ValueError(f"{which} need an index: each sample's randomness and planned length follow its global id")
     if decode == "none":
         raise ValueError(f"{which} work on decoded samples; decode='none' keeps them raw")
-    if (speed is not None or features is not None):
+    if speed is not None or features is not None:
         if index.unit != "samples" or not index.sample_rate:
-            raise ValueError(f"speed_perturb and features need audio lengths in samples with a sample rate; this "
-                             f"index counts {index.unit}" + ("" if index.sample_rate else " without a sample rate"))
+            raise ValueError(
+                f"speed_perturb and features need audio lengths in samples with a sample rate; this "
+                f"index counts {index.unit}" + ("" if index.sample_rate else " without a sample rate")
+            )
         if decode not in ("auto", "audio"):
             raise ValueError(f"speed_perturb and features work on decoded audio; decode={decode!r}")
     if speed is not None:

@@ -16,24 +16,37 @@ from .plan.epoch import make_epoch_plan
 from .plan.lengths import index_lengths
 
 
-def planned_epoch(index: Any, budget: float, world_size: int, num_workers: int, epoch: int = 0,
-                  **options: Any) -> dict[str, Any]:
+def planned_epoch(
+    index: Any, budget: float, world_size: int, num_workers: int, epoch: int = 0, **options: Any
+) -> dict[str, Any]:
     """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
     padding % and mean budget use over the batches (from the index lengths)."""
     lengths = index_lengths(index)
     config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
-    plan = make_epoch_plan(lengths, config, epoch, world_size, num_workers,
-                           excluded=selection_of(index, epoch, config.seed))
+    plan = make_epoch_plan(
+        lengths, config, epoch, world_size, num_workers, excluded=selection_of(index, epoch, config.seed)
+    )
     ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
     every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
     sizes = every["size"].astype(np.int64).tolist()
     counts, edges = np.histogram(sizes, bins=min(20, max(1, len(set(sizes))))) if sizes else (np.zeros(0), np.zeros(1))
-    return {"budget": config.budget, "world_size": world_size, "num_workers": num_workers, "steps": plan.steps,
-            "samples_per_rank": [int(b["size"].sum()) for b in ranks], **batch_figures(every),
-            "left_out": plan.surplus_samples, "skipped": plan.skipped_samples,
-            "batch_sizes": {"counts": counts.astype(int).tolist(), "edges": edges.tolist(),
-                            "min": min(sizes, default=0), "max": max(sizes, default=0),
-                            "mean": float(np.mean(sizes)) if sizes else 0.0}}
+    return {
+        "budget": config.budget,
+        "world_size": world_size,
+        "num_workers": num_workers,
+        "steps": plan.steps,
+        "samples_per_rank": [int(b["size"].sum()) for b in ranks],
+        **batch_figures(every),
+        "left_out": plan.surplus_samples,
+        "skipped": plan.skipped_samples,
+        "batch_sizes": {
+            "counts": counts.astype(int).tolist(),
+            "edges": edges.tolist(),
+            "min": min(sizes, default=0),
+            "max": max(sizes, default=0),
+            "mean": float(np.mean(sizes)) if sizes else 0.0,
+        },
+    }
 
 
 def print_planned(p: dict[str, Any], as_json: bool = False) -> None:
@@ -42,11 +55,15 @@ def print_planned(p: dict[str, Any], as_json: bool = False) -> None:
         print(json.dumps(p, indent=2))
         return
     pct = lambda x: "-" if x is None else f"{x:.1f}%"  # noqa: E731
-    print(f"plan       {p['world_size']} ranks x {p['num_workers']} workers, budget {p['budget']:g}: "
-          f"{p['steps']:,} steps per rank, {p['batches']:,} batches")
+    print(
+        f"plan       {p['world_size']} ranks x {p['num_workers']} workers, budget {p['budget']:g}: "
+        f"{p['steps']:,} steps per rank, {p['batches']:,} batches"
+    )
     print(f"padding    {pct(p['padding_pct'])}; budget used {pct(p['budget_utilisation_pct'])} per batch on average")
-    print(f"samples    per rank {min(p['samples_per_rank']):,} to {max(p['samples_per_rank']):,}; "
-          f"{p['left_out']:,} left out to equalise steps, {p['skipped']:,} skipped")
+    print(
+        f"samples    per rank {min(p['samples_per_rank']):,} to {max(p['samples_per_rank']):,}; "
+        f"{p['left_out']:,} left out to equalise steps, {p['skipped']:,} skipped"
+    )
     h = p["batch_sizes"]
     print(f"batch size {h['min']} to {h['max']} (mean {h['mean']:.1f}):")
     top = max(h["counts"], default=1) or 1

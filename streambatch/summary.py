@@ -15,6 +15,7 @@ from .plan.buckets import estimate_boundaries, suggest_budget
 from .plan.config import parse_budget as parse_any_budget
 from .plan.stats import LengthStats
 
+
 def total_text(index: ShardIndex) -> str:
     spu = index.seconds_per_unit()
     if spu:
@@ -52,8 +53,13 @@ def parse_budget(text: str, index: ShardIndex) -> float:
 
 
 def inspect_dataset(
-    index: ShardIndex, dataset: str, budget_text: str | None = None, num_buckets: int | None = None,
-    plot: str | None = None, as_json: bool = False, where: str | None = None,
+    index: ShardIndex,
+    dataset: str,
+    budget_text: str | None = None,
+    num_buckets: int | None = None,
+    plot: str | None = None,
+    as_json: bool = False,
+    where: str | None = None,
 ) -> int:
     """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
     The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
@@ -62,8 +68,12 @@ def inspect_dataset(
     summary = _summary(index, dataset, lengths)
     if where is not None:
         total = sum(ix.num_samples for _, ix in datasets_of(index))
-        summary["where"] = {"expression": where, "kept": lengths.count, "of": total,
-                            "fraction": lengths.count / total if total else 0.0}
+        summary["where"] = {
+            "expression": where,
+            "kept": lengths.count,
+            "of": total,
+            "fraction": lengths.count / total if total else 0.0,
+        }
     budget = boundaries = None
     if lengths.count:
         budget, boundaries = _suggestions(index, lengths, budget_text, num_buckets, summary)
@@ -97,7 +107,9 @@ def _summary(index: ShardIndex, dataset: str, lengths: LengthStats) -> dict[str,
         summary["datasets"] = mixture_table(index)
     if spu and lengths.count:
         summary["seconds"] = {
-            "min": lengths.min * spu, "mean": lengths.mean * spu, "max": lengths.max * spu,
+            "min": lengths.min * spu,
+            "mean": lengths.mean * spu,
+            "max": lengths.max * spu,
             "percentiles": {p: v * spu for p, v in stats["percentiles"].items()},
         }
     return summary
@@ -131,8 +143,12 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
     def both(x: float) -> str:
         return f"{_fmt(x)} {index.unit}" + (f" ({float(x) * spu:.2f} s)" if spu and index.unit != "seconds" else "")
 
-    rows = [("dataset", s["dataset"]), ("unit", unit), ("shards", f"{s['num_shards']:,}"),
-            ("samples", f"{s['num_samples']:,}")]
+    rows = [
+        ("dataset", s["dataset"]),
+        ("unit", unit),
+        ("shards", f"{s['num_shards']:,}"),
+        ("samples", f"{s['num_samples']:,}"),
+    ]
     if s["num_samples"]:
         total = f"{_fmt(s['total_length'])} {index.unit}"
         if "total_hours" in s:
@@ -160,8 +176,10 @@ def _print_summary(s: dict[str, Any], index: ShardIndex, budget: float | None, b
         n = len(boundaries)
         print(f"buckets    {n + 1} ({n} boundar{'y' if n == 1 else 'ies'}): " + ", ".join(both(b) for b in boundaries))
     elif boundaries is not None:
-        print(f"buckets    1 (no boundaries: {s['num_samples']:,} samples are too few to split into buckets "
-              "that each fill whole batches; --num-buckets K asks for K)")
+        print(
+            f"buckets    1 (no boundaries: {s['num_samples']:,} samples are too few to split into buckets "
+            "that each fill whole batches; --num-buckets K asks for K)"
+        )
     if s.get("plot"):
         print(f"plot       {s['plot']}")
 
@@ -189,7 +207,7 @@ def _plot(lengths: LengthStats, index: ShardIndex, boundaries: list[float] | Non
     spu = index.seconds_per_unit()
     scale, label = (spu, "seconds") if spu else (1.0, index.unit)
     fig, ax = plt.subplots(figsize=(8, 4))
-    counts, edges = lengths.histogram(min(100, max(10, int(lengths.count ** 0.5))), scale)
+    counts, edges = lengths.histogram(min(100, max(10, int(lengths.count**0.5))), scale)
     ax.stairs(counts, edges, fill=True, color="#4477aa")
     drawn = plotted_boundaries(boundaries or [])
     for b in drawn:
@@ -197,11 +215,11 @@ def _plot(lengths: LengthStats, index: ShardIndex, boundaries: list[float] | Non
     ax.set_xlabel(f"length ({label})")
     ax.set_ylabel("samples")
     some = f"{len(drawn)} of {len(boundaries)}" if boundaries and len(drawn) < len(boundaries) else ""
-    ax.set_title(f"{index.num_samples:,} samples in {index.num_shards:,} shards"
-                 + (f" (lines: {some or 'the'} bucket boundaries)" if boundaries else ""))
+    ax.set_title(
+        f"{index.num_samples:,} samples in {index.num_shards:,} shards"
+        + (f" (lines: {some or 'the'} bucket boundaries)" if boundaries else "")
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-

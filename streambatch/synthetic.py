@@ -65,7 +65,9 @@ def speech_like(num_samples: int, rng: np.random.Generator, sample_rate: int = S
 WORDS = "the a of to and in speech model data batch stream shard length budget token audio train".split()
 
 
-def write_audio_corpus(folder: str, n: int, seed: int = 0, sample_rate: int = SAMPLE_RATE, fmt: str = "flac") -> list[str]:
+def write_audio_corpus(
+    folder: str, n: int, seed: int = 0, sample_rate: int = SAMPLE_RATE, fmt: str = "flac"
+) -> list[str]:
     """Write ``n`` synthetic utterances (``utt-000000.flac`` + ``.txt`` transcript) into ``folder``."""
     import os
 
@@ -80,7 +82,7 @@ def write_audio_corpus(folder: str, n: int, seed: int = 0, sample_rate: int = SA
     for i, length in enumerate(lengths):
         voice = voices[i % len(voices)]
         start = int(rng.integers(0, len(voice) - length))
-        wav = voice[start:start + length] * rng.uniform(0.5, 1.5)
+        wav = voice[start : start + length] * rng.uniform(0.5, 1.5)
         path = os.path.join(folder, f"utt-{i:06d}.{fmt}")
         sf.write(path, wav, sample_rate, format=fmt.upper(), subtype="PCM_16")
         words = rng.choice(WORDS, size=max(1, int(length / sample_rate * 2.5)))

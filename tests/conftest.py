@@ -9,8 +9,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 import numpy as np
 import pytest
@@ -278,7 +279,7 @@ class ProcessWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
 
-    def start(self) -> "ProcessWatch":
+    def start(self) -> ProcessWatch:
         self._thread.start()
         return self
 

@@ -93,9 +93,19 @@ def moto_endpoint(s3_env, tmp_path_factory):
     log = tmp_path_factory.mktemp("moto") / "server.log"  # a file, not a pipe: it logs every request
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from moto.server import main; main(sys.argv[1:])",
-             "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent,
+            [
+                sys.executable,
+                "-c",
+                "import sys; from moto.server import main; main(sys.argv[1:])",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
         )
     keep_running(proc.pid)  # a session-long server, not a process some test left behind
     url = f"http://127.0.0.1:{port}"
@@ -103,8 +113,13 @@ def moto_endpoint(s3_env, tmp_path_factory):
         _wait_http(url + "/", proc, log)
         import boto3
 
-        boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                     region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        boto3.client(
+            "s3",
+            endpoint_url=url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=BUCKET)
         yield url
     finally:
         proc.terminate()

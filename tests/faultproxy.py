@@ -120,7 +120,7 @@ class FaultProxy:
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, name="faultproxy", daemon=True)
         self.thread.start()
         return self
@@ -206,8 +206,15 @@ class _Handler(BaseHTTPRequestHandler):
                     raise
         raise AssertionError("unreachable")
 
-    def _send(self, status: int, headers: list[tuple[str, str]], data: bytes, length: int | None = None,
-              cut_after: int | None = None, reset: bool = False) -> None:
+    def _send(
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        data: bytes,
+        length: int | None = None,
+        cut_after: int | None = None,
+        reset: bool = False,
+    ) -> None:
         self.send_response(status)
         for k, v in headers:
             if not (k.lower() == "content-length" and length is not None):
@@ -250,8 +257,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._cut()
                 return
             if r.action == "error":
-                msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                       b"<Message>Please reduce your request rate.</Message></Error>")
+                msg = (
+                    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                    b"<Message>Please reduce your request rate.</Message></Error>"
+                )
                 px._log(self.command, self.path, rng, r.status)
                 self._send(r.status, [("Content-Type", "application/xml")], msg)
                 return

@@ -102,7 +102,7 @@ def test_webdataset_tars_indexed_in_place(tmp_path):
     raw = (src / ix.shards[1].url).read_bytes()
     keys = ix.shards.reader.shard_samples(1)["keys"]
     for key, o, n in zip(keys, offsets.tolist(), sizes.tolist()):
-        names = [name for name, _ in iter_members(io.BytesIO(raw[o:o + n]), "range")]
+        names = [name for name, _ in iter_members(io.BytesIO(raw[o : o + n]), "range")]
         assert names and all(name.startswith(key + ".") for name in names)
     assert cli("verify", str(src), "--decode") == 0
     seen, lengths, texts = stream(str(src), num_workers=2)
@@ -115,7 +115,7 @@ def test_webdataset_tars_indexed_in_place(tmp_path):
 def test_damaged_members_skip_lists_them_and_fail_exits_2_with_one_line(tmp_path, capsys):
     good = audio_bytes("flac", 3000, seed=99)
     src = tmp_path / "wds"
-    want = write_wds(src, n=14, bad={4: b"definitely not audio" * 20, 9: good[:len(good) // 3]})
+    want = write_wds(src, n=14, bad={4: b"definitely not audio" * 20, 9: good[: len(good) // 3]})
     before = digests(src)
     capsys.readouterr()
     assert cli("index", str(src)) == 2
@@ -155,8 +155,15 @@ def write_nemo(root: Path, per_tar: tuple[int, int] = (7, 6), extra: bool = True
                     text = f"words of {key}" + " more" * (k % 5)
                     fields = {"lang": "de" if k % 3 else "en", "num_tokens": len(text.split())}
                     want[key] = {"frames": frames, "text": text, **fields}
-                    lines.append({"audio_filepath": f"{key}.wav", "duration": round(frames / SR, 3), "text": text,
-                                  "shard_id": shard, **fields})
+                    lines.append(
+                        {
+                            "audio_filepath": f"{key}.wav",
+                            "duration": round(frames / SR, 3),
+                            "text": text,
+                            "shard_id": shard,
+                            **fields,
+                        }
+                    )
             n += count
     (root / "tarred_audio_manifest.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return want
@@ -182,12 +189,17 @@ def test_nemo_tarred_dataset(tmp_path, capsys):
         assert texts == {k: v["text"] for k, v in want.items()}
 
     manifest = src / "tarred_audio_manifest.json"
-    manifest.write_text(manifest.read_text() + json.dumps({"audio_filepath": "gone.wav", "duration": 1.0,
-                                                           "text": "x", "shard_id": 1}) + "\n")
+    manifest.write_text(
+        manifest.read_text()
+        + json.dumps({"audio_filepath": "gone.wav", "duration": 1.0, "text": "x", "shard_id": 1})
+        + "\n"
+    )
     capsys.readouterr()
     assert cli("index", str(src), "--overwrite") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "gone.wav" in err[0] and "audio_1.tar" in err[0] and f"{manifest}:{len(want) + 1}" in err[0]
+    assert (
+        len(err) == 1 and "gone.wav" in err[0] and "audio_1.tar" in err[0] and f"{manifest}:{len(want) + 1}" in err[0]
+    )
 
 
 def output_lengths_by_key(folder: str) -> dict[str, int]:
@@ -196,8 +208,11 @@ def output_lengths_by_key(folder: str) -> dict[str, int]:
     out = {}
     for s in range(ix.num_shards):
         stored = ix.shards.reader.shard_samples(s)
-        out.update((k, o) for k, n, o in zip(stored["keys"], stored["lengths"].tolist(),
-                                             stored["output_lengths"].tolist()) if n)
+        out.update(
+            (k, o)
+            for k, n, o in zip(stored["keys"], stored["lengths"].tolist(), stored["output_lengths"].tolist())
+            if n
+        )
     return out
 
 
@@ -208,16 +223,25 @@ def test_output_lengths_and_filters_on_an_adopted_nemo_dataset(tmp_path):
     src = tmp_path / "nemo"
     want = write_nemo(src, per_tar=(12, 10, 9))
     budget, out_budget = 4 * SR, 120
-    for spec, expect, workers in (("chars", lambda v: len(v["text"]), 0),
-                                  ("column:num_tokens", lambda v: v["num_tokens"], 2)):
+    for spec, expect, workers in (
+        ("chars", lambda v: len(v["text"]), 0),
+        ("column:num_tokens", lambda v: v["num_tokens"], 2),
+    ):
         assert cli("index", str(src), "--output-length", spec, "--overwrite") == 0
         expected = {k: expect(v) for k, v in want.items()}
         assert output_lengths_by_key(str(src)) == expected
         assert ShardIndex.load(str(src)).meta["output_length"]["unit"] == spec.split(":")[0]
         assert cli("verify", str(src)) == 0
         for where in (None, "lang = 'de'"):
-            loader = StreamBatchLoader(str(src), budget=budget, output_budget=out_budget, num_workers=workers,
-                                       buffer_size=16, seed=1, where=where)
+            loader = StreamBatchLoader(
+                str(src),
+                budget=budget,
+                output_budget=out_budget,
+                num_workers=workers,
+                buffer_size=16,
+                seed=1,
+                where=where,
+            )
             steps = len(loader)
             batches = list(loader)
             assert len(batches) == steps
@@ -237,8 +261,14 @@ def write_wds_json(folder: Path, fields: list[dict]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with wds.ShardWriter(str(folder / "part-%04d.tar"), maxcount=4, verbose=0) as w:
         for i, f in enumerate(fields):
-            w.write({"__key__": f"utt{i:04d}", "flac": audio_bytes("flac", 600 + 50 * i, seed=i),
-                     "txt": f"the words {i}", "json": f})
+            w.write(
+                {
+                    "__key__": f"utt{i:04d}",
+                    "flac": audio_bytes("flac", 600 + 50 * i, seed=i),
+                    "txt": f"the words {i}",
+                    "json": f,
+                }
+            )
 
 
 def test_output_length_column_errors_name_the_field_and_where(tmp_path, capsys):
@@ -281,10 +311,13 @@ def test_output_length_tokens_counts_the_manifest_text(tmp_path):
     want = write_nemo(src)
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.train_from_iterator([v["text"] for v in want.values()],
-                            tokenizers.trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]", "[CLS]"]))
-    tok.post_processor = tokenizers.processors.TemplateProcessing(single="[CLS] $A",
-                                                                  special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])
+    tok.train_from_iterator(
+        [v["text"] for v in want.values()],
+        tokenizers.trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]", "[CLS]"]),
+    )
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A", special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))]
+    )
     tok.save(str(tmp_path / "tokenizer.json"))
     assert cli("index", str(src), "--output-length", f"tokens:{tmp_path / 'tokenizer.json'}") == 0
     counts = {k: len(tok.encode(v["text"]).ids) for k, v in want.items()}
@@ -302,8 +335,13 @@ def test_two_ranks_stream_the_manifest_text(tmp_path):
     assert cli("index", str(src)) == 0
     logs = run_job(str(src), tmp_path / "job", 2)
     check_epoch(logs, 0, len(want))
-    texts = {k: t for log in read_logs(tmp_path / "job").values() for e in log if e["event"] == "batch"
-             for k, t in zip(e["keys"], e["text"])}
+    texts = {
+        k: t
+        for log in read_logs(tmp_path / "job").values()
+        for e in log
+        if e["event"] == "batch"
+        for k, t in zip(e["keys"], e["text"])
+    }
     assert texts == {k: v["text"] for k, v in want.items()}
 
 
@@ -365,8 +403,11 @@ def test_clear_errors(tmp_path, capsys):
     odd.mkdir()
     with wds.TarWriter(str(odd / "x.tar")) as w:
         w.write({"__key__": "a", "bin": b"\x00\x01"})
-    cases = [(str(empty), "no .tar files found"), (str(odd), "unknown layout"),
-             (str(tmp_path / "missing"), "does not exist")]
+    cases = [
+        (str(empty), "no .tar files found"),
+        (str(odd), "unknown layout"),
+        (str(tmp_path / "missing"), "does not exist"),
+    ]
     for src, words in cases:
         capsys.readouterr()
         assert cli("index", src) == 2

@@ -34,9 +34,12 @@ def streams(draw):
     lengths = rng.integers(100, 20_000, n)
     keys = rng.integers(0, draw(st.integers(1, 4)), n)
     opts = dict(
-        buffer_size=draw(st.integers(1, 300)), seed=draw(st.integers(0, 5)),
-        max_batch_size=draw(st.sampled_from([None, 3, 16])), batch_size_multiple_of=draw(st.sampled_from([1, 4])),
-        num_buckets=draw(st.sampled_from([None, 3])), packed=draw(st.booleans()),
+        buffer_size=draw(st.integers(1, 300)),
+        seed=draw(st.integers(0, 5)),
+        max_batch_size=draw(st.sampled_from([None, 3, 16])),
+        batch_size_multiple_of=draw(st.sampled_from([1, 4])),
+        num_buckets=draw(st.sampled_from([None, 3])),
+        packed=draw(st.booleans()),
         drop_last=draw(st.booleans()),
     )
     if not opts["packed"] and draw(st.booleans()):
@@ -67,8 +70,9 @@ def test_no_batch_mixes_keys_every_sample_once_budget_holds(case):
     got = [b for i in range(n) for b in online.push(i, lengths[i], outputs[i], keys[i])] + online.flush()
     assert [b.tolist() for b in got] == [b.tolist() for b in plan]
     # one key: exactly the batches without batch_by
-    one = plan_batches(lengths, budget, batch_by="dataset", groups=np.zeros(n, dtype=np.int64),
-                       output_lengths=outputs, **opts)
+    one = plan_batches(
+        lengths, budget, batch_by="dataset", groups=np.zeros(n, dtype=np.int64), output_lengths=outputs, **opts
+    )
     assert one == plan_batches(lengths, budget, output_lengths=outputs, **opts)
 
 
@@ -86,8 +90,12 @@ def layouts(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     shard_lengths = [rng.integers(1, 400, int(rng.integers(0, 60))) for _ in range(num_shards)]
     groups = rng.integers(0, draw(st.integers(1, 3)), num_shards)
-    config = BatchingConfig(budget=float(draw(st.sampled_from([400, 1_000, 3_000]))),
-                            buffer_size=draw(st.integers(1, 80)), seed=draw(st.integers(0, 3)), batch_by="dataset")
+    config = BatchingConfig(
+        budget=float(draw(st.sampled_from([400, 1_000, 3_000]))),
+        buffer_size=draw(st.integers(1, 80)),
+        seed=draw(st.integers(0, 3)),
+        batch_by="dataset",
+    )
     world, workers = draw(st.integers(1, 4)), draw(st.integers(1, 3))
     return shard_lengths, groups, config, world, workers, draw(st.sampled_from(["split", "drop", "pad"]))
 
@@ -107,8 +115,10 @@ def test_rank_local_plans_equal_the_global_plan_and_never_mix_datasets(case, epo
         lengths = Lengths.of(shard_lengths, groups)
 
         def gather(mine):
-            return [[(s := RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers))).batches, s.spare]
-                    for r in range(world)]
+            return [
+                [(s := RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers))).batches, s.spare]
+                for r in range(world)
+            ]
 
         local = plan_rank_local(lengths, config, epoch, rank, world, workers, gather, even)
         want = RankSchedule.of(oracle, rank)
@@ -117,8 +127,9 @@ def test_rank_local_plans_equal_the_global_plan_and_never_mix_datasets(case, epo
             own = plan_slots(lengths, world * workers, config.seed, epoch, config.shuffle, slots=range(s, s + 1))[s]
             raw = plan_slot(own, lengths, lengths.offsets, config, epoch, s)
             got = apply_adjust(raw, local.adjust[w], config.seed, epoch, s)
-            assert [raw.gids[b].tolist() for b in got.batches] == [oracle.slots[s].gids[b].tolist()
-                                                                 for b in oracle.slots[s].batches]
+            assert [raw.gids[b].tolist() for b in got.batches] == [
+                oracle.slots[s].gids[b].tolist() for b in oracle.slots[s].batches
+            ]
 
 
 # ---- the loader on real shards ---------------------------------------------------------------------------------
@@ -126,8 +137,10 @@ def test_rank_local_plans_equal_the_global_plan_and_never_mix_datasets(case, epo
 def datasets(tmp_path_factory) -> dict[str, str]:
     """Three real audio datasets (one per language) in shards of 7 samples."""
     root = tmp_path_factory.mktemp("batchby")
-    return {name: audio_dataset(root / name, n, 20 + i, SR, max_count=7, shuffle=True, seed=i)
-            for i, (name, n) in enumerate(SIZES.items())}
+    return {
+        name: audio_dataset(root / name, n, 20 + i, SR, max_count=7, shuffle=True, seed=i)
+        for i, (name, n) in enumerate(SIZES.items())
+    }
 
 
 def per_dataset(batches) -> collections.Counter:
@@ -136,8 +149,9 @@ def per_dataset(batches) -> collections.Counter:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_batch_from_one_dataset_with_exact_counts_and_len(datasets, workers):
-    loader = StreamBatchLoader(datasets, weights=WEIGHTS, budget=BUDGET, batch_by="dataset", num_workers=workers,
-                               buffer_size=16)
+    loader = StreamBatchLoader(
+        datasets, weights=WEIGHTS, budget=BUDGET, batch_by="dataset", num_workers=workers, buffer_size=16
+    )
     for epoch in range(2):
         loader.set_epoch(epoch)
         steps = len(loader)
@@ -151,8 +165,9 @@ def test_every_batch_from_one_dataset_with_exact_counts_and_len(datasets, worker
 
 def test_resume_mid_epoch_yields_the_remaining_batches_exactly(datasets):
     def make() -> StreamBatchLoader:
-        return StreamBatchLoader(datasets, weights=WEIGHTS, budget=BUDGET, batch_by="dataset", num_workers=2,
-                                 buffer_size=16, seed=5)
+        return StreamBatchLoader(
+            datasets, weights=WEIGHTS, budget=BUDGET, batch_by="dataset", num_workers=2, buffer_size=16, seed=5
+        )
 
     full = [(b["keys"], b["dataset"]) for b in make()]
     first = make()
@@ -176,4 +191,3 @@ def test_without_batch_by_batches_mix_datasets(datasets):
     """The check above can fail: without batch_by some batches hold samples of several datasets."""
     loader = StreamBatchLoader(datasets, weights=WEIGHTS, budget=BUDGET, buffer_size=16)
     assert any(len(set(b["dataset"])) > 1 for b in loader)
-

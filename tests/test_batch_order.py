@@ -27,8 +27,10 @@ def audio_ds(tmp_path_factory):
 def test_sorted_orders_are_the_random_plans_batches_sorted_by_longest_sample(name):
     gen, budget, _ = DISTRIBUTIONS[name]
     lengths = gen(30_000, seed=4)
-    plans = {o: plan_batches(lengths, budget, buffer_size=2000, seed=9, batch_order=o)
-             for o in ("random", "ascending", "descending")}
+    plans = {
+        o: plan_batches(lengths, budget, buffer_size=2000, seed=9, batch_order=o)
+        for o in ("random", "ascending", "descending")
+    }
     longest = {o: np.array([lengths[b].max() for b in p]) for o, p in plans.items()}
     assert np.all(np.diff(longest["ascending"]) >= 0)
     assert np.all(np.diff(longest["descending"]) <= 0)
@@ -57,7 +59,9 @@ def test_exponential_spacing_has_a_constant_ratio():
 
 
 def test_bad_values_are_one_clear_line():
-    with pytest.raises(ValueError, match="batch_order must be one of 'random', 'ascending', 'descending', got 'sorted'"):
+    with pytest.raises(
+        ValueError, match="batch_order must be one of 'random', 'ascending', 'descending', got 'sorted'"
+    ):
         BatchingConfig(100.0, batch_order="sorted")
     with pytest.raises(ValueError, match="bucket_spacing must be one of"):
         BatchingConfig.make(100.0, np.arange(1, 50), num_buckets=4, bucket_spacing="linear")
@@ -67,8 +71,15 @@ def test_bad_values_are_one_clear_line():
 
 def test_loader_takes_both_by_name_and_sorts_each_workers_batches(audio_ds):
     index = ShardIndex.load(audio_ds)
-    loader = StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=30, seed=1, batch_order="ascending",
-                               num_buckets=4, bucket_spacing="exponential")
+    loader = StreamBatchLoader(
+        audio_ds,
+        budget=BUDGET,
+        buffer_size=30,
+        seed=1,
+        batch_order="ascending",
+        num_buckets=4,
+        bucket_spacing="exponential",
+    )
     edges = loader.config.bucket_boundaries
     assert loader.config.batch_order == "ascending" and len(edges) == 3
     assert np.allclose(edges[1:] / edges[:-1], edges[1] / edges[0], rtol=1e-5)
@@ -80,8 +91,9 @@ def test_loader_takes_both_by_name_and_sorts_each_workers_batches(audio_ds):
     keys = [k for b in batches for k in b["keys"]]
     assert len(keys) == len(set(keys)) == index.num_samples
     # two workers: each worker's stream is sorted; the DataLoader takes them in turn
-    two = list(StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=30, seed=1, num_workers=2,
-                                 batch_order="descending"))
+    two = list(
+        StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=30, seed=1, num_workers=2, batch_order="descending")
+    )
     for w in (0, 1):
         mine = [int(b["lengths"].max()) for b in two[w::2]]
         assert mine == sorted(mine, reverse=True)

@@ -7,8 +7,8 @@ import gc
 import sys
 
 import pytest
-from conftest import audio_dataset
 import torch
+from conftest import audio_dataset
 
 from streambatch import StreamBatchLoader
 
@@ -22,7 +22,7 @@ def ds(tmp_path_factory):
 
 def _rows(batches) -> dict[str, torch.Tensor]:
     """Each clip's audio (a copy), from batches made in the main process."""
-    return {key: b["audio"][i, :int(b["lengths"][i])].clone() for b in batches for i, key in enumerate(b["keys"])}
+    return {key: b["audio"][i, : int(b["lengths"][i])].clone() for b in batches for i, key in enumerate(b["keys"])}
 
 
 def _check(batch, reference) -> None:
@@ -35,8 +35,9 @@ def _check(batch, reference) -> None:
         assert torch.equal(batch["padding_mask"][i], torch.arange(width) >= n), key
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(micro_batches=2), dict(persistent_workers=True)],
-                         ids=["plain", "micro-batches", "persistent"])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(micro_batches=2), dict(persistent_workers=True)], ids=["plain", "micro-batches", "persistent"]
+)
 def test_batches_the_loop_keeps_are_never_written_over(ds, kw):
     # the same planned batches, made in the main process: what every batch must still hold at the end
     reference = _rows(StreamBatchLoader(ds, budget=BUDGET, seed=1, num_workers=0))
@@ -90,7 +91,9 @@ def _resident(ptr: int) -> int:
     raise AssertionError(f"no mapping holds {ptr:#x}")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps; the pages are dropped on Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc/self/smaps; the pages are dropped on Linux"
+)
 def test_the_main_process_keeps_only_the_batches_it_holds_resident(ds):
     # a loop that reads every batch whole, as a training step does, and keeps none: the ring's buffers are
     # resident in the workers that fill them, and in the main process only while a batch is held, so the

@@ -25,8 +25,13 @@ def run_tool(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[str, dic
     """The tool in a process of its own; its output and its ``--json`` results."""
     out = tmp_path / "results.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = popen([sys.executable, str(TOOL), *args, "--json", str(out)], env=env, stdout=subprocess.PIPE,
-                 stderr=subprocess.STDOUT, text=True)
+    proc = popen(
+        [sys.executable, str(TOOL), *args, "--json", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, output
     return output, json.loads(out.read_text())
@@ -42,7 +47,9 @@ def test_quick_run_on_cpu_prints_every_method_with_sane_figures(tmp_path):
     cal = res["calibration"]
     assert cal["budget"] > 0 and cal["limit"] > 0
     longest = max(cal["per_length"], key=lambda r: r["length"])
-    assert longest["max_batch_size"] >= 1 and rows["webdataset, fixed B"]["batching"] == f"B = {longest['max_batch_size']}"
+    assert (
+        longest["max_batch_size"] >= 1 and rows["webdataset, fixed B"]["batching"] == f"B = {longest['max_batch_size']}"
+    )
     for r in rows.values():
         assert r["error"] == "" and r["ooms"] == 0, r
         assert r["steps"] >= 1 and r["seconds"] > 0
@@ -58,8 +65,9 @@ def test_quick_run_on_cpu_prints_every_method_with_sane_figures(tmp_path):
 def test_calibrated_loader_never_runs_out_of_memory_and_fills_the_limit_on_cuda(tmp_path):
     """calibrate on the real model (8 GiB of the GPU, enforced by the allocator), then one epoch of the
     calibrated loader: no out-of-memory error, and its hardest batch uses >= 80 % of the limit."""
-    output, res = run_tool(tmp_path, "--device", "cuda", "--check-epoch", "--device-memory", "8G",
-                           "--utterances", "1500", "--workers", "4")
+    output, res = run_tool(
+        tmp_path, "--device", "cuda", "--check-epoch", "--device-memory", "8G", "--utterances", "1500", "--workers", "4"
+    )
     assert res["ooms"] == 0 and res["split_batches"] == 0, output
     assert res["steps"] == res["planned"] > 0
     assert res["peak_share_of_limit"] >= 0.8, output

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from streambatch.plan.cost import PackedCost, resolve_cost
 from streambatch.plan.batcher import BucketBatcher, SampleTooLongError, plan_batches, sorted_oracle
 from streambatch.plan.buckets import estimate_boundaries
 from streambatch.plan.config import BatchingConfig
+from streambatch.plan.cost import PackedCost, resolve_cost
 from streambatch.synthetic import DISTRIBUTIONS
 
 
@@ -84,9 +85,7 @@ def test_budget_exactly_once_and_bounds(case):
         assert len(plan.dropped) == 0
     # 3. skipped are exactly the samples that can never fit (outside the limits, or over budget alone)
     alone = np.array([batch_cost(lengths, np.array([i]), opts) for i in range(len(lengths))])
-    bad = np.flatnonzero(
-        (lengths > (opts["max_length"] or np.inf)) | (lengths < opts["min_length"]) | (alone > budget)
-    )
+    bad = np.flatnonzero((lengths > (opts["max_length"] or np.inf)) | (lengths < opts["min_length"]) | (alone > budget))
     assert sorted(plan.skipped.tolist()) == bad.tolist()
     # 4. batches never cross a bucket boundary
     bounds = np.asarray(opts.get("bucket_boundaries") or [])
@@ -104,7 +103,11 @@ def test_online_push_equals_plan(case):
     plan = plan_batches(lengths, budget, **opts)
     opts = dict(opts)
     boundaries = opts.pop("bucket_boundaries", None)
-    opts["cost"] = PackedCost() if opts.pop("packed", False) else resolve_cost(opts.get("cost"), opts.pop("quadratic_factor", None))[0]
+    opts["cost"] = (
+        PackedCost()
+        if opts.pop("packed", False)
+        else resolve_cost(opts.get("cost"), opts.pop("quadratic_factor", None))[0]
+    )
     b = BucketBatcher(BatchingConfig(budget, boundaries, **opts), stream_length=len(lengths))
     online = []
     for i, x in enumerate(lengths.tolist()):

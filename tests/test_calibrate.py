@@ -14,18 +14,17 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from conftest import text_dataset
 
 import streambatch.fit.calibrate as calib
 import streambatch.fit.memory as memory
-from streambatch.plan.batcher import plan_batches
+from streambatch.dataset.index import ShardIndex, ShardInfo
 from streambatch.fit.calibrate import calibrate, default_make_batch
 from streambatch.fit.memory import CalibrationError, Trial
 from streambatch.fit.oom import OOMGuard, run_with_oom_split, split_batch
 from streambatch.fit.search import fit_memory_model, search_max_batch
+from streambatch.plan.batcher import plan_batches
 from streambatch.plan.cost import PaddedCost, QuadraticCost, resolve_cost
-from streambatch.dataset.index import ShardIndex, ShardInfo
-
-from conftest import text_dataset
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU calibration measures through /proc")
 
@@ -63,15 +62,23 @@ QUAD_LENGTHS = np.random.default_rng(1).integers(1_000, 12_000, 5_000)
 @pytest.fixture(scope="module")
 def linear_cal(tmp_path_factory):
     out = tmp_path_factory.mktemp("cal") / "linear.json"
-    return calibrate(linear_step, LIN_LENGTHS, unit="tokens", memory_limit=LIMIT, make_batch=sized, out=str(out),
-                     trial_timeout=60), out
+    return calibrate(
+        linear_step, LIN_LENGTHS, unit="tokens", memory_limit=LIMIT, make_batch=sized, out=str(out), trial_timeout=60
+    ), out
 
 
 @pytest.fixture(scope="module")
 def quadratic_cal(tmp_path_factory):
     out = tmp_path_factory.mktemp("cal") / "quadratic.json"
-    return calibrate(quadratic_step, QUAD_LENGTHS, unit="tokens", memory_limit=LIMIT, make_batch=sized, out=str(out),
-                     trial_timeout=60), out
+    return calibrate(
+        quadratic_step,
+        QUAD_LENGTHS,
+        unit="tokens",
+        memory_limit=LIMIT,
+        make_batch=sized,
+        out=str(out),
+        trial_timeout=60,
+    ), out
 
 
 def test_linear_step_finds_each_lengths_largest_batch_and_fits_padded(linear_cal):
@@ -132,13 +139,22 @@ def test_plan_with_the_calibrated_cost_never_exceeds_the_limit(which, linear_cal
 def test_torch_step_in_forked_children_with_the_default_batch():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv1d(1, 8, 16, stride=8), torch.nn.ReLU())
+
     def step(batch):
         assert batch["audio"].dtype == torch.float32 and batch["padding_mask"].shape == batch["audio"].shape
         model.zero_grad(set_to_none=True)
         model(batch["audio"][:, None, :]).square().mean().backward()
 
-    cal = calibrate(step, None, lengths=[8_000, 32_000], unit="samples", sample_rate=16000,
-                    memory_limit="24M", max_batch_size=256, trial_timeout=60)
+    cal = calibrate(
+        step,
+        None,
+        lengths=[8_000, 32_000],
+        unit="samples",
+        sample_rate=16000,
+        memory_limit="24M",
+        max_batch_size=256,
+        trial_timeout=60,
+    )
     rows = {r["length"]: r for r in cal["per_length"]}
     assert 0 < rows[32_000]["max_batch_size"] < rows[8_000]["max_batch_size"] <= 256
     assert all(p.grad is None for p in model.parameters())  # the parent ran nothing: every trial was a child
@@ -170,11 +186,13 @@ def test_cuda_path_catches_out_of_memory_and_measures_the_peak(monkeypatch):
                 state["peak"] = int(0.95 * total)
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate ...")
             state["peak"] = need(n, length)
+
         return step
 
     linear = lambda n, L: 100_000 + 10 * n * L
-    cal = calibrate(make_step(linear), None, lengths=[50, 200, 800], unit="tokens", device="cuda",
-                    make_batch=sized, rel_tol=0.0)
+    cal = calibrate(
+        make_step(linear), None, lengths=[50, 200, 800], unit="tokens", device="cuda", make_batch=sized, rel_tol=0.0
+    )
     assert cal["limit"] == 0.9 * total and "FakeGPU" in cal["device"]
     assert state["calls"][0] == (1, 50)  # the warm-up step
     for row in cal["per_length"]:
@@ -185,8 +203,9 @@ def test_cuda_path_catches_out_of_memory_and_measures_the_peak(monkeypatch):
 
     # memory that grows faster than the measured line: the search overshoots into out-of-memory errors
     steep = lambda n, L: 100_000 + 10 * n * L * (1 + n / 20)
-    cal = calibrate(make_step(steep), None, lengths=[50, 200], unit="tokens", device="cuda", make_batch=sized,
-                    rel_tol=0.0)
+    cal = calibrate(
+        make_step(steep), None, lengths=[50, 200], unit="tokens", device="cuda", make_batch=sized, rel_tol=0.0
+    )
     assert any(m["note"] == "out of memory" and m["peak"] is None for m in cal["measurements"])
     for row in cal["per_length"]:
         truth = max(n for n in range(1, 2000) if steep(n, row["length"]) <= 0.9 * total)
@@ -254,8 +273,11 @@ def test_module_is_callable_as_streambatch_calibrate():
 def test_cli_prints_the_table_and_writes_the_file(tmp_path, capsys):
     data = tmp_path / "data"
     lengths = np.random.default_rng(2).integers(4_000, 64_000, 2_000)
-    ShardIndex([ShardInfo("shard-000000.tar", len(lengths), 0, lengths)], unit="samples", sample_rate=16000).save(str(data))
-    (tmp_path / "my_model.py").write_text(textwrap.dedent("""
+    ShardIndex([ShardInfo("shard-000000.tar", len(lengths), 0, lengths)], unit="samples", sample_rate=16000).save(
+        str(data)
+    )
+    (tmp_path / "my_model.py").write_text(
+        textwrap.dedent("""
         import numpy as np
 
         def make_step(device):
@@ -264,10 +286,22 @@ def test_cli_prints_the_table_and_writes_the_file(tmp_path, capsys):
                 n, L = batch
                 np.ones(int(n * L * 16), dtype=np.uint8)
             return step, (lambda n, L: (n, L))
-    """))
+    """)
+    )
     out = tmp_path / "calib.json"
-    rc = calib.main([str(data), "--model", f"{tmp_path / 'my_model.py'}:make_step", "--device", "cpu",
-                     "--memory-limit", "32M", "--out", str(out)])
+    rc = calib.main(
+        [
+            str(data),
+            "--model",
+            f"{tmp_path / 'my_model.py'}:make_step",
+            "--device",
+            "cpu",
+            "--memory-limit",
+            "32M",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "max batch" in text and "cost='padded'" in text and "seconds" in text
@@ -288,8 +322,9 @@ def test_loader_reads_the_calibration_file_end_to_end(tmp_path):
         np.ones(batch["input_ids"].numel() * per_token, dtype=np.uint8)
 
     limit = 16 * MiB
-    cal = calibrate(step, str(tmp_path / "shards"), memory_limit=limit, out=str(tmp_path / "calib.json"),
-                    trial_timeout=60)
+    cal = calibrate(
+        step, str(tmp_path / "shards"), memory_limit=limit, out=str(tmp_path / "calib.json"), trial_timeout=60
+    )
     assert cal["unit"] == "tokens" and cal["cost"] == "padded"
     loader = StreamBatchLoader(str(tmp_path / "shards"), budget=None, cost=str(tmp_path / "calib.json"), decode="text")
     batches = list(loader)
@@ -302,8 +337,12 @@ def test_loader_reads_the_calibration_file_end_to_end(tmp_path):
 # ---- OOM split guard ----------------------------------------------------------------------------------
 def _batch(n: int, t: int = 40) -> dict:
     g = torch.Generator().manual_seed(n)
-    return {"audio": torch.randn(n, t, generator=g), "lengths": torch.full((n,), t), "keys": [f"k{i}" for i in range(n)],
-            "sample_rate": 16000}
+    return {
+        "audio": torch.randn(n, t, generator=g),
+        "lengths": torch.full((n,), t),
+        "keys": [f"k{i}" for i in range(n)],
+        "sample_rate": 16000,
+    }
 
 
 def test_oom_split_halves_until_the_pieces_fit_and_counts():
@@ -364,8 +403,14 @@ def test_oom_split_accumulates_the_whole_batchs_gradient(reset):
 
 
 def test_split_batch_packed_and_by_frames():
-    packed = {"input_ids": torch.arange(10), "cu_seqlens": torch.tensor([0, 3, 4, 8, 10], dtype=torch.int32),
-              "max_seqlen": 4, "lengths": torch.tensor([3, 1, 4, 2]), "keys": list("abcd"), "loss_weight": 0.5}
+    packed = {
+        "input_ids": torch.arange(10),
+        "cu_seqlens": torch.tensor([0, 3, 4, 8, 10], dtype=torch.int32),
+        "max_seqlen": 4,
+        "lengths": torch.tensor([3, 1, 4, 2]),
+        "keys": list("abcd"),
+        "loss_weight": 0.5,
+    }
     (p1, s1), (p2, s2) = split_batch(packed, [2, 2], weight_by="frames")
     assert p1["input_ids"].tolist() == [0, 1, 2, 3] and p1["cu_seqlens"].tolist() == [0, 3, 4] and p1["max_seqlen"] == 3
     assert p2["input_ids"].tolist() == [4, 5, 6, 7, 8, 9] and p2["cu_seqlens"].tolist() == [0, 4, 6]

@@ -9,12 +9,12 @@ import sys
 import types
 
 import pytest
-
 from conftest import make_audio, write_jsonl
+
 from streambatch import cli
-from streambatch.write import writer
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
+from streambatch.write import writer
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -35,8 +35,9 @@ def dataset(tmp_path, audio_folder):
 def test_write_verify_inspect(capsys, tmp_path, audio_folder):
     folder, expected = audio_folder
     out = tmp_path / "ds"
-    code, stdout, _ = run(capsys, "write", folder, out, "--max-count", "2", "--shuffle", "--seed", "3",
-                          "--workers", "2", "--no-progress")
+    code, stdout, _ = run(
+        capsys, "write", folder, out, "--max-count", "2", "--shuffle", "--seed", "3", "--workers", "2", "--no-progress"
+    )
     assert code == 0 and f"wrote 5 samples in 3 shards to {out}" in stdout
     code, stdout, _ = run(capsys, "verify", out, "--no-progress")
     assert code == 0 and stdout.strip() == f"ok: 3 shards, 5 samples match {out}"
@@ -74,9 +75,11 @@ def test_inspect_text_dataset_in_tokens(capsys, tmp_path):
 def test_bad_input_fail_exits_2_with_file_line_and_writes_nothing(capsys, tmp_path):
     d = tmp_path / "src"
     make_audio(d / "a.wav", 0.1)
-    m = write_jsonl(d / "m.jsonl", [{"audio_filepath": "a.wav", "duration": 0.1},
-                                    {"audio_filepath": "gone.wav", "duration": 0.1}],
-                    raw_lines={1: "not json"})
+    m = write_jsonl(
+        d / "m.jsonl",
+        [{"audio_filepath": "a.wav", "duration": 0.1}, {"audio_filepath": "gone.wav", "duration": 0.1}],
+        raw_lines={1: "not json"},
+    )
     out = tmp_path / "ds"
     code, stdout, err = run(capsys, "write", m, out, "--no-progress")
     assert code == 2
@@ -120,8 +123,12 @@ def test_refuses_non_empty_out_unless_overwrite(capsys, dataset, audio_folder):
     code, _, err = run(capsys, "write", folder, out, "--no-progress")
     assert code == 2 and "not empty" in err and "--overwrite" in err
     code, _, _ = run(capsys, "write", folder, out, "--overwrite", "--no-progress")
-    assert code == 0 and sorted(os.listdir(out)) == ["index.json", "index.samples", "index.shards.parquet",
-                                                     "shard-000000.tar"]
+    assert code == 0 and sorted(os.listdir(out)) == [
+        "index.json",
+        "index.samples",
+        "index.shards.parquet",
+        "shard-000000.tar",
+    ]
 
 
 def _first_shard(out) -> str:
@@ -183,13 +190,31 @@ def test_unexpected_errors_are_one_line_unless_debug(capsys, monkeypatch, audio_
         main(["write", str(folder), str(tmp_path / "ds")])
 
 
-@pytest.mark.parametrize("command,options", [
-    ("write", ["--kind", "--unit", "--sample-rate", "--data-root", "--max-count", "--max-size", "--shuffle",
-               "--seed", "--workers", "--on-error", "--overwrite", "--storage-option"]),
-    ("inspect", ["--budget", "--num-buckets", "--plot", "--json"]),
-    ("verify", ["--no-progress"]),
-    ("demo", ["--num-utterances", "--seed"]),
-])
+@pytest.mark.parametrize(
+    "command,options",
+    [
+        (
+            "write",
+            [
+                "--kind",
+                "--unit",
+                "--sample-rate",
+                "--data-root",
+                "--max-count",
+                "--max-size",
+                "--shuffle",
+                "--seed",
+                "--workers",
+                "--on-error",
+                "--overwrite",
+                "--storage-option",
+            ],
+        ),
+        ("inspect", ["--budget", "--num-buckets", "--plot", "--json"]),
+        ("verify", ["--no-progress"]),
+        ("demo", ["--num-utterances", "--seed"]),
+    ],
+)
 def test_help_documents_every_option(capsys, command, options):
     code, stdout, _ = run(capsys, command, "--help")
     assert code == 0
@@ -213,17 +238,27 @@ def test_demo_is_wired_to_run_demo(capsys, monkeypatch):
 
 
 def test_storage_options_nest():
-    pairs = [cli._storage_option("key=x"), cli._storage_option("client_kwargs.endpoint_url=http://h:1"),
-             cli._storage_option("anon=true")]
-    assert cli.storage_options_from(pairs) == {"key": "x", "client_kwargs": {"endpoint_url": "http://h:1"},
-                                               "anon": True}
+    pairs = [
+        cli._storage_option("key=x"),
+        cli._storage_option("client_kwargs.endpoint_url=http://h:1"),
+        cli._storage_option("anon=true"),
+    ]
+    assert cli.storage_options_from(pairs) == {
+        "key": "x",
+        "client_kwargs": {"endpoint_url": "http://h:1"},
+        "anon": True,
+    }
 
 
 def test_console_script_exit_codes(tmp_path):
     """The installed entry point, as a user runs it: bad input → 2, no traceback."""
     m = write_jsonl(tmp_path / "m.jsonl", [{"audio_filepath": "gone.wav", "duration": 1}])
-    p = subprocess.run([sys.executable, "-m", "streambatch.cli", "write", str(m), str(tmp_path / "ds")],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "streambatch.cli", "write", str(m), str(tmp_path / "ds")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and f"{m}:1: audio file not found" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -240,8 +275,9 @@ def test_write_into_a_file_or_below_one_exits_2(capsys, tmp_path, audio_folder):
     a_file = tmp_path / "taken"
     a_file.write_text("not a folder")
     _one_line_exit_2(*run(capsys, "write", folder, a_file, "--no-progress")[::2], a_file, "not a folder")
-    _one_line_exit_2(*run(capsys, "write", folder, a_file / "out", "--no-progress")[::2], a_file / "out",
-                     "not a directory")
+    _one_line_exit_2(
+        *run(capsys, "write", folder, a_file / "out", "--no-progress")[::2], a_file / "out", "not a directory"
+    )
 
 
 def _world_readable_copy(folder) -> str:
@@ -268,8 +304,9 @@ def test_write_permission_denied_exits_2(capsys, tmp_path, audio_folder):
     if os.geteuid() != 0:
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o555)
-        _one_line_exit_2(*run(capsys, "write", folder, locked / "out", "--no-progress")[::2], locked / "out",
-                         "permission denied")
+        _one_line_exit_2(
+            *run(capsys, "write", folder, locked / "out", "--no-progress")[::2], locked / "out", "permission denied"
+        )
         return
     if shutil.which("setpriv") is None:
         pytest.skip("running as root without setpriv: no way to be denied a folder")
@@ -278,9 +315,27 @@ def test_write_permission_denied_exits_2(capsys, tmp_path, audio_folder):
         locked = os.path.join(base, "locked")
         os.mkdir(locked, 0o555)
         for out in (os.path.join(locked, "out"), locked):  # a folder to create in it, and the folder itself
-            p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                                sys.executable, "-m", "streambatch.cli", "write", os.path.join(base, "audio"), out,
-                                "--no-progress"], capture_output=True, text=True, timeout=120, cwd=base)
+            p = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid",
+                    "65534",
+                    "--regid",
+                    "65534",
+                    "--clear-groups",
+                    sys.executable,
+                    "-m",
+                    "streambatch.cli",
+                    "write",
+                    os.path.join(base, "audio"),
+                    out,
+                    "--no-progress",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=base,
+            )
             if "No module named" in p.stderr:
                 pytest.skip("user 'nobody' cannot import streambatch here")
             _one_line_exit_2(p.returncode, p.stderr, locked, "permission denied")
@@ -327,7 +382,9 @@ def test_inspect_plot_draws_a_readable_number_of_boundaries(capsys, dataset, tmp
 
     drawn = []
     real = matplotlib.axes.Axes.axvline
-    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda self, x, *a, **k: drawn.append(x) or real(self, x, *a, **k))
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "axvline", lambda self, x, *a, **k: drawn.append(x) or real(self, x, *a, **k)
+    )
     out, _ = dataset
     bounds = [float(b) for b in range(1, 41)]
     monkeypatch.setattr("streambatch.summary.estimate_boundaries", lambda *a, **k: bounds)
@@ -341,8 +398,12 @@ def test_inspect_plot_draws_a_readable_number_of_boundaries(capsys, dataset, tmp
 def test_every_option_of_every_command_has_help():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, cli.argparse._SubParsersAction))
-    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, p in sub.choices.items()
-               for a in p._actions if not a.help and not isinstance(a, cli.argparse._HelpAction)]
+    missing = [
+        f"{name} {'/'.join(a.option_strings) or a.dest}"
+        for name, p in sub.choices.items()
+        for a in p._actions
+        if not a.help and not isinstance(a, cli.argparse._HelpAction)
+    ]
     assert missing == []
     epilog = sub.choices["calibrate"].epilog
     assert "Example: shardify calibrate " in epilog and "python -m" not in epilog

@@ -4,8 +4,8 @@ against a real S3-compatible server on loopback (moto, see conftest_s3.py) that 
 from __future__ import annotations
 
 import pytest
-
 from conftest import make_audio
+
 from streambatch import StreamBatchLoader
 from streambatch.cli import main
 from streambatch.errors import MissingCredentials
@@ -19,8 +19,14 @@ BUCKET = "sb-test"
 @pytest.fixture
 def no_credentials(moto_endpoint, monkeypatch, tmp_path):
     """No AWS credentials anywhere botocore looks (variables, files, container/instance metadata)."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
@@ -43,8 +49,14 @@ def test_cli_without_credentials_names_the_url_and_the_variables(capsys, tmp_pat
     if command == "write":
         make_audio(tmp_path / "audio" / "a.wav")
         argv.append("--no-progress")
-    code, err = _cli(capsys, *argv, "--storage-option", f"client_kwargs.endpoint_url={endpoint}",
-                     "--storage-option", "skip_instance_cache=true")
+    code, err = _cli(
+        capsys,
+        *argv,
+        "--storage-option",
+        f"client_kwargs.endpoint_url={endpoint}",
+        "--storage-option",
+        "skip_instance_cache=true",
+    )
     assert code == 2 and err.strip().count("\n") == 0, err
     assert url in err and "no credentials for s3 storage" in err
     assert "AWS_ACCESS_KEY_ID" in err and "--storage-option key=" in err and "unexpected" not in err

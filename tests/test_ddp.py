@@ -45,8 +45,15 @@ def dataset(corpus: Path, max_count: int) -> str:
 
 def torchrun(args: list[str], nproc: int, extra: list[str] | None = None) -> subprocess.Popen:
     """A torchrun job in a session of its own; the test's teardown ends it, its ranks and their workers."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *(extra or ["--standalone"]), f"--nproc_per_node={nproc}",
-           SCRIPT, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(extra or ["--standalone"]),
+        f"--nproc_per_node={nproc}",
+        SCRIPT,
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return popen(cmd, env=env)
 
@@ -108,8 +115,11 @@ def test_two_nodes_on_loopback(corpus, tmp_path):
     data = dataset(corpus, 20)
     port = free_port()
     procs = [
-        torchrun(["--data", data, "--out", str(tmp_path), "--budget", str(BUDGET)], 1,
-                 ["--nnodes=2", f"--node_rank={r}", "--master_addr=127.0.0.1", f"--master_port={port}"])
+        torchrun(
+            ["--data", data, "--out", str(tmp_path), "--budget", str(BUDGET)],
+            1,
+            ["--nnodes=2", f"--node_rank={r}", "--master_addr=127.0.0.1", f"--master_port={port}"],
+        )
         for r in (0, 1)
     ]
     for p in procs:

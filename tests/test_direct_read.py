@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import audio_dataset
 import torch
+from conftest import audio_dataset
 
 from streambatch import StreamBatchLoader
 from streambatch.read import worker
@@ -22,7 +22,9 @@ def ds(tmp_path_factory):
 
 
 def _batches(ds, **kw):
-    return [(b["keys"], b["audio"], b["lengths"], b["text"]) for b in StreamBatchLoader(ds, budget=BUDGET, seed=9, **kw)]
+    return [
+        (b["keys"], b["audio"], b["lengths"], b["text"]) for b in StreamBatchLoader(ds, budget=BUDGET, seed=9, **kw)
+    ]
 
 
 def _same(a, b):

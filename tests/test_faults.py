@@ -14,14 +14,14 @@ import time
 
 import pytest
 import torch
-
 from faultproxy import Rule, times_read
+
 from streambatch import ShardIndex, StreamBatchLoader
+from streambatch.plan.shards import Piece
 from streambatch.read.cache import ShardCache, cache_name
 from streambatch.read.faults import FaultLog, TooManyBadShards
 from streambatch.read.reader import ReadOptions, read_pieces, read_shard
 from streambatch.read.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
-from streambatch.plan.shards import Piece
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -72,8 +72,16 @@ def test_transient_faults_give_the_same_batches(s3_data, proxy, local_batches, n
         Rule("drop", match=".tar", every=4, drop_after=3000),  # connection closed after 3000 bytes
         Rule("drop", match=".tar", every=7, drop_after=100, reset=True),  # connection reset
     )
-    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7,
-                               num_workers=num_workers, read_ahead=read_ahead, backoff=0.001, chunk_size=chunk_size)
+    loader = StreamBatchLoader(
+        s3_data.url,
+        storage_options=s3_data.proxied,
+        budget=BUDGET,
+        seed=7,
+        num_workers=num_workers,
+        read_ahead=read_ahead,
+        backoff=0.001,
+        chunk_size=chunk_size,
+    )
     same(run(loader), local_batches[num_workers])
     st = loader.fault_stats()
     assert st["bad_shards"] == st["lost_samples"] == st["redrawn_samples"] == 0
@@ -83,8 +91,9 @@ def test_transient_faults_give_the_same_batches(s3_data, proxy, local_batches, n
 def test_every_request_broken_still_completes(s3_data, proxy, local_batches):
     """Every GET is cut after 6000 bytes: each retry continues at the byte where the last one broke."""
     proxy.reset(Rule("drop", match=".tar", drop_after=6000))
-    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7,
-                               backoff=0.0, chunk_size="32K")
+    loader = StreamBatchLoader(
+        s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7, backoff=0.0, chunk_size="32K"
+    )
     same(run(loader), local_batches[0])
     assert loader.fault_stats()["retries"] >= sum(s.bytes for s in loader.index.shards) // 32768
 
@@ -117,8 +126,9 @@ def test_retry_classification():
 def _bad_shard_case(s3_data, proxy, rule_for, shard, **kw):
     ix = ShardIndex.load(s3_data.local)
     proxy.reset(rule_for(f"shard-{shard:06d}.tar", ix.shards[shard].bytes))
-    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7,
-                               retries=2, **FAST, **kw)
+    loader = StreamBatchLoader(
+        s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7, retries=2, **FAST, **kw
+    )
     batches = run(loader)
     check_budget_and_steps(loader, batches)
     st = loader.fault_stats()
@@ -134,7 +144,8 @@ def _bad_shard_case(s3_data, proxy, rule_for, shard, **kw):
 
 def test_truncated_object_is_skipped_and_counted(s3_data, proxy):
     st, got, broken = _bad_shard_case(
-        s3_data, proxy, lambda m, n: Rule("truncate", match=m, size=n // 2, methods=("GET", "HEAD")), 3)
+        s3_data, proxy, lambda m, n: Rule("truncate", match=m, size=n // 2, methods=("GET", "HEAD")), 3
+    )
     assert not got  # the size check rejects it before a sample is emitted
     assert st["lost_samples"] == len(broken)
     assert st["redrawn_samples"] + st["shrunk_batches"] > 0
@@ -144,7 +155,8 @@ def test_shard_breaking_for_good_half_way(s3_data, proxy):
     """The connection to one shard breaks for good past its middle: its first samples arrive, the rest
     are lost and re-drawn; the run goes on."""
     st, got, broken = _bad_shard_case(
-        s3_data, proxy, lambda m, n: Rule("drop", match=m, drop_after=0, min_offset=n // 2), 5)
+        s3_data, proxy, lambda m, n: Rule("drop", match=m, drop_after=0, min_offset=n // 2), 5
+    )
     assert 0 < len(got) < len(broken)
     assert st["lost_samples"] == len(broken) - len(got)
 
@@ -152,7 +164,8 @@ def test_shard_breaking_for_good_half_way(s3_data, proxy):
 def test_stalled_server_times_out(s3_data, proxy):
     t = time.monotonic()
     st, got, broken = _bad_shard_case(
-        s3_data, proxy, lambda m, n: Rule("stall", match=m, seconds=4, methods=("GET", "HEAD")), 1, timeout=0.3)
+        s3_data, proxy, lambda m, n: Rule("stall", match=m, seconds=4, methods=("GET", "HEAD")), 1, timeout=0.3
+    )
     assert time.monotonic() - t < 30
 
 
@@ -161,8 +174,9 @@ def test_bad_shard_on_one_rank_keeps_equal_steps(s3_data, proxy):
     proxy.reset(Rule("truncate", match="shard-000002.tar", size=ix.shards[2].bytes - 1, methods=("GET", "HEAD")))
     counts = []
     for rank in range(2):
-        loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7,
-                                   rank=rank, world_size=2, **FAST)
+        loader = StreamBatchLoader(
+            s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7, rank=rank, world_size=2, **FAST
+        )
         batches = run(loader)
         check_budget_and_steps(loader, batches)
         counts.append(len(batches))
@@ -172,11 +186,21 @@ def test_bad_shard_on_one_rank_keeps_equal_steps(s3_data, proxy):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_too_many_bad_shards_is_a_clear_error(s3_data, proxy, num_workers):
     ix = ShardIndex.load(s3_data.local)
-    proxy.reset(*[Rule("truncate", match=f"shard-00000{i}.tar", size=ix.shards[i].bytes // 3, methods=("GET", "HEAD"))
-                  for i in (1, 4)])
-    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7,
-                               num_workers=num_workers, max_bad_shards=1 if num_workers == 0 else 0,
-                               **FAST)
+    proxy.reset(
+        *[
+            Rule("truncate", match=f"shard-00000{i}.tar", size=ix.shards[i].bytes // 3, methods=("GET", "HEAD"))
+            for i in (1, 4)
+        ]
+    )
+    loader = StreamBatchLoader(
+        s3_data.url,
+        storage_options=s3_data.proxied,
+        budget=BUDGET,
+        seed=7,
+        num_workers=num_workers,
+        max_bad_shards=1 if num_workers == 0 else 0,
+        **FAST,
+    )
     kind, message = error_of(lambda: run(loader))
     assert kind is TooManyBadShards
     assert re.search(r"max_bad_shards=\d.*shard-00000[14]\.tar", message)
@@ -234,8 +258,9 @@ def test_checksum_mismatch_found_after_reading(damaged, caplog):
     assert "sha256" in caplog.text
     # verify="none" trusts the bytes: nothing is reported
     loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, verify="none")
-    assert [b["keys"] for b in run(loader)] == [b["keys"] for b in run(StreamBatchLoader(damaged, budget=BUDGET, seed=7,
-                                                                                          verify="size"))]
+    assert [b["keys"] for b in run(loader)] == [
+        b["keys"] for b in run(StreamBatchLoader(damaged, budget=BUDGET, seed=7, verify="size"))
+    ]
     assert loader.fault_stats()["bad_shards"] == 0
 
 
@@ -279,6 +304,7 @@ def test_cache_downloads_each_shard_once(s3_data, proxy, tmp_path, local_batches
 
 def test_times_read_counts_downloads_not_requests():
     """The measure the cache tests use: a range resent or resumed is not another read, a second download is."""
+
     def get(rng, status=206):
         return ("GET", "/sb-test/ds/shard-000000.tar", rng, status)
 
@@ -319,8 +345,9 @@ def test_cache_lru_eviction_keeps_the_limit(s3_data, tmp_path, local_batches):
     ix = ShardIndex.load(s3_data.local)
     limit = int(max(s.bytes for s in ix.shards) * 2.5)
     cache = str(tmp_path / "cache")
-    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.options, budget=BUDGET, seed=7,
-                               cache_dir=cache, cache_size=limit, **FAST)
+    loader = StreamBatchLoader(
+        s3_data.url, storage_options=s3_data.options, budget=BUDGET, seed=7, cache_dir=cache, cache_size=limit, **FAST
+    )
     same(run(loader), local_batches[0])
     c = ShardCache(cache, limit)
     assert 0 < c.usage() <= limit and len(c.entries()) < ix.num_shards
@@ -338,6 +365,7 @@ def test_cache_cleans_up_after_killed_downloads(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         assert c.sweep() == 1
         assert not os.path.exists(dead) and os.path.exists(live)
+
     # a download that dies leaves nothing behind, and the next one works
     def boom(tmp):
         open(tmp, "wb").write(b"half")

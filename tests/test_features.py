@@ -6,8 +6,8 @@ from __future__ import annotations
 import kaldi_native_fbank as knf
 import numpy as np
 import pytest
-from conftest import audio_dataset
 import torch
+from conftest import audio_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

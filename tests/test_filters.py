@@ -11,8 +11,8 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SR, make_audio, write_jsonl
+
 from streambatch import StreamBatchLoader
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
@@ -31,8 +31,14 @@ BUDGET = 2 * SR
 def row(i: int) -> dict:
     """Manifest fields of sample i: languages in runs of 6, speakers round robin, a score, a transcript and a
     list field (never a column)."""
-    return {"audio_filepath": f"wavs/u{i:02d}.wav", "text": f"words of utterance {i}", "speaker": f"spk{i % 4}",
-            "language": LANGS[(i // 6) % 3], "snr": float(i % 17), "tags": ["x", str(i)]}
+    return {
+        "audio_filepath": f"wavs/u{i:02d}.wav",
+        "text": f"words of utterance {i}",
+        "speaker": f"spk{i % 4}",
+        "language": LANGS[(i // 6) % 3],
+        "snr": float(i % 17),
+        "tags": ["x", str(i)],
+    }
 
 
 def key(i: int) -> str:
@@ -75,8 +81,13 @@ def de_loud(r):
 # ---- writing the columns ------------------------------------------------------------------------
 def test_sample_table_holds_the_scalar_fields_but_not_the_text(dataset, manifest):
     ix = ShardIndex.load(dataset)
-    assert ix.columns == {"sample_rate": "int64", "duration": "double", "speaker": "string", "language": "string",
-                          "snr": "double"}
+    assert ix.columns == {
+        "sample_rate": "int64",
+        "duration": "double",
+        "speaker": "string",
+        "language": "string",
+        "snr": "double",
+    }
     t = pq.read_table(os.path.join(dataset, "index.samples", "part-00000.parquet"))
     assert "text" not in t.column_names and "tags" not in t.column_names
     rows = manifest[1]
@@ -131,8 +142,7 @@ def test_resaved_index_keeps_columns(dataset, tmp_path):
 # ---- filtering ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_where_keeps_exactly_the_matching_samples(dataset, manifest, num_workers):
-    loader = StreamBatchLoader(dataset, BUDGET, where=DE_LOUD, num_workers=num_workers, decode="none",
-                               buffer_size=8)
+    loader = StreamBatchLoader(dataset, BUDGET, where=DE_LOUD, num_workers=num_workers, decode="none", buffer_size=8)
     want = expected(manifest[1], de_loud)
     assert 0 < len(want) < N
     epochs = []
@@ -150,8 +160,9 @@ def test_where_keeps_exactly_the_matching_samples(dataset, manifest, num_workers
 
 def test_where_on_key_and_length(dataset, manifest):
     loader = StreamBatchLoader(dataset, BUDGET, where="key LIKE '%u1_' OR length < 2000", decode="none")
-    want = {key(i) for i in range(10, 20)} | {key(i) for i, r in enumerate(manifest[1])
-                                              if round(r["duration"] * SR) < 2000}
+    want = {key(i) for i in range(10, 20)} | {
+        key(i) for i, r in enumerate(manifest[1]) if round(r["duration"] * SR) < 2000
+    }
     assert Counter(epoch_keys(loader)) == Counter(want)
 
 
@@ -184,14 +195,17 @@ def test_resume_on_another_world_size_with_a_filter(dataset, manifest):
     assert Counter(seen + rest) == Counter(want)  # the rest re-planned on one rank: each kept sample once
 
 
-@pytest.mark.parametrize("where, message", [
-    ("lang = 'de'", "no column 'lang'"),
-    ("language = ", "syntax error"),
-    ("snr > 1; DROP TABLE t", "only an expression"),
-    ("(SELECT 1) = 1", "only an expression"),
-    ("snr + 1", "not true/false"),
-    ("language = 'xx'", "keeps none of the 60 samples"),
-])
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("lang = 'de'", "no column 'lang'"),
+        ("language = ", "syntax error"),
+        ("snr > 1; DROP TABLE t", "only an expression"),
+        ("(SELECT 1) = 1", "only an expression"),
+        ("snr + 1", "not true/false"),
+        ("language = 'xx'", "keeps none of the 60 samples"),
+    ],
+)
 def test_bad_filters_are_one_clear_line(dataset, where, message):
     with pytest.raises(ValueError) as e:
         StreamBatchLoader(dataset, BUDGET, where=where)
@@ -258,8 +272,15 @@ def test_filtered_runs_are_not_fetched_from_s3(manifest, moto_endpoint, proxy, r
     ix = ShardIndex.load(url, s3_options(moto_endpoint))
     chunk = 4096
     proxy.reset()
-    loader = StreamBatchLoader(url, BUDGET, where="language = 'de'", decode="none", chunk_size=chunk,
-                               read_ahead=read_ahead, storage_options=s3_options(proxy.url))
+    loader = StreamBatchLoader(
+        url,
+        BUDGET,
+        where="language = 'de'",
+        decode="none",
+        chunk_size=chunk,
+        read_ahead=read_ahead,
+        storage_options=s3_options(proxy.url),
+    )
     keys = epoch_keys(loader)
     assert Counter(keys) == Counter(expected(manifest[1], lambda r: r["language"] == "de"))
     fetched = total = skipped = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import audio_dataset
 import torch
+from conftest import audio_dataset
 from torch import nn
 
 from streambatch import StreamBatchLoader
@@ -43,8 +43,11 @@ def test_quadratic_cost_budget_holds_on_tensors(ds):
 
 def test_calibration_file_gives_cost_and_budget(ds, tmp_path):
     calib = tmp_path / "calib.json"
-    calib.write_text(json.dumps({"format": "streambatch-calibration", "cost": "quadratic",
-                                 "quadratic_factor": 4 * SR, "budget": BUDGET}))
+    calib.write_text(
+        json.dumps(
+            {"format": "streambatch-calibration", "cost": "quadratic", "quadratic_factor": 4 * SR, "budget": BUDGET}
+        )
+    )
     loader = StreamBatchLoader(ds, cost=str(calib))
     assert loader.config.budget == BUDGET and loader.config.cost.factor == 4 * SR
     with pytest.raises(ValueError, match="budget"):
@@ -52,7 +55,9 @@ def test_calibration_file_gives_cost_and_budget(ds, tmp_path):
 
 
 def test_max_batch_size_and_multiple_of(ds):
-    sizes = [len(b["keys"]) for b in StreamBatchLoader(ds, budget=BUDGET * 4, max_batch_size=16, batch_size_multiple_of=4)]
+    sizes = [
+        len(b["keys"]) for b in StreamBatchLoader(ds, budget=BUDGET * 4, max_batch_size=16, batch_size_multiple_of=4)
+    ]
     assert max(sizes) <= 16
     assert sum(s % 4 != 0 for s in sizes) <= 1  # only the stream's last leftovers may break the multiple
 
@@ -133,16 +138,33 @@ def test_hardest_first_on_every_rank(ds, num_workers):
     q = 2 * SR
     costs_first = []
     for rank in (0, 1):
-        loader = StreamBatchLoader(ds, budget=BUDGET, cost="quadratic", quadratic_factor=q, hardest_first=True,
-                                   rank=rank, world_size=2, num_workers=num_workers, seed=3)
+        loader = StreamBatchLoader(
+            ds,
+            budget=BUDGET,
+            cost="quadratic",
+            quadratic_factor=q,
+            hardest_first=True,
+            rank=rank,
+            world_size=2,
+            num_workers=num_workers,
+            seed=3,
+        )
         out = list(loader)
         batches = [b["lengths"] for b in out]
         cost = [len(x) * (int(x.max()) + int(x.max()) ** 2 / q) for x in batches]
         assert cost[0] == max(cost)
         costs_first.append(cost[0])
         # the rest of the epoch is unchanged: the same samples once
-        plain = StreamBatchLoader(ds, budget=BUDGET, cost="quadratic", quadratic_factor=q, rank=rank, world_size=2,
-                                  num_workers=num_workers, seed=3)
+        plain = StreamBatchLoader(
+            ds,
+            budget=BUDGET,
+            cost="quadratic",
+            quadratic_factor=q,
+            rank=rank,
+            world_size=2,
+            num_workers=num_workers,
+            seed=3,
+        )
         assert sorted(k for b in plain for k in b["keys"]) == sorted(k for b in out for k in b["keys"])
 
 
@@ -170,8 +192,13 @@ def test_packed_sequence_for_rnns(ds):
 
 
 def test_calibration_file_unit_and_batch_cap(ds, tmp_path):
-    calib = {"format": "streambatch-calibration", "cost": "padded", "budget": BUDGET, "unit": "samples",
-             "max_batch_size": 3}
+    calib = {
+        "format": "streambatch-calibration",
+        "cost": "padded",
+        "budget": BUDGET,
+        "unit": "samples",
+        "max_batch_size": 3,
+    }
     path = tmp_path / "c.json"
     path.write_text(json.dumps(calib))
     assert max(len(b["keys"]) for b in StreamBatchLoader(ds, cost=str(path))) <= 3  # measured, not extrapolated

@@ -12,8 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (LONG_LIVED, ProcessWatch, descendants, keep_running, kill_tree, make_audio, popen, proc_table,
-                      running)
+from conftest import (
+    LONG_LIVED,
+    ProcessWatch,
+    descendants,
+    keep_running,
+    kill_tree,
+    make_audio,
+    popen,
+    proc_table,
+    running,
+)
 
 from streambatch.procs import alive
 
@@ -40,11 +49,25 @@ def test_a_killed_write_strands_no_worker(tmp_path):
     for i in range(300):
         make_audio(tmp_path / "src" / f"u{i:04d}.wav", 0.02, seed=i)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "streambatch.cli", "write", str(tmp_path / "src"), str(out), "--max-count", "1",
-           "--workers", "2", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streambatch.cli",
+        "write",
+        str(tmp_path / "src"),
+        str(out),
+        "--max-count",
+        "1",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_until(lambda: len(tree(proc.pid)) >= 2 and any(out.glob("shard-*.tar")) or proc.poll() is not None, 60,
-               "the write did not start its workers")
+    wait_until(
+        lambda: len(tree(proc.pid)) >= 2 and any(out.glob("shard-*.tar")) or proc.poll() is not None,
+        60,
+        "the write did not start its workers",
+    )
     workers = tree(proc.pid)
     assert proc.poll() is None and len(workers) >= 2, "the write ended before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
@@ -60,8 +83,10 @@ def test_the_parent_watch_alone_ends_an_orphan(tmp_path):
     """The fallback where Linux's parent-death signal is not there: the watch thread ends a process whose
     parent was SIGKILLed."""
     ready = tmp_path / "watching"
-    code = ("import os, time; from streambatch.procs import watch_parent; watch_parent(os.getppid()); "
-            f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
+    code = (
+        "import os, time; from streambatch.procs import watch_parent; watch_parent(os.getppid()); "
+        f"open({str(ready)!r}, 'w').close(); time.sleep(60)"
+    )
     parent = popen(["bash", "-c", f'"{sys.executable}" -c "{code}" & wait'])
     wait_until(lambda: ready.exists(), 30, "the child did not start watching")
     child = tree(parent.pid)
@@ -112,7 +137,8 @@ def test_a_leaky_test_fails_and_its_process_is_killed(pytester, tmp_path, monkey
     """The check at work in a real pytest run: the leaky test errors at teardown naming the process (which is
     then killed), the clean one passes, the session-long server is not counted."""
     pid_file = tmp_path / "leaked"
-    pytester.makepyfile(test_inner=textwrap.dedent(f"""
+    pytester.makepyfile(
+        test_inner=textwrap.dedent(f"""
         import subprocess, sys
         import pytest
         from conftest import LONG_LIVED, keep_running
@@ -132,14 +158,16 @@ def test_a_leaky_test_fails_and_its_process_is_killed(pytester, tmp_path, monkey
 
         def test_clean(server):
             subprocess.run(["true"], check=True)
-    """))
+    """)
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     result = pytester.runpytest_subprocess("-p", "conftest", "-p", "no:cacheprovider", timeout=120)
     leaked = int(pid_file.read_text())
     try:
         result.assert_outcomes(passed=2, errors=1)
-        result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaks*",
-                                      f"*left 1 process(es) running*{leaked}: sleep 61*"])
+        result.stdout.fnmatch_lines(
+            ["*ERROR at teardown of test_leaks*", f"*left 1 process(es) running*{leaked}: sleep 61*"]
+        )
         assert not alive(leaked)
     finally:
         if alive(leaked):

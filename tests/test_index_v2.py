@@ -13,16 +13,15 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import text_dataset
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.dataset import columnar
 from streambatch.dataset.columnar import ColumnarIndex
 from streambatch.dataset.columnar_write import write_v2
-from streambatch.dataset.index import IndexError_, ShardInfo, upgrade
+from streambatch.dataset.index import IndexFormatError, ShardInfo, upgrade
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
-
-from conftest import text_dataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from make_index import write_synthetic_index  # noqa: E402
@@ -37,8 +36,9 @@ BUDGET = 12 * SR
 def audio_v1(tmp_path_factory):
     root = tmp_path_factory.mktemp("v2audio")
     write_audio_corpus(str(root / "audio"), 60, seed=4, sample_rate=SR)
-    write_shards(str(root / "audio"), str(root / "shards"), max_count=9, shuffle=True, seed=1, progress=False,
-                 index_version=1)
+    write_shards(
+        str(root / "audio"), str(root / "shards"), max_count=9, shuffle=True, seed=1, progress=False, index_version=1
+    )
     return str(root / "shards")
 
 
@@ -66,8 +66,9 @@ def synthetic(n_shards=40, seed=0, empty=(3, 39), kind="i") -> ShardIndex:
     for i in range(n_shards):
         n = 0 if i in empty else int(rng.integers(1, 30))
         x = rng.integers(10, 5000, n) if kind == "i" else rng.uniform(0.5, 20.0, n)
-        shards.append(ShardInfo(f"shard-{i:06d}.tar", n, 100 + i, x, sha256=f"{i:064x}",
-                                keys_sha1=None if i % 3 else f"{i:040x}"))
+        shards.append(
+            ShardInfo(f"shard-{i:06d}.tar", n, 100 + i, x, sha256=f"{i:064x}", keys_sha1=None if i % 3 else f"{i:040x}")
+        )
     return ShardIndex(shards, "samples" if kind == "i" else "seconds", SR if kind == "i" else None, meta={"k": 1})
 
 
@@ -191,8 +192,11 @@ def test_shard_lengths_reads_only_the_row_groups_needed(small_groups, tmp_path, 
     v2.shards[31].lengths
     assert seen == []  # same row group: no read
     list(v2.iter_lengths())
-    assert sorted(seen) == sorted(set(range(len(reader.group_start))) - {g30}
-                                  - {g for g in range(len(reader.group_start)) if reader.group_rows[g] == 0})
+    assert sorted(seen) == sorted(
+        set(range(len(reader.group_start)))
+        - {g30}
+        - {g for g in range(len(reader.group_start)) if reader.group_rows[g] == 0}
+    )
     assert list(reader._cache) == [g30]  # streaming does not fill the cache
 
 
@@ -215,8 +219,15 @@ def test_changed_lengths_and_saving_again(small_groups, tmp_path):
 def test_sample_offsets_and_keys_when_the_writer_knows_them(tmp_path):
     shards = []
     for i, n in enumerate([3, 0, 2]):
-        s = ShardInfo(f"s{i}.tar", n, 10, np.arange(1, n + 1), keys=[f"k{i}{j}" for j in range(n)],
-                      offsets=np.arange(n) * 1024, sizes=np.full(n, 1024))
+        s = ShardInfo(
+            f"s{i}.tar",
+            n,
+            10,
+            np.arange(1, n + 1),
+            keys=[f"k{i}{j}" for j in range(n)],
+            offsets=np.arange(n) * 1024,
+            sizes=np.full(n, 1024),
+        )
         shards.append(s)
     write_v2(str(tmp_path / "index.json"), shards, {"unit": "tokens", "sample_rate": None, "meta": {}}, "int64")
     ix = ShardIndex.load(str(tmp_path))
@@ -281,11 +292,11 @@ def test_truncated_tables_are_named(v2_folder):
     part = v2_folder / "index.samples" / "part-00001.parquet"
     os.truncate(part, os.path.getsize(part) - 10)
     ix = ShardIndex.load(str(v2_folder))
-    with pytest.raises(IndexError_, match=r"part-00001\.parquet: .*truncated"):
+    with pytest.raises(IndexFormatError, match=r"part-00001\.parquet: .*truncated"):
         ix.lengths
     table = v2_folder / "index.shards.parquet"
     os.truncate(table, os.path.getsize(table) // 2)
-    with pytest.raises(IndexError_, match=r"index\.shards\.parquet: .*truncated"):
+    with pytest.raises(IndexFormatError, match=r"index\.shards\.parquet: .*truncated"):
         ShardIndex.load(str(v2_folder))
 
 
@@ -294,12 +305,12 @@ def test_tampered_pages_are_named(v2_folder):
     flip(part, length_page(part))
     ix = ShardIndex.load(str(v2_folder))
     assert ix.shard_lengths([ix.num_shards - 1])  # other files are fine
-    with pytest.raises(IndexError_, match=r"part-00000\.parquet: row group 0 cannot be read .*CRC checksum"):
+    with pytest.raises(IndexFormatError, match=r"part-00000\.parquet: row group 0 cannot be read .*CRC checksum"):
         ix.shard_lengths([0])
     table = v2_folder / "index.shards.parquet"
     col = pq.ParquetFile(table).metadata.row_group(0).column(1)  # count
     flip(table, col.data_page_offset + col.total_compressed_size - 3)
-    with pytest.raises(IndexError_, match=r"index\.shards\.parquet: row group 0 cannot be read .*CRC checksum"):
+    with pytest.raises(IndexFormatError, match=r"index\.shards\.parquet: row group 0 cannot be read .*CRC checksum"):
         ShardIndex.load(str(v2_folder))
 
 
@@ -309,12 +320,12 @@ def test_row_count_mismatches_are_named(v2_folder):
     head["tables"]["samples"][1]["rows"] += 1
     json.dump(head, open(head_path, "w"))
     ix = ShardIndex.load(str(v2_folder))
-    with pytest.raises(IndexError_, match=r"part-00001\.parquet: \d+ rows, the index says"):
+    with pytest.raises(IndexFormatError, match=r"part-00001\.parquet: \d+ rows, the index says"):
         ix.lengths
     head["tables"]["samples"][1]["rows"] -= 1
     head["num_samples"] += 5
     json.dump(head, open(head_path, "w"))
-    with pytest.raises(IndexError_, match=r"index\.shards\.parquet: 40 shards of \d+ samples, the index says"):
+    with pytest.raises(IndexFormatError, match=r"index\.shards\.parquet: 40 shards of \d+ samples, the index says"):
         ShardIndex.load(str(v2_folder))
 
 
@@ -322,7 +333,7 @@ def test_tables_of_another_write_are_refused(v2_folder, tmp_path):
     synthetic().save(str(tmp_path / "other"), version=2)  # the very same content, another write
     shutil.copy(tmp_path / "other" / "index.samples" / "part-00002.parquet", v2_folder / "index.samples")
     ix = ShardIndex.load(str(v2_folder))
-    with pytest.raises(IndexError_, match=r"part-00002\.parquet: written by another index write"):
+    with pytest.raises(IndexFormatError, match=r"part-00002\.parquet: written by another index write"):
         ix.lengths
 
 
@@ -360,7 +371,6 @@ def test_version_2_on_s3(tmp_path, request):
     assert v2.version == 2
     assert_same_index(ix, v2)
     assert [x.tolist() for x in v2.shard_lengths([6, 5])] == [ix.shards[i].lengths.tolist() for i in (6, 5)]
-
 
 
 def test_shardify_upgrade_command(audio_v1, tmp_path, capsys):

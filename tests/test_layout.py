@@ -66,7 +66,7 @@ def test_no_import_cycles_and_plan_below_loader():
         state[m] = 1
         for n in sorted(graph[m]):
             if state.get(n) == 1 and not cycle:
-                cycle.extend(path[path.index(n):] + [m, n] if n in path else [m, n])
+                cycle.extend(path[path.index(n) :] + [m, n] if n in path else [m, n])
             elif n not in state:
                 visit(n, path + [m])
         state[m] = 2

@@ -12,8 +12,8 @@ import tarfile
 import numpy as np
 import pytest
 import soundfile as sf
-
 from conftest import SR, make_audio, write_jsonl
+
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
 from streambatch.write.probe import duration_problem, probe_file
@@ -45,11 +45,13 @@ def lying_manifest(tmp_path):
     make_audio(d / "cutf.flac", 3.0, seed=3)
     cut(d / "cutf.flac", -200)
     make_audio(d / "long.wav", 1.0, seed=4)
-    rows = [{"audio_filepath": "g0.wav", "duration": 0.2},
-            {"audio_filepath": "cut.wav", "duration": 9.6},      # line 2
-            {"audio_filepath": "cutf.flac", "duration": 3.0},    # line 3
-            {"audio_filepath": "long.wav", "duration": 2.0},     # line 4
-            {"audio_filepath": "g1.wav", "duration": 0.21}]      # within the tolerance
+    rows = [
+        {"audio_filepath": "g0.wav", "duration": 0.2},
+        {"audio_filepath": "cut.wav", "duration": 9.6},  # line 2
+        {"audio_filepath": "cutf.flac", "duration": 3.0},  # line 3
+        {"audio_filepath": "long.wav", "duration": 2.0},  # line 4
+        {"audio_filepath": "g1.wav", "duration": 0.21},
+    ]  # within the tolerance
     return write_jsonl(d / "m.jsonl", rows), d, good
 
 
@@ -63,8 +65,10 @@ def test_lying_inputs_fail_with_one_line_each_and_nothing_written(capsys, tmp_pa
     assert lines[f"{m}:2"].endswith(f": {d / 'cut.wav'}")
     assert "audio data cut short: the header declares 153600 frames (9.6 s), the file holds 28" in lines[f"{m}:2"]
     assert lines[f"{m}:3"].endswith(f": {d / 'cutf.flac'}") and "audio data ends early" in lines[f"{m}:3"]
-    assert lines[f"{m}:4"] == (f"  {m}:4: the manifest's duration is 2 s but the audio header says 1 s "
-                               f"(16000 frames at 16000 Hz): {d / 'long.wav'}")
+    assert lines[f"{m}:4"] == (
+        f"  {m}:4: the manifest's duration is 2 s but the audio header says 1 s "
+        f"(16000 frames at 16000 Hz): {d / 'long.wav'}"
+    )
 
 
 def test_lying_inputs_skipped_are_listed_in_errors_jsonl(capsys, tmp_path, lying_manifest):
@@ -93,7 +97,8 @@ def test_a_wav_cut_to_its_header_is_caught(tmp_path):
     make_audio(tmp_path / "a.wav", 1.0)
     cut(tmp_path / "a.wav", 44)
     assert probe_file(str(tmp_path / "a.wav")) == (
-        "audio data cut short: the header declares 16000 frames (1 s), the file holds 0 (0 s)")
+        "audio data cut short: the header declares 16000 frames (1 s), the file holds 0 (0 s)"
+    )
 
 
 def test_intact_files_and_a_streamed_wav_pass(tmp_path):
@@ -109,12 +114,20 @@ def test_intact_files_and_a_streamed_wav_pass(tmp_path):
     assert probe_file(str(tmp_path / "s.wav"))[:2] == (SR, 8000)
 
 
-@pytest.mark.parametrize("field,value,ok", [
-    ("duration", 10.0, True), ("duration", 10.09, True), ("duration", 9.85, False),  # 0.1 s at 10 s
-    ("duration", 30.29, True), ("duration", 30.35, False),                            # 1 % at 30 s
-    ("length", 10.05, True), ("length", 12.0, False),                                 # seconds
-    ("length", 160000, True), ("length", 170000, False),                              # or samples
-])
+@pytest.mark.parametrize(
+    "field,value,ok",
+    [
+        ("duration", 10.0, True),
+        ("duration", 10.09, True),
+        ("duration", 9.85, False),  # 0.1 s at 10 s
+        ("duration", 30.29, True),
+        ("duration", 30.35, False),  # 1 % at 30 s
+        ("length", 10.05, True),
+        ("length", 12.0, False),  # seconds
+        ("length", 160000, True),
+        ("length", 170000, False),  # or samples
+    ],
+)
 def test_manifest_duration_tolerance(field, value, ok):
     frames = 10 * SR if value < 20 or value > 1000 else 30 * SR
     rec = Record(key="k", path="/x/k.wav", fields={field: value}, source="m.jsonl", line=1)
@@ -151,7 +164,7 @@ def damage_member(out, shard: int, ext: str = "flac", rehash: bool = True) -> tu
         member = next(m for m in tar.getmembers() if m.name.endswith("." + ext))
     data = bytearray(open(path, "rb").read())
     mid = member.offset_data + member.size // 2
-    data[mid:mid + 64] = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    data[mid : mid + 64] = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
     open(path, "wb").write(bytes(data))
     if rehash:
         index.shards[shard].sha256 = hashlib.sha256(bytes(data)).hexdigest()
@@ -173,8 +186,7 @@ def test_verify_decode_lists_every_bad_member_beside_a_checksum_mismatch(capsys,
     p0, n0 = damage_member(flac_dataset, 0, rehash=False)
     p2, n2 = damage_member(flac_dataset, 2)
     problems = verify_dataset(ShardIndex.load(str(flac_dataset)), progress=False, decode=True, workers=2)
-    assert [p.split(": ")[:2] for p in problems] == [[p0, problems[0].split(": ")[1]], [p0, n0], [p2, n2]], \
-        problems
+    assert [p.split(": ")[:2] for p in problems] == [[p0, problems[0].split(": ")[1]], [p0, n0], [p2, n2]], problems
     assert problems[0].split(": ")[1].startswith("sha256 is ")
 
 
@@ -185,5 +197,4 @@ def test_verify_decode_passes_a_sound_dataset_and_checks_decoded_lengths(capsys,
     index.shards[0].lengths[0] += 1
     problems = verify_dataset(index, progress=False, decode=True, workers=1)
     key = index.shard_urls()[0]
-    assert any(p.startswith(f"{key}: ") and "decodes to" in p and "the index says" in p for p in problems), \
-        problems
+    assert any(p.startswith(f"{key}: ") and "decodes to" in p and "the index says" in p for p in problems), problems

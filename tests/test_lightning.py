@@ -31,8 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(data: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
     """One Trainer run in a fresh process; its output is kept for the assertion messages."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = popen([sys.executable, str(SCRIPT), "--data", str(data), "--out", str(out), *args], env=env,
-                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = popen(
+        [sys.executable, str(SCRIPT), "--data", str(data), "--out", str(out), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output, _ = proc.communicate(timeout=600)
     return subprocess.CompletedProcess(proc.args, proc.returncode, output)
 
@@ -43,8 +48,9 @@ def records(path: Path) -> list[dict]:
 
 def train_batches(rows: list[dict], before_step: int | None = None) -> list[tuple[int, list[str]]]:
     """(epoch, keys) of each training step, in order; with ``before_step`` only the steps before it."""
-    return [(r["epoch"], r["keys"]) for r in rows
-            if r.get("train") and (before_step is None or r["step"] < before_step)]
+    return [
+        (r["epoch"], r["keys"]) for r in rows if r.get("train") and (before_step is None or r["step"] < before_step)
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
-from conftest import audio_dataset, text_dataset
 import torch
+from conftest import audio_dataset, text_dataset
 
 from streambatch import ShardIndex, StreamBatchLoader, plan_batches
 
@@ -60,7 +60,7 @@ def test_loader_batches_equal_plan_batches(audio_ds):
     loader = StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=40, seed=9, shuffle=False)
     plan = loader.plan()
     (slot,) = plan.slots
-    lengths = np.concatenate([ix.shards[p.shard].lengths[p.start:p.stop] for p in slot.pieces])
+    lengths = np.concatenate([ix.shards[p.shard].lengths[p.start : p.stop] for p in slot.pieces])
     expected = plan_batches(lengths, BUDGET, buffer_size=40, shuffle=False, seed=[9, 0, 0])
     got = [b["lengths"].tolist() for b in run(loader)]
     assert got == [lengths[b].tolist() for b in expected]
@@ -70,7 +70,9 @@ def test_deterministic_per_epoch_and_epochs_differ(audio_ds):
     a = StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=50, seed=1)
     b = StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=50, seed=1, num_workers=0)
     e0 = keys_of(run(a))
-    assert [b_["keys"] for b_ in run(b)] == [x["keys"] for x in StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=50, seed=1)]
+    assert [b_["keys"] for b_ in run(b)] == [
+        x["keys"] for x in StreamBatchLoader(audio_ds, budget=BUDGET, buffer_size=50, seed=1)
+    ]
     e1 = keys_of(run(a))  # the loader moved to epoch 1 by itself
     assert a.epoch == 2
     assert e0 != e1 and sorted(e0) == sorted(e1)
@@ -163,8 +165,16 @@ def test_a_state_saved_with_a_consumed_mask_still_resumes(audio_ds):
         mask[slot.gids[b]] = True
     done = [k for b in batches[:3] for k in b]
     order = [k for b in batches for k in b]
-    old = {"epoch": 0, "batches_consumed": 0, "seed": 2, "world_size": 1, "num_workers": 1,
-           "even_batches": "split", "num_samples": index.num_samples, "excluded": pack_mask(mask)}
+    old = {
+        "epoch": 0,
+        "batches_consumed": 0,
+        "seed": 2,
+        "world_size": 1,
+        "num_workers": 1,
+        "even_batches": "split",
+        "num_samples": index.num_samples,
+        "excluded": pack_mask(mask),
+    }
     rest, _ = _run_ranks(audio_ds, 2, kw, state=old)
     assert int(mask.sum()) == len(done)
     assert sorted(rest + done) == sorted(order)
@@ -202,7 +212,9 @@ def test_without_index_lengths_come_from_json(audio_ds):
 def test_decode_none_and_callable(audio_ds):
     raw = next(iter(StreamBatchLoader(audio_ds, budget=BUDGET, decode="none")))
     assert "audio" not in raw and isinstance(raw["samples"][0]["flac"], bytes)
-    feats = next(iter(StreamBatchLoader(audio_ds, budget=BUDGET, decode=lambda s: np.ones((s["json"]["length"] // 80, 4)))))
+    feats = next(
+        iter(StreamBatchLoader(audio_ds, budget=BUDGET, decode=lambda s: np.ones((s["json"]["length"] // 80, 4))))
+    )
     assert feats["inputs"].shape[2] == 4 and feats["inputs"].shape[0] == len(feats["keys"])
 
 
@@ -240,8 +252,9 @@ def test_without_index_ddp_needs_a_nominal_epoch(audio_ds):
         StreamBatchLoader(urls, budget=BUDGET, rank=0, world_size=2)
     per_rank = []
     for rank in (0, 1):
-        loader = StreamBatchLoader(urls, budget=BUDGET, rank=rank, world_size=2, batches_per_epoch=7,
-                                   num_workers=2, buffer_size=30)
+        loader = StreamBatchLoader(
+            urls, budget=BUDGET, rank=rank, world_size=2, batches_per_epoch=7, num_workers=2, buffer_size=30
+        )
         assert len(loader) == 7
         batches = run(loader)
         assert len(batches) == 7  # every rank steps exactly batches_per_epoch times
@@ -291,7 +304,10 @@ def test_max_length_filtering_everything_is_an_error_not_an_empty_epoch(audio_ds
     from streambatch.errors import EmptyEpochError
 
     loader = StreamBatchLoader(audio_ds, budget=BUDGET, max_length=100)
-    with pytest.raises(EmptyEpochError, match=r"epoch 0 has no batches: of the 160 samples, 160 skipped \(lengths .*max_length=100 samples"):
+    with pytest.raises(
+        EmptyEpochError,
+        match=r"epoch 0 has no batches: of the 160 samples, 160 skipped \(lengths .*max_length=100 samples",
+    ):
         len(loader)
     with pytest.raises(EmptyEpochError):
         next(iter(loader))
@@ -380,7 +396,10 @@ def test_too_few_samples_for_every_rank_is_an_error(audio_ds):
     cap = float(np.sort(ShardIndex.load(audio_ds).lengths)[2])
     for even in ("split", "drop"):
         loader = StreamBatchLoader(audio_ds, budget=BUDGET, max_length=cap, rank=0, world_size=4, even_batches=even)
-        with pytest.raises(EmptyEpochError, match=f"157 skipped .*; the rest too few for every rank to get a batch "
-                           rf"\(4 × 1 \(rank, worker\) slots, even_batches='{even}'\).* or use fewer ranks"):
+        with pytest.raises(
+            EmptyEpochError,
+            match=f"157 skipped .*; the rest too few for every rank to get a batch "
+            rf"\(4 × 1 \(rank, worker\) slots, even_batches='{even}'\).* or use fewer ranks",
+        ):
             len(loader)
     assert len(StreamBatchLoader(audio_ds, budget=BUDGET, max_length=cap)) == 1  # one rank: the three samples batch

@@ -6,11 +6,10 @@ import json
 
 import numpy as np
 import pytest
-
-from faultproxy import Rule
-from streambatch import StreamBatchLoader
-
 from conftest import text_dataset
+from faultproxy import Rule
+
+from streambatch import StreamBatchLoader
 
 pytest_plugins = ["conftest_s3"]
 
@@ -53,9 +52,27 @@ def test_inspect_plan_shows_the_planned_epoch(text_ds, tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "streambatch.cli", "inspect", text_ds, "--plan", "--budget",
-                          str(BUDGET), "--world-size", "2", "--num-workers", "2", "--json",
-                          "--plot", str(tmp_path / "plan.png")], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streambatch.cli",
+            "inspect",
+            text_ds,
+            "--plan",
+            "--budget",
+            str(BUDGET),
+            "--world-size",
+            "2",
+            "--num-workers",
+            "2",
+            "--json",
+            "--plot",
+            str(tmp_path / "plan.png"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     p = json.loads(out.stdout)
     loaders = [StreamBatchLoader(text_ds, budget=BUDGET, rank=r, world_size=2, num_workers=2) for r in range(2)]
@@ -63,8 +80,9 @@ def test_inspect_plan_shows_the_planned_epoch(text_ds, tmp_path):
     assert sum(p["batch_sizes"]["counts"]) == p["batches"]
     assert sum(p["samples_per_rank"]) + p["left_out"] == 200
     assert (tmp_path / "plan.png").stat().st_size > 0
-    bad = subprocess.run([sys.executable, "-m", "streambatch.cli", "inspect", text_ds, "--plan"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "streambatch.cli", "inspect", text_ds, "--plan"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "--plan needs --budget" in bad.stderr
 
 
@@ -104,10 +122,12 @@ def test_time_waited_on_storage(s3_data, proxy, workers, caplog):
     undelayed = storage_pass(on_demand)
     proxy.reset(Rule("latency", match=".tar", seconds=DELAY))
     ahead = storage_pass(audio_loader(s3_data.url, workers, storage_options=s3_data.proxied))
-    print(f"\nworkers={workers}: {blocking} requests x {DELAY} s; waited on storage: on demand "
-          f"{slow['waited_on_storage_s']:.3f} s {[round(x, 3) for x in slow['waited_on_storage_per_worker_s']]}, "
-          f"not delayed {undelayed['waited_on_storage_s']:.3f} s, read-ahead {ahead['waited_on_storage_s']:.3f} s, "
-          f"local {near['waited_on_storage_s']:.4f} s")
+    print(
+        f"\nworkers={workers}: {blocking} requests x {DELAY} s; waited on storage: on demand "
+        f"{slow['waited_on_storage_s']:.3f} s {[round(x, 3) for x in slow['waited_on_storage_per_worker_s']]}, "
+        f"not delayed {undelayed['waited_on_storage_s']:.3f} s, read-ahead {ahead['waited_on_storage_s']:.3f} s, "
+        f"local {near['waited_on_storage_s']:.4f} s"
+    )
     assert blocking >= 8 and slow["waited_on_storage_s"] >= 0.5 * blocking * DELAY
     assert min(slow["waited_on_storage_per_worker_s"]) >= 0.5 * DELAY  # every reader waited for its own
     assert undelayed["waited_on_storage_s"] < slow["waited_on_storage_s"]  # per pass, not since construction
@@ -125,8 +145,10 @@ def test_time_waited_on_the_node_cache(s3_data, proxy, tmp_path):
     proxy.reset(Rule("latency", match=".tar", seconds=DELAY))
     downloading = storage_pass(loader)
     cached = storage_pass(loader)
-    print(f"\ncache: waited on storage {downloading['waited_on_storage_s']:.3f} s downloading "
-          f"({len(proxy.gets('.tar'))} requests x {DELAY} s), {cached['waited_on_storage_s']:.4f} s from the cache")
+    print(
+        f"\ncache: waited on storage {downloading['waited_on_storage_s']:.3f} s downloading "
+        f"({len(proxy.gets('.tar'))} requests x {DELAY} s), {cached['waited_on_storage_s']:.4f} s from the cache"
+    )
     assert downloading["storage"]["cache_downloads"] == 8 and cached["storage"]["cache_hits"] == 8
     assert downloading["waited_on_storage_s"] >= 0.5 * DELAY
     assert cached["waited_on_storage_s"] < downloading["waited_on_storage_s"]

@@ -146,8 +146,15 @@ def test_torchrun_mixture_equal_steps_exact_counts_and_resume(mixture, tmp_path,
     """Real torchrun ranks over the 3-dataset mixture: equal steps and exact per-dataset counts in each epoch,
     a kill and resume mid-epoch on the same world size, then a resume on another one (``batch_by="dataset"``:
     every batch of every rank from one dataset)."""
-    common = ["--data", str(mixture / "mix.json"), "--budget", str(BUDGET),
-              *(["--batch-by", batch_by] if batch_by else []), "--epochs", "2"]
+    common = [
+        "--data",
+        str(mixture / "mix.json"),
+        "--budget",
+        str(BUDGET),
+        *(["--batch-by", batch_by] if batch_by else []),
+        "--epochs",
+        "2",
+    ]
     out = tmp_path / "same"
     out.mkdir()
     kill_when_stopped(torchrun([*common, "--out", str(out), "--stop-after", "3"], 2), out, 2)

@@ -16,7 +16,7 @@ BUDGET = 200 * 16000
 
 def shards(num_shards, per_shard, seed=0):
     lengths = librispeech_like(num_shards * per_shard, seed=seed)
-    return [lengths[i * per_shard:(i + 1) * per_shard] for i in range(num_shards)]
+    return [lengths[i * per_shard : (i + 1) * per_shard] for i in range(num_shards)]
 
 
 def rank_batches(plan, rank):
@@ -135,8 +135,13 @@ def test_budget_parser_shared_by_the_loader_and_the_cli():
     assert parse_budget("1.5min", "seconds") == 90
     assert parse_budget("300 tokens", "tokens") == parse_budget("300", "tokens") == parse_budget(300.0) == 300
     assert parse_budget("1e5 samples", "samples", 8000) == 100_000
-    for bad, says in [("60s", "seconds only make sense for audio"), ("nan", "positive finite"),
-                      ("-1", "positive finite"), ("0 tokens", "positive finite"), ("12 parsecs", "'parsecs' is not")]:
+    for bad, says in [
+        ("60s", "seconds only make sense for audio"),
+        ("nan", "positive finite"),
+        ("-1", "positive finite"),
+        ("0 tokens", "positive finite"),
+        ("12 parsecs", "'parsecs' is not"),
+    ]:
         with pytest.raises(BudgetError, match=says):
             parse_budget(bad, "tokens")
     with pytest.raises(BudgetError, match="a duration needs the dataset's unit"):

@@ -31,12 +31,14 @@ def layouts(draw):
 
 def gather_of(lengths, config, epoch, world, workers):
     """What all_gather returns on every rank: each rank's two summary integers, computed here for all."""
+
     def gather(mine):
         out = []
         for r in range(world):
             s = RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers))
             out.append([s.batches, s.spare])
         return out
+
     return gather
 
 
@@ -53,8 +55,17 @@ def test_rank_local_plans_equal_the_global_plan(case, epoch):
         return
     for rank in range(world):
         lengths = Lengths.of(shard_lengths)
-        local = plan_rank_local(lengths, config, epoch, rank, world, workers, gather_of(lengths, config, epoch, world, workers),
-                                even, hardest)
+        local = plan_rank_local(
+            lengths,
+            config,
+            epoch,
+            rank,
+            world,
+            workers,
+            gather_of(lengths, config, epoch, world, workers),
+            even,
+            hardest,
+        )
         want = RankSchedule.of(oracle, rank)
         assert (local.steps, local.start, local.adjust) == (want.steps, want.start, want.adjust)
         for w, s in enumerate(oracle.rank_slots(rank)):
@@ -80,8 +91,9 @@ def test_a_rank_reads_only_the_lengths_of_its_shards():
     world, workers = 64, 2
     counts = np.array([len(x) for x in shard_lengths])
     totals = np.array([float(x.sum()) for x in shard_lengths])
-    sched = plan_rank_local(Lengths(counts, totals, load), config, 0, 5, world, workers,
-                            lambda mine: [mine] * world, "drop")
+    sched = plan_rank_local(
+        Lengths(counts, totals, load), config, 0, 5, world, workers, lambda mine: [mine] * world, "drop"
+    )
     assert sched.steps > 0
     # 512 shards over 64 ranks: 8 shards per rank, plus the few cut at its slot boundaries and one for rounding
     assert len(set(read)) <= 8 + 4 and len(read) == len(set(read))
@@ -142,9 +154,13 @@ def test_resume_on_other_layouts_plans_as_the_global_oracle(case, resumes):
             lazy = resumed.consumed(lengths, config)
 
             def gather(mine):
-                return [[RankSummary.of(rank_raw_slots(lengths, config, epoch, r, *layout, lazy)).batches,
-                         RankSummary.of(rank_raw_slots(lengths, config, epoch, r, *layout, lazy)).spare]
-                        for r in range(layout[0])]
+                return [
+                    [
+                        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, *layout, lazy)).batches,
+                        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, *layout, lazy)).spare,
+                    ]
+                    for r in range(layout[0])
+                ]
 
             local = plan_rank_local(lengths, config, epoch, rank, *layout, gather, even, hardest, lazy)
             want = RankSchedule.of(oracle, rank)

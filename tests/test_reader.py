@@ -64,4 +64,4 @@ def test_members_of_a_byte_span_as_the_stream_gives_them(fmt):
     with pytest.raises(ShardReadError, match="checksum"):
         list(buffer_members(bytes(flipped), "mem.tar"))
     with pytest.raises(ShardReadError, match="truncated"):
-        list(buffer_members(raw[:end - 600], "mem.tar"))
+        list(buffer_members(raw[: end - 600], "mem.tar"))

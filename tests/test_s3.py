@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-
 from faultproxy import byte_range, times_read
+
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.dataset import storage
 from streambatch.write.verify import verify_dataset
@@ -60,8 +60,14 @@ def test_ranged_chunked_reads(s3_data, proxy, read_ahead):
     """Each shard is read once, as range requests of at most chunk_size bytes (after one size request); a
     range resent by the transport or resumed by a retry is not another read."""
     ix = ShardIndex.load(s3_data.url, s3_data.options)
-    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, chunk_size=32768, budget=BUDGET,
-                               read_ahead=read_ahead, shuffle=False)
+    loader = StreamBatchLoader(
+        s3_data.url,
+        storage_options=s3_data.proxied,
+        chunk_size=32768,
+        budget=BUDGET,
+        read_ahead=read_ahead,
+        shuffle=False,
+    )
     assert_same(batches(loader), batches(StreamBatchLoader(s3_data.local, budget=BUDGET, shuffle=False)))
     for i, info in enumerate(ix.shards):
         gets = proxy.gets(f"shard-{i:06d}.tar")
@@ -87,10 +93,19 @@ def test_plain_https_style_urls(s3_data):
 
     import boto3
 
-    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
-                                                      "Resource": "arn:aws:s3:::sb-test/ds/*"}]}
-    boto3.client("s3", endpoint_url=s3_data.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").put_bucket_policy(Bucket="sb-test", Policy=json.dumps(policy))
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::sb-test/ds/*"}
+        ],
+    }
+    boto3.client(
+        "s3",
+        endpoint_url=s3_data.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).put_bucket_policy(Bucket="sb-test", Policy=json.dumps(policy))
     url = f"{s3_data.endpoint}/sb-test/ds"
     loader = StreamBatchLoader(url, budget=BUDGET, seed=2, chunk_size="32K")
     assert_same(batches(loader), batches(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2)))
@@ -112,8 +127,9 @@ def test_killed_write_leaves_no_index(s3_data, monkeypatch):
     monkeypatch.setattr(storage, "put_file_atomic", dying)
     out = "s3://sb-test/killed"
     with pytest.raises(KeyboardInterrupt):
-        write_shards(s3_data.audio, out, max_count=10, shuffle=True, seed=2, progress=False,
-                     storage_options=s3_data.options)
+        write_shards(
+            s3_data.audio, out, max_count=10, shuffle=True, seed=2, progress=False, storage_options=s3_data.options
+        )
     monkeypatch.setattr(storage, "put_file_atomic", real)
     names = storage.listdir(out, s3_data.options)
     assert "index.json" not in names

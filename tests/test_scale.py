@@ -8,7 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from conftest import kill_tree, popen  # noqa: E402
 from make_index import write_synthetic_index  # noqa: E402
@@ -36,7 +35,9 @@ def test_four_ranks_each_plan_a_quarter(tmp_path):
     four.mkdir()
     args = [SCRIPT, "--index", index, "--budget", str(BUDGET)]
     run([sys.executable, *args, "--out", str(one)])
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", *args, "--out", str(four)])
+    run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", *args, "--out", str(four)]
+    )
     alone = json.loads((one / "plan-rank0.json").read_text())
     ranks = [json.loads((four / f"plan-rank{r}.json").read_text()) for r in range(4)]
     assert len({r["steps"] for r in ranks}) == 1  # equal steps, agreed by one all_gather

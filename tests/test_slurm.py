@@ -22,18 +22,27 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
+from test_write_parts import assert_same_dataset
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
-from test_write_parts import assert_same_dataset
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 SLURM_DIR = REPO / "slurm"
 SR = 8000
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-            "PREEMPTED"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 JOB_TIMEOUT = 180
 
 
@@ -116,8 +125,9 @@ SHARDIFY_OPTIONS = ["--max-count", "7", "--shuffle", "--seed", "2"]
 def test_array_job_and_merge_equal_a_single_process_write(slurm, corpus, tmp_path):
     out = tmp_path / "ds"
     env = {**slurm.env, "SBATCH_ARGS": "--cpus-per-task=1 --time=10", "MERGE_SBATCH_ARGS": "--time=10"}
-    p = slurm.run(str(SLURM_DIR / "shardify.sh"), str(corpus / "audio"), str(out), "3", *SHARDIFY_OPTIONS,
-                  cwd=tmp_path, env=env)
+    p = slurm.run(
+        str(SLURM_DIR / "shardify.sh"), str(corpus / "audio"), str(out), "3", *SHARDIFY_OPTIONS, cwd=tmp_path, env=env
+    )
     merge_id = p.stdout.strip().splitlines()[-1]
     array_id = re.search(r"array job (\d+)", p.stdout).group(1)
     merge = slurm.wait(merge_id, log=next(iter(tmp_path.glob("shardify-merge-*.out")), None))
@@ -158,22 +168,36 @@ def test_a_failing_array_task_means_no_merge(slurm, tmp_path):
 BUDGET = "10s"
 
 
-def train_job(slurm: Slurm, corpus: Path, run: Path, *sbatch_options: str, step_sleep: float = 0.0,
-              stage_dir: Path | None = None) -> str:
+def train_job(
+    slurm: Slurm, corpus: Path, run: Path, *sbatch_options: str, step_sleep: float = 0.0, stage_dir: Path | None = None
+) -> str:
     """Submit slurm/train_ddp.sbatch unedited: CPU settings by sbatch options, the run by environment."""
     data = corpus / "ds"
     if not (data / "index.json").exists():
         write_shards(str(corpus / "audio"), str(data), max_count=12, shuffle=True, seed=0, progress=False)
     run.mkdir(parents=True, exist_ok=True)
     env = {
-        "DATA": str(data), "BUDGET": BUDGET, "EPOCHS": "2", "NUM_WORKERS": "2", "DEVICE": "cpu",
-        "TRAIN_SCRIPT": str(REPO / "tools" / "train_ddp.py"), "CKPT_DIR": str(run / "ckpt"),
+        "DATA": str(data),
+        "BUDGET": BUDGET,
+        "EPOCHS": "2",
+        "NUM_WORKERS": "2",
+        "DEVICE": "cpu",
+        "TRAIN_SCRIPT": str(REPO / "tools" / "train_ddp.py"),
+        "CKPT_DIR": str(run / "ckpt"),
         "TRAIN_ARGS": f"--threads 1 --channels 16 --log-every 10 --log-keys {run / 'keys'} --step-sleep {step_sleep}",
     }
     if stage_dir is not None:
         env["STAGE_DIR"] = str(stage_dir)
-    return slurm.sbatch(SLURM_DIR / "train_ddp.sbatch", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
-                        f"--output={run}/job-%j.out", *sbatch_options, cwd=run, env=env)
+    return slurm.sbatch(
+        SLURM_DIR / "train_ddp.sbatch",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        "--time=10",
+        f"--output={run}/job-%j.out",
+        *sbatch_options,
+        cwd=run,
+        env=env,
+    )
 
 
 def read_keys(run: Path) -> dict[int, list[dict]]:
@@ -226,8 +250,10 @@ def _wait_for_batches(slurm: Slurm, job: str, run: Path, restart: int, epoch: in
         info = slurm.job(job)
         if time.time() > deadline or (info and info[0].get("JobState") in TERMINAL):
             slurm.run("scancel", job, check=False)
-            pytest.fail(f"job {job} did not reach {count} batches of epoch {epoch} in run {restart}: {info}\n"
-                        + _tail(next(iter(run.glob("job-*.out")), None)))
+            pytest.fail(
+                f"job {job} did not reach {count} batches of epoch {epoch} in run {restart}: {info}\n"
+                + _tail(next(iter(run.glob("job-*.out")), None))
+            )
         time.sleep(0.1)
 
 
@@ -237,8 +263,9 @@ def test_preempted_job_requeues_and_resumes_exactly(slurm, corpus, uninterrupted
     The job stages the dataset to "node-local" disk first (one task per node; both emulated nodes share this
     host's disk, so the two copies race, safely); the requeued runs find it complete."""
     run = tmp_path / "preempted"
-    job = train_job(slurm, corpus, run, "--nodes=2", "--ntasks-per-node=1", step_sleep=0.15,
-                    stage_dir=tmp_path / "local" / "ds")
+    job = train_job(
+        slurm, corpus, run, "--nodes=2", "--ntasks-per-node=1", step_sleep=0.15, stage_dir=tmp_path / "local" / "ds"
+    )
     steps0 = len(batches(uninterrupted[0], 0))
     _wait_for_batches(slurm, job, run, restart=0, epoch=0, count=steps0 // 3)
     slurm.run("scancel", "--batch", "--signal=USR1", job)

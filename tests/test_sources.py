@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import make_audio, write_jsonl
+
 from streambatch.errors import ShardifyError
 from streambatch.write.sources import Record, detect_kind, read_source, sanitize_key, token_length
 
@@ -80,10 +80,13 @@ def test_nemo_manifest_relative_paths_and_fields(nemo_manifest):
 def test_manifest_id_field_wins_and_paths_outside_use_common_folder(tmp_path):
     make_audio(tmp_path / "elsewhere" / "x" / "a.wav", 0.1)
     make_audio(tmp_path / "elsewhere" / "y" / "b.wav", 0.1)
-    m = write_jsonl(tmp_path / "m" / "m.jsonl", [
-        {"path": str(tmp_path / "elsewhere" / "x" / "a.wav"), "duration": 0.1},
-        {"path": str(tmp_path / "elsewhere" / "y" / "b.wav"), "duration": 0.1, "utt_id": "my.id"},
-    ])
+    m = write_jsonl(
+        tmp_path / "m" / "m.jsonl",
+        [
+            {"path": str(tmp_path / "elsewhere" / "x" / "a.wav"), "duration": 0.1},
+            {"path": str(tmp_path / "elsewhere" / "y" / "b.wav"), "duration": 0.1, "utt_id": "my.id"},
+        ],
+    )
     records, problems = read_source(str(m))
     assert problems == []
     assert [r.key for r in records] == ["x__a", "my_id"]
@@ -92,11 +95,13 @@ def test_manifest_id_field_wins_and_paths_outside_use_common_folder(tmp_path):
 def test_manifest_bad_lines_are_reported_with_file_and_line(tmp_path):
     m = write_jsonl(
         tmp_path / "m.jsonl",
-        [{"audio_filepath": "a.wav", "duration": 1.0},      # line 1
-         {"duration": 1.0},                                  # line 3: no path
-         {"audio_filepath": "c.wav"},                        # line 4: no length
-         {"audio_filepath": "d.wav", "duration": "long"}],   # line 5: not a number
-        raw_lines={1: "{not json"},                          # line 2
+        [
+            {"audio_filepath": "a.wav", "duration": 1.0},  # line 1
+            {"duration": 1.0},  # line 3: no path
+            {"audio_filepath": "c.wav"},  # line 4: no length
+            {"audio_filepath": "d.wav", "duration": "long"},
+        ],  # line 5: not a number
+        raw_lines={1: "{not json"},  # line 2
     )
     records, problems = read_source(str(m), kind="manifest")
     assert [r.key for r in records] == ["a"]
@@ -146,7 +151,7 @@ def test_speechbrain_csv_columns_and_wrong_column_count(tmp_path):
     csv = tmp_path / "train.csv"
     csv.write_text(
         "ID,duration,wav,wav_format,spk_id,wrd\n"
-        "utt1,0.1,$data_root/a.wav,wav,spk1,\"HELLO, WORLD\"\n"
+        'utt1,0.1,$data_root/a.wav,wav,spk1,"HELLO, WORLD"\n'
         "utt2,0.1,$data_root/b.wav,wav\n"
         "utt3,abc,$data_root/c.wav,wav,spk1,X\n"
     )
@@ -169,14 +174,17 @@ def test_csv_without_id_or_path_column(tmp_path):
 
 
 def test_text_jsonl_keys_lengths_and_problems(tmp_path):
-    t = write_jsonl(tmp_path / "corpus.jsonl", [
-        {"text": "one two three", "lang": "en"},                 # 1: 3 whitespace tokens
-        {"input_ids": [5, 6, 7, 8], "id": "doc.2"},              # 2: 4 ids
-        {"text": "a b", "input_ids": [1], "length": 9},          # 3: precomputed length wins
-        {"lang": "fr"},                                          # 4: nothing to measure
-        {"input_ids": [1, "x"]},                                 # 5: bad ids
-        {"text": "x", "length": 1.5},                            # 6: bad length
-    ])
+    t = write_jsonl(
+        tmp_path / "corpus.jsonl",
+        [
+            {"text": "one two three", "lang": "en"},  # 1: 3 whitespace tokens
+            {"input_ids": [5, 6, 7, 8], "id": "doc.2"},  # 2: 4 ids
+            {"text": "a b", "input_ids": [1], "length": 9},  # 3: precomputed length wins
+            {"lang": "fr"},  # 4: nothing to measure
+            {"input_ids": [1, "x"]},  # 5: bad ids
+            {"text": "x", "length": 1.5},  # 6: bad length
+        ],
+    )
     records, problems = read_source(str(t))
     assert [r.key for r in records] == ["corpus_000000001", "doc_2", "corpus_000000003"]
     assert [token_length(r) for r in records] == [3, 4, 9]

@@ -22,7 +22,9 @@ BUDGET = 5 * SR
 DISTRIBUTIONS = {
     "uniform": lambda rng, n: rng.uniform(0.1, 2.0, n),
     "lognormal": lambda rng, n: np.clip(rng.lognormal(np.log(1.2), 0.6, n), 0.05, 6.0),
-    "bimodal": lambda rng, n: np.where(rng.random(n) < 0.7, rng.normal(0.8, 0.1, n), rng.normal(4.2, 0.3, n)).clip(0.05),
+    "bimodal": lambda rng, n: np.where(rng.random(n) < 0.7, rng.normal(0.8, 0.1, n), rng.normal(4.2, 0.3, n)).clip(
+        0.05
+    ),
 }
 
 
@@ -59,7 +61,9 @@ def test_emitted_batches_keep_the_budget_and_the_planned_lengths(datasets, dist,
             n = np.round(np.array(b["duration"]) * SR)  # the index length of each sample, in samples
             f = b["speed"].numpy().astype(np.float64)
             assert set(np.round(f, 4)) <= set(factors)
-            assert np.all(np.abs(b["lengths"].numpy() - n / f) <= 1), "a sample's length is not its length over its factor"
+            assert np.all(np.abs(b["lengths"].numpy() - n / f) <= 1), (
+                "a sample's length is not its length over its factor"
+            )
             seen += len(b["keys"])
             used |= set(np.round(f, 4).tolist())
         assert steps == planned

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import webdataset as wds
-
 from conftest import SR, write_jsonl
+
 from streambatch.cli import main
-from streambatch.dataset.index import IndexError_, ShardIndex, upgrade
+from streambatch.dataset.index import IndexFormatError, ShardIndex, upgrade
 from streambatch.errors import InputErrors
 from streambatch.write.parts import merge_parts
 from streambatch.write.stage import stage_dataset
@@ -30,8 +30,14 @@ datasets = pytest.importorskip("datasets")
 tokenizers = pytest.importorskip("tokenizers")
 spm = pytest.importorskip("sentencepiece")
 
-SENTENCES = ["the quick brown fox", "jumps over the lazy dog", "hello world", "a dog and a fox",
-             "over and over again", "the world is quick"]
+SENTENCES = [
+    "the quick brown fox",
+    "jumps over the lazy dog",
+    "hello world",
+    "a dog and a fox",
+    "over and over again",
+    "the world is quick",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,8 @@ def tok_json(tmp_path_factory) -> str:
     specials = ["[UNK]", "[CLS]", "[SEP]"]
     tok.train_from_iterator(SENTENCES * 3, trainers.BpeTrainer(vocab_size=80, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in specials[1:]])
+        single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in specials[1:]]
+    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
@@ -54,8 +61,14 @@ def tok_json(tmp_path_factory) -> str:
 def sp_model(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("spm")
     (d / "corpus.txt").write_text("\n".join(SENTENCES * 10) + "\n")
-    spm.SentencePieceTrainer.train(input=str(d / "corpus.txt"), model_prefix=str(d / "sp"), vocab_size=30,
-                                   hard_vocab_limit=False, model_type="unigram", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(d / "corpus.txt"),
+        model_prefix=str(d / "sp"),
+        vocab_size=30,
+        hard_vocab_limit=False,
+        model_type="unigram",
+        minloglevel=2,
+    )
     return str(d / "sp.model")
 
 
@@ -70,16 +83,22 @@ def encoder(path: str):
 
 def tone(n: int, seed: int) -> np.ndarray:
     return (0.3 * np.sin(np.arange(n) / (5 + seed)) + 0.01 * np.random.default_rng(seed).standard_normal(n)).astype(
-        np.float32)
+        np.float32
+    )
 
 
 @pytest.fixture(scope="module")
 def hf_arrays(tmp_path_factory) -> tuple[str, dict]:
     """A saved Dataset whose audio is arrays + sampling_rate, with ids, transcripts and a speaker column."""
     rows = {f"utt{i}": (tone(800 * (i + 1), i), SENTENCES[i], f"spk{i % 2}") for i in range(5)}
-    ds = datasets.Dataset.from_dict({
-        "id": list(rows), "audio": [{"array": a, "sampling_rate": SR} for a, _, _ in rows.values()],
-        "text": [t for _, t, _ in rows.values()], "speaker": [s for _, _, s in rows.values()]})
+    ds = datasets.Dataset.from_dict(
+        {
+            "id": list(rows),
+            "audio": [{"array": a, "sampling_rate": SR} for a, _, _ in rows.values()],
+            "text": [t for _, t, _ in rows.values()],
+            "speaker": [s for _, _, s in rows.values()],
+        }
+    )
     path = tmp_path_factory.mktemp("hf") / "arrays"
     ds.save_to_disk(str(path))
     return str(path), rows
@@ -88,6 +107,7 @@ def hf_arrays(tmp_path_factory) -> tuple[str, dict]:
 @pytest.fixture(scope="module")
 def hf_flac_splits(tmp_path_factory) -> tuple[str, dict]:
     """A saved DatasetDict (train, test) with an Audio column of FLAC bytes and a 'sentence' column."""
+
     def flac(a: np.ndarray) -> bytes:
         buf = io.BytesIO()
         sf.write(buf, a, SR, format="FLAC")
@@ -97,9 +117,10 @@ def hf_flac_splits(tmp_path_factory) -> tuple[str, dict]:
     for split, offset in (("train", 0), ("test", 3)):
         names = [f"{split}-{i}" for i in range(3)]
         blobs = [flac(tone(1000 + 300 * i, offset + i)) for i in range(3)]
-        texts = SENTENCES[offset:offset + 3]
-        ds = datasets.Dataset.from_dict({"audio": [{"bytes": b, "path": f"{n}.flac"} for n, b in zip(names, blobs)],
-                                         "sentence": texts})
+        texts = SENTENCES[offset : offset + 3]
+        ds = datasets.Dataset.from_dict(
+            {"audio": [{"bytes": b, "path": f"{n}.flac"} for n, b in zip(names, blobs)], "sentence": texts}
+        )
         splits[split] = ds.cast_column("audio", datasets.Audio())
         expected[split] = {n: (b, t) for n, b, t in zip(names, blobs, texts)}
     path = tmp_path_factory.mktemp("hf") / "flac_splits"
@@ -122,8 +143,13 @@ def ids_of(sample: dict) -> list[int]:
 def run_cli(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
     """``shardify`` in its own process (so environment variables such as HF_HUB_OFFLINE are read fresh)."""
     full = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-m", "streambatch.cli", *map(str, argv), "--no-progress"],
-                          capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "streambatch.cli", *map(str, argv), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+    )
 
 
 # ---- --tokenizer ---------------------------------------------------------------------------------------------
@@ -151,7 +177,8 @@ def test_tokenizer_hash_tells_tokenizers_apart_and_the_loader_reads_the_ids(tmp_
     hashes = {}
     for name, tok in (("a", tok_json), ("b", str(copy.parent)), ("c", sp_model)):
         hashes[name] = write_shards(str(src), str(tmp_path / name), tokenizer=tok, progress=False).meta["tokenizer"][
-            "sha256"]
+            "sha256"
+        ]
     assert hashes["a"] == hashes["b"] != hashes["c"]  # the same tokenizer (a folder holding it), and another one
 
     from streambatch.loader import StreamBatchLoader
@@ -166,9 +193,11 @@ def test_tokenizer_hash_tells_tokenizers_apart_and_the_loader_reads_the_ids(tmp_
 
 def test_input_ids_another_tokenizer_made_are_bad_input(tmp_path, tok_json):
     good = encoder(tok_json)("hello world")
-    rows = [{"id": "ok", "text": "hello world", "input_ids": good},
-            {"id": "bad", "text": "hello world", "input_ids": [1, 2]},
-            {"id": "ids_only", "input_ids": [5, 6, 7]}]
+    rows = [
+        {"id": "ok", "text": "hello world", "input_ids": good},
+        {"id": "bad", "text": "hello world", "input_ids": [1, 2]},
+        {"id": "ids_only", "input_ids": [5, 6, 7]},
+    ]
     src = write_jsonl(tmp_path / "t.jsonl", rows)
     with pytest.raises(InputErrors, match=r"t.jsonl:2.*not what --tokenizer .* makes of its text"):
         write_shards(str(src), str(tmp_path / "ds"), tokenizer=tok_json, progress=False)
@@ -180,8 +209,10 @@ def test_input_ids_another_tokenizer_made_are_bad_input(tmp_path, tok_json):
 # ---- Hugging Face datasets --------------------------------------------------------------------------------
 def test_hf_audio_arrays_with_output_length_chars(tmp_path, hf_arrays, capsys):
     path, rows = hf_arrays
-    assert main(["write", path, str(tmp_path / "ds"), "--output-length", "chars", "--max-count", "2",
-                 "--no-progress"]) == 0
+    assert (
+        main(["write", path, str(tmp_path / "ds"), "--output-length", "chars", "--max-count", "2", "--no-progress"])
+        == 0
+    )
     index = ShardIndex.load(str(tmp_path / "ds"))
     assert index.meta["kind"] == "hf" and index.unit == "samples" and index.sample_rate == SR
     assert verify_dataset(index, progress=False, decode=True) == []
@@ -217,8 +248,7 @@ def test_hf_arrays_give_the_same_shards_for_any_workers_and_keep_int16(tmp_path)
 def test_hf_audio_feature_bytes_kept_and_splits(tmp_path, hf_flac_splits, sp_model):
     path, expected = hf_flac_splits
     encode = encoder(sp_model)
-    index = write_shards(f"hf:{path}:test", str(tmp_path / "test"), output_length=f"tokens:{sp_model}",
-                         progress=False)
+    index = write_shards(f"hf:{path}:test", str(tmp_path / "test"), output_length=f"tokens:{sp_model}", progress=False)
     samples = read_back(tmp_path / "test")
     assert [s["__key__"] for s in samples] == list(expected["test"])
     for s in samples:
@@ -230,9 +260,11 @@ def test_hf_audio_feature_bytes_kept_and_splits(tmp_path, hf_flac_splits, sp_mod
     assert index.meta["output_length"]["tokenizer"]["kind"] == "sentencepiece"
     train = write_shards(path, str(tmp_path / "train"), progress=False)  # a DatasetDict: train by default
     assert [s["__key__"] for s in read_back(tmp_path / "train")] == list(expected["train"])
-    assert not train.has_output_lengths and "output_length" not in json.loads(
-        (tmp_path / "train" / "index.json").read_text())["columns"]
-    with pytest.raises(IndexError_, match="no output lengths"):
+    assert (
+        not train.has_output_lengths
+        and "output_length" not in json.loads((tmp_path / "train" / "index.json").read_text())["columns"]
+    )
+    with pytest.raises(IndexFormatError, match="no output lengths"):
         train.shard_output_lengths([0])
 
 
@@ -329,11 +361,13 @@ def test_option_mistakes_are_one_line_exit_2(tmp_path, hf_arrays, hf_flac_splits
 
 
 def test_a_sample_without_transcript_is_bad_input(tmp_path):
-    ds = datasets.Dataset.from_dict({"audio": [{"array": tone(400, i), "sampling_rate": SR} for i in range(2)],
-                                     "text": ["has words", None]})
+    ds = datasets.Dataset.from_dict(
+        {"audio": [{"array": tone(400, i), "sampling_rate": SR} for i in range(2)], "text": ["has words", None]}
+    )
     ds.save_to_disk(str(tmp_path / "hf"))
     with pytest.raises(InputErrors, match="no transcript"):
         write_shards(str(tmp_path / "hf"), str(tmp_path / "ds"), output_length="chars", progress=False)
-    index = write_shards(str(tmp_path / "hf"), str(tmp_path / "ds"), output_length="chars", on_error="skip",
-                         progress=False)
+    index = write_shards(
+        str(tmp_path / "hf"), str(tmp_path / "ds"), output_length="chars", on_error="skip", progress=False
+    )
     assert index.num_samples == 1 and index.shard_output_lengths([0])[0].tolist() == [len("has words")]

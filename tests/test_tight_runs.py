@@ -4,7 +4,8 @@ the online driver forms the planned batches, and text packs close to a global so
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streambatch.plan.batcher import BucketBatcher, plan_batches, sorted_oracle
 from streambatch.plan.config import BatchingConfig
@@ -115,7 +116,9 @@ def test_online_push_with_known_length_equals_plan(case):
     assert [x.tolist() for x in online] == [x.tolist() for x in plan]
     many = BucketBatcher(cfg, stream_length=len(lengths))
     cut = len(lengths) // 3
-    chunked = many.push_many(np.arange(cut), lengths[:cut]) + many.push_many(np.arange(cut, len(lengths)), lengths[cut:])
+    chunked = many.push_many(np.arange(cut), lengths[:cut]) + many.push_many(
+        np.arange(cut, len(lengths)), lengths[cut:]
+    )
     chunked += many.flush()
     assert [x.tolist() for x in chunked] == [x.tolist() for x in plan]
 
@@ -158,7 +161,7 @@ def test_select_runs_are_disjoint_and_lowest_keys_first():
         free = np.ones(n, bool)
         free[covered] = False
         if len(covered) < need:  # stopped early: no candidate left that fits between the chosen runs
-            fits = [i for i in range(n) if ends[i] <= n and free[i:ends[i]].all()]
+            fits = [i for i in range(n) if ends[i] <= n and free[i : ends[i]].all()]
             assert not fits
         # the very best candidate is always taken
         best = int(np.argmin(key))
@@ -171,7 +174,7 @@ def test_range_min_and_histogram_agree_with_plain_numpy():
     r = rng.permutation(500).astype(np.int64)
     lo = rng.integers(0, 499, 300)
     hi = np.minimum(lo + 1 + rng.integers(0, 120, 300), 500)
-    assert all(range_min(r, lo, hi)[q] == r[lo[q]:hi[q]].min() for q in range(300))
+    assert all(range_min(r, lo, hi)[q] == r[lo[q] : hi[q]].min() for q in range(300))
     x = np.concatenate([rng.lognormal(3, 3, 5000), [1.0, 2.0, 0.5, 1e-300, 1e300]])
     whole, one = LengthHistogram(), LengthHistogram()
     whole.add(x)

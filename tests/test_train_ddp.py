@@ -33,9 +33,31 @@ def train(data: Path, run: Path, *extra: str) -> subprocess.Popen:
     """tools/train_ddp.py on CPU, output in a pipe; the test's teardown ends it (and its DataLoader worker)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, str(SCRIPT), "--data", str(data), "--budget", "8s", "--epochs", "2", "--num-workers", "1",
-           "--threads", "1", "--channels", "8", "--log-every", "5", "--checkpoint-dir", str(run / "ckpt"),
-           "--log-keys", str(run / "keys"), "--device", "cpu", *extra]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--data",
+        str(data),
+        "--budget",
+        "8s",
+        "--epochs",
+        "2",
+        "--num-workers",
+        "1",
+        "--threads",
+        "1",
+        "--channels",
+        "8",
+        "--log-every",
+        "5",
+        "--checkpoint-dir",
+        str(run / "ckpt"),
+        "--log-keys",
+        str(run / "keys"),
+        "--device",
+        "cpu",
+        *extra,
+    ]
     return popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -34,9 +34,15 @@ def data(tmp_path_factory):
 def job(data: str, out: Path, *args: str, nproc: int = 0) -> subprocess.Popen:
     """run_augment.py in a fresh process (or under torchrun with ``nproc`` ranks); the test's teardown ends it."""
     out.mkdir(parents=True, exist_ok=True)
-    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
-    return popen([*head, SCRIPT, "--data", data, "--out", str(out), "--budget", BUDGET, *args],
-                 env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    head = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc
+        else [sys.executable]
+    )
+    return popen(
+        [*head, SCRIPT, "--data", data, "--out", str(out), "--budget", BUDGET, *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def kill_when_stopped(proc: subprocess.Popen, out: Path, ranks: int) -> None:
@@ -51,8 +57,10 @@ def kill_when_stopped(proc: subprocess.Popen, out: Path, ranks: int) -> None:
 
 
 def logs(out: Path) -> dict[int, list[dict]]:
-    return {int(f.stem.split("rank")[1]): [json.loads(x) for x in f.read_text().splitlines()]
-            for f in sorted(out.glob("log-rank*.jsonl"))}
+    return {
+        int(f.stem.split("rank")[1]): [json.loads(x) for x in f.read_text().splitlines()]
+        for f in sorted(out.glob("log-rank*.jsonl"))
+    }
 
 
 def batches(log: list[dict]) -> list[dict]:
@@ -83,7 +91,8 @@ def test_kill_and_resume_gives_bit_identical_augmented_batches(data, tmp_path, n
     resumed = batches(logs(out)[0])
     assert [b["step"] for b in resumed] == list(range(1, len(full) + 1))
     assert [(b["keys"], b["batch_sha"], b["speed"]) for b in resumed] == [
-        (b["keys"], b["batch_sha"], b["speed"]) for b in full]
+        (b["keys"], b["batch_sha"], b["speed"]) for b in full
+    ]
     shas = per_sample({0: full})
     keys = {k for _, k in shas}
     assert all(shas[(0, k)] != shas[(1, k)] for k in keys), "an augmented sample was the same in two epochs"

@@ -20,15 +20,22 @@ SR = 8000
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 3000), st.integers(0, 10_000), st.integers(1, 400), st.sampled_from([None, 3, 8]),
-       st.sampled_from([1, 4]), st.sampled_from([None, 4]))
+@given(
+    st.integers(1, 3000),
+    st.integers(0, 10_000),
+    st.integers(1, 400),
+    st.sampled_from([None, 3, 8]),
+    st.sampled_from([1, 4]),
+    st.sampled_from([None, 4]),
+)
 def test_both_budgets_hold_and_online_equals_plan(n, seed, buffer, max_bs, multiple, buckets):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(100, 20_000, n)
     outputs = np.maximum(1, (lengths / 100 * rng.lognormal(0, 0.5, n)).astype(int))
     budget, out_budget = 60_000.0, float(rng.integers(300, 3_000))
-    opts = dict(buffer_size=buffer, max_batch_size=max_bs, batch_size_multiple_of=multiple, num_buckets=buckets,
-                seed=seed)
+    opts = dict(
+        buffer_size=buffer, max_batch_size=max_bs, batch_size_multiple_of=multiple, num_buckets=buckets, seed=seed
+    )
     plan = plan_batches(lengths, budget, output_lengths=outputs, output_budget=out_budget, **opts)
     for b in plan:
         assert len(b) * lengths[b].max() <= budget
@@ -65,8 +72,9 @@ def transcribed(tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_keeps_both_budgets_on_real_shards(transcribed, workers):
     budget, out_budget = 8 * SR, 60
-    loader = StreamBatchLoader(transcribed, budget=budget, output_budget=out_budget, num_workers=workers,
-                               buffer_size=20)
+    loader = StreamBatchLoader(
+        transcribed, budget=budget, output_budget=out_budget, num_workers=workers, buffer_size=20
+    )
     steps = len(loader)
     batches = list(loader)
     assert len(batches) == steps

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from conftest import audio_dataset
 
 from streambatch import StreamBatchLoader
 from streambatch.plan.batcher import plan_batches, sorted_oracle
 from streambatch.plan.buckets import DEFAULT_BUFFER, WINDOW_BATCHES, WINDOW_BYTES
 from streambatch.plan.config import BatchingConfig
 from streambatch.synthetic import librispeech_like, text_like
-
-from conftest import audio_dataset
 
 TEXT_BUDGET = 16_384
 
@@ -61,8 +60,9 @@ def test_the_cli_plan_report_uses_the_loaders_window(tmp_path):
     from streambatch.plan_report import planned_epoch
 
     lengths = text_like(30_000, seed=2)
-    shards = [ShardInfo(f"shard-{i:06d}.tar", 1000, 3 * 1024 * 1000, lengths[i * 1000:(i + 1) * 1000])
-              for i in range(30)]
+    shards = [
+        ShardInfo(f"shard-{i:06d}.tar", 1000, 3 * 1024 * 1000, lengths[i * 1000 : (i + 1) * 1000]) for i in range(30)
+    ]
     ShardIndex(shards, unit="tokens", sample_rate=None).save(str(tmp_path / "index.json"))
     index = ShardIndex.load(str(tmp_path))
     loader = StreamBatchLoader(str(tmp_path), budget=TEXT_BUDGET)  # only planned here: no shard is read

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
-
 from conftest import make_audio, popen, write_jsonl
+
 from streambatch.cli import main
-from streambatch.errors import ShardifyError
 from streambatch.dataset.index import ShardIndex
+from streambatch.errors import ShardifyError
+from streambatch.write.parts import merge_parts
 from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset
-from streambatch.write.parts import merge_parts
 from streambatch.write.writer import write_shards
 
 
@@ -44,8 +44,10 @@ def index_json(out) -> dict:
         d.pop("tables")
         ix = ShardIndex.load(str(out))
         d["rows"] = [(s.url, s.count, s.bytes, s.sha256, s.keys_sha1) for s in ix.shards]
-        d["samples"] = [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in ix.shards.reader.shard_samples(i).items()}
-                        for i in range(ix.num_shards)]
+        d["samples"] = [
+            {k: v.tolist() if hasattr(v, "tolist") else v for k, v in ix.shards.reader.shard_samples(i).items()}
+            for i in range(ix.num_shards)
+        ]
     return d
 
 
@@ -60,8 +62,12 @@ def assert_same_dataset(parts_out, single_out) -> None:
     assert verify_dataset(a, progress=False) == []
     assert samples_of(parts_out) == samples_of(single_out)
     assert a.lengths.tolist() == b.lengths.tolist()
-    assert (a.num_samples, a.total_length, a.unit, a.sample_rate) == (b.num_samples, b.total_length, b.unit,
-                                                                        b.sample_rate)
+    assert (a.num_samples, a.total_length, a.unit, a.sample_rate) == (
+        b.num_samples,
+        b.total_length,
+        b.unit,
+        b.sample_rate,
+    )
     ma, mb = dict(a.meta), dict(b.meta)
     for m in (ma, mb):
         m.pop("created")
@@ -194,10 +200,14 @@ def test_cli_parts_merge_and_stage(tmp_path, folder, capsys):
     assert main(["verify", str(tmp_path / "local"), "--no-progress"]) == 0
 
 
-@pytest.mark.parametrize("command,options", [
-    ("write", ["--part", "--resume"]), ("merge", ["PART_INDEX", "--verify", "--storage-option"]),
-    ("stage", ["--verify", "--workers", "--storage-option"]),
-])
+@pytest.mark.parametrize(
+    "command,options",
+    [
+        ("write", ["--part", "--resume"]),
+        ("merge", ["PART_INDEX", "--verify", "--storage-option"]),
+        ("stage", ["--verify", "--workers", "--storage-option"]),
+    ],
+)
 def test_help_documents_the_options(capsys, command, options):
     assert main([command, "--help"]) == 0
     text = capsys.readouterr().out
@@ -245,8 +255,11 @@ def test_a_killed_shardify_write_resumes_to_the_clean_result(tmp_path):
     src = _many_small_files(tmp_path / "src", 400)
     out, clean = tmp_path / "out", tmp_path / "clean"
     args = ["write", str(src), "--max-count", "1", "--workers", "1", "--shuffle", "--no-progress"]
-    proc = popen([sys.executable, "-m", "streambatch.cli", *args[:2], str(out), *args[2:]],
-                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = popen(
+        [sys.executable, "-m", "streambatch.cli", *args[:2], str(out), *args[2:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 60
     while len(list(out.glob("shard-*.tar"))) < 5:
         assert proc.poll() is None and time.time() < deadline, "the write ended before it could be killed"
@@ -258,8 +271,12 @@ def test_a_killed_shardify_write_resumes_to_the_clean_result(tmp_path):
     assert not (out / "index.json").exists()
     assert main(["verify", str(out), "--no-progress"]) == 2  # no index: not a dataset yet
 
-    r = subprocess.run([sys.executable, "-m", "streambatch.cli", *args[:2], str(out), *args[2:], "--resume"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "streambatch.cli", *args[:2], str(out), *args[2:], "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert f"kept {written} complete shards" in r.stdout or f"kept {written - 1} complete" in r.stdout
     assert main(["verify", str(out), "--no-progress"]) == 0

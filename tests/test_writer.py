@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 import webdataset as wds
-
 from conftest import SR, make_audio, write_jsonl
-from streambatch.write import probe, tarwrite, writer
-from streambatch.errors import InputErrors, ShardifyError
+
 from streambatch.dataset.index import ShardIndex
-from streambatch.write.verify import verify_dataset
+from streambatch.errors import InputErrors, ShardifyError
+from streambatch.write import probe, tarwrite, writer
 from streambatch.write.tarwrite import plan_shards
+from streambatch.write.verify import verify_dataset
 from streambatch.write.writer import parse_size, write_shards
 
 INDEX_FILES = ["index.json", "index.samples", "index.shards.parquet"]  # index version 2: header + tables
@@ -100,7 +100,9 @@ def test_the_index_records_each_samples_key_and_byte_range(tmp_path, audio_folde
         assert {m.split(".", 1)[0] for m in members} == {keys[-1]}
     v1 = write_shards(str(folder), str(tmp_path / "v1"), max_count=2, progress=False, index_version=1)
     assert ShardIndex.load(str(tmp_path / "v1")).version == 1 and os.listdir(tmp_path / "v1").count("index.json")
-    assert np.array_equal(v1.lengths, index.lengths) and [s.sha256 for s in v1.shards] == [s.sha256 for s in index.shards]
+    assert np.array_equal(v1.lengths, index.lengths) and [s.sha256 for s in v1.shards] == [
+        s.sha256 for s in index.shards
+    ]
 
 
 def test_tar_members_are_deterministic_and_json_first(tmp_path, audio_folder):
@@ -130,15 +132,26 @@ def test_speechbrain_json_and_csv_round_trip(tmp_path):
     expected = {}
     for i, ext in enumerate(["flac", "wav", "flac"]):
         rel = f"train/1089/1089-134686-000{i}.{ext}"
-        expected[f"1089-134686-000{i}"] = {"path": data / rel, "frames": make_audio(data / rel, 0.1 + 0.1 * i, seed=i),
-                                          "rel": rel}
+        expected[f"1089-134686-000{i}"] = {
+            "path": data / rel,
+            "frames": make_audio(data / rel, 0.1 + 0.1 * i, seed=i),
+            "rel": rel,
+        }
     sb_json = tmp_path / "train.json"
-    sb_json.write_text(json.dumps(
-        {k: {"wav": "{data_root}/" + e["rel"], "length": e["frames"] / SR, "spk_id": "1089", "wrd": "HI"}
-         for k, e in expected.items()}, indent=2))
+    sb_json.write_text(
+        json.dumps(
+            {
+                k: {"wav": "{data_root}/" + e["rel"], "length": e["frames"] / SR, "spk_id": "1089", "wrd": "HI"}
+                for k, e in expected.items()
+            },
+            indent=2,
+        )
+    )
     sb_csv = tmp_path / "train.csv"
-    sb_csv.write_text("ID,duration,wav,spk_id,wrd\n" + "".join(
-        f"{k},{e['frames'] / SR},$data_root/{e['rel']},1089,HI\n" for k, e in expected.items()))
+    sb_csv.write_text(
+        "ID,duration,wav,spk_id,wrd\n"
+        + "".join(f"{k},{e['frames'] / SR},$data_root/{e['rel']},1089,HI\n" for k, e in expected.items())
+    )
     for src in (sb_json, sb_csv):
         out = tmp_path / f"out-{src.suffix[1:]}"
         index = write_shards(str(src), str(out), data_root=str(data), progress=False)
@@ -202,13 +215,13 @@ def broken_manifest(tmp_path):
     (d / "garbage.wav").write_bytes(b"this is not audio at all" * 10)
     (d / "empty.flac").write_bytes(b"")
     rows = [
-        {"audio_filepath": "ok0.wav", "duration": 0.1},        # 1
-        {"audio_filepath": "missing.wav", "duration": 0.1},    # 2 missing file
-        {"audio_filepath": "garbage.wav", "duration": 0.1},    # 3 unreadable
-        {"audio_filepath": "ok1.wav"},                         # 4 no length field
-        {"audio_filepath": "empty.flac", "duration": 0.0},     # 6 empty file
-        {"audio_filepath": "ok2.wav", "duration": 0.1},        # 7
-        {"audio_filepath": "ok0.wav", "duration": 0.1},        # 8 duplicate key
+        {"audio_filepath": "ok0.wav", "duration": 0.1},  # 1
+        {"audio_filepath": "missing.wav", "duration": 0.1},  # 2 missing file
+        {"audio_filepath": "garbage.wav", "duration": 0.1},  # 3 unreadable
+        {"audio_filepath": "ok1.wav"},  # 4 no length field
+        {"audio_filepath": "empty.flac", "duration": 0.0},  # 6 empty file
+        {"audio_filepath": "ok2.wav", "duration": 0.1},  # 7
+        {"audio_filepath": "ok0.wav", "duration": 0.1},  # 8 duplicate key
     ]
     m = write_jsonl(d / "m.jsonl", rows, raw_lines={4: '{"audio_filepath": "ok1.wav", '})  # 5 not JSON
     return m, good
@@ -222,8 +235,14 @@ def test_bad_input_fail_mode_writes_nothing(tmp_path, broken_manifest):
     lines = sorted(p.line for p in ei.value.problems)
     assert lines == [2, 3, 4, 5, 6, 8]
     text = str(ei.value)
-    for line, what in [(2, "not found"), (3, "not readable audio"), (4, "missing length field"),
-                       (5, "not valid JSON"), (6, "empty audio file"), (8, "duplicate key 'ok0'")]:
+    for line, what in [
+        (2, "not found"),
+        (3, "not readable audio"),
+        (4, "missing length field"),
+        (5, "not valid JSON"),
+        (6, "empty audio file"),
+        (8, "duplicate key 'ok0'"),
+    ]:
         assert f"{m}:{line}: " in text and what in text
     assert "also at " + f"{m}:1" in text
     assert not out.exists()
@@ -378,7 +397,10 @@ def test_write_to_fsspec_url(tmp_path, audio_folder):
         fs.rm(url, recursive=True)
     index = write_shards(str(folder), url, max_count=3, progress=False)
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(url, detail=False)) == [
-        *INDEX_FILES, "shard-000000.tar", "shard-000001.tar"]
+        *INDEX_FILES,
+        "shard-000000.tar",
+        "shard-000001.tar",
+    ]
     loaded = ShardIndex.load(url)
     assert loaded.lengths.tolist() == index.lengths.tolist()
     assert verify_dataset(loaded, progress=False) == []

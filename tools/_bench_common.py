@@ -6,7 +6,7 @@ import os
 import platform
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -37,8 +37,7 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
 
 
 def machine() -> str:
-    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-            f"numpy {np.__version__}")
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, numpy {np.__version__}"
 
 
 def batch_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, budget: float) -> dict[str, float]:

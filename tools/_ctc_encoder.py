@@ -9,8 +9,9 @@ targets are synthetic tokens, about 12 per second of audio.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ TINY = ModelConfig(d_model=64, layers=2, heads=4, ff=128)
 # ---- the model ---------------------------------------------------------------------------------------
 def mel_filterbank(n_mels: int = N_MELS, n_fft: int = N_FFT, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
     """Triangular mel filters ``[n_mels, n_fft // 2 + 1]`` (HTK mel scale, no normalisation)."""
+
     def to_mel(f):
         return 2595.0 * np.log10(1.0 + f / 700.0)
 
@@ -69,8 +71,9 @@ class CTCEncoder(nn.Module):
         self.register_buffer("mel", mel_filterbank(), persistent=False)
         d = cfg.d_model
         self.subsample = nn.Sequential(nn.Conv1d(N_MELS, d, 3, 2, 1), nn.GELU(), nn.Conv1d(d, d, 3, 2, 1), nn.GELU())
-        layer = nn.TransformerEncoderLayer(d, cfg.heads, cfg.ff, dropout=0.1, activation="gelu", batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d, cfg.heads, cfg.ff, dropout=0.1, activation="gelu", batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
         self.head = nn.Linear(d, VOCAB)
 
@@ -131,8 +134,9 @@ def make_trainer(cfg: ModelConfig, device: torch.device, seed: int = 0) -> Train
         tgt_len = torch.minimum((lengths / SAMPLE_RATE * TOKENS_PER_SECOND).ceil().long().clamp(min=1), out_len)
         targets = torch.randint(1, VOCAB, (int(tgt_len.sum()),), generator=gen)
         logp = model(batch["audio"].to(device, non_blocking=True), out_len.to(device))
-        loss = nn.functional.ctc_loss(logp, targets.to(device), out_len.to(device), tgt_len.to(device),
-                                      zero_infinity=True)
+        loss = nn.functional.ctc_loss(
+            logp, targets.to(device), out_len.to(device), tgt_len.to(device), zero_infinity=True
+        )
         (loss * float(batch.get("loss_weight", 1.0))).backward()
         return float(loss.detach())
 

@@ -51,10 +51,13 @@ def throughput(shards: str, **options) -> tuple[float, float]:
 
 def planning(n: int) -> list[list[object]]:
     lengths = commonvoice_like(n, seed=1)
-    shards = [lengths[i:i + 1000] for i in range(0, n, 1000)]
+    shards = [lengths[i : i + 1000] for i in range(0, n, 1000)]
     rows, base = [], None
-    for name, plan in [("index lengths", None), ("speed_perturb", LengthPlan(SR, SpeedPerturb.make((0.9, 1.0, 1.1)))),
-                       ("speed + fbank frames", LengthPlan(SR, SpeedPerturb.make((0.9, 1.0, 1.1)), Fbank()))]:
+    for name, plan in [
+        ("index lengths", None),
+        ("speed_perturb", LengthPlan(SR, SpeedPerturb.make((0.9, 1.0, 1.1)))),
+        ("speed + fbank frames", LengthPlan(SR, SpeedPerturb.make((0.9, 1.0, 1.1)), Fbank())),
+    ]:
         cfg = BatchingConfig(budget=6000 if plan is not None and plan.in_frames else 60 * SR, buffer_size=2000)
         t0 = time.perf_counter()
         make_epoch_plan(planned_lengths(Lengths.of(shards), plan, 0, 0), cfg, 0, 1, 1)
@@ -74,11 +77,16 @@ def main() -> None:
         write_audio_corpus(os.path.join(tmp, "audio"), n_utts, seed=0, sample_rate=SR)
         shards = os.path.join(tmp, "shards")
         write_shards(os.path.join(tmp, "audio"), shards, max_count=40, progress=False)
-        cases = [("decode only", {}), ("transform (noise)", {"transform": add_noise}),
-                 ("speed_perturb 0.9/1.0/1.1", {"speed_perturb": (0.9, 1.0, 1.1)}),
-                 ("features=fbank", {"features": "fbank", "budget": 6000}),
-                 ("all three", {"transform": add_noise, "speed_perturb": (0.9, 1.0, 1.1), "features": "fbank",
-                                "budget": 6000})]
+        cases = [
+            ("decode only", {}),
+            ("transform (noise)", {"transform": add_noise}),
+            ("speed_perturb 0.9/1.0/1.1", {"speed_perturb": (0.9, 1.0, 1.1)}),
+            ("features=fbank", {"features": "fbank", "budget": 6000}),
+            (
+                "all three",
+                {"transform": add_noise, "speed_perturb": (0.9, 1.0, 1.1), "features": "fbank", "budget": 6000},
+            ),
+        ]
         throughput(shards)  # warm the page cache and the imports
         rows, base = [], None
         for name, opts in cases:

@@ -56,7 +56,9 @@ def fmt_budget(name: str, budget: float) -> str:
     return f"{budget:,.0f} tok"
 
 
-def stats(batches: list[np.ndarray], lengths: np.ndarray, budget: float, mode: str, q: float | None) -> dict[str, float]:
+def stats(
+    batches: list[np.ndarray], lengths: np.ndarray, budget: float, mode: str, q: float | None
+) -> dict[str, float]:
     sizes = np.array([len(b) for b in batches], dtype=np.int64)
     flat = np.concatenate(batches)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -107,31 +109,48 @@ def run(n: int, seed: int) -> tuple[str, list[str]]:
             if mode == "packed":
                 good = ok_all and s["share"] >= TARGET_PACKED and s["util"] >= TARGET_PACKED
                 verdict = "PASS" if good else "MISS"
-                verdicts.append(f"{LABELS[name]:<17} packed: real share {100 * s['share']:.2f} %, budget utilisation "
-                                f"{100 * s['util']:.2f} % (target >= {100 * TARGET_PACKED:.0f} %), over budget "
-                                f"{s['over']}, seen {s['distinct']:,}/{n:,} -> {verdict}")
+                verdicts.append(
+                    f"{LABELS[name]:<17} packed: real share {100 * s['share']:.2f} %, budget utilisation "
+                    f"{100 * s['util']:.2f} % (target >= {100 * TARGET_PACKED:.0f} %), over budget "
+                    f"{s['over']}, seen {s['distinct']:,}/{n:,} -> {verdict}"
+                )
             elif not ok_all:
                 verdict = "MISS"
-            rows.append([
-                LABELS[name] if first else "",
-                label,
-                fmt_budget(name, b),
-                f"{s['batches']:,}",
-                f"{100 * s['padding']:.2f}",
-                f"{100 * s['share']:.2f}",
-                f"{100 * s['util']:.2f}",
-                f"{100 * s['fill']:.2f}",
-                f"{s['over']}",
-                f"{s['max_size']:,}",
-                fmt_len(name, s["mean_max"]),
-                f"{dt:.2f}",
-                verdict,
-            ])
+            rows.append(
+                [
+                    LABELS[name] if first else "",
+                    label,
+                    fmt_budget(name, b),
+                    f"{s['batches']:,}",
+                    f"{100 * s['padding']:.2f}",
+                    f"{100 * s['share']:.2f}",
+                    f"{100 * s['util']:.2f}",
+                    f"{100 * s['fill']:.2f}",
+                    f"{s['over']}",
+                    f"{s['max_size']:,}",
+                    fmt_len(name, s["mean_max"]),
+                    f"{dt:.2f}",
+                    verdict,
+                ]
+            )
             first = False
         rows.append([""] * 13)
     rows.pop()
-    header = ["distribution", "cost", "budget", "batches", "padding %", "real share %", "budget util %",
-              "cost fill %", "over", "max batch", "mean max len", "plan s", "check"]
+    header = [
+        "distribution",
+        "cost",
+        "budget",
+        "batches",
+        "padding %",
+        "real share %",
+        "budget util %",
+        "cost fill %",
+        "over",
+        "max batch",
+        "mean max len",
+        "plan s",
+        "check",
+    ]
     return table(rows, header, "lllrrrrrrrrrl"), verdicts
 
 

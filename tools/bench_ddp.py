@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from streambatch.plan.config import BatchingConfig  # noqa: E402
@@ -38,10 +37,12 @@ def padding(plan, lengths) -> float:
 
 def planner_table(n: int, per_shard: int, worlds: list[int], workers: int) -> None:
     lengths = librispeech_like(n, seed=0)
-    shards = [lengths[i:i + per_shard] for i in range(0, n, per_shard)]
+    shards = [lengths[i : i + per_shard] for i in range(0, n, per_shard)]
     cfg = BatchingConfig(budget=BUDGET, buffer_size=2000, seed=0)
-    print(f"\nPlanner: {n:,} LibriSpeech-like lengths in {len(shards)} shards, budget 200 s, buffer 2000, "
-          f"{workers} workers per rank")
+    print(
+        f"\nPlanner: {n:,} LibriSpeech-like lengths in {len(shards)} shards, budget 200 s, buffer 2000, "
+        f"{workers} workers per rank"
+    )
     head = f"{'ranks':>6} {'mode':>6} {'steps/rank':>10} {'left out':>9} {'left %':>7} {'split':>6} {'repeated':>8} {'pad %':>6} {'plan s':>7}"
     print(head)
     print("-" * len(head))
@@ -50,9 +51,11 @@ def planner_table(n: int, per_shard: int, worlds: list[int], workers: int) -> No
             t = time.perf_counter()
             plan = make_epoch_plan(shards, cfg, 0, world, workers, mode)
             dt = time.perf_counter() - t
-            print(f"{world:>6} {mode:>6} {plan.steps:>10} {plan.surplus_samples:>9} "
-                  f"{100 * plan.surplus_samples / n:>6.3f}% {plan.split_batches:>6} {plan.repeated_samples:>8} "
-                  f"{padding(plan, lengths):>5.2f}% {dt:>7.2f}")
+            print(
+                f"{world:>6} {mode:>6} {plan.steps:>10} {plan.surplus_samples:>9} "
+                f"{100 * plan.surplus_samples / n:>6.3f}% {plan.split_batches:>6} {plan.repeated_samples:>8} "
+                f"{padding(plan, lengths):>5.2f}% {dt:>7.2f}"
+            )
     print("targets: samples left out ≤ 0.1 % (split: none by construction), planning ≤ 1 s per rank for 1 M")
 
 
@@ -75,8 +78,16 @@ def resume_table(num: int) -> None:
             next(it)
         naive = time.perf_counter() - t
         del it
-        state = {"epoch": 0, "batches_consumed": half, "seed": 0, "world_size": 1, "num_workers": 1,
-                 "even_batches": "split", "num_samples": None, "excluded": None}
+        state = {
+            "epoch": 0,
+            "batches_consumed": half,
+            "seed": 0,
+            "world_size": 1,
+            "num_workers": 1,
+            "even_batches": "split",
+            "num_samples": None,
+            "excluded": None,
+        }
         t = time.perf_counter()
         loader = StreamBatchLoader(ds, **kw)
         loader.load_state_dict(state)
@@ -84,7 +95,9 @@ def resume_table(num: int) -> None:
         planned = time.perf_counter() - t
     print(f"\nResume at step {half} of {steps} ({num} utterances, local shards, decode='none'):")
     print(f"  fast-forward by reading from the epoch start: {naive:.2f} s to the next batch")
-    print(f"  streambatch load_state_dict (plan, skip finished shards): {planned:.2f} s  ({naive / planned:.1f}× faster)")
+    print(
+        f"  streambatch load_state_dict (plan, skip finished shards): {planned:.2f} s  ({naive / planned:.1f}× faster)"
+    )
 
 
 def main() -> None:

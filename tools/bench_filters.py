@@ -39,12 +39,26 @@ def build(n: int, seed: int) -> ShardIndex:
     shards = []
     for i in range(0, n, PER_SHARD):
         j = min(n, i + PER_SHARD)
-        cols = {"speaker": [f"spk{k % 997}" for k in range(i, j)], "language": langs[i:j].tolist(),
-                "snr": snr[i:j].tolist()}
-        shards.append(ShardInfo(f"shard-{i // PER_SHARD:06d}.tar", j - i, 1 << 20, lengths[i:j], f"{i:064x}",
-                                f"{i:040x}", keys=[f"k{k}" for k in range(i, j)], columns=cols))
-    return ShardIndex(shards, "samples", SAMPLE_RATE, columns={"speaker": "string", "language": "string",
-                                                               "snr": "double"})
+        cols = {
+            "speaker": [f"spk{k % 997}" for k in range(i, j)],
+            "language": langs[i:j].tolist(),
+            "snr": snr[i:j].tolist(),
+        }
+        shards.append(
+            ShardInfo(
+                f"shard-{i // PER_SHARD:06d}.tar",
+                j - i,
+                1 << 20,
+                lengths[i:j],
+                f"{i:064x}",
+                f"{i:040x}",
+                keys=[f"k{k}" for k in range(i, j)],
+                columns=cols,
+            )
+        )
+    return ShardIndex(
+        shards, "samples", SAMPLE_RATE, columns={"speaker": "string", "language": "string", "snr": "double"}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         t_mask = time.perf_counter() - t0
     rate = n / t_pass
     rows = [
-        ("deal pass (columns + lengths, every row group)", f"{t_pass:.2f} s", f"{rate / 1e6:.1f} M samples/s",
-         f"{1e9 / rate / 60:.1f} min"),
+        (
+            "deal pass (columns + lengths, every row group)",
+            f"{t_pass:.2f} s",
+            f"{rate / 1e6:.1f} M samples/s",
+            f"{1e9 / rate / 60:.1f} min",
+        ),
         (f"mask of 1/64 of the shards ({len(shards):,})", f"{t_mask:.3f} s", f"{kept:,} kept", ""),
     ]
     print(table(rows, ["step", "time", "rate", "at 10^9 samples"]))

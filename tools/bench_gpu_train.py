@@ -40,8 +40,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 # before torch allocates on the GPU: fewer fragmentation failures with batches of changing shapes
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -51,10 +52,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import machine, table  # noqa: E402
-
 from _ctc_encoder import FULL, HOP, TINY, CTCEncoder, ModelConfig, Trainer, count_parameters, make_trainer  # noqa: E402
 
 from streambatch.synthetic import SAMPLE_RATE, commonvoice_like, speech_like  # noqa: E402
+
 
 # ---- the data ----------------------------------------------------------------------------------------
 def make_corpus(folder: str, n: int, max_seconds: float, seed: int = 0, per_shard: int = 50) -> str:
@@ -73,8 +74,13 @@ def make_corpus(folder: str, n: int, max_seconds: float, seed: int = 0, per_shar
     for i, length in enumerate(lengths):
         voice = voices[i % len(voices)]
         start = int(rng.integers(0, len(voice) - length))
-        sf.write(os.path.join(audio, f"utt-{i:06d}.wav"), voice[start:start + length], SAMPLE_RATE,
-                 format="WAV", subtype="PCM_16")
+        sf.write(
+            os.path.join(audio, f"utt-{i:06d}.wav"),
+            voice[start : start + length],
+            SAMPLE_RATE,
+            format="WAV",
+            subtype="PCM_16",
+        )
     shards = os.path.join(folder, "shards")
     write_shards(audio, shards, max_count=per_shard, progress=False)
     shutil.rmtree(audio)  # the shards hold every byte
@@ -107,8 +113,12 @@ def webdataset_batches(urls: list[str], batch_size: int, workers: int, pin: bool
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(1000, seed=seed)
-          .decode().batched(batch_size, collation_fn=_collate_audio, partial=True))
+    ds = (
+        wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False)
+        .shuffle(1000, seed=seed)
+        .decode()
+        .batched(batch_size, collation_fn=_collate_audio, partial=True)
+    )
     extra = {"persistent_workers": True, "prefetch_factor": 4, "worker_init_fn": _one_thread} if workers else {}
     dl = DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=pin, **extra)
     while True:
@@ -119,9 +129,16 @@ def streambatch_batches(shards: str, workers: int, pin: bool, seed: int, **optio
     """Budget batches from ``StreamBatchLoader`` (``options``: ``budget`` or ``cost``), epoch after epoch."""
     from streambatch import StreamBatchLoader
 
-    loader = StreamBatchLoader(shards, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
-                               seed=seed, worker_init_fn=_one_thread if workers else None,
-                               prefetch_factor=4 if workers else None, **options)
+    loader = StreamBatchLoader(
+        shards,
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=workers > 0,
+        seed=seed,
+        worker_init_fn=_one_thread if workers else None,
+        prefetch_factor=4 if workers else None,
+        **options,
+    )
     while True:
         yield from loader
 
@@ -195,16 +212,24 @@ class Run:
     error: str = ""
 
     def row(self, device_total: float) -> dict[str, Any]:
-        return {"method": self.method, "batching": self.batching, "steps": self.steps,
-                "audio_s_per_s": self.audio_seconds / self.seconds if self.seconds else 0.0,
-                "padding": 1 - self.real / self.padded if self.padded else 0.0,
-                "loader_wait": self.wait / self.seconds if self.seconds else 0.0,
-                "peak_share": self.peak / device_total, "peak_bytes": self.peak, "ooms": self.ooms,
-                "seconds": self.seconds, "error": self.error}
+        return {
+            "method": self.method,
+            "batching": self.batching,
+            "steps": self.steps,
+            "audio_s_per_s": self.audio_seconds / self.seconds if self.seconds else 0.0,
+            "padding": 1 - self.real / self.padded if self.padded else 0.0,
+            "loader_wait": self.wait / self.seconds if self.seconds else 0.0,
+            "peak_share": self.peak / device_total,
+            "peak_bytes": self.peak,
+            "ooms": self.ooms,
+            "seconds": self.seconds,
+            "error": self.error,
+        }
 
 
-def train_for(run: Run, batches: Iterator[dict], trainer: Trainer, device: torch.device, seconds: float,
-              warmup: int) -> Run:
+def train_for(
+    run: Run, batches: Iterator[dict], trainer: Trainer, device: torch.device, seconds: float, warmup: int
+) -> Run:
     """``warmup`` untimed steps, then steps until ``seconds`` have passed, their peak memory measured; every
     step through ``OOMGuard`` (an out-of-memory restarts the batch in pieces and is counted)."""
     from streambatch.fit.memory import is_oom
@@ -248,8 +273,16 @@ def run_calibration(shards: str, cfg: ModelConfig, device: torch.device, out: st
 
     lengths = probe_lengths(ShardIndex.load(shards).lengths, count=args.probes)
     trainer = make_trainer(cfg, device, seed=args.seed + 1)
-    cal = calibrate(trainer.step, shards, device=device, out=out, lengths=lengths, max_batch_size=args.max_batch_size,
-                    rel_tol=args.rel_tol, memory_limit=int(args.memory_fraction * args.device_bytes))
+    cal = calibrate(
+        trainer.step,
+        shards,
+        device=device,
+        out=out,
+        lengths=lengths,
+        max_batch_size=args.max_batch_size,
+        rel_tol=args.rel_tol,
+        memory_limit=int(args.memory_fraction * args.device_bytes),
+    )
     del trainer
     free(device)
     return cal
@@ -259,8 +292,10 @@ def longest_fixed_batch(cal: dict) -> tuple[int, float]:
     """(B, longest length): the largest batch calibration measured to fit at the dataset's longest length."""
     row = max(cal["per_length"], key=lambda r: r["length"])
     if row["max_batch_size"] < 1:
-        raise SystemExit(f"not even one utterance of the longest length ({row['length']:g} samples) fits in "
-                         f"{cal['limit'] / 2**30:.2f} GiB")
+        raise SystemExit(
+            f"not even one utterance of the longest length ({row['length']:g} samples) fits in "
+            f"{cal['limit'] / 2**30:.2f} GiB"
+        )
     return int(row["max_batch_size"]), float(row["length"])
 
 
@@ -271,8 +306,9 @@ def free(device: torch.device) -> None:
 
 
 # ---- the three methods, and the one-epoch check -----------------------------------------------------
-def run_methods(shards: str, cal: dict, calib_path: str, cfg: ModelConfig, device: torch.device,
-                args: argparse.Namespace) -> list[Run]:
+def run_methods(
+    shards: str, cal: dict, calib_path: str, cfg: ModelConfig, device: torch.device, args: argparse.Namespace
+) -> list[Run]:
     """Train a fresh model with each way of batching for ``args.seconds``."""
     from streambatch import ShardIndex
 
@@ -281,12 +317,17 @@ def run_methods(shards: str, cal: dict, calib_path: str, cfg: ModelConfig, devic
     w, pin, seed, buf = args.workers, device.type == "cuda", args.seed, args.buffer_size
     unit = "quadratic" if cal["cost"] == "quadratic" else "padded"
     methods = [
-        ("streambatch, calibrated", f"cost {unit}, budget {cal['budget'] / SAMPLE_RATE:,.1f} s",
-         lambda: streambatch_batches(shards, w, pin, seed, budget=None, cost=calib_path, buffer_size=buf)),
-        ("webdataset, fixed B", f"B = {b}",
-         lambda: webdataset_batches(urls, b, w, pin, seed)),
-        ("streambatch, B x longest", f"budget {b} x {longest / SAMPLE_RATE:.1f} s = {b * longest / SAMPLE_RATE:,.1f} s",
-         lambda: streambatch_batches(shards, w, pin, seed, budget=b * longest, buffer_size=buf)),
+        (
+            "streambatch, calibrated",
+            f"cost {unit}, budget {cal['budget'] / SAMPLE_RATE:,.1f} s",
+            lambda: streambatch_batches(shards, w, pin, seed, budget=None, cost=calib_path, buffer_size=buf),
+        ),
+        ("webdataset, fixed B", f"B = {b}", lambda: webdataset_batches(urls, b, w, pin, seed)),
+        (
+            "streambatch, B x longest",
+            f"budget {b} x {longest / SAMPLE_RATE:.1f} s = {b * longest / SAMPLE_RATE:,.1f} s",
+            lambda: streambatch_batches(shards, w, pin, seed, budget=b * longest, buffer_size=buf),
+        ),
     ]
     runs = []
     for name, batching, make in methods:
@@ -299,8 +340,9 @@ def run_methods(shards: str, cal: dict, calib_path: str, cfg: ModelConfig, devic
     return runs
 
 
-def check_epoch(shards: str, calib_path: str, cal: dict, cfg: ModelConfig, device: torch.device,
-                args: argparse.Namespace) -> dict[str, Any]:
+def check_epoch(
+    shards: str, calib_path: str, cal: dict, cfg: ModelConfig, device: torch.device, args: argparse.Namespace
+) -> dict[str, Any]:
     """One epoch of the calibrated loader with a fresh model, after one warm-up step on a synthetic batch: each
     step's peak memory (a full step, as calibration measured it) and the out-of-memory errors caught."""
     from streambatch import StreamBatchLoader
@@ -309,8 +351,15 @@ def check_epoch(shards: str, calib_path: str, cal: dict, cfg: ModelConfig, devic
 
     trainer = make_trainer(cfg, device, args.seed)
     guard = OOMGuard(trainer.forward_backward, reset=lambda: trainer.opt.zero_grad(set_to_none=True), device=device)
-    loader = StreamBatchLoader(shards, cost=calib_path, num_workers=args.workers, pin_memory=device.type == "cuda",
-                               seed=args.seed, buffer_size=args.buffer_size, worker_init_fn=_one_thread if args.workers else None)
+    loader = StreamBatchLoader(
+        shards,
+        cost=calib_path,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        seed=args.seed,
+        buffer_size=args.buffer_size,
+        worker_init_fn=_one_thread if args.workers else None,
+    )
     memory = PeakMemory(device)
     warm = default_make_batch("samples", SAMPLE_RATE)(1, min(r["length"] for r in cal["per_length"]))
     trainer.step(warm)  # one-time allocations (optimizer state, workspaces), as calibration's own warm-up step
@@ -322,9 +371,16 @@ def check_epoch(shards: str, calib_path: str, cal: dict, cfg: ModelConfig, devic
         trainer.opt.zero_grad(set_to_none=True)
         steps.append({"n": len(batch["lengths"]), "max_length": int(batch["lengths"].max()), "peak": memory.peak()})
     hardest = max(steps, key=lambda s: s["peak"])
-    return {"limit": cal["limit"], "steps": len(steps), "planned": len(loader), "ooms": guard.ooms,
-            "split_batches": guard.split_batches, "hardest": hardest, "peak_share_of_limit": hardest["peak"] / cal["limit"],
-            "per_step": steps}
+    return {
+        "limit": cal["limit"],
+        "steps": len(steps),
+        "planned": len(loader),
+        "ooms": guard.ooms,
+        "split_batches": guard.split_batches,
+        "hardest": hardest,
+        "peak_share_of_limit": hardest["peak"] / cal["limit"],
+        "per_step": steps,
+    }
 
 
 # ---- the report ---------------------------------------------------------------------------------------
@@ -333,17 +389,24 @@ def corpus_line(shards: str) -> str:
 
     ix = ShardIndex.load(shards)
     secs = np.asarray(ix.lengths) / SAMPLE_RATE
-    return (f"corpus: {ix.num_samples:,} synthetic WAV utterances, {secs.sum() / 3600:.2f} h, median {np.median(secs):.1f} s, "
-            f"longest {secs.max():.1f} s, in {ix.num_shards} shards")
+    return (
+        f"corpus: {ix.num_samples:,} synthetic WAV utterances, {secs.sum() / 3600:.2f} h, median {np.median(secs):.1f} s, "
+        f"longest {secs.max():.1f} s, in {ix.num_shards} shards"
+    )
 
 
 def calibration_line(cal: dict) -> str:
     b, longest = longest_fixed_batch(cal)
-    model = (f"cost='quadratic', quadratic_factor={cal['quadratic_factor']:.0f}" if cal["cost"] == "quadratic"
-             else "cost='padded'")
-    return (f"calibrate: limit {gib(cal['limit'])}, {model}, budget {cal['budget'] / SAMPLE_RATE:,.1f} s of "
-            f"audio; {len(cal['measurements'])} trials in {cal['seconds']:.0f} s; at the longest utterance "
-            f"({longest / SAMPLE_RATE:.1f} s) the largest batch that fits is B = {b}")
+    model = (
+        f"cost='quadratic', quadratic_factor={cal['quadratic_factor']:.0f}"
+        if cal["cost"] == "quadratic"
+        else "cost='padded'"
+    )
+    return (
+        f"calibrate: limit {gib(cal['limit'])}, {model}, budget {cal['budget'] / SAMPLE_RATE:,.1f} s of "
+        f"audio; {len(cal['measurements'])} trials in {cal['seconds']:.0f} s; at the longest utterance "
+        f"({longest / SAMPLE_RATE:.1f} s) the largest batch that fits is B = {b}"
+    )
 
 
 def gib(n: float) -> str:
@@ -354,39 +417,67 @@ def results_table(runs: list[Run], total: float) -> str:
     rows = []
     for r in runs:
         d = r.row(total)
-        rows.append([d["method"], d["batching"], f"{d['steps']:,}", f"{d['audio_s_per_s']:,.1f}",
-                     f"{100 * d['padding']:.1f}", f"{100 * d['loader_wait']:.0f}", f"{100 * d['peak_share']:.1f}",
-                     str(d["ooms"]) + (f" ({d['error']})" if d["error"] else "")])
+        rows.append(
+            [
+                d["method"],
+                d["batching"],
+                f"{d['steps']:,}",
+                f"{d['audio_s_per_s']:,.1f}",
+                f"{100 * d['padding']:.1f}",
+                f"{100 * d['loader_wait']:.0f}",
+                f"{100 * d['peak_share']:.1f}",
+                str(d["ooms"]) + (f" ({d['error']})" if d["error"] else ""),
+            ]
+        )
     header = ["method", "batching", "steps", "audio s/s", "padding %", "loader wait %", "peak mem %", "OOMs"]
     return table(rows, header, "llrrrrrl")
 
 
 # ---- main -----------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny model (d 64, 2 layers), 96 utterances up to 3 s, 3 s per method, no workers, 3 probe lengths; "
-                   "on CPU a 14M memory limit")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model (d 64, 2 layers), 96 utterances up to 3 s, 3 s per method, no workers, 3 probe lengths; "
+        "on CPU a 14M memory limit",
+    )
     p.add_argument("--seconds", type=float, default=60.0, help="timed training per method (default 60)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     p.add_argument("--utterances", type=int, default=8000, help="synthetic utterances (default 8,000, about 12 h)")
     p.add_argument("--max-seconds", type=float, default=20.0, help="longest utterance, seconds (default 20)")
-    p.add_argument("--data", help="keep the synthetic corpus here (written when DATA/shards has no index yet) "
-                   "instead of a temporary folder")
-    p.add_argument("--buffer-size", type=int, default=4000, help="streambatch buffer_size (default 4,000: tens of "
-                   "batches at a budget of a few hundred utterances)")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: min(8, cores - 2); 0 with --quick)")
-    p.add_argument("--device-memory", default=None,
-                   help="CUDA: cap this process's GPU memory here (default 8G; 0 = the whole GPU), so that the synthetic "
-                   "corpus holds many batches; CPU: memory a step may add (default 1G, 14M with --quick)")
+    p.add_argument(
+        "--data",
+        help="keep the synthetic corpus here (written when DATA/shards has no index yet) instead of a temporary folder",
+    )
+    p.add_argument(
+        "--buffer-size",
+        type=int,
+        default=4000,
+        help="streambatch buffer_size (default 4,000: tens of batches at a budget of a few hundred utterances)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="DataLoader workers (default: min(8, cores - 2); 0 with --quick)"
+    )
+    p.add_argument(
+        "--device-memory",
+        default=None,
+        help="CUDA: cap this process's GPU memory here (default 8G; 0 = the whole GPU), so that the synthetic "
+        "corpus holds many batches; CPU: memory a step may add (default 1G, 14M with --quick)",
+    )
     p.add_argument("--memory-fraction", type=float, default=0.9, help="share of the device memory calibration fills")
     p.add_argument("--max-batch-size", type=int, default=4096, help="calibration's largest batch searched")
     p.add_argument("--rel-tol", type=float, default=0.01, help="calibration's precision per length")
     p.add_argument("--probes", type=int, default=7, help="calibration's probe lengths (quantiles, default 7)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check-epoch", action="store_true",
-                   help="calibrate, then train one epoch of the calibrated loader: OOMs and each step's peak memory")
+    p.add_argument(
+        "--check-epoch",
+        action="store_true",
+        help="calibrate, then train one epoch of the calibrated loader: OOMs and each step's peak memory",
+    )
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
     if a.quick:
@@ -416,11 +507,15 @@ def main(argv: list[str] | None = None) -> int:
     default_memory = "8G" if device.type == "cuda" else "14M" if args.quick else "1G"
     args.device_bytes = cap_device_memory(device, args.device_memory or default_memory)
     params = count_parameters(CTCEncoder(cfg))
-    print(f"streambatch bench_gpu_train on {device_name(device)}, torch {torch.__version__}; device memory for the run: "
-          f"{gib(args.device_bytes)}")
-    print(f"model: transformer CTC encoder, {params / 1e6:.1f} M parameters (d {cfg.d_model}, {cfg.layers} layers, "
-          f"{cfg.heads} heads, ff {cfg.ff}), {'bf16 autocast' if device.type == 'cuda' else 'float32'}; "
-          f"{args.workers} DataLoader workers; PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF')}")
+    print(
+        f"streambatch bench_gpu_train on {device_name(device)}, torch {torch.__version__}; device memory for the run: "
+        f"{gib(args.device_bytes)}"
+    )
+    print(
+        f"model: transformer CTC encoder, {params / 1e6:.1f} M parameters (d {cfg.d_model}, {cfg.layers} layers, "
+        f"{cfg.heads} heads, ff {cfg.ff}), {'bf16 autocast' if device.type == 'cuda' else 'float32'}; "
+        f"{args.workers} DataLoader workers; PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF')}"
+    )
     with tempfile.TemporaryDirectory(prefix="bench_gpu_train_") as tmp:
         t0 = time.perf_counter()
         shards = corpus(args.data or tmp, args)
@@ -432,23 +527,39 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_epoch:
             result = check_epoch(shards, calib_path, cal, cfg, device, args)
             h = result["hardest"]
-            print(f"one epoch of the calibrated loader: {result['steps']} steps of {result['planned']} planned, "
-                  f"{result['ooms']} OOMs; hardest batch {h['n']} x {h['max_length'] / SAMPLE_RATE:.2f} s peaked at "
-                  f"{gib(h['peak'])} = {100 * result['peak_share_of_limit']:.1f} % of the limit")
+            print(
+                f"one epoch of the calibrated loader: {result['steps']} steps of {result['planned']} planned, "
+                f"{result['ooms']} OOMs; hardest batch {h['n']} x {h['max_length'] / SAMPLE_RATE:.2f} s peaked at "
+                f"{gib(h['peak'])} = {100 * result['peak_share_of_limit']:.1f} % of the limit"
+            )
         else:
             runs = run_methods(shards, cal, calib_path, cfg, device, args)
             total = args.device_bytes
             print(f"{args.seconds:g} s of training per method after {args.warmup} untimed steps:")
             print(results_table(runs, total))
-            print("audio s/s: seconds of real (unpadded) audio trained per wall-clock second; loader wait: share of the")
-            print(f"  time spent waiting for the next batch; peak mem: {'max_memory_allocated' if device.type == 'cuda' else 'peak RSS rise'} / the device memory for the run;")
+            print(
+                "audio s/s: seconds of real (unpadded) audio trained per wall-clock second; loader wait: share of the"
+            )
+            print(
+                f"  time spent waiting for the next batch; peak mem: {'max_memory_allocated' if device.type == 'cuda' else 'peak RSS rise'} / the device memory for the run;"
+            )
             print("  OOMs: out-of-memory errors caught by OOMGuard (each restarts the batch in pieces).")
             result = {"rows": [r.row(total) for r in runs]}
     result["device_memory"] = args.device_bytes
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name(device), "parameters": params, "calibration": {
-                k: cal[k] for k in ("cost", "quadratic_factor", "budget", "limit", "device", "per_length")}, **result}, f, indent=1)
+            json.dump(
+                {
+                    "device": device_name(device),
+                    "parameters": params,
+                    "calibration": {
+                        k: cal[k] for k in ("cost", "quadratic_factor", "budget", "limit", "device", "per_length")
+                    },
+                    **result,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

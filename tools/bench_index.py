@@ -30,15 +30,17 @@ def build(num_shards: int, per_shard: int, seed: int) -> ShardIndex:
     lengths = librispeech_like(num_shards * per_shard, seed)
     shards = []
     for i in range(num_shards):
-        part = lengths[i * per_shard:(i + 1) * per_shard]
-        shards.append(ShardInfo(
-            url=f"shard-{i:06d}.tar",
-            count=per_shard,
-            bytes=int(part.sum()) * 2 // 3,  # roughly FLAC-sized
-            lengths=part,
-            sha256=f"{i:064x}",
-            keys_sha1=f"{i:040x}",
-        ))
+        part = lengths[i * per_shard : (i + 1) * per_shard]
+        shards.append(
+            ShardInfo(
+                url=f"shard-{i:06d}.tar",
+                count=per_shard,
+                bytes=int(part.sum()) * 2 // 3,  # roughly FLAC-sized
+                lengths=part,
+                sha256=f"{i:064x}",
+                keys_sha1=f"{i:040x}",
+            )
+        )
     return ShardIndex(shards=shards, unit="samples", sample_rate=SAMPLE_RATE, meta={"source": "bench_index"})
 
 
@@ -72,9 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         ["build in memory", f"{t_build:.3f} s", ""],
         ["save (index.json)", f"{t_save:.3f} s", ""],
         ["file size", f"{size / 1e6:.1f} MB", f"{size / n:.2f} bytes/sample"],
-        [f"ShardIndex.load, best of {args.repeat}", f"{t_load:.3f} s", "target well under 1 s: "
-         + ("PASS" if t_load < 1.0 else "MISS")],
-        [f"  of which json.loads alone, best of {args.repeat}", f"{t_json:.3f} s", "the rest: base64 + numpy per shard"],
+        [
+            f"ShardIndex.load, best of {args.repeat}",
+            f"{t_load:.3f} s",
+            "target well under 1 s: " + ("PASS" if t_load < 1.0 else "MISS"),
+        ],
+        [
+            f"  of which json.loads alone, best of {args.repeat}",
+            f"{t_json:.3f} s",
+            "the rest: base64 + numpy per shard",
+        ],
         [f"index.lengths (concatenate {n:,}), best of {args.repeat}", f"{t_lengths:.3f} s", f"{all_lengths.dtype}"],
         ["num_samples + total_length", f"{t_stats:.3f} s", ""],
         ["round trip identical", "yes" if ok else "NO", ""],

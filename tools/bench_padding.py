@@ -58,12 +58,12 @@ def fmt_budget(name: str, budget: float) -> str:
 # ---- 1. batching quality ------------------------------------------------------------------------
 def fixed_random(n: int, b: int, rng: np.random.Generator) -> list[np.ndarray]:
     perm = rng.permutation(n)
-    return [perm[i:i + b] for i in range(0, n, b)]
+    return [perm[i : i + b] for i in range(0, n, b)]
 
 
 def fixed_sorted(lengths: np.ndarray, b: int, rng: np.random.Generator) -> list[np.ndarray]:
     order = np.argsort(lengths, kind="stable")
-    batches = [order[i:i + b] for i in range(0, len(order), b)]
+    batches = [order[i : i + b] for i in range(0, len(order), b)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -109,18 +109,20 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
             rho = spearman_rho(batches, lengths)
             is_sb = label.startswith("streambatch")
             ratio = s["batches"] / n_oracle
-            rows.append([
-                f"{LABELS[name]} ({fmt_budget(name, budget)})" if first else "",
-                label,
-                f"{100 * s['padding']:.2f}",
-                f"{s['batches']:,}",
-                f"{s['batches'] / lower:.3f}",
-                f"{ratio:.4f}",
-                f"{s['over']:,}",
-                f"{s['distinct']:,}/{n:,}" if s["distinct"] == s["samples"] else f"{s['samples']:,} (dup!)",
-                f"{s['corr']:+.3f}",
-                f"{rho:+.3f}",
-            ])
+            rows.append(
+                [
+                    f"{LABELS[name]} ({fmt_budget(name, budget)})" if first else "",
+                    label,
+                    f"{100 * s['padding']:.2f}",
+                    f"{s['batches']:,}",
+                    f"{s['batches'] / lower:.3f}",
+                    f"{ratio:.4f}",
+                    f"{s['over']:,}",
+                    f"{s['distinct']:,}/{n:,}" if s["distinct"] == s["samples"] else f"{s['samples']:,} (dup!)",
+                    f"{s['corr']:+.3f}",
+                    f"{rho:+.3f}",
+                ]
+            )
             first = False
             if is_sb:
                 buf = int(label.split("=")[1].split()[0].replace(",", ""))
@@ -132,15 +134,29 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
                     f"|rho|<={TARGET_RHO}": abs(rho) <= TARGET_RHO or s["batches"] < RHO_MIN_BATCHES,
                     f"batches<={TARGET_RATIO:.2f}x oracle": ratio <= TARGET_RATIO,
                 }
-                verdict = "PASS" if all(checks.values()) else "MISS (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
+                verdict = (
+                    "PASS"
+                    if all(checks.values())
+                    else "MISS (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
+                )
                 summary.append(
                     f"{LABELS[name]:<17} buf={buf:<7,} batches/oracle = {ratio:.4f}  over={s['over']}  "
                     f"seen={s['distinct']:,}/{n:,}  corr={s['corr']:+.3f}  rho={rho:+.3f}  plan {t_plan[buf]:.2f} s  -> {verdict}"
                 )
         rows.append([""] * 10)
     rows.pop()
-    header = ["distribution (budget)", "method", "padding %", "batches", "/ceil(total/budget)",
-              "/oracle", "over budget", "samples seen", "corr(pos,max)", "rho(pos,mean)"]
+    header = [
+        "distribution (budget)",
+        "method",
+        "padding %",
+        "batches",
+        "/ceil(total/budget)",
+        "/oracle",
+        "over budget",
+        "samples seen",
+        "corr(pos,max)",
+        "rho(pos,mean)",
+    ]
     text = table(rows, header, "llrrrrrrrr")
     return text, summary
 
@@ -153,8 +169,15 @@ def planning_speed(n: int, seed: int) -> list[list[str]]:
     for buf in (2_000, 10_000, 40_000):
         t, plan = best_of(lambda: plan_batches(lengths, budget, buffer_size=buf, seed=seed), 3)
         rate = n / t
-        rows.append([f"plan_batches buf={buf:,}", f"{n:,}", f"{t:.3f}", f"{rate / 1e6:.2f} M/s",
-                     "PASS" if rate >= 1e6 else "MISS"])
+        rows.append(
+            [
+                f"plan_batches buf={buf:,}",
+                f"{n:,}",
+                f"{t:.3f}",
+                f"{rate / 1e6:.2f} M/s",
+                "PASS" if rate >= 1e6 else "MISS",
+            ]
+        )
     return rows
 
 
@@ -183,13 +206,23 @@ def two_length(n: int, seed: int) -> list[list[str]]:
     for out_budget in (3_000, 6_000):
         oracle = two_length_oracle(lengths, outputs, budget, out_budget)
         for buf in (2_000, 10_000):
-            plan = plan_batches(lengths, budget, output_lengths=outputs, output_budget=out_budget, buffer_size=buf,
-                                seed=seed)
+            plan = plan_batches(
+                lengths, budget, output_lengths=outputs, output_budget=out_budget, buffer_size=buf, seed=seed
+            )
             over = sum(len(b) * lengths[b].max() > budget or len(b) * outputs[b].max() > out_budget for b in plan)
             pad_in = 1 - lengths.sum() / sum(len(b) * lengths[b].max() for b in plan)
             pad_out = 1 - outputs.sum() / sum(len(b) * outputs[b].max() for b in plan)
-            rows.append([f"output budget {out_budget:,} tokens, buf={buf:,}", f"{len(plan):,}", f"{oracle:,}",
-                         f"{len(plan) / oracle:.4f}", f"{100 * pad_in:.2f}", f"{100 * pad_out:.2f}", str(over)])
+            rows.append(
+                [
+                    f"output budget {out_budget:,} tokens, buf={buf:,}",
+                    f"{len(plan):,}",
+                    f"{oracle:,}",
+                    f"{len(plan) / oracle:.4f}",
+                    f"{100 * pad_in:.2f}",
+                    f"{100 * pad_out:.2f}",
+                    str(over),
+                ]
+            )
     return rows
 
 
@@ -276,20 +309,33 @@ def _consume(make, footprint: bool = False) -> dict:
                 pss = max(pss, footprint_mb())
     t = time.perf_counter() - t0
     workers = peaks.stop()
-    return {"seconds": t, "first": first, "samples": n, "padding": (1 - real / padded) if padded else float("nan"),
-            "rss": peak_rss_mb(), "worker_rss": max(workers, default=0.0), "pss": pss}
+    return {
+        "seconds": t,
+        "first": first,
+        "samples": n,
+        "padding": (1 - real / padded) if padded else float("nan"),
+        "rss": peak_rss_mb(),
+        "worker_rss": max(workers, default=0.0),
+        "pss": pss,
+    }
 
 
-def run_streambatch(shards: str, budget: float, workers: int, seed: int, decode: bool, footprint: bool = False,
-                    verify: str = "sha256") -> dict:
+def run_streambatch(
+    shards: str, budget: float, workers: int, seed: int, decode: bool, footprint: bool = False, verify: str = "sha256"
+) -> dict:
     from streambatch import StreamBatchLoader
 
-    return _consume(lambda: StreamBatchLoader(shards, budget=budget, num_workers=workers, seed=seed, verify=verify,
-                                              decode="audio" if decode else "none"), footprint)
+    return _consume(
+        lambda: StreamBatchLoader(
+            shards, budget=budget, num_workers=workers, seed=seed, verify=verify, decode="audio" if decode else "none"
+        ),
+        footprint,
+    )
 
 
-def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, decode: bool,
-                   footprint: bool = False) -> dict:
+def run_webdataset(
+    urls: list[str], batch_size: int, workers: int, seed: int, decode: bool, footprint: bool = False
+) -> dict:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
@@ -299,8 +345,13 @@ def run_webdataset(urls: list[str], batch_size: int, workers: int, seed: int, de
             ds = ds.decode(wds.handle_extension("flac", _flac)).batched(batch_size, collation_fn=_collate_decoded)
         else:  # json parsed as streambatch's reader does; audio stays bytes
             ds = ds.decode().batched(batch_size, collation_fn=_list)
-        return DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=_identity,
-                          worker_init_fn=_worker_init if workers else None)
+        return DataLoader(
+            ds,
+            batch_size=None,
+            num_workers=workers,
+            collate_fn=_identity,
+            worker_init_fn=_worker_init if workers else None,
+        )
 
     return _consume(make, footprint)
 
@@ -333,8 +384,14 @@ def run_bare(urls: list[str], workers: int, seed: int, decode: bool) -> dict:
     else:
         n = sum(_bare_decode(u) for u in urls)
     t = time.perf_counter() - t0
-    return {"seconds": t, "first": None, "samples": n, "padding": float("nan"), "rss": peak_rss_mb(),
-            "worker_rss": max(peaks.stop(), default=0.0)}
+    return {
+        "seconds": t,
+        "first": None,
+        "samples": n,
+        "padding": float("nan"),
+        "rss": peak_rss_mb(),
+        "worker_rss": max(peaks.stop(), default=0.0),
+    }
 
 
 def first_batch_parts(shards: str, budget: float, seed: int) -> dict:
@@ -364,8 +421,9 @@ def child(spec: dict) -> dict:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    import streambatch  # noqa: F401
     import webdataset  # noqa: F401
+
+    import streambatch  # noqa: F401
 
     imports = time.perf_counter() - t0
     kind, w, seed, decode = spec["loader"], spec["workers"], spec["seed"], spec["decode"]
@@ -385,10 +443,14 @@ def _in_child(spec: dict) -> dict:
     import json
     import subprocess
 
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def _best(specs: dict[str, dict], repeats: int) -> dict[str, dict]:
@@ -411,10 +473,20 @@ def _best(specs: dict[str, dict], repeats: int) -> dict[str, dict]:
 
 
 def _row(work: str, workers: int, label: str, r: dict, verdict: str) -> list[str]:
-    return [work, str(workers), label, f"{r['samples']:,}", f"{r['seconds']:.2f}", f"{r['samples'] / r['seconds']:,.0f}",
-            "-" if r["padding"] != r["padding"] else f"{100 * r['padding']:.1f}",
-            "-" if r["first"] is None else f"{r['first']:.3f}", f"{r['rss']:.0f}",
-            f"{r['worker_rss']:.0f}" if workers else "-", f"{r['pss']:.0f}" if r.get("pss") else "-", verdict]
+    return [
+        work,
+        str(workers),
+        label,
+        f"{r['samples']:,}",
+        f"{r['seconds']:.2f}",
+        f"{r['samples'] / r['seconds']:,.0f}",
+        "-" if r["padding"] != r["padding"] else f"{100 * r['padding']:.1f}",
+        "-" if r["first"] is None else f"{r['first']:.3f}",
+        f"{r['rss']:.0f}",
+        f"{r['worker_rss']:.0f}" if workers else "-",
+        f"{r['pss']:.0f}" if r.get("pss") else "-",
+        verdict,
+    ]
 
 
 def _verdicts(sb: dict, wds: dict, bare: dict | None, workers: int) -> tuple[str, str]:
@@ -451,16 +523,20 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
         shards = make_corpus(tmp, num_utterances, seed)
         index = ShardIndex.load(shards)
         urls = index.shard_urls()
-        notes.append(f"corpus: {index.num_samples:,} synthetic FLAC utterances ({index.total_length / SAMPLE_RATE / 3600:.2f} h, "
-                     f"median {np.median(index.lengths) / SAMPLE_RATE:.1f} s) in {index.num_shards} shards, "
-                     f"written in {time.perf_counter() - t0:.1f} s")
+        notes.append(
+            f"corpus: {index.num_samples:,} synthetic FLAC utterances ({index.total_length / SAMPLE_RATE / 3600:.2f} h, "
+            f"median {np.median(index.lengths) / SAMPLE_RATE:.1f} s) in {index.num_shards} shards, "
+            f"written in {time.perf_counter() - t0:.1f} s"
+        )
         common = {"seed": seed, "shards": shards, "urls": urls, "budget": budget}
         for decode in (True, False):
             for workers in workers_list:
                 planned = len(StreamBatchLoader(shards, budget=budget, num_workers=workers, seed=seed))
                 b = max(1, int(round(index.num_samples / max(1, planned))))
-                specs = {name: {**common, "loader": name, "workers": workers, "decode": decode, "batch_size": b}
-                         for name in ("streambatch", "webdataset") + (("bare",) if decode else ())}
+                specs = {
+                    name: {**common, "loader": name, "workers": workers, "decode": decode, "batch_size": b}
+                    for name in ("streambatch", "webdataset") + (("bare",) if decode else ())
+                }
                 best = _best(specs, repeats)
                 if decode:  # memory: a run of its own that reads every batch (and PSS, slow to read)
                     for name in ("streambatch", "webdataset"):
@@ -477,10 +553,25 @@ def streaming(num_utterances: int, seed: int, workers_list: list[int], repeats: 
                 imports = best["streambatch"]["imports"]
         parts = _in_child({**common, "loader": "parts", "workers": 0, "decode": True})
     notes.append(f"each run a fresh process; its imports (streambatch, webdataset: {imports:.2f} s) not counted")
-    notes.append("streambatch's first batch at 0 workers by part (s): "
-                 + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + f"; sum {sum(parts.values()):.3f}")
-    header = ["work", "workers", "loader", "samples", "best s", "samples/s", "padding %", "first batch s",
-              "peak RSS MB", "per worker MB", "main+workers PSS MB", "streambatch vs webdataset (>=0.95x) / vs bare loop"]
+    notes.append(
+        "streambatch's first batch at 0 workers by part (s): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
+        + f"; sum {sum(parts.values()):.3f}"
+    )
+    header = [
+        "work",
+        "workers",
+        "loader",
+        "samples",
+        "best s",
+        "samples/s",
+        "padding %",
+        "first batch s",
+        "peak RSS MB",
+        "per worker MB",
+        "main+workers PSS MB",
+        "streambatch vs webdataset (>=0.95x) / vs bare loop",
+    ]
     return table(rows, header, "lrlrrrrrrrrl"), notes
 
 
@@ -500,7 +591,11 @@ def ceiling(num_utterances: int, seed: int, workers_list: list[int], repeats: in
             specs = {name: {**common, "loader": name, "workers": workers} for name in ("bare", "streambatch")}
             specs["size"] = {**specs["streambatch"], "verify": "size"}
             best = _best(specs, repeats)
-            row = [str(workers), f"{best['bare']['seconds']:.2f}", f"{best['bare']['samples'] / best['bare']['seconds']:,.0f}"]
+            row = [
+                str(workers),
+                f"{best['bare']['seconds']:.2f}",
+                f"{best['bare']['samples'] / best['bare']['seconds']:,.0f}",
+            ]
             for name in ("streambatch", "size"):
                 ratio, verdict = _vs_bare(best[name], best["bare"], workers)
                 row += [f"{best[name]['seconds']:.2f}", f"{ratio:.3f}x {verdict}"]
@@ -509,24 +604,36 @@ def ceiling(num_utterances: int, seed: int, workers_list: list[int], repeats: in
     return table(rows, header, "rrrrlrl"), [
         f"{num_utterances:,} utterances, {repeats} alternating runs each, best kept; streambatch as by default "
         "(verify='sha256': each shard's bytes hashed once more, on a thread) and with verify='size' (the checks "
-        "the bare loop makes: sizes and tar headers)"]
+        "the bare loop makes: sizes and tar headers)"
+    ]
 
 
 # ---- main ----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--n", type=int, default=200_000, help="lengths per distribution (default 200,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-n", type=int, default=1_000_000, help="lengths for the planning-speed test (default 1 M)")
-    p.add_argument("--stream-utterances", type=int, default=3000,
-                   help="synthetic utterances for the streaming test (default 3,000)")
-    p.add_argument("--ceiling-utterances", type=int, default=9000,
-                   help="synthetic utterances for the decoding-ceiling run (part 3b; default 9,000; 0 skips it)")
+    p.add_argument(
+        "--stream-utterances",
+        type=int,
+        default=3000,
+        help="synthetic utterances for the streaming test (default 3,000)",
+    )
+    p.add_argument(
+        "--ceiling-utterances",
+        type=int,
+        default=9000,
+        help="synthetic utterances for the decoding-ceiling run (part 3b; default 9,000; 0 skips it)",
+    )
     p.add_argument("--repeats", type=int, default=2, help="alternating runs per loader, best kept (default 2)")
     p.add_argument("--skip-stream", action="store_true", help="skip the streaming throughput part")
     p.add_argument("--workers", default="0,2,4", help="DataLoader workers for the streaming part (default 0,2,4)")
-    p.add_argument("--quick", action="store_true", help="small fast run: n=20,000, 200 k planning, 400 utterances, "
-                   "workers 0,2")
+    p.add_argument(
+        "--quick", action="store_true", help="small fast run: n=20,000, 200 k planning, 400 utterances, workers 0,2"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)  # one streaming run, in a fresh process
     args = p.parse_args(argv)
     if args.child:
@@ -547,54 +654,91 @@ def main(argv: list[str] | None = None) -> int:
     print(f"streambatch from {os.path.dirname(streambatch.__file__)}")
     print()
 
-    buffers = {"librispeech": [None, 10_000], "commonvoice": [None, 10_000],
-               "text": [None, DEFAULT_BUFFER, 10_000, 40_000, 100_000]}
+    buffers = {
+        "librispeech": [None, 10_000],
+        "commonvoice": [None, 10_000],
+        "text": [None, DEFAULT_BUFFER, 10_000, 40_000, 100_000],
+    }
     buffers = {k: [b for b in v if b is None or b <= max(10_000, args.n)] for k, v in buffers.items()}
     print(f"1. batching quality: N = {args.n:,} lengths per distribution, streamed in random order, seed {args.seed}")
     t0 = time.perf_counter()
     text, summary = quality(args.n, args.seed, buffers)
     print(text)
     print("B (fixed rows) = the oracle's mean batch size, so every row has about as many batches.")
-    print("padding % = 1 - real/padded elements, padded = sum of n x max_len; over budget: batches with n x max_len > budget.")
-    print("sorted oracle = sorted_oracle (all lengths sorted, greedy), its batches shuffled; corr = Pearson(batch position, batch max length);")
-    print("rho = Spearman(batch position, batch mean length); in a random order it still scatters by about 1/sqrt(batches) (0.03 at 1,000),")
+    print(
+        "padding % = 1 - real/padded elements, padded = sum of n x max_len; over budget: batches with n x max_len > budget."
+    )
+    print(
+        "sorted oracle = sorted_oracle (all lengths sorted, greedy), its batches shuffled; corr = Pearson(batch position, batch max length);"
+    )
+    print(
+        "rho = Spearman(batch position, batch mean length); in a random order it still scatters by about 1/sqrt(batches) (0.03 at 1,000),"
+    )
     print(f"  so its target is checked only on rows of at least {RHO_MIN_BATCHES:,} batches.")
-    print("(default) = buffer_size left out: 64 batches of the mean length, at least 2,000 samples (plan_batches has no")
+    print(
+        "(default) = buffer_size left out: 64 batches of the mean length, at least 2,000 samples (plan_batches has no"
+    )
     print("  byte cap; the loader caps the window at 256 MiB of stored samples); the targets are set at the default.")
-    print(f"targets for streambatch: 0 over budget, all samples seen, |corr| <= {TARGET_CORR}, |rho| <= {TARGET_RHO}, "
-          f"batches <= {TARGET_RATIO:.2f} x oracle:")
+    print(
+        f"targets for streambatch: 0 over budget, all samples seen, |corr| <= {TARGET_CORR}, |rho| <= {TARGET_RHO}, "
+        f"batches <= {TARGET_RATIO:.2f} x oracle:"
+    )
     for line in summary:
         print("  " + line)
     print(f"({time.perf_counter() - t0:.1f} s)")
     print()
 
-    print(f"2. planning speed: plan_batches over {args.plan_n:,} LibriSpeech-like lengths, budget 200 s, best of 3 (target >= 1 M/s)")
+    print(
+        f"2. planning speed: plan_batches over {args.plan_n:,} LibriSpeech-like lengths, budget 200 s, best of 3 (target >= 1 M/s)"
+    )
     print(table(planning_speed(args.plan_n, args.seed), ["", "lengths", "best s", "rate", "target"], "lrrrl"))
     print()
 
-    print(f"2b. two-length budgets: {args.n:,} LibriSpeech-like lengths with transcripts of ~15 tokens/s, audio budget "
-          "200 s and an output budget; oracle = all samples sorted by audio length, cut where either budget binds")
-    print(table(two_length(args.n, args.seed), ["", "batches", "oracle", "batches/oracle", "audio pad %",
-                                                "token pad %", "over budget"], "lrrrrrr"))
+    print(
+        f"2b. two-length budgets: {args.n:,} LibriSpeech-like lengths with transcripts of ~15 tokens/s, audio budget "
+        "200 s and an output budget; oracle = all samples sorted by audio length, cut where either budget binds"
+    )
+    print(
+        table(
+            two_length(args.n, args.seed),
+            ["", "batches", "oracle", "batches/oracle", "audio pad %", "token pad %", "over budget"],
+            "lrrrrrr",
+        )
+    )
     print()
 
     if not args.skip_stream:
-        print(f"3. streaming throughput: {args.stream_utterances:,} utterances in local shards, one epoch per run, "
-              f"{args.repeats} alternating runs each, best kept")
-        text, notes = streaming(args.stream_utterances, args.seed, [int(w) for w in args.workers.split(",")],
-                                args.repeats)
+        print(
+            f"3. streaming throughput: {args.stream_utterances:,} utterances in local shards, one epoch per run, "
+            f"{args.repeats} alternating runs each, best kept"
+        )
+        text, notes = streaming(
+            args.stream_utterances, args.seed, [int(w) for w in args.workers.split(",")], args.repeats
+        )
         for note in notes:
             print(note)
         print(text)
-        print("decode+pad: both decode FLAC with soundfile (streambatch.dataset.audio) and pad with streambatch.read.collate.collate;")
-        print("  webdataset 1.0.2: WebDataset(shardshuffle) -> shuffle(1000) -> decode(flac: our decode) -> batched(B, collate).")
-        print("  streambatch's lower padding makes smaller tensors to fill and pass between processes: part of its lead.")
-        print("bare loop = the decoding ceiling: tarfile opens each shard, soundfile.read decodes each FLAC; no batching,")
+        print(
+            "decode+pad: both decode FLAC with soundfile (streambatch.dataset.audio) and pad with streambatch.read.collate.collate;"
+        )
+        print(
+            "  webdataset 1.0.2: WebDataset(shardshuffle) -> shuffle(1000) -> decode(flac: our decode) -> batched(B, collate)."
+        )
+        print(
+            "  streambatch's lower padding makes smaller tensors to fill and pass between processes: part of its lead."
+        )
+        print(
+            "bare loop = the decoding ceiling: tarfile opens each shard, soundfile.read decodes each FLAC; no batching,"
+        )
         print("  no padding; with workers, shards dealt to a Pool of that many processes. Targets: >= 0.95x of it at 0")
         print("  workers, >= 0.9x at the same number of processes.")
-        print("read only: no audio decode (streambatch decode='none'; webdataset .decode() parses only the json) = loader")
+        print(
+            "read only: no audio decode (streambatch decode='none'; webdataset .decode() parses only the json) = loader"
+        )
         print("  overhead alone: tar reading, grouping, shuffling/planning, batching, worker transfer.")
-        print("best s / samples/s: from building the loader to its last batch, DataLoader start-up included (best run);")
+        print(
+            "best s / samples/s: from building the loader to its last batch, DataLoader start-up included (best run);"
+        )
         print("  first batch s: from building the loader to its first batch. B = the mean batch size of streambatch's")
         print("  plan. torch threads = 1. Memory, decode+pad rows: from one more (untimed) run per loader whose loop")
         print("  reads every batch whole, as a training step does: peak RSS = VmHWM of the main process and of the")
@@ -603,10 +747,13 @@ def main(argv: list[str] | None = None) -> int:
         print("  node), a snapshot every 10 batches. Read-only rows: peak RSS of the timed runs, least of them.")
         if args.ceiling_utterances:
             print()
-            print("3b. the decoding ceiling on a longer run: streambatch (decode+pad) against the bare loop, the same "
-                  "processes; start-up weighs less than in part 3's short epoch")
-            text, notes = ceiling(args.ceiling_utterances, args.seed, [int(w) for w in args.workers.split(",")],
-                                  args.repeats)
+            print(
+                "3b. the decoding ceiling on a longer run: streambatch (decode+pad) against the bare loop, the same "
+                "processes; start-up weighs less than in part 3's short epoch"
+            )
+            text, notes = ceiling(
+                args.ceiling_utterances, args.seed, [int(w) for w in args.workers.split(",")], args.repeats
+            )
             print(notes[0])
             print(text)
     return 0

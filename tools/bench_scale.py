@@ -47,8 +47,11 @@ def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dic
     index = ShardIndex.load(index_url)
     t_open = time.perf_counter() - t0
     out = STEPS[mode](index, world, workers, rank)
-    out.update(open_s=t_open, seconds=time.perf_counter() - t0 - out.pop("setup_s", 0.0),
-               peak_mb=(proc_status("VmHWM")["VmHWM"] - base) / 2**20)
+    out.update(
+        open_s=t_open,
+        seconds=time.perf_counter() - t0 - out.pop("setup_s", 0.0),
+        peak_mb=(proc_status("VmHWM")["VmHWM"] - base) / 2**20,
+    )
     return out
 
 
@@ -86,8 +89,18 @@ def resume_local(index, world: int, workers: int, rank: int) -> dict:
     setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds the old step count
     lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
     done = Resumed(0, (Layout(2 * world, workers, "split", False, old_steps, old_steps // 2),))
-    sched = plan_rank_local(lengths, config, 0, rank, world, workers, lambda mine: [mine] * world, "split", False,
-                            done.consumed(lengths, config))
+    sched = plan_rank_local(
+        lengths,
+        config,
+        0,
+        rank,
+        world,
+        workers,
+        lambda mine: [mine] * world,
+        "split",
+        False,
+        done.consumed(lengths, config),
+    )
     return {"batches": sched.steps, "lengths_read": lengths.loaded, "setup_s": setup}
 
 
@@ -104,8 +117,12 @@ def _config():
 
 
 STEPS = {"local": plan_local, "global": plan_global, "resume": resume_local, "stats": stats}
-LABELS = {"local": "v2 rank-local", "global": "v1 whole-epoch", "resume": "v2 resume from 2W",
-          "stats": "{v} inspect stats"}
+LABELS = {
+    "local": "v2 rank-local",
+    "global": "v1 whole-epoch",
+    "resume": "v2 resume from 2W",
+    "stats": "{v} inspect stats",
+}
 
 
 def measure(index_url: str, world: int, workers: int, mode: str) -> dict:
@@ -121,18 +138,28 @@ def torchrun_ratio(index_url: str, nproc: int, folder: str) -> None:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_job.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     results = {}
-    for label, launcher in (("alone", []), ("ranks", ["-m", "torch.distributed.run", "--standalone",
-                                                      f"--nproc_per_node={nproc}"])):
+    for label, launcher in (
+        ("alone", []),
+        ("ranks", ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]),
+    ):
         out = tempfile.mkdtemp(prefix=f"plan-{label}-", dir=folder)
-        subprocess.run([sys.executable, *launcher, script, "--index", index_url, "--budget", str(BUDGET),
-                        "--out", out], check=True, env=env, capture_output=True)
+        subprocess.run(
+            [sys.executable, *launcher, script, "--index", index_url, "--budget", str(BUDGET), "--out", out],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         results[label] = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
     alone = results["alone"][0]
-    print(f"\n{nproc} torchrun ranks vs one process ({alone['steps']:,} steps planned alone): "
-          f"alone {alone['cpu_s']:.2f} CPU s, {alone['extra_mb']:.0f} MB")
+    print(
+        f"\n{nproc} torchrun ranks vs one process ({alone['steps']:,} steps planned alone): "
+        f"alone {alone['cpu_s']:.2f} CPU s, {alone['extra_mb']:.0f} MB"
+    )
     for r in results["ranks"]:
-        print(f"  rank {r['rank']}: {r['steps']:,} steps, {r['cpu_s']:.2f} CPU s ({r['cpu_s'] / alone['cpu_s']:.2f}x), "
-              f"{r['extra_mb']:.0f} MB ({r['extra_mb'] / alone['extra_mb']:.2f}x)")
+        print(
+            f"  rank {r['rank']}: {r['steps']:,} steps, {r['cpu_s']:.2f} CPU s ({r['cpu_s'] / alone['cpu_s']:.2f}x), "
+            f"{r['extra_mb']:.0f} MB ({r['extra_mb'] / alone['extra_mb']:.2f}x)"
+        )
 
 
 def make(folder: str, n: int, per_shard: int, version: int) -> str:
@@ -159,13 +186,20 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--v1-max", type=float, default=1e7, help="largest size also measured with a v1 index")
     p.add_argument("--dir", default=None)
-    p.add_argument("--torchrun", type=int, default=0, metavar="N",
-                   help="also run N real torchrun ranks against one process on the first size (CPU and memory ratios)")
+    p.add_argument(
+        "--torchrun",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N real torchrun ranks against one process on the first size (CPU and memory ratios)",
+    )
     p.add_argument("--only", nargs="+", default=list(STEPS), choices=list(STEPS), help="which rows to measure")
     args = p.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="bench_scale-")
-    print(f"{'samples':>13} {'ranks':>5} x{args.workers} {'index / plan':<18} {'open s':>7} {'open+plan s':>11} "
-          f"{'peak MB':>8} {'lengths read':>13} {'batches':>7}")
+    print(
+        f"{'samples':>13} {'ranks':>5} x{args.workers} {'index / plan':<18} {'open s':>7} {'open+plan s':>11} "
+        f"{'peak MB':>8} {'lengths read':>13} {'batches':>7}"
+    )
     for n in [int(x) for x in args.samples]:
         versions = [2] + ([1] if n <= args.v1_max else [])
         urls = {v: make(folder, n, args.per_shard, v) for v in versions}
@@ -177,12 +211,17 @@ def main() -> int:
             r = measure(urls[v], world, args.workers, mode)
             label = LABELS[mode].format(v=f"v{v}")
             shown = "-" if mode == "stats" else f"{world:>5}"
-            print(f"{n:>13,} {shown:>5} x{args.workers} {label:<18} {r['open_s']:>7.2f} {r['seconds']:>11.2f} "
-                  f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}", flush=True)
+            print(
+                f"{n:>13,} {shown:>5} x{args.workers} {label:<18} {r['open_s']:>7.2f} {r['seconds']:>11.2f} "
+                f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}",
+                flush=True,
+            )
     if args.torchrun:
         torchrun_ratio(make(folder, int(args.samples[0]), args.per_shard, 2), args.torchrun, folder)
-    print(f"indexes in {folder}; peak MB = VmHWM - VmRSS after imports (numpy, pyarrow, streambatch), one fresh "
-          "process per row; batches = the measured rank's own count before the ranks agree on the step count")
+    print(
+        f"indexes in {folder}; peak MB = VmHWM - VmRSS after imports (numpy, pyarrow, streambatch), one fresh "
+        "process per row; batches = the measured rank's own count before the ranks agree on the step count"
+    )
     return 0
 
 

@@ -54,8 +54,13 @@ def child(spec: dict) -> dict:
     from streambatch import StreamBatchLoader
 
     loader = StreamBatchLoader(
-        spec["source"], budget=spec["budget"], storage_options=spec.get("storage_options"),
-        read_ahead=spec["read_ahead"], decode=spec["decode"], num_workers=spec["workers"], seed=0,
+        spec["source"],
+        budget=spec["budget"],
+        storage_options=spec.get("storage_options"),
+        read_ahead=spec["read_ahead"],
+        decode=spec["decode"],
+        num_workers=spec["workers"],
+        seed=0,
         buffer_size=spec["buffer_size"],
     )
     total_bytes = sum(s.bytes for s in loader.index.shards)
@@ -65,8 +70,14 @@ def child(spec: dict) -> dict:
     for b in loader:
         n += len(b["keys"])
     dt = time.perf_counter() - t0
-    return {"samples": n, "bytes": total_bytes, "seconds": dt, "rss_before": before, "rss_peak": rss_mb(),
-            "stats": loader.fault_stats()}
+    return {
+        "samples": n,
+        "bytes": total_bytes,
+        "seconds": dt,
+        "rss_before": before,
+        "rss_peak": rss_mb(),
+        "stats": loader.fault_stats(),
+    }
 
 
 def free_port() -> int:
@@ -103,9 +114,21 @@ def start_moto(log: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; from moto.server import main; main(sys.argv[1:])",
-                                 "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from moto.server import main; main(sys.argv[1:])",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc)
     return proc, url
@@ -113,9 +136,20 @@ def start_moto(log: str) -> tuple[subprocess.Popen, str]:
 
 def start_proxy(upstream: str, latency: float) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "faultproxy.py"), "--upstream", upstream,
-                             "--port", str(port), "--latency", str(latency)], stdout=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tests", "faultproxy.py"),
+            "--upstream",
+            upstream,
+            "--port",
+            str(port),
+            "--latency",
+            str(latency),
+        ],
+        stdout=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -147,8 +181,12 @@ def make_data(work: str, samples: int, sample_rate: int) -> str:
 
 
 def run_child(spec: dict) -> dict:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                         capture_output=True, text=True, env=dict(os.environ, AWS_DEFAULT_REGION="us-east-1"))
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, AWS_DEFAULT_REGION="us-east-1"),
+    )
     if out.returncode:
         raise RuntimeError(f"configuration {spec} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -158,8 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2000, help="utterances in the synthetic corpus")
     ap.add_argument("--sample-rate", type=int, default=16000)
-    ap.add_argument("--decode", default="audio", choices=["audio", "none"],
-                    help="audio: full loader (decode + pad); none: the read stages only")
+    ap.add_argument(
+        "--decode",
+        default="audio",
+        choices=["audio", "none"],
+        help="audio: full loader (decode + pad); none: the read stages only",
+    )
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     ap.add_argument("--read-ahead", default="64M", help="the read-ahead limit of the 'on' rows")
     ap.add_argument("--buffer-size", type=int, default=300, help="the loader's buffer_size (samples held)")
@@ -177,8 +219,11 @@ def main(argv: list[str] | None = None) -> None:
 
     ix = ShardIndex.load(local)
     total = sum(s.bytes for s in ix.shards)
-    print(f"data: {ix.num_samples} utterances, {ix.num_shards} shards, {total / 2**20:.1f} MiB "
-          f"(made in {time.perf_counter() - t0:.0f}s)", flush=True)
+    print(
+        f"data: {ix.num_samples} utterances, {ix.num_shards} shards, {total / 2**20:.1f} MiB "
+        f"(made in {time.perf_counter() - t0:.0f}s)",
+        flush=True,
+    )
     procs = []
     try:
         moto, endpoint = start_moto(os.path.join(a.work, "moto.log"))
@@ -211,14 +256,29 @@ def main(argv: list[str] | None = None) -> None:
                 if local_rate is None:
                     local_rate = sps
                 ra_txt = "-" if so is None else (f"on ({ra})" if ra else "off")
-                rows.append([name, ra_txt, f"{sps:,.0f}", f"{mbs:,.1f}", f"{sps / local_rate:.2f}x",
-                             f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}", r["stats"]["retries"]])
+                rows.append(
+                    [
+                        name,
+                        ra_txt,
+                        f"{sps:,.0f}",
+                        f"{mbs:,.1f}",
+                        f"{sps / local_rate:.2f}x",
+                        f"{r['rss_peak']:.0f}",
+                        f"{r['rss_peak'] - r['rss_before']:+.0f}",
+                        r["stats"]["retries"],
+                    ]
+                )
                 print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s", file=sys.stderr, flush=True)
         print()
-        print(f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
-              f"chunk_size 8M, read_concurrency 4; {machine()}")
-        print(table(rows, ["source", "read-ahead", "samples/s", "MB/s", "vs local", "peak RSS MB", "growth MB",
-                           "retries"]))
+        print(
+            f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
+            f"chunk_size 8M, read_concurrency 4; {machine()}"
+        )
+        print(
+            table(
+                rows, ["source", "read-ahead", "samples/s", "MB/s", "vs local", "peak RSS MB", "growth MB", "retries"]
+            )
+        )
     finally:
         for p in procs:
             p.terminate()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -46,13 +46,21 @@ def synthetic_shards(num_samples: int, per_shard: int, unit: str = "samples", se
         lo, hi = a * per_shard, min(num_samples, stop * per_shard)
         lengths = _block_lengths(hi - lo, unit, seed, b)
         for i in range(a, stop):
-            part = lengths[i * per_shard - lo:min(num_samples, (i + 1) * per_shard) - lo]
+            part = lengths[i * per_shard - lo : min(num_samples, (i + 1) * per_shard) - lo]
             size = int(part.sum() * (SAMPLE_RATE if unit == "seconds" else 1)) * 2 // 3
             yield ShardInfo(f"shard-{i:06d}.tar", len(part), size, part, sha256=f"{i:064x}", keys_sha1=f"{i:040x}")
 
 
-def write_synthetic_index(out: str, num_samples: int, per_shard: int, unit: str = "samples", seed: int = 0,
-                          version: int = 2, progress: bool = True, storage_options: dict | None = None) -> str:
+def write_synthetic_index(
+    out: str,
+    num_samples: int,
+    per_shard: int,
+    unit: str = "samples",
+    seed: int = 0,
+    version: int = 2,
+    progress: bool = True,
+    storage_options: dict | None = None,
+) -> str:
     """Write the synthetic index to the folder (or URL) ``out``; returns the index file's URL."""
     from streambatch.dataset.columnar import INDEX_NAME
     from streambatch.dataset.columnar_write import write_v2
@@ -63,14 +71,24 @@ def write_synthetic_index(out: str, num_samples: int, per_shard: int, unit: str 
     shards = synthetic_shards(num_samples, per_shard, unit, seed)
     total = -(-num_samples // per_shard)
     if version == 1:
-        index = ShardIndex(list(tqdm(shards, total=total, desc="generating", unit="shard", disable=not progress)),
-                           unit=unit, sample_rate=sample_rate, meta=meta)
+        index = ShardIndex(
+            list(tqdm(shards, total=total, desc="generating", unit="shard", disable=not progress)),
+            unit=unit,
+            sample_rate=sample_rate,
+            meta=meta,
+        )
         return index.save(out, storage_options)
     url = out if out.endswith(".json") else join_url(out, INDEX_NAME)
     length_type = "float64" if unit == "seconds" else "int64"
     with tqdm(total=total, desc="writing index", unit="shard", disable=not progress) as bar:
-        write_v2(url, shards, {"unit": unit, "sample_rate": sample_rate, "meta": meta}, length_type,
-                 storage_options, progress=bar)
+        write_v2(
+            url,
+            shards,
+            {"unit": unit, "sample_rate": sample_rate, "meta": meta},
+            length_type,
+            storage_options,
+            progress=bar,
+        )
     return url
 
 

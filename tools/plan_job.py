@@ -33,8 +33,13 @@ def main() -> int:
     loader = StreamBatchLoader(a.index, budget=a.budget, num_workers=2)
     steps = len(loader)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    out = {"rank": rank, "steps": steps, "extra_mb": (proc_status("VmHWM")["VmHWM"] - base) / 2**20,
-           "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu0, "mode": loader.planning}
+    out = {
+        "rank": rank,
+        "steps": steps,
+        "extra_mb": (proc_status("VmHWM")["VmHWM"] - base) / 2**20,
+        "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu0,
+        "mode": loader.planning,
+    }
     with open(os.path.join(a.out, f"plan-rank{rank}.json"), "w") as f:
         json.dump(out, f)
     if dist.is_initialized():

@@ -143,23 +143,40 @@ def all_ranks_agree_to_stop(stop: StopFlag, device: torch.device, world: int) ->
 
 
 # ---- checkpoints -------------------------------------------------------------------------------------
-def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, loader: StreamBatchLoader,
-                    step: int, extra: dict[str, Any]) -> None:
+def save_checkpoint(
+    path: str, model: nn.Module, opt: torch.optim.Optimizer, loader: StreamBatchLoader, step: int, extra: dict[str, Any]
+) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict(),
-                "step": step, **extra}, tmp)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "loader": loader.state_dict(),
+            "step": step,
+            **extra,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
 # ---- the run -------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="dataset folder or URL written by `shardify write` (with index.json), or a "
-                   "mixture file (.yaml/.json) naming several datasets and their weights")
-    p.add_argument("--budget", default="200s",
-                   help="batch budget: padded length per batch in the dataset's unit, or seconds with an s "
-                   "suffix (default 200s)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        help="dataset folder or URL written by `shardify write` (with index.json), or a "
+        "mixture file (.yaml/.json) naming several datasets and their weights",
+    )
+    p.add_argument(
+        "--budget",
+        default="200s",
+        help="batch budget: padded length per batch in the dataset's unit, or seconds with an s suffix (default 200s)",
+    )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in all (0: no limit)")
     p.add_argument("--num-workers", type=int, default=4, help="DataLoader workers per rank (default 4)")
@@ -170,13 +187,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--channels", type=int, default=64, help="model width")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--checkpoint-dir", help="where rank 0 keeps checkpoint.pt")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps (0: only at epoch "
-                   "ends and on a signal)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="also save every N steps (0: only at epoch ends and on a signal)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/checkpoint.pt if it exists")
     p.add_argument("--log-every", type=int, default=50, help="print throughput every N steps (default 50)")
     p.add_argument("--log-keys", metavar="DIR", help="append every batch's keys to DIR/keys-rank{R}.jsonl")
-    p.add_argument("--step-sleep", type=float, default=0.0,
-                   help="sleep this long per step (simulates a bigger model in demos and tests)")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.0,
+        help="sleep this long per step (simulates a bigger model in demos and tests)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's default)")
     return p.parse_args(argv)
 
@@ -211,9 +236,16 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
     torch.manual_seed(a.seed)
     model = SpeechModel(a.channels).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-    loader = StreamBatchLoader(a.data, budget=budget, num_workers=a.num_workers, buffer_size=a.buffer_size,
-                               num_buckets=a.num_buckets, seed=a.seed, pin_memory=device.type == "cuda",
-                               persistent_workers=a.num_workers > 0)
+    loader = StreamBatchLoader(
+        a.data,
+        budget=budget,
+        num_workers=a.num_workers,
+        buffer_size=a.buffer_size,
+        num_buckets=a.num_buckets,
+        seed=a.seed,
+        pin_memory=device.type == "cuda",
+        persistent_workers=a.num_workers > 0,
+    )
     ckpt = os.path.join(a.checkpoint_dir, CHECKPOINT) if a.checkpoint_dir else None
     step = 0
     restart = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
@@ -223,15 +255,21 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
         opt.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
         step = int(state["step"])
-        say(rank, f"resumed from {ckpt}: step {step}, epoch {loader.epoch}, "
-                  f"{state['loader']['batches_consumed']} batches of it done")
+        say(
+            rank,
+            f"resumed from {ckpt}: step {step}, epoch {loader.epoch}, "
+            f"{state['loader']['batches_consumed']} batches of it done",
+        )
     ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     keys_log = None
     if a.log_keys:
         os.makedirs(a.log_keys, exist_ok=True)
         keys_log = open(os.path.join(a.log_keys, f"keys-rank{rank}.jsonl"), "a")
-    say(rank, f"{world} rank(s) on {device.type}, {index.num_samples} samples in {index.num_shards} shards, "
-              f"budget {budget:g} {index.unit}, {a.num_workers} workers per rank")
+    say(
+        rank,
+        f"{world} rank(s) on {device.type}, {index.num_samples} samples in {index.num_shards} shards, "
+        f"budget {budget:g} {index.unit}, {a.num_workers} workers per rank",
+    )
 
     def checkpoint() -> None:
         if ckpt and rank == 0:
@@ -241,8 +279,12 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
         if a.checkpoint_dir and rank == 0:
             os.makedirs(a.checkpoint_dir, exist_ok=True)
             with open(os.path.join(a.checkpoint_dir, STOPPED), "w") as f:
-                f.write(json.dumps({"step": step, "signal": stop.signal, "job": os.environ.get("SLURM_JOB_ID"),
-                                    "restart": restart}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"step": step, "signal": stop.signal, "job": os.environ.get("SLURM_JOB_ID"), "restart": restart}
+                    )
+                    + "\n"
+                )
 
     meter = torch.zeros(4, dtype=torch.float64)  # samples, audio samples, padded elements, batches
     t_log, steps_log = time.perf_counter(), 0
@@ -253,9 +295,20 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
             epoch = loader.epoch
             loader.set_epoch(epoch)
             if keys_log:
-                keys_log.write(json.dumps({"event": "epoch", "epoch": epoch, "len": len(loader), "world_size": world,
-                                           "surplus": loader.plan().surplus_samples,
-                                           "skipped": loader.plan().skipped_samples, "restart": restart}) + "\n")
+                keys_log.write(
+                    json.dumps(
+                        {
+                            "event": "epoch",
+                            "epoch": epoch,
+                            "len": len(loader),
+                            "world_size": world,
+                            "surplus": loader.plan().surplus_samples,
+                            "skipped": loader.plan().skipped_samples,
+                            "restart": restart,
+                        }
+                    )
+                    + "\n"
+                )
             say(rank, f"epoch {epoch}: {len(loader)} steps per rank")
             it = iter(loader)
             while True:
@@ -269,8 +322,13 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
                 lengths = batch["lengths"]
                 targets, target_lengths = ctc_targets(batch.get("text") or [None] * len(lengths))
                 logp = ddp(audio)
-                loss = nn.functional.ctc_loss(logp, targets.to(device), SpeechModel.output_lengths(lengths).to(device),
-                                              target_lengths.to(device), zero_infinity=True)
+                loss = nn.functional.ctc_loss(
+                    logp,
+                    targets.to(device),
+                    SpeechModel.output_lengths(lengths).to(device),
+                    target_lengths.to(device),
+                    zero_infinity=True,
+                )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -278,16 +336,31 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
                     time.sleep(a.step_sleep)
                 step += 1
                 phase = "between"
-                meter += torch.tensor([len(lengths), float(lengths.sum()), audio.shape[0] * audio.shape[1], 1.0],
-                                      dtype=torch.float64)
+                meter += torch.tensor(
+                    [len(lengths), float(lengths.sum()), audio.shape[0] * audio.shape[1], 1.0], dtype=torch.float64
+                )
                 steps_log += 1
                 if keys_log:
-                    keys_log.write(json.dumps({"event": "batch", "epoch": epoch, "step": step, "keys": batch["keys"],
-                                               "restart": restart}) + "\n")
+                    keys_log.write(
+                        json.dumps(
+                            {"event": "batch", "epoch": epoch, "step": step, "keys": batch["keys"], "restart": restart}
+                        )
+                        + "\n"
+                    )
                     keys_log.flush()
                 if a.log_every and step % a.log_every == 0:
-                    t_log, steps_log = log_throughput(rank, world, device, step, epoch, float(loss.detach()), meter,
-                                                      t_log, steps_log, seconds_per_sample)
+                    t_log, steps_log = log_throughput(
+                        rank,
+                        world,
+                        device,
+                        step,
+                        epoch,
+                        float(loss.detach()),
+                        meter,
+                        t_log,
+                        steps_log,
+                        seconds_per_sample,
+                    )
                     meter.zero_()
                 if all_ranks_agree_to_stop(stop, device, world):
                     stopped = preempted = True
@@ -320,9 +393,12 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
         mark_stopped()
         if world > 1:
             dist.barrier()  # nobody exits before rank 0 has saved
-        say(rank, f"stopped by {name} at step {step} (epoch {loader.epoch}, "
-                  f"{loader.state_dict()['batches_consumed']} batches of it done); checkpoint saved, exit "
-                  f"{REQUEUE_EXIT_CODE} to be requeued")
+        say(
+            rank,
+            f"stopped by {name} at step {step} (epoch {loader.epoch}, "
+            f"{loader.state_dict()['batches_consumed']} batches of it done); checkpoint saved, exit "
+            f"{REQUEUE_EXIT_CODE} to be requeued",
+        )
         return REQUEUE_EXIT_CODE
     if world > 1:
         dist.barrier()  # before destroy_process_group: a rank leaving early crashes the others at exit
@@ -330,8 +406,18 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
     return 0
 
 
-def log_throughput(rank: int, world: int, device: torch.device, step: int, epoch: int, loss: float,
-                   meter: torch.Tensor, t0: float, steps: int, seconds_per_sample: float) -> tuple[float, int]:
+def log_throughput(
+    rank: int,
+    world: int,
+    device: torch.device,
+    step: int,
+    epoch: int,
+    loss: float,
+    meter: torch.Tensor,
+    t0: float,
+    steps: int,
+    seconds_per_sample: float,
+) -> tuple[float, int]:
     totals = meter.clone()
     if world > 1:
         t = totals.to(device)
@@ -340,8 +426,10 @@ def log_throughput(rank: int, world: int, device: torch.device, step: int, epoch
     now = time.perf_counter()
     dt = max(now - t0, 1e-9)
     samples, units, padded, _ = totals.tolist()
-    msg = (f"step {step} epoch {epoch} loss {loss:.3f} | {steps / dt:.2f} steps/s, {samples / dt:.1f} samples/s, "
-           f"{units * seconds_per_sample / dt:.1f} audio-s/s, padding {100 * (1 - units / max(padded, 1)):.1f}%")
+    msg = (
+        f"step {step} epoch {epoch} loss {loss:.3f} | {steps / dt:.2f} steps/s, {samples / dt:.1f} samples/s, "
+        f"{units * seconds_per_sample / dt:.1f} audio-s/s, padding {100 * (1 - units / max(padded, 1)):.1f}%"
+    )
     if device.type == "cuda":
         peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)
         if world > 1:

@@ -15,11 +15,9 @@ from typing import BinaryIO
 import numpy as np
 import soundfile as sf
 
+from ..errors import AudioError, TruncatedAudio
+
 AUDIO_EXTENSIONS = ("flac", "wav", "ogg", "opus", "mp3")
-
-
-class AudioError(ValueError):
-    """A file or byte string that cannot be read as audio."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +42,9 @@ def probe(src: str | BinaryIO, check_end: bool = False) -> AudioInfo:
     name = src if isinstance(src, str) else getattr(src, "name", "<bytes>")
     try:
         with sf.SoundFile(src) as f:
-            info = AudioInfo(sample_rate=int(f.samplerate), frames=int(f.frames), channels=int(f.channels),
-                             format=str(f.format))
+            info = AudioInfo(
+                sample_rate=int(f.samplerate), frames=int(f.frames), channels=int(f.channels), format=str(f.format)
+            )
             if check_end:
                 _check_end(f, info)
     except AudioError:
@@ -64,10 +63,6 @@ _BLOCK_ALIGN = re.compile(r"Block Align\s*:\s*(\d+)")
 _UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # a header written before the size was known (streamed WAV): not a cut
 
 
-class TruncatedAudio(AudioError):
-    """A file whose audio data ends before the frames its header declares (cut short, or corrupt at the end)."""
-
-
 def _check_end(f: sf.SoundFile, info: AudioInfo) -> None:
     """Raise :class:`TruncatedAudio` unless the audio the header declares is there. Cheap: a WAV/AIFF's data size
     against the file's (libsndfile's log); any other format's last ``END_CHECK_SECONDS`` decoded after a seek."""
@@ -78,11 +73,15 @@ def _check_end(f: sf.SoundFile, info: AudioInfo) -> None:
         f.seek(info.frames - n)
         got = len(f.read(n, dtype="float32"))
     except Exception as e:
-        raise TruncatedAudio(f"audio data ends early or is corrupt: cannot decode its last {n} frames of the "
-                             f"{info.frames}{_secs(info.frames, info)} the header declares ({_short(e)})") from e
+        raise TruncatedAudio(
+            f"audio data ends early or is corrupt: cannot decode its last {n} frames of the "
+            f"{info.frames}{_secs(info.frames, info)} the header declares ({_short(e)})"
+        ) from e
     if got < n and info.format != "MPEG":  # an MP3's frame count is an estimate
-        raise TruncatedAudio(f"audio data ends early: {got} of its last {n} frames decode, of the "
-                             f"{info.frames}{_secs(info.frames, info)} the header declares")
+        raise TruncatedAudio(
+            f"audio data ends early: {got} of its last {n} frames decode, of the "
+            f"{info.frames}{_secs(info.frames, info)} the header declares"
+        )
 
 
 def _data_size_checked(log: str, info: AudioInfo) -> bool:
@@ -98,12 +97,15 @@ def _data_size_checked(log: str, info: AudioInfo) -> bool:
     align = _BLOCK_ALIGN.search(log)
     step = int(align.group(1)) if align else 0
     if step <= 0:
-        raise TruncatedAudio(f"audio data cut short: the header declares {declared} bytes of audio data, the "
-                             f"file holds {held}")
+        raise TruncatedAudio(
+            f"audio data cut short: the header declares {declared} bytes of audio data, the file holds {held}"
+        )
     if declared // step > held // step:
-        raise TruncatedAudio(f"audio data cut short: the header declares {declared // step} frames"
-                             f"{_secs(declared // step, info)}, the file holds {held // step}"
-                             f"{_secs(held // step, info)}")
+        raise TruncatedAudio(
+            f"audio data cut short: the header declares {declared // step} frames"
+            f"{_secs(declared // step, info)}, the file holds {held // step}"
+            f"{_secs(held // step, info)}"
+        )
     return True
 
 

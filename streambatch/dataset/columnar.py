@@ -4,7 +4,7 @@
 split into ``index.samples/part-NNNNN.parquet`` files of whole shards, one row group per group of whole
 shards, so a DDP rank reads the header, the shard table and only the row groups of the shards it streams.
 Page checksums, byte sizes, row counts and a per-write id are checked on every read: a damaged table is an
-:class:`IndexError_` naming the file. pyarrow is imported on first use (version 1 indexes never need it).
+:class:`IndexFormatError` naming the file. pyarrow is imported on first use (version 1 indexes never need it).
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import string
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import IndexError_, IndexFormatError  # noqa: F401  (IndexError_: the old name, still importable here)
 from .storage import join_url, open_random
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,10 +35,6 @@ ID_KEY = b"streambatch.index_id"
 LENGTH_TYPES = ("int64", "float64")
 _NUMPY_NAME = {"double": "float64"}  # the header names Arrow types
 _LOCK = threading.Lock()  # guards the indexes' caches and open files (held for dict updates only)
-
-
-class IndexError_(ValueError):
-    """An index file that cannot be read or does not describe a streambatch dataset."""
 
 
 def column_numpy(col: Any) -> np.ndarray:
@@ -86,20 +84,25 @@ class ParquetTable:
         self._reader.open(source, page_checksum_verification=True, pre_buffer=False)
         self.metadata = self._reader.metadata
 
-    def read_row_group(self, rg: int, columns: Sequence[str]) -> "pa.Table":
+    def read_row_group(self, rg: int, columns: Sequence[str]) -> pa.Table:
         """Row group ``rg``, the ``columns`` named (a name the table lacks is a KeyError), one thread."""
         indices = [self._reader.column_name_idx(c) for c in columns]
         return self._reader.read_row_group(rg, column_indices=indices, use_threads=False)
 
 
-def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_length: bool = False) -> "pa.Schema":
+def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_length: bool = False) -> pa.Schema:
     """The per-sample table: offset/size locate a sample's members in its tar (null when unknown);
     ``output_length`` (a dataset written with ``--output-length``): each sample's second length; ``extra``:
     the metadata columns (:mod:`.columns`), ``{name: arrow type}``, after them."""
     import pyarrow as pa
 
-    fields = [("shard", pa.int32()), ("key", pa.string()), ("length", pa.type_for_alias(length_type)),
-              ("offset", pa.int64()), ("size", pa.int64())]
+    fields = [
+        ("shard", pa.int32()),
+        ("key", pa.string()),
+        ("length", pa.type_for_alias(length_type)),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+    ]
     if output_length:
         fields.append(("output_length", pa.int64()))
     return pa.schema(fields + [(k, pa.type_for_alias(t)) for k, t in (extra or {}).items()])
@@ -109,16 +112,26 @@ def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_
 BASE_COLUMNS = ("shard", "key", "length", "offset", "size", "output_length")
 
 
-def shard_schema(length_type: str) -> "pa.Schema":
+def shard_schema(length_type: str) -> pa.Schema:
     """The shard table; checksums are raw digests (fixed-size binary: half the memory of hex strings)."""
     import pyarrow as pa
 
     lt = pa.type_for_alias(length_type)
-    return pa.schema([
-        ("url", pa.string()), ("count", pa.int64()), ("bytes", pa.int64()), ("sha256", pa.binary(32)),
-        ("keys_sha1", pa.binary(20)), ("total_length", lt), ("max_length", lt), ("min_length", lt),
-        ("first", pa.int64()), ("part", pa.int32()), ("row_group", pa.int32()),
-    ])
+    return pa.schema(
+        [
+            ("url", pa.string()),
+            ("count", pa.int64()),
+            ("bytes", pa.int64()),
+            ("sha256", pa.binary(32)),
+            ("keys_sha1", pa.binary(20)),
+            ("total_length", lt),
+            ("max_length", lt),
+            ("min_length", lt),
+            ("first", pa.int64()),
+            ("part", pa.int32()),
+            ("row_group", pa.int32()),
+        ]
+    )
 
 
 def table_url(root: str, rel: str) -> str:
@@ -129,8 +142,8 @@ def table_names(index_name: str) -> tuple[str, str]:
     """(shard table file, sample folder) of the index file ``index_name``: ``index.json`` has
     ``index.shards.parquet`` and ``index.samples/``; ``index.part-0003.json`` has ``index.part-0003.shards.parquet``
     and ``index.part-0003.samples/``."""
-    stem = index_name[:-len(".json")] if index_name.endswith(".json") else index_name
-    if stem == INDEX_NAME[:-len(".json")]:
+    stem = index_name[: -len(".json")] if index_name.endswith(".json") else index_name
+    if stem == INDEX_NAME[: -len(".json")]:
         return SHARDS_NAME, SAMPLES_DIR
     return f"{stem}.shards.parquet", f"{stem}.samples"
 
@@ -203,8 +216,9 @@ class ColumnarIndex:
     :meth:`iter_shard_lengths` streams without filling the cache. Open files are not pickled.
     """
 
-    def __init__(self, root: str, header: dict[str, Any], storage_options: dict | None = None,
-                 source: str = INDEX_NAME) -> None:
+    def __init__(
+        self, root: str, header: dict[str, Any], storage_options: dict | None = None, source: str = INDEX_NAME
+    ) -> None:
         self.root, self.header, self.storage_options, self.source = root, header, storage_options, source
         try:
             self.length_type = _NUMPY_NAME.get(str(header["columns"]["length"]), str(header["columns"]["length"]))
@@ -213,12 +227,14 @@ class ColumnarIndex:
             self.id = str(header["id"])
             self.extra = {str(k): str(v) for k, v in header["columns"].items() if k not in BASE_COLUMNS}
         except (KeyError, TypeError) as e:
-            raise IndexError_(f"{source}: malformed version 2 header ({e!r})") from e
+            raise IndexFormatError(f"{source}: malformed version 2 header ({e!r})") from e
         if self.length_type not in LENGTH_TYPES:
-            raise IndexError_(f"{source}: length column type {self.length_type!r} is not one of {LENGTH_TYPES}")
-        for rel in [self.shard_entry.get("path")] + [p.get("path") if isinstance(p, dict) else None for p in self.parts]:
+            raise IndexFormatError(f"{source}: length column type {self.length_type!r} is not one of {LENGTH_TYPES}")
+        for rel in [self.shard_entry.get("path")] + [
+            p.get("path") if isinstance(p, dict) else None for p in self.parts
+        ]:
             if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or "://" in rel:
-                raise IndexError_(f"{source}: table path {rel!r} is not a file beside the index")
+                raise IndexFormatError(f"{source}: table path {rel!r} is not a file beside the index")
         self.has_output_lengths = "output_length" in header["columns"]
         self._cache: dict[int, np.ndarray] = {}
         self._last: tuple[int, Any] | None = None  # the row group shard_samples read last
@@ -230,8 +246,14 @@ class ColumnarIndex:
         self._index_groups()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}, "_cache": {}, "_last": None, "_spans": None,
-                "_values": None}  # open files and cached row groups stay here
+        return {
+            **self.__dict__,
+            "_files": {},
+            "_cache": {},
+            "_last": None,
+            "_spans": None,
+            "_values": None,
+        }  # open files and cached row groups stay here
 
     def table_files(self) -> list[tuple[str, int]]:
         """(path relative to the index's folder, bytes) of every table file the header names."""
@@ -247,12 +269,12 @@ class ColumnarIndex:
         try:
             f = open_random(url, self.storage_options)
         except FileNotFoundError as e:
-            raise IndexError_(f"{url}: missing ({e})") from e
+            raise IndexFormatError(f"{url}: missing ({e})") from e
         size = f.seek(0, 2)
         f.seek(0)
         if size != int(entry["bytes"]):
             f.close()
-            raise IndexError_(f"{url}: {size} bytes, the index says {entry['bytes']} (truncated or replaced)")
+            raise IndexFormatError(f"{url}: {size} bytes, the index says {entry['bytes']} (truncated or replaced)")
         if whole and size <= WHOLE_READ_MAX:
             with f:
                 f = pa.BufferReader(f.read())
@@ -260,14 +282,16 @@ class ColumnarIndex:
             pf = ParquetTable(f)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged footer
             f.close()
-            raise IndexError_(f"{url}: not a readable Parquet table ({e})") from e
+            raise IndexFormatError(f"{url}: not a readable Parquet table ({e})") from e
         md = pf.metadata
         found = (md.metadata or {}).get(ID_KEY, b"").decode()
         if found != self.id:
-            raise IndexError_(f"{url}: written by another index write ({found or 'no id'}, {self.source} has "
-                              f"{self.id}): tables and header do not belong together")
+            raise IndexFormatError(
+                f"{url}: written by another index write ({found or 'no id'}, {self.source} has "
+                f"{self.id}): tables and header do not belong together"
+            )
         if md.num_rows != int(entry["rows"]):
-            raise IndexError_(f"{url}: {md.num_rows} rows, the index says {entry['rows']}")
+            raise IndexFormatError(f"{url}: {md.num_rows} rows, the index says {entry['rows']}")
         return pf
 
     def _read_shard_table(self, names: Sequence[str] | None = None) -> dict[str, Any]:
@@ -287,11 +311,11 @@ class ColumnarIndex:
             try:
                 t = pf.read_row_group(rg, names)
             except Exception as e:  # noqa: BLE001 - checksum, decoding, a missing column: a damaged table
-                raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
+                raise IndexFormatError(f"{url}: row group {rg} cannot be read ({e})") from e
             if t.schema.names != names or any(t.schema.field(k).type != schema.field(k).type for k in names):
-                raise IndexError_(f"{url}: columns {t.schema.names} are not the shard table's {names}")
+                raise IndexFormatError(f"{url}: columns {t.schema.names} are not the shard table's {names}")
             for k, arr in nums.items():
-                arr[at:at + t.num_rows] = column_numpy(t.column(k))
+                arr[at : at + t.num_rows] = column_numpy(t.column(k))
             for k in texts:
                 chunks[k].extend(t.column(k).chunks)
             at += t.num_rows
@@ -306,10 +330,12 @@ class ColumnarIndex:
         c, where = self.columns, table_url(self.root, str(self.shard_entry["path"]))
         n, samples = len(c), int(c.count.sum())
         if n != int(self.header.get("num_shards", -1)) or samples != int(self.header.get("num_samples", -1)):
-            raise IndexError_(f"{where}: {n} shards of {samples} samples, the index says "
-                              f"{self.header.get('num_shards')} of {self.header.get('num_samples')}")
+            raise IndexFormatError(
+                f"{where}: {n} shards of {samples} samples, the index says "
+                f"{self.header.get('num_shards')} of {self.header.get('num_samples')}"
+            )
         if not np.array_equal(c.first, np.cumsum(c.count) - c.count):
-            raise IndexError_(f"{where}: column 'first' is not the running count of samples")
+            raise IndexFormatError(f"{where}: column 'first' is not the running count of samples")
         change = np.flatnonzero((np.diff(c.part) != 0) | (np.diff(c.row_group) != 0)) + 1
         self.group_start = np.concatenate([[0], change]).astype(np.int64) if n else np.zeros(0, np.int64)
         self.group_stop = np.append(self.group_start[1:], n).astype(np.int64) if n else np.zeros(0, np.int64)
@@ -320,7 +346,7 @@ class ColumnarIndex:
         self.group_part, self.group_rg = c.part[self.group_start], c.row_group[self.group_start]
         gp, gr = self.group_part, self.group_rg
         if not _numbered(gp[gp >= 0], gr[gp >= 0], len(self.parts)) or np.any(self.group_rows[gp < 0]):
-            raise IndexError_(f"{where}: part/row_group columns do not match the {len(self.parts)} sample files")
+            raise IndexFormatError(f"{where}: part/row_group columns do not match the {len(self.parts)} sample files")
 
     def _file(self, part: int) -> Any:
         """The open sample file ``part`` (footer read once per process: a forked worker opens its own, as
@@ -333,28 +359,30 @@ class ColumnarIndex:
             entry = self.parts[part]
             pf = self._open(entry["path"], entry)
             if pf.metadata.num_row_groups != int(entry["row_groups"]):
-                raise IndexError_(f"{table_url(self.root, entry['path'])}: {pf.metadata.num_row_groups} row "
-                                  f"groups, the index says {entry['row_groups']}")
+                raise IndexFormatError(
+                    f"{table_url(self.root, entry['path'])}: {pf.metadata.num_row_groups} row "
+                    f"groups, the index says {entry['row_groups']}"
+                )
             with _LOCK:
                 self._files[part] = pf
         return pf
 
     # ---- reading samples -------------------------------------------------------------------------
-    def _read_group(self, g: int, columns: Sequence[str]) -> "pa.Table":
+    def _read_group(self, g: int, columns: Sequence[str]) -> pa.Table:
         """One read of one row group (``columns`` plus the shard column, which is checked)."""
         part, rg = int(self.group_part[g]), int(self.group_rg[g])
         pf, url = self._file(part), table_url(self.root, self.parts[part]["path"])
         rows, want = pf.metadata.row_group(rg).num_rows, int(self.group_rows[g])
         if rows != want:
-            raise IndexError_(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
+            raise IndexFormatError(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
         try:
             t = pf.read_row_group(rg, ["shard", *columns])
         except Exception as e:  # noqa: BLE001 - checksum, decompression, decoding: all mean a damaged file
-            raise IndexError_(f"{url}: row group {rg} cannot be read ({e})") from e
+            raise IndexFormatError(f"{url}: row group {rg} cannot be read ({e})") from e
         a, b = int(self.group_start[g]), int(self.group_stop[g])
         expected = np.repeat(np.arange(a, b, dtype=np.int32), self.columns.count[a:b])
         if not np.array_equal(column_numpy(t.column("shard")), expected):
-            raise IndexError_(f"{url}: row group {rg} does not hold shards {a}..{b - 1} as the shard table says")
+            raise IndexFormatError(f"{url}: row group {rg} does not hold shards {a}..{b - 1} as the shard table says")
         return t
 
     def _group_lengths(self, g: int, keep: bool = True) -> np.ndarray:
@@ -377,7 +405,7 @@ class ColumnarIndex:
         if arr is None:
             arr = self._group_lengths(int(self.shard_group[shard]))
         start = int(self.shard_row[shard])
-        return arr[start:start + int(self.columns.count[shard])]
+        return arr[start : start + int(self.columns.count[shard])]
 
     def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
         """Lengths of the given shards, each needed row group read once (from the cache when there): copies in
@@ -394,7 +422,7 @@ class ColumnarIndex:
             arr = self._group_lengths(g, keep=False)
             narrow = np.int32 if arr.dtype == np.int64 and (not arr.size or arr.max() < 2**31) else arr.dtype
             for i in members:
-                out[i] = arr[starts[i]:starts[i] + counts[i]].astype(narrow)
+                out[i] = arr[starts[i] : starts[i] + counts[i]].astype(narrow)
         return out
 
     def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
@@ -409,7 +437,7 @@ class ColumnarIndex:
                 empty = self.group_part[g] < 0
                 col = None if empty else self._read_group(g, ["output_length"]).column("output_length")
                 read[g] = np.zeros(0, np.int64) if col is None else column_numpy(col).astype(np.int64)
-            out.append(read[g][start:start + n].copy())
+            out.append(read[g][start : start + n].copy())
         return out
 
     def all_lengths(self) -> np.ndarray:
@@ -423,7 +451,7 @@ class ColumnarIndex:
         for g, arr in enumerate(self.iter_group_lengths()):
             a, b = int(self.group_start[g]), int(self.group_stop[g])
             for start, n in zip(self.shard_row[a:b].tolist(), self.columns.count[a:b].tolist()):
-                yield arr[start:start + n]
+                yield arr[start : start + n]
 
     def iter_group_lengths(self) -> Iterator[np.ndarray]:
         """Every row group's lengths in order (shards in index order), one group in memory at a time."""
@@ -452,8 +480,7 @@ class ColumnarIndex:
             last = self._values = ((g, name), self.read_columns(g, [name]).column(name))
         return last[1].slice(int(self.shard_row[shard]), int(self.columns.count[shard])).to_pylist()
 
-
-# ---- writing ---------------------------------------------------------------------------------------
+    # ---- writing ---------------------------------------------------------------------------------------
 
     def shard_samples(self, shard: int) -> dict[str, Any]:
         """Everything the sample table holds for one shard: ``lengths``, and ``keys``, ``offsets``, ``sizes``,
@@ -462,14 +489,17 @@ class ColumnarIndex:
         g, n = int(self.shard_group[shard]), int(self.columns.count[shard])
         if self.group_part[g] < 0:
             empty = {"lengths": np.zeros(0, dtype=self.length_type), "keys": None, "offsets": None, "sizes": None}
-            return {**empty, "output_lengths": np.zeros(0, np.int64) if self.has_output_lengths else None,
-                    "columns": {}}
+            return {
+                **empty,
+                "output_lengths": np.zeros(0, np.int64) if self.has_output_lengths else None,
+                "columns": {},
+            }
         if self._last is None or self._last[0] != g:
             second = ["output_length"] if self.has_output_lengths else []
             self._last = (g, self._read_group(g, ["key", "length", "offset", "size", *second, *self.extra]))
         start = int(self.shard_row[shard])
         t, cached = self._last[1].slice(start, n), self._cache.get(g)  # a cached group may hold changes made in place
-        lengths = cached[start:start + n] if cached is not None else column_numpy(t.column("length"))
+        lengths = cached[start : start + n] if cached is not None else column_numpy(t.column("length"))
         out: dict[str, Any] = {"lengths": lengths.astype(self.length_type), "output_lengths": None}
         if self.has_output_lengths:
             out["output_lengths"] = column_numpy(t.column("output_length")).astype(np.int64)
@@ -479,9 +509,11 @@ class ColumnarIndex:
         out["columns"] = {k: t.column(k) for k in self.extra}
         return out
 
-    def read_columns(self, g: int, columns: Sequence[str]) -> "pa.Table":
+    def read_columns(self, g: int, columns: Sequence[str]) -> pa.Table:
         """Columns of row group ``g`` (shards ``group_start[g]..group_stop[g]-1``, samples in index order); an
         empty table of the shards that have no sample row group."""
         if self.group_part[g] < 0:
-            return sample_schema(self.length_type, self.extra, self.has_output_lengths).empty_table().select(list(columns))
+            return (
+                sample_schema(self.length_type, self.extra, self.has_output_lengths).empty_table().select(list(columns))
+            )
         return self._read_group(g, list(columns)).select(list(columns))

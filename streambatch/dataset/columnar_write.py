@@ -11,9 +11,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import columnar
+from .columnar import (
+    FORMAT,
+    ID_KEY,
+    INDEX_NAME,
+    LENGTH_TYPES,
+    _arrow,
+    _digest,
+    json_number,
+    sample_schema,
+    shard_schema,
+    table_names,
+    table_url,
+    typed_lengths,
+)
 from .columns import arrow_column
-from .columnar import (FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, _arrow, _digest, json_number, sample_schema,
-                       shard_schema, table_names, table_url, typed_lengths)
 from .storage import AtomicWriter, parent_url, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,15 +35,21 @@ if TYPE_CHECKING:  # pragma: no cover
 class _TableFile:
     """One Parquet table streamed to a temporary name, one row group per :meth:`write`, page checksums on."""
 
-    def __init__(self, url: str, schema: "pa.Schema", index_id: str, storage_options: dict | None,
-                 dictionary: list[str]) -> None:
+    def __init__(
+        self, url: str, schema: pa.Schema, index_id: str, storage_options: dict | None, dictionary: list[str]
+    ) -> None:
         _, pq = _arrow()
         self.out = AtomicWriter(url, storage_options)
         self.rows = self.groups = 0
-        self.writer = pq.ParquetWriter(self.out.file, schema.with_metadata({ID_KEY: index_id.encode()}),
-                                       compression="zstd", write_page_checksum=True, use_dictionary=dictionary)
+        self.writer = pq.ParquetWriter(
+            self.out.file,
+            schema.with_metadata({ID_KEY: index_id.encode()}),
+            compression="zstd",
+            write_page_checksum=True,
+            use_dictionary=dictionary,
+        )
 
-    def write(self, table: "pa.Table") -> None:
+    def write(self, table: pa.Table) -> None:
         self.writer.write_table(table, row_group_size=max(1, table.num_rows))
         self.rows, self.groups = self.rows + table.num_rows, self.groups + 1
 
@@ -45,7 +63,7 @@ class _TableFile:
         self.out.abort()
 
 
-def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: "pa.DataType", n: int) -> "pa.Array":
+def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: pa.DataType, n: int) -> pa.Array:
     """An optional per-sample attribute of the group's shards as one column; nulls where a shard has none."""
     pa, _ = _arrow()
     values = [(getattr(s, attr, None), len(x)) for s, x in group]
@@ -54,7 +72,7 @@ def _column(group: list[tuple[Any, np.ndarray]], attr: str, typ: "pa.DataType", 
     return pa.concat_arrays([pa.nulls(c, typ) if v is None else pa.array(v, typ) for v, c in values])
 
 
-def _meta_column(group: list[tuple[Any, np.ndarray]], name: str, typ: str) -> "pa.Array":
+def _meta_column(group: list[tuple[Any, np.ndarray]], name: str, typ: str) -> pa.Array:
     """A metadata column of the group's shards (a shard without it: nulls)."""
     pa, _ = _arrow()
     arrays = [arrow_column((getattr(s, "columns", None) or {}).get(name), typ, len(x)) for s, x in group]
@@ -75,10 +93,17 @@ class V2Writer:
     ``{name: arrow type}``, whose values each shard brings in its ``columns`` dict (null where absent).
     """
 
-    def __init__(self, root: str, length_type: str, storage_options: dict | None = None,
-                 rows_per_file: int | None = None, rows_per_group: int | None = None,
-                 index_name: str = INDEX_NAME, columns: dict[str, str] | None = None,
-                 output_length: bool = False) -> None:
+    def __init__(
+        self,
+        root: str,
+        length_type: str,
+        storage_options: dict | None = None,
+        rows_per_file: int | None = None,
+        rows_per_group: int | None = None,
+        index_name: str = INDEX_NAME,
+        columns: dict[str, str] | None = None,
+        output_length: bool = False,
+    ) -> None:
         if length_type not in LENGTH_TYPES:
             raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
         self.root, self.length_type, self.so = root, length_type, storage_options
@@ -98,8 +123,9 @@ class V2Writer:
         self.parts: list[dict[str, Any]] = []
         self.files: list[_TableFile] = []
         self.part: _TableFile | None = None
-        self.shards = _TableFile(table_url(root, self.shards_name), shard_schema(length_type), self.id,
-                                 storage_options, [])
+        self.shards = _TableFile(
+            table_url(root, self.shards_name), shard_schema(length_type), self.id, storage_options, []
+        )
         self.files.append(self.shards)
 
     def add(self, shard: Any) -> None:
@@ -122,13 +148,18 @@ class V2Writer:
         schema, n = self.schema, self.group_rows
         ids = [self.num_shards - len(self.group) + i for i in range(len(self.group))]
         counts = [len(x) for _, x in self.group]
-        table = pa.table([
-            pa.array(np.repeat(np.asarray(ids, np.int32), counts), pa.int32()),
-            _column(self.group, "keys", pa.string(), n),
-            pa.array(np.concatenate([x for _, x in self.group]), schema.field("length").type),
-            _column(self.group, "offsets", pa.int64(), n), _column(self.group, "sizes", pa.int64(), n),
-        ] + ([_column(self.group, "output_lengths", pa.int64(), n)] if self.output_length else [])
-          + [_meta_column(self.group, k, t) for k, t in self.extra.items()], schema=schema)
+        table = pa.table(
+            [
+                pa.array(np.repeat(np.asarray(ids, np.int32), counts), pa.int32()),
+                _column(self.group, "keys", pa.string(), n),
+                pa.array(np.concatenate([x for _, x in self.group]), schema.field("length").type),
+                _column(self.group, "offsets", pa.int64(), n),
+                _column(self.group, "sizes", pa.int64(), n),
+            ]
+            + ([_column(self.group, "output_lengths", pa.int64(), n)] if self.output_length else [])
+            + [_meta_column(self.group, k, t) for k, t in self.extra.items()],
+            schema=schema,
+        )
         self.part.write(table)
         self._shard_rows(len(self.parts) - 1, self.part.groups - 1)
 
@@ -138,11 +169,17 @@ class V2Writer:
         for shard, x in self.group:
             total, mx, mn = (x.sum().item(), x.max().item(), x.min().item()) if len(x) else (0, 0, 0)
             for name, value in (
-                ("url", shard.url), ("count", len(x)), ("bytes", int(shard.bytes)), ("first", self.num_samples),
+                ("url", shard.url),
+                ("count", len(x)),
+                ("bytes", int(shard.bytes)),
+                ("first", self.num_samples),
                 ("sha256", _digest(shard.sha256, 32, f"shard {shard.url}: sha256")),
                 ("keys_sha1", _digest(shard.keys_sha1, 20, f"shard {shard.url}: keys_sha1")),
-                ("total_length", total), ("max_length", mx), ("min_length", mn),
-                ("part", part), ("row_group", row_group),
+                ("total_length", total),
+                ("max_length", mx),
+                ("min_length", mn),
+                ("part", part),
+                ("row_group", row_group),
             ):
                 r[name].append(value)
             self.num_samples += len(x)
@@ -181,8 +218,10 @@ class V2Writer:
         if self.part is not None:
             self._end_part()
         self._flush_shards()
-        tables = {"shards": {"path": self.shards_name, "bytes": self.shards.finish(), "rows": self.shards.rows},
-                  "samples": self.parts}
+        tables = {
+            "shards": {"path": self.shards_name, "bytes": self.shards.finish(), "rows": self.shards.rows},
+            "samples": self.parts,
+        }
         for f in self.files:
             f.out.publish()
         return tables
@@ -193,15 +232,30 @@ class V2Writer:
             f.abort()
 
 
-def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: str,
-             storage_options: dict | None = None, progress: Any = None, columns: dict[str, str] | None = None,
-             output_length: bool = False, **sizes: int) -> dict[str, Any]:
+def write_v2(
+    index_url: str,
+    shards: Any,
+    header: dict[str, Any],
+    length_type: str,
+    storage_options: dict | None = None,
+    progress: Any = None,
+    columns: dict[str, str] | None = None,
+    output_length: bool = False,
+    **sizes: int,
+) -> dict[str, Any]:
     """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
     (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
     updated per shard; ``columns``: the metadata columns; ``output_length``: write the shards' output lengths.
     Returns the header written."""
-    w = V2Writer(parent_url(index_url), length_type, storage_options, **sizes,
-                 index_name=index_url.rstrip("/").rsplit("/", 1)[-1], columns=columns, output_length=output_length)
+    w = V2Writer(
+        parent_url(index_url),
+        length_type,
+        storage_options,
+        **sizes,
+        index_name=index_url.rstrip("/").rsplit("/", 1)[-1],
+        columns=columns,
+        output_length=output_length,
+    )
     try:
         for shard in shards:
             w.add(shard)
@@ -211,8 +265,17 @@ def write_v2(index_url: str, shards: Any, header: dict[str, Any], length_type: s
     except BaseException:
         w.abort()
         raise
-    out = {"format": FORMAT, "version": 2, **header, "num_shards": w.num_shards, "num_samples": w.num_samples,
-           "total_length": json_number(w.total), "total_bytes": w.bytes, "id": w.id,
-           "columns": {f.name: str(f.type) for f in w.schema}, "tables": tables}
+    out = {
+        "format": FORMAT,
+        "version": 2,
+        **header,
+        "num_shards": w.num_shards,
+        "num_samples": w.num_samples,
+        "total_length": json_number(w.total),
+        "total_bytes": w.bytes,
+        "id": w.id,
+        "columns": {f.name: str(f.type) for f in w.schema},
+        "tables": tables,
+    }
     write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
     return out

@@ -9,17 +9,16 @@ may name the columns instead (``--columns``). Types are Arrow type names as the 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..errors import ColumnError
 
 #: the sample table's own columns: a field of the same name cannot be a metadata column
 RESERVED = ("shard", "key", "length", "offset", "size", "output_length")
 #: fields never stored by default (transcripts are long, and a filter has no use for them)
 NOT_BY_DEFAULT = ("text",)
 _RANK = {"bool": 0, "int64": 1, "double": 2}
-
-
-class ColumnError(ValueError):
-    """A metadata column that cannot be stored as asked (named but absent, not scalar, mixed kinds)."""
 
 
 def _kind(v: Any) -> str | None:
@@ -69,11 +68,14 @@ def choose_columns(metas: Sequence[Mapping[str, Any]], names: Sequence[str] | No
     out: dict[str, str] = {}
     for name in names:
         if name not in usable:
-            why = ("is one of the sample table's own columns" if name in RESERVED else
-                   "is not a scalar of one kind (number, boolean or string) in every sample" if name in types
-                   else "is in no sample's .json")
-            raise ColumnError(f"--columns: {name!r} {why}; fields that can be columns: "
-                              f"{', '.join(usable) or '(none)'}")
+            why = (
+                "is one of the sample table's own columns"
+                if name in RESERVED
+                else "is not a scalar of one kind (number, boolean or string) in every sample"
+                if name in types
+                else "is in no sample's .json"
+            )
+            raise ColumnError(f"--columns: {name!r} {why}; fields that can be columns: {', '.join(usable) or '(none)'}")
         out[name] = usable[name]
     return out
 
@@ -95,8 +97,10 @@ def merged_columns(schemas: Sequence[Mapping[str, str]], where: Sequence[str]) -
         for k, t in schema.items():
             u = unify(out.get(k), t)
             if u == "other":
-                raise ColumnError(f"column {k!r} is {out[k]} in {seen[k]} but {t} in {url}: the parts cannot be "
-                                  "merged into one sample table (write them with the same --columns)")
+                raise ColumnError(
+                    f"column {k!r} is {out[k]} in {seen[k]} but {t} in {url}: the parts cannot be "
+                    "merged into one sample table (write them with the same --columns)"
+                )
             out[k], seen[k] = u, seen.get(k, url)
     return out
 

@@ -7,7 +7,7 @@ One place for the size and checksum checks (and their messages) that the reader,
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from .index import INDEX_NAME
 
@@ -46,7 +46,7 @@ class Digest:
     def hexdigest(self) -> str:
         return self.hash.hexdigest()
 
-    def reader(self, read: Callable[[int], bytes]) -> "HashingReader":
+    def reader(self, read: Callable[[int], bytes]) -> HashingReader:
         return HashingReader(read, self)
 
 
@@ -76,5 +76,15 @@ PART_INDEX_NAME = "index.part-{:04d}.json"
 PART_ERRORS_NAME = "errors.part-{:04d}.jsonl"
 PART_INDEX_GLOB = "index.part-*.json"
 #: the files ``--overwrite`` removes: only what the writer makes
-OUR_FILES = ("shard-*.tar", INDEX_NAME, ERRORS_NAME, "index.part-*.json", "errors.part-*.jsonl", "*.tmp*",
-             "index.shards.parquet", "index.samples", "index.part-*.shards.parquet", "index.part-*.samples")
+OUR_FILES = (
+    "shard-*.tar",
+    INDEX_NAME,
+    ERRORS_NAME,
+    "index.part-*.json",
+    "errors.part-*.jsonl",
+    "*.tmp*",
+    "index.shards.parquet",
+    "index.samples",
+    "index.part-*.shards.parquet",
+    "index.part-*.samples",
+)

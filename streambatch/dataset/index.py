@@ -11,19 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexError_, json_number
+from ..plan.stats import LengthStats, stream_stats
+from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError, json_number
 from .columnar_write import write_v2
 from .columns import merged_columns
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
-from ..plan.stats import LengthStats, stream_stats
 
-__all__ = ["FORMAT", "INDEX_NAME", "IndexError_", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
+__all__ = ["FORMAT", "INDEX_NAME", "IndexFormatError", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
 
 VERSION = 2  # what save writes by default (to_json is always version 1)
 NEWEST = 2  # the newest version this streambatch reads
@@ -53,7 +54,7 @@ class ShardIndex:
 
     # ---- reading and writing -------------------------------------------------------------------
     @classmethod
-    def load(cls, url: str, storage_options: dict | None = None) -> "ShardIndex":
+    def load(cls, url: str, storage_options: dict | None = None) -> ShardIndex:
         """Read an index (version 1 or 2) from a path or fsspec URL: the dataset folder or the index file.
         Version 2 reads the header and the shard table; lengths load when asked for."""
         url = _index_url(url)
@@ -65,32 +66,42 @@ class ShardIndex:
         try:
             d = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise IndexError_(f"{url}: not valid JSON ({e})") from e
+            raise IndexFormatError(f"{url}: not valid JSON ({e})") from e
         return cls.from_json(d, root=parent_url(url), source=url, storage_options=storage_options)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], root: str | None = None, source: str = "<index>",
-                  storage_options: dict | None = None) -> "ShardIndex":
+    def from_json(
+        cls, d: dict[str, Any], root: str | None = None, source: str = "<index>", storage_options: dict | None = None
+    ) -> ShardIndex:
         """An index from its parsed ``index.json``; version 2 reads its tables under ``root``."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise IndexError_(f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})")
+            raise IndexFormatError(
+                f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})"
+            )
         version = int(d.get("version", 0))
         if version > NEWEST:
-            raise IndexError_(f"{source}: index version {d['version']} is newer than this streambatch reads ({NEWEST})")
+            raise IndexFormatError(
+                f"{source}: index version {d['version']} is newer than this streambatch reads ({NEWEST})"
+            )
         if version == 2:
             if root is None:
-                raise IndexError_(f"{source}: a version 2 index needs its folder to read its tables")
+                raise IndexFormatError(f"{source}: a version 2 index needs its folder to read its tables")
             shards: Sequence[ShardInfo] = ShardList(ColumnarIndex(root, d, storage_options, source))
         else:
             try:
                 shards = [ShardInfo.from_json(s) for s in d["shards"]]
             except (KeyError, TypeError, ValueError) as e:
-                raise IndexError_(f"{source}: malformed shard entry ({e!r})") from e
+                raise IndexFormatError(f"{source}: malformed shard entry ({e!r})") from e
         try:
-            return cls(shards=shards, unit=d["unit"], sample_rate=d.get("sample_rate"), root=root,
-                       meta=dict(d.get("meta") or {}))
+            return cls(
+                shards=shards,
+                unit=d["unit"],
+                sample_rate=d.get("sample_rate"),
+                root=root,
+                meta=dict(d.get("meta") or {}),
+            )
         except KeyError as e:
-            raise IndexError_(f"{source}: no {e} in the index") from e
+            raise IndexFormatError(f"{source}: no {e} in the index") from e
 
     def to_json(self) -> dict[str, Any]:
         """The version 1 ``index.json`` (all lengths inline)."""
@@ -106,8 +117,9 @@ class ShardIndex:
             "shards": [s.to_json() for s in self.shards],
         }
 
-    def save(self, url: str, storage_options: dict | None = None, version: int = VERSION,
-             progress: bool = False) -> str:
+    def save(
+        self, url: str, storage_options: dict | None = None, version: int = VERSION, progress: bool = False
+    ) -> str:
         """Write the index atomically (temporary names, then renames or whole uploads; version 2 writes its
         tables first and ``index.json`` last). Returns the index file's URL."""
         url = _index_url(url)
@@ -124,10 +136,19 @@ class ShardIndex:
         from tqdm import tqdm
 
         header = {"unit": self.unit, "sample_rate": self.sample_rate, "meta": self.meta}
-        with tqdm(total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr,
-                  disable=not progress) as bar:
-            write_v2(url, (_saving(s) for s in self.shards), header, self._length_type(), storage_options,
-                     progress=bar, columns=self.columns, output_length=self.has_output_lengths)
+        with tqdm(
+            total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr, disable=not progress
+        ) as bar:
+            write_v2(
+                url,
+                (_saving(s) for s in self.shards),
+                header,
+                self._length_type(),
+                storage_options,
+                progress=bar,
+                columns=self.columns,
+                output_length=self.has_output_lengths,
+            )
 
     def _length_type(self) -> str:
         """The length column's type: float64 if any shard's lengths are fractional, else int64."""
@@ -195,7 +216,7 @@ class ShardIndex:
         """The output lengths (int64) of the given shards, like :meth:`shard_lengths`: on version 2 only their
         row groups are read (one read each). The index must have them (:attr:`has_output_lengths`)."""
         if not self.has_output_lengths:
-            raise IndexError_("this index has no output lengths (write it with `shardify write --output-length`)")
+            raise IndexFormatError("this index has no output lengths (write it with `shardify write --output-length`)")
         if isinstance(self.shards, ShardList):
             return self.shards.reader.shard_output_lengths(shards)
         return [np.asarray(self.shards[int(i)].output_lengths, dtype=np.int64) for i in shards]
@@ -215,10 +236,12 @@ class ShardIndex:
         else:
             ls = [np.asarray(s.lengths) for s in self.shards]
             count = np.array([s.count for s in self.shards], dtype=np.int64)
-            every = {"count": lambda: count,
-                     "total_length": lambda: np.array([s.total_length for s in self.shards], dtype=np.float64),
-                     "max_length": lambda: np.array([s.max_length for s in self.shards], dtype=np.float64),
-                     "min_length": lambda: np.array([x.min() if len(x) else 0 for x in ls], dtype=np.float64)}
+            every = {
+                "count": lambda: count,
+                "total_length": lambda: np.array([s.total_length for s in self.shards], dtype=np.float64),
+                "max_length": lambda: np.array([s.max_length for s in self.shards], dtype=np.float64),
+                "min_length": lambda: np.array([x.min() if len(x) else 0 for x in ls], dtype=np.float64),
+            }
             out = {k: every[k]() for k in columns}
         out["first"] = (np.cumsum(count) - count).astype(np.int64)
         return out
@@ -283,7 +306,7 @@ class ShardIndex:
         return self.length_stats().summary(self.unit, self.seconds_per_unit(), num_shards=self.num_shards)
 
     @classmethod
-    def merge(cls, indexes: Sequence["ShardIndex"]) -> "ShardIndex":
+    def merge(cls, indexes: Sequence[ShardIndex]) -> ShardIndex:
         """Concatenate the shards of several indexes (parts of one dataset, same unit and rate)."""
         if not indexes:
             raise ValueError("nothing to merge")
@@ -298,8 +321,14 @@ class ShardIndex:
         for ix in indexes:
             shards.extend(ix.shards)
         columns = merged_columns([ix.columns for ix in indexes], [str(ix.root) for ix in indexes])
-        return cls(shards=shards, unit=first.unit, sample_rate=first.sample_rate, root=first.root, meta=dict(first.meta),
-                   columns=columns)
+        return cls(
+            shards=shards,
+            unit=first.unit,
+            sample_rate=first.sample_rate,
+            root=first.root,
+            meta=dict(first.meta),
+            columns=columns,
+        )
 
 
 def _absolute(url: str, root: str | None) -> str:

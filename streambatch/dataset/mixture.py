@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,9 @@ def mixture_sources(source: Any, weights: Any = None) -> list[Source] | None:
     names = [n for n, _ in items]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"dataset names must differ; {', '.join(dup)} appears more than once (use a {{name: folder}} mapping)")
+        raise ValueError(
+            f"dataset names must differ; {', '.join(dup)} appears more than once (use a {{name: folder}} mapping)"
+        )
     w = _weights(weights, names)
     return [Source(n, u, w[n]) for n, u in items]
 
@@ -68,7 +71,9 @@ def _weights(weights: Any, names: list[str]) -> dict[str, float]:
     if isinstance(weights, Mapping):
         unknown = sorted(set(weights) - set(names))
         if unknown:
-            raise ValueError(f"weights name unknown datasets: {', '.join(map(str, unknown))} (datasets: {', '.join(names)})")
+            raise ValueError(
+                f"weights name unknown datasets: {', '.join(map(str, unknown))} (datasets: {', '.join(names)})"
+            )
         return {n: float(weights.get(n, 1.0)) for n in names}
     weights = list(weights)
     if len(weights) != len(names):
@@ -120,7 +125,7 @@ def load_mixture(url: str) -> list[Source]:
 class VirtualShards(Sequence):
     """The mixture's shard list: virtual shard ``v`` is shard ``s`` of dataset ``d`` (copy ``r``)."""
 
-    def __init__(self, mixed: "MixedIndex"):
+    def __init__(self, mixed: MixedIndex):
         self.mixed = mixed
 
     def __len__(self) -> int:
@@ -143,8 +148,9 @@ class MixedIndex:
         _check_units(self.sources, self.indexes)
         self.unit, self.sample_rate = self.indexes[0].unit, self.indexes[0].sample_rate
         self.root, self.meta, self.version = None, {}, 2
-        self.draws = [DatasetDraw.of(ix.num_samples, s.weight, 0, d)
-                      for d, (s, ix) in enumerate(zip(self.sources, self.indexes))]
+        self.draws = [
+            DatasetDraw.of(ix.num_samples, s.weight, 0, d) for d, (s, ix) in enumerate(zip(self.sources, self.indexes))
+        ]
         self._tables = [ix.shard_table(("count", "total_length", "min_length", "max_length")) for ix in self.indexes]
         # the virtual shards: for each dataset, its shards once per copy, in blocks of (dataset, copy)
         self.blocks = [(d, r) for d, draw in enumerate(self.draws) for r in range(draw.copies)]
@@ -156,13 +162,15 @@ class MixedIndex:
         self.shards = VirtualShards(self)
 
     @classmethod
-    def open(cls, sources: Sequence[Source], storage_options: dict | None = None) -> "MixedIndex":
+    def open(cls, sources: Sequence[Source], storage_options: dict | None = None) -> MixedIndex:
         """Load each dataset's index (a folder holding ``index.json`` or an index file)."""
         indexes = []
         for s in sources:
             url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
             if not storage.exists(url, storage_options):
-                raise FileNotFoundError(f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)")
+                raise FileNotFoundError(
+                    f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)"
+                )
             indexes.append(ShardIndex.load(url, storage_options))
         return cls(sources, indexes)
 
@@ -196,7 +204,9 @@ class MixedIndex:
     def total_length(self) -> float:
         return float(self._column("total_length").sum())
 
-    def shard_table(self, columns: Sequence[str] = ("count", "total_length", "max_length", "min_length")) -> dict[str, np.ndarray]:
+    def shard_table(
+        self, columns: Sequence[str] = ("count", "total_length", "max_length", "min_length")
+    ) -> dict[str, np.ndarray]:
         out = {k: self._column(k) for k in columns}
         out["first"] = self._first_gid[:-1].copy()
         return out
@@ -298,7 +308,7 @@ def selection_of(index: Any, epoch: int, seed: int) -> Selection | None:
     return index.selection(epoch, seed) if isinstance(index, MixedIndex) else None
 
 
-def dataset_names(index: Any) -> "DatasetNames | None":
+def dataset_names(index: Any) -> DatasetNames | None:
     """How a worker names each sample's dataset from its (virtual) shard; None for a single dataset."""
     if not isinstance(index, MixedIndex):
         return None
@@ -318,7 +328,7 @@ class DatasetNames:
         return self.names[int(self.block_dataset[b])]
 
 
-def open_index(url: str, storage_options: dict | None = None) -> "ShardIndex | MixedIndex":
+def open_index(url: str, storage_options: dict | None = None) -> ShardIndex | MixedIndex:
     """A dataset's index, or a mixture file's datasets as one :class:`MixedIndex` (``shardify inspect``, the
     training script's budget parsing)."""
     if _is_mixture_file(url):

@@ -5,11 +5,12 @@ encoding."""
 from __future__ import annotations
 
 import base64
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from .columnar import ColumnarIndex, IndexError_
+from .columnar import ColumnarIndex, IndexFormatError
 
 
 def _packed_dtype(arr: np.ndarray) -> str:
@@ -46,13 +47,39 @@ class ShardInfo:
     versions, loaded on use.
     """
 
-    __slots__ = ("url", "count", "bytes", "sha256", "keys_sha1", "keys", "offsets", "sizes", "columns", "_lengths",
-                 "_table", "_row", "_output_lengths")
+    __slots__ = (
+        "url",
+        "count",
+        "bytes",
+        "sha256",
+        "keys_sha1",
+        "keys",
+        "offsets",
+        "sizes",
+        "columns",
+        "_lengths",
+        "_table",
+        "_row",
+        "_output_lengths",
+    )
 
-    def __init__(self, url: str, count: int, bytes: int, lengths: np.ndarray | None = None,
-                 sha256: str | None = None, keys_sha1: str | None = None, *, keys: Sequence[str] | None = None,
-                 offsets: Any = None, sizes: Any = None, columns: dict[str, Any] | None = None,
-                 table: "ShardList | None" = None, row: int = -1, output_lengths: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        count: int,
+        bytes: int,
+        lengths: np.ndarray | None = None,
+        sha256: str | None = None,
+        keys_sha1: str | None = None,
+        *,
+        keys: Sequence[str] | None = None,
+        offsets: Any = None,
+        sizes: Any = None,
+        columns: dict[str, Any] | None = None,
+        table: ShardList | None = None,
+        row: int = -1,
+        output_lengths: np.ndarray | None = None,
+    ) -> None:
         if lengths is None and table is None:
             raise TypeError("ShardInfo needs lengths")
         self.url, self.count, self.bytes, self.sha256, self.keys_sha1 = url, count, bytes, sha256, keys_sha1
@@ -134,12 +161,14 @@ class ShardInfo:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ShardInfo":
+    def from_json(cls, d: dict[str, Any]) -> ShardInfo:
         lengths = decode_lengths(d["lengths"])
         outs = decode_lengths(d["output_lengths"]) if "output_lengths" in d else None
         if len(lengths) != int(d["count"]) or (outs is not None and len(outs) != len(lengths)):
-            raise IndexError_(f"shard {d.get('url')!r}: count {d['count']} but {len(lengths)} lengths"
-                              + ("" if outs is None else f" and {len(outs)} output lengths"))
+            raise IndexFormatError(
+                f"shard {d.get('url')!r}: count {d['count']} but {len(lengths)} lengths"
+                + ("" if outs is None else f" and {len(outs)} output lengths")
+            )
         return cls(
             url=d["url"],
             count=int(d["count"]),
@@ -155,8 +184,8 @@ def _hex_rows(column: Any, a: int, b: int) -> list[str | None]:
     """Rows ``[a, b)`` of a fixed-size binary column as hex strings (None where null), in one conversion."""
     arr = column.slice(a, b - a).combine_chunks()
     width = arr.type.byte_width
-    raw = arr.buffers()[1].to_pybytes()[arr.offset * width:(arr.offset + len(arr)) * width].hex()
-    out: list[str | None] = [raw[2 * width * k:2 * width * (k + 1)] for k in range(len(arr))]
+    raw = arr.buffers()[1].to_pybytes()[arr.offset * width : (arr.offset + len(arr)) * width].hex()
+    out: list[str | None] = [raw[2 * width * k : 2 * width * (k + 1)] for k in range(len(arr))]
     if arr.null_count:
         for k in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)).tolist():
             out[k] = None

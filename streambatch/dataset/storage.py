@@ -13,7 +13,8 @@ import re
 import shutil
 import threading
 import uuid
-from typing import IO, Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 import fsspec
 
@@ -25,7 +26,7 @@ def is_local(url: str) -> bool:
 
 
 def local_path(url: str) -> str:
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def join_url(base: str, *parts: str) -> str:
@@ -192,7 +193,7 @@ def _salvage(content: Any, sink: list[bytes], left: int) -> None:
         buf = getattr(content, "_buffer", None)
         if not buf:
             return
-        data = b"".join(buf)[int(getattr(content, "_buffer_offset", 0) or 0):]
+        data = b"".join(buf)[int(getattr(content, "_buffer_offset", 0) or 0) :]
         buf.clear()
         if data and left > 0:
             sink.append(data[:left])
@@ -255,11 +256,18 @@ def _credentials_named(func: _F) -> _F:
             if type(e).__name__ not in CREDENTIAL_ERRORS:
                 raise
             protocol = url.split("://")[0]
-            hint = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --storage-option "
+            hint = (
+                (
+                    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --storage-option "
                     "key=... --storage-option secret=... (Python: storage_options={'key': ..., 'secret': ...}); "
-                    "anon=true for a public bucket") if protocol in ("s3", "s3a") else (
-                    "pass them with --storage-option KEY=VALUE (Python: storage_options={...})")
-            raise MissingCredentials(f"{url}: no credentials for {protocol} storage ({type(e).__name__}): {hint}") from e
+                    "anon=true for a public bucket"
+                )
+                if protocol in ("s3", "s3a")
+                else ("pass them with --storage-option KEY=VALUE (Python: storage_options={...})")
+            )
+            raise MissingCredentials(
+                f"{url}: no credentials for {protocol} storage ({type(e).__name__}): {hint}"
+            ) from e
 
     return wrapper  # type: ignore[return-value]
 
@@ -390,7 +398,7 @@ class AtomicWriter:
         except Exception:  # noqa: BLE001 - cleaning up after another error: that error is the one to see
             pass
 
-    def __enter__(self) -> "AtomicWriter":
+    def __enter__(self) -> AtomicWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

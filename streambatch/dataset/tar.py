@@ -8,7 +8,8 @@ shard that verifies is a shard that trains. Checks each header's checksum; handl
 from __future__ import annotations
 
 import json
-from typing import IO, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
 from ..errors import ShardReadError
 
@@ -44,7 +45,7 @@ def _pax_path(data: bytes) -> bytes | None:
         if space < 0:
             break
         length = int(data[pos:space])
-        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         if key == b"path":
             path = value
         pos += length
@@ -138,14 +139,14 @@ def buffer_members(buf: bytes, url: str) -> Iterator[tuple[str, bytes]]:
     names = _Names()
     pos, end = 0, len(buf)
     while pos < end:
-        header = buf[pos:pos + 512]
+        header = buf[pos : pos + 512]
         if len(header) < 512:
             raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
         kind, size = _header(header, url)
         pos += 512
         if pos + size > end:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
-        data = buf[pos:pos + size]
+        data = buf[pos : pos + size]
         pos += size + (-size % 512)
         name = names.name(kind, header, data)
         if name is not None:
@@ -158,7 +159,7 @@ def split_name(name: str) -> tuple[str, str]:
     dot = name.find(".", slash + 1)
     if dot < 0:
         return name, ""
-    return name[:dot], name[dot + 1:]
+    return name[:dot], name[dot + 1 :]
 
 
 def group_samples(members: Iterable[tuple[str, bytes]], url: str, shard: int = -1) -> Iterator[dict[str, Any]]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -75,8 +76,9 @@ class Where:
         """This process's DuckDB connection (file access off; a forked worker opens its own)."""
         if self._con is None or self._pid != os.getpid():
             duckdb = _duckdb()
-            self._con = duckdb.connect(config={"enable_external_access": False, "threads": 1,
-                                               "lock_configuration": True})  # one thread: nothing to fork mid-lock
+            self._con = duckdb.connect(
+                config={"enable_external_access": False, "threads": 1, "lock_configuration": True}
+            )  # one thread: nothing to fork mid-lock
             self._pid = os.getpid()
         return self._con
 
@@ -107,8 +109,10 @@ def filter_columns(index: Any) -> dict[str, str]:
     """The columns a filter on ``index`` (a version 2 :class:`~.index.ShardIndex`) can name."""
     reader = getattr(index.shards, "reader", None)
     if reader is None:
-        raise ValueError("where= needs a version 2 index with metadata columns (this one is version 1): write the "
-                         "dataset again with `shardify write` (`shardify upgrade` keeps no metadata columns)")
+        raise ValueError(
+            "where= needs a version 2 index with metadata columns (this one is version 1): write the "
+            "dataset again with `shardify write` (`shardify upgrade` keeps no metadata columns)"
+        )
     return {"key": "string", "length": reader.length_type, **reader.extra}
 
 
@@ -138,7 +142,7 @@ class SampleFilter:
         if got is None:
             got = self._cache[g] = self._group(g)[0]
         start = int(r.shard_row[shard])
-        return got[start:start + int(r.columns.count[shard])]
+        return got[start : start + int(r.columns.count[shard])]
 
     def scan(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(first shard, keep, lengths) of every row group in order, one in memory at a time (kept for
@@ -188,8 +192,9 @@ class PlanFilter:
         self.total = int(sum(ix.num_samples for ix in ixs))
         shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
         blocks = getattr(index, "blocks", None)
-        self.scale = shares[0] if blocks is None else (
-            np.concatenate([shares[d] for d, _ in blocks]) if blocks else np.zeros(0))
+        self.scale = (
+            shares[0] if blocks is None else (np.concatenate([shares[d] for d, _ in blocks]) if blocks else np.zeros(0))
+        )
         if self.kept == 0:
             raise ValueError(f"where={self.expr!r} keeps none of the {self.total:,} samples")
 
@@ -220,8 +225,10 @@ def open_filter(index: Any, where: str | None) -> PlanFilter | None:
     if where is None:
         return None
     if index is None:
-        raise ValueError(f"where={where!r} needs a dataset index (index.json with metadata columns): write the "
-                         "dataset with `shardify write`, or load it by its folder")
+        raise ValueError(
+            f"where={where!r} needs a dataset index (index.json with metadata columns): write the "
+            "dataset with `shardify write`, or load it by its folder"
+        )
     return PlanFilter(index, where)
 
 

@@ -37,7 +37,12 @@ AUDIO_UNITS = ("samples", "seconds")
 
 # ---- synthetic batches --------------------------------------------------------------------------------
 def default_make_batch(
-    unit: str = "samples", sample_rate: int | None = None, *, vocab_size: int = 1000, feature_dim: int = 80, seed: int = 0
+    unit: str = "samples",
+    sample_rate: int | None = None,
+    *,
+    vocab_size: int = 1000,
+    feature_dim: int = 80,
+    seed: int = 0,
 ) -> Callable[[int, float], dict[str, Any]]:
     """``make_batch(n, L)`` building a batch of ``n`` samples of length ``L`` shaped like the loader's.
 
@@ -99,8 +104,9 @@ def probe_lengths(lengths: np.ndarray, count: int = 7, integer: bool = True) -> 
     return [float(x) for x in np.unique(ls)]
 
 
-def _probes(source: Any, lengths: Sequence[float] | None, unit: str | None,
-            sample_rate: int | None) -> tuple[list[float], str, int | None]:
+def _probes(
+    source: Any, lengths: Sequence[float] | None, unit: str | None, sample_rate: int | None
+) -> tuple[list[float], str, int | None]:
     """The probe lengths (longest first: the riskiest size), the unit and the sample rate to calibrate at."""
     ds_lengths, ds_unit, ds_rate = _resolve_lengths(source)
     unit = unit or ds_unit or "samples"
@@ -116,8 +122,9 @@ def _probes(source: Any, lengths: Sequence[float] | None, unit: str | None,
 
 
 # ---- the steps of a calibration -----------------------------------------------------------------------
-def _start_from(trials: list[Trial], per_length: list[dict[str, Any]], length: float, limit: float,
-                rel_tol: float) -> tuple[int | None, float | None, float | None]:
+def _start_from(
+    trials: list[Trial], per_length: list[dict[str, Any]], length: float, limit: float, rel_tol: float
+) -> tuple[int | None, float | None, float | None]:
     """``(guess, slope, intercept)`` for the search at ``length``, predicted from the lengths done before."""
     guess = slope = intercept = None
     done = [r for r in per_length if r["max_batch_size"]]
@@ -141,15 +148,24 @@ def _start_from(trials: list[Trial], per_length: list[dict[str, Any]], length: f
     return guess, slope, intercept
 
 
-def _search_lengths(measure: Callable[[int, float], Trial], probes: list[float], limit: float,
-                    max_batch_size: int, rel_tol: float) -> tuple[list[Trial], list[dict[str, Any]]]:
+def _search_lengths(
+    measure: Callable[[int, float], Trial], probes: list[float], limit: float, max_batch_size: int, rel_tol: float
+) -> tuple[list[Trial], list[dict[str, Any]]]:
     """Every trial, and per probe length its largest fitting batch and smallest failing one."""
     trials: list[Trial] = []
     per_length: list[dict[str, Any]] = []
     for L in probes:
         guess, slope, intercept = _start_from(trials, per_length, L, limit, rel_tol)
-        lo, hi, ts = search_max_batch(measure, L, limit, max_batch_size=max_batch_size, guess=guess,
-                                      slope=slope, intercept=intercept, rel_tol=rel_tol)
+        lo, hi, ts = search_max_batch(
+            measure,
+            L,
+            limit,
+            max_batch_size=max_batch_size,
+            guess=guess,
+            slope=slope,
+            intercept=intercept,
+            rel_tol=rel_tol,
+        )
         trials.extend(ts)
         peak_at = next((t.peak for t in ts if t.n == lo and t.fits), None)
         per_length.append({"length": L, "max_batch_size": lo, "min_failing": hi, "peak": peak_at, "trials": len(ts)})
@@ -158,13 +174,18 @@ def _search_lengths(measure: Callable[[int, float], Trial], probes: list[float],
         raise CalibrationError(f"not even one sample of the shortest probe length fits in {limit:.4g} bytes")
     too_long = [r["length"] for r in per_length if r["max_batch_size"] == 0]
     if too_long:
-        log.warning("a single sample of length %g does not fit in %.4g bytes: the budget leaves such samples "
-                    "out (the loader counts them as skipped)", min(too_long), limit)
+        log.warning(
+            "a single sample of length %g does not fit in %.4g bytes: the budget leaves such samples "
+            "out (the loader counts them as skipped)",
+            min(too_long),
+            limit,
+        )
     return trials, per_length
 
 
-def _add_admitted(per_length: list[dict[str, Any]], fit: dict[str, float], model: dict[str, Any], limit: float,
-                  max_batch_size: int) -> None:
+def _add_admitted(
+    per_length: list[dict[str, Any]], fit: dict[str, float], model: dict[str, Any], limit: float, max_batch_size: int
+) -> None:
     """Add to each row what the budget admits at its length and what the fitted model predicts fits."""
     cost_model = QuadraticCost(model["quadratic_factor"]) if model["cost"] == "quadratic" else PaddedCost()
     for row in per_length:
@@ -209,21 +230,42 @@ def calibrate(
     (what ``out`` receives).
     """
     probes, unit, sample_rate = _probes(source, lengths, unit, sample_rate)
-    setup = device_measure(step_fn, make_batch or default_make_batch(unit, sample_rate), device, memory_limit,
-                           memory_fraction=memory_fraction, trial_timeout=trial_timeout, cpu_threads=cpu_threads,
-                           warmup_length=min(probes) if warmup else None)
+    setup = device_measure(
+        step_fn,
+        make_batch or default_make_batch(unit, sample_rate),
+        device,
+        memory_limit,
+        memory_fraction=memory_fraction,
+        trial_timeout=trial_timeout,
+        cpu_threads=cpu_threads,
+        warmup_length=min(probes) if warmup else None,
+    )
     t0 = time.perf_counter()
     trials, per_length = _search_lengths(setup.measure, probes, setup.limit, max_batch_size, rel_tol)
     fit = fit_memory_model(trials, setup.limit)
-    model = budget_from_fit(fit, setup.limit, max(probes), per_length, margin=margin,
-                            quadratic_threshold=quadratic_threshold, integer=unit != "seconds")
+    model = budget_from_fit(
+        fit,
+        setup.limit,
+        max(probes),
+        per_length,
+        margin=margin,
+        quadratic_threshold=quadratic_threshold,
+        integer=unit != "seconds",
+    )
     _add_admitted(per_length, fit, model, setup.limit, max_batch_size)
     result = {
-        "format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, "cost": model["cost"],
-        "quadratic_factor": model["quadratic_factor"], "budget": model["budget"], "unit": unit,
-        "sample_rate": sample_rate, "device": setup.device_name, "cpu_threads": setup.cpu_threads,
+        "format": CALIBRATION_FORMAT,
+        "version": CALIBRATION_VERSION,
+        "cost": model["cost"],
+        "quadratic_factor": model["quadratic_factor"],
+        "budget": model["budget"],
+        "unit": unit,
+        "sample_rate": sample_rate,
+        "device": setup.device_name,
+        "cpu_threads": setup.cpu_threads,
         "limit": setup.limit,
-        "memory_fraction": memory_fraction if memory_limit is None else None, "margin": margin,
+        "memory_fraction": memory_fraction if memory_limit is None else None,
+        "margin": margin,
         "max_batch_size": max_batch_size,
         "fit": {**fit, "fitted_budget": model["fitted_budget"], "quadratic_share": model["quadratic_share"]},
         "per_length": per_length,
@@ -246,48 +288,80 @@ def format_report(result: dict[str, Any]) -> str:
     rows = []
     for r in sorted(result["per_length"], key=lambda r: r["length"]):
         row = [f"{r['length']:g}"] + ([f"{r['length'] / rate:.2f}"] if seconds else [])
-        row += [str(r["max_batch_size"]), "-" if r["min_failing"] is None else str(r["min_failing"]),
-                "-" if r["peak"] is None else f"{r['peak'] / 2**20:.1f}", str(r["admitted"]), str(r["trials"])]
+        row += [
+            str(r["max_batch_size"]),
+            "-" if r["min_failing"] is None else str(r["min_failing"]),
+            "-" if r["peak"] is None else f"{r['peak'] / 2**20:.1f}",
+            str(r["admitted"]),
+            str(r["trials"]),
+        ]
         rows.append(row)
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     f = result["fit"]
     lines.append("")
-    lines.append(f"device {result['device']}, limit {result['limit'] / 2**20:.1f} MiB, "
-                 f"{len(result['measurements'])} trials in {result['seconds']:.1f} s")
-    lines.append(f"peak bytes ≈ {f['a']:.4g} + {f['b']:.4g}·n·L + {f['c']:.4g}·n·L²  "
-                 f"(max error {100 * f['max_rel_error']:.1f} %, quadratic share at the longest length "
-                 f"{100 * f['quadratic_share']:.1f} %)")
+    lines.append(
+        f"device {result['device']}, limit {result['limit'] / 2**20:.1f} MiB, "
+        f"{len(result['measurements'])} trials in {result['seconds']:.1f} s"
+    )
+    lines.append(
+        f"peak bytes ≈ {f['a']:.4g} + {f['b']:.4g}·n·L + {f['c']:.4g}·n·L²  "
+        f"(max error {100 * f['max_rel_error']:.1f} %, quadratic share at the longest length "
+        f"{100 * f['quadratic_share']:.1f} %)"
+    )
     if result["cost"] == "quadratic":
-        lines.append(f"cost='quadratic', quadratic_factor={result['quadratic_factor']:.6g}, "
-                     f"budget={result['budget']:.10g} {unit}")
+        lines.append(
+            f"cost='quadratic', quadratic_factor={result['quadratic_factor']:.6g}, "
+            f"budget={result['budget']:.10g} {unit}"
+        )
     else:
         lines.append(f"cost='padded', budget={result['budget']:.10g} {unit}")
     return "\n".join(lines)
 
 
 # ---- command line (`shardify calibrate`) --------------------------------------------------------------
-CLI_DESCRIPTION = ("Measure the largest batch per length your training step fits in, and write the cost model "
-                   "(cost, quadratic_factor, budget) that StreamBatchLoader(cost=FILE) reads.")
-CLI_EPILOG = ("FACTORY is called as FACTORY(device) (or FACTORY()) and returns step_fn(batch) — forward, backward "
-              "and optimizer step on one batch as the loader yields it (CPU tensors) — or a (step_fn, make_batch) "
-              "pair. Example: shardify calibrate data/ --model mymodel.py:make_step --device cuda "
-              "--out calib.json")
+CLI_DESCRIPTION = (
+    "Measure the largest batch per length your training step fits in, and write the cost model "
+    "(cost, quadratic_factor, budget) that StreamBatchLoader(cost=FILE) reads."
+)
+CLI_EPILOG = (
+    "FACTORY is called as FACTORY(device) (or FACTORY()) and returns step_fn(batch) — forward, backward "
+    "and optimizer step on one batch as the loader yields it (CPU tensors) — or a (step_fn, make_batch) "
+    "pair. Example: shardify calibrate data/ --model mymodel.py:make_step --device cuda "
+    "--out calib.json"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``shardify calibrate`` options to ``p`` (read back by :func:`run_cli`)."""
-    p.add_argument("source", help="dataset folder or index.json (probe lengths, unit and sample rate come from its index)")
+    p.add_argument(
+        "source", help="dataset folder or index.json (probe lengths, unit and sample rate come from its index)"
+    )
     p.add_argument("--model", required=True, metavar="MODULE:FACTORY", help="factory returning the step function")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--memory-limit", default=None, help="bytes the step may use, e.g. 2G (CPU default: a fraction of the available memory)")
-    p.add_argument("--memory-fraction", type=float, default=0.9, help="share of the device memory to fill (default 0.9)")
-    p.add_argument("--lengths", default=None, help="comma-separated probe lengths (default: quantiles of the dataset's)")
-    p.add_argument("--max-batch-size", type=_positive_int, default=4096, metavar="N",
-                   help="largest batch size searched at any length (default 4096); the calibration file records "
-                   "it and the loader caps batches there, since larger ones would be extrapolated, not measured")
-    p.add_argument("--rel-tol", type=float, default=0.01, help="precision of each length's largest batch (default 0.01)")
+    p.add_argument(
+        "--memory-limit",
+        default=None,
+        help="bytes the step may use, e.g. 2G (CPU default: a fraction of the available memory)",
+    )
+    p.add_argument(
+        "--memory-fraction", type=float, default=0.9, help="share of the device memory to fill (default 0.9)"
+    )
+    p.add_argument(
+        "--lengths", default=None, help="comma-separated probe lengths (default: quantiles of the dataset's)"
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=4096,
+        metavar="N",
+        help="largest batch size searched at any length (default 4096); the calibration file records "
+        "it and the loader caps batches there, since larger ones would be extrapolated, not measured",
+    )
+    p.add_argument(
+        "--rel-tol", type=float, default=0.01, help="precision of each length's largest batch (default 0.01)"
+    )
     p.add_argument("--margin", type=float, default=0.02, help="budget safety margin (default 0.02)")
     p.add_argument("--out", default=None, help="write the calibration JSON here")
     p.add_argument("-v", "--verbose", action="store_true", help="log every trial (batch size, length, peak memory)")
@@ -343,9 +417,19 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     step_fn, make_batch = _call_factory(load_factory(args.model), args.device)
     lengths = [float(x) for x in args.lengths.split(",")] if args.lengths else None
-    result = calibrate(step_fn, args.source, device=args.device, memory_fraction=args.memory_fraction,
-                       memory_limit=args.memory_limit, lengths=lengths, max_batch_size=args.max_batch_size,
-                       out=args.out, make_batch=make_batch, rel_tol=args.rel_tol, margin=args.margin)
+    result = calibrate(
+        step_fn,
+        args.source,
+        device=args.device,
+        memory_fraction=args.memory_fraction,
+        memory_limit=args.memory_limit,
+        lengths=lengths,
+        max_batch_size=args.max_batch_size,
+        out=args.out,
+        make_batch=make_batch,
+        rel_tol=args.rel_tol,
+        margin=args.margin,
+    )
     print(format_report(result))
     if args.out:
         print(f"wrote {args.out}: StreamBatchLoader(source, cost={args.out!r}) uses it")

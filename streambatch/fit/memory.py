@@ -21,11 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import CalibrationError
+
 log = logging.getLogger("streambatch.calibrate")
-
-
-class CalibrationError(RuntimeError):
-    """The step function failed for a reason other than running out of memory, or nothing fits."""
 
 
 @dataclass
@@ -49,14 +47,18 @@ def is_oom(exc: BaseException) -> bool:
     try:
         import torch
 
-        oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t)
+        oom_types = tuple(
+            t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
+        )
         if oom_types and isinstance(exc, oom_types):
             return True
     except ImportError:  # pragma: no cover
         pass
     if isinstance(exc, RuntimeError):
         msg = str(exc).lower()
-        return any(m in msg for m in ("out of memory", "can't allocate memory", "cannot allocate memory", "alloc_failed"))
+        return any(
+            m in msg for m in ("out of memory", "can't allocate memory", "cannot allocate memory", "alloc_failed")
+        )
     return False
 
 
@@ -181,8 +183,9 @@ def _peak_above(clear: bool, start: dict[str, int], base: int, anon0: int, sampl
 class _ForkMeasure:
     """CPU trials in forked children: peak RSS above the RSS at the start of the step."""
 
-    def __init__(self, step_fn, make_batch, limit: float, abort_at: float, timeout: float | None,
-                 threads: int | None = None):
+    def __init__(
+        self, step_fn, make_batch, limit: float, abort_at: float, timeout: float | None, threads: int | None = None
+    ):
         if not os.path.exists("/proc/self/statm") or not hasattr(os, "fork"):
             raise CalibrationError("CPU calibration measures memory through /proc and fork(): it needs Linux")
         self.step_fn, self.make_batch = step_fn, make_batch
@@ -225,7 +228,11 @@ class _ForkMeasure:
     def _trial(self, raw: str, status: int, n: int, length: float, seconds: float) -> Trial:
         """The trial from the child's report (its last line) and exit status."""
         if not raw:
-            why = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+            why = (
+                f"killed by signal {os.WTERMSIG(status)}"
+                if os.WIFSIGNALED(status)
+                else f"exit status {os.WEXITSTATUS(status)}"
+            )
             return Trial(n, length, None, False, f"child {why} (out of memory?)", seconds)
         res = json.loads(raw.splitlines()[-1])
         if res.get("error"):
@@ -372,8 +379,11 @@ def device_measure(
     avail = available_memory()
     if limit is None:
         limit = memory_fraction * avail
-        log.warning("no memory_limit on CPU: using %.0f%% of the available memory, %.2f GiB",
-                    100 * memory_fraction, limit / 2**30)
+        log.warning(
+            "no memory_limit on CPU: using %.0f%% of the available memory, %.2f GiB",
+            100 * memory_fraction,
+            limit / 2**30,
+        )
     limit = float(limit)
     abort_at = max(limit * 1.001, min(1.5 * limit, 0.9 * avail))
     if cpu_threads is None and _thread_count() > 1:

@@ -99,11 +99,13 @@ def _slice(batch: Any, n: int, s: int, e: int, share: float) -> Any:
         piece = {}
         for k, v in batch.items():
             if packed and k == "cu_seqlens":
-                piece[k] = v[s:e + 1] - v[s]
+                piece[k] = v[s : e + 1] - v[s]
             elif packed and k == "max_seqlen":
-                seg = np.diff(np.asarray(_to_numpy(cu[s:e + 1])))
+                seg = np.diff(np.asarray(_to_numpy(cu[s : e + 1])))
                 m = int(seg.max()) if seg.size else 0
-                piece[k] = type(v)(m) if isinstance(v, (int, float)) else (v.new_tensor(m) if hasattr(v, "new_tensor") else m)
+                piece[k] = (
+                    type(v)(m) if isinstance(v, (int, float)) else (v.new_tensor(m) if hasattr(v, "new_tensor") else m)
+                )
             elif packed and _is_array(v) and getattr(v, "ndim", 0) >= 1 and v.shape[0] == total and total != n:
                 piece[k] = v[t0:t1]
             elif _is_array(v) and getattr(v, "ndim", 0) >= 1 and v.shape[0] == n:
@@ -115,7 +117,9 @@ def _slice(batch: Any, n: int, s: int, e: int, share: float) -> Any:
         piece["loss_weight"] = float(batch.get("loss_weight", 1.0)) * share
         return piece
     if isinstance(batch, (list, tuple)):
-        return type(batch)(v[s:e] if _is_array(v) and getattr(v, "ndim", 0) >= 1 and v.shape[0] == n else v for v in batch)
+        return type(batch)(
+            v[s:e] if _is_array(v) and getattr(v, "ndim", 0) >= 1 and v.shape[0] == n else v for v in batch
+        )
     return batch[s:e]
 
 
@@ -200,8 +204,9 @@ def run_with_oom_split(
     return _run_restarting(attempt, batch, n, min_size, reset, weight_by, logger)
 
 
-def _run_halving(attempt: _Attempt, batch: Any, n: int, min_size: int, weight_by: str,
-                 logger: logging.Logger) -> SplitResult:
+def _run_halving(
+    attempt: _Attempt, batch: Any, n: int, min_size: int, weight_by: str, logger: logging.Logger
+) -> SplitResult:
     """Without ``reset``: a piece that runs out of memory is retried in halves, recursively."""
     state = {"ooms": 0, "splits": 0, "pieces": 0}
 
@@ -224,8 +229,15 @@ def _run_halving(attempt: _Attempt, batch: Any, n: int, min_size: int, weight_by
     return SplitResult(value, state["pieces"], state["ooms"], state["splits"])
 
 
-def _run_restarting(attempt: _Attempt, batch: Any, n: int, min_size: int, reset: Callable[[], Any],
-                    weight_by: str, logger: logging.Logger) -> SplitResult:
+def _run_restarting(
+    attempt: _Attempt,
+    batch: Any,
+    n: int,
+    min_size: int,
+    reset: Callable[[], Any],
+    weight_by: str,
+    logger: logging.Logger,
+) -> SplitResult:
     """With ``reset``: every out-of-memory resets and restarts the whole batch in twice as many pieces."""
     ooms = splits = 0
     k = 1

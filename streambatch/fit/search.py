@@ -75,8 +75,15 @@ def search_max_batch(
     return lo, hi, trials
 
 
-def _grow(fits: dict[int, float | None], lo: int, limit: float, slope: float | None, intercept: float | None,
-          rel_tol: float, max_batch_size: int) -> int:
+def _grow(
+    fits: dict[int, float | None],
+    lo: int,
+    limit: float,
+    slope: float | None,
+    intercept: float | None,
+    rel_tol: float,
+    max_batch_size: int,
+) -> int:
     """Nothing failed yet: aim at the limit along the measured line, at most ×8 per step."""
     pts = sorted((k, p) for k, p in fits.items() if p is not None)
     nxt = lo * 4
@@ -185,7 +192,9 @@ def budget_from_fit(
         model = PaddedCost()
         per_cost = b + c * max_length  # the worst case over the dataset's lengths
     if per_cost <= 0:
-        raise CalibrationError("the measured memory does not grow with the batch: cannot fit a budget (is step_fn a no-op?)")
+        raise CalibrationError(
+            "the measured memory does not grow with the batch: cannot fit a budget (is step_fn a no-op?)"
+        )
     fitted = (limit - a) / per_cost
     budget = fitted
     for row in per_length:
@@ -197,9 +206,16 @@ def budget_from_fit(
             budget = min(budget, float(model.cost(lo + 1, L)) * (1 - 1e-9))
     budget *= 1 - margin
     if budget <= 0:
-        raise CalibrationError(f"no budget fits the limit ({limit:.4g} bytes): the fixed memory a={a:.4g} leaves no room")
+        raise CalibrationError(
+            f"no budget fits the limit ({limit:.4g} bytes): the fixed memory a={a:.4g} leaves no room"
+        )
     if integer:
         budget = float(math.floor(budget))
-    out = {"cost": model.name, "quadratic_factor": getattr(model, "factor", None), "budget": budget,
-           "fitted_budget": fitted, "quadratic_share": share}
+    out = {
+        "cost": model.name,
+        "quadratic_factor": getattr(model, "factor", None),
+        "budget": budget,
+        "fitted_budget": fitted,
+        "quadratic_share": share,
+    }
     return out

@@ -8,10 +8,12 @@ with no I/O (the epoch planner, ``len(loader)`` and the benchmarks). So the plan
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..errors import SampleTooLongError
 from .batchplan import BatchPlan, sort_batches, sorted_oracle  # noqa: F401 - sorted_oracle: the reference, public here
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
@@ -19,10 +21,6 @@ from .groups import GroupHistograms, group_ends, group_runs
 from .outputs import bound_reach
 from .packed import pack_by_sum
 from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
-
-
-class SampleTooLongError(ValueError):
-    """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
 
 
 class BucketBatcher:
@@ -41,8 +39,9 @@ class BucketBatcher:
     With ``batch_by``, each sample also carries a group key and no batch holds two keys (:mod:`.groups`).
     """
 
-    def __init__(self, config: BatchingConfig, seed: int | Sequence[int] | None = None,
-                 stream_length: int | None = None):
+    def __init__(
+        self, config: BatchingConfig, seed: int | Sequence[int] | None = None, stream_length: int | None = None
+    ):
         c = config
         self.stream_length = stream_length  # samples the stream will bring, where known (plan() knows it)
         self.config = c
@@ -123,16 +122,18 @@ class BucketBatcher:
             return self._round(final=False)
         return []
 
-    def push_many(self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None,
-                  groups: np.ndarray | None = None) -> list[np.ndarray]:
+    def push_many(
+        self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
         out: list[np.ndarray] = []
         for flat, k in self._push_many_flat(sids, lengths, outputs, groups):
             out.extend(np.split(flat, np.cumsum(k)[:-1]) if len(k) else [])
         return out
 
-    def _push_many_flat(self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None,
-                        groups: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _push_many_flat(
+        self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """:meth:`push_many`, yielding each round's emitted batches flat (ids, sizes)."""
         sids = np.asarray(sids, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.float64)
@@ -146,11 +147,11 @@ class BucketBatcher:
         pos, n = 0, len(sids)
         while pos < n:
             k = min(self.buffer_size - self.held, n - pos)
-            self._ids[self.held:self.held + k] = sids[pos:pos + k]
-            self._lens[self.held:self.held + k] = lengths[pos:pos + k]
-            self._outs[self.held:self.held + k] = outputs[pos:pos + k]
-            self._groups[self.held:self.held + k] = groups[pos:pos + k]
-            self._seen.add(lengths[pos:pos + k], groups[pos:pos + k])
+            self._ids[self.held : self.held + k] = sids[pos : pos + k]
+            self._lens[self.held : self.held + k] = lengths[pos : pos + k]
+            self._outs[self.held : self.held + k] = outputs[pos : pos + k]
+            self._groups[self.held : self.held + k] = groups[pos : pos + k]
+            self._seen.add(lengths[pos : pos + k], groups[pos : pos + k])
             self._pushed += k
             self.held += k
             pos += k
@@ -173,12 +174,13 @@ class BucketBatcher:
         return self._round(final=True)
 
     @classmethod
-    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int, stream_length: int | None = None) -> "BucketBatcher":
+    def for_slot(cls, config: BatchingConfig, epoch: int, slot: int, stream_length: int | None = None) -> BucketBatcher:
         """A fresh batcher whose shuffle is seeded for one (rank, worker) slot of one epoch."""
         return cls(config, seed=slot_seed(config.seed, epoch, slot), stream_length=stream_length)
 
-    def plan(self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None,
-             groups: np.ndarray | None = None) -> BatchPlan:
+    def plan(
+        self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
+    ) -> BatchPlan:
         """Run a whole stream with these lengths (output lengths, group keys) through this (fresh) batcher: its
         batches as positions (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its
         positions only). The stream's length is known here: pushing the same lengths into a batcher made with
@@ -240,8 +242,9 @@ class BucketBatcher:
         self._lens[:h], self._ids[:h], self._outs[:h] = lens, ids, outs
         self._nsorted = h
 
-    def _runs(self, s: np.ndarray, o: np.ndarray | None = None, g: np.ndarray | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
+    def _runs(
+        self, s: np.ndarray, o: np.ndarray | None = None, g: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """For each position of the sorted window ``s``: where a batch starting there ends (its capacity,
         in multiples of ``batch_size_multiple_of``; under an output budget also ``n × max(o) ≤ output_budget``
         for the output lengths ``o``), and where its bucket's run of the window ends (with ``batch_by``: its
@@ -268,8 +271,9 @@ class BucketBatcher:
             seg_end = np.full(n, n, dtype=np.int64)
         return reach, seg_end
 
-    def _pack(self, s: np.ndarray, o: np.ndarray | None = None, g: np.ndarray | None = None
-              ) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
+    def _pack(
+        self, s: np.ndarray, o: np.ndarray | None = None, g: np.ndarray | None = None
+    ) -> tuple[list[np.ndarray] | tuple[np.ndarray, np.ndarray], np.ndarray]:
         """Cut lengths ``s`` (sorted longest first; with ``batch_by`` within each group key of ``g``) greedily
         into batches.
 
@@ -380,7 +384,11 @@ class BucketBatcher:
         members, sizes = _batch_members(batches)
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
-        fill = np.add.reduceat(lens[members(partial)], np.cumsum(sizes[partial]) - sizes[partial]) if len(partial) else np.zeros(0)
+        fill = (
+            np.add.reduceat(lens[members(partial)], np.cumsum(sizes[partial]) - sizes[partial])
+            if len(partial)
+            else np.zeros(0)
+        )
         if self.shuffle:
             complete = complete[self.rng.permutation(len(complete))]
         cand = np.concatenate([complete, partial[np.argsort(-fill, kind="stable")]]).astype(np.int64)
@@ -432,8 +440,12 @@ def iter_batches(items: Iterable, batcher: BucketBatcher, length_of, output_of=N
     held: dict[int, object] = {}
     for i, item in enumerate(items):
         held[i] = item
-        ready = batcher.push(i, length_of(item), output_of(item) if output_of is not None else 0.0,
-                             group_of(item) if group_of is not None else 0)
+        ready = batcher.push(
+            i,
+            length_of(item),
+            output_of(item) if output_of is not None else 0.0,
+            group_of(item) if group_of is not None else 0,
+        )
         if batcher.skipped and batcher.skipped[-1] == i:
             held.pop(i)
         for batch in ready:

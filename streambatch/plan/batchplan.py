@@ -4,7 +4,7 @@ ordering by length (``batch_order``), and the sorted oracle the benchmarks compa
 from __future__ import annotations
 
 from collections import abc
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -20,8 +20,15 @@ class BatchPlan(abc.Sequence):
     than the budget (never emitted); ``dropped`` those left in the buffers at the end under ``drop_last``.
     """
 
-    def __init__(self, batches: Iterable[np.ndarray] = (), skipped: Sequence[int] = (), dropped: Sequence[int] = (),
-                 *, flat: np.ndarray | None = None, bounds: np.ndarray | None = None):
+    def __init__(
+        self,
+        batches: Iterable[np.ndarray] = (),
+        skipped: Sequence[int] = (),
+        dropped: Sequence[int] = (),
+        *,
+        flat: np.ndarray | None = None,
+        bounds: np.ndarray | None = None,
+    ):
         if flat is None:
             batches = [np.asarray(b) for b in batches]
             sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
@@ -41,7 +48,7 @@ class BatchPlan(abc.Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError("batch index out of range")
-        return self.flat[self.bounds[i]:self.bounds[i + 1]]
+        return self.flat[self.bounds[i] : self.bounds[i + 1]]
 
     def __iter__(self) -> Iterator[np.ndarray]:
         flat, bounds = self.flat, self.bounds.tolist()
@@ -63,7 +70,9 @@ class BatchPlan(abc.Sequence):
         return int(self.bounds[-1])
 
 
-def sort_batches(flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, descending: bool) -> tuple[np.ndarray, np.ndarray]:
+def sort_batches(
+    flat: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, descending: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Batches (positions ``flat``, ``sizes``) reordered by their longest sample's length, shortest first
     (``descending``: longest first); batches with equally long longest samples keep their planned order."""
     first = np.cumsum(sizes) - sizes
@@ -83,6 +92,6 @@ def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None
     while start < n:
         m = lengths[order[start]]
         k = int(min(budget // m, cap, n - start))
-        out.append(order[start:start + k])
+        out.append(order[start : start + k])
         start += k
     return out

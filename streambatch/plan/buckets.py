@@ -9,15 +9,16 @@ import numpy as np
 from .stats import LengthStats
 
 
-def estimate_boundaries(lengths: np.ndarray | LengthStats, budget: float, num_buckets: int | None = None,
-                        spacing: str = "quantile") -> np.ndarray:
+def estimate_boundaries(
+    lengths: np.ndarray | LengthStats, budget: float, num_buckets: int | None = None, spacing: str = "quantile"
+) -> np.ndarray:
     """Bucket boundaries for ``lengths`` under ``budget``: the upper edges of all buckets but the last.
 
-    ``spacing="quantile"`` (the default): boundaries sit at the lengths where a batch's capacity ``floor(budget / max_len)`` changes
-    (``budget / k``), so every sample of a bucket fits the same number of times in a batch and a full
-    bucket batch wastes no capacity. Where those classes are narrower than the data needs (short samples,
-    many per batch), neighbouring classes are merged so that each bucket holds about ``1/num_buckets`` of
-    the samples. ``spacing="exponential"``: edges that grow by a constant factor from the shortest to the
+    ``spacing="quantile"`` (the default): boundaries sit at the lengths where a batch's capacity
+    ``floor(budget / max_len)`` changes (``budget / k``), so every sample of a bucket fits the same number of
+    times in a batch and a full bucket batch wastes no capacity. Where those classes are narrower than the data
+    needs (short samples, many per batch), neighbouring classes are merged so that each bucket holds about
+    ``1/num_buckets`` of the samples. ``spacing="exponential"``: edges that grow by a constant factor from the shortest to the
     longest length (each bucket as many times longer than the last). The default ``num_buckets`` is
     :func:`default_num_buckets`.
     """

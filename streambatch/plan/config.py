@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import BudgetError
 from .buckets import DEFAULT_BUFFER, default_buffer_size, estimate_boundaries
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
+
 
 @dataclass(frozen=True)
 class BatchingConfig:
@@ -57,11 +59,15 @@ class BatchingConfig:
         if self.output_budget is not None:
             check_budget(self.output_budget)
             if self.cost.packed:
-                raise ValueError("output_budget bounds padded batches (n × max output length); packed batches have none")
+                raise ValueError(
+                    "output_budget bounds padded batches (n × max output length); packed batches have none"
+                )
         if self.batch_by is not None and self.batch_by not in BATCH_BY:
             raise ValueError(f"batch_by must be None or one of {', '.join(map(repr, BATCH_BY))}, got {self.batch_by!r}")
         if self.batch_order not in BATCH_ORDERS:
-            raise ValueError(f"batch_order must be one of {', '.join(map(repr, BATCH_ORDERS))}, got {self.batch_order!r}")
+            raise ValueError(
+                f"batch_order must be one of {', '.join(map(repr, BATCH_ORDERS))}, got {self.batch_order!r}"
+            )
         if self.bucket_boundaries is not None:
             edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
@@ -80,7 +86,7 @@ class BatchingConfig:
         mean_length: float | None = None,
         sample_bytes: float | None = None,
         **options: Any,
-    ) -> "BatchingConfig":
+    ) -> BatchingConfig:
         """A config from user-facing options: ``cost`` by name, callable or calibration file (whose budget
         is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries estimated from
         ``lengths``, spaced by ``bucket_spacing`` (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window
@@ -95,19 +101,28 @@ class BatchingConfig:
             budget = calibrated
         budget = parse_budget(budget)  # a number; a string without the dataset's unit only as a plain number
         if bucket_spacing not in BUCKET_SPACINGS:
-            raise ValueError(f"bucket_spacing must be one of {', '.join(map(repr, BUCKET_SPACINGS))}, got {bucket_spacing!r}")
+            raise ValueError(
+                f"bucket_spacing must be one of {', '.join(map(repr, BUCKET_SPACINGS))}, got {bucket_spacing!r}"
+            )
         if bucket_spacing != "quantile" and not num_buckets:
-            raise ValueError(f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets")
+            raise ValueError(
+                f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"
+            )
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
             options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
         if options.get("buffer_size") is None:
-            options["buffer_size"] = _auto_buffer(model, budget, options.get("max_batch_size"),
-                                                  _mean(lengths) if mean_length is None else mean_length, sample_bytes)
+            options["buffer_size"] = _auto_buffer(
+                model,
+                budget,
+                options.get("max_batch_size"),
+                _mean(lengths) if mean_length is None else mean_length,
+                sample_bytes,
+            )
         return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
 
-    def replace(self, **changes: Any) -> "BatchingConfig":
+    def replace(self, **changes: Any) -> BatchingConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
@@ -121,8 +136,9 @@ def _mean(lengths: Any) -> float | None:
     return float(lengths.mean) if lengths.count else None
 
 
-def _auto_buffer(model: CostModel, budget: float, max_batch_size: int | None, mean: float | None,
-                 sample_bytes: float | None) -> int:
+def _auto_buffer(
+    model: CostModel, budget: float, max_batch_size: int | None, mean: float | None, sample_bytes: float | None
+) -> int:
     """The default window for samples of ``mean`` length (the floor when it is unknown)."""
     if mean is None or not math.isfinite(mean) or mean <= 0 or model.packed:
         return DEFAULT_BUFFER
@@ -187,10 +203,15 @@ def _seconds_to_unit(text: str, seconds: float, unit: str | None, sample_rate: i
     if unit == "samples" and sample_rate:
         return seconds * float(sample_rate)
     if unit is None:
-        raise BudgetError(f"budget {text!r}: a duration needs the dataset's unit and sample rate from its index; "
-                          "without one give the budget in the dataset's unit")
-    raise BudgetError(f"budget {text!r}: seconds only make sense for audio, this dataset's lengths are in {unit}"
-                      + (" without a sample rate" if unit == "samples" else ""))
+        raise BudgetError(
+            f"budget {text!r}: a duration needs the dataset's unit and sample rate from its index; "
+            "without one give the budget in the dataset's unit"
+        )
+    raise BudgetError(
+        f"budget {text!r}: seconds only make sense for audio, this dataset's lengths are in {unit}"
+        + (" without a sample rate" if unit == "samples" else "")
+    )
+
 
 #: the option names BatchingConfig takes as fields (``make`` takes these plus num_buckets/cost/packed)
 FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class PaddedCost(CostModel):
     def capacity(self, lengths: np.ndarray, budget: float, max_batch_size: int) -> np.ndarray:
         lengths = np.asarray(lengths, dtype=np.float64)
         cap = np.floor(budget / lengths).astype(np.int64)
-        cap -= (cap * lengths > budget)  # guard against rounding in the division
+        cap -= cap * lengths > budget  # guard against rounding in the division
         return np.minimum(cap, max_batch_size)
 
 
@@ -88,7 +89,7 @@ class QuadraticCost(CostModel):
         lengths = np.asarray(lengths, dtype=np.float64)
         per = lengths + lengths * lengths / self.factor
         cap = np.floor(budget / per).astype(np.int64)
-        cap -= (cap * per > budget)
+        cap -= cap * per > budget
         return np.minimum(cap, max_batch_size)
 
     def to_json(self) -> dict[str, Any]:
@@ -153,7 +154,9 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
         return PaddedCost(), None
     if cost == "quadratic":
         if quadratic_factor is None:
-            raise ValueError("cost='quadratic' needs quadratic_factor (or a calibration file from streambatch.calibrate)")
+            raise ValueError(
+                "cost='quadratic' needs quadratic_factor (or a calibration file from streambatch.calibrate)"
+            )
         return QuadraticCost(float(quadratic_factor)), None
     if isinstance(cost, str) and cost.endswith(".json"):
         from ..dataset.storage import open_url

@@ -7,16 +7,26 @@ consumed. Equalising needs only two numbers per rank (:class:`RankSummary`); the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .config import BatchingConfig
 from .lengths import Lengths
 from .shards import plan_slots
-from .slot import Adjust, SlotPlan, apply_adjust, batch_costs, cut_largest, hardest_batch
-from .slot import interleave, per_worker, plan_slot
+from .slot import (
+    Adjust,
+    SlotPlan,
+    apply_adjust,
+    batch_costs,
+    cut_largest,
+    hardest_batch,
+    interleave,
+    per_worker,
+    plan_slot,
+)
 
 EVEN_BATCHES = ("split", "drop", "pad")
 
@@ -62,7 +72,7 @@ class RankSummary:
     spare: int
 
     @classmethod
-    def of(cls, slots: Sequence[SlotPlan]) -> "RankSummary":
+    def of(cls, slots: Sequence[SlotPlan]) -> RankSummary:
         return cls(sum(len(s.batches) for s in slots), sum(len(b) - 1 for s in slots for b in s.batches))
 
 
@@ -113,7 +123,9 @@ def plan_rank(
         start = _hardest_worker(slots, lengths, config)
         adjust[start].hardest = True
         s = slots[start]
-        slots[start] = apply_adjust(s, Adjust(hardest=True), config.seed, epoch, first + start, lengths[s.gids], config.cost)
+        slots[start] = apply_adjust(
+            s, Adjust(hardest=True), config.seed, epoch, first + start, lengths[s.gids], config.cost
+        )
     out = RankPlan(slots, adjust, start, splits=splits)
     for w, t in enumerate(per_worker([len(s.batches) for s in slots], steps, start)):
         s = slots[w]
@@ -177,11 +189,10 @@ def make_epoch_plan(
     lengths = shard_lengths if isinstance(shard_lengths, Lengths) else Lengths.of(shard_lengths)
     dealt = plan_slots(lengths, num_slots, config.seed, epoch, config.shuffle, excluded=excluded)
     raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(num_slots)]
-    by_rank = [raw[r * num_workers:(r + 1) * num_workers] for r in range(world_size)]
+    by_rank = [raw[r * num_workers : (r + 1) * num_workers] for r in range(world_size)]
     steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], even_batches)
     ranks = [
-        plan_rank(by_rank[r], steps, even_batches, config, epoch, r, lengths, hardest_first)
-        for r in range(world_size)
+        plan_rank(by_rank[r], steps, even_batches, config, epoch, r, lengths, hardest_first) for r in range(world_size)
     ]
     return EpochPlan(
         epoch=epoch,
@@ -223,12 +234,21 @@ class RankSchedule:
         return interleave(self.worker_counts(), self.start)
 
     @classmethod
-    def of(cls, plan: EpochPlan, rank: int) -> "RankSchedule":
+    def of(cls, plan: EpochPlan, rank: int) -> RankSchedule:
         """The rank's part of a global plan (counts are then the whole epoch's)."""
         adjust = [plan.adjust[s] for s in plan.rank_slots(rank)]  # take = each worker's batch count
-        return cls(plan.epoch, plan.steps, adjust, plan.start(rank), plan.surplus_samples, plan.repeated_samples,
-                   plan.split_batches, plan.skipped_samples, plan.dropped_samples,
-                   sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)))
+        return cls(
+            plan.epoch,
+            plan.steps,
+            adjust,
+            plan.start(rank),
+            plan.surplus_samples,
+            plan.repeated_samples,
+            plan.split_batches,
+            plan.skipped_samples,
+            plan.dropped_samples,
+            sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)),
+        )
 
 
 def rank_raw_slots(
@@ -269,8 +289,18 @@ def plan_rank_local(
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
     steps = agreed_steps(summaries, even_batches)
     rp = plan_rank(raw, steps, even_batches, config, epoch, rank, lengths, hardest_first)
-    return RankSchedule(epoch, steps, rp.adjust, rp.first_worker, rp.surplus, rp.repeated, rp.splits,
-                        sum(s.skipped for s in raw), sum(s.dropped for s in raw), sum(s.num_samples for s in raw))
+    return RankSchedule(
+        epoch,
+        steps,
+        rp.adjust,
+        rp.first_worker,
+        rp.surplus,
+        rp.repeated,
+        rp.splits,
+        sum(s.skipped for s in raw),
+        sum(s.dropped for s in raw),
+        sum(s.num_samples for s in raw),
+    )
 
 
 def consumed_ids(plan: EpochPlan, consumed: int) -> np.ndarray:

@@ -3,7 +3,7 @@ masks): asking about some samples evaluates the filter on their shards only, onc
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -6,7 +6,8 @@ A rank plans from the shard table alone and loads the per-sample lengths of only
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,12 +34,14 @@ class Lengths:
         self.groups: np.ndarray | None = None  # per shard: its samples' group key (batch_by), if known
 
     @classmethod
-    def of(cls, shard_lengths: Sequence[np.ndarray], groups: Sequence[int] | None = None) -> "Lengths":
+    def of(cls, shard_lengths: Sequence[np.ndarray], groups: Sequence[int] | None = None) -> Lengths:
         """All lengths already in memory (the global plan, tests, benchmarks); ``groups``: each shard's group
         key (``batch_by``)."""
         arrays = [np.asarray(x) for x in shard_lengths]
         totals = [float(a.sum()) if a.size else 0.0 for a in arrays]
-        out = cls(np.array([a.size for a in arrays], dtype=np.int64), np.array(totals), lambda ids: [arrays[i] for i in ids])
+        out = cls(
+            np.array([a.size for a in arrays], dtype=np.int64), np.array(totals), lambda ids: [arrays[i] for i in ids]
+        )
         out._arrays = dict(enumerate(arrays))
         out.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
         return out
@@ -77,8 +80,10 @@ class Lengths:
         s = int(s)
         if s not in self._outputs:
             if self.load_outputs is None:
-                raise ValueError("output_budget needs each sample's output length: write the dataset with "
-                                 "`shardify write --output-length chars|tokens:NAME`")
+                raise ValueError(
+                    "output_budget needs each sample's output length: write the dataset with "
+                    "`shardify write --output-length chars|tokens:NAME`"
+                )
             self._outputs[s] = np.asarray(self.load_outputs([s])[0])
         return self._outputs[s]
 

@@ -16,8 +16,9 @@ samples consumed before a resume are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ class DatasetDraw:
     dataset: int  # the dataset's number in the mixture: its permutations differ from the others'
 
     @classmethod
-    def of(cls, size: int, weight: float, seed: int, dataset: int) -> "DatasetDraw":
+    def of(cls, size: int, weight: float, seed: int, dataset: int) -> DatasetDraw:
         if not np.isfinite(weight) or weight < 0:
             raise ValueError(f"dataset weight must be a finite number >= 0, got {weight}")
         return cls(int(size), int(round(weight * size)), int(seed), int(dataset))

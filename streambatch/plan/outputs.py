@@ -40,8 +40,9 @@ def output_reach(outs: np.ndarray, budget: float, limit: np.ndarray) -> np.ndarr
         hi[act] = np.where(ok, hi[act], mid - 1)
 
 
-def bound_reach(reach: np.ndarray, outs: np.ndarray, budget: float, multiple: int,
-                end: np.ndarray | None = None) -> np.ndarray:
+def bound_reach(
+    reach: np.ndarray, outs: np.ndarray, budget: float, multiple: int, end: np.ndarray | None = None
+) -> np.ndarray:
     """``reach`` (where each batch of the sorted window ends under the input budget; beyond the window, or
     beyond ``end``, where each position's group ends under ``batch_by``: not complete yet) shortened where the
     output budget binds first (in multiples of ``multiple`` where possible), then made non-decreasing (a suffix

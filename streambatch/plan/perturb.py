@@ -61,7 +61,7 @@ class SpeedPerturb:
     weights: tuple[float, ...]
 
     @classmethod
-    def make(cls, spec: Any) -> "SpeedPerturb | None":
+    def make(cls, spec: Any) -> SpeedPerturb | None:
         """From the loader's ``speed_perturb``: factors ``(0.9, 1.0, 1.1)``, ``(factors, weights)``, or a dict
         ``{factor: weight}``; None or empty means off."""
         if spec is None or (hasattr(spec, "__len__") and not len(spec)):
@@ -89,11 +89,14 @@ class SpeedPerturb:
 def perturbed_samples(num_samples: Any, factor: Any) -> Any:
     """A length in samples played ``factor`` times as fast: ``floor(n / factor + 0.5)``, the length soxr's
     resampler gives (the worker trims to it, so the budget holds to the sample)."""
-    return np.floor(np.asarray(num_samples, dtype=np.float64) / np.asarray(factor, dtype=np.float64) + 0.5).astype(np.int64)
+    return np.floor(np.asarray(num_samples, dtype=np.float64) / np.asarray(factor, dtype=np.float64) + 0.5).astype(
+        np.int64
+    )
 
 
-def kaldi_num_frames(num_samples: Any, sample_rate: int, frame_length_ms: float = 25.0,
-                     frame_shift_ms: float = 10.0) -> np.ndarray:
+def kaldi_num_frames(
+    num_samples: Any, sample_rate: int, frame_length_ms: float = 25.0, frame_shift_ms: float = 10.0
+) -> np.ndarray:
     """Frames Kaldi's feature extraction gives with ``snip_edges=True`` (its default, and torchaudio's and
     kaldi-native-fbank's): window ``int(sr × 0.001 × length_ms)`` and shift ``int(sr × 0.001 × shift_ms)`` samples,
     ``1 + (n − window) // shift`` frames, none for a sample shorter than one window."""
@@ -159,4 +162,3 @@ class PlannedLengths(Lengths):
 def planned_lengths(lengths: Lengths, plan: LengthPlan | None, seed: Any, epoch: int) -> Lengths:
     """``lengths`` as the epoch is planned on them: unchanged without a :class:`LengthPlan`."""
     return lengths if plan is None else PlannedLengths(lengths, plan, seed, epoch)
-

@@ -38,7 +38,7 @@ class Layout:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Layout":
+    def from_state(cls, state: dict[str, Any]) -> Layout:
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in state]
         if missing:

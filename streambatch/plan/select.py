@@ -95,15 +95,21 @@ class LengthHistogram:
         edges = np.ldexp(_STEPS_FULL[b % BINS_PER_OCTAVE], (b // BINS_PER_OCTAVE - 1).astype(np.int32))
         first = np.searchsorted(lengths[::-1], edges, side="left")  # ascending: first at or above each edge
         per_bin = np.diff(np.concatenate([[0], first, [len(lengths)]]))
-        return np.repeat(self.counts[lo:hi + 1], per_bin)[::-1]
+        return np.repeat(self.counts[lo : hi + 1], per_bin)[::-1]
 
 
 #: key of a position where no complete batch starts
 NO_RUN = np.iinfo(np.int64).max
 
 
-def run_keys(lens: np.ndarray, padded: np.ndarray, ends: np.ndarray, ok: np.ndarray, frequency: np.ndarray,
-             rng: np.random.Generator | None) -> np.ndarray:
+def run_keys(
+    lens: np.ndarray,
+    padded: np.ndarray,
+    ends: np.ndarray,
+    ok: np.ndarray,
+    frequency: np.ndarray,
+    rng: np.random.Generator | None,
+) -> np.ndarray:
     """A distinct key for each candidate run ``[i, ends[i])`` of the window (``lens`` sorted longest first;
     ``padded`` the lengths as the tensor pads them; ``frequency`` how common each length is), lower for
     tighter; :data:`NO_RUN` where ``ok`` is False (no complete batch starts there).

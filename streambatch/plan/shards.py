@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,7 @@ class Deal:
     prefix: np.ndarray  # running total before each position of ``order``
 
     @classmethod
-    def of(cls, lengths: Lengths, num_slots: int, seed: int, epoch: int, shuffle: bool) -> "Deal":
+    def of(cls, lengths: Lengths, num_slots: int, seed: int, epoch: int, shuffle: bool) -> Deal:
         order = shard_order(lengths.num_shards, seed, epoch, shuffle, blocks=shard_blocks(lengths.offsets))
         return cls(lengths, num_slots, order, np.concatenate([[0.0], np.cumsum(lengths.totals[order])]))
 

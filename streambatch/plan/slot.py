@@ -7,13 +7,14 @@ so what the planner counted is what the workers yield.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from .config import BatchingConfig
 from .batcher import BucketBatcher
+from .config import BatchingConfig
 from .shards import Piece, epoch_rng
 
 
@@ -37,12 +38,19 @@ class SlotPlan:
         return self.samples if self.samples >= 0 else len(self.gids)
 
     @classmethod
-    def counted(cls, pieces: list[Piece], streamed: int, plan: Any) -> "SlotPlan":
+    def counted(cls, pieces: list[Piece], streamed: int, plan: Any) -> SlotPlan:
         """The plan as a rank's main process needs it to count and equalise steps: each batch stood in for by
         ``range(size)`` (what the split and pad rules look at) and no ids — a fraction of the memory."""
         sizes = plan.sizes.tolist()
-        return cls(pieces, np.zeros(0, dtype=np.int64), [range(k) for k in sizes], [False] * len(sizes),
-                   len(plan.skipped), len(plan.dropped), streamed)
+        return cls(
+            pieces,
+            np.zeros(0, dtype=np.int64),
+            [range(k) for k in sizes],
+            [False] * len(sizes),
+            len(plan.skipped),
+            len(plan.dropped),
+            streamed,
+        )
 
 
 @dataclass
@@ -67,23 +75,25 @@ def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Any) -> np.ndarr
     if excluded is None:
         return np.zeros(piece.count, dtype=bool)
     lo = int(offsets[piece.shard]) + piece.start
-    return np.asarray(excluded[lo:lo + piece.count], dtype=bool)
+    return np.asarray(excluded[lo : lo + piece.count], dtype=bool)
 
 
 def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> np.ndarray:
     """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
     if not pieces:
         return np.zeros(0, dtype=np.int64)
-    return np.concatenate([
-        np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop)[~piece_excluded(p, offsets, excluded)]
-        for p in pieces
-    ])
+    return np.concatenate(
+        [
+            np.arange(offsets[p.shard] + p.start, offsets[p.shard] + p.stop)[~piece_excluded(p, offsets, excluded)]
+            for p in pieces
+        ]
+    )
 
 
 def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
     """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard; the
     planned ones (speed perturbation, feature frames) where ``lengths`` plans them (:mod:`.perturb`)."""
-    parts = [lengths.shard(p.shard)[p.start:p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
+    parts = [lengths.shard(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     out = np.concatenate(parts) if parts else np.zeros(0)
     if hasattr(lengths, "plan_lengths"):  # the one hook of per-sample length changes
         out = lengths.plan_lengths(out, slot_stream(pieces, lengths.offsets, excluded))
@@ -92,7 +102,7 @@ def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.n
 
 def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
     """The output lengths of a slot's stream (two-length budgets), ordered as :func:`stream_lengths`."""
-    parts = [lengths.outputs(p.shard)[p.start:p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
+    parts = [lengths.outputs(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -101,8 +111,10 @@ def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Any, batch_by
     :func:`stream_lengths`."""
     groups = getattr(lengths, "groups", None)
     if groups is None:
-        raise ValueError(f"batch_by={batch_by!r} groups the samples of a mixture by dataset; these lengths come "
-                         "from one dataset (give several datasets, or leave batch_by=None)")
+        raise ValueError(
+            f"batch_by={batch_by!r} groups the samples of a mixture by dataset; these lengths come "
+            "from one dataset (give several datasets, or leave batch_by=None)"
+        )
     kept = [int(np.count_nonzero(~piece_excluded(p, lengths.offsets, excluded))) for p in pieces]
     return np.repeat(groups[[p.shard for p in pieces]], kept) if pieces else np.zeros(0, dtype=np.int64)
 
@@ -133,8 +145,15 @@ def plan_slot(
     bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs, keys)
     if counted:
         return SlotPlan.counted(pieces, len(gids), bp)
-    return SlotPlan(pieces, gids, list(bp), [False] * len(bp), len(bp.skipped), len(bp.dropped),
-                    lengths=lens if keep_lengths else None)
+    return SlotPlan(
+        pieces,
+        gids,
+        list(bp),
+        [False] * len(bp),
+        len(bp.skipped),
+        len(bp.dropped),
+        lengths=lens if keep_lengths else None,
+    )
 
 
 def cut_largest(sizes: np.ndarray) -> tuple[np.ndarray, int]:
@@ -154,7 +173,7 @@ def halve_largest(batches: list[Any], times: int = 1) -> None:
     for _ in range(times):
         sizes, i = cut_largest(sizes)
         b = batches[i]
-        batches[i:i + 1] = [b[:int(sizes[i])], b[int(sizes[i]):]]
+        batches[i : i + 1] = [b[: int(sizes[i])], b[int(sizes[i]) :]]
 
 
 def apply_adjust(

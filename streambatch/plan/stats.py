@@ -9,7 +9,8 @@ index is summarised in a few MB with every percentile within 0.1 % of the exact 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class LengthStats:
         self._bins = np.zeros(0, dtype=np.int64)
 
     @classmethod
-    def of(cls, lengths: Any, **kw: Any) -> "LengthStats":
+    def of(cls, lengths: Any, **kw: Any) -> LengthStats:
         """Statistics of an array of lengths (a :class:`LengthStats` is returned as it is)."""
         if isinstance(lengths, LengthStats):
             return lengths
@@ -104,7 +105,7 @@ class LengthStats:
     def percentile(self, p: float) -> float:
         return float(self.quantile(p / 100)[0])
 
-    def within(self, lo: float, hi: float) -> "LengthStats":
+    def within(self, lo: float, hi: float) -> LengthStats:
         """The lengths in ``(lo, hi]`` (to the histogram's resolution once summarised)."""
         out = LengthStats(self.exact_limit, self.accuracy)
         if self._chunks is not None:
@@ -136,7 +137,9 @@ class LengthStats:
         counts[0] += self._zeros
         return counts.astype(np.int64), edges
 
-    def summary(self, unit: str, seconds_per_unit: float | None = None, num_shards: int | None = None) -> dict[str, Any]:
+    def summary(
+        self, unit: str, seconds_per_unit: float | None = None, num_shards: int | None = None
+    ) -> dict[str, Any]:
         """Counts, totals and length percentiles (and hours for audio units), as ``shardify inspect`` prints."""
         out: dict[str, Any] = {"num_samples": self.count, "unit": unit}
         if num_shards is not None:

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..dataset.format import size_problem
 
@@ -172,4 +172,3 @@ class ShardCache:
                     os.remove(p)
                     total -= n
                     log.debug("streambatch cache: evicted %s (%d bytes)", p, n)
-

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, decode as decode_audio, open_clips
+from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
+from ..dataset.audio import decode as decode_audio
 from .ring import slot_tensor
 
 Decode = str | Callable[[dict[str, Any]], Any]
@@ -36,7 +38,9 @@ def resolve_decode(decode: Decode, sample: dict[str, Any]) -> Decode:
     return decode
 
 
-def pad_stack(arrays: Sequence[torch.Tensor], pad_value: float = 0, pad_to_multiple_of: int | None = None) -> torch.Tensor:
+def pad_stack(
+    arrays: Sequence[torch.Tensor], pad_value: float = 0, pad_to_multiple_of: int | None = None
+) -> torch.Tensor:
     """Stack 1-D (or ``[T, ...]``) tensors into ``[B, T_max, ...]``, padding the first dim."""
     t_max = max((a.shape[0] for a in arrays), default=0)
     if pad_to_multiple_of and t_max % pad_to_multiple_of:
@@ -114,8 +118,9 @@ def padding_mask(lengths: torch.Tensor, t: int, out: torch.Tensor | None = None)
     return out
 
 
-def _padded_audio(samples: Sequence[dict[str, Any]], sample_rate: int | None,
-                  pad_to_multiple_of: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _padded_audio(
+    samples: Sequence[dict[str, Any]], sample_rate: int | None, pad_to_multiple_of: int | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
     exts = [audio_ext(s) for s in samples]
     if not exts or None in exts:
@@ -139,8 +144,14 @@ def _rounded(n: int, multiple: int | None) -> int:
     return n + (multiple - n % multiple) % multiple if multiple else n
 
 
-def _pad_payload(batch: dict[str, Any], name: str, payload: list[torch.Tensor], packed: bool, pad_value: float,
-                 pad_to_multiple_of: int | None) -> None:
+def _pad_payload(
+    batch: dict[str, Any],
+    name: str,
+    payload: list[torch.Tensor],
+    packed: bool,
+    pad_value: float,
+    pad_to_multiple_of: int | None,
+) -> None:
     """Put decoded payloads in the batch: padded with a mask, or packed with ``cu_seqlens``."""
     lengths = torch.tensor([p.shape[0] for p in payload], dtype=torch.int64)
     batch["lengths"] = lengths

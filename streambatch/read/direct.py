@@ -15,8 +15,9 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -78,8 +79,15 @@ class DirectShards:
     A bad shard (missing, wrong size, broken header, sha256 mismatch) is counted in ``faults`` once and every
     later sample of it comes back as None (lost); without ``faults`` it raises :class:`ShardReadError`."""
 
-    def __init__(self, urls: Sequence[str], index: Any, pieces: Sequence[Piece], counts: np.ndarray, opts: Any,
-                 faults: FaultLog | None):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        index: Any,
+        pieces: Sequence[Piece],
+        counts: np.ndarray,
+        opts: Any,
+        faults: FaultLog | None,
+    ):
         self.urls, self.index, self.opts, self.faults = urls, index, opts, faults
         self.shards = index.shards
         # as a stream does, check the whole file's hash where the slot reads a shard to its end
@@ -119,8 +127,12 @@ class DirectShards:
         return sh
 
     def _start_hash(self, job: Job) -> None:
-        if (self.opts.verify != "sha256" or not job.expected_sha or job.shard in self.hashed
-                or job.shard not in self.hash_at_end):
+        if (
+            self.opts.verify != "sha256"
+            or not job.expected_sha
+            or job.shard in self.hashed
+            or job.shard not in self.hash_at_end
+        ):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streambatch-sha256")

@@ -8,8 +8,9 @@ so every worker still yields its planned number of batches and the ranks stay in
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +20,7 @@ from .direct import DirectShards
 from .faults import FaultLog, ShardFault
 
 
-def pieces_needed(
-    plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Any
-) -> list[tuple[Piece, int]]:
+def pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Any) -> list[tuple[Piece, int]]:
     """(piece, stream position of its first sample) for the pieces holding a sample of a batch still to
     come; pieces whose samples were all consumed before a resume are not read again."""
     needed_pos = np.zeros(len(plan.gids), dtype=bool)
@@ -30,7 +29,7 @@ def pieces_needed(
     out, pos = [], 0
     for p in plan.pieces:
         n = p.count - int(piece_excluded(p, offsets, excluded).sum())
-        if needed_pos[pos:pos + n].any():
+        if needed_pos[pos : pos + n].any():
             out.append((p, pos))
         pos += n
     return out
@@ -118,8 +117,16 @@ _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 class _Executor:
     """The state of :func:`execute_plan`: samples held by stream position, positions lost, the reservoir."""
 
-    def __init__(self, samples: Iterator[Any], plan: SlotPlan, first: int, lengths: np.ndarray,
-                 faults: FaultLog | None, reservoir: int, index_lengths: np.ndarray | None = None):
+    def __init__(
+        self,
+        samples: Iterator[Any],
+        plan: SlotPlan,
+        first: int,
+        lengths: np.ndarray,
+        faults: FaultLog | None,
+        reservoir: int,
+        index_lengths: np.ndarray | None = None,
+    ):
         self.it = iter(samples)
         self.plan, self.lengths, self.faults = plan, lengths, faults
         self.index_lengths = lengths if index_lengths is None else index_lengths  # what each .json must say
@@ -231,8 +238,17 @@ class _DirectExecutor(_Executor):
     """:class:`_Executor` over samples read by position (:class:`~.direct.DirectShards`) as each batch is due,
     instead of a stream: nothing is read before its batch, nothing held after it."""
 
-    def __init__(self, shards: DirectShards, plan: SlotPlan, first: int, lengths: np.ndarray,
-                 offsets: np.ndarray, faults: FaultLog | None, reservoir: int, index_lengths: np.ndarray | None = None):
+    def __init__(
+        self,
+        shards: DirectShards,
+        plan: SlotPlan,
+        first: int,
+        lengths: np.ndarray,
+        offsets: np.ndarray,
+        faults: FaultLog | None,
+        reservoir: int,
+        index_lengths: np.ndarray | None = None,
+    ):
         super().__init__(iter(()), plan, first, lengths, faults, reservoir, index_lengths)
         self.shards, self.offsets, self.first = shards, offsets, first
         self.k = 0  # the batch being formed (of plan.batches[first:])
@@ -252,7 +268,7 @@ class _DirectExecutor(_Executor):
 
     def pull(self) -> Any:
         """The next sample a later batch needs that can be read (to fill a batch when nothing was emitted yet)."""
-        for b in self.plan.batches[self.first + self.k:]:
+        for b in self.plan.batches[self.first + self.k :]:
             for pos in b.tolist():
                 if pos not in self.lost and self.fetch(pos) is not None:
                     return pos
@@ -283,9 +299,10 @@ def execute_plan(
     """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
 
     ``samples`` come from :func:`positioned`; ``lengths`` are the planned ones by stream position, and
-    ``index_lengths`` the index's where they differ (speed perturbation, feature frames). Batches ``plan.batches[first:]`` are yielded in plan order; a
-    batch marked as a repeat is yielded again from the samples of the one before it. Samples no remaining
-    batch needs are dropped on arrival; lost ones are re-drawn from the last ``reservoir`` emitted (counted).
+    ``index_lengths`` the index's where they differ (speed perturbation, feature frames). Batches
+    ``plan.batches[first:]`` are yielded in plan order; a batch marked as a repeat is yielded again from the
+    samples of the one before it. Samples no remaining batch needs are dropped on arrival; lost ones are re-drawn
+    from the last ``reservoir`` emitted (counted).
     """
     if plan.batches[first:]:
         yield from _run(_Executor(samples, plan, first, lengths, faults, reservoir, index_lengths), plan, first)

@@ -11,31 +11,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-from ..errors import ShardReadError
+from ..errors import ChecksumMismatch, ShardReadError, TooManyBadShards  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("streambatch")
 
 #: the counter of nanoseconds a reader was blocked waiting for shard bytes (:func:`waiting_on_storage`)
 STORAGE_WAIT = "storage_wait_ns"
 FAULT_FIELDS = (
-    "bad_shards", "lost_samples", "redrawn_samples", "shrunk_batches", "retries", "bytes_read",
-    "cache_downloads", "cache_hits", STORAGE_WAIT,
+    "bad_shards",
+    "lost_samples",
+    "redrawn_samples",
+    "shrunk_batches",
+    "retries",
+    "bytes_read",
+    "cache_downloads",
+    "cache_hits",
+    STORAGE_WAIT,
 )
 
 T = TypeVar("T")
-
-
-class ChecksumMismatch(ShardReadError):
-    """The shard's sha256 differs from the index's (found once its last byte was read)."""
-
-
-class TooManyBadShards(RuntimeError):
-    """More bad shards in one epoch on one rank than ``max_bad_shards`` allows."""
 
 
 class FaultLog:
@@ -87,7 +87,11 @@ class FaultLog:
             )
         log.warning(
             "streambatch: skipping bad shard %s: %s (%d of at most %d bad shards on rank %d this epoch)",
-            url, reason, n, self.max_bad_shards, self.rank,
+            url,
+            reason,
+            n,
+            self.max_bad_shards,
+            self.rank,
         )
 
     def _listed(self) -> str:

@@ -26,14 +26,21 @@ class Fbank:
     (deterministic). The waveform is taken as decoded (float in [-1, 1])."""
 
     def __init__(self, num_mel_bins: int = 80, frame_length_ms: float = 25.0, frame_shift_ms: float = 10.0):
-        self.num_mel_bins, self.frame_length_ms, self.frame_shift_ms = int(num_mel_bins), frame_length_ms, frame_shift_ms
+        self.num_mel_bins, self.frame_length_ms, self.frame_shift_ms = (
+            int(num_mel_bins),
+            frame_length_ms,
+            frame_shift_ms,
+        )
         self._options: dict[int, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_options": {}}  # the native options object stays in its process
 
     def __repr__(self) -> str:
-        return f"Fbank(num_mel_bins={self.num_mel_bins}, frame_length_ms={self.frame_length_ms}, frame_shift_ms={self.frame_shift_ms})"
+        return (
+            f"Fbank(num_mel_bins={self.num_mel_bins}, frame_length_ms={self.frame_length_ms}, "
+            f"frame_shift_ms={self.frame_shift_ms})"
+        )
 
     def num_frames(self, num_samples: Any, sample_rate: int) -> np.ndarray:
         """The frames :meth:`__call__` gives for waveforms of ``num_samples`` (see
@@ -85,7 +92,9 @@ def resolve_features(features: Any) -> Any:
         return Fbank()
     if callable(features):
         return features
-    raise ValueError(f"features must be 'fbank' or a callable (waveform, sample_rate) -> [frames, dim], got {features!r}")
+    raise ValueError(
+        f"features must be 'fbank' or a callable (waveform, sample_rate) -> [frames, dim], got {features!r}"
+    )
 
 
 def plans_in_frames(features: Any) -> bool:

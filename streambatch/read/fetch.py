@@ -12,8 +12,9 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..dataset.format import Digest, HashingReader, sha256_problem
 from ..dataset.storage import is_local, local_path
@@ -68,7 +69,7 @@ class ChunkStream:
         return True
 
     def _read_all(self) -> bytes:
-        out = [self._buf[self._off:]]
+        out = [self._buf[self._off :]]
         self._buf, self._off = memoryview(b""), 0
         while self._fill():
             out.append(self._buf)
@@ -86,7 +87,7 @@ class ChunkStream:
             if self._off >= len(self._buf) and not self._fill():
                 break
             take = min(want, len(self._buf) - self._off)
-            out.append(self._buf[self._off:self._off + take])
+            out.append(self._buf[self._off : self._off + take])
             self._off += take
             want -= take
         data = out[0].tobytes() if len(out) == 1 else b"".join(out)
@@ -206,7 +207,7 @@ class _Cached:
             return
         w = self.opts.read_concurrency
         for i in range(0, len(offsets), w):
-            futs = [self.pool.submit(self.ranges.fetch, url, o, min(o + cs, size)) for o in offsets[i:i + w]]
+            futs = [self.pool.submit(self.ranges.fetch, url, o, min(o + cs, size)) for o in offsets[i : i + w]]
             for fut in futs:
                 yield fut.result()
 
@@ -218,8 +219,14 @@ class _ReadAhead:
     latency of one request hides behind the parsing of the bytes before it."""
 
     def __init__(
-        self, jobs: list[Job], prepare: Callable[[Job], None], ranges: RangeReader, pool: ThreadPoolExecutor,
-        opts: Any, cached: bool, stop: threading.Event,
+        self,
+        jobs: list[Job],
+        prepare: Callable[[Job], None],
+        ranges: RangeReader,
+        pool: ThreadPoolExecutor,
+        opts: Any,
+        cached: bool,
+        stop: threading.Event,
     ):
         self.jobs = jobs
         self.prepare = prepare
@@ -266,8 +273,12 @@ class _ReadAhead:
         assert job.size is not None
         for off, n in _job_chunks(job, self.chunk_size, ramp=job.ordinal == 0):
             with self._cond:
-                while (not self.stop.is_set() and not job.cancelled and self._outstanding > 0
-                       and self._outstanding + n > self.limit):
+                while (
+                    not self.stop.is_set()
+                    and not job.cancelled
+                    and self._outstanding > 0
+                    and self._outstanding + n > self.limit
+                ):
                     self._cond.wait(0.5)
                 if self.stop.is_set() or job.cancelled:
                     break

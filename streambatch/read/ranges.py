@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..dataset.format import size_problem
 from ..dataset.storage import object_size, reading_filesystem, stream_range
@@ -52,8 +53,14 @@ class RangeReader:
 
         def on_retry(e: BaseException, attempt: int) -> None:
             self.count("retries")
-            log.info("streambatch: %s: size request failed (%s: %s), retry %d/%d", url, type(e).__name__, e,
-                     attempt + 1, self.policy.retries)
+            log.info(
+                "streambatch: %s: size request failed (%s: %s), retry %d/%d",
+                url,
+                type(e).__name__,
+                e,
+                attempt + 1,
+                self.policy.retries,
+            )
 
         try:
             size = call_with_retry(lambda: object_size(fs, path), self.policy, url, on_retry)
@@ -97,7 +104,14 @@ class RangeReader:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _request(
-        self, fs: Any, path: str, url: str, pos: int, end: int, sink: list[bytes], timeout: float | None,
+        self,
+        fs: Any,
+        path: str,
+        url: str,
+        pos: int,
+        end: int,
+        sink: list[bytes],
+        timeout: float | None,
         expected_size: int | None,
     ) -> BaseException | None:
         """One range request into ``sink``: the transient error it broke with (None if it did not); a
@@ -124,8 +138,14 @@ class RangeReader:
             raise ShardReadError(f"{url}: bytes {pos}-{end - 1} failed {attempt + 1} times, last: {why}")
         self.count("retries")
         wait = self.policy.delay(attempt)
-        log.info("streambatch: %s: read broke at byte %d (%s), retry %d/%d in %.2fs from there", url, pos,
-                 f"{type(err).__name__}: {err}" if err is not None else "short read", attempt + 1,
-                 self.policy.retries, wait)
+        log.info(
+            "streambatch: %s: read broke at byte %d (%s), retry %d/%d in %.2fs from there",
+            url,
+            pos,
+            f"{type(err).__name__}: {err}" if err is not None else "short read",
+            attempt + 1,
+            self.policy.retries,
+            wait,
+        )
         if wait > 0:
             time.sleep(wait)

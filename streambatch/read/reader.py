@@ -8,8 +8,9 @@ from :mod:`.fetch`, the tar parsing from :mod:`streambatch.dataset.tar`; a bad s
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from ..dataset.tar import group_samples, iter_members
 from ..errors import ShardReadError
@@ -116,8 +117,9 @@ def read_pieces(
                     raise
                 faults.bad_shard(piece.shard, job.url, str(e))
                 if markers:
-                    yield ShardFault(job.ordinal, piece.shard, job.url, str(e), delivered,
-                                     invalidate=isinstance(e, ChecksumMismatch))
+                    yield ShardFault(
+                        job.ordinal, piece.shard, job.url, str(e), delivered, invalidate=isinstance(e, ChecksumMismatch)
+                    )
             finally:
                 fetcher.finish(job)
     finally:
@@ -125,7 +127,11 @@ def read_pieces(
 
 
 def read_shard(
-    url: str, shard: int = -1, start: int = 0, stop: int | None = None, storage_options: dict | None = None,
+    url: str,
+    shard: int = -1,
+    start: int = 0,
+    stop: int | None = None,
+    storage_options: dict | None = None,
     options: ReadOptions | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The samples ``[start, stop)`` of one shard, streamed; stops reading once ``stop`` is reached."""

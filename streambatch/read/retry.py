@@ -13,8 +13,11 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
+
+from ..errors import RetriesExhausted
 
 log = logging.getLogger("streambatch")
 
@@ -22,13 +25,34 @@ T = TypeVar("T")
 
 #: S3 error codes and HTTP statuses worth retrying
 TRANSIENT_CODES = {
-    "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
-    "ThrottlingException", "RequestLimitExceeded", "TooManyRequests", "BandwidthLimitExceeded",
-    "500", "502", "503", "504", "429",
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "BandwidthLimitExceeded",
+    "500",
+    "502",
+    "503",
+    "504",
+    "429",
 }
 _TRANSIENT_ERRNOS = {
-    errno.EBUSY, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.EPIPE,
-    errno.ETIMEDOUT, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETRESET, errno.EREMOTEIO,
+    errno.EBUSY,
+    errno.EAGAIN,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ECONNREFUSED,
+    errno.EPIPE,
+    errno.ETIMEDOUT,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+    errno.ENETRESET,
+    errno.EREMOTEIO,
 }
 
 
@@ -48,13 +72,13 @@ class RetryPolicy:
     timeout: float = 60.0
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        cap = min(self.max_backoff, self.backoff * (2 ** attempt))
+        cap = min(self.max_backoff, self.backoff * (2**attempt))
         return (rng or random).uniform(0, cap)
 
     @property
     def worst_case(self) -> float:
         """An upper bound on the seconds one request with all its retries can take (for watchdogs)."""
-        waits = sum(min(self.max_backoff, self.backoff * 2 ** i) for i in range(self.retries))
+        waits = sum(min(self.max_backoff, self.backoff * 2**i) for i in range(self.retries))
         return (self.retries + 1) * self.timeout * 2 + waits
 
 
@@ -98,25 +122,30 @@ def _transient_one(e: BaseException) -> bool:
     module = type(e).__module__ or ""
     # transport errors of the HTTP stacks fsspec uses, matched by name so that none must be installed
     if module.startswith(("aiohttp", "botocore", "urllib3", "http.client", "requests", "fsspec")):
-        if any(w in name for w in (
-            "Timeout", "Disconnected", "Payload", "Connection", "Connect", "IncompleteRead", "ResponseStreaming",
-            "ReadError", "ProtocolError", "RemoteDisconnected", "ServerDisconnected", "ResponseParser",
-            "HTTPClientError", "EndpointConnection",
-        )):
+        if any(
+            w in name
+            for w in (
+                "Timeout",
+                "Disconnected",
+                "Payload",
+                "Connection",
+                "Connect",
+                "IncompleteRead",
+                "ResponseStreaming",
+                "ReadError",
+                "ProtocolError",
+                "RemoteDisconnected",
+                "ServerDisconnected",
+                "ResponseParser",
+                "HTTPClientError",
+                "EndpointConnection",
+            )
+        ):
             return True
     if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
         return True
     msg = str(e)
     return any(w in msg for w in ("SlowDown", "reduce your request rate", "Service Unavailable", "ServiceUnavailable"))
-
-
-class RetriesExhausted(IOError):
-    """A request failed with transient errors on every try; ``last`` is the final error."""
-
-    def __init__(self, what: str, attempts: int, last: BaseException):
-        self.last = last
-        self.attempts = attempts
-        super().__init__(f"{what}: failed {attempts} times, last error: {type(last).__name__}: {last}")
 
 
 def call_with_retry(

@@ -33,7 +33,8 @@ import os
 import sys
 import uuid
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -146,7 +147,7 @@ class Slot:
             return None
         self.used = off + nbytes
         lo = self.start + off
-        return self.ring.data[lo:lo + nbytes].view(dtype).view(shape)
+        return self.ring.data[lo : lo + nbytes].view(dtype).view(shape)
 
     def _place(self, t: torch.Tensor) -> Placed | torch.Tensor:
         """Where tensor ``t`` lies in this buffer (copied in first when it fits), or ``t`` as it is."""
@@ -193,8 +194,16 @@ class Placed:
 
     __slots__ = ("token", "worker", "k", "seq", "offset", "shape", "dtype")
 
-    def __init__(self, token: str, worker: int, k: int, seq: tuple[int, int], offset: int, shape: tuple[int, ...],
-                 dtype: torch.dtype):
+    def __init__(
+        self,
+        token: str,
+        worker: int,
+        k: int,
+        seq: tuple[int, int],
+        offset: int,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+    ):
         self.token, self.worker, self.k, self.seq = token, worker, k, seq
         self.offset, self.shape, self.dtype = offset, shape, dtype
 
@@ -208,8 +217,9 @@ def _release(ring: BatchRing, flags: np.ndarray, worker: int, k: int) -> None:
     flags[worker, k] = 0
 
 
-def _placed(token: str, worker: int, k: int, seq: tuple[int, int], offset: int, shape: tuple[int, ...],
-            dtype: str) -> torch.Tensor:
+def _placed(
+    token: str, worker: int, k: int, seq: tuple[int, int], offset: int, shape: tuple[int, ...], dtype: str
+) -> torch.Tensor:
     """The tensor a :class:`Placed` names, viewing its buffer: all tensors of one batch share one base array,
     whose finalizer (run once nothing refers to any of them) hands the buffer back to its worker."""
     ring = _RINGS.get(token)
@@ -219,13 +229,13 @@ def _placed(token: str, worker: int, k: int, seq: tuple[int, int], offset: int, 
     base = _BASES.get(key)
     if base is None:
         lo = ring.span(worker, k)
-        base = ring.data.numpy()[lo:lo + ring.slot_bytes]  # a new array object: this batch's base
+        base = ring.data.numpy()[lo : lo + ring.slot_bytes]  # a new array object: this batch's base
         ring.held.add((worker, k))
         weakref.finalize(base, _release, ring, ring.flags.numpy(), worker, k)
         _BASES[key] = base
     dt = getattr(torch, dtype.split(".")[-1])
     nbytes = math.prod(shape) * dt.itemsize
-    return torch.from_numpy(base)[offset:offset + nbytes].view(dt).view(shape)
+    return torch.from_numpy(base)[offset : offset + nbytes].view(dt).view(shape)
 
 
 class RingWriter:

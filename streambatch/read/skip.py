@@ -9,8 +9,9 @@ not read whole, so its sha256 cannot be checked: the bytes delivered are checked
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +42,9 @@ def _segments(skip: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, min_gap:
     return out
 
 
-def skip_left_out(needed: Sequence[tuple[Piece, int]], index: Any, offsets: np.ndarray, excluded: Any,
-                  min_gap: int) -> list[tuple[Piece, int]]:
+def skip_left_out(
+    needed: Sequence[tuple[Piece, int]], index: Any, offsets: np.ndarray, excluded: Any, min_gap: int
+) -> list[tuple[Piece, int]]:
     """``needed`` (piece, stream position) with each piece that holds a long excluded run split into
     :class:`Span` byte ranges around it; the others as they are (read from the shard's start)."""
     if excluded is None:
@@ -54,7 +56,7 @@ def skip_left_out(needed: Sequence[tuple[Piece, int]], index: Any, offsets: np.n
         if where is None:
             out.append((piece, pos))
             continue
-        off, size = (np.asarray(a[piece.start:piece.stop], dtype=np.int64) for a in where)
+        off, size = (np.asarray(a[piece.start : piece.stop], dtype=np.int64) for a in where)
         segments = _segments(skip, off, size, min_gap)
         if segments == [(0, piece.count)]:
             out.append((piece, pos))

@@ -29,7 +29,7 @@ class TableText:
         self.cache: collections.OrderedDict[int, list[Any] | None] = collections.OrderedDict()
 
     @classmethod
-    def of(cls, index: Any) -> "TableText | None":
+    def of(cls, index: Any) -> TableText | None:
         """One for an index with a ``text`` column; None otherwise (nothing to attach)."""
         return cls(index) if index is not None and index.has_column(TEXT_COLUMN) else None
 

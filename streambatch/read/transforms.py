@@ -9,8 +9,9 @@ The plan promised each sample's length: a stage that makes a sample longer than 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,11 +66,12 @@ class SampleOps:
     epoch: int = 0
     sample_rate: int | None = None
 
-    def for_epoch(self, epoch: int) -> "SampleOps":
+    def for_epoch(self, epoch: int) -> SampleOps:
         return dataclasses.replace(self, epoch=int(epoch))
 
-    def __call__(self, samples: Sequence[dict[str, Any]], payload: list[torch.Tensor], name: str
-                 ) -> tuple[list[torch.Tensor], dict[str, Any], str]:
+    def __call__(
+        self, samples: Sequence[dict[str, Any]], payload: list[torch.Tensor], name: str
+    ) -> tuple[list[torch.Tensor], dict[str, Any], str]:
         """The batch's payloads after the stages, the fields they add to the batch (``speed``), and the
         payload's name in the batch (``features`` once features are computed)."""
         if (self.speed is not None or self.features is not None) and name != "audio":

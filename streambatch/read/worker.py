@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -71,7 +72,9 @@ class SharedEpochState:
         row = self.tensor.tolist()
         n, k = len(_HEAD), len(_PER_WORKER)
         adjust = [
-            Adjust(**{f: (bool(v) if f == "hardest" else v) for f, v in zip(_PER_WORKER, row[n + k * w: n + k * (w + 1)])})
+            Adjust(
+                **{f: (bool(v) if f == "hardest" else v) for f, v in zip(_PER_WORKER, row[n + k * w : n + k * (w + 1)])}
+            )
             for w in range(self.num_workers)
         ]
         return EpochState(*row[:n], adjust=adjust)
@@ -143,17 +146,21 @@ class EpochStream(IterableDataset):
         counts = [a.take for a in st.adjust]
         first = per_worker(counts, st.consumed, st.start)[worker]
         faults = FaultLog(
-            ctx.faults.numpy(), ctx.bad.numpy(), row=physical,
-            max_bad_shards=ctx.read.max_bad_shards, urls=ctx.urls, rank=ctx.rank,
+            ctx.faults.numpy(),
+            ctx.bad.numpy(),
+            row=physical,
+            max_bad_shards=ctx.read.max_bad_shards,
+            urls=ctx.urls,
+            rank=ctx.rank,
         )
         place = ctx.ring.writer(physical) if ctx.ring is not None and torch.utils.data.get_worker_info() else None
-        yield from stream_slot(ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults,
-                               place)
+        yield from stream_slot(
+            ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults, place
+        )
 
 
 def stream_slot(
-    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None,
-    place: Any = None,
+    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None, place: Any = None
 ) -> Iterator[Any]:
     """The one place the read stages are composed, for one (rank, worker) slot; ``place`` (a worker's
     :class:`~streambatch.read.ring.RingWriter`) makes each batch in a reused shared-memory buffer."""
@@ -168,7 +175,7 @@ def stream_slot(
     texts = TableText.of(ctx.index)  # transcripts the tars do not hold (an adopted NeMo dataset's)
     for batch in batches:
         batch = texts(batch) if texts is not None else batch
-        yield checked(batch) if place is None else place(lambda: checked(batch))
+        yield checked(batch) if place is None else place(lambda b=batch: checked(b))
 
 
 def _planned_batches(
@@ -177,8 +184,9 @@ def _planned_batches(
     """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
     lengths = ctx.lengths(epoch)
     offsets = lengths.offsets
-    excluded = excluded_in(ctx.resumed, epoch, lengths, ctx.config,
-                           left_out(ctx.index, ctx.filter, epoch, ctx.config.seed, offsets))
+    excluded = excluded_in(
+        ctx.resumed, epoch, lengths, ctx.config, left_out(ctx.index, ctx.filter, epoch, ctx.config.seed, offsets)
+    )
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
@@ -193,12 +201,15 @@ def _planned_batches(
     def run(part: SlotPlan, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:
         if direct is not None:
             return execute_direct(direct, part, start, by_pos, offsets, faults, ctx.read.reservoir, last, index_pos)
-        needed = skip_left_out(pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded,
-                               ctx.read.chunk_size)
-        samples = read_pieces(ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards,
-                              faults, markers=True)
-        return execute_plan(positioned(samples, needed, offsets, excluded), part, start, by_pos, faults,
-                            ctx.read.reservoir, index_pos)
+        needed = skip_left_out(
+            pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded, ctx.read.chunk_size
+        )
+        samples = read_pieces(
+            ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards, faults, markers=True
+        )
+        return execute_plan(
+            positioned(samples, needed, offsets, excluded), part, start, by_pos, faults, ctx.read.reservoir, index_pos
+        )
 
     if adj.hardest and first == 0 and plan.batches:
         # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
@@ -222,8 +233,9 @@ def _online_batches(
     return itertools.islice(iter_batches(samples, batcher, json_length, _output_of(ctx.config)), adj.take)
 
 
-def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog | None,
-                     batcher: BucketBatcher) -> Iterator[dict[str, Any]]:
+def _cycle_unindexed(
+    ctx: SlotContext, epoch: int, slot: int, faults: FaultLog | None, batcher: BucketBatcher
+) -> Iterator[dict[str, Any]]:
     """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index); a pass
     in which the batcher accepted no sample is an error (the next would not either: it would cycle forever)."""
     for rep in itertools.count():
@@ -241,7 +253,8 @@ def _cycle_unindexed(ctx: SlotContext, epoch: int, slot: int, faults: FaultLog |
             raise EmptyEpochError(
                 f"slot {slot}: a whole pass over its {len(pieces)} shards gave no sample the batcher accepts "
                 f"({streamed} streamed, all outside min_length/max_length or over the budget {batcher.budget:g} "
-                "alone): no batch can be formed; raise the budget or widen min_length/max_length")
+                "alone): no batch can be formed; raise the budget or widen min_length/max_length"
+            )
 
 
 def unindexed_pieces(
@@ -264,8 +277,10 @@ def json_output_length(sample: dict[str, Any]) -> float:
     """A sample's output length from its ``.json`` (two-length budgets without an index)."""
     meta = sample.get("json")
     if not isinstance(meta, dict) or "output_length" not in meta:
-        raise ValueError(f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no 'output_length' in its "
-                         ".json; output_budget needs shards written with `shardify write --output-length`")
+        raise ValueError(
+            f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no 'output_length' in its "
+            ".json; output_budget needs shards written with `shardify write --output-length`"
+        )
     return meta["output_length"]
 
 
@@ -283,8 +298,12 @@ def json_length(sample: dict[str, Any]) -> float:
 def finish_batch(samples: list[dict[str, Any]], opts: CollateOptions) -> dict[str, Any] | list[dict[str, Any]]:
     """Stage end: decode and pad a formed batch, or with ``micro_batches`` its micro-batches as one list (the
     DataLoader passes them on together; the loader yields them one by one)."""
-    kw = dict(pad_to_multiple_of=opts.pad_to_multiple_of, sample_rate=opts.sample_rate, packed=opts.packed,
-              per_sample=opts.per_sample)
+    kw = dict(
+        pad_to_multiple_of=opts.pad_to_multiple_of,
+        sample_rate=opts.sample_rate,
+        packed=opts.packed,
+        per_sample=opts.per_sample,
+    )
     if opts.micro_batches <= 1:
         return _named(collate(samples, opts.decode, **kw), samples, opts.datasets)
     groups, weights = split_micro_batches(samples, opts.micro_batches, opts.loss_weight_by)
@@ -338,8 +357,11 @@ class CheckedBatches:
                 good.append(s)
             except Exception as e:  # noqa: BLE001
                 self.faults.add("lost_samples")
-                self.faults.bad_shard(int(s.get("__shard__", -1)), str(s.get("__url__")),
-                                      f"sample {s.get('__key__')!r} cannot be decoded ({type(e).__name__}: {e})")
+                self.faults.bad_shard(
+                    int(s.get("__shard__", -1)),
+                    str(s.get("__url__")),
+                    f"sample {s.get('__key__')!r} cannot be decoded ({type(e).__name__}: {e})",
+                )
         return good
 
 

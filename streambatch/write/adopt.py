@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -96,8 +97,9 @@ def index_tars(
     if part is not None:
         tars = tars[slice(*part_range(num_tars, *part))]
         if not tars:
-            raise ShardifyError(f"part {part[0]}/{part[1]} has no tars: {src} holds {num_tars}; use at most "
-                                f"{num_tars} parts")
+            raise ShardifyError(
+                f"part {part[0]}/{part[1]} has no tars: {src} holds {num_tars}; use at most {num_tars} parts"
+            )
     _check_out(out, scope, overwrite, storage_options)
     manifests = _manifests(src, layout, manifest, storage_options)
     extras = SampleExtras(output_length, columns)
@@ -112,10 +114,13 @@ def index_tars(
     if not any(int(np.count_nonzero(i.lengths)) for i in adopted.infos):
         raise ShardifyError(f"{src}: no sample the loader could use; nothing was written")
     meta = {**_meta(src, layout, manifests, adopted, tars, part, num_tars, on_error), **extras.meta()}
-    write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in adopted.problems],
-                 storage_options, remove_stale=True)
-    index = ShardIndex(shards=adopted.infos, unit=unit, sample_rate=rate, root=out, meta=meta,
-                       columns=adopted.columns)
+    write_errors(
+        storage.join_url(out, scope.errors_name),
+        [p.to_json() for p in adopted.problems],
+        storage_options,
+        remove_stale=True,
+    )
+    index = ShardIndex(shards=adopted.infos, unit=unit, sample_rate=rate, root=out, meta=meta, columns=adopted.columns)
     _save(index, storage.join_url(out, scope.index_name), storage_options)
     return index
 
@@ -134,8 +139,10 @@ def _check_out(out: str, scope: Scope, overwrite: bool, storage_options: dict | 
     if storage.is_local(out) and os.path.exists(storage.local_path(out)) and not os.path.isdir(storage.local_path(out)):
         raise ShardifyError(f"{out} exists and is not a folder")
     if not overwrite and storage.exists(storage.join_url(out, scope.index_name), storage_options):
-        raise ShardifyError(f"{out} already has {scope.index_name}; pass --overwrite to index the tars again "
-                            "(only the index is replaced, never a tar)")
+        raise ShardifyError(
+            f"{out} already has {scope.index_name}; pass --overwrite to index the tars again "
+            "(only the index is replaced, never a tar)"
+        )
     storage.makedirs(out, storage_options)
 
 
@@ -149,13 +156,16 @@ def _manifests(src: str, layout: str, manifest: str | None, storage_options: dic
         return [manifest]
     found = find_manifests(src, storage_options) if layout in ("auto", "nemo") else []
     if layout == "nemo" and not found:
-        raise ShardifyError(f"{src}: no tarred_audio_manifest.json (or sharded_manifests/manifest_*.json) beside "
-                            "the tars; pass --manifest FILE")
+        raise ShardifyError(
+            f"{src}: no tarred_audio_manifest.json (or sharded_manifests/manifest_*.json) beside "
+            "the tars; pass --manifest FILE"
+        )
     return found
 
 
-def scan_tars(tars: Sequence[str], workers: int = 1, progress: bool = True,
-              storage_options: dict | None = None) -> list[ShardScan]:
+def scan_tars(
+    tars: Sequence[str], workers: int = 1, progress: bool = True, storage_options: dict | None = None
+) -> list[ShardScan]:
     """Read every tar once (in ``workers`` processes); scans in tar order."""
     bar = tqdm(total=len(tars), desc="indexing", unit="tar", file=sys.stderr, disable=None if progress else True)
     scans: list[ShardScan] = []
@@ -188,13 +198,16 @@ def _layout(layout: str, scans: Sequence[ShardScan]) -> str:
     if first is None:
         raise ShardifyError(f"no readable samples in the tars ({scans[0].url}: {scans[0].fatal or 'empty'})")
     s = first.samples[0]
-    raise ShardifyError(f"unknown layout: {first.url} sample {s.key!r} has members "
-                        f"{', '.join('.' + e for e in s.exts)}; expected audio (flac, wav, ogg, opus, mp3) or "
-                        "text (.txt, .input_ids.npy, a .json text); pass --layout, or --manifest for NeMo")
+    raise ShardifyError(
+        f"unknown layout: {first.url} sample {s.key!r} has members "
+        f"{', '.join('.' + e for e in s.exts)}; expected audio (flac, wav, ogg, opus, mp3) or "
+        "text (.txt, .input_ids.npy, a .json text); pass --layout, or --manifest for NeMo"
+    )
 
 
-def index_rate(scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, unit: str,
-               sample_rate: int | None) -> int | None:
+def index_rate(
+    scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, unit: str, sample_rate: int | None
+) -> int | None:
     """The index's sample rate: ``sample_rate`` if given, else the one rate of the usable audio members (mixed
     rates are an error when lengths are counted in samples)."""
     first_at: dict[int, str] = {}
@@ -207,13 +220,22 @@ def index_rate(scans: Sequence[ShardScan], named: list[list[Entry | None]] | Non
     rates = sorted(first_at)
     if len(rates) > 1 and unit == "samples":
         a, b = rates[:2]
-        raise ShardifyError(f"mixed sample rates: {first_at[a]} is {a} Hz but {first_at[b]} is {b} Hz; pass "
-                            "--sample-rate R to count lengths in samples at R")
+        raise ShardifyError(
+            f"mixed sample rates: {first_at[a]} is {a} Hz but {first_at[b]} is {b} Hz; pass "
+            "--sample-rate R to count lengths in samples at R"
+        )
     return rates[0] if len(rates) == 1 else None
 
 
-def adopt(scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, layout: str, unit: str,
-          rate: int | None, out: str, extras: SampleExtras | None = None) -> Adopted:
+def adopt(
+    scans: Sequence[ShardScan],
+    named: list[list[Entry | None]] | None,
+    layout: str,
+    unit: str,
+    rate: int | None,
+    out: str,
+    extras: SampleExtras | None = None,
+) -> Adopted:
     """The index entries of the scanned tars (urls relative to ``out`` where they can be) and every problem;
     with ``extras``, their output lengths and metadata columns too."""
     res = Adopted()
@@ -225,16 +247,28 @@ def adopt(scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, la
         lengths = _lengths(scan, entries, layout, unit, rate, res)
         outs = extras.add(scan, entries, lengths, res.problems) if extras is not None else None
         keys = [s.key for s in scan.samples]
-        res.infos.append(ShardInfo(shard_url(scan.url, out), len(keys), scan.bytes, lengths, scan.sha256,
-                                   keys_sha1(keys), keys=keys, offsets=np.asarray(scan.offsets, np.int64),
-                                   sizes=np.asarray(scan.sizes, np.int64), output_lengths=outs))
+        res.infos.append(
+            ShardInfo(
+                shard_url(scan.url, out),
+                len(keys),
+                scan.bytes,
+                lengths,
+                scan.sha256,
+                keys_sha1(keys),
+                keys=keys,
+                offsets=np.asarray(scan.offsets, np.int64),
+                sizes=np.asarray(scan.sizes, np.int64),
+                output_lengths=outs,
+            )
+        )
     if extras is not None:
         res.columns = extras.columns(res.infos)
     return res
 
 
-def _lengths(scan: ShardScan, entries: Sequence[Entry | None] | None, layout: str, unit: str, rate: int | None,
-             res: Adopted) -> np.ndarray:
+def _lengths(
+    scan: ShardScan, entries: Sequence[Entry | None] | None, layout: str, unit: str, rate: int | None, res: Adopted
+) -> np.ndarray:
     """One tar's sample lengths (0: left out; the problems and unnamed members counted in ``res``)."""
     lengths = np.zeros(len(scan.samples), dtype=np.float64 if unit == "seconds" else np.int64)
     for i, s in enumerate(scan.samples):
@@ -268,8 +302,10 @@ def sample_length(s: SampleScan, layout: str, unit: str, rate: int | None, entry
     if unit == "samples" and header <= 0:
         return f"{s.key}.{s.audio}: {s.frames} frames at {s.rate} Hz is 0 samples at {rate} Hz"
     if s.length is not None and abs(s.length - header) > 1e-6 * max(1.0, header):
-        return (f"{s.key}.json: length {s.length:g} but the audio header gives {header:g} {unit} ({s.frames} frames "
-                f"at {s.rate} Hz); the loader checks the .json length (is --unit right?)")
+        return (
+            f"{s.key}.json: length {s.length:g} but the audio header gives {header:g} {unit} ({s.frames} frames "
+            f"at {s.rate} Hz); the loader checks the .json length (is --unit right?)"
+        )
     if entry is not None:
         problem = duration_problem(entry.duration, f"{s.key}.{s.audio}: the manifest ({entry.where})", s.rate, s.frames)
     else:
@@ -286,7 +322,12 @@ def shard_url(tar: str, out: str) -> str:
     both are local, else its full URL."""
     if storage.parent_url(tar).rstrip("/") == out.rstrip("/"):
         return tar.rstrip("/").rsplit("/", 1)[-1]
-    if storage.is_local(tar) and storage.is_local(out) and not tar.startswith("file://") and not out.startswith("file://"):
+    if (
+        storage.is_local(tar)
+        and storage.is_local(out)
+        and not tar.startswith("file://")
+        and not out.startswith("file://")
+    ):
         return os.path.relpath(os.path.abspath(tar), os.path.abspath(out)).replace(os.sep, "/")
     return tar
 
@@ -295,25 +336,44 @@ def _report(problems: Sequence[InputProblem], on_error: str) -> None:
     """With ``on_error="fail"``, the first problem as one line (and how many more)."""
     if problems and on_error == "fail":
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ShardifyError(f"{problems[0]}{more}; nothing was written: pass --on-error skip to index the rest "
-                            "(the samples left out are listed in errors.jsonl)")
+        raise ShardifyError(
+            f"{problems[0]}{more}; nothing was written: pass --on-error skip to index the rest "
+            "(the samples left out are listed in errors.jsonl)"
+        )
 
 
-def _meta(src: str, layout: str, manifests: list[str], adopted: Adopted, tars: Sequence[str],
-          part: tuple[int, int] | None, num_tars: int, on_error: str) -> dict[str, Any]:
+def _meta(
+    src: str,
+    layout: str,
+    manifests: list[str],
+    adopted: Adopted,
+    tars: Sequence[str],
+    part: tuple[int, int] | None,
+    num_tars: int,
+    on_error: str,
+) -> dict[str, Any]:
     left_out = sum(int(len(i.lengths) - np.count_nonzero(i.lengths)) for i in adopted.infos)
     meta: dict[str, Any] = {
         "source": os.path.abspath(src) if storage.is_local(src) else src,
         "kind": "adopted",
-        "adopted": {"layout": layout, "left_out": left_out, "unnamed": adopted.unnamed,
-                    "manifests": [os.path.abspath(m) if storage.is_local(m) else m for m in manifests]},
+        "adopted": {
+            "layout": layout,
+            "left_out": left_out,
+            "unnamed": adopted.unnamed,
+            "manifests": [os.path.abspath(m) if storage.is_local(m) else m for m in manifests],
+        },
         "created": utc_now(),
         "skipped": len(adopted.problems),
     }
     if part is not None:
         a, b = part_range(num_tars, *part)
-        meta["part"] = {"index": part[0], "count": part[1], "records": [a, b], "num_records": num_tars,
-                        "on_error": on_error}
+        meta["part"] = {
+            "index": part[0],
+            "count": part[1],
+            "records": [a, b],
+            "num_records": num_tars,
+            "on_error": on_error,
+        }
     return meta
 
 
@@ -322,10 +382,14 @@ def _save(index: ShardIndex, url: str, storage_options: dict | None) -> None:
     try:
         index.save(url, storage_options)
     except PermissionError as e:
-        raise ShardifyError(f"{storage.parent_url(url)}: cannot write the index there ({e.strerror or e}); "
-                            "pass --out DIR to put it elsewhere (it points back at the tars)") from None
+        raise ShardifyError(
+            f"{storage.parent_url(url)}: cannot write the index there ({e.strerror or e}); "
+            "pass --out DIR to put it elsewhere (it points back at the tars)"
+        ) from None
     except OSError as e:
         if e.errno != 30:  # EROFS
             raise
-        raise ShardifyError(f"{storage.parent_url(url)}: read-only storage; pass --out DIR to put the index "
-                            "elsewhere (it points back at the tars)") from None
+        raise ShardifyError(
+            f"{storage.parent_url(url)}: read-only storage; pass --out DIR to put the index "
+            "elsewhere (it points back at the tars)"
+        ) from None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .adopt import LAYOUTS, index_tars
 
@@ -19,43 +20,80 @@ DESCRIPTION = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser, positive_int: Callable[[str], int],
-                  part: Callable[[str], Any]) -> None:
+def add_arguments(p: argparse.ArgumentParser, positive_int: Callable[[str], int], part: Callable[[str], Any]) -> None:
     """The command's arguments (``positive_int`` and ``part`` are the CLI's argument types)."""
     p.add_argument("src", metavar="SRC", help="folder or fsspec URL holding the .tar shards")
-    p.add_argument("--out", metavar="DIR", help="write the index here instead of beside the tars (read-only "
-                   "storage); shard paths are relative to DIR when both are local, else full URLs")
-    p.add_argument("--layout", choices=LAYOUTS, default="auto",
-                   help="what the tars hold (default auto: nemo when a tarred manifest is beside them, audio when "
-                   "samples have an audio member, else text)")
-    p.add_argument("--manifest", metavar="FILE", help="the NeMo tarred manifest (default: "
-                   "SRC/tarred_audio_manifest.json, else SRC/sharded_manifests/manifest_*.json)")
-    p.add_argument("--unit", choices=("samples", "seconds", "tokens"),
-                   help="length unit (default: samples for audio, tokens for text)")
-    p.add_argument("--sample-rate", type=positive_int, metavar="R",
-                   help="count audio lengths in samples at R Hz; needed when the members have mixed rates")
-    p.add_argument("--workers", type=positive_int, default=1, metavar="N", help="tars read at a time, in "
-                   "processes (default 1); the index is identical for any N")
-    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
-                   help="members the loader could not use (unreadable or cut-short audio, no audio or text, a "
-                   ".json length the header contradicts): fail = write nothing, exit 2 (default); skip = leave "
-                   "those samples out of every epoch (length 0 in the index) and list them in errors.jsonl")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the index here instead of beside the tars (read-only "
+        "storage); shard paths are relative to DIR when both are local, else full URLs",
+    )
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="what the tars hold (default auto: nemo when a tarred manifest is beside them, audio when "
+        "samples have an audio member, else text)",
+    )
+    p.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="the NeMo tarred manifest (default: "
+        "SRC/tarred_audio_manifest.json, else SRC/sharded_manifests/manifest_*.json)",
+    )
+    p.add_argument(
+        "--unit",
+        choices=("samples", "seconds", "tokens"),
+        help="length unit (default: samples for audio, tokens for text)",
+    )
+    p.add_argument(
+        "--sample-rate",
+        type=positive_int,
+        metavar="R",
+        help="count audio lengths in samples at R Hz; needed when the members have mixed rates",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="tars read at a time, in processes (default 1); the index is identical for any N",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="members the loader could not use (unreadable or cut-short audio, no audio or text, a "
+        ".json length the header contradicts): fail = write nothing, exit 2 (default); skip = leave "
+        "those samples out of every epoch (length 0 in the index) and list them in errors.jsonl",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an index already there (never a tar)")
-    p.add_argument("--part", metavar="I/N", type=part,
-                   help="index only the I-th of N slices of the tars (I = 0 .. N-1, e.g. "
-                   "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) as index.part-IIII.json; then `shardify merge "
-                   "DIR` (DIR: --out, else SRC) writes index.json")
-    p.add_argument("--output-length", metavar="chars|tokens:NAME_OR_PATH|column:FIELD",
-                   help="give each audio sample a second length (output_length in the sample table, for the "
-                   "loader's output_budget): its transcript's characters (chars) or tokens of a tokenizer "
-                   "(tokens:NAME_OR_PATH, as `shardify write --tokenizer`), the transcript being the NeMo manifest's "
-                   "text, else the .txt or the .json text; or column:FIELD, an integer field of the manifest entry "
-                   "or the .json, as it is. A sample without one is bad input (--on-error)")
-    p.add_argument("--columns", metavar="NAMES",
-                   help="comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
-                   "columns of the sample table, for filters (where=); default: every scalar field but the "
-                   "transcript; \"\" for none. A NeMo dataset's transcripts are always stored (column text: the "
-                   "loader's batch[\"text\"])")
+    p.add_argument(
+        "--part",
+        metavar="I/N",
+        type=part,
+        help="index only the I-th of N slices of the tars (I = 0 .. N-1, e.g. "
+        "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) as index.part-IIII.json; then `shardify merge "
+        "DIR` (DIR: --out, else SRC) writes index.json",
+    )
+    p.add_argument(
+        "--output-length",
+        metavar="chars|tokens:NAME_OR_PATH|column:FIELD",
+        help="give each audio sample a second length (output_length in the sample table, for the "
+        "loader's output_budget): its transcript's characters (chars) or tokens of a tokenizer "
+        "(tokens:NAME_OR_PATH, as `shardify write --tokenizer`), the transcript being the NeMo manifest's "
+        "text, else the .txt or the .json text; or column:FIELD, an integer field of the manifest entry "
+        "or the .json, as it is. A sample without one is bad input (--on-error)",
+    )
+    p.add_argument(
+        "--columns",
+        metavar="NAMES",
+        help="comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
+        "columns of the sample table, for filters (where=); default: every scalar field but the "
+        'transcript; "" for none. A NeMo dataset\'s transcripts are always stored (column text: the '
+        'loader\'s batch["text"])',
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -64,24 +102,41 @@ def run_cli(args: argparse.Namespace, storage_options: dict | None) -> int:
     from ..summary import total_text
 
     out = args.out or args.src
-    index = index_tars(args.src, args.out, layout=args.layout, manifest=args.manifest, unit=args.unit,
-                       sample_rate=args.sample_rate, workers=args.workers, on_error=args.on_error,
-                       overwrite=args.overwrite, part=args.part, output_length=args.output_length,
-                       columns=args.columns, storage_options=storage_options,
-                       progress=not args.no_progress)
+    index = index_tars(
+        args.src,
+        args.out,
+        layout=args.layout,
+        manifest=args.manifest,
+        unit=args.unit,
+        sample_rate=args.sample_rate,
+        workers=args.workers,
+        on_error=args.on_error,
+        overwrite=args.overwrite,
+        part=args.part,
+        output_length=args.output_length,
+        columns=args.columns,
+        storage_options=storage_options,
+        progress=not args.no_progress,
+    )
     adopted = index.meta["adopted"]
     if index.meta.get("skipped"):
-        print(f"shardify: left out {index.meta['skipped']} sample(s) or tar(s) the loader could not use, listed in "
-              f"{out.rstrip('/')}/errors{'' if args.part is None else '.part-%04d' % args.part[0]}.jsonl",
-              file=sys.stderr)
+        print(
+            f"shardify: left out {index.meta['skipped']} sample(s) or tar(s) the loader could not use, listed in "
+            f"{out.rstrip('/')}/errors{'' if args.part is None else f'.part-{args.part[0]:04d}'}.jsonl",
+            file=sys.stderr,
+        )
     if adopted["unnamed"]:
-        print(f"shardify: {adopted['unnamed']} member(s) the manifest does not name are left out of every epoch",
-              file=sys.stderr)
+        print(
+            f"shardify: {adopted['unnamed']} member(s) the manifest does not name are left out of every epoch",
+            file=sys.stderr,
+        )
     what = f"{index.num_samples} samples in {index.num_shards} tars ({adopted['layout']})"
     if args.part is not None:
         i, n = args.part
         print(f"indexed part {i}/{n}: {what}; when all {n} parts are done: shardify merge {out}")
         return 0
-    print(f"indexed {what} in place ({total_text(index)}); index: {out.rstrip('/')}/index.json, {index.unit}"
-          + (f" @ {index.sample_rate} Hz" if index.sample_rate else ""))
+    print(
+        f"indexed {what} in place ({total_text(index)}); index: {out.rstrip('/')}/index.json, {index.unit}"
+        + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
+    )
     return 0

@@ -8,8 +8,9 @@ table's ``text`` column, which the loader gives as ``batch["text"]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -54,21 +55,25 @@ class SampleExtras:
         self.nemo = False
         self.fields: list[list[dict[str, Any]]] = []
 
-    def for_layout(self, layout: str) -> "SampleExtras":
+    def for_layout(self, layout: str) -> SampleExtras:
         """Checked against the layout the tars turned out to have (text samples have no output length)."""
         if self.output is not None and layout == "text":
-            raise ShardifyError("--output-length counts the transcripts of audio samples; a text sample's length "
-                                "is its tokens already")
+            raise ShardifyError(
+                "--output-length counts the transcripts of audio samples; a text sample's length is its tokens already"
+            )
         self.nemo = layout == "nemo"
         return self
 
-    def add(self, scan: ShardScan, entries: Sequence[Entry | None] | None, lengths: np.ndarray,
-            problems: list[InputProblem]) -> np.ndarray | None:
+    def add(
+        self, scan: ShardScan, entries: Sequence[Entry | None] | None, lengths: np.ndarray, problems: list[InputProblem]
+    ) -> np.ndarray | None:
         """One tar's samples (``lengths``: 0 where left out): their fields kept for the columns, and their
         output lengths (None without ``--output-length``). A sample whose output length cannot be had is a
         problem, and left out (its length set to 0)."""
-        views = [seen(s, entries[i] if entries is not None else None, scan.url) if lengths[i] else None
-                 for i, s in enumerate(scan.samples)]
+        views = [
+            seen(s, entries[i] if entries is not None else None, scan.url) if lengths[i] else None
+            for i, s in enumerate(scan.samples)
+        ]
         self.fields.append([v.fields if v is not None else {} for v in views])
         if self.output is None:
             return None
@@ -127,4 +132,3 @@ def column_length(v: Seen, name: str) -> int | InputProblem:
     if not whole or x < 0:
         return v.problem(f"--output-length column:{name}: field {name!r} is {x!r}, not a whole number >= 0")
     return int(x)
-

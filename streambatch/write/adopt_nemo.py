@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..dataset import storage
 from ..errors import ShardifyError
@@ -79,10 +80,14 @@ def json_line(line: str, where: str) -> dict[str, Any]:
 def _entry(d: dict[str, Any], where: str) -> Entry:
     shard = d.get("shard_id")
     duration = d.get("duration")
-    return Entry(d["audio_filepath"], int(shard) if isinstance(shard, (int, float)) else None,
-                 float(duration) if isinstance(duration, (int, float)) else None,
-                 d["text"] if isinstance(d.get("text"), str) else None, where,
-                 d)
+    return Entry(
+        d["audio_filepath"],
+        int(shard) if isinstance(shard, (int, float)) else None,
+        float(duration) if isinstance(duration, (int, float)) else None,
+        d["text"] if isinstance(d.get("text"), str) else None,
+        where,
+        d,
+    )
 
 
 def tar_number(url: str) -> int | None:
@@ -108,8 +113,10 @@ def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: 
     for e in entries:
         if e.shard is not None and e.shard not in numbers:
             if whole:
-                raise ShardifyError(f"{e.where}: shard_id {e.shard} names a tar that is not there "
-                                    f"(no audio_{e.shard}.tar beside the others)")
+                raise ShardifyError(
+                    f"{e.where}: shard_id {e.shard} names a tar that is not there "
+                    f"(no audio_{e.shard}.tar beside the others)"
+                )
             continue  # another part's tar
         tars = [numbers[e.shard]] if e.shard is not None else range(len(scans))
         hit = next(((j, by_name[(j, e.member)][0]) for j in tars if (j, e.member) in by_name), None)
@@ -120,8 +127,10 @@ def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: 
             raise ShardifyError(f"{e.where}: the manifest names {e.member!r}, which is not a member of {in_tar}")
         j, i = hit
         if found[j][i] is not None:
-            raise ShardifyError(f"{e.where}: {e.member!r} is named twice (also at {found[j][i].where}); "
-                                "segments of one file (an offset field) cannot be indexed in place")
+            raise ShardifyError(
+                f"{e.where}: {e.member!r} is named twice (also at {found[j][i].where}); "
+                "segments of one file (an offset field) cannot be indexed in place"
+            )
         found[j][i] = e
     return found
 
@@ -134,4 +143,6 @@ def duration_problem(duration: float | None, where: str, rate: int, frames: int)
     header = frames / rate
     if abs(duration - header) <= max(DURATION_TOLERANCE_S, DURATION_TOLERANCE * header):
         return None
-    return f"{where} says duration {duration:g} s but the audio header says {header:.6g} s ({frames} frames at {rate} Hz)"
+    return (
+        f"{where} says duration {duration:g} s but the audio header says {header:.6g} s ({frames} frames at {rate} Hz)"
+    )

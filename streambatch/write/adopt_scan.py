@@ -104,7 +104,7 @@ def _walk(members: Any, reader: HashingReader, scan: ShardScan) -> None:
 def _add(scan: ShardScan, key: str, group: dict[str, bytes], start: int, end: int) -> None:
     sample = scan_sample(key, group)
     if sample.problem is not None and sample.problem.startswith(_FATAL):
-        scan.fatal = f"{key}.json: {sample.problem[len(_FATAL):]}"
+        scan.fatal = f"{key}.json: {sample.problem[len(_FATAL) :]}"
     scan.samples.append(sample)
     scan.offsets.append(start)
     scan.sizes.append(end - start)

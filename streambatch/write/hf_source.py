@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -29,8 +30,15 @@ KEY_COLUMNS = ("id", "utt_id", "key")
 _SAVED = ("state.json", "dataset_dict.json")  # what save_to_disk leaves in its folder
 _BATCH = 1024
 #: the first bytes of each audio format, for audio stored without a file name
-_MAGIC = ((b"RIFF", "wav"), (b"fLaC", "flac"), (b"OggS", "ogg"), (b"ID3", "mp3"), (b"\xff\xfb", "mp3"),
-          (b"\xff\xf3", "mp3"), (b"\xff\xf2", "mp3"))
+_MAGIC = (
+    (b"RIFF", "wav"),
+    (b"fLaC", "flac"),
+    (b"OggS", "ogg"),
+    (b"ID3", "mp3"),
+    (b"\xff\xfb", "mp3"),
+    (b"\xff\xf3", "mp3"),
+    (b"\xff\xf2", "mp3"),
+)
 
 
 def is_saved_dataset(path: str) -> bool:
@@ -44,7 +52,7 @@ def is_hf_source(src: str) -> bool:
 
 def _parse(src: str) -> tuple[str, str | None, str | None]:
     """``hf:NAME[:SPLIT]`` or ``hf:NAME:CONFIG:SPLIT`` (or a saved folder) → (name, config, split)."""
-    spec = src[len(PREFIX):] if src.startswith(PREFIX) else src
+    spec = src[len(PREFIX) :] if src.startswith(PREFIX) else src
     if is_saved_dataset(spec):
         return spec, None, None
     parts = spec.split(":")
@@ -59,8 +67,9 @@ def _datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise ShardifyError("a Hugging Face dataset source needs the 'datasets' package: "
-                            "pip install 'streambatch[hf]'") from None
+        raise ShardifyError(
+            "a Hugging Face dataset source needs the 'datasets' package: pip install 'streambatch[hf]'"
+        ) from None
     from huggingface_hub.utils import logging as hub_logging
 
     datasets.logging.set_verbosity_error()  # no progress bars or retry chatter: errors are one line
@@ -79,8 +88,11 @@ def open_hf(src: str) -> Any:
         got = ds.load_from_disk(name) if local else ds.load_dataset(name, config, split=split)
     except Exception as e:  # noqa: BLE001 - network, missing dataset, bad folder: one line, exit 2
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        hint = "" if local else ("; without a network, save it with `save_to_disk` where there is one and pass "
-                                 "that folder")
+        hint = (
+            ""
+            if local
+            else ("; without a network, save it with `save_to_disk` where there is one and pass that folder")
+        )
         raise ShardifyError(f"{src}: cannot load the Hugging Face dataset ({msg}){hint}") from None
     if isinstance(got, ds.DatasetDict):
         got = got[_pick_split(src, list(got), split)]
@@ -94,8 +106,9 @@ def _pick_split(src: str, splits: list[str], split: str | None) -> str:
         return splits[0]
     split = split or "train"
     if split not in splits:
-        raise ShardifyError(f"{src}: no split {split!r}; the dataset has {', '.join(splits)} (pass "
-                            f"hf:{_parse(src)[0]}:SPLIT)")
+        raise ShardifyError(
+            f"{src}: no split {split!r}; the dataset has {', '.join(splits)} (pass hf:{_parse(src)[0]}:SPLIT)"
+        )
     return split
 
 
@@ -187,7 +200,7 @@ def _audio_rows(ds: Any, column: str) -> tuple[Any, Iterator[tuple[str, str]]]:
 
     def rows() -> Iterator[tuple[str, str]]:
         for a in range(0, len(table), _BATCH):
-            col = table[a:a + _BATCH].column(column).combine_chunks()
+            col = table[a : a + _BATCH].column(column).combine_chunks()
             names = {col.type.field(i).name for i in range(col.type.num_fields)}
             paths = col.field("path").to_pylist() if "path" in names else [None] * len(col)
             blobs = col.field("bytes") if "bytes" in names else None

@@ -13,21 +13,33 @@ import fnmatch
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..dataset import storage
 from ..dataset.columns import ColumnError, merged_columns
-from ..dataset.format import (ERRORS_NAME, OUR_FILES, PART_ERRORS_NAME, PART_INDEX_GLOB, PART_INDEX_NAME,
-                              PART_SHARD_NAME, SHARD_NAME)
+from ..dataset.format import (
+    ERRORS_NAME,
+    OUR_FILES,
+    PART_ERRORS_NAME,
+    PART_INDEX_GLOB,
+    PART_INDEX_NAME,
+    PART_SHARD_NAME,
+    SHARD_NAME,
+)
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
 from .verify import verify_dataset
 
-_PART_FILE_RE = re.compile(r"^(?:shard-p(\d+)-\d+\.tar|index\.part-(\d+)(?:\.json|\.shards\.parquet|\.samples)"
-                           r"|errors\.part-(\d+)\.jsonl)(?:\.tmp-.*)?$")
-_SINGLE_FILE_RE = re.compile(r"^(?:shard-\d+\.tar|index(?:\.json|\.shards\.parquet|\.samples)|errors\.jsonl)"
-                             r"(?:\.tmp-.*)?$")
+_PART_FILE_RE = re.compile(
+    r"^(?:shard-p(\d+)-\d+\.tar|index\.part-(\d+)(?:\.json|\.shards\.parquet|\.samples)"
+    r"|errors\.part-(\d+)\.jsonl)(?:\.tmp-.*)?$"
+)
+_SINGLE_FILE_RE = re.compile(
+    r"^(?:shard-\d+\.tar|index(?:\.json|\.shards\.parquet|\.samples)|errors\.jsonl)"
+    r"(?:\.tmp-.*)?$"
+)
 #: part index fields that every part of one run must share
 _PART_SAME = ("source", "kind", "shuffle", "seed", "max_count", "max_size", "tokenizer", "output_length")
 
@@ -106,7 +118,10 @@ def remove_quiet(url: str, storage_options: dict | None) -> None:
 
 
 def check_out(
-    out: str, overwrite: bool, storage_options: dict | None = None, part: tuple[int, int] | None = None,
+    out: str,
+    overwrite: bool,
+    storage_options: dict | None = None,
+    part: tuple[int, int] | None = None,
     resume: bool = False,
 ) -> None:
     """Refuse a non-empty ``out`` unless ``overwrite``. A part may share ``out`` with the other parts' files;
@@ -119,19 +134,25 @@ def check_out(
     if part is None:
         if names and not resume:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            raise ShardifyError(f"{out} is not empty ({shown}); pass --overwrite to replace the dataset there, or "
-                                "--resume to finish an interrupted write")
+            raise ShardifyError(
+                f"{out} is not empty ({shown}); pass --overwrite to replace the dataset there, or "
+                "--resume to finish an interrupted write"
+            )
         return
     i, n = part
     if resume and INDEX_NAME in names:
-        raise ShardifyError(f"{out} already holds the merged dataset ({INDEX_NAME}); pass --overwrite to write "
-                            f"part {i}/{n} again")
+        raise ShardifyError(
+            f"{out} already holds the merged dataset ({INDEX_NAME}); pass --overwrite to write part {i}/{n} again"
+        )
     scope = Scope(part)
     taken = [m for m in names if not (part_of(m) is not None and (part_of(m) != i or resume and scope.owns(m)))]
     if taken:
         shown = ", ".join(taken[:3]) + (", ..." if len(taken) > 3 else "")
-        hint = "pass --resume to finish an interrupted part, or --overwrite to write it again" if any(
-            scope.owns(m) for m in taken) else "pass --overwrite to replace the dataset there"
+        hint = (
+            "pass --resume to finish an interrupted part, or --overwrite to write it again"
+            if any(scope.owns(m) for m in taken)
+            else "pass --overwrite to replace the dataset there"
+        )
         raise ShardifyError(f"{out} holds files other than the other parts' ({shown}); {hint}")
 
 
@@ -184,7 +205,10 @@ def find_parts(out: str, storage_options: dict | None = None) -> list[str]:
 
 
 def merge_parts(
-    out: str, parts: Sequence[str] | None = None, storage_options: dict | None = None, verify: bool = False,
+    out: str,
+    parts: Sequence[str] | None = None,
+    storage_options: dict | None = None,
+    verify: bool = False,
     progress: bool = True,
 ) -> ShardIndex:
     """Merge the part indexes of a ``--part i/n`` run into ``out/index.json`` (and ``errors.jsonl``).
@@ -201,10 +225,15 @@ def merge_parts(
     if verify:
         problems = verify_dataset(merged, storage_options, progress=progress)
         if problems:
-            raise ShardifyError(f"{len(problems)} shard problems, index.json not written:\n  "
-                                + "\n  ".join(problems[:20]))
-    write_errors(storage.join_url(out, ERRORS_NAME), _merged_errors(out, ordered, storage_options), storage_options,
-                 remove_stale=True)
+            raise ShardifyError(
+                f"{len(problems)} shard problems, index.json not written:\n  " + "\n  ".join(problems[:20])
+            )
+    write_errors(
+        storage.join_url(out, ERRORS_NAME),
+        _merged_errors(out, ordered, storage_options),
+        storage_options,
+        remove_stale=True,
+    )
     merged.save(storage.join_url(out, INDEX_NAME), storage_options)
     return merged
 
@@ -213,8 +242,10 @@ def _load_parts(out: str, parts: Sequence[str] | None, storage_options: dict | N
     """(url, index) of each part index given (default: found in ``out``); each must be a part index."""
     urls = list(parts) if parts else find_parts(out, storage_options)
     if not urls:
-        raise ShardifyError(f"{out}: no part indexes ({PART_INDEX_GLOB}); write the parts first with "
-                            "`shardify write SRC OUT --part I/N` for I = 0 .. N-1")
+        raise ShardifyError(
+            f"{out}: no part indexes ({PART_INDEX_GLOB}); write the parts first with "
+            "`shardify write SRC OUT --part I/N` for I = 0 .. N-1"
+        )
     loaded: list[tuple[str, ShardIndex]] = []
     for url in urls:
         try:
@@ -233,8 +264,10 @@ def _all_parts(out: str, loaded: list[tuple[str, ShardIndex]]) -> list[tuple[str
     """The parts in order 0 .. n-1: all of one run, each once, none missing."""
     counts = sorted({ix.meta["part"]["count"] for _, ix in loaded})
     if len(counts) > 1:
-        raise ShardifyError(f"{out}: part indexes of different runs (of {' and '.join(map(str, counts))} parts); "
-                            "remove the stale ones or list the parts to merge")
+        raise ShardifyError(
+            f"{out}: part indexes of different runs (of {' and '.join(map(str, counts))} parts); "
+            "remove the stale ones or list the parts to merge"
+        )
     n = counts[0]
     by_part: dict[int, tuple[str, ShardIndex]] = {}
     for url, ix in loaded:
@@ -262,14 +295,18 @@ def _check_same_run(ordered: list[tuple[str, ShardIndex]]) -> None:
         pm = ix.meta["part"]
         for k in _PART_SAME:
             if ix.meta.get(k) != first.meta.get(k):
-                raise ShardifyError(f"{url} was written with {k}={ix.meta.get(k)!r} but {first_url} with "
-                                    f"{first.meta.get(k)!r}: the parts are not from the same run")
+                raise ShardifyError(
+                    f"{url} was written with {k}={ix.meta.get(k)!r} but {first_url} with "
+                    f"{first.meta.get(k)!r}: the parts are not from the same run"
+                )
         if ix.unit != first.unit or pm.get("on_error") != first.meta["part"].get("on_error"):
             raise ShardifyError(f"{url} and {first_url} differ in unit or --on-error: not from the same run")
         if pm["num_records"] != num_records or list(pm["records"]) != list(part_range(num_records, pm["index"], n)):
-            raise ShardifyError(f"{url} holds records {pm['records']} of {pm['num_records']}, not part "
-                                f"{pm['index']}/{n} of the {num_records} records the others saw (did the source "
-                                "change between tasks?)")
+            raise ShardifyError(
+                f"{url} holds records {pm['records']} of {pm['num_records']}, not part "
+                f"{pm['index']}/{n} of the {num_records} records the others saw (did the source "
+                "change between tasks?)"
+            )
 
 
 def _merged_index(out: str, ordered: list[tuple[str, ShardIndex]]) -> ShardIndex:
@@ -293,8 +330,14 @@ def _merged_index(out: str, ordered: list[tuple[str, ShardIndex]]) -> ShardIndex
         columns = merged_columns([ix.columns for _, ix in ordered], [url for url, _ in ordered])
     except ColumnError as e:
         raise ShardifyError(str(e)) from None
-    return ShardIndex(shards=_merged_shards(out, ordered), unit=first.unit, sample_rate=sample_rate, root=out,
-                      meta=meta, columns=columns)
+    return ShardIndex(
+        shards=_merged_shards(out, ordered),
+        unit=first.unit,
+        sample_rate=sample_rate,
+        root=out,
+        meta=meta,
+        columns=columns,
+    )
 
 
 def _merged_shards(out: str, ordered: list[tuple[str, ShardIndex]]) -> list[ShardInfo]:

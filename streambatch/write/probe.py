@@ -15,7 +15,8 @@ import multiprocessing
 import os
 import re
 import sys
-from typing import Any, BinaryIO, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
@@ -92,8 +93,9 @@ def process_pool(workers: int, remote: bool) -> cf.ProcessPoolExecutor:
     this process dies, even by SIGKILL (no stranded worker holding a caller's pipes)."""
     # fsspec object-store filesystems are not fork-safe: start fresh processes for remote I/O
     ctx = multiprocessing.get_context("spawn") if remote else None
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent,
-                                  initargs=(os.getpid(),))
+    return cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)
+    )
 
 
 def probe_records(
@@ -126,8 +128,14 @@ def _resampled(frames: int, sr: int, target: int) -> int:
 
 
 def measure(
-    records: Sequence[Record], kind: str, unit: str, sample_rate: int | None = None, workers: int = 1,
-    progress: bool = True, storage_options: dict | None = None, on_error: str = "fail",
+    records: Sequence[Record],
+    kind: str,
+    unit: str,
+    sample_rate: int | None = None,
+    workers: int = 1,
+    progress: bool = True,
+    storage_options: dict | None = None,
+    on_error: str = "fail",
 ) -> tuple[list[Sample], list[InputProblem], int | None]:
     """Lengths and tar members of every record: ``(samples, problems, index sample rate)``.
 
@@ -194,8 +202,10 @@ def duration_problem(rec: Record, sample_rate: int, frames: int) -> str | None:
     if field == "length" and abs(value - frames) <= DURATION_TOLERANCE * frames:
         return None  # a length counted in samples, not seconds
     unit = " s" if field == "duration" else ""  # a length may be seconds or samples: it matches neither
-    return (f"the manifest's {field} is {value:g}{unit} but the audio header says {header:.6g} s ({frames} frames "
-            f"at {sample_rate} Hz)")
+    return (
+        f"the manifest's {field} is {value:g}{unit} but the audio header says {header:.6g} s ({frames} frames "
+        f"at {sample_rate} Hz)"
+    )
 
 
 def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -> int | None:

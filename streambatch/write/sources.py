@@ -15,13 +15,15 @@ import json
 import os
 import posixpath
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ..dataset.audio import AUDIO_EXTENSIONS
-from ..errors import InputProblem, ShardifyError
 from ..dataset.storage import is_local, local_path, open_url
-from .hf_source import hf_rows, is_hf_source, is_text as hf_is_text
+from ..errors import InputProblem, ShardifyError
+from .hf_source import hf_rows, is_hf_source
+from .hf_source import is_text as hf_is_text
 
 KINDS = ("folder", "manifest", "speechbrain", "text", "hf")
 AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")
@@ -115,8 +117,10 @@ def _first_json_line(src: str) -> Any:
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as e:
-                raise ShardifyError(f"{src}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                    "manifests must be UTF-8 (re-save it as UTF-8, e.g. with iconv)") from None
+                raise ShardifyError(
+                    f"{src}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "manifests must be UTF-8 (re-save it as UTF-8, e.g. with iconv)"
+                ) from None
             if line:
                 try:
                     return json.loads(line)
@@ -243,7 +247,12 @@ def resolve_path(path: str, base: str, data_root: str | None, where: str) -> str
 
 
 def _record_from_audio_entry(
-    entry: dict, src: str, line: int | None, key: str | None, base: str, data_root: str | None,
+    entry: dict,
+    src: str,
+    line: int | None,
+    key: str | None,
+    base: str,
+    data_root: str | None,
     problems: list[InputProblem],
 ) -> Record | None:
     """A record from a manifest entry (JSONL line or SpeechBrain item); None (and a problem) if bad."""
@@ -338,10 +347,10 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
         return ShardifyError(f"{source}:{line_at(pos)}: not a valid SpeechBrain JSON manifest ({msg})")
 
     pos = ws.match(text, 0).end()
-    if text[pos:pos + 1] != "{":
+    if text[pos : pos + 1] != "{":
         raise fail(pos, "expected a JSON object {id: {...}, ...}")
     pos = ws.match(text, pos + 1).end()
-    if text[pos:pos + 1] == "}":
+    if text[pos : pos + 1] == "}":
         return
     while True:
         start = pos
@@ -352,7 +361,7 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
         if not isinstance(key, str):
             raise fail(start, "expected a string key")
         pos = ws.match(text, pos).end()
-        if text[pos:pos + 1] != ":":
+        if text[pos : pos + 1] != ":":
             raise fail(pos, "expected ':'")
         pos = ws.match(text, pos + 1).end()
         try:
@@ -361,11 +370,11 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
             raise fail(e.pos, e.msg) from None
         yield key, value, line_at(start)
         pos = ws.match(text, pos).end()
-        ch = text[pos:pos + 1]
+        ch = text[pos : pos + 1]
         if ch == ",":
             pos = ws.match(text, pos + 1).end()
         elif ch == "}":
-            if text[pos + 1:].strip():
+            if text[pos + 1 :].strip():
                 raise fail(pos + 1, "extra data after the object")
             return
         else:
@@ -405,9 +414,7 @@ def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record]
                     entry[col] = float(entry[col])
                 except ValueError:
                     pass  # reported as "not a number" below
-        rec = _record_from_audio_entry(
-            entry, src, line, sanitize_key(entry[id_col]), base, data_root, problems
-        )
+        rec = _record_from_audio_entry(entry, src, line, sanitize_key(entry[id_col]), base, data_root, problems)
         if rec is not None:
             records.append(rec)
     return records, problems
@@ -427,7 +434,8 @@ def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
             problems.append(InputProblem(src, f"'text' is not a string: {text!r:.60}", n, key))
             continue
         if ids is not None and not (
-            isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and -2**31 <= i < 2**31 for i in ids)
+            isinstance(ids, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) and -(2**31) <= i < 2**31 for i in ids)
         ):
             problems.append(InputProblem(src, "'input_ids' is not a list of 32-bit integers", n, key))
             continue

@@ -61,8 +61,15 @@ def _complete(dst: str, info: ShardInfo, verify: bool, storage_options: dict | N
     return not (verify and info.sha256) or sha256_problem(_sha256_of(dst, storage_options), info.sha256) is None
 
 
-def _copy_one(src: str, dst: str, info: ShardInfo, src_options: dict | None, dest_options: dict | None,
-              bar: tqdm, lock: threading.Lock) -> int:
+def _copy_one(
+    src: str,
+    dst: str,
+    info: ShardInfo,
+    src_options: dict | None,
+    dest_options: dict | None,
+    bar: tqdm,
+    lock: threading.Lock,
+) -> int:
     """Copy one shard to a temporary name, check its size and sha256 against the index, then rename."""
     with atomic_file(dst, dest_options, prefix="shardify-stage-") as tmp:
         digest = _copy_with_retries(src, tmp, src_options, bar, lock)
@@ -101,8 +108,14 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
 
 
 def stage_dataset(
-    src: str, dest: str, *, verify: bool = False, workers: int = 4, storage_options: dict | None = None,
-    dest_storage_options: dict | None = None, progress: bool = True,
+    src: str,
+    dest: str,
+    *,
+    verify: bool = False,
+    workers: int = 4,
+    storage_options: dict | None = None,
+    dest_storage_options: dict | None = None,
+    progress: bool = True,
 ) -> StageResult:
     """Copy the dataset at ``src`` (folder, URL or index file) to ``dest``; see the module docstring.
 
@@ -111,7 +124,11 @@ def stage_dataset(
     if int(workers) <= 0:
         raise ShardifyError("workers must be positive")
     raw, index = _read_index(src, storage_options)
-    if storage.is_local(dest) and os.path.exists(storage.local_path(dest)) and not os.path.isdir(storage.local_path(dest)):
+    if (
+        storage.is_local(dest)
+        and os.path.exists(storage.local_path(dest))
+        and not os.path.isdir(storage.local_path(dest))
+    ):
         raise ShardifyError(f"{dest} exists and is not a folder")
     if _same_place(index.root or "", dest):
         raise ShardifyError(f"{dest} is the dataset itself")
@@ -132,8 +149,13 @@ def stage_dataset(
     if rewrite:
         for info, name in zip(index.shards, names):
             info.url = name
-        staged = ShardIndex(shards=index.shards, unit=index.unit, sample_rate=index.sample_rate, root=dest,
-                            meta=dict(index.meta, staged_from=src))
+        staged = ShardIndex(
+            shards=index.shards,
+            unit=index.unit,
+            sample_rate=index.sample_rate,
+            root=dest,
+            meta=dict(index.meta, staged_from=src),
+        )
         staged.save(dest_index, dest_storage_options, version=index.version)
     else:
         _copy_tables(index, dest, same, storage_options, dest_storage_options)
@@ -142,8 +164,7 @@ def stage_dataset(
     return result
 
 
-def _copy_tables(index: ShardIndex, dest: str, keep: bool, src_options: dict | None,
-                 dest_options: dict | None) -> None:
+def _copy_tables(index: ShardIndex, dest: str, keep: bool, src_options: dict | None, dest_options: dict | None) -> None:
     """A version 2 index's table files, copied byte for byte (each whole or not at all) before its header;
     with ``keep`` (DEST has this index already) a table there at its size is kept."""
     if index.version < 2:
@@ -204,14 +225,28 @@ def _dest_names(index: ShardIndex) -> tuple[list[str], bool]:
 
 
 def _copy_shards(
-    index: ShardIndex, dsts: list[str], names: list[str], result: StageResult, verify: bool, workers: int,
-    src_options: dict | None, dest_options: dict | None, progress: bool,
+    index: ShardIndex,
+    dsts: list[str],
+    names: list[str],
+    result: StageResult,
+    verify: bool,
+    workers: int,
+    src_options: dict | None,
+    dest_options: dict | None,
+    progress: bool,
 ) -> None:
     """Copy every shard not already complete at its ``dsts`` entry, ``workers`` at a time (threads); record
     what was copied and kept in ``result``."""
     srcs = index.shard_urls()
-    bar = tqdm(total=sum(info.bytes for info in index.shards), desc="staging", unit="B", unit_scale=True,
-               unit_divisor=1024, file=sys.stderr, disable=None if progress else True)
+    bar = tqdm(
+        total=sum(info.bytes for info in index.shards),
+        desc="staging",
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=None if progress else True,
+    )
     lock = threading.Lock()
 
     def one(i: int) -> tuple[int, int | None]:

@@ -14,15 +14,16 @@ import os
 import tarfile
 import tempfile
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..dataset import storage
 from ..dataset.format import Digest, keys_sha1, size_problem
 from ..dataset.index import ShardInfo
-from ..errors import ShardifyError
+from ..errors import ShardifyError, StreamBatchError
 from .sources import Record
 
 TAR_FORMAT = tarfile.PAX_FORMAT
@@ -246,12 +247,21 @@ def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
     offsets = np.cumsum(sizes) - sizes
     outs = [s.output_length for s in task.samples]
     output_lengths = None if any(o is None for o in outs) else np.asarray(outs, dtype=np.int64)
-    return ShardInfo(url=task.name, count=len(keys), bytes=nbytes, lengths=lengths, sha256=sha,
-                     keys_sha1=keys_sha1(keys), keys=keys, offsets=offsets, sizes=sizes,
-                     output_lengths=output_lengths)
+    return ShardInfo(
+        url=task.name,
+        count=len(keys),
+        bytes=nbytes,
+        lengths=lengths,
+        sha256=sha,
+        keys_sha1=keys_sha1(keys),
+        keys=keys,
+        offsets=offsets,
+        sizes=sizes,
+        output_lengths=output_lengths,
+    )
 
 
-class _Differs(Exception):
+class _Differs(StreamBatchError):
     """The shard on disk is not what the task would write."""
 
 

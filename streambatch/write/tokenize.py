@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputProblem, ShardifyError
 from .sources import Record
@@ -102,9 +103,10 @@ def _hub_file(name: str) -> str:
         return hub.hf_hub_download(name, TOKENIZER_FILE)
     except Exception as e:  # noqa: BLE001 - network, missing repo, missing file: all mean "cannot load it"
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ShardifyError(f"--tokenizer {name}: not a file here, and its {TOKENIZER_FILE} could not be fetched "
-                            f"from the Hugging Face hub ({type(e).__name__}: {msg}); pass a local tokenizer file"
-                            ) from None
+        raise ShardifyError(
+            f"--tokenizer {name}: not a file here, and its {TOKENIZER_FILE} could not be fetched "
+            f"from the Hugging Face hub ({type(e).__name__}: {msg}); pass a local tokenizer file"
+        ) from None
 
 
 # ---- using a tokenizer on records ----------------------------------------------------------------------
@@ -169,8 +171,9 @@ def parse_output_length(spec: str | None, column: bool = False) -> OutputLength 
 def output_lengths(records: list[Record], how: OutputLength) -> tuple[list[Record], list[InputProblem]]:
     """Each record's transcript length (``Record.output_length``); one without a transcript is a problem."""
     kept = [r for r in records if r.text is not None]
-    problems = [r.problem(f"no transcript ('text') to count for --output-length {how.unit}")
-                for r in records if r.text is None]
+    problems = [
+        r.problem(f"no transcript ('text') to count for --output-length {how.unit}") for r in records if r.text is None
+    ]
     for r, n in zip(kept, how.count([r.text or "" for r in kept])):
         r.output_length = n
     return kept, problems
@@ -184,14 +187,18 @@ class TextOptions:
     output: OutputLength | None = None
 
     @classmethod
-    def load(cls, tokenizer: str | None, output_length: str | None, medium: str) -> "TextOptions":
+    def load(cls, tokenizer: str | None, output_length: str | None, medium: str) -> TextOptions:
         """Check the options fit the source, then load the tokenizers they name."""
         if tokenizer is not None and medium != "text":
-            raise ShardifyError("--tokenizer measures text sources; for the transcripts of an audio source "
-                                "pass --output-length tokens:TOKENIZER")
+            raise ShardifyError(
+                "--tokenizer measures text sources; for the transcripts of an audio source "
+                "pass --output-length tokens:TOKENIZER"
+            )
         if output_length is not None and medium == "text":
-            raise ShardifyError("--output-length counts the transcripts of an audio source; a text source's "
-                                "length is its tokens (--tokenizer)")
+            raise ShardifyError(
+                "--output-length counts the transcripts of an audio source; a text source's "
+                "length is its tokens (--tokenizer)"
+            )
         return cls(load_tokenizer(tokenizer) if tokenizer else None, parse_output_length(output_length))
 
     def apply(self, records: list[Record]) -> tuple[list[Record], list[InputProblem]]:

@@ -14,15 +14,17 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, decode as decode_audio
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
+from ..dataset.audio import decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
 from ..dataset.tar import iter_members, split_name
@@ -113,8 +115,12 @@ def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeChec
 
 
 def verify_shard(
-    url: str, info: ShardInfo, storage_options: dict | None = None, max_listed: int = 5,
-    decode: DecodeCheck | None = None, adopted: bool = False,
+    url: str,
+    info: ShardInfo,
+    storage_options: dict | None = None,
+    max_listed: int = 5,
+    decode: DecodeCheck | None = None,
+    adopted: bool = False,
 ) -> list[str]:
     """Problems of one shard against its index entry (empty when it matches); with ``decode``, also every
     audio member that does not decode (all listed, as ``KEY.EXT: problem``). ``adopted``: the shard was indexed
@@ -137,8 +143,9 @@ def verify_shard(
         if len(checks.keys) != info.count:
             problems.append(f"{len(checks.keys)} samples, the index says {info.count}")
         if info.keys_sha1 and keys_sha1(checks.keys) != info.keys_sha1:
-            problems.append("keys differ from the index (keys_sha1 mismatch: a sample added, removed, renamed or "
-                            "reordered)")
+            problems.append(
+                "keys differ from the index (keys_sha1 mismatch: a sample added, removed, renamed or reordered)"
+            )
     problems += checks.bad[:max_listed]
     if len(checks.bad) > max_listed:
         problems.append(f"... and {len(checks.bad) - max_listed} more sample problems")
@@ -171,7 +178,10 @@ def _verify_job(job: _Job) -> list[str]:
 
 
 def verify_dataset(
-    index: ShardIndex, storage_options: dict | None = None, progress: bool = True, decode: bool = False,
+    index: ShardIndex,
+    storage_options: dict | None = None,
+    progress: bool = True,
+    decode: bool = False,
     workers: int | None = None,
 ) -> list[str]:
     """Re-read every shard and compare it with the index; returns ``"URL: problem"`` lines.
@@ -185,8 +195,13 @@ def verify_dataset(
     urls = index.shard_urls()
     adopted = index.meta.get("kind") == "adopted"
     jobs = ((url, info, storage_options, check, adopted) for url, info in zip(urls, index.shards))
-    bar = tqdm(total=len(urls), desc="decoding" if decode else "verifying", unit="shard", file=sys.stderr,
-               disable=None if progress else True)
+    bar = tqdm(
+        total=len(urls),
+        desc="decoding" if decode else "verifying",
+        unit="shard",
+        file=sys.stderr,
+        disable=None if progress else True,
+    )
     with bar:
         if workers > 1 and len(urls) > 1:
             remote = any(not storage.is_local(u) for u in urls)
@@ -203,8 +218,14 @@ def _portable(jobs: Iterable[_Job]) -> Iterator[_Job]:
     """The jobs with a plain copy of each shard entry (a version 2 entry reads its lengths from a table that
     stays in this process)."""
     for url, info, so, check, adopted in jobs:
-        plain = ShardInfo(info.url, info.count, info.bytes, lengths=np.asarray(info.lengths), sha256=info.sha256,
-                          keys_sha1=info.keys_sha1)
+        plain = ShardInfo(
+            info.url,
+            info.count,
+            info.bytes,
+            lengths=np.asarray(info.lengths),
+            sha256=info.sha256,
+            keys_sha1=info.keys_sha1,
+        )
         yield url, plain, so, check, adopted
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -23,8 +24,8 @@ from ..errors import InputErrors, InputProblem, ShardifyError
 from .parts import Scope, check_out, clear_out, parse_part, part_range, prepare_resume, utc_now, write_errors
 from .probe import check_unit, measure, process_pool
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
-from .tokenize import TextOptions
 from .tarwrite import ShardTask, existing_shard, plan_shards, write_shard
+from .tokenize import TextOptions
 
 DEFAULT_MAX_COUNT = 1000
 DEFAULT_MAX_SIZE = "1G"
@@ -99,8 +100,9 @@ def write_shards(
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
     records, unusable = text.apply(records)
-    samples, more, index_rate = measure(records, medium, unit, sample_rate, workers, progress, storage_options,
-                                        on_error)
+    samples, more, index_rate = measure(
+        records, medium, unit, sample_rate, workers, progress, storage_options, on_error
+    )
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
 
     chosen = _columns(samples, columns, index_version)
@@ -114,10 +116,14 @@ def write_shards(
     infos = write_planned(tasks, int(workers), progress, stats)
     for info, task in zip(infos, tasks):
         info.columns = column_values([s.meta for s in task.samples], chosen)
-    write_errors(storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options,
-                 remove_stale=resume)
-    meta = {**_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems)), **text.meta(),
-            **_part_meta(part, span, num_records, on_error)}
+    write_errors(
+        storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options, remove_stale=resume
+    )
+    meta = {
+        **_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems)),
+        **text.meta(),
+        **_part_meta(part, span, num_records, on_error),
+    }
     index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
     index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
@@ -127,8 +133,15 @@ def _part_meta(part: tuple[int, int] | None, span: Any, num_records: int, on_err
     """What a part index records of its part (nothing for a whole write)."""
     if part is None:
         return {}
-    return {"part": {"index": part[0], "count": part[1], "records": list(span), "num_records": num_records,
-                     "on_error": on_error}}
+    return {
+        "part": {
+            "index": part[0],
+            "count": part[1],
+            "records": list(span),
+            "num_records": num_records,
+            "on_error": on_error,
+        }
+    }
 
 
 def _columns(samples: Sequence[Any], names: str | Sequence[str] | None, index_version: int) -> dict[str, str]:
@@ -144,8 +157,9 @@ def _columns(samples: Sequence[Any], names: str | Sequence[str] | None, index_ve
         raise ShardifyError(str(e)) from None
 
 
-def _check_options(kind: str | None, max_count: int, workers: int, on_error: str, resume: bool,
-                   overwrite: bool, index_version: int = 2) -> None:
+def _check_options(
+    kind: str | None, max_count: int, workers: int, on_error: str, resume: bool, overwrite: bool, index_version: int = 2
+) -> None:
     if index_version not in (1, 2):
         raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
     if on_error not in ("fail", "skip"):
@@ -174,8 +188,13 @@ def _in_write_order(
 
 
 def _problems_to_report(
-    src: str, problems: list[InputProblem], more: list[InputProblem], on_error: str,
-    part: tuple[int, int] | None, num_records: int, any_samples: bool,
+    src: str,
+    problems: list[InputProblem],
+    more: list[InputProblem],
+    on_error: str,
+    part: tuple[int, int] | None,
+    num_records: int,
+    any_samples: bool,
 ) -> list[InputProblem]:
     """The skipped inputs to list in the errors file. Raises when ``on_error="fail"`` found any, or when
     nothing is left to write."""
@@ -191,8 +210,9 @@ def _problems_to_report(
     return problems
 
 
-def _prepare_out(out: str, overwrite: bool, resume: bool, scope: Scope, planned: set[str],
-                 storage_options: dict | None) -> None:
+def _prepare_out(
+    out: str, overwrite: bool, resume: bool, scope: Scope, planned: set[str], storage_options: dict | None
+) -> None:
     """Make OUT ready: cleared with ``overwrite``; with ``resume``, only planned shards left to check."""
     if overwrite:
         clear_out(out, storage_options, scope.part)
@@ -201,8 +221,9 @@ def _prepare_out(out: str, overwrite: bool, resume: bool, scope: Scope, planned:
         prepare_resume(out, scope, planned, storage_options)
 
 
-def _index_meta(src: str, kind: str, shuffle: bool, seed: int, max_count: int, max_bytes: int,
-                skipped: int) -> dict[str, Any]:
+def _index_meta(
+    src: str, kind: str, shuffle: bool, seed: int, max_count: int, max_bytes: int, skipped: int
+) -> dict[str, Any]:
     return {
         "source": os.path.abspath(src) if storage.is_local(src) and not src.startswith("hf:") else src,
         "kind": kind,
@@ -246,8 +267,13 @@ def write_planned(
 
     Tasks with ``resume`` keep a complete shard already written; ``stats`` (if given) gets ``kept`` and
     ``written`` counts."""
-    bar = tqdm(total=sum(len(t.samples) for t in tasks), desc="writing", unit="sample", file=sys.stderr,
-               disable=None if progress else True)
+    bar = tqdm(
+        total=sum(len(t.samples) for t in tasks),
+        desc="writing",
+        unit="sample",
+        file=sys.stderr,
+        disable=None if progress else True,
+    )
     if stats is not None:
         stats.setdefault("kept", 0)
         stats.setdefault("written", 0)
@@ -270,8 +296,7 @@ def write_planned(
     return [infos[i] for i in range(len(tasks))]
 
 
-def _write_in_pool(tasks: Sequence[ShardTask], workers: int,
-                   finished: Callable[[int, ShardInfo, bool], None]) -> None:
+def _write_in_pool(tasks: Sequence[ShardTask], workers: int, finished: Callable[[int, ShardInfo, bool], None]) -> None:
     """Run the tasks in ``workers`` processes with at most ``2 * workers`` in flight (their samples' bytes
     stay bounded); a failure cancels the tasks not started."""
     remote = any(not storage.is_local(t.url) for t in tasks) or any(

@@ -38,10 +38,18 @@ def record(batch: dict, epoch: int, step: int) -> dict:
     """What the log keeps of a batch: enough to tell two runs' tensors apart bit for bit."""
     name = "features" if "features" in batch else "audio"
     x, lengths = batch[name], batch["lengths"].tolist()
-    return {"event": "batch", "epoch": epoch, "step": step, "keys": batch["keys"], "batch_sha": sha(x),
-            "sample_sha": [sha(x[i, :n]) for i, n in enumerate(lengths)], "lengths": lengths,
-            "speed": batch["speed"].tolist() if "speed" in batch else None,
-            "durations": batch.get("duration"), "cost": int(x.shape[0] * x.shape[1])}
+    return {
+        "event": "batch",
+        "epoch": epoch,
+        "step": step,
+        "keys": batch["keys"],
+        "batch_sha": sha(x),
+        "sample_sha": [sha(x[i, :n]) for i, n in enumerate(lengths)],
+        "lengths": lengths,
+        "speed": batch["speed"].tolist() if "speed" in batch else None,
+        "durations": batch.get("duration"),
+        "cost": int(x.shape[0] * x.shape[1]),
+    }
 
 
 def main() -> None:
@@ -66,8 +74,13 @@ def main() -> None:
 
         dist.init_process_group("gloo")
     loader = StreamBatchLoader(
-        a.data, budget=a.budget, num_workers=a.num_workers, buffer_size=a.buffer_size, seed=a.seed,
-        transform=add_noise, speed_perturb=(0.9, 1.0, 1.1) if a.speed else None,
+        a.data,
+        budget=a.budget,
+        num_workers=a.num_workers,
+        buffer_size=a.buffer_size,
+        seed=a.seed,
+        transform=add_noise,
+        speed_perturb=(0.9, 1.0, 1.1) if a.speed else None,
         features="fbank" if a.features else None,
     )
     rank = loader.rank

@@ -27,8 +27,7 @@ class TinySpeechModel(nn.Module):
     def __init__(self, classes: int = 8):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv1d(1, 8, 16, stride=8), nn.ReLU(), nn.Conv1d(8, 16, 8, stride=4), nn.ReLU(),
-            nn.AdaptiveAvgPool1d(1),
+            nn.Conv1d(1, 8, 16, stride=8), nn.ReLU(), nn.Conv1d(8, 16, 8, stride=4), nn.ReLU(), nn.AdaptiveAvgPool1d(1)
         )
         self.head = nn.Linear(16, classes)
 
@@ -61,8 +60,13 @@ def main() -> None:
     ddp = nn.parallel.DistributedDataParallel(model) if a.train else None
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = StreamBatchLoader(
-        a.data, budget=a.budget, num_workers=a.num_workers, buffer_size=a.buffer_size, seed=a.seed,
-        even_batches=a.even_batches, persistent_workers=a.persistent_workers,
+        a.data,
+        budget=a.budget,
+        num_workers=a.num_workers,
+        buffer_size=a.buffer_size,
+        seed=a.seed,
+        even_batches=a.even_batches,
+        persistent_workers=a.persistent_workers,
         **({"batch_by": a.batch_by} if a.batch_by else {}),
     )
     ckpt = os.path.join(a.out, f"ckpt-rank{rank}.pt")
@@ -78,8 +82,18 @@ def main() -> None:
     for epoch in range(start_epoch, a.epochs):
         loader.set_epoch(epoch)
         planned = len(loader)
-        log.write(json.dumps({"event": "epoch", "epoch": epoch, "len": planned, "world_size": world,
-                              "surplus": loader.plan().surplus_samples}) + "\n")
+        log.write(
+            json.dumps(
+                {
+                    "event": "epoch",
+                    "epoch": epoch,
+                    "len": planned,
+                    "world_size": world,
+                    "surplus": loader.plan().surplus_samples,
+                }
+            )
+            + "\n"
+        )
         for batch in loader:
             audio = batch["audio"]
             if ddp is not None:
@@ -91,12 +105,31 @@ def main() -> None:
             t = torch.ones(1)
             dist.all_reduce(t)  # a collective every step: uneven steps would hang here
             step += 1
-            log.write(json.dumps({"event": "batch", "epoch": epoch, "step": step, "keys": batch["keys"],
-                                  "dataset": batch.get("dataset"), "text": batch.get("text"), "cost": audio.shape[0] * audio.shape[1]}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "event": "batch",
+                        "epoch": epoch,
+                        "step": step,
+                        "keys": batch["keys"],
+                        "dataset": batch.get("dataset"),
+                        "text": batch.get("text"),
+                        "cost": audio.shape[0] * audio.shape[1],
+                    }
+                )
+                + "\n"
+            )
             log.flush()
             if step == a.stop_after:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "loader": loader.state_dict(), "step": step}, ckpt)
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": opt.state_dict(),
+                        "loader": loader.state_dict(),
+                        "step": step,
+                    },
+                    ckpt,
+                )
                 open(os.path.join(a.out, f"stopped-rank{rank}"), "w").close()
                 while True:  # wait to be killed, like a preempted job
                     time.sleep(1)

@@ -40,13 +40,21 @@ class KeyRecorder(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         if self.crash_at is not None and self.global_step == self.crash_at:
             raise Crash(f"simulated crash at step {self.global_step}")
-        self._record({"train": True, "epoch": self.current_epoch, "step": self.global_step, "batch_idx": batch_idx,
-                      "keys": batch["keys"]})
+        self._record(
+            {
+                "train": True,
+                "epoch": self.current_epoch,
+                "step": self.global_step,
+                "batch_idx": batch_idx,
+                "keys": batch["keys"],
+            }
+        )
         return self.net(batch["audio"].mean(1, keepdim=True)).pow(2).mean()
 
     def validation_step(self, batch, batch_idx):
-        self._record({"val": True, "sanity": self.trainer.sanity_checking, "epoch": self.current_epoch,
-                      "keys": batch["keys"]})
+        self._record(
+            {"val": True, "sanity": self.trainer.sanity_checking, "epoch": self.current_epoch, "keys": batch["keys"]}
+        )
 
     def configure_optimizers(self):
         # a schedule over the whole run reads trainer.estimated_stepping_batches, which sets up the train loader
@@ -54,8 +62,13 @@ class KeyRecorder(pl.LightningModule):
         # state is then not loaded; the DataModule's is)
         opt = torch.optim.SGD(self.parameters(), lr=0.01)
         total = self.trainer.estimated_stepping_batches
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=0.01, total_steps=int(total) + 10), "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=int(total) + 10),
+                "interval": "step",
+            },
+        }
 
 
 def main() -> None:
@@ -73,15 +86,25 @@ def main() -> None:
     watch_parent(os.getppid())
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
-    dm = StreamBatchDataModule(a.data, a.budget, val_source=a.data, num_workers=a.num_workers, buffer_size=40, seed=3,
-                               persistent_workers=True)
+    dm = StreamBatchDataModule(
+        a.data, a.budget, val_source=a.data, num_workers=a.num_workers, buffer_size=40, seed=3, persistent_workers=True
+    )
     callbacks = []
     if a.ckpt_dir:
-        callbacks.append(ModelCheckpoint(dirpath=a.ckpt_dir, filename="{step}", every_n_train_steps=a.save_every,
-                                         save_top_k=-1))
-    trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=2, callbacks=callbacks,
-                         enable_checkpointing=bool(a.ckpt_dir))
+        callbacks.append(
+            ModelCheckpoint(dirpath=a.ckpt_dir, filename="{step}", every_n_train_steps=a.save_every, save_top_k=-1)
+        )
+    trainer = pl.Trainer(
+        max_epochs=a.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=2,
+        callbacks=callbacks,
+        enable_checkpointing=bool(a.ckpt_dir),
+    )
     try:
         trainer.fit(KeyRecorder(a.out, a.crash_at), datamodule=dm, ckpt_path=a.resume)
     except Crash as e:
