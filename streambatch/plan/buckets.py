@@ -18,8 +18,8 @@ def estimate_boundaries(
     ``floor(budget / max_len)`` changes (``budget / k``), so every sample of a bucket fits the same number of
     times in a batch and a full bucket batch wastes no capacity. Where those classes are narrower than the data
     needs (short samples, many per batch), neighbouring classes are merged so that each bucket holds about
-    ``1/num_buckets`` of the samples. ``spacing="exponential"``: edges that grow by a constant factor from the shortest to the
-    longest length (each bucket as many times longer than the last). The default ``num_buckets`` is
+    ``1/num_buckets`` of the samples. ``spacing="exponential"``: edges that grow by a constant factor from the
+    shortest to the longest length (each bucket as many times longer than the last). The default ``num_buckets`` is
     :func:`default_num_buckets`.
     """
     lengths = LengthStats.of(lengths).within(0, budget)
