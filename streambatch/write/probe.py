@@ -24,6 +24,7 @@ from ..dataset import storage
 from ..dataset.audio import AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, ShardifyError
 from ..procs import die_with_parent
+from .segments import as_segment
 from .sources import LENGTH_FIELDS, Record, token_length
 from .tarwrite import Sample, audio_sample, text_sample
 
@@ -174,7 +175,9 @@ def _probe_audio(
     probed: list[_Probed] = []
     problems: list[InputProblem] = []
     for rec, res in zip(records, probe_records(records, workers, progress, storage_options)):
-        if not isinstance(res, str):
+        if not isinstance(res, str) and rec.segment is not None:
+            res = as_segment(rec, res, storage_options)  # segments.py: its own frames and WAV member
+        elif not isinstance(res, str):
             res = duration_problem(rec, res[0], res[1]) or res
         if isinstance(res, str):  # name the audio file unless the problem is reported at it already
             problems.append(rec.problem(res if rec.where == rec.path or rec.path is None else f"{res}: {rec.path}"))

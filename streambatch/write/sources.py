@@ -24,6 +24,7 @@ from ..dataset.storage import is_local, local_path, open_url
 from ..errors import InputProblem, ShardifyError
 from .hf_source import hf_rows, is_hf_source
 from .hf_source import is_text as hf_is_text
+from .segments import Segment
 
 KINDS = ("folder", "manifest", "speechbrain", "text", "hf")
 AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")
@@ -49,6 +50,8 @@ class Record:
     line: int | None = None
     audio: Any = None
     output_length: int | None = None
+    #: the stretch of the recording at ``path`` this sample is (None: the whole file); see ``segments.py``
+    segment: Segment | None = None
 
     @property
     def where(self) -> str:
@@ -135,6 +138,8 @@ def read_source(
 ) -> tuple[list[Record], list[InputProblem]]:
     """Read ``src`` into records (in source order) and the problems found (bad lines, duplicate keys)."""
     src = str(src)
+    if data_root is not None and is_local(str(data_root)):
+        data_root = os.path.abspath(local_path(str(data_root)))  # a relative --data-root: from the working directory
     kind = kind or detect_kind(src)
     if kind not in KINDS:
         raise ShardifyError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -229,6 +234,12 @@ def _base_dir(src: str) -> str:
     return os.path.dirname(os.path.abspath(local_path(src))) if is_local(src) else posixpath.dirname(src)
 
 
+def speechbrain_base(src: str) -> str:
+    """What a relative path in a SpeechBrain manifest is relative to: the working directory, as SpeechBrain
+    opens the path as it is (a manifest in an object store: its folder)."""
+    return os.getcwd() if is_local(src) else posixpath.dirname(src)
+
+
 def resolve_path(path: str, base: str, data_root: str | None, where: str) -> str:
     """Fill ``{data_root}`` / ``$data_root``, then resolve a relative path against ``base``."""
     for ph in DATA_ROOT_PLACEHOLDERS:
@@ -254,11 +265,13 @@ def _record_from_audio_entry(
     base: str,
     data_root: str | None,
     problems: list[InputProblem],
+    speechbrain: bool = False,
 ) -> Record | None:
-    """A record from a manifest entry (JSONL line or SpeechBrain item); None (and a problem) if bad."""
+    """A record from a manifest entry (JSONL line or SpeechBrain item); None (and a problem) if bad.
+    ``speechbrain``: SpeechBrain's rules (numbers may be strings; no NeMo ``offset``)."""
     where = f"{src}:{line}" if line is not None else src
     path_field = next((f for f in AUDIO_PATH_FIELDS if f in entry), None)
-    if path_field is None or not isinstance(entry[path_field], str) or not entry[path_field].strip():
+    if path_field is None or not _is_path(entry[path_field]):
         problems.append(InputProblem(src, f"missing audio path field ({', '.join(AUDIO_PATH_FIELDS)})", line, key))
         return None
     length_field = next((f for f in LENGTH_FIELDS if f in entry), None)
@@ -266,16 +279,86 @@ def _record_from_audio_entry(
         problems.append(InputProblem(src, "missing length field ('duration' or 'length')", line, key))
         return None
     value = entry[length_field]
+    if speechbrain and isinstance(value, str):
+        value = entry[length_field] = _number_or_str(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         problems.append(InputProblem(src, f"{length_field!r} is not a number: {value!r}", line, key))
         return None
-    path = resolve_path(entry[path_field].strip(), base, data_root, where)
+    segment = _segment(entry, path_field, src, line, key, problems, offsets=not speechbrain)
+    if segment is False:
+        return None
+    path_value = entry[path_field]["file"] if isinstance(entry[path_field], dict) else entry[path_field]
+    path = resolve_path(path_value.strip(), base, data_root, where)
     text = entry.get("text")
     if text is not None and not isinstance(text, str):
         problems.append(InputProblem(src, f"'text' is not a string: {text!r}", line, key))
         return None
     fields = {k: v for k, v in entry.items() if k not in (path_field, "text")}
-    return Record(key=key or "", path=path, text=text, fields=fields, source=src, line=line)
+    return Record(key=key or "", path=path, text=text, fields=fields, source=src, line=line, segment=segment or None)
+
+
+def _is_path(value: Any) -> bool:
+    """A non-empty path, or a SpeechBrain segment ``{"file": PATH, "start": N, "stop": M}``."""
+    if isinstance(value, dict):
+        value = value.get("file")
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _number_or_str(value: str) -> Any:
+    """A number SpeechBrain keeps as a string (``"2.87"``) as the number; anything else as it is."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _segment(
+    entry: dict,
+    path_field: str,
+    src: str,
+    line: int | None,
+    key: str | None,
+    problems: list[InputProblem],
+    offsets: bool = True,
+) -> Segment | None | bool:
+    """The segment an entry names: NeMo's ``offset`` (+ ``duration``) in seconds, or SpeechBrain's
+    ``{"file", "start", "stop"}`` in frames (``stop`` absent or equal to ``start``: to the end); None for a whole
+    file, False (and a problem) for a bad one."""
+    value = entry[path_field]
+    if isinstance(value, dict):
+        start, stop = (
+            _number_or_str(v) if isinstance(v, str) else v for v in (value.get("start", 0), value.get("stop"))
+        )
+        if not _whole(start) or not (stop is None or _whole(stop)) or start < 0:
+            problems.append(InputProblem(src, f"segment start/stop must be whole frame numbers: {value!r}", line, key))
+            return False
+        length = None if stop is None or stop == start else stop - start
+        if length is not None and length < 0:
+            problems.append(InputProblem(src, f"segment stop {stop:g} is before its start {start:g}", line, key))
+            return False
+        return Segment(float(start), None if length is None else float(length), in_frames=True, clamp=True)
+    if not offsets or "offset" not in entry:
+        return None
+    offset, duration = entry["offset"], entry.get("duration")
+    if not _real(offset) or offset < 0 or not _real(duration) or duration <= 0:
+        problems.append(
+            InputProblem(
+                src,
+                f"a segment needs offset >= 0 and duration > 0 (seconds), got {offset!r} and {duration!r}",
+                line,
+                key,
+            )
+        )
+        return False
+    return Segment(float(offset), float(duration))
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+def _whole(x: Any) -> bool:
+    return _real(x) and float(x).is_integer()
 
 
 def _entry_key(entry: dict) -> str | None:
@@ -298,7 +381,21 @@ def _fill_path_keys(records: list[Record], base: str) -> None:
         except ValueError:
             pass
     for r in todo:
-        r.key = path_key(r.path, base)
+        r.key = path_key(r.path, base) + (r.segment.key_suffix() if r.segment is not None else "")
+    unique_segment_keys(todo)
+
+
+def unique_segment_keys(records: list[Record]) -> None:
+    """Segments of one recording that start at the same point get ``-sub1``, ``-sub2``, ... after the first
+    (in source order, as NeMo names repeated audio), so each segment is a sample of its own."""
+    seen: dict[str, int] = {}
+    for r in records:
+        if r.segment is None:
+            continue
+        n = seen.get(r.key, 0)
+        seen[r.key] = n + 1
+        if n:
+            r.key = f"{r.key}-sub{n}"
 
 
 def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
@@ -317,14 +414,14 @@ def _read_speechbrain_json(src: str, data_root: str | None) -> tuple[list[Record
     with open_url(src, "rb") as f:
         text = f.read().decode("utf-8", errors="replace")
     problems: list[InputProblem] = []
-    base = _base_dir(src)
+    base = speechbrain_base(src)
     records = []
     for ident, entry, line in iter_json_object_items(text, src):
         key = sanitize_key(ident)
         if not isinstance(entry, dict):
             problems.append(InputProblem(src, f"entry {ident!r} is not a JSON object", line, key))
             continue
-        rec = _record_from_audio_entry(entry, src, line, key, base, data_root, problems)
+        rec = _record_from_audio_entry(entry, src, line, key, base, data_root, problems, speechbrain=True)
         if rec is not None:
             rec.fields = {"id": ident, **rec.fields}
             records.append(rec)
@@ -384,7 +481,9 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
 def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
     with open_url(src, "rb") as f:
         text = f.read().decode("utf-8", errors="replace")
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if src.lower().endswith(".tsv") else ",")
+    reader = csv.reader(
+        io.StringIO(text, newline=""), delimiter="\t" if src.lower().endswith(".tsv") else ",", skipinitialspace=True
+    )
     try:
         header = [h.strip() for h in next(reader)]
     except StopIteration:
@@ -397,7 +496,7 @@ def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record]
             f"({', '.join(AUDIO_PATH_FIELDS)}); the header is {','.join(header)}"
         )
     problems: list[InputProblem] = []
-    base = _base_dir(src)
+    base = speechbrain_base(src)
     records = []
     prev = reader.line_num
     for row in reader:
@@ -414,7 +513,9 @@ def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record]
                     entry[col] = float(entry[col])
                 except ValueError:
                     pass  # reported as "not a number" below
-        rec = _record_from_audio_entry(entry, src, line, sanitize_key(entry[id_col]), base, data_root, problems)
+        rec = _record_from_audio_entry(
+            entry, src, line, sanitize_key(entry[id_col]), base, data_root, problems, speechbrain=True
+        )
         if rec is not None:
             records.append(rec)
     return records, problems
