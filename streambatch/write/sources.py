@@ -9,7 +9,9 @@ JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) r
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gzip
 import io
 import json
 import os
@@ -26,7 +28,7 @@ from .hf_source import hf_rows, is_hf_source
 from .hf_source import is_text as hf_is_text
 from .segments import Segment
 
-KINDS = ("folder", "manifest", "speechbrain", "text", "hf")
+KINDS = ("folder", "manifest", "speechbrain", "text", "hf", "lhotse", "kaldi")
 AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")
 LENGTH_FIELDS = ("duration", "length")
 KEY_FIELDS = ("id", "utt_id", "key")
@@ -96,7 +98,7 @@ def detect_kind(src: str) -> str:
     if is_hf_source(src):
         return "hf"
     if is_local(src) and os.path.isdir(local_path(src)):
-        return "folder"
+        return "kaldi" if os.path.isfile(os.path.join(local_path(src), "wav.scp")) else "folder"
     if is_local(src) and not os.path.exists(local_path(src)):
         raise ShardifyError(f"{src}: no such file or folder")
     if src.lower().endswith((".csv", ".tsv")):
@@ -109,13 +111,31 @@ def detect_kind(src: str) -> str:
             return "speechbrain"  # one-line SpeechBrain JSON
     if isinstance(first, dict) and any(f in first for f in AUDIO_PATH_FIELDS):
         return "manifest"
+    from .lhotse_source import lhotse_role  # it builds on this module's records
+
+    if lhotse_role(first) is not None:
+        return "lhotse"
     if isinstance(first, dict):
         return "text"
     raise ShardifyError(f"{src}: cannot tell what kind of source this is; pass --kind ({', '.join(KINDS)})")
 
 
-def _first_json_line(src: str) -> Any:
+@contextlib.contextmanager
+def open_lines(src: str) -> Iterator[Any]:
+    """``src`` open for reading bytes line by line, decompressed when its name ends in ``.gz``."""
     with open_url(src, "rb") as f:
+        if not src.lower().endswith(".gz"):
+            yield f
+            return
+        with gzip.GzipFile(fileobj=f) as g:
+            try:
+                yield g
+            except (OSError, EOFError) as e:
+                raise ShardifyError(f"{src}: not a readable gzip file ({e})") from None
+
+
+def _first_json_line(src: str) -> Any:
+    with open_lines(src) as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8").strip()
@@ -143,7 +163,7 @@ def read_source(
     kind = kind or detect_kind(src)
     if kind not in KINDS:
         raise ShardifyError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if kind not in ("folder", "hf") and is_local(src) and os.path.isdir(local_path(src)):
+    if kind not in ("folder", "hf", "kaldi") and is_local(src) and os.path.isdir(local_path(src)):
         raise ShardifyError(f"{src}: is a folder, but --kind {kind} expects a file")
     if kind == "hf":
         records, problems = _read_hf(src)
@@ -155,6 +175,8 @@ def read_source(
         records, problems = _read_manifest_jsonl(src, data_root)
     elif kind == "text":
         records, problems = _read_text_jsonl(src)
+    elif kind in ("lhotse", "kaldi"):
+        records, problems = _read_corpus(src, kind, data_root)
     else:
         if src.lower().endswith((".csv", ".tsv")):
             records, problems = _read_speechbrain_csv(src, data_root)
@@ -162,6 +184,19 @@ def read_source(
             records, problems = _read_speechbrain_json(src, data_root)
     records, dup = _drop_duplicate_keys(records)
     return records, problems + dup
+
+
+def _read_corpus(src: str, kind: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+    """A lhotse manifest or a Kaldi data folder (their modules build on this one's records)."""
+    if kind == "kaldi":
+        from .kaldi_source import read_kaldi
+
+        if not (is_local(src) and os.path.isdir(local_path(src))):
+            raise ShardifyError(f"{src}: --kind kaldi expects a Kaldi data folder (holding wav.scp)")
+        return read_kaldi(local_path(src), data_root)
+    from .lhotse_source import read_lhotse
+
+    return read_lhotse(src, _first_json_line(src), data_root)
 
 
 def source_medium(src: str, kind: str) -> str:
@@ -210,9 +245,10 @@ def _read_folder(root: str) -> tuple[list[Record], list[InputProblem]]:
     return records, problems
 
 
-def _iter_jsonl(src: str, problems: list[InputProblem]) -> Iterator[tuple[int, dict]]:
-    """Objects of a JSONL file with their line numbers; bad lines become problems."""
-    with open_url(src, "rb") as f:
+def iter_jsonl(src: str, problems: list[InputProblem]) -> Iterator[tuple[int, dict]]:
+    """Objects of a JSONL file (gzipped when its name ends in ``.gz``) with their line numbers; bad lines become
+    problems."""
+    with open_lines(src) as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -402,7 +438,7 @@ def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[list[Record],
     problems: list[InputProblem] = []
     base = _base_dir(src)
     records = []
-    for n, obj in _iter_jsonl(src, problems):
+    for n, obj in iter_jsonl(src, problems):
         rec = _record_from_audio_entry(obj, src, n, _entry_key(obj), base, data_root, problems)
         if rec is not None:
             records.append(rec)
@@ -525,7 +561,7 @@ def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
     problems: list[InputProblem] = []
     stem = sanitize_key(os.path.splitext(posixpath.basename(src))[0])
     records = []
-    for n, obj in _iter_jsonl(src, problems):
+    for n, obj in iter_jsonl(src, problems):
         key = _entry_key(obj) or f"{stem}_{n:09d}"
         text, ids, length = obj.get("text"), obj.get("input_ids"), obj.get("length")
         if text is None and ids is None:
