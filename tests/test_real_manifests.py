@@ -198,3 +198,20 @@ def test_unsupported_lhotse_source_is_an_input_error_naming_file_and_line(tmp_pa
     code = main(["write", str(path), str(tmp_path / "out"), "--data-root", str(LHOTSE)])
     err = capsys.readouterr().err
     assert code == 2 and f"{path}:2:" in err and "'command'" in err and "Traceback" not in err
+
+
+def test_shar_folder_is_not_indexed_in_place_and_lhotse_still_reads_it(tmp_path, capsys, monkeypatch):
+    """lhotse reads every file of a Shar folder as a field: `shardify index` in place is refused (one line naming
+    --out, nothing written), and lhotse's own reader still reads the folder."""
+    lhotse = pytest.importorskip("lhotse")
+    monkeypatch.chdir(LHOTSE)
+    shar = tmp_path / "shar"
+    shar.mkdir()
+    lhotse.CutSet.from_file("cuts.jsonl.gz").to_shar(str(shar), fields={"recording": "flac"}, shard_size=2)
+    before = sorted(p.name for p in shar.iterdir())
+    code = main(["index", str(shar), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "--out" in err and "Shar" in err, err
+    assert sorted(p.name for p in shar.iterdir()) == before
+    cuts = list(lhotse.CutSet.from_shar(in_dir=str(shar)))
+    assert sorted(c.id for c in cuts) == sorted(c["id"] for c in _lhotse_lines("cuts.jsonl.gz"))

@@ -93,6 +93,7 @@ def index_tars(
     part = parse_part(part)
     scope = Scope(part)
     tars = find_tars(src, storage_options)
+    _refuse_shar_in_place(src, out, storage_options)
     num_tars = len(tars)
     if part is not None:
         tars = tars[slice(*part_range(num_tars, *part))]
@@ -123,6 +124,22 @@ def index_tars(
     index = ShardIndex(shards=adopted.infos, unit=unit, sample_rate=rate, root=out, meta=meta, columns=adopted.columns)
     _save(index, storage.join_url(out, scope.index_name), storage_options)
     return index
+
+
+_SHAR_CUTS = re.compile(r"^cuts\.\d+\.jsonl(?:\.gz)?$")
+
+
+def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> None:
+    """A lhotse Shar folder is not indexed in place: lhotse reads every file there as a Shar field, and
+    ``CutSet.from_shar`` would fail on the index files."""
+    if out.rstrip("/") != src.rstrip("/"):
+        return
+    if any(_SHAR_CUTS.match(n) for n in storage.listdir(src, storage_options)):
+        raise ShardifyError(
+            f"{src} is a lhotse Shar folder: an index written there would break lhotse's CutSet.from_shar (it "
+            "reads every file there as a Shar field); pass --out DIR to write the index elsewhere (it points back at "
+            "the tars)"
+        )
 
 
 def _check_options(layout: str, workers: int, on_error: str) -> None:
