@@ -133,7 +133,8 @@ def _sample(
     if start > 0 or not _real(total) or abs(duration - total) > 0.5 / max(1, recording.get("sampling_rate") or 1):
         rec.segment = Segment(float(start), float(duration))
         rec.fields["offset"] = start
-    texts = [s.get("text") for s in sorted(sups, key=lambda s: s.get("start") or 0) if isinstance(s.get("text"), str)]
+    ordered = sorted(sups, key=lambda s: s.get("start") or 0)
+    texts: list[str] = [s["text"] for s in ordered if isinstance(s.get("text"), str)]
     rec.text = " ".join(texts) if texts else None
     speakers = {s.get("speaker") for s in sups if s.get("speaker") is not None}
     if len(speakers) == 1:

@@ -320,8 +320,9 @@ def _record_from_audio_entry(
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         problems.append(InputProblem(src, f"{length_field!r} is not a number: {value!r}", line, key))
         return None
-    segment = _segment(entry, path_field, src, line, key, problems, offsets=not speechbrain)
-    if segment is False:
+    segment = _segment(entry[path_field], entry, offsets=not speechbrain)
+    if isinstance(segment, str):
+        problems.append(InputProblem(src, segment, line, key))
         return None
     path_value = entry[path_field]["file"] if isinstance(entry[path_field], dict) else entry[path_field]
     path = resolve_path(path_value.strip(), base, data_root, where)
@@ -330,7 +331,7 @@ def _record_from_audio_entry(
         problems.append(InputProblem(src, f"'text' is not a string: {text!r}", line, key))
         return None
     fields = {k: v for k, v in entry.items() if k not in (path_field, "text")}
-    return Record(key=key or "", path=path, text=text, fields=fields, source=src, line=line, segment=segment or None)
+    return Record(key=key or "", path=path, text=text, fields=fields, source=src, line=line, segment=segment)
 
 
 def _is_path(value: Any) -> bool:
@@ -348,44 +349,25 @@ def _number_or_str(value: str) -> Any:
         return value
 
 
-def _segment(
-    entry: dict,
-    path_field: str,
-    src: str,
-    line: int | None,
-    key: str | None,
-    problems: list[InputProblem],
-    offsets: bool = True,
-) -> Segment | None | bool:
+def _segment(value: Any, entry: dict, offsets: bool = True) -> Segment | str | None:
     """The segment an entry names: NeMo's ``offset`` (+ ``duration``) in seconds, or SpeechBrain's
     ``{"file", "start", "stop"}`` in frames (``stop`` absent or equal to ``start``: to the end); None for a whole
-    file, False (and a problem) for a bad one."""
-    value = entry[path_field]
+    file, or what is wrong with a bad one (``value``: the entry's audio path field)."""
     if isinstance(value, dict):
-        start, stop = (
-            _number_or_str(v) if isinstance(v, str) else v for v in (value.get("start", 0), value.get("stop"))
-        )
+        start: Any = _number_or_str(v) if isinstance(v := value.get("start", 0), str) else v
+        stop: Any = _number_or_str(v) if isinstance(v := value.get("stop"), str) else v
         if not _whole(start) or not (stop is None or _whole(stop)) or start < 0:
-            problems.append(InputProblem(src, f"segment start/stop must be whole frame numbers: {value!r}", line, key))
-            return False
-        length = None if stop is None or stop == start else stop - start
+            return f"segment start/stop must be whole frame numbers: {value!r}"
+        length = None if stop is None or stop == start else float(stop - start)
         if length is not None and length < 0:
-            problems.append(InputProblem(src, f"segment stop {stop:g} is before its start {start:g}", line, key))
-            return False
-        return Segment(float(start), None if length is None else float(length), in_frames=True, clamp=True)
+            return f"segment stop {stop:g} is before its start {start:g}"
+        return Segment(float(start), length, in_frames=True, clamp=True)
     if not offsets or "offset" not in entry:
         return None
-    offset, duration = entry["offset"], entry.get("duration")
+    offset: Any = entry["offset"]
+    duration: Any = entry.get("duration")
     if not _real(offset) or offset < 0 or not _real(duration) or duration <= 0:
-        problems.append(
-            InputProblem(
-                src,
-                f"a segment needs offset >= 0 and duration > 0 (seconds), got {offset!r} and {duration!r}",
-                line,
-                key,
-            )
-        )
-        return False
+        return f"a segment needs offset >= 0 and duration > 0 (seconds), got {offset!r} and {duration!r}"
     return Segment(float(offset), float(duration))
 
 
