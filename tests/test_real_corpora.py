@@ -165,3 +165,16 @@ def test_resampling_emits_the_length_the_writer_counts():
         sf.write(buf, np.linspace(-0.5, 0.5, frames, dtype=np.float32), sr, format="WAV", subtype="FLOAT")
         wav = decode_sample({"__key__": "k", "wav": buf.getvalue()}, "audio", sample_rate=TARGET)
         assert len(wav) == resampled_length(frames, sr, TARGET) == round(frames * TARGET / sr + 1e-9), (frames, sr)
+
+
+def test_a_corrupt_mp3_is_an_input_error(tmp_path, capsys):
+    """An MP3 whose last third is zeros (same size, so its header's estimate is unchanged): decoding stops early,
+    which is a file cut short, not a sample that would stream shorter than its header says."""
+    data = bytearray((AUDIO / "common_voice_en_651325.mp3").read_bytes())
+    cut = len(data) * 2 // 3
+    data[cut:] = bytes(len(data) - cut)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "clip.mp3").write_bytes(bytes(data))
+    assert shardify(["write", str(tmp_path / "in"), str(tmp_path / "out"), "--no-progress"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "clip.mp3" in line]
+    assert len(lines) == 1 and "audio data ends early or is corrupt: decoding stops after" in lines[0]

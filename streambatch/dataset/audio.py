@@ -131,8 +131,14 @@ def _decoded_length(f: sf.SoundFile, header: AudioInfo, check_end: bool) -> Audi
     ``check_end``, fewer than the header's estimate less :data:`MP3_SLACK_FRAMES` is a file cut short."""
     block = np.empty((min(65536, max(header.frames, 1)), header.channels), dtype=np.float32)
     frames = 0
-    while got := len(f.read(len(block), dtype="float32", always_2d=True, out=block)):
-        frames += got
+    try:
+        while got := len(f.read(len(block), dtype="float32", always_2d=True, out=block)):
+            frames += got
+    except Exception as e:  # noqa: BLE001 - libsndfile's decoder gave up (corrupt data)
+        raise TruncatedAudio(
+            f"audio data ends early or is corrupt: decoding stops after {frames}{_secs(frames, header)} of the "
+            f"{header.frames}{_secs(header.frames, header)} frames the header declares ({_short(e)})"
+        ) from e
     if check_end and frames < header.frames - MP3_SLACK_FRAMES:
         raise TruncatedAudio(
             f"audio data ends early: {frames}{_secs(frames, header)} of the {header.frames}"
