@@ -1,4 +1,5 @@
-"""Audio: probe lengths from headers (never decoding the whole file) and decode bytes to float32 waveforms.
+"""Audio: probe lengths from headers (decoding only an MP3, whose header estimates its length) and decode bytes to
+float32 waveforms.
 
 soundfile (libsndfile) is the default: it reads every format in :data:`AUDIO_EXTENSIONS` (WAV, FLAC, Ogg
 Vorbis/Opus, MP3, SPHERE, AIFF, AU, W64, ...) from paths and from bytes, telling the format from the bytes, not the
