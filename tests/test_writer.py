@@ -204,7 +204,9 @@ def test_mixed_sample_rates_error_then_ok_with_sample_rate(tmp_path):
     index = write_shards(str(d), str(out), sample_rate=8000, progress=False)
     assert index.sample_rate == 8000
     assert index.lengths.tolist() == [round(f16 * 8000 / 16000), f8]
-    assert [meta(s)["sample_rate"] for s in read_back(out)] == [16000, 8000]  # the payload's own rate
+    # the rate the loader emits the audio at, and the file's own where it differs
+    assert [meta(s)["sample_rate"] for s in read_back(out)] == [8000, 8000]
+    assert [meta(s).get("original_sample_rate") for s in read_back(out)] == [16000, None]
 
 
 @pytest.fixture

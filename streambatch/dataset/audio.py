@@ -1,8 +1,10 @@
-"""Audio: probe lengths from headers (never decoding the whole file) and decode bytes to float32 waveforms.
+"""Audio: probe lengths from headers (decoding only an MP3, whose header estimates its length) and decode bytes to
+float32 waveforms.
 
-soundfile (libsndfile) is the default: it reads WAV, FLAC and OGG from paths and from bytes. torchaudio is
-used only as a fallback for formats soundfile cannot read, and only when it imports (its releases pin torch
-exactly, so it stays optional).
+soundfile (libsndfile) is the default: it reads every format in :data:`AUDIO_EXTENSIONS` (WAV, FLAC, Ogg
+Vorbis/Opus, MP3, SPHERE, AIFF, AU, W64, ...) from paths and from bytes, telling the format from the bytes, not the
+name. torchaudio is used only as a fallback for audio soundfile cannot decode, and only when it imports (its releases
+pin torch exactly, so it stays optional).
 """
 
 from __future__ import annotations
@@ -17,7 +19,44 @@ import soundfile as sf
 
 from ..errors import AudioError, TruncatedAudio
 
-AUDIO_EXTENSIONS = ("flac", "wav", "ogg", "opus", "mp3")
+#: file extensions of the formats libsndfile reads, by its format name (``soundfile.available_formats()``). Left
+#: out: RAW (no header: nothing tells its rate or length), and MAT4/MAT5, HTK, XI, SDS and MPC2K, whose extensions
+#: (``.mat``, ``.htk``, ...) far more often hold other data (features, matrices) than audio.
+FORMAT_EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "FLAC": ("flac",),
+    "WAV": ("wav", "wave"),
+    "OGG": ("ogg", "opus", "oga"),
+    "MP3": ("mp3",),
+    "NIST": ("sph", "nist"),
+    "AIFF": ("aiff", "aif", "aifc"),
+    "AU": ("au", "snd"),
+    "W64": ("w64",),
+    "RF64": ("rf64",),
+    "CAF": ("caf",),
+    "IRCAM": ("ircam",),
+    "VOC": ("voc",),
+    "AVR": ("avr",),
+    "PAF": ("paf",),
+    "PVF": ("pvf",),
+    "SD2": ("sd2",),
+    "SVX": ("8svx", "svx"),
+    "WVE": ("wve",),
+}
+_ALWAYS = ("FLAC", "WAV", "OGG", "MP3")  # read by torchaudio when this libsndfile lacks them
+
+
+def _audio_extensions() -> tuple[str, ...]:
+    readable = set(sf.available_formats())
+    return tuple(e for fmt, exts in FORMAT_EXTENSIONS.items() if fmt in readable or fmt in _ALWAYS for e in exts)
+
+
+#: extensions of the audio members and files streambatch reads (writes as they are, decodes when streaming)
+AUDIO_EXTENSIONS = _audio_extensions()
+#: formats whose header states an estimate of the frame count: they are decoded to count the frames
+ESTIMATED_LENGTH_FORMATS = ("MP3", "MPEG")
+#: how many fewer frames than its header's estimate an MP3 may decode to (encoder delay and padding, a fraction of
+#: an MPEG frame, under two frames of 1152) before it counts as cut short
+MP3_SLACK_FRAMES = 2 * 1152
 
 
 @dataclass(frozen=True)
@@ -33,7 +72,9 @@ class AudioInfo:
 
 
 def probe(src: str | BinaryIO, check_end: bool = False) -> AudioInfo:
-    """Read sample rate, frame count and channels from the header only.
+    """Read sample rate, frame count and channels from the header; the frame count is the number of frames that
+    decode (what the loader emits). For a format whose header only estimates it (MP3:
+    :data:`ESTIMATED_LENGTH_FORMATS`) the file is decoded to count them (about 1 ms per second of audio).
 
     ``check_end=True`` also checks that the audio the header declares is there (a cheap look at the file's
     end, not a decode of the whole file), so a truncated file raises :class:`TruncatedAudio` here rather than
@@ -45,13 +86,15 @@ def probe(src: str | BinaryIO, check_end: bool = False) -> AudioInfo:
             info = AudioInfo(
                 sample_rate=int(f.samplerate), frames=int(f.frames), channels=int(f.channels), format=str(f.format)
             )
-            if check_end:
+            if info.format in ESTIMATED_LENGTH_FORMATS:
+                info = _decoded_length(f, info, check_end)
+            elif check_end:
                 _check_end(f, info)
     except AudioError:
         raise
     except Exception as e:  # soundfile raises RuntimeError/LibsndfileError/TypeError for bad input
         raise AudioError(f"{name}: cannot read audio header ({_short(e)})") from e
-    if info.frames <= 0 and info.format not in ("OGG", "MPEG"):
+    if info.frames <= 0 and info.format != "OGG":
         raise AudioError(f"{name}: audio header reports {info.frames} frames")
     return info
 
@@ -77,11 +120,32 @@ def _check_end(f: sf.SoundFile, info: AudioInfo) -> None:
             f"audio data ends early or is corrupt: cannot decode its last {n} frames of the "
             f"{info.frames}{_secs(info.frames, info)} the header declares ({_short(e)})"
         ) from e
-    if got < n and info.format != "MPEG":  # an MP3's frame count is an estimate
+    if got < n:
         raise TruncatedAudio(
             f"audio data ends early: {got} of its last {n} frames decode, of the "
             f"{info.frames}{_secs(info.frames, info)} the header declares"
         )
+
+
+def _decoded_length(f: sf.SoundFile, header: AudioInfo, check_end: bool) -> AudioInfo:
+    """``header`` with the frames that decode (read block by block into one buffer: bounded memory). With
+    ``check_end``, fewer than the header's estimate less :data:`MP3_SLACK_FRAMES` is a file cut short."""
+    block = np.empty((min(65536, max(header.frames, 1)), header.channels), dtype=np.float32)
+    frames = 0
+    try:
+        while got := len(f.read(len(block), dtype="float32", always_2d=True, out=block)):
+            frames += got
+    except Exception as e:  # noqa: BLE001 - libsndfile's decoder gave up (corrupt data)
+        raise TruncatedAudio(
+            f"audio data ends early or is corrupt: decoding stops after {frames}{_secs(frames, header)} of the "
+            f"{header.frames}{_secs(header.frames, header)} frames the header declares ({_short(e)})"
+        ) from e
+    if check_end and frames < header.frames - MP3_SLACK_FRAMES:
+        raise TruncatedAudio(
+            f"audio data ends early: {frames}{_secs(frames, header)} of the {header.frames}"
+            f"{_secs(header.frames, header)} frames the header declares decode"
+        )
+    return AudioInfo(header.sample_rate, frames, header.channels, header.format)
 
 
 def _data_size_checked(log: str, info: AudioInfo) -> bool:
@@ -149,13 +213,15 @@ class Clips:
 
 def open_clips(payloads: list[bytes], sample_rate: int | None = None) -> Clips | None:
     """:class:`Clips` over encoded clips, or None when one is not mono, has another rate than ``sample_rate``,
-    does not state its length or cannot be opened."""
+    does not state its exact length (MP3) or cannot be opened."""
     files: list[sf.SoundFile] = []
     try:
         for data in payloads:
             f = sf.SoundFile(io.BytesIO(data), "r")
             files.append(f)
             if f.channels != 1 or f.frames <= 0 or (sample_rate and f.samplerate != sample_rate):
+                break
+            if f.format in ESTIMATED_LENGTH_FORMATS:  # its header's frame count is not what decodes
                 break
         else:
             return Clips(files)
@@ -164,6 +230,12 @@ def open_clips(payloads: list[bytes], sample_rate: int | None = None) -> Clips |
     for f in files:
         f.close()
     return None
+
+
+def resampled_length(frames: int, sample_rate: int, target: int) -> int:
+    """The length of ``frames`` at ``sample_rate`` resampled to ``target``: ``round(frames * target / rate)`` in
+    exact integer arithmetic (halves round up). What the writer stores and the loader emits."""
+    return frames if sample_rate == target else (2 * frames * target + sample_rate) // (2 * sample_rate)
 
 
 def _decode_torchaudio(data: bytes, first_error: Exception) -> tuple[np.ndarray, int]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
+from ..dataset.audio import AUDIO_EXTENSIONS, open_clips, resampled_length
 from ..dataset.audio import decode as decode_audio
 from .ring import slot_tensor
 
@@ -53,14 +53,23 @@ def pad_stack(
 
 
 def _resample(wav: np.ndarray, sr: int, target: int) -> np.ndarray:
-    """Resample to the dataset's rate (only for datasets written with ``--sample-rate`` from mixed rates)."""
+    """Resample to the dataset's rate (datasets written with ``--sample-rate``), to exactly the length the index
+    holds (:func:`~streambatch.dataset.audio.resampled_length`): soxr's high-quality resampler when it imports,
+    else torchaudio's, else linear interpolation."""
+    n = resampled_length(len(wav), sr, target)
     try:
-        import torchaudio.functional as F  # optional
+        import soxr  # optional: the audio extra
 
-        return F.resample(torch.from_numpy(wav), sr, target).numpy()
-    except Exception:
-        n = int(round(len(wav) * target / sr))
-        return np.interp(np.linspace(0, len(wav) - 1, n), np.arange(len(wav)), wav).astype(np.float32)
+        out = soxr.resample(wav, sr, target)
+    except ImportError:
+        try:
+            import torchaudio.functional as F  # optional
+
+            out = F.resample(torch.from_numpy(wav), sr, target).numpy()
+        except Exception:  # noqa: BLE001 - torchaudio absent or broken: the plain fallback
+            out = np.interp(np.linspace(0, len(wav) - 1, n), np.arange(len(wav)), wav)
+    out = np.asarray(out, dtype=np.float32)[:n]
+    return out if len(out) == n else np.pad(out, (0, n - len(out)))
 
 
 def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | None = None) -> torch.Tensor | None:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.audio import AudioError, TruncatedAudio, probe
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe, resampled_length
 from ..errors import InputProblem, ShardifyError
 from ..procs import die_with_parent
 from .segments import as_segment
@@ -123,9 +123,7 @@ def probe_records(
         bar.close()
 
 
-def _resampled(frames: int, sr: int, target: int) -> int:
-    """``round(frames * target / sr)`` in exact integer arithmetic (halves round up)."""
-    return frames if sr == target else (2 * frames * target + sr) // (2 * sr)
+_resampled = resampled_length  # the name adopt.py imports
 
 
 def measure(
@@ -141,7 +139,8 @@ def measure(
     """Lengths and tar members of every record: ``(samples, problems, index sample rate)``.
 
     Audio lengths come from the header (frames at the file's rate, resampled to ``sample_rate`` when
-    given); mixed rates in ``samples`` without ``sample_rate`` raise ``ShardifyError`` naming two files.
+    given, the rate the loader then emits and each ``.json`` reports); mixed rates in ``samples`` without
+    ``sample_rate`` raise ``ShardifyError`` naming two files.
     """
     if kind == "text":
         return (*_measure_text(records), None)
@@ -178,12 +177,22 @@ def _probe_audio(
         if not isinstance(res, str) and rec.segment is not None:
             res = as_segment(rec, res, storage_options)  # segments.py: its own frames and WAV member
         elif not isinstance(res, str):
-            res = duration_problem(rec, res[0], res[1]) or res
+            res = extension_problem(rec) or duration_problem(rec, res[0], res[1]) or res
         if isinstance(res, str):  # name the audio file unless the problem is reported at it already
             problems.append(rec.problem(res if rec.where == rec.path or rec.path is None else f"{res}: {rec.path}"))
         else:
             probed.append((rec, *res))
     return probed, problems
+
+
+def extension_problem(rec: Record) -> str | None:
+    """Why the record's audio cannot be stored under its file's extension: the loader finds a sample's audio by
+    its member's extension (:data:`~streambatch.dataset.audio.AUDIO_EXTENSIONS`), so audio under any other name
+    would be written and then stream without its audio."""
+    if rec.ext in AUDIO_EXTENSIONS:
+        return None
+    named = f"extension .{rec.ext}" if rec.ext else "no extension"
+    return f"audio file has {named}; name it with its format's extension (.wav, .flac, .mp3, .sph, ...)"
 
 
 #: a manifest's duration may differ from the audio header's by max(DURATION_TOLERANCE_S, DURATION_TOLERANCE *
@@ -233,12 +242,13 @@ def _audio_samples(
     """The probed records as samples; one that is 0 samples long at ``index_rate`` goes to ``problems``."""
     samples: list[Sample] = []
     for rec, sr, frames, nbytes in probed:
+        rate = index_rate if unit == "samples" and index_rate else sr  # the rate the loader emits it at
         if unit == "samples":
-            length: int | float = _resampled(frames, sr, index_rate)
+            length: int | float = resampled_length(frames, sr, rate)
             if length <= 0:
                 problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))
                 continue
         else:
             length = frames / sr
-        samples.append(audio_sample(rec, length, sr, frames, nbytes))
+        samples.append(audio_sample(rec, length, sr, frames, nbytes, rate))
     return samples

@@ -103,10 +103,17 @@ def _members(key: str, meta: dict[str, Any], payload: list[Member]) -> list[Memb
     return [Member(f"{key}.json", len(j), data=j)] + sorted(payload, key=lambda m: m.name)
 
 
-def audio_sample(rec: Record, length: int | float, sample_rate: int, frames: int, nbytes: int) -> Sample:
+def audio_sample(
+    rec: Record, length: int | float, sample_rate: int, frames: int, nbytes: int, emitted_rate: int | None = None
+) -> Sample:
     """An audio record as a sample: its ``.json`` (length, rate, duration, text, the source's fields) and
-    the audio file's original bytes."""
-    meta: dict[str, Any] = {**_lengths(rec, length), "sample_rate": sample_rate}
+    the audio file's original bytes. ``sample_rate`` is the file's rate, ``emitted_rate`` the one the loader
+    resamples it to (``--sample-rate``): the ``.json``'s ``sample_rate`` is the emitted one, and the file's is
+    kept as ``original_sample_rate`` when they differ."""
+    rate = emitted_rate or sample_rate
+    meta: dict[str, Any] = {**_lengths(rec, length), "sample_rate": rate}
+    if rate != sample_rate:
+        meta["original_sample_rate"] = sample_rate
     meta["duration"] = rec.fields["duration"] if "duration" in rec.fields else round(frames / sample_rate, 6)
     if rec.text is not None:
         meta["text"] = rec.text

@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, resampled_length
 from ..dataset.audio import decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
@@ -106,9 +106,9 @@ def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeChec
     frames = len(wav)
     if frames == 0:
         return "decodes to 0 frames"
-    if want is None or ext == "mp3":  # an MP3 header's frame count is an estimate
+    if want is None:
         return None
-    got: float = frames / sr if check.unit == "seconds" else _resampled(frames, sr, check.sample_rate or sr)
+    got: float = frames / sr if check.unit == "seconds" else resampled_length(frames, sr, check.sample_rate or sr)
     if _same_length(got, want):
         return None
     return f"decodes to {frames} frames at {sr} Hz (length {_num(got)}), the index says {_num(want)}"
@@ -162,11 +162,6 @@ def _same_length(a: Any, b: float) -> bool:
 def _num(x: Any) -> Any:
     x = float(x)
     return int(x) if x.is_integer() else x
-
-
-def _resampled(frames: int, sr: int, target: int) -> int:
-    """``round(frames * target / sr)`` as the writer counts it (``probe._resampled``)."""
-    return frames if sr == target else (2 * frames * target + sr) // (2 * sr)
 
 
 _Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None", bool]
