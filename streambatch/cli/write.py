@@ -215,6 +215,12 @@ def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None
             f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {join_url(args.out, errors)}",
             file=sys.stderr,
         )
+    if args.resume and args.part is None and index.meta.get("parts"):
+        print(
+            f"{args.out} already holds this dataset, merged from {index.meta['parts']} parts: {index.num_samples} "
+            f"samples in {index.num_shards} shards ({total_text(index)}); nothing to write"
+        )
+        return
     if args.resume:
         print(
             f"resumed: kept {stats.get('kept', 0)} complete shard{'s' if stats.get('kept', 0) != 1 else ''}, "
