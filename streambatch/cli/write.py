@@ -18,13 +18,14 @@ SOURCE_HELP = (
 
 DESCRIPTION = (
     "Write SRC as length-annotated WebDataset shards (shard-000000.tar, ...) and index.json "
-    "(written last) in OUT. SRC is a folder of audio files (wav/flac/ogg, recursive; NAME.txt beside an "
-    "audio file is its transcript), a JSONL manifest (NeMo style: audio_filepath or path, duration, text, "
-    "...), a SpeechBrain JSON or CSV manifest, a text JSONL (text and/or input_ids), or a Hugging Face "
-    "dataset (hf:NAME[:SPLIT] or a save_to_disk folder). Audio lengths "
-    "are read from file headers, never by decoding; the original audio bytes are stored as they are. Each "
-    'sample is KEY.json ({"length": N, "sample_rate", "duration", "text", other fields}) then '
-    "KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing written)."
+    "(written last) in OUT. SRC is a folder of audio files (any format libsndfile reads: wav, flac, ogg, opus, "
+    "mp3, sph, aiff, au, w64, ...; recursive; NAME.txt beside an audio file is its transcript), a JSONL "
+    "manifest (NeMo style: audio_filepath or path, duration, text, ...), a SpeechBrain JSON or CSV manifest, a "
+    "text JSONL (text and/or input_ids), or a Hugging Face dataset (hf:NAME[:SPLIT] or a save_to_disk folder). "
+    "Audio lengths are read from file headers (an MP3 is decoded to count its frames); the original audio "
+    'bytes are stored as they are. Each sample is KEY.json ({"length": N, "sample_rate", "duration", "text", '
+    "other fields}) then KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing "
+    "written)."
 )
 
 
@@ -78,7 +79,8 @@ def _add_source(w: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="R",
         help="count audio lengths in samples at R Hz (round(frames*R/rate)) and record R in the "
-        "index; needed when files have different sample rates (each .json keeps its file's rate)",
+        "index; needed when files have different sample rates. The loader resamples to R: each .json's sample_rate is "
+        "R, and original_sample_rate the file's rate where it differs",
     )
     w.add_argument("--data-root", metavar="DIR", help="fills {data_root} / $data_root in SpeechBrain paths")
 
