@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import text_dataset
 
+import streambatch.cli.calibrate as calibrate_cli
 import streambatch.fit.calibrate as calib
 import streambatch.fit.memory as memory
 from streambatch.dataset.index import ShardIndex, ShardInfo
@@ -289,7 +290,7 @@ def test_cli_prints_the_table_and_writes_the_file(tmp_path, capsys):
     """)
     )
     out = tmp_path / "calib.json"
-    rc = calib.main(
+    rc = calibrate_cli.main(
         [
             str(data),
             "--model",

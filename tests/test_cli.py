@@ -239,11 +239,11 @@ def test_demo_is_wired_to_run_demo(capsys, monkeypatch):
 
 def test_storage_options_nest():
     pairs = [
-        cli._storage_option("key=x"),
-        cli._storage_option("client_kwargs.endpoint_url=http://h:1"),
-        cli._storage_option("anon=true"),
+        cli.args.storage_option("key=x"),
+        cli.args.storage_option("client_kwargs.endpoint_url=http://h:1"),
+        cli.args.storage_option("anon=true"),
     ]
-    assert cli.storage_options_from(pairs) == {
+    assert cli.args.storage_options_from(pairs) == {
         "key": "x",
         "client_kwargs": {"endpoint_url": "http://h:1"},
         "anon": True,
@@ -378,7 +378,7 @@ def test_inspect_plot_draws_a_readable_number_of_boundaries(capsys, dataset, tmp
     pytest.importorskip("matplotlib")
     import matplotlib.axes
 
-    from streambatch.summary import MAX_PLOTTED_BOUNDARIES, plotted_boundaries
+    from streambatch.cli.inspect import MAX_PLOTTED_BOUNDARIES, plotted_boundaries
 
     drawn = []
     real = matplotlib.axes.Axes.axvline
@@ -387,7 +387,7 @@ def test_inspect_plot_draws_a_readable_number_of_boundaries(capsys, dataset, tmp
     )
     out, _ = dataset
     bounds = [float(b) for b in range(1, 41)]
-    monkeypatch.setattr("streambatch.summary.estimate_boundaries", lambda *a, **k: bounds)
+    monkeypatch.setattr("streambatch.cli.inspect.estimate_boundaries", lambda *a, **k: bounds)
     code, _, err = run(capsys, "inspect", out, "--plot", tmp_path / "p.png")
     assert code == 0, err
     assert len(drawn) == MAX_PLOTTED_BOUNDARIES

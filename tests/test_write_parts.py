@@ -306,6 +306,35 @@ def test_resume_of_a_part(tmp_path, folder):
         write_shards(str(folder), str(out), part=(1, 3), resume=True, **KW)
 
 
+def test_resume_after_merge_recognises_the_merged_dataset(tmp_path, folder, capsys):
+    """`shardify write SRC OUT --resume` (the documented safe-on-every-run command) after the parts were merged:
+    the dataset is complete, so nothing is written or removed (exit 0, a message). A resume with other options, or
+    before the merge, refuses (exit 2) and leaves OUT as it was, instead of writing a whole copy beside the parts."""
+    out = tmp_path / "out"
+    write = ["write", str(folder), str(out), "--max-count", "3", "--shuffle", "--seed", "5", "--no-progress"]
+    for i in range(3):
+        assert main([*write, "--part", f"{i}/3"]) == 0
+    before = files_under(out)
+    assert main([*write, "--resume"]) == 2
+    assert "not yet merged" in capsys.readouterr().err and files_under(out) == before
+    assert main(["merge", str(out)]) == 0
+    merged = {name: (out / name).stat().st_mtime_ns for name in files_under(out)}
+    expected = index_json(out)
+
+    capsys.readouterr()
+    assert main([*write, "--resume"]) == 0
+    assert "already holds this dataset, merged from 3 parts" in capsys.readouterr().out
+    assert {name: (out / name).stat().st_mtime_ns for name in files_under(out)} == merged  # not a file touched
+    assert index_json(out) == expected and not list(out.glob("shard-0*.tar"))
+    stats: dict = {}
+    ix = write_shards(str(folder), str(out), resume=True, stats=stats, **KW)
+    assert stats == {"kept": ix.num_shards, "written": 0} and ix.meta["parts"] == 3
+
+    assert main([*write[:-2], "6", "--no-progress", "--resume"]) == 2  # --seed 6
+    assert "another command (seed=5, this command: 6)" in capsys.readouterr().err
+    assert files_under(out) == sorted(merged)
+
+
 # ---- stage ---------------------------------------------------------------------------------------
 @pytest.fixture
 def dataset(tmp_path, folder) -> Path:

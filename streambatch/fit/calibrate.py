@@ -3,21 +3,16 @@
 ``calibrate(step_fn, source, device=...)`` runs the step on synthetic batches shaped like the dataset's at a
 few probe lengths, searches each length's largest fitting batch (:mod:`.search`, measured by :mod:`.memory`),
 fits the peak memory and writes the cost model and budget that ``StreamBatchLoader(cost="calib.json")``
-reads. ``shardify calibrate`` is its command line (:func:`add_arguments`, :func:`run_cli`). The README's
+reads. ``shardify calibrate`` is its command line (:mod:`streambatch.cli.calibrate`). The README's
 calibration section describes the measurements, the search, the fit and the JSON file.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
-import inspect
 import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -318,126 +313,3 @@ def format_report(result: dict[str, Any]) -> str:
     else:
         lines.append(f"cost='padded', budget={result['budget']:.10g} {unit}")
     return "\n".join(lines)
-
-
-# ---- command line (`shardify calibrate`) --------------------------------------------------------------
-CLI_DESCRIPTION = (
-    "Measure the largest batch per length your training step fits in, and write the cost model "
-    "(cost, quadratic_factor, budget) that StreamBatchLoader(cost=FILE) reads."
-)
-CLI_EPILOG = (
-    "FACTORY is called as FACTORY(device) (or FACTORY()) and returns step_fn(batch) — forward, backward "
-    "and optimizer step on one batch as the loader yields it (CPU tensors) — or a (step_fn, make_batch) "
-    "pair. Example: shardify calibrate data/ --model mymodel.py:make_step --device cuda "
-    "--out calib.json"
-)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``shardify calibrate`` options to ``p`` (read back by :func:`run_cli`)."""
-    p.add_argument(
-        "source", help="dataset folder or index.json (probe lengths, unit and sample rate come from its index)"
-    )
-    p.add_argument("--model", required=True, metavar="MODULE:FACTORY", help="factory returning the step function")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument(
-        "--memory-limit",
-        default=None,
-        help="bytes the step may use, e.g. 2G (CPU default: a fraction of the available memory)",
-    )
-    p.add_argument(
-        "--memory-fraction", type=float, default=0.9, help="share of the device memory to fill (default 0.9)"
-    )
-    p.add_argument(
-        "--lengths", default=None, help="comma-separated probe lengths (default: quantiles of the dataset's)"
-    )
-    p.add_argument(
-        "--max-batch-size",
-        type=_positive_int,
-        default=4096,
-        metavar="N",
-        help="largest batch size searched at any length (default 4096); the calibration file records "
-        "it and the loader caps batches there, since larger ones would be extrapolated, not measured",
-    )
-    p.add_argument(
-        "--rel-tol", type=float, default=0.01, help="precision of each length's largest batch (default 0.01)"
-    )
-    p.add_argument("--margin", type=float, default=0.02, help="budget safety margin (default 0.02)")
-    p.add_argument("--out", default=None, help="write the calibration JSON here")
-    p.add_argument("-v", "--verbose", action="store_true", help="log every trial (batch size, length, peak memory)")
-
-
-def _positive_int(text: str) -> int:
-    """A whole number of at least 1, for argparse."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return n
-
-
-def load_factory(spec: str) -> Callable[..., Any]:
-    """``MODULE:FACTORY`` → the factory; ``MODULE`` is a dotted module name or a path to a ``.py`` file."""
-    if ":" not in spec:
-        raise ValueError(f"--model wants MODULE:FACTORY, got {spec!r}")
-    mod_name, attr = spec.rsplit(":", 1)
-    if mod_name.endswith(".py") or os.sep in mod_name:
-        name = os.path.splitext(os.path.basename(mod_name))[0]
-        spec_ = importlib.util.spec_from_file_location(name, mod_name)
-        if spec_ is None or spec_.loader is None:
-            raise ImportError(f"cannot import {mod_name}")
-        module = importlib.util.module_from_spec(spec_)
-        sys.modules[name] = module
-        spec_.loader.exec_module(module)
-    else:
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(mod_name)
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise AttributeError(f"{mod_name} has no {attr!r}") from None
-
-
-def _call_factory(factory: Callable[..., Any], device: Any) -> tuple[Callable, Callable | None]:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        params = {"device": None}
-    made = factory(device) if params else factory()
-    if isinstance(made, tuple):
-        return made[0], made[1]
-    return made, None
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``shardify calibrate`` on parsed options: build the step from the factory, calibrate, print the report."""
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
-    step_fn, make_batch = _call_factory(load_factory(args.model), args.device)
-    lengths = [float(x) for x in args.lengths.split(",")] if args.lengths else None
-    result = calibrate(
-        step_fn,
-        args.source,
-        device=args.device,
-        memory_fraction=args.memory_fraction,
-        memory_limit=args.memory_limit,
-        lengths=lengths,
-        max_batch_size=args.max_batch_size,
-        out=args.out,
-        make_batch=make_batch,
-        rel_tol=args.rel_tol,
-        margin=args.margin,
-    )
-    print(format_report(result))
-    if args.out:
-        print(f"wrote {args.out}: StreamBatchLoader(source, cost={args.out!r}) uses it")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None, prog: str = "shardify calibrate") -> int:
-    """``shardify calibrate`` with its own parser: parse ``argv`` and run it."""
-    p = argparse.ArgumentParser(prog=prog, description=CLI_DESCRIPTION, epilog=CLI_EPILOG)
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))

@@ -138,6 +138,11 @@ def check_out(
                 f"{out} is not empty ({shown}); pass --overwrite to replace the dataset there, or "
                 "--resume to finish an interrupted write"
             )
+        if resume and INDEX_NAME not in names and any(part_of(m) is not None for m in names):
+            raise ShardifyError(
+                f"{out} holds the parts of a `shardify write --part I/N` run, not yet merged: finish them with "
+                f"`--part I/N --resume` and `shardify merge {out}`, or pass --overwrite to write the dataset whole"
+            )
         return
     i, n = part
     if resume and INDEX_NAME in names:
@@ -180,6 +185,37 @@ def prepare_resume(out: str, scope: Scope, planned: set[str], storage_options: d
     for m in names:
         if m != scope.index_name and m != scope.errors_name and m not in planned:
             remove_quiet(storage.join_url(out, m), storage_options)
+
+
+def merged_before(
+    out: str, meta: dict[str, Any], unit: str, sample_rate: int | None, storage_options: dict | None
+) -> ShardIndex | None:
+    """For ``write --resume`` of a whole dataset: the dataset that ``shardify merge`` made in ``out`` from the
+    parts of this same command (the same source, options and unit as ``meta``, ``unit`` and ``sample_rate``),
+    with every shard it lists there; None when ``out`` holds no merged dataset. A merged dataset of another
+    command is an error: a resume does not replace it (``--overwrite`` does). Its shards are not re-read, as
+    their boundaries differ from a whole write's (``shardify verify`` re-reads them)."""
+    if INDEX_NAME not in storage.listdir(out, storage_options):
+        return None
+    try:
+        index = ShardIndex.load(storage.join_url(out, INDEX_NAME), storage_options)
+    except (ValueError, OSError):
+        return None  # a damaged index: the resume writes the dataset again, as after any interrupted write
+    if not index.meta.get("parts"):
+        return None
+    differ = [(k, index.meta.get(k), meta.get(k)) for k in _PART_SAME if index.meta.get(k) != meta.get(k)]
+    differ += [("unit", index.unit, unit)] if index.unit != unit else []
+    differ += (
+        [("sample_rate", index.sample_rate, sample_rate)] if sample_rate and index.sample_rate != sample_rate else []
+    )
+    if differ:
+        k, theirs, ours = differ[0]
+        raise ShardifyError(
+            f"{out} holds a dataset merged from {index.meta['parts']} parts of another command ({k}={theirs!r}, "
+            f"this command: {ours!r}); pass --overwrite to replace it"
+        )
+    _check_shards_there(index, out, storage_options)
+    return index
 
 
 def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict | None, remove_stale: bool) -> None:

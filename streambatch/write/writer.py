@@ -21,7 +21,17 @@ from ..dataset import storage
 from ..dataset.columns import ColumnError, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
-from .parts import Scope, check_out, clear_out, parse_part, part_range, prepare_resume, utc_now, write_errors
+from .parts import (
+    Scope,
+    check_out,
+    clear_out,
+    merged_before,
+    parse_part,
+    part_range,
+    prepare_resume,
+    utc_now,
+    write_errors,
+)
 from .probe import check_unit, measure, process_pool
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
 from .tarwrite import ShardTask, existing_shard, plan_shards, write_shard
@@ -94,6 +104,13 @@ def write_shards(
     medium = source_medium(src, kind)
     unit = check_unit(medium, unit, sample_rate)
     text = TextOptions.load(tokenizer, output_length, medium)
+    if resume and part is None:
+        meta = {**_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, 0), **text.meta()}
+        merged = merged_before(out, meta, unit, sample_rate, storage_options)
+        if merged is not None:  # the parts of this command, already merged: nothing left to write
+            if stats is not None:
+                stats.update(kept=merged.num_shards, written=0)
+            return merged
     check_out(out, overwrite, storage_options, part, resume)
 
     records, problems = read_source(src, kind, data_root)

@@ -1,7 +1,7 @@
 """``shardify index SRC``: adopt tar shards that already exist, without rewriting a byte of them.
 
 The tars in SRC (plain webdataset tars of audio and/or text, or a NeMo tarred audio dataset) are read once
-(:mod:`.adopt_scan`, in ``workers`` processes): every sample the loader will stream, its byte range, its length
+(:mod:`.scan`, in ``workers`` processes): every sample the loader will stream, its byte range, its length
 (audio headers; a ``.json`` ``length``; text tokens) and the tar's size and sha256. The result is a normal
 version 2 index beside the tars (or in ``out``, pointing back at them), so ``verify``, the loader, DDP,
 resume and mixing all work on it.
@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..dataset import storage
-from ..dataset.format import keys_sha1
-from ..dataset.index import ShardIndex, ShardInfo
-from ..errors import InputProblem, ShardifyError
-from .adopt_fields import SampleExtras
-from .adopt_nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
-from .adopt_scan import SampleScan, ShardScan, scan_tar
-from .parts import Scope, parse_part, part_range, utc_now, write_errors
-from .probe import _resampled, check_unit, process_pool
+from ...dataset import storage
+from ...dataset.format import keys_sha1
+from ...dataset.index import ShardIndex, ShardInfo
+from ...errors import InputProblem, ShardifyError
+from ..parts import Scope, parse_part, part_range, utc_now, write_errors
+from ..probe import _resampled, check_unit, process_pool
+from .fields import SampleExtras
+from .nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
+from .scan import SampleScan, ShardScan, scan_tar
 
 LAYOUTS = ("auto", "audio", "text", "nemo")
 

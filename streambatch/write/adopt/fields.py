@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.columns import ColumnError, choose_columns, column_values, parse_columns
-from ..dataset.index import ShardInfo
-from ..errors import InputProblem, ShardifyError
-from .adopt_nemo import Entry
-from .adopt_scan import SampleScan, ShardScan
-from .tokenize import parse_output_length
+from ...dataset.columns import ColumnError, choose_columns, column_values, parse_columns
+from ...dataset.index import ShardInfo
+from ...errors import InputProblem, ShardifyError
+from ..tokenize import parse_output_length
+from .nemo import Entry
+from .scan import SampleScan, ShardScan
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset import storage
-from ..errors import ShardifyError
-from .adopt_scan import ShardScan
-from .probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
+from ...dataset import storage
+from ...errors import ShardifyError
+from ..probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
+from .scan import ShardScan
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
 SHARDED_DIR = "sharded_manifests"

@@ -1,13 +1,15 @@
-"""The ``shardify index`` command's arguments and its run (kept here so ``cli.py`` stays a table of commands)."""
+"""``shardify index``: existing tar shards indexed in place (:mod:`streambatch.write.adopt`), not a byte of them
+rewritten."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from .adopt import LAYOUTS, index_tars
+from ..dataset.describe import total_text
+from ..write.adopt import LAYOUTS, index_tars
+from .args import add_storage, part, positive_int, storage_options
 
 HELP = "index existing tar shards in place (webdataset, NeMo tarred, text), not rewriting a byte"
 DESCRIPTION = (
@@ -20,8 +22,16 @@ DESCRIPTION = (
 )
 
 
-def add_arguments(p: argparse.ArgumentParser, positive_int: Callable[[str], int], part: Callable[[str], Any]) -> None:
-    """The command's arguments (``positive_int`` and ``part`` are the CLI's argument types)."""
+def add(sub: Any) -> None:
+    """Register ``shardify index`` on the subcommand parsers ``sub``."""
+    p = sub.add_parser("index", help=HELP, description=DESCRIPTION)
+    _add_arguments(p)
+    add_storage(p)
+    p.set_defaults(func=run)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    """SRC, where the index goes and how to read the tars."""
     p.add_argument("src", metavar="SRC", help="folder or fsspec URL holding the .tar shards")
     p.add_argument(
         "--out",
@@ -97,10 +107,8 @@ def add_arguments(p: argparse.ArgumentParser, positive_int: Callable[[str], int]
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_cli(args: argparse.Namespace, storage_options: dict | None) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardify index`` and print what it wrote (exit 0)."""
-    from ..summary import total_text
-
     out = args.out or args.src
     index = index_tars(
         args.src,
@@ -115,7 +123,7 @@ def run_cli(args: argparse.Namespace, storage_options: dict | None) -> int:
         part=args.part,
         output_length=args.output_length,
         columns=args.columns,
-        storage_options=storage_options,
+        storage_options=storage_options(args),
         progress=not args.no_progress,
     )
     adopted = index.meta["adopted"]

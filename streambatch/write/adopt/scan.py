@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset import storage
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
-from ..dataset.format import HashingReader
-from ..dataset.tar import iter_members, split_name
-from ..errors import ShardReadError
+from ...dataset import storage
+from ...dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
+from ...dataset.format import HashingReader
+from ...dataset.tar import iter_members, split_name
+from ...errors import ShardReadError
 
 
 @dataclass

@@ -1,0 +1,93 @@
+"""The ``shardify`` command: write (whole, as parts, resumed), index (existing tars), merge, stage, inspect,
+verify, upgrade, demo, calibrate — one module per subcommand, each with ``add(sub)`` (its parser) and
+``run(args)`` (its exit code); :func:`main` builds the parser from them and turns errors into exit codes.
+
+Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
+with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
+output folder, no index, a path denied or of the wrong kind, missing storage credentials).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import InputErrors, ShardifyError
+from . import calibrate, demo, index, inspect, merge, stage, upgrade, verify, write
+from .args import PROG
+
+#: the subcommands, in the order ``shardify --help`` lists them
+COMMANDS = (write, index, merge, stage, inspect, verify, upgrade, demo, calibrate)
+
+#: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...): exit 2, one line
+INPUT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EROFS, errno.ENOENT}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shardify`` parser with every subcommand of :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Write, inspect and verify length-annotated WebDataset shards for streambatch."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command.add(sub)
+    return parser
+
+
+def os_error_text(e: OSError) -> str:
+    """``PATH: problem`` for an OS error (both paths for a rename), without the exception's class."""
+    if e.filename is None:
+        return str(e)
+    names = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 is not None else "")
+    return f"{names}: {(e.strerror or type(e).__name__).lower()}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``shardify`` with ``argv`` (default: the process's arguments); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    if args.func is calibrate.run:  # runs the user's step: its errors keep their full traceback
+        return calibrate.run(args)
+    try:
+        return int(args.func(args))
+    except Exception as e:
+        return _failed(e)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _failed(e: Exception) -> int:
+    """Report an error in one line and give its exit code: 2 for the user's input, 1 for anything else."""
+    if isinstance(e, InputErrors):
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: fix them, or pass --on-error skip to write the rest", file=sys.stderr)
+        return 2
+    if isinstance(e, ShardifyError):
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, BrokenPipeError):  # output piped into head & co.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    debug = os.environ.get("STREAMBATCH_DEBUG") == "1"
+    if isinstance(e, OSError) and e.errno in INPUT_ERRNOS and not debug:
+        print(f"{PROG}: error: {os_error_text(e)}", file=sys.stderr)  # the user's paths, not our bug
+        return 2
+    if debug:
+        raise e
+    msg = (str(e).strip().splitlines() or [""])[0]
+    print(
+        f"{PROG}: unexpected error: {type(e).__name__}: {msg} (STREAMBATCH_DEBUG=1 shows the traceback)",
+        file=sys.stderr,
+    )
+    return 1

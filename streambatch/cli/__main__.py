@@ -1,0 +1,7 @@
+"""``python -m streambatch.cli``: the ``shardify`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,376 @@
+"""``shardify inspect``: a dataset's counts, hours or tokens, length percentiles, a suggested budget and bucket
+boundaries; with ``--plan``, what a planned epoch looks like before a job runs (steps per rank, batch sizes,
+padding, budget use). A table, JSON, or a plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..dataset.describe import hours_text, number_text
+from ..dataset.index import IndexFormatError, ShardIndex
+from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
+from ..errors import BudgetError, ShardifyError
+from ..metrics import batch_figures, planned_batches
+from ..options import batching_config
+from ..plan.buckets import estimate_boundaries, suggest_budget
+from ..plan.config import parse_budget as parse_any_budget
+from ..plan.epoch import make_epoch_plan
+from ..plan.lengths import index_lengths
+from ..plan.stats import LengthStats
+from .args import add_storage, positive_int, storage_options
+
+#: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
+Dataset = ShardIndex | MixedIndex
+
+
+def add(sub: Any) -> None:
+    """Register ``shardify inspect`` on the subcommand parsers ``sub``."""
+    i = sub.add_parser(
+        "inspect",
+        help="counts, hours/tokens, length percentiles, a suggested budget and bucket boundaries",
+        description="Summarise a dataset from its index.json: sample and shard counts, total hours (audio) or "
+        "tokens, length percentiles (in the dataset's unit and, for audio, seconds), a suggested batch "
+        "budget and bucket boundaries.",
+    )
+    i.add_argument(
+        "out",
+        metavar="OUT",
+        help="dataset folder or URL (or its index.json), or a mixture file (.yaml/.json naming datasets and weights)",
+    )
+    i.add_argument(
+        "--budget",
+        metavar="B",
+        help="batch budget (max padded length per batch) in the dataset's unit, or seconds with "
+        "an 's' suffix for audio (e.g. 60s); default: suggested from the lengths",
+    )
+    i.add_argument(
+        "--num-buckets",
+        type=positive_int,
+        metavar="K",
+        help="number of buckets for the boundaries (default: chosen from the lengths)",
+    )
+    i.add_argument(
+        "--where",
+        metavar="EXPR",
+        help="summarise only the samples this SQL expression over the sample table's columns keeps, "
+        "e.g. \"language = 'de' AND snr > 10\" (needs duckdb: pip install 'streambatch[filters]')",
+    )
+    i.add_argument("--plot", metavar="FILE.png", help="save a length histogram (needs matplotlib)")
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    i.add_argument(
+        "--plan",
+        action="store_true",
+        help="plan epoch 0 with --budget on --world-size ranks x --num-workers workers and show its steps "
+        "per rank, batch-size histogram, padding and budget use (--plot draws them)",
+    )
+    i.add_argument("--world-size", type=positive_int, default=1, metavar="W", help="ranks for --plan (default 1)")
+    i.add_argument(
+        "--num-workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="DataLoader workers per rank for --plan (default 1)",
+    )
+    add_storage(i)
+    i.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The dataset's (or mixture's) summary, or with ``--plan`` its planned epoch 0."""
+    try:
+        index = open_index(args.out, storage_options(args))
+    except (FileNotFoundError, IndexFormatError) as e:
+        raise ShardifyError(str(e)) from None
+    if args.plan:
+        return _inspect_plan(index, args)
+    return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json, args.where)
+
+
+def _inspect_plan(index: Dataset, args: argparse.Namespace) -> int:
+    if not args.budget:
+        raise ShardifyError("--plan needs --budget (`shardify inspect DS` suggests one)")
+    options = {"num_buckets": args.num_buckets} if args.num_buckets else {}
+    p = planned_epoch(index, parse_budget(args.budget, index), args.world_size, args.num_workers, **options)
+    if args.plot:
+        p["plot"] = plot_planned(p, args.plot)
+    print_planned(p, args.json)
+    return 0
+
+
+# ---- the dataset's summary ---------------------------------------------------------------------
+def parse_budget(text: str, index: Dataset) -> float:
+    """``--budget``: a number in the dataset's unit, or a duration like ``60s`` for audio (the loader's parser)."""
+    try:
+        return parse_any_budget(text, index.unit, index.sample_rate)
+    except BudgetError as e:
+        raise BudgetError(f"--{e}") from None
+
+
+def inspect_dataset(
+    index: Dataset,
+    dataset: str,
+    budget_text: str | None = None,
+    num_buckets: int | None = None,
+    plot: str | None = None,
+    as_json: bool = False,
+    where: str | None = None,
+) -> int:
+    """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
+    The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
+    the samples this filter keeps (:mod:`~streambatch.dataset.where`), and what fraction that is."""
+    lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
+    summary = _summary(index, dataset, lengths)
+    if where is not None:
+        total = sum(ix.num_samples for _, ix in datasets_of(index))
+        summary["where"] = {
+            "expression": where,
+            "kept": lengths.count,
+            "of": total,
+            "fraction": lengths.count / total if total else 0.0,
+        }
+    budget = boundaries = None
+    if lengths.count:
+        budget, boundaries = _suggestions(index, lengths, budget_text, num_buckets, summary)
+    if plot:
+        summary["plot"] = _plot(lengths, index, boundaries, plot)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary, index, budget, boundaries)
+    return 0
+
+
+def _kept(index: Dataset, where: str) -> LengthStats:
+    from ..dataset.where import kept_stats
+
+    try:
+        return kept_stats(index, where)
+    except (ValueError, ImportError) as e:
+        raise ShardifyError(str(e)) from None
+
+
+def _summary(index: Dataset, dataset: str, lengths: LengthStats) -> dict[str, Any]:
+    """Counts, totals and percentiles, with the seconds view for audio."""
+    shards = sum(ix.num_shards for _, ix in datasets_of(index))
+    stats = lengths.summary(index.unit, index.seconds_per_unit(), num_shards=shards)
+    spu = index.seconds_per_unit()
+    summary: dict[str, Any] = {"dataset": dataset, "sample_rate": index.sample_rate, **stats}
+    if isinstance(index, MixedIndex):  # a mixture: its datasets and what each epoch takes of them
+        summary["datasets"] = mixture_table(index)
+    if spu and lengths.count:
+        summary["seconds"] = {
+            "min": lengths.min * spu,
+            "mean": lengths.mean * spu,
+            "max": lengths.max * spu,
+            "percentiles": {p: v * spu for p, v in stats["percentiles"].items()},
+        }
+    return summary
+
+
+def _suggestions(
+    index: Dataset, lengths: LengthStats, budget_text: str | None, num_buckets: int | None, summary: dict[str, Any]
+) -> tuple[float, list[float]]:
+    """The given or a suggested budget, and bucket boundaries under it (also recorded in ``summary``)."""
+    if budget_text:
+        budget = parse_budget(budget_text, index)
+        summary["budget_source"] = "given"
+    else:
+        budget = float(suggest_budget(lengths, index.unit, index.sample_rate))
+        summary["budget_source"] = "suggested"
+    boundaries = [float(b) for b in np.asarray(estimate_boundaries(lengths, budget, num_buckets)).ravel()]
+    summary["budget"] = _plain(budget)
+    summary["bucket_boundaries"] = [_plain(b) for b in boundaries]
+    return budget, boundaries
+
+
+def _plain(x: float) -> float | int:
+    x = float(x)
+    return int(x) if x.is_integer() else x
+
+
+def _print_summary(s: dict[str, Any], index: Dataset, budget: float | None, boundaries: list[float] | None) -> None:
+    spu = index.seconds_per_unit()
+    unit = index.unit + (f" @ {index.sample_rate} Hz" if index.unit == "samples" and index.sample_rate else "")
+
+    def both(x: float) -> str:
+        return f"{number_text(x)} {index.unit}" + (
+            f" ({float(x) * spu:.2f} s)" if spu and index.unit != "seconds" else ""
+        )
+
+    rows = [
+        ("dataset", s["dataset"]),
+        ("unit", unit),
+        ("shards", f"{s['num_shards']:,}"),
+        ("samples", f"{s['num_samples']:,}"),
+    ]
+    if s["num_samples"]:
+        total = f"{number_text(s['total_length'])} {index.unit}"
+        if "total_hours" in s:
+            total = f"{hours_text(s['total_hours'])} ({total})"
+        rows += [("total", total), ("min", both(s["min"])), ("mean", both(s["mean"])), ("max", both(s["max"]))]
+    if "where" in s:
+        w = s["where"]
+        rows.append(("where", f"{w['expression']}: keeps {w['kept']:,} of {w['of']:,} samples ({w['fraction']:.1%})"))
+    skipped = index.meta.get("skipped")
+    if skipped:
+        rows.append(("skipped", f"{skipped} bad inputs when written (errors.jsonl)"))
+    for k, v in rows:
+        print(f"{k:<10} {v}")
+    for name, d in s.get("datasets", {}).items():
+        hours = f", {hours_text(d['hours_per_epoch'])}" if "hours_per_epoch" in d else ""
+        print(f"  {name}: {d['samples']:,} samples, weight {d['weight']:g}: {d['per_epoch']:,} per epoch{hours}")
+    if s["num_samples"]:
+        within = s.get("percentiles_within")
+        print("length percentiles" + (f" (each within {within:.1%}, from a streamed histogram):" if within else ":"))
+        for p, v in s["percentiles"].items():
+            print(f"  p{p:<3} {both(v)}")
+    if budget is not None:
+        print(f"budget     {both(budget)} [{s['budget_source']}]")
+    if boundaries:
+        n = len(boundaries)
+        print(f"buckets    {n + 1} ({n} boundar{'y' if n == 1 else 'ies'}): " + ", ".join(both(b) for b in boundaries))
+    elif boundaries is not None:
+        print(
+            f"buckets    1 (no boundaries: {s['num_samples']:,} samples are too few to split into buckets "
+            "that each fill whole batches; --num-buckets K asks for K)"
+        )
+    if s.get("plot"):
+        print(f"plot       {s['plot']}")
+
+
+#: the most bucket boundaries a histogram draws (more would hide the histogram)
+MAX_PLOTTED_BOUNDARIES = 12
+
+
+def plotted_boundaries(boundaries: list[float], most: int = MAX_PLOTTED_BOUNDARIES) -> list[float]:
+    """The boundaries a plot draws: all of them up to ``most``, else ``most`` spread evenly (first and last kept)."""
+    if len(boundaries) <= most:
+        return list(boundaries)
+    picks = np.unique(np.round(np.linspace(0, len(boundaries) - 1, most)).astype(int))
+    return [boundaries[i] for i in picks]
+
+
+def _plot(lengths: LengthStats, index: Dataset, boundaries: list[float] | None, path: str) -> str:
+    """The length histogram (in seconds for audio) with the bucket boundaries as lines."""
+    spu = index.seconds_per_unit()
+    scale, label = (spu, "seconds") if spu else (1.0, index.unit)
+    drawn = plotted_boundaries(boundaries or [])
+    some = f"{len(drawn)} of {len(boundaries)}" if boundaries and len(drawn) < len(boundaries) else ""
+
+    def draw(fig: Any, axes: list[Any]) -> None:
+        (ax,) = axes
+        counts, edges = lengths.histogram(min(100, max(10, int(lengths.count**0.5))), scale)
+        ax.stairs(counts, edges, fill=True, color="#4477aa")
+        for b in drawn:
+            ax.axvline(b * scale, color="#cc6677", linewidth=0.8)
+        ax.set_xlabel(f"length ({label})")
+        ax.set_ylabel("samples")
+        ax.set_title(
+            f"{index.num_samples:,} samples in {index.num_shards:,} shards"
+            + (f" (lines: {some or 'the'} bucket boundaries)" if boundaries else "")
+        )
+
+    return save_plot(path, (8, 4), 1, draw)
+
+
+def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[[Any, list[Any]], None]) -> str:
+    """The one plotting function of ``inspect --plot``: ``draw(figure, axes)`` fills ``panels`` side-by-side
+    axes of a figure of ``size`` inches, saved as a PNG at ``path`` (returned)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ShardifyError("--plot needs matplotlib: pip install 'streambatch[plot]'") from None
+    fig, axes = plt.subplots(1, panels, figsize=size, squeeze=False)
+    try:
+        draw(fig, list(axes[0]))
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+# ---- a planned epoch (--plan) ------------------------------------------------------------------
+def planned_epoch(
+    index: Any, budget: float, world_size: int, num_workers: int, epoch: int = 0, **options: Any
+) -> dict[str, Any]:
+    """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
+    padding % and mean budget use over the batches (from the index lengths)."""
+    lengths = index_lengths(index)
+    config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
+    if not isinstance(config.seed, int):
+        raise ShardifyError(f"a planned epoch takes one whole-number seed, not {config.seed!r}")
+    plan = make_epoch_plan(
+        lengths, config, epoch, world_size, num_workers, excluded=selection_of(index, epoch, config.seed)
+    )
+    ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
+    every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
+    sizes = every["size"].astype(np.int64).tolist()
+    counts, edges = np.histogram(sizes, bins=min(20, max(1, len(set(sizes))))) if sizes else (np.zeros(0), np.zeros(1))
+    return {
+        "budget": config.budget,
+        "world_size": world_size,
+        "num_workers": num_workers,
+        "steps": plan.steps,
+        "samples_per_rank": [int(b["size"].sum()) for b in ranks],
+        **batch_figures(every),
+        "left_out": plan.surplus_samples,
+        "skipped": plan.skipped_samples,
+        "batch_sizes": {
+            "counts": counts.astype(int).tolist(),
+            "edges": edges.tolist(),
+            "min": min(sizes, default=0),
+            "max": max(sizes, default=0),
+            "mean": float(np.mean(sizes)) if sizes else 0.0,
+        },
+    }
+
+
+def print_planned(p: dict[str, Any], as_json: bool = False) -> None:
+    """The planned epoch as a table (or JSON)."""
+    if as_json:
+        print(json.dumps(p, indent=2))
+        return
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}%"
+
+    print(
+        f"plan       {p['world_size']} ranks x {p['num_workers']} workers, budget {p['budget']:g}: "
+        f"{p['steps']:,} steps per rank, {p['batches']:,} batches"
+    )
+    print(f"padding    {pct(p['padding_pct'])}; budget used {pct(p['budget_utilisation_pct'])} per batch on average")
+    print(
+        f"samples    per rank {min(p['samples_per_rank']):,} to {max(p['samples_per_rank']):,}; "
+        f"{p['left_out']:,} left out to equalise steps, {p['skipped']:,} skipped"
+    )
+    h = p["batch_sizes"]
+    print(f"batch size {h['min']} to {h['max']} (mean {h['mean']:.1f}):")
+    top = max(h["counts"], default=1) or 1
+    for c, lo, hi in zip(h["counts"], h["edges"], h["edges"][1:]):
+        print(f"  {lo:7.1f}-{hi:<7.1f} {'#' * int(round(40 * c / top)):<40} {c:,}")
+
+
+def plot_planned(p: dict[str, Any], path: str) -> str:
+    """Batch sizes and samples per rank of a planned epoch as a PNG."""
+
+    def draw(fig: Any, axes: list[Any]) -> None:
+        a, b = axes
+        h = p["batch_sizes"]
+        a.stairs(h["counts"], h["edges"], fill=True, color="#4477aa")
+        a.set_xlabel("samples per batch")
+        a.set_ylabel("batches")
+        b.bar(range(len(p["samples_per_rank"])), p["samples_per_rank"], color="#228833")
+        b.set_xlabel("rank")
+        b.set_ylabel("samples")
+        fig.suptitle(f"{p['steps']:,} steps per rank, padding {p['padding_pct'] or 0:.1f}%")
+
+    return save_plot(path, (10, 4), 2, draw)

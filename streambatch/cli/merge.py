@@ -1,0 +1,56 @@
+"""``shardify merge``: the part indexes of ``shardify write --part I/N`` runs into one index.json."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..dataset.describe import total_text
+from .args import add_storage, storage_options
+
+
+def add(sub: Any) -> None:
+    """Register ``shardify merge`` on the subcommand parsers ``sub``."""
+    mg = sub.add_parser(
+        "merge",
+        help="merge the part indexes of `write --part I/N` runs into index.json",
+        description="Merge the part indexes (index.part-*.json) that `shardify write SRC OUT --part I/N` wrote "
+        "into OUT/index.json (and OUT/errors.jsonl from the parts' errors.part-*.jsonl). Checks that all N parts "
+        "are there once each, written from the same source with the same options, and that the shards they "
+        "list exist; a missing part is an error that names it (exit 2, nothing written). The merged dataset "
+        "has the same samples, order, lengths and totals as a single `shardify write` of SRC.",
+    )
+    mg.add_argument("out", metavar="OUT", help="the folder or URL the parts were written to")
+    mg.add_argument(
+        "parts",
+        metavar="PART_INDEX",
+        nargs="*",
+        help="part index files to merge (default: every index.part-*.json in OUT)",
+    )
+    mg.add_argument(
+        "--verify",
+        action="store_true",
+        help="also re-read every shard and check it against its part index (as `shardify verify`) "
+        "before writing index.json",
+    )
+    mg.add_argument("--no-progress", action="store_true", help="no progress bar (with --verify)")
+    add_storage(mg)
+    mg.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Merge the parts and say what the merged dataset holds."""
+    from ..write.parts import merge_parts
+
+    index = merge_parts(
+        args.out, args.parts or None, storage_options(args), verify=args.verify, progress=not args.no_progress
+    )
+    skipped = index.meta.get("skipped", 0)
+    print(
+        f"merged {index.meta['parts']} parts: {index.num_samples} samples in {index.num_shards} shards "
+        f"({total_text(index)})"
+        + (f", {skipped} bad inputs skipped (errors.jsonl)" if skipped else "")
+        + f"; index: {index.unit}"
+        + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
+    )
+    return 0

@@ -1,0 +1,54 @@
+"""``shardify verify``: every shard re-read and checked against the index (exit 1 on a mismatch)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .args import add_storage, load_index, positive_int, storage_options
+
+
+def add(sub: Any) -> None:
+    """Register ``shardify verify`` on the subcommand parsers ``sub``."""
+    v = sub.add_parser(
+        "verify",
+        help="re-read every shard and check it against index.json",
+        description="Re-read every shard and check it against index.json: it exists, byte size, sha256, "
+        "sample count, keys and their order, a .json and a payload per sample, and each .json length equal "
+        "to the index's. With --decode, also decode every audio member as the loader does and check its "
+        "length (catches a member damaged after writing whose checksum was recomputed). Exit 0 if all match, "
+        "1 with the list of mismatches otherwise (SHARD: KEY.EXT: problem for a member that does not decode).",
+    )
+    v.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+    v.add_argument(
+        "--decode",
+        action="store_true",
+        help="also decode every audio member and compare its decoded length with the index's",
+    )
+    v.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="check N shards at a time, in processes (default: 1, or every CPU with --decode)",
+    )
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_storage(v)
+    v.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the dataset; print ``ok`` (exit 0) or every mismatch (exit 1)."""
+    from ..write.verify import verify_dataset
+
+    index = load_index(args)
+    problems = verify_dataset(
+        index, storage_options(args), progress=not args.no_progress, decode=args.decode, workers=args.workers
+    )
+    if problems:
+        print(f"{len(problems)} mismatch{'es' if len(problems) != 1 else ''} between the shards and the index:")
+        for p in problems:
+            print(f"  {p}")
+        return 1
+    decoded = " (every audio member decodes to its length)" if args.decode else ""
+    print(f"ok: {index.num_shards} shards, {index.num_samples} samples match {args.out}{decoded}")
+    return 0

@@ -1,0 +1,242 @@
+"""``shardify write``: an audio folder, manifest, text JSONL or Hugging Face dataset as shards plus index.json
+(whole, as one part of N, or resumed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..dataset.describe import total_text
+from .args import PROG, add_storage, part, positive_int, size, storage_options
+
+SOURCE_HELP = (
+    "Hugging Face datasets: hf:NAME[:SPLIT] or hf:NAME:CONFIG:SPLIT (from the hub, needs a network), or "
+    "a folder written by Dataset.save_to_disk (hf:DIR:SPLIT picks a split of a DatasetDict; default "
+    "train, or the only one)"
+)
+
+DESCRIPTION = (
+    "Write SRC as length-annotated WebDataset shards (shard-000000.tar, ...) and index.json "
+    "(written last) in OUT. SRC is a folder of audio files (any format libsndfile reads: wav, flac, ogg, opus, "
+    "mp3, sph, aiff, au, w64, ...; recursive; NAME.txt beside an audio file is its transcript), a JSONL "
+    "manifest (NeMo style: audio_filepath or path, duration, text, ...), a SpeechBrain JSON or CSV manifest, a "
+    "text JSONL (text and/or input_ids), or a Hugging Face dataset (hf:NAME[:SPLIT] or a save_to_disk folder). "
+    "Audio lengths are read from file headers (an MP3 is decoded to count its frames); the original audio "
+    'bytes are stored as they are. Each sample is KEY.json ({"length": N, "sample_rate", "duration", "text", '
+    "other fields}) then KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing "
+    "written)."
+)
+
+
+def add(sub: Any) -> None:
+    """Register ``shardify write`` on the subcommand parsers ``sub``."""
+    w = sub.add_parser(
+        "write", help="turn an audio folder, manifest or text JSONL into shards + index.json", description=DESCRIPTION
+    )
+    _add_source(w)
+    _add_sharding(w)
+    _add_run(w)
+    _add_text(w)
+    w.add_argument(
+        "--columns",
+        metavar="NAMES",
+        help="comma-separated .json fields stored as columns of the sample table, for filters "
+        '(where=, inspect --where); "" for none. Default: every field whose values are scalars '
+        "(numbers, booleans or strings: speaker, language, duration, scores, ...) but the transcript",
+    )
+    w.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_storage(w)
+    w.set_defaults(func=run)
+
+
+def _add_source(w: argparse.ArgumentParser) -> None:
+    """SRC, OUT and how to read SRC: its kind, unit, sample rate and data root."""
+    from ..write.sources import KINDS
+
+    w.add_argument(
+        "src",
+        metavar="SRC",
+        help="audio folder, .jsonl/.json manifest, SpeechBrain .json/.csv, text .jsonl, or " + SOURCE_HELP,
+    )
+    w.add_argument("out", metavar="OUT", help="output folder or fsspec URL (s3://bucket/prefix, ...)")
+    w.add_argument(
+        "--kind",
+        choices=KINDS,
+        help="what SRC is (default: detected: a folder holding wav.scp = kaldi, another folder = folder; .csv or "
+        "a JSON object of objects = speechbrain; JSON lines (also .gz) with lhotse's cut, recording or supervision "
+        "fields = lhotse, with an audio path field = manifest, else text; hf:... or a save_to_disk folder = hf)",
+    )
+    w.add_argument(
+        "--unit",
+        choices=("samples", "seconds", "tokens"),
+        help="length unit of the dataset (default: samples for audio, tokens for text). tokens are "
+        "--tokenizer's tokens; without one, whitespace tokens of text, unless a record has input_ids or "
+        "a precomputed length",
+    )
+    w.add_argument(
+        "--sample-rate",
+        type=positive_int,
+        metavar="R",
+        help="count audio lengths in samples at R Hz (round(frames*R/rate)) and record R in the "
+        "index; needed when files have different sample rates. The loader resamples to R: each .json's sample_rate is "
+        "R, and original_sample_rate the file's rate where it differs",
+    )
+    w.add_argument("--data-root", metavar="DIR", help="fills {data_root} / $data_root in SpeechBrain paths")
+
+
+def _add_sharding(w: argparse.ArgumentParser) -> None:
+    """How samples go into shards: count and size per shard, order."""
+    w.add_argument(
+        "--max-count", type=positive_int, default=1000, metavar="N", help="at most N samples per shard (default 1000)"
+    )
+    w.add_argument(
+        "--max-size",
+        type=size,
+        default="1G",
+        metavar="SIZE",
+        help="at most SIZE bytes per shard: a number of bytes or 500M, 2G, ... (powers of 1024; "
+        "default 1G). A single bigger sample gets a shard of its own",
+    )
+    w.add_argument("--shuffle", action="store_true", help="shuffle the sample order before sharding")
+    w.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
+
+
+def _add_run(w: argparse.ArgumentParser) -> None:
+    """How the write runs: workers, bad input, what OUT may hold (overwrite, resume, part), index version."""
+    w.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="processes probing headers and writing shards (default 1); the output is identical for any N",
+    )
+    w.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="bad input (missing/unreadable audio, bad lines, duplicate keys): fail = write "
+        "nothing and exit 2 (default); skip = write the rest and list them in OUT/errors.jsonl",
+    )
+    w.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already in OUT (removes only shard-*.tar, index.json, "
+        "errors.jsonl, index.part-*.json, errors.part-*.jsonl, their index.*.shards.parquet and "
+        "index.*.samples/ tables, and *.tmp* files; with --part: "
+        "only that part's files, the merged index and parts numbered N or more)",
+    )
+    w.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted write of the same command: shards already in OUT whose bytes "
+        "are exactly what this run would write (size, then byte for byte) are kept, the others "
+        "written, then the index. Safe to use on every run (an empty OUT is written in full)",
+    )
+    w.add_argument(
+        "--part",
+        metavar="I/N",
+        type=part,
+        help="write only part I of N (I = 0 .. N-1, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): "
+        "the I-th contiguous slice of the (shuffled) record list, as shard-pIIII-JJJJJJ.tar and "
+        "index.part-IIII.json; all parts share OUT. Then `shardify merge OUT` writes index.json: the "
+        "same samples in the same order as one `shardify write` (shard boundaries differ)",
+    )
+    w.add_argument(
+        "--index-version",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): index.json plus Parquet tables (the shard table; each sample's key, "
+        "length and byte range in its tar), read per rank; 1: one JSON file with every length, for "
+        "streambatch releases before the columnar index",
+    )
+
+
+def _add_text(w: argparse.ArgumentParser) -> None:
+    """``--tokenizer`` (text lengths in a tokenizer's tokens) and ``--output-length`` (audio's second length)."""
+    w.add_argument(
+        "--tokenizer",
+        metavar="NAME_OR_PATH",
+        help="text sources: store each text's input_ids from this tokenizer and count lengths in its "
+        "tokens (the true count of the stored ids). A Hugging Face tokenizers file (tokenizer.json, or "
+        "a folder holding one), a sentencepiece .model file, or a hub name (needs a network). Its "
+        "name and sha256 go into the index's meta. Needs pip install 'streambatch[text]'",
+    )
+    w.add_argument(
+        "--output-length",
+        metavar="chars|tokens:NAME_OR_PATH",
+        help="audio sources: give each sample a second length, its transcript's characters (chars) "
+        "or tokens of a tokenizer (tokens:NAME_OR_PATH, as --tokenizer); stored as output_length in "
+        "each .json and in the index's sample table. A sample without a transcript is bad input",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the dataset and say what was written (and skipped, kept, left to merge)."""
+    from ..write.writer import write_shards
+
+    stats: dict[str, int] = {}
+    index = write_shards(
+        args.src,
+        args.out,
+        kind=args.kind,
+        unit=args.unit,
+        sample_rate=args.sample_rate,
+        data_root=args.data_root,
+        max_count=args.max_count,
+        max_size=args.max_size,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        workers=args.workers,
+        on_error=args.on_error,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        part=args.part,
+        storage_options=storage_options(args),
+        progress=not args.no_progress,
+        stats=stats,
+        index_version=args.index_version,
+        tokenizer=args.tokenizer,
+        output_length=args.output_length,
+        columns=args.columns,
+    )
+    _report(args, index, stats)
+    return 0
+
+
+def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None:
+    """What the write did: skipped inputs (stderr), kept and written shards, the dataset or part written."""
+    from ..dataset.format import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME
+    from ..dataset.storage import join_url
+
+    skipped = index.meta.get("skipped", 0)
+    if skipped:
+        errors = ERRORS_NAME if args.part is None else PART_ERRORS_NAME.format(args.part[0])
+        print(
+            f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {join_url(args.out, errors)}",
+            file=sys.stderr,
+        )
+    if args.resume and args.part is None and index.meta.get("parts"):
+        print(
+            f"{args.out} already holds this dataset, merged from {index.meta['parts']} parts: {index.num_samples} "
+            f"samples in {index.num_shards} shards ({total_text(index)}); nothing to write"
+        )
+        return
+    if args.resume:
+        print(
+            f"resumed: kept {stats.get('kept', 0)} complete shard{'s' if stats.get('kept', 0) != 1 else ''}, "
+            f"wrote {stats.get('written', 0)}"
+        )
+    what = f"{index.num_samples} samples in {index.num_shards} shards to {args.out}"
+    if args.part is not None:
+        i, n = args.part
+        print(
+            f"wrote part {i}/{n}: {what}, index {PART_INDEX_NAME.format(i)}; when all {n} parts are written: "
+            f"shardify merge {args.out}"
+        )
+        return
+    print(
+        f"wrote {what} ({total_text(index)}); index: {index.unit}"
+        + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
+    )
