@@ -60,15 +60,16 @@ class Example:
 
 
 def examples() -> list[Example]:
-    """Every python and bash block of the README and the docs pages, in page order."""
-    found = []
+    """Every python and bash block of the README and the docs pages, in page order; a block that appears on two
+    pages (the README's and the docs home page's) once."""
+    found: dict[str, Example] = {}
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
-            if m.group(1) in RUNS:
+            if m.group(1) in RUNS and m.group(2) not in found:
                 line = text.count("\n", 0, m.start()) + 1
-                found.append(Example(page, line, m.group(1), m.group(2)))
-    return found
+                found[m.group(2)] = Example(page, line, m.group(1), m.group(2))
+    return list(found.values())
 
 
 RUNNABLE = [e for e in examples() if e.runnable]
