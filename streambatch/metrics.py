@@ -53,7 +53,7 @@ class EpochMeter:
             self.datasets[name] += 1
 
     def summary(self) -> dict[str, Any]:
-        """The pass's figures (see README "Metrics")."""
+        """The pass's figures (docs: guide/metrics.md)."""
         seconds = max(time.perf_counter() - self.start, 1e-9)
         out: dict[str, Any] = {
             "epoch": self.epoch,
