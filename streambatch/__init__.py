@@ -1,5 +1,7 @@
 """streambatch: stream length-annotated WebDataset shards into budget-bounded, low-padding batches."""
 
+from typing import TYPE_CHECKING
+
 from .dataset.index import ShardIndex, ShardInfo
 from .errors import (
     AudioError,
@@ -24,6 +26,12 @@ from .errors import (
 from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
 from .plan.buckets import estimate_boundaries, suggest_budget
 from .plan.config import BatchingConfig
+
+if TYPE_CHECKING:  # imported lazily below; named here for type checkers, IDEs and the generated API reference
+    from .fit.calibrate import calibrate
+    from .fit.oom import OOMGuard, run_with_oom_split
+    from .loader import StreamBatchLoader
+    from .write.writer import write_shards
 
 __version__ = "0.1.0"
 

@@ -53,7 +53,7 @@ class EpochMeter:
             self.datasets[name] += 1
 
     def summary(self) -> dict[str, Any]:
-        """The pass's figures (see README "Metrics")."""
+        """The pass's figures (docs: guide/metrics.md)."""
         seconds = max(time.perf_counter() - self.start, 1e-9)
         out: dict[str, Any] = {
             "epoch": self.epoch,
@@ -67,9 +67,8 @@ class EpochMeter:
             "padding_pct": 100.0 * (1 - self.real / self.padded) if self.padded else None,
             "budget_utilisation_pct": 100.0 * float(np.mean(self.used)) if self.used else None,
         }
-        if self.datasets:
-            total = sum(self.datasets.values())
-            out["dataset_shares"] = {k: v / total for k, v in sorted(self.datasets.items())}
+        total = sum(self.datasets.values())  # no dataset names (a single dataset): no shares, an empty dict
+        out["dataset_shares"] = {k: v / total for k, v in sorted(self.datasets.items())}
         return out
 
 

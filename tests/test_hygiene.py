@@ -172,3 +172,30 @@ def test_a_leaky_test_fails_and_its_process_is_killed(pytester, tmp_path, monkey
     finally:
         if alive(leaked):
             os.kill(leaked, signal.SIGKILL)
+
+
+# --- the code's habits: lint, format and types, each configured in pyproject.toml ---------------------------------
+
+ROOT = TESTS.parent
+
+
+def tool(name: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``python -m NAME ARGS`` from the repository root (its pyproject.toml holds the tool's configuration)."""
+    cmd = [sys.executable, "-m", name, *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_ruff_finds_nothing_in_the_package():
+    result = tool("ruff", "check", "streambatch")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+
+
+def test_the_package_is_formatted():
+    result = tool("ruff", "format", "--check", "streambatch")
+    assert result.returncode == 0, f"run `ruff format streambatch`:\n{result.stdout[-5000:]}{result.stderr[-2000:]}"
+
+
+@pytest.mark.xfail(strict=False, reason="the package is being made type-clean (issue 24); remove this mark then")
+def test_mypy_finds_nothing_in_the_package():
+    result = tool("mypy")  # files and options from [tool.mypy] in pyproject.toml
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

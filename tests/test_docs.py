@@ -1,0 +1,36 @@
+"""The manual: the docs site builds with warnings as errors (broken links and anchors, pages outside the nav, API
+reference names that do not resolve), and the README's set-up commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_docs_build_strictly(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    api = (tmp_path / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    for name in ("StreamBatchLoader", "BatchingConfig", "plan_batches", "write_shards", "calibrate"):
+        assert f'id="streambatch.{name}"' in api, f"{name} is missing from the API reference"
+
+
+def test_the_readme_stays_a_front_page():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; the manual lives in docs/"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run's last command is the README's second set-up command, character for character."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    commands = re.findall(r"^(\. \.venv/bin/activate && pip install .*)$", readme, re.M)
+    assert commands == [ci]
