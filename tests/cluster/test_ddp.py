@@ -33,12 +33,26 @@ def dataset(corpus: Path, max_count: int) -> str:
     return str(out)
 
 
+#: the flags of the uninterrupted 2-rank run over 8 shards that two tests read: the standalone case (20, 2, split)
+#: and the reference the killed and resumed job must reproduce (--train: a DDP model steps on every batch)
+SHARED = ("--epochs", "2", "--even-batches", "split", "--persistent-workers", "--train")
+
+
+@pytest.fixture(scope="module")
+def full_run(corpus, tmp_path_factory) -> dict[int, list[dict]]:
+    """One launch of the uninterrupted run (20 per shard, 2 ranks), shared by the tests that only read its logs."""
+    return run_job(dataset(corpus, 20), tmp_path_factory.mktemp("full"), 2, *SHARED)
+
+
 @pytest.mark.parametrize("max_count,nproc,even", [(20, 2, "split"), (40, 3, "drop"), (150, 2, "split"), (40, 3, "pad")])
-def test_torchrun_standalone(corpus, tmp_path, max_count, nproc, even):
+def test_torchrun_standalone(corpus, tmp_path, request, max_count, nproc, even):
     """2 ranks over 8 shards, 3 ranks over 4 shards (uneven), 2 ranks over 1 shard; 2 workers each."""
     data = dataset(corpus, max_count)
     n = ShardIndex.load(data).num_samples
-    logs = run_job(data, tmp_path, nproc, "--epochs", "2", "--even-batches", even, "--persistent-workers")
+    if (max_count, nproc, even) == (20, 2, "split"):
+        logs = request.getfixturevalue("full_run")  # the same flags: the shared launch
+    else:
+        logs = run_job(data, tmp_path, nproc, "--epochs", "2", "--even-batches", even, "--persistent-workers")
     assert len(logs) == nproc
     for epoch in (0, 1):
         if even == "pad":
@@ -70,10 +84,12 @@ def test_two_nodes_on_loopback(corpus, tmp_path):
     check_epoch(logs, 0, ShardIndex.load(data).num_samples)
 
 
-def test_kill_and_resume_gives_the_uninterrupted_sequence(corpus, tmp_path):
+def test_kill_and_resume_gives_the_uninterrupted_sequence(corpus, tmp_path, full_run):
+    """Killed mid-way through epoch 1 and resumed (DataLoader workers started afresh each epoch): the batches of
+    the uninterrupted run."""
     data = dataset(corpus, 20)
     common = ["--data", data, "--budget", str(BUDGET), "--epochs", "2", "--train"]
-    full = run_job(data, tmp_path / "full", 2, *common[2:])
+    full = full_run
     steps0 = len(batches(full[0], 0))
     stop = steps0 + 3  # mid-way through epoch 1
     out = tmp_path / "killed"
