@@ -1,4 +1,6 @@
-"""Shared test helpers: real (tiny) audio files and sources to shard."""
+"""Shared test helpers: real (tiny) audio files and sources to shard, the check that no test leaves a process
+running, and the paths the tests find their scripts by. Being the root conftest, it puts tests/ on sys.path (pytest's
+default import mode), so the test modules in the feature folders import it and the helper modules beside it."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ import pytest
 import soundfile as sf
 
 SR = 16000
+#: the tests' folder and the repository's root
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 
 def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, seed: int = 0) -> int:
@@ -342,3 +347,44 @@ def no_process_left_behind(request):
     rep = getattr(request.node, "rep_call", None)
     if rep is None or rep.passed:  # a failed test keeps its locals (and their workers) in its traceback
         pytest.fail(f"the test left {len(left)} process(es) running (now killed): {names}", pytrace=False)
+
+
+# ---- datasets compared ----------------------------------------------------------------------------------------
+def samples_of(out) -> list[tuple]:
+    """Every sample as a plain webdataset reader sees it, in index order: (key, json bytes, payload bytes)."""
+    import webdataset as wds
+
+    from streambatch.dataset.index import ShardIndex
+
+    index = ShardIndex.load(str(out))
+    rows = []
+    for s in wds.WebDataset(index.shard_urls(), shardshuffle=False, empty_check=False):
+        payload = {k: v for k, v in s.items() if not k.startswith("__") and k != "json"}
+        rows.append((s["__key__"], s["json"], sorted(payload.items())))
+    return rows
+
+
+def assert_same_dataset(parts_out, single_out) -> None:
+    """What a merged --part run shares with a single-process write (see slurm/README.md)."""
+    from streambatch.dataset.index import ShardIndex
+    from streambatch.write.verify import verify_dataset
+
+    a, b = ShardIndex.load(str(parts_out)), ShardIndex.load(str(single_out))
+    assert verify_dataset(a, progress=False) == []
+    assert samples_of(parts_out) == samples_of(single_out)
+    assert a.lengths.tolist() == b.lengths.tolist()
+    assert (a.num_samples, a.total_length, a.unit, a.sample_rate) == (
+        b.num_samples,
+        b.total_length,
+        b.unit,
+        b.sample_rate,
+    )
+    ma, mb = dict(a.meta), dict(b.meta)
+    for m in (ma, mb):
+        m.pop("created")
+    assert ma.pop("parts") >= 1 and ma == mb
+    # the merged sample table keeps each sample's key and byte span (the parts' tables carried them through)
+    per_sample = [[ix.shards.reader.shard_samples(i) for i in range(ix.num_shards)] for ix in (a, b)]
+    for name in ("keys", "sizes"):
+        got = [[x for s in shards for x in list(s[name])] for shards in per_sample]
+        assert got[0] == got[1] and len(got[0]) == a.num_samples

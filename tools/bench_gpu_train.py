@@ -23,7 +23,7 @@ would) so that the synthetic corpus (12 h) holds many batches per epoch; calibra
 ``--memory-fraction`` (0.9) of it. On CPU the peak is the rise of the process's peak RSS over
 ``--device-memory``: a smoke test of the code path, not a measurement. ``--check-epoch`` instead calibrates and trains one epoch
 of the calibrated loader, recording each step's peak memory against the calibration limit
-(tests/test_bench_gpu_train.py runs it on CUDA).
+(tests/cluster/test_bench_gpu_train.py runs it on CUDA).
 
 Usage: ``python tools/bench_gpu_train.py [--device cuda] [--seconds 60] [--utterances 2000] [--json OUT]``;
 ``python tools/bench_gpu_train.py --device cpu --quick`` is a tiny float32 model for a few seconds (the

@@ -1,4 +1,4 @@
-"""One rank of a planning-only job (used by tools/bench_scale.py --torchrun and tests/test_scale.py): open a
+"""One rank of a planning-only job (used by tools/bench_scale.py --torchrun and tests/cluster/test_scale.py): open a
 large lengths-only index, ask len(loader), report time and memory.
 
 Run under torchrun (the loader plans rank-locally over the process group) or alone (the whole epoch).

@@ -1,4 +1,4 @@
-"""A Lightning Trainer over StreamBatchDataModule, run by tests/test_lightning.py in a process of its own.
+"""A Lightning Trainer over StreamBatchDataModule, run by tests/cluster/test_lightning.py in a process of its own.
 
 Every batch a step sees is appended to OUT as a JSON line (train: epoch, global step, batch index, keys;
 validation: the keys, and whether it was the sanity check). ``--ckpt-dir`` keeps a checkpoint after every

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
-from test_write_parts import assert_same_dataset
+from conftest import REPO, assert_same_dataset
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
 
-REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 SLURM_DIR = REPO / "slurm"
 SR = 8000

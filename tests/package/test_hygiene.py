@@ -9,11 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 from conftest import (
     LONG_LIVED,
+    TESTS,
     ProcessWatch,
     descendants,
     keep_running,
@@ -27,7 +27,6 @@ from conftest import (
 from streambatch.procs import alive
 
 pytest_plugins = ["pytester"]
-TESTS = Path(__file__).resolve().parent
 
 
 def tree(pid: int) -> dict[int, int]:

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import popen
+from conftest import REPO, popen
 
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tools" / "train_ddp.py"
 
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import audio_dataset, finish, kill_tree, popen
+from conftest import REPO, TESTS, audio_dataset, finish, kill_tree, popen
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.plan.perturb import sample_rng
 
 SR = 16000
 BUDGET = "14s"  # the longest utterance is 12 s, 13.3 s at speed 0.9: none is skipped
-SCRIPT = str(Path(__file__).parent / "ddp" / "run_augment.py")
+SCRIPT = str(TESTS / "ddp" / "run_augment.py")
 TIMEOUT = 180
 
 
@@ -168,7 +168,7 @@ def readme_examples(*sections: str) -> str:
     """The python blocks of these README sections, in order."""
     import re
 
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     code = []
     for title in sections:
         body = text.split(f"\n### {title}\n", 1)[1].split("\n### ", 1)[0]

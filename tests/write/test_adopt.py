@@ -328,7 +328,7 @@ def test_output_length_tokens_counts_the_manifest_text(tmp_path):
 def test_two_ranks_stream_the_manifest_text(tmp_path):
     """torchrun, 2 ranks x 2 workers, planned rank-locally, over an adopted NeMo dataset: every key once, each
     with its manifest text."""
-    from test_ddp import check_epoch, read_logs, run_job
+    from torchrun_jobs import check_epoch, read_logs, run_job
 
     src = tmp_path / "nemo"
     want = write_nemo(src, per_tar=(9, 8, 9, 8), extra=False)
@@ -425,7 +425,7 @@ def test_clear_errors(tmp_path, capsys):
 
 def test_two_ranks_over_adopted_tars(tmp_path):
     """torchrun, 2 ranks (gloo) x 2 workers over adopted tars: equal steps = len(loader), every key once."""
-    from test_ddp import check_epoch, run_job
+    from torchrun_jobs import check_epoch, run_job
 
     src = tmp_path / "wds"
     want = write_wds(src, n=60, maxcount=8)

@@ -18,14 +18,14 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from conftest import popen  # noqa: E402
+from conftest import REPO, TESTS, popen  # noqa: E402
 
 from streambatch import ShardIndex  # noqa: E402
 from streambatch.synthetic import write_audio_corpus  # noqa: E402
 from streambatch.write.writer import write_shards  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parent / "lightning" / "run_lightning.py"
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = TESTS / "lightning" / "run_lightning.py"
+ROOT = REPO
 
 
 def run(data: Path, out: Path, *args: str) -> subprocess.CompletedProcess:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from conftest import kill_tree, popen  # noqa: E402
+from conftest import REPO, kill_tree, popen
+
+sys.path.insert(0, str(REPO / "tools"))
 from make_index import write_synthetic_index  # noqa: E402
 
-SCRIPT = str(Path(__file__).resolve().parent.parent / "tools" / "plan_job.py")
+SCRIPT = str(REPO / "tools" / "plan_job.py")
 BUDGET = 200 * 16_000
 
 

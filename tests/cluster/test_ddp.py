@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import finish, kill_tree, popen
+from torchrun_jobs import BUDGET, SR, batches, check_epoch, kill_when_stopped, read_logs, run_job, torchrun, wait
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
-
-SR = 8000
-BUDGET = 10 * SR
-SCRIPT = str(Path(__file__).parent / "ddp" / "run_ddp.py")
-TIMEOUT = 120
 
 
 def free_port() -> int:
@@ -43,61 +33,26 @@ def dataset(corpus: Path, max_count: int) -> str:
     return str(out)
 
 
-def torchrun(args: list[str], nproc: int, extra: list[str] | None = None) -> subprocess.Popen:
-    """A torchrun job in a session of its own; the test's teardown ends it, its ranks and their workers."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *(extra or ["--standalone"]),
-        f"--nproc_per_node={nproc}",
-        SCRIPT,
-        *args,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return popen(cmd, env=env)
+#: the flags of the uninterrupted 2-rank run over 8 shards that two tests read: the standalone case (20, 2, split)
+#: and the reference the killed and resumed job must reproduce (--train: a DDP model steps on every batch)
+SHARED = ("--epochs", "2", "--even-batches", "split", "--persistent-workers", "--train")
 
 
-def wait(proc: subprocess.Popen, timeout: float = TIMEOUT) -> None:
-    finish(proc, timeout, "torchrun", " (a hang: ranks stepping unevenly?)")
-
-
-def run_job(data: str, out: Path, nproc: int, *args: str) -> dict[int, list[dict]]:
-    out.mkdir(parents=True, exist_ok=True)
-    wait(torchrun(["--data", data, "--out", str(out), "--budget", str(BUDGET), *args], nproc))
-    return read_logs(out)
-
-
-def read_logs(out: Path) -> dict[int, list[dict]]:
-    logs = {}
-    for f in sorted(out.glob("log-rank*.jsonl")):
-        logs[int(f.stem.split("rank")[1])] = [json.loads(line) for line in f.read_text().splitlines()]
-    return logs
-
-
-def batches(log: list[dict], epoch: int | None = None) -> list[dict]:
-    return [e for e in log if e["event"] == "batch" and (epoch is None or e["epoch"] == epoch)]
-
-
-def check_epoch(logs: dict[int, list[dict]], epoch: int, num_samples: int) -> None:
-    """Equal steps = len(loader), no batch over budget, every sample once but the counted surplus."""
-    steps = {r: len(batches(log, epoch)) for r, log in logs.items()}
-    heads = {r: next(e for e in log if e["event"] == "epoch" and e["epoch"] == epoch) for r, log in logs.items()}
-    assert len(set(steps.values())) == 1, steps
-    assert all(h["len"] == steps[r] for r, h in heads.items()), (heads, steps)
-    keys = [k for log in logs.values() for b in batches(log, epoch) for k in b["keys"]]
-    assert len(keys) == len(set(keys)), "a sample was seen twice in one epoch"
-    surplus = heads[0]["surplus"]
-    assert len(keys) + surplus == num_samples
-    assert all(b["cost"] <= BUDGET for log in logs.values() for b in batches(log, epoch))
+@pytest.fixture(scope="module")
+def full_run(corpus, tmp_path_factory) -> dict[int, list[dict]]:
+    """One launch of the uninterrupted run (20 per shard, 2 ranks), shared by the tests that only read its logs."""
+    return run_job(dataset(corpus, 20), tmp_path_factory.mktemp("full"), 2, *SHARED)
 
 
 @pytest.mark.parametrize("max_count,nproc,even", [(20, 2, "split"), (40, 3, "drop"), (150, 2, "split"), (40, 3, "pad")])
-def test_torchrun_standalone(corpus, tmp_path, max_count, nproc, even):
+def test_torchrun_standalone(corpus, tmp_path, request, max_count, nproc, even):
     """2 ranks over 8 shards, 3 ranks over 4 shards (uneven), 2 ranks over 1 shard; 2 workers each."""
     data = dataset(corpus, max_count)
     n = ShardIndex.load(data).num_samples
-    logs = run_job(data, tmp_path, nproc, "--epochs", "2", "--even-batches", even, "--persistent-workers")
+    if (max_count, nproc, even) == (20, 2, "split"):
+        logs = request.getfixturevalue("full_run")  # the same flags: the shared launch
+    else:
+        logs = run_job(data, tmp_path, nproc, "--epochs", "2", "--even-batches", even, "--persistent-workers")
     assert len(logs) == nproc
     for epoch in (0, 1):
         if even == "pad":
@@ -129,21 +84,12 @@ def test_two_nodes_on_loopback(corpus, tmp_path):
     check_epoch(logs, 0, ShardIndex.load(data).num_samples)
 
 
-def kill_when_stopped(proc: subprocess.Popen, out: Path, nproc: int) -> None:
-    deadline = time.time() + TIMEOUT
-    while len(list(out.glob("stopped-rank*"))) < nproc:
-        if proc.poll() is not None or time.time() > deadline:
-            kill_tree(proc.pid)
-            pytest.fail("the job did not reach its stop step")
-        time.sleep(0.2)
-    kill_tree(proc.pid, grace=0)  # a hard kill of torchrun, its ranks and their workers, like a node failure
-    proc.wait()
-
-
-def test_kill_and_resume_gives_the_uninterrupted_sequence(corpus, tmp_path):
+def test_kill_and_resume_gives_the_uninterrupted_sequence(corpus, tmp_path, full_run):
+    """Killed mid-way through epoch 1 and resumed (DataLoader workers started afresh each epoch): the batches of
+    the uninterrupted run."""
     data = dataset(corpus, 20)
     common = ["--data", data, "--budget", str(BUDGET), "--epochs", "2", "--train"]
-    full = run_job(data, tmp_path / "full", 2, *common[2:])
+    full = full_run
     steps0 = len(batches(full[0], 0))
     stop = steps0 + 3  # mid-way through epoch 1
     out = tmp_path / "killed"

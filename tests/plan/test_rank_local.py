@@ -29,15 +29,16 @@ def layouts(draw):
     return shard_lengths, config, world, workers, draw(st.sampled_from(["split", "drop", "pad"])), draw(st.booleans())
 
 
-def gather_of(lengths, config, epoch, world, workers):
-    """What all_gather returns on every rank: each rank's two summary integers, computed here for all."""
+def gather_of(lengths, config, epoch, world, workers, consumed=None):
+    """What all_gather returns on every rank: each rank's two summary integers, computed here for all ranks once
+    (the same answer whichever rank asks)."""
+    summaries = [
+        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers, consumed)) for r in range(world)
+    ]
+    table = [[s.batches, s.spare] for s in summaries]
 
     def gather(mine):
-        out = []
-        for r in range(world):
-            s = RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers))
-            out.append([s.batches, s.spare])
-        return out
+        return [list(row) for row in table]
 
     return gather
 
@@ -53,19 +54,10 @@ def test_rank_local_plans_equal_the_global_plan(case, epoch):
         oracle = make_epoch_plan(shard_lengths, config, epoch, world, workers, even, hardest_first=hardest)
     except ValueError:
         return
+    gather = gather_of(Lengths.of(shard_lengths), config, epoch, world, workers)
     for rank in range(world):
         lengths = Lengths.of(shard_lengths)
-        local = plan_rank_local(
-            lengths,
-            config,
-            epoch,
-            rank,
-            world,
-            workers,
-            gather_of(lengths, config, epoch, world, workers),
-            even,
-            hardest,
-        )
+        local = plan_rank_local(lengths, config, epoch, rank, world, workers, gather, even, hardest)
         want = RankSchedule.of(oracle, rank)
         assert (local.steps, local.start, local.adjust) == (want.steps, want.start, want.adjust)
         for w, s in enumerate(oracle.rank_slots(rank)):
@@ -149,19 +141,12 @@ def test_resume_on_other_layouts_plans_as_the_global_oracle(case, resumes):
         except ValueError:
             return
         resumed = Resumed(epoch, tuple(done))
+        gather = gather_of(
+            Lengths.of(shard_lengths), config, epoch, *layout, resumed.consumed(Lengths.of(shard_lengths), config)
+        )
         for rank in range(layout[0]):
             lengths = Lengths.of(shard_lengths)
             lazy = resumed.consumed(lengths, config)
-
-            def gather(mine):
-                return [
-                    [
-                        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, *layout, lazy)).batches,
-                        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, *layout, lazy)).spare,
-                    ]
-                    for r in range(layout[0])
-                ]
-
             local = plan_rank_local(lengths, config, epoch, rank, *layout, gather, even, hardest, lazy)
             want = RankSchedule.of(oracle, rank)
             assert (local.steps, local.start, local.adjust) == (want.steps, want.start, want.adjust)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import popen
+from conftest import REPO, popen
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 TOOL = ROOT / "tools" / "bench_gpu_train.py"
 METHODS = ("streambatch, calibrated", "webdataset, fixed B", "streambatch, B x longest")
 

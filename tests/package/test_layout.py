@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
-PKG = pathlib.Path(__file__).resolve().parent.parent / "streambatch"
+from conftest import REPO
+
+PKG = REPO / "streambatch"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 

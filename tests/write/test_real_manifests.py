@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import TESTS
 
 from streambatch import StreamBatchLoader
 from streambatch.cli import main
 from streambatch.write.writer import write_shards
 
-REAL = Path(__file__).parent / "data" / "real" / "manifests"
+REAL = TESTS / "data" / "real" / "manifests"
 LHOTSE = REAL / "lhotse"
 SPEECHBRAIN = REAL / "speechbrain"
 LIBRI = LHOTSE / "test/fixtures/libri/libri-1088-134315-0000.wav"
@@ -179,11 +180,12 @@ def test_unsupported_kaldi_input_is_an_input_error_naming_file_and_line(tmp_path
     shutil.copy(AMI, tmp_path / "a.wav")
     for name, text in files.items():
         (folder / name).write_text(text)
+    here = os.getcwd()
     os.chdir(tmp_path)
     try:
         code = main(["write", str(folder), str(tmp_path / "out")])
     finally:
-        os.chdir(Path(__file__).parent)
+        os.chdir(here)
     err = capsys.readouterr().err
     assert code == 2 and f"{folder}/{where}" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_ddp import batches, kill_when_stopped, read_logs, torchrun, wait
+from torchrun_jobs import batches, kill_when_stopped, read_logs, torchrun, wait
 
 from streambatch import StreamBatchLoader
 from streambatch.plan.mixing import CyclePermutation, DatasetDraw

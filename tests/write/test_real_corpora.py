@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import TESTS
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.cli import main as shardify
 from streambatch.dataset.audio import resampled_length
 from streambatch.write.sources import path_key
 
-AUDIO = Path(__file__).parent / "data" / "real" / "audio"
+AUDIO = TESTS / "data" / "real" / "audio"
 FILES = sorted(p for p in AUDIO.iterdir() if p.suffix != ".md")
 LOSSY = {".mp3", ".opus", ".ogg"}
 TARGET = 16000  # --sample-rate of the manifest dataset

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import text_dataset
+from conftest import REPO, text_dataset
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.dataset import columnar
@@ -23,7 +23,7 @@ from streambatch.dataset.index import IndexFormatError, ShardInfo, upgrade
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, str(REPO / "tools"))
 from make_index import write_synthetic_index  # noqa: E402
 
 pytest_plugins = ["conftest_s3"]

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-import webdataset as wds
-from conftest import make_audio, popen, write_jsonl
+from conftest import assert_same_dataset, make_audio, popen, samples_of, write_jsonl
 
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
@@ -22,16 +21,6 @@ from streambatch.write.parts import merge_parts
 from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset
 from streambatch.write.writer import write_shards
-
-
-def samples_of(out) -> list[tuple]:
-    """Every sample as a plain webdataset reader sees it, in index order: (key, json bytes, payload bytes)."""
-    index = ShardIndex.load(str(out))
-    rows = []
-    for s in wds.WebDataset(index.shard_urls(), shardshuffle=False, empty_check=False):
-        payload = {k: v for k, v in s.items() if not k.startswith("__") and k != "json"}
-        rows.append((s["__key__"], s["json"], sorted(payload.items())))
-    return rows
 
 
 def index_json(out) -> dict:
@@ -54,29 +43,6 @@ def index_json(out) -> dict:
 def files_under(root) -> list[str]:
     """Every file under ``root``, as paths relative to it."""
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())
-
-
-def assert_same_dataset(parts_out, single_out) -> None:
-    """What a merged --part run shares with a single-process write (see slurm/README.md)."""
-    a, b = ShardIndex.load(str(parts_out)), ShardIndex.load(str(single_out))
-    assert verify_dataset(a, progress=False) == []
-    assert samples_of(parts_out) == samples_of(single_out)
-    assert a.lengths.tolist() == b.lengths.tolist()
-    assert (a.num_samples, a.total_length, a.unit, a.sample_rate) == (
-        b.num_samples,
-        b.total_length,
-        b.unit,
-        b.sample_rate,
-    )
-    ma, mb = dict(a.meta), dict(b.meta)
-    for m in (ma, mb):
-        m.pop("created")
-    assert ma.pop("parts") >= 1 and ma == mb
-    # the merged sample table keeps each sample's key and byte span (the parts' tables carried them through)
-    per_sample = [[ix.shards.reader.shard_samples(i) for i in range(ix.num_shards)] for ix in (a, b)]
-    for name in ("keys", "sizes"):
-        got = [[x for s in shards for x in list(s[name])] for shards in per_sample]
-        assert got[0] == got[1] and len(got[0]) == a.num_samples
 
 
 @pytest.fixture(scope="module")
