@@ -209,38 +209,57 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
     t_start = time.perf_counter()
     out = str(out)
     index, reused = prepare_data(out, num_utterances, seed)
-    t_data = time.perf_counter() - t_start
     shards = os.path.join(out, "shards")
     sr = index.sample_rate or 16000
     budget = BUDGET_SECONDS * sr
+    _describe(index, out, shards, reused, num_utterances, time.perf_counter() - t_start)
+    results, kept, batch_size, planned = _compare(index, shards, budget, seed)
+    _report(results, kept, batch_size, budget)
+    if results[-1].batches != planned:
+        print(f"WARNING: streambatch yielded {results[-1].batches} batches but planned {planned}")
+    print()
+    print(f"data: {shards} (index.json + {index.num_shards} shards); total time {time.perf_counter() - t_start:.1f} s")
+    print(
+        f'use it: StreamBatchLoader("{shards}", budget={BUDGET_SECONDS} * {sr})  '
+        f"# from streambatch import StreamBatchLoader"
+    )
+    return 0
+
+
+def _describe(index: Any, out: str, shards: str, reused: bool, asked: int, t_data: float) -> None:
+    """Print what the demo dataset holds and how it will be streamed."""
+    sr = index.sample_rate or 16000
     lengths = index.lengths
     n = len(lengths)
-    hours = lengths.sum() / sr / 3600
-
     if reused:
         print(f"reusing the dataset in {shards} ({n:,} utterances; delete {out} to make a new one)")
-        if n != num_utterances:
-            print(f"  note: it holds {n:,} utterances, not the {num_utterances:,} asked for")
+        if n != asked:
+            print(f"  note: it holds {n:,} utterances, not the {asked:,} asked for")
     else:
         print(
             f"wrote {n:,} synthetic utterances to {os.path.join(out, 'audio')} and "
             f"{index.num_shards} shards to {shards} in {t_data:.1f} s"
         )
     print(
-        f"dataset: {n:,} FLAC utterances, {hours:.2f} h, {lengths.min() / sr:.1f}-{lengths.max() / sr:.1f} s "
-        f"(median {np.median(lengths) / sr:.1f} s), {index.num_shards} shards"
+        f"dataset: {n:,} FLAC utterances, {lengths.sum() / sr / 3600:.2f} h, {lengths.min() / sr:.1f}-"
+        f"{lengths.max() / sr:.1f} s (median {np.median(lengths) / sr:.1f} s), {index.num_shards} shards"
     )
+    budget = BUDGET_SECONDS * sr
     print(f"budget: {BUDGET_SECONDS} s of audio per batch ({budget:,} samples @ {sr} Hz) = max padded size n x max_len")
     print(f"streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
     print()
 
-    # (c) first, to learn its mean batch size; then the fixed baselines with that batch size
+
+def _compare(index: Any, shards: str, budget: int, seed: int) -> tuple[list[Any], list[float], int, int]:
+    """Stream the three ways (streambatch first, to learn its mean batch size for the fixed baselines) and
+    measure how many batch-mates each keeps from one epoch to the next."""
+    lengths = index.lengths
+    n = len(lengths)
     sb, planned = run_streambatch("(c) streambatch", shards, budget, seed)
     batch_size = max(1, int(round(sb.samples / max(1, sb.batches))))
     fr = run_fixed(f"(a) fixed random, B={batch_size}", index, fixed_random_batches(n, batch_size, seed), budget)
     fs = run_fixed(f"(b) fixed sorted, B={batch_size}", index, fixed_sorted_batches(lengths, batch_size, seed), budget)
     sb.name = f"(c) streambatch, budget {BUDGET_SECONDS} s"
-    results = [fr, fs, sb]
     kept = [
         batch_mates_kept(fixed_random_batches(n, batch_size, seed), fixed_random_batches(n, batch_size, seed + 1), n),
         batch_mates_kept(
@@ -248,19 +267,13 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
         ),
         batch_mates_kept(*(streambatch_batches(shards, budget, seed, e) for e in (0, 1)), n),
     ]
+    return [fr, fs, sb], kept, batch_size, planned
 
-    rows = [
-        [
-            "method",
-            "batches",
-            "samples/batch",
-            "padding %",
-            "over budget",
-            "max cost/budget",
-            "samples/s",
-            "same batch-mates next epoch %",
-        ]
-    ]
+
+def _report(results: list[Any], kept: list[float], batch_size: int, budget: int) -> None:
+    """Print the comparison table and what its columns mean."""
+    header = ["method", "batches", "samples/batch", "padding %", "over budget", "max cost/budget", "samples/s"]
+    rows = [[*header, "same batch-mates next epoch %"]]
     for r, k in zip(results, kept):
         rows.append(
             [
@@ -277,27 +290,23 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
     for line in _table(rows, "lrrrrrrr"):
         print(line)
     print()
+    sb = results[-1]
     print(
         f"B = {batch_size}: the fixed batch size with the same mean samples per batch as streambatch "
         f"({sb.samples:,} samples / {sb.batches} batches)."
     )
-    print("padding % = 1 - real / padded audio samples; cost = n x max_len of a batch (what the budget bounds).")
-    print("all three read the same shards with the same tar reader and decode+pad with streambatch.collate.collate;")
-    print("samples/s: one epoch each, one after the other in this run (noisy on a shared machine); padding costs")
-    print("throughput too: bigger padded tensors to fill and to pass from the worker process.")
-    print("fixed batches of the same mean size exceed the budget whenever they catch a long utterance;")
-    print("to stay under it they would need B = budget / longest utterance, i.e. many more, smaller batches.")
-    print("same batch-mates next epoch % = of the sample pairs batched together in epoch 0, those together again in")
-    print("epoch 1: sorted fixed batches come close on padding but repeat the very same batches every epoch (only")
-    print("their order changes); streambatch sorts within a window (buffer_size samples) of a reshuffled shard")
-    print("stream, so its batches change more the larger the dataset is beside the window (this demo's dataset is")
-    print("about one window).")
-    if sb.batches != planned:
-        print(f"WARNING: streambatch yielded {sb.batches} batches but planned {planned}")
-    print()
-    print(f"data: {shards} (index.json + {index.num_shards} shards); total time {time.perf_counter() - t_start:.1f} s")
-    print(
-        f'use it: StreamBatchLoader("{shards}", budget={BUDGET_SECONDS} * {sr})  '
-        f"# from streambatch import StreamBatchLoader"
-    )
-    return 0
+    print(DEMO_NOTES)
+
+
+DEMO_NOTES = """\
+padding % = 1 - real / padded audio samples; cost = n x max_len of a batch (what the budget bounds).
+all three read the same shards with the same tar reader and decode+pad with streambatch.collate.collate;
+samples/s: one epoch each, one after the other in this run (noisy on a shared machine); padding costs
+throughput too: bigger padded tensors to fill and to pass from the worker process.
+fixed batches of the same mean size exceed the budget whenever they catch a long utterance;
+to stay under it they would need B = budget / longest utterance, i.e. many more, smaller batches.
+same batch-mates next epoch % = of the sample pairs batched together in epoch 0, those together again in
+epoch 1: sorted fixed batches come close on padding but repeat the very same batches every epoch (only
+their order changes); streambatch sorts within a window (buffer_size samples) of a reshuffled shard
+stream, so its batches change more the larger the dataset is beside the window (this demo's dataset is
+about one window)."""
