@@ -30,6 +30,7 @@ from ..dataset.format import (
 )
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
+from ..units import Unit
 from .verify import verify_dataset
 
 _PART_FILE_RE = re.compile(
@@ -314,7 +315,7 @@ def _merged_index(out: str, ordered: list[tuple[str, ShardIndex]]) -> ShardIndex
     n = len(ordered)
     first = ordered[0][1]
     rates = {ix.sample_rate for _, ix in ordered if ix.num_samples}
-    if len(rates) > 1 and first.unit == "samples":
+    if len(rates) > 1 and first.unit is Unit.SAMPLES:
         raise ShardifyError(
             f"the parts have different sample rates ({', '.join(str(r) for r in sorted(rates))} Hz): the source "
             "mixes sample rates; write every part with --sample-rate R to count lengths in samples at R"

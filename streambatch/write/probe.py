@@ -24,21 +24,21 @@ from ..dataset import storage
 from ..dataset.audio import AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, ShardifyError
 from ..procs import die_with_parent
+from ..units import Unit, resampled_count
 from .sources import LENGTH_FIELDS, Record, token_length
 from .tarwrite import Sample, audio_sample, text_sample
 
-UNITS = ("samples", "seconds", "tokens")
+#: the units a written dataset's lengths may count
+UNITS = (Unit.SAMPLES, Unit.SECONDS, Unit.TOKENS)
 
 
-def check_unit(kind: str, unit: str | None, sample_rate: int | None) -> str:
+def check_unit(kind: str, unit: Unit | str | None, sample_rate: int | None) -> Unit:
     """The dataset's length unit: ``samples`` (audio default), ``seconds``, or ``tokens`` (text)."""
     text = kind == "text"
-    unit = unit or ("tokens" if text else "samples")
-    if unit not in UNITS:
-        raise ShardifyError(f"unknown unit {unit!r}; choose one of {', '.join(UNITS)}")
-    if text and unit != "tokens":
+    unit = Unit.parse(unit or (Unit.TOKENS if text else Unit.SAMPLES), UNITS)
+    if text and unit is not Unit.TOKENS:
         raise ShardifyError(f"a text source is measured in tokens, not {unit}")
-    if not text and unit == "tokens":
+    if not text and unit is Unit.TOKENS:
         raise ShardifyError("an audio source is measured in samples or seconds, not tokens")
     if sample_rate is not None and (text or int(sample_rate) <= 0):
         raise ShardifyError("--sample-rate needs an audio source and a positive rate")
@@ -122,15 +122,13 @@ def probe_records(
         bar.close()
 
 
-def _resampled(frames: int, sr: int, target: int) -> int:
-    """``round(frames * target / sr)`` in exact integer arithmetic (halves round up)."""
-    return frames if sr == target else (2 * frames * target + sr) // (2 * sr)
+_resampled = resampled_count  # the name write/adopt.py imports
 
 
 def measure(
     records: Sequence[Record],
     kind: str,
-    unit: str,
+    unit: Unit,
     sample_rate: int | None = None,
     workers: int = 1,
     progress: bool = True,
@@ -208,14 +206,14 @@ def duration_problem(rec: Record, sample_rate: int, frames: int) -> str | None:
     )
 
 
-def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -> int | None:
+def _index_rate(probed: Sequence[_Probed], unit: Unit, sample_rate: int | None) -> int | None:
     """The index's sample rate: ``sample_rate`` if given, else the one rate found (mixed rates are an error
     when lengths are counted in samples)."""
     first_at: dict[int, str] = {}
     for rec, sr, _, _ in probed:
         first_at.setdefault(sr, rec.where if rec.path is None or rec.where == rec.path else f"{rec.path} ({rec.where})")
     rates = sorted(first_at)
-    if sample_rate is None and len(rates) > 1 and unit == "samples":
+    if sample_rate is None and len(rates) > 1 and unit is Unit.SAMPLES:
         (a, b) = rates[:2]
         raise ShardifyError(
             f"mixed sample rates: {first_at[a]} is {a} Hz but {first_at[b]} is {b} Hz "
@@ -225,17 +223,14 @@ def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -
 
 
 def _audio_samples(
-    probed: Sequence[_Probed], unit: str, index_rate: int | None, problems: list[InputProblem]
+    probed: Sequence[_Probed], unit: Unit, index_rate: int | None, problems: list[InputProblem]
 ) -> list[Sample]:
     """The probed records as samples; one that is 0 samples long at ``index_rate`` goes to ``problems``."""
     samples: list[Sample] = []
     for rec, sr, frames, nbytes in probed:
-        if unit == "samples":
-            length: int | float = _resampled(frames, sr, index_rate)
-            if length <= 0:
-                problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))
-                continue
-        else:
-            length = frames / sr
+        length = unit.audio_length(frames, sr, index_rate)
+        if unit is Unit.SAMPLES and length <= 0:
+            problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))
+            continue
         samples.append(audio_sample(rec, length, sr, frames, nbytes))
     return samples

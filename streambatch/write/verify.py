@@ -29,6 +29,7 @@ from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_prob
 from ..dataset.index import ShardIndex, ShardInfo
 from ..dataset.tar import iter_members, split_name
 from ..errors import ShardReadError
+from ..units import Unit
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class DecodeCheck:
     """What ``verify --decode`` needs of the index: its length unit and sample rate (``samples``: the decoded
     frames at the member's rate, resampled to ``sample_rate``, are the length; ``seconds``: frames / rate)."""
 
-    unit: str
+    unit: Unit
     sample_rate: int | None
 
 
@@ -108,7 +109,7 @@ def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeChec
         return "decodes to 0 frames"
     if want is None or ext == "mp3":  # an MP3 header's frame count is an estimate
         return None
-    got: float = frames / sr if check.unit == "seconds" else _resampled(frames, sr, check.sample_rate or sr)
+    got = check.unit.audio_length(frames, sr, check.sample_rate)
     if _same_length(got, want):
         return None
     return f"decodes to {frames} frames at {sr} Hz (length {_num(got)}), the index says {_num(want)}"
@@ -162,11 +163,6 @@ def _same_length(a: Any, b: float) -> bool:
 def _num(x: Any) -> Any:
     x = float(x)
     return int(x) if x.is_integer() else x
-
-
-def _resampled(frames: int, sr: int, target: int) -> int:
-    """``round(frames * target / sr)`` as the writer counts it (``probe._resampled``)."""
-    return frames if sr == target else (2 * frames * target + sr) // (2 * sr)
 
 
 _Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None", bool]
