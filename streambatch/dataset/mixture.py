@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -303,12 +303,16 @@ def _check_units(sources: Sequence[Source], indexes: Sequence[ShardIndex]) -> No
             )
 
 
-def selection_of(index: Any, epoch: int, seed: int) -> Selection | None:
+#: a dataset's index or a mixture's: what the loader plans from and its readers read through
+AnyIndex: TypeAlias = ShardIndex | MixedIndex
+
+
+def selection_of(index: AnyIndex | None, epoch: int, seed: int) -> Selection | None:
     """The samples epoch ``epoch`` of a mixture leaves out; None for a single dataset."""
     return index.selection(epoch, seed) if isinstance(index, MixedIndex) else None
 
 
-def dataset_names(index: Any) -> DatasetNames | None:
+def dataset_names(index: AnyIndex | None) -> DatasetNames | None:
     """How a worker names each sample's dataset from its (virtual) shard; None for a single dataset."""
     if not isinstance(index, MixedIndex):
         return None
@@ -348,7 +352,7 @@ def mixture_table(index: MixedIndex) -> dict[str, dict[str, float]]:
     return out
 
 
-def datasets_of(index: Any) -> list[tuple[str | None, ShardIndex]]:
+def datasets_of(index: AnyIndex) -> list[tuple[str | None, ShardIndex]]:
     """Each dataset a plan reads, with its name: a mixture's datasets, or the one index (name None)."""
     if isinstance(index, MixedIndex):
         return list(zip(index.names, index.indexes))

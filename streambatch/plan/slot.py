@@ -15,6 +15,7 @@ import numpy as np
 
 from .batcher import BucketBatcher
 from .config import BatchingConfig
+from .lengths import Mask
 from .shards import Piece, epoch_rng
 
 
@@ -69,7 +70,7 @@ def global_offsets(shard_counts: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
 
 
-def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Any) -> np.ndarray:
+def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Mask | None) -> np.ndarray:
     """Which of a piece's samples (tar order) were consumed before a resume; none without ``excluded`` (a mask
     over global ids, or a lazy one asked about just these samples)."""
     if excluded is None:
@@ -78,7 +79,7 @@ def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Any) -> np.ndarr
     return np.asarray(excluded[lo : lo + piece.count], dtype=bool)
 
 
-def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> np.ndarray:
+def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | None) -> np.ndarray:
     """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
     if not pieces:
         return np.zeros(0, dtype=np.int64)
@@ -90,7 +91,7 @@ def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> 
     )
 
 
-def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
+def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None) -> np.ndarray:
     """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard; the
     planned ones (speed perturbation, feature frames) where ``lengths`` plans them (:mod:`.perturb`)."""
     parts = [lengths.shard(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
@@ -100,13 +101,13 @@ def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.n
     return out
 
 
-def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
+def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None) -> np.ndarray:
     """The output lengths of a slot's stream (two-length budgets), ordered as :func:`stream_lengths`."""
     parts = [lengths.outputs(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Any, batch_by: str) -> np.ndarray:
+def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None, batch_by: str) -> np.ndarray:
     """The group key of each sample of a slot's stream (``batch_by``: its shard's dataset), ordered as
     :func:`stream_lengths`."""
     groups = getattr(lengths, "groups", None)
@@ -126,7 +127,7 @@ def plan_slot(
     config: BatchingConfig,
     epoch: int,
     slot: int,
-    excluded: Any = None,
+    excluded: Mask | None = None,
     keep_lengths: bool = False,
     counted: bool = False,
 ) -> SlotPlan:

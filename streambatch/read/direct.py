@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.format import sha256_problem
+from ..dataset.mixture import AnyIndex
 from ..dataset.storage import is_local
 from ..dataset.tar import buffer_members, group_samples
 from ..errors import ShardReadError
@@ -35,7 +36,7 @@ OPEN_SHARDS = 64
 _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 
 
-def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: Any) -> bool:
+def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: AnyIndex | None) -> bool:
     """Whether a slot's pieces can be read by position: local files, and an index that knows the byte spans."""
     if index is None or not pieces or not all(is_local(urls[p.shard]) for p in pieces):
         return False
@@ -82,7 +83,7 @@ class DirectShards:
     def __init__(
         self,
         urls: Sequence[str],
-        index: Any,
+        index: AnyIndex,
         pieces: Sequence[Piece],
         counts: np.ndarray,
         opts: Any,
