@@ -289,12 +289,12 @@ class ShardIndex:
     def length_stats(self, progress: bool = False) -> LengthStats:
         """Statistics of every length, streamed shard by shard in bounded memory (exact percentiles up to a
         few million samples, within 0.1 % beyond)."""
-        whole_groups = isinstance(self.shards, ShardList) and not self.shards.changed
-        chunks = self.shards.reader.iter_group_lengths() if whole_groups else self.iter_lengths()
+        whole = self.shards.reader if isinstance(self.shards, ShardList) and not self.shards.changed else None
+        chunks = whole.iter_group_lengths() if whole is not None else self.iter_lengths()
         if progress:
             from tqdm.auto import tqdm
 
-            total = len(self.shards.reader.group_start) if whole_groups else self.num_shards
+            total = len(whole.group_start) if whole is not None else self.num_shards
             chunks = tqdm(chunks, total=total, unit="part", desc="reading lengths", leave=False)
         stats = stream_stats(chunks)
         stats.total = float(self.total_length)  # the shard table's sum: the same whichever way it was streamed

@@ -51,6 +51,11 @@ def mixture_sources(source: Any, weights: Any = None) -> list[Source] | None:
         raise ValueError("weights= needs several datasets: a {name: folder} mapping or a list of folders")
     else:
         return None
+    return _sources(items, weights)
+
+
+def _sources(items: list[tuple[str, str]], weights: Any) -> list[Source]:
+    """``(name, url)`` pairs with their weights as sources; the names must differ."""
     names = [n for n, _ in items]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -119,7 +124,7 @@ def load_mixture(url: str) -> list[Source]:
         if "://" not in path and not os.path.isabs(path):
             path = storage.join_url(base, path)
         out.append(Source(str(d.get("name") or _name(path)), path, float(d.get("weight", 1.0))))
-    return mixture_sources({s.name: s.url for s in out}, {s.name: s.weight for s in out})
+    return _sources([(s.name, s.url) for s in out], {s.name: s.weight for s in out})
 
 
 class VirtualShards(Sequence):
@@ -147,7 +152,9 @@ class MixedIndex:
         self.names = [s.name for s in self.sources]
         _check_units(self.sources, self.indexes)
         self.unit, self.sample_rate = self.indexes[0].unit, self.indexes[0].sample_rate
-        self.root, self.meta, self.version = None, {}, 2
+        self.root: str | None = None
+        self.meta: dict[str, Any] = {}
+        self.version = 2
         self.draws = [
             DatasetDraw.of(ix.num_samples, s.weight, 0, d) for d, (s, ix) in enumerate(zip(self.sources, self.indexes))
         ]

@@ -21,8 +21,8 @@ from ..plan.filter import LeftOut
 from ..plan.lengths import Mask
 from ..plan.mixing import any_of
 from ..plan.stats import LengthStats, stream_stats
-from .columnar import column_numpy
-from .index import ShardIndex
+from .columnar import ColumnarIndex, column_numpy
+from .index import ShardIndex, ShardList
 from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
 
 #: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
@@ -112,13 +112,18 @@ class Where:
 
 def filter_columns(index: ShardIndex) -> dict[str, str]:
     """The columns a filter on ``index`` (a version 2 :class:`~.index.ShardIndex`) can name."""
-    reader = getattr(index.shards, "reader", None)
-    if reader is None:
+    reader = _table_reader(index)
+    return {"key": "string", "length": reader.length_type, **reader.extra}
+
+
+def _table_reader(index: ShardIndex) -> ColumnarIndex:
+    """The sample table of a version 2 index (a version 1 index has none to filter on)."""
+    if not isinstance(index.shards, ShardList):
         raise ValueError(
             "where= needs a version 2 index with metadata columns (this one is version 1): write the "
             "dataset again with `shardify write` (`shardify upgrade` keeps no metadata columns)"
         )
-    return {"key": "string", "length": reader.length_type, **reader.extra}
+    return index.shards.reader
 
 
 class SampleFilter:
@@ -126,7 +131,7 @@ class SampleFilter:
 
     def __init__(self, index: ShardIndex, expr: str, what: str = "where"):
         self.index, self.where = index, Where(expr, filter_columns(index), what)
-        self.reader = index.shards.reader
+        self.reader = _table_reader(index)
         self._cache: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:

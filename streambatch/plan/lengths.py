@@ -6,7 +6,7 @@ A rank plans from the shard table alone and loads the per-sample lengths of only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeAlias
 
 import numpy as np
@@ -77,7 +77,7 @@ class Lengths:
         """Samples whose lengths are in memory (what planning cost this process)."""
         return int(sum(a.size for a in self._arrays.values()))
 
-    def prefetch(self, shards: Sequence[int]) -> None:
+    def prefetch(self, shards: Iterable[int]) -> None:
         """Load the lengths of these shards in one call (one read per row group on a columnar index)."""
         missing = sorted({int(s) for s in shards} - set(self._arrays))
         if missing:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .batcher import BucketBatcher
 from .config import BatchingConfig
+from .cost import CostModel
 from .lengths import Mask
 from .shards import Piece, epoch_rng
 
@@ -46,7 +47,7 @@ class SlotPlan:
         return cls(
             pieces,
             np.zeros(0, dtype=np.int64),
-            [range(k) for k in sizes],
+            [range(k) for k in sizes],  # type: ignore[misc]  # stand-ins: only their len() is read
             [False] * len(sizes),
             len(plan.skipped),
             len(plan.dropped),
@@ -178,7 +179,13 @@ def halve_largest(batches: list[Any], times: int = 1) -> None:
 
 
 def apply_adjust(
-    plan: SlotPlan, adj: Adjust, seed: Any, epoch: int, slot: int, lengths: np.ndarray | None = None, cost: Any = None
+    plan: SlotPlan,
+    adj: Adjust,
+    seed: int,
+    epoch: int,
+    slot: int,
+    lengths: np.ndarray | None = None,
+    cost: CostModel | None = None,
 ) -> SlotPlan:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
     batches, repeat = list(plan.batches), list(plan.repeat)
@@ -188,6 +195,8 @@ def apply_adjust(
     if adj.pad:
         batches, repeat = _padded(batches, repeat, adj.pad, epoch_rng(seed, epoch, slot, 1))
     if adj.hardest and batches:
+        if lengths is None or cost is None:
+            raise ValueError("hardest_first needs the slot's lengths by stream position and the cost model")
         h = hardest_batch(batches, repeat, lengths, cost)
         batches.insert(0, batches.pop(h))
         repeat.insert(0, repeat.pop(h))
@@ -212,7 +221,7 @@ def _padded(
     return nb, nr
 
 
-def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray | None, cost: Any) -> list[float]:
+def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray, cost: CostModel) -> list[float]:
     """Each batch's cost under the model, on its samples' lengths (``lengths`` indexed by stream position)."""
     out = []
     for b in batches:
@@ -221,7 +230,7 @@ def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray | None, cost:
     return out
 
 
-def hardest_batch(batches: Sequence[np.ndarray], repeat: Sequence[bool], lengths: np.ndarray, cost: Any) -> int:
+def hardest_batch(batches: Sequence[np.ndarray], repeat: Sequence[bool], lengths: np.ndarray, cost: CostModel) -> int:
     """The most expensive batch that can move (not a repeat, not followed by its repeat); first on ties."""
     costs = batch_costs(batches, lengths, cost)
     best, best_i = -1.0, 0
