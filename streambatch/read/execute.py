@@ -120,7 +120,7 @@ class _Executor:
 
     def __init__(
         self,
-        samples: Iterator[Any],
+        samples: Iterator[tuple[int, int, dict[str, Any] | None] | Invalid],
         plan: SlotPlan,
         first: int,
         lengths: np.ndarray,
@@ -148,8 +148,8 @@ class _Executor:
 
     def pull(self) -> Any:
         """Process one stream item; the position of a held sample, None, or _END."""
-        item = next(self.it, _END)
-        if item is _END:
+        item = next(self.it, None)  # never None itself: a tuple or an Invalid span
+        if item is None:
             return _END
         if isinstance(item, Invalid):
             gone = [p for p in self.held if item.lo <= p < item.hi]
