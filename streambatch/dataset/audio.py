@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 import soundfile as sf
@@ -32,7 +32,7 @@ class AudioInfo:
         return self.frames / float(self.sample_rate)
 
 
-def probe(src: str | BinaryIO, check_end: bool = False) -> AudioInfo:
+def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
     """Read sample rate, frame count and channels from the header only.
 
     ``check_end=True`` also checks that the audio the header declares is there (a cheap look at the file's

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import Any, Protocol
 
 from ..errors import ShardReadError
 
@@ -104,7 +104,13 @@ class _Names:
         return name.decode("utf-8", "surrogateescape")
 
 
-def iter_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
+class Readable(Protocol):
+    """What the tar reader needs of a stream: ``read(n)`` (a file, a hashing or chunked reader)."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in a tar stream, in tar order.
 
     A small ustar reader (with GNU long names and pax ``path`` records, as Python's tarfile and webdataset

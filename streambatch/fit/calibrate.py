@@ -404,10 +404,10 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
 def _call_factory(factory: Callable[..., Any], device: Any) -> tuple[Callable, Callable | None]:
     try:
-        params = inspect.signature(factory).parameters
+        takes_device = bool(inspect.signature(factory).parameters)
     except (TypeError, ValueError):
-        params = {"device": None}
-    made = factory(device) if params else factory()
+        takes_device = True
+    made = factory(device) if takes_device else factory()
     if isinstance(made, tuple):
         return made[0], made[1]
     return made, None

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from tqdm import tqdm
 
@@ -46,7 +46,7 @@ def check_unit(kind: str, unit: Unit | str | None, sample_rate: int | None) -> U
 
 
 @contextlib.contextmanager
-def _opened(path: Any, storage_options: dict | None) -> Iterator[tuple[BinaryIO, int]]:
+def _opened(path: Any, storage_options: dict | None) -> Iterator[tuple[IO[bytes], int]]:
     """The audio open for reading, and its size: a file (path or URL), or a source's blob (``read()``)."""
     if not isinstance(path, str):
         data = path.read()
