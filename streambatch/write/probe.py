@@ -128,7 +128,7 @@ _resampled = resampled_count  # the name write/adopt.py imports
 def measure(
     records: Sequence[Record],
     kind: str,
-    unit: Unit,
+    unit: Unit | str,
     sample_rate: int | None = None,
     workers: int = 1,
     progress: bool = True,
@@ -145,8 +145,9 @@ def measure(
     probed, problems = _probe_audio(records, workers, progress, storage_options)
     if problems and on_error == "fail":
         return [], problems, None
-    index_rate = _index_rate(probed, unit, sample_rate)
-    samples = _audio_samples(probed, unit, index_rate, problems)
+    audio_unit = Unit.parse(unit, (Unit.SAMPLES, Unit.SECONDS))
+    index_rate = _index_rate(probed, audio_unit, sample_rate)
+    samples = _audio_samples(probed, audio_unit, index_rate, problems)
     return samples, problems, index_rate
 
 
