@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .units import Unit
+
 SAMPLE_RATE = 16000
 
 
@@ -38,9 +40,9 @@ def text_like(n: int, seed: int = 0, cap: int = 1024) -> np.ndarray:
 
 DISTRIBUTIONS = {
     # name: (generator, budget in the distribution's unit, unit)
-    "librispeech": (librispeech_like, 200 * SAMPLE_RATE, "samples"),
-    "commonvoice": (commonvoice_like, 60 * SAMPLE_RATE, "samples"),
-    "text": (text_like, 16384, "tokens"),
+    "librispeech": (librispeech_like, 200 * SAMPLE_RATE, Unit.SAMPLES),
+    "commonvoice": (commonvoice_like, 60 * SAMPLE_RATE, Unit.SAMPLES),
+    "text": (text_like, 16384, Unit.TOKENS),
 }
 
 

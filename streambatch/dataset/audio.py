@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 import soundfile as sf
@@ -71,7 +71,7 @@ class AudioInfo:
         return self.frames / float(self.sample_rate)
 
 
-def probe(src: str | BinaryIO, check_end: bool = False) -> AudioInfo:
+def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
     """Read sample rate, frame count and channels from the header; the frame count is the number of frames that
     decode (what the loader emits). For a format whose header only estimates it (MP3:
     :data:`ESTIMATED_LENGTH_FORMATS`) the file is decoded to count them (about 1 ms per second of audio).
@@ -230,12 +230,6 @@ def open_clips(payloads: list[bytes], sample_rate: int | None = None) -> Clips |
     for f in files:
         f.close()
     return None
-
-
-def resampled_length(frames: int, sample_rate: int, target: int) -> int:
-    """The length of ``frames`` at ``sample_rate`` resampled to ``target``: ``round(frames * target / rate)`` in
-    exact integer arithmetic (halves round up). What the writer stores and the loader emits."""
-    return frames if sample_rate == target else (2 * frames * target + sample_rate) // (2 * sample_rate)
 
 
 def _decode_torchaudio(data: bytes, first_error: Exception) -> tuple[np.ndarray, int]:

@@ -10,7 +10,7 @@ may name the columns instead (``--columns``). Types are Arrow type names as the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from ..errors import ColumnError
 
@@ -36,6 +36,10 @@ def _kind(v: Any) -> str | None:
     return "other"
 
 
+@overload
+def unify(a: str | None, b: str) -> str: ...
+@overload
+def unify(a: str | None, b: str | None) -> str | None: ...
 def unify(a: str | None, b: str | None) -> str | None:
     """The type that holds values of types ``a`` and ``b``: numbers widen to ``double``; else ``"other"``."""
     if a is None or a == b:

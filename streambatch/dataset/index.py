@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError
 from ..plan.stats import LengthStats, stream_stats
+from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError, json_number
 from .columnar_write import write_v2
 from .columns import merged_columns
@@ -35,20 +37,22 @@ log = logging.getLogger(__name__)
 class ShardIndex:
     """The index of a length-annotated dataset: shards, their lengths, and the unit lengths are in.
 
-    ``unit`` is ``"samples"`` (audio samples at ``sample_rate``), ``"seconds"``, ``"tokens"`` or
-    ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve against. ``shards`` is a list,
-    or a :class:`ShardList` for an index loaded from version 2. ``columns``: the sample table's metadata
-    columns, ``{name: arrow type}`` (:mod:`.columns`; a version 2 index's own when not given).
+    ``unit``: a :class:`~streambatch.units.Unit` (or its name): ``"samples"`` (audio samples at ``sample_rate``),
+    ``"seconds"``, ``"tokens"`` or ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve
+    against. ``shards`` is a list, or a :class:`ShardList` for an index loaded from version 2. ``columns``: the
+    sample table's metadata columns, ``{name: arrow type}`` (:mod:`.columns`; a version 2 index's own when not
+    given).
     """
 
     shards: Sequence[ShardInfo]
-    unit: str
+    unit: Unit
     sample_rate: int | None = None
     root: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     columns: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.unit = Unit.parse(self.unit)
         if not self.columns and isinstance(self.shards, ShardList):
             self.columns = dict(self.shards.reader.extra)
 
@@ -83,6 +87,12 @@ class ShardIndex:
             raise IndexFormatError(
                 f"{source}: index version {d['version']} is newer than this streambatch reads ({NEWEST})"
             )
+        try:
+            unit = Unit.parse(d["unit"])
+        except KeyError as e:
+            raise IndexFormatError(f"{source}: no {e} in the index") from e
+        except OptionError as e:
+            raise IndexFormatError(f"{source}: {e}") from None
         if version == 2:
             if root is None:
                 raise IndexFormatError(f"{source}: a version 2 index needs its folder to read its tables")
@@ -92,23 +102,16 @@ class ShardIndex:
                 shards = [ShardInfo.from_json(s) for s in d["shards"]]
             except (KeyError, TypeError, ValueError) as e:
                 raise IndexFormatError(f"{source}: malformed shard entry ({e!r})") from e
-        try:
-            return cls(
-                shards=shards,
-                unit=d["unit"],
-                sample_rate=d.get("sample_rate"),
-                root=root,
-                meta=dict(d.get("meta") or {}),
-            )
-        except KeyError as e:
-            raise IndexFormatError(f"{source}: no {e} in the index") from e
+        return cls(
+            shards=shards, unit=unit, sample_rate=d.get("sample_rate"), root=root, meta=dict(d.get("meta") or {})
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The version 1 ``index.json`` (all lengths inline)."""
         return {
             "format": FORMAT,
             "version": 1,
-            "unit": self.unit,
+            "unit": self.unit.value,
             "sample_rate": self.sample_rate,
             "num_shards": self.num_shards,
             "num_samples": self.num_samples,
@@ -135,7 +138,7 @@ class ShardIndex:
     def _save_v2(self, url: str, storage_options: dict | None, progress: bool) -> None:
         from tqdm import tqdm
 
-        header = {"unit": self.unit, "sample_rate": self.sample_rate, "meta": self.meta}
+        header = {"unit": self.unit.value, "sample_rate": self.sample_rate, "meta": self.meta}
         with tqdm(
             total=len(self.shards), desc="writing index", unit="shard", file=sys.stderr, disable=not progress
         ) as bar:
@@ -281,21 +284,17 @@ class ShardIndex:
 
     def seconds_per_unit(self) -> float | None:
         """How many seconds one length unit is, for audio units; None for tokens/frames."""
-        if self.unit == "samples" and self.sample_rate:
-            return 1.0 / float(self.sample_rate)
-        if self.unit == "seconds":
-            return 1.0
-        return None
+        return self.unit.seconds_per_unit(self.sample_rate)
 
     def length_stats(self, progress: bool = False) -> LengthStats:
         """Statistics of every length, streamed shard by shard in bounded memory (exact percentiles up to a
         few million samples, within 0.1 % beyond)."""
-        whole_groups = isinstance(self.shards, ShardList) and not self.shards.changed
-        chunks = self.shards.reader.iter_group_lengths() if whole_groups else self.iter_lengths()
+        whole = self.shards.reader if isinstance(self.shards, ShardList) and not self.shards.changed else None
+        chunks = whole.iter_group_lengths() if whole is not None else self.iter_lengths()
         if progress:
             from tqdm.auto import tqdm
 
-            total = len(self.shards.reader.group_start) if whole_groups else self.num_shards
+            total = len(whole.group_start) if whole is not None else self.num_shards
             chunks = tqdm(chunks, total=total, unit="part", desc="reading lengths", leave=False)
         stats = stream_stats(chunks)
         stats.total = float(self.total_length)  # the shard table's sum: the same whichever way it was streamed

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -51,6 +51,11 @@ def mixture_sources(source: Any, weights: Any = None) -> list[Source] | None:
         raise ValueError("weights= needs several datasets: a {name: folder} mapping or a list of folders")
     else:
         return None
+    return _sources(items, weights)
+
+
+def _sources(items: list[tuple[str, str]], weights: Any) -> list[Source]:
+    """``(name, url)`` pairs with their weights as sources; the names must differ."""
     names = [n for n, _ in items]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -119,7 +124,7 @@ def load_mixture(url: str) -> list[Source]:
         if "://" not in path and not os.path.isabs(path):
             path = storage.join_url(base, path)
         out.append(Source(str(d.get("name") or _name(path)), path, float(d.get("weight", 1.0))))
-    return mixture_sources({s.name: s.url for s in out}, {s.name: s.weight for s in out})
+    return _sources([(s.name, s.url) for s in out], {s.name: s.weight for s in out})
 
 
 class VirtualShards(Sequence):
@@ -147,7 +152,9 @@ class MixedIndex:
         self.names = [s.name for s in self.sources]
         _check_units(self.sources, self.indexes)
         self.unit, self.sample_rate = self.indexes[0].unit, self.indexes[0].sample_rate
-        self.root, self.meta, self.version = None, {}, 2
+        self.root: str | None = None
+        self.meta: dict[str, Any] = {}
+        self.version = 2
         self.draws = [
             DatasetDraw.of(ix.num_samples, s.weight, 0, d) for d, (s, ix) in enumerate(zip(self.sources, self.indexes))
         ]
@@ -303,12 +310,16 @@ def _check_units(sources: Sequence[Source], indexes: Sequence[ShardIndex]) -> No
             )
 
 
-def selection_of(index: Any, epoch: int, seed: int) -> Selection | None:
+#: a dataset's index or a mixture's: what the loader plans from and its readers read through
+AnyIndex: TypeAlias = ShardIndex | MixedIndex
+
+
+def selection_of(index: AnyIndex | None, epoch: int, seed: int) -> Selection | None:
     """The samples epoch ``epoch`` of a mixture leaves out; None for a single dataset."""
     return index.selection(epoch, seed) if isinstance(index, MixedIndex) else None
 
 
-def dataset_names(index: Any) -> DatasetNames | None:
+def dataset_names(index: AnyIndex | None) -> DatasetNames | None:
     """How a worker names each sample's dataset from its (virtual) shard; None for a single dataset."""
     if not isinstance(index, MixedIndex):
         return None
@@ -348,7 +359,7 @@ def mixture_table(index: MixedIndex) -> dict[str, dict[str, float]]:
     return out
 
 
-def datasets_of(index: Any) -> list[tuple[str | None, ShardIndex]]:
+def datasets_of(index: AnyIndex) -> list[tuple[str | None, ShardIndex]]:
     """Each dataset a plan reads, with its name: a mixture's datasets, or the one index (name None)."""
     if isinstance(index, MixedIndex):
         return list(zip(index.names, index.indexes))

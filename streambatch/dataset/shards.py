@@ -5,7 +5,7 @@ encoding."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,7 @@ class ShardInfo:
         lengths = self.lengths
         total = lengths.sum() if self.count else 0
         mx = lengths.max() if self.count else 0
+        outputs = self.output_lengths
         return {
             "url": self.url,
             "count": int(self.count),
@@ -157,7 +158,7 @@ class ShardInfo:
             "sha256": self.sha256,
             "keys_sha1": self.keys_sha1,
             "lengths": encode_lengths(lengths),
-            **({"output_lengths": encode_lengths(self.output_lengths)} if self.has_output_lengths else {}),
+            **({"output_lengths": encode_lengths(outputs)} if outputs is not None else {}),
         }
 
     @classmethod
@@ -258,7 +259,12 @@ class ShardList(Sequence[ShardInfo]):
         if not self.changed:
             return arr
         arr = arr.copy() if name == "count" else arr.astype(np.float64)
-        reduce = {"total_length": np.sum, "max_length": np.max, "min_length": np.min}.get(name)
+        reduces: dict[str, Callable[[np.ndarray], Any]] = {
+            "total_length": np.sum,
+            "max_length": np.max,
+            "min_length": np.min,
+        }
+        reduce = reduces.get(name)
         for i in self.changed:
             x, n = self._made[i].lengths, self._made[i].count
             arr[i] = n if reduce is None else (reduce(x) if n else 0)

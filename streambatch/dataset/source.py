@@ -9,22 +9,23 @@ import braceexpand
 
 from . import storage
 from .index import INDEX_NAME, ShardIndex
+from .mixture import AnyIndex
 
 
 class ShardURLs(Sequence[str]):
     """The shard URLs of an index, resolved one at a time: a rank and its workers hold the URLs of the shards
     they read, not a list of every shard's (10⁶ strings on a 10⁹-sample dataset)."""
 
-    def __init__(self, index: ShardIndex) -> None:
-        self.index = index
+    def __init__(self, index: AnyIndex) -> None:
+        self.shard_index = index
 
     def __len__(self) -> int:
-        return self.index.num_shards
+        return self.shard_index.num_shards
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self.index.shard_url(i)
+        return self.shard_index.shard_url(i)
 
 
 def expand_urls(source: str | Sequence[str]) -> list[str]:

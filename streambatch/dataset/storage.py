@@ -13,7 +13,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import IO, Any, TypeVar
 
 import fsspec
@@ -141,6 +141,7 @@ def stream_range(
     rest only. S3 (s3fs) and HTTP(S) stream the response body; other back-ends fetch the range whole.
     ``timeout`` bounds the whole request (async back-ends)."""
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    coro: Callable[..., Coroutine[Any, Any, int | None]]
     if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
         coro = _s3_range
     elif protocol in ("http", "https") and hasattr(fs, "set_session"):
@@ -164,7 +165,7 @@ def _total(content_range: str | None) -> int | None:
 _STREAM_PIECE = 1 << 18
 
 
-async def _s3_range(fs, path: str, start: int, end: int, sink: list[bytes]) -> None:
+async def _s3_range(fs: Any, path: str, start: int, end: int, sink: list[bytes]) -> int | None:
     bucket, key, version = fs.split_path(path)
     kw = {"VersionId": version} if version else {}
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
@@ -201,7 +202,7 @@ def _salvage(content: Any, sink: list[bytes], left: int) -> None:
         pass
 
 
-async def _http_range(fs, url: str, start: int, end: int, sink: list[bytes]) -> None:
+async def _http_range(fs: Any, url: str, start: int, end: int, sink: list[bytes]) -> int | None:
     session = await fs.set_session()
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
@@ -353,7 +354,8 @@ class AtomicWriter:
     """
 
     def __init__(self, url: str, storage_options: dict | None = None) -> None:
-        self.url, self.nbytes = url, None
+        self.url = url
+        self.nbytes: int | None = None
         self.tmp: str | None = None
         if is_local(url):
             self.dst = local_path(url)

@@ -17,8 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from .columnar import column_numpy
-from .mixture import datasets_of
+from ..plan.filter import LeftOut
+from ..plan.lengths import Mask
+from ..plan.mixing import any_of
+from ..plan.stats import LengthStats, stream_stats
+from .columnar import ColumnarIndex, column_numpy
+from .index import ShardIndex, ShardList
+from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
 
 #: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
 CACHE_ALL = 1 << 24
@@ -105,23 +110,28 @@ class Where:
         return np.asarray(arr, dtype=bool)
 
 
-def filter_columns(index: Any) -> dict[str, str]:
+def filter_columns(index: ShardIndex) -> dict[str, str]:
     """The columns a filter on ``index`` (a version 2 :class:`~.index.ShardIndex`) can name."""
-    reader = getattr(index.shards, "reader", None)
-    if reader is None:
+    reader = _table_reader(index)
+    return {"key": "string", "length": reader.length_type, **reader.extra}
+
+
+def _table_reader(index: ShardIndex) -> ColumnarIndex:
+    """The sample table of a version 2 index (a version 1 index has none to filter on)."""
+    if not isinstance(index.shards, ShardList):
         raise ValueError(
             "where= needs a version 2 index with metadata columns (this one is version 1): write the "
             "dataset again with `shardify write` (`shardify upgrade` keeps no metadata columns)"
         )
-    return {"key": "string", "length": reader.length_type, **reader.extra}
+    return index.shards.reader
 
 
 class SampleFilter:
     """A :class:`Where` applied to one dataset's index: kept samples per shard, evaluated per row group."""
 
-    def __init__(self, index: Any, expr: str, what: str = "where"):
+    def __init__(self, index: ShardIndex, expr: str, what: str = "where"):
         self.index, self.where = index, Where(expr, filter_columns(index), what)
-        self.reader = index.shards.reader
+        self.reader = _table_reader(index)
         self._cache: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -182,7 +192,7 @@ class PlanFilter:
     shards by the length they keep; computed once, by streaming the filter's columns), and the lazy mask of the
     samples it leaves out (:class:`~streambatch.plan.filter.LeftOut`)."""
 
-    def __init__(self, index: Any, expr: str):
+    def __init__(self, index: AnyIndex, expr: str):
         self.index, self.expr = index, str(expr)
         datasets = datasets_of(index)
         ixs = [ix for _, ix in datasets]
@@ -191,7 +201,7 @@ class PlanFilter:
         self.kept = int(sum(int(c.sum()) for c, _ in kept))
         self.total = int(sum(ix.num_samples for ix in ixs))
         shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
-        blocks = getattr(index, "blocks", None)
+        blocks = index.blocks if isinstance(index, MixedIndex) else None
         self.scale = (
             shares[0] if blocks is None else (np.concatenate([shares[d] for d, _ in blocks]) if blocks else np.zeros(0))
         )
@@ -200,15 +210,13 @@ class PlanFilter:
 
     def keep(self, shard: int) -> np.ndarray:
         """Which samples of plan shard ``shard`` (tar order) the filter keeps."""
-        if len(self.parts) == 1 and not hasattr(self.index, "real_shard"):
+        if not isinstance(self.index, MixedIndex):
             return self.parts[0].keep(int(shard))
         d, s = self.index.real_shard(int(shard))
         return self.parts[d].keep(s)
 
-    def mask(self, offsets: np.ndarray) -> Any:
+    def mask(self, offsets: np.ndarray) -> LeftOut:
         """The samples left out, as a lazy mask over the plan's global ids (``offsets``: each shard's first)."""
-        from ..plan.filter import LeftOut
-
         return LeftOut(self.keep, offsets)
 
 
@@ -220,7 +228,7 @@ def _share(kept: np.ndarray, total: np.ndarray) -> np.ndarray:
     return out
 
 
-def open_filter(index: Any, where: str | None) -> PlanFilter | None:
+def open_filter(index: AnyIndex | None, where: str | None) -> PlanFilter | None:
     """The loader's filter (None without ``where``); a filter needs an index to read the columns from."""
     if where is None:
         return None
@@ -232,19 +240,14 @@ def open_filter(index: Any, where: str | None) -> PlanFilter | None:
     return PlanFilter(index, where)
 
 
-def left_out(index: Any, flt: PlanFilter | None, epoch: int, seed: int, offsets: np.ndarray) -> Any:
+def left_out(index: AnyIndex | None, flt: PlanFilter | None, epoch: int, seed: int, offsets: np.ndarray) -> Mask | None:
     """What epoch ``epoch`` leaves out before any resume: a mixture's unselected samples and the filtered ones,
     one lazy mask over the plan's global ids (None: nothing) — the same in the planner and in every worker."""
-    from ..plan.mixing import any_of
-    from .mixture import selection_of
-
     return any_of(selection_of(index, epoch, seed), flt.mask(offsets) if flt is not None else None)
 
 
-def kept_stats(index: Any, expr: str) -> Any:
+def kept_stats(index: AnyIndex, expr: str) -> LengthStats:
     """Length statistics of the samples ``expr`` keeps (each dataset of a mixture once), streamed a row group
     at a time (``shardify inspect --where``)."""
-    from ..plan.stats import stream_stats
-
     parts = [SampleFilter(ix, expr, "where" if n is None else f"where (dataset {n!r})") for n, ix in datasets_of(index)]
     return stream_stats(chunk for p in parts for chunk in p.iter_kept_lengths())

@@ -21,18 +21,18 @@ from typing import Any
 import numpy as np
 
 from ..plan.cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
+from ..units import Unit
 from .memory import CalibrationError, Trial, device_measure
 from .search import QUADRATIC_THRESHOLD, budget_from_fit, fit_memory_model, predict_max_batch, search_max_batch
 
 log = logging.getLogger("streambatch.calibrate")
 
 CALIBRATION_VERSION = 1
-AUDIO_UNITS = ("samples", "seconds")
 
 
 # ---- synthetic batches --------------------------------------------------------------------------------
 def default_make_batch(
-    unit: str = "samples",
+    unit: Unit | str = Unit.SAMPLES,
     sample_rate: int | None = None,
     *,
     vocab_size: int = 1000,
@@ -49,18 +49,19 @@ def default_make_batch(
     import torch
 
     gen = torch.Generator().manual_seed(seed)
+    unit = Unit.parse(unit)
 
     def make_batch(n: int, length: float) -> dict[str, Any]:
         n = int(n)
-        if unit == "seconds":
+        if unit is Unit.SECONDS:
             if not sample_rate:
                 raise ValueError("unit 'seconds' needs a sample_rate to build audio batches")
             t = int(round(length * sample_rate))
         else:
             t = int(math.ceil(length))
-        if unit in AUDIO_UNITS:
+        if unit.is_audio:
             batch = {"audio": torch.randn(n, t, generator=gen)}
-        elif unit == "tokens":
+        elif unit is Unit.TOKENS:
             batch = {"input_ids": torch.randint(0, vocab_size, (n, t), generator=gen)}
         else:
             batch = {"inputs": torch.randn(n, t, feature_dim, generator=gen)}
@@ -72,7 +73,7 @@ def default_make_batch(
 
 
 # ---- probe lengths ------------------------------------------------------------------------------------
-def _resolve_lengths(source: Any) -> tuple[np.ndarray | None, str | None, int | None]:
+def _resolve_lengths(source: Any) -> tuple[np.ndarray | None, Unit | None, int | None]:
     """(lengths, unit, sample_rate) from a dataset folder, an index file, a ShardIndex or a length array."""
     from ..dataset.index import ShardIndex
 
@@ -100,16 +101,16 @@ def probe_lengths(lengths: np.ndarray, count: int = 7, integer: bool = True) -> 
 
 
 def _probes(
-    source: Any, lengths: Sequence[float] | None, unit: str | None, sample_rate: int | None
-) -> tuple[list[float], str, int | None]:
+    source: Any, lengths: Sequence[float] | None, unit: Unit | str | None, sample_rate: int | None
+) -> tuple[list[float], Unit, int | None]:
     """The probe lengths (longest first: the riskiest size), the unit and the sample rate to calibrate at."""
     ds_lengths, ds_unit, ds_rate = _resolve_lengths(source)
-    unit = unit or ds_unit or "samples"
+    unit = Unit.parse(unit or ds_unit or Unit.SAMPLES)
     sample_rate = sample_rate or ds_rate
     if lengths is None:
         if ds_lengths is None:
             raise ValueError("calibrate needs a dataset (source) or probe lengths")
-        lengths = probe_lengths(ds_lengths, integer=unit != "seconds")
+        lengths = probe_lengths(ds_lengths, integer=unit.whole)
     probes = sorted({float(x) for x in lengths if x > 0}, reverse=True)
     if not probes:
         raise ValueError("no positive probe lengths")
@@ -197,7 +198,7 @@ def calibrate(
     memory_limit: int | str | None = None,
     lengths: Sequence[float] | None = None,
     max_batch_size: int = 4096,
-    unit: str | None = None,
+    unit: Unit | str | None = None,
     sample_rate: int | None = None,
     out: str | None = None,
     make_batch: Callable[[int, float], Any] | None = None,
@@ -245,7 +246,7 @@ def calibrate(
         per_length,
         margin=margin,
         quadratic_threshold=quadratic_threshold,
-        integer=unit != "seconds",
+        integer=unit.whole,
     )
     _add_admitted(per_length, fit, model, setup.limit, max_batch_size)
     result = {
@@ -254,7 +255,7 @@ def calibrate(
         "cost": model["cost"],
         "quadratic_factor": model["quadratic_factor"],
         "budget": model["budget"],
-        "unit": unit,
+        "unit": unit.value,
         "sample_rate": sample_rate,
         "device": setup.device_name,
         "cpu_threads": setup.cpu_threads,
@@ -277,7 +278,7 @@ def calibrate(
 def format_report(result: dict[str, Any]) -> str:
     """The per-length table and the fitted model, as the CLI prints them."""
     unit, rate = result["unit"], result.get("sample_rate")
-    seconds = unit == "samples" and rate
+    seconds = unit == Unit.SAMPLES and rate
     header = ["length", "seconds"] if seconds else ["length"]
     header += ["max batch", "fails at", "peak MiB", "budget admits", "trials"]
     rows = []

@@ -363,12 +363,12 @@ def device_measure(
     from ..dataset.storage import parse_bytes
 
     dev = _resolve_device(device)
-    limit = parse_bytes(memory_limit, "memory_limit")
+    given = parse_bytes(memory_limit, "memory_limit")
     if dev.type == "cuda":
         import torch
 
         total = torch.cuda.get_device_properties(dev).total_memory
-        limit = float(limit if limit is not None else memory_fraction * total)
+        limit = float(given if given is not None else memory_fraction * total)
         measure = _CudaMeasure(step_fn, make_batch, limit, dev)
         device_name = f"{dev} ({torch.cuda.get_device_name(dev)})"
         if warmup_length is not None:
@@ -377,16 +377,15 @@ def device_measure(
     if dev.type != "cpu":
         raise ValueError(f"calibrate runs on 'cpu' or 'cuda' devices, not {dev}")
     avail = available_memory()
-    if limit is None:
-        limit = memory_fraction * avail
+    limit = float(given if given is not None else memory_fraction * avail)
+    if given is None:
         log.warning(
             "no memory_limit on CPU: using %.0f%% of the available memory, %.2f GiB",
             100 * memory_fraction,
             limit / 2**30,
         )
-    limit = float(limit)
     abort_at = max(limit * 1.001, min(1.5 * limit, 0.9 * avail))
     if cpu_threads is None and _thread_count() > 1:
         cpu_threads = 1
-    measure = _ForkMeasure(step_fn, make_batch, limit, abort_at, trial_timeout, cpu_threads)
-    return DeviceMeasure(measure, limit, "cpu", cpu_threads)
+    forked = _ForkMeasure(step_fn, make_batch, limit, abort_at, trial_timeout, cpu_threads)
+    return DeviceMeasure(forked, limit, "cpu", cpu_threads)

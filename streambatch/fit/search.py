@@ -148,6 +148,7 @@ def fit_memory_model(trials: Sequence[Trial], limit: float) -> dict[str, float]:
         res = float(np.sum((A @ coef - y * w) ** 2))
         if best is None or res < best[0] - 1e-15:
             best = (res, sol)
+    assert best is not None  # the ("a",) candidate has no b or c to go negative: always admissible
     sol = best[1]
     a, b, c = float(sol.get("a", 0.0)), float(sol.get("b", 0.0)) / s1, float(sol.get("c", 0.0)) / s2
     pred = a + b * x1 + c * x2

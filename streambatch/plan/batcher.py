@@ -49,6 +49,7 @@ class BucketBatcher:
         self.boundaries = c.bucket_boundaries if c.bucket_boundaries is not None else np.zeros(0)
         self.max_batch_size = int(c.max_batch_size) if c.max_batch_size else 1 << 40
         self.multiple = int(c.batch_size_multiple_of)
+        assert c.buffer_size is not None  # BatchingConfig.__post_init__ sets it
         self.buffer_size = int(c.buffer_size)
         self.refill = max(1, int(c.refill) if c.refill else self.buffer_size // 4)
         self.min_length = float(c.min_length or 0)
@@ -262,7 +263,7 @@ class BucketBatcher:
         cuts = np.zeros(max(n - 1, 0), dtype=bool)
         if self.boundaries.size:
             cuts |= np.diff(np.searchsorted(self.boundaries, s, side="left")) != 0
-        if g_end is not None:
+        if g is not None and g_end is not None:
             cuts |= np.diff(g) != 0
         if cuts.any():
             change = np.flatnonzero(cuts) + 1

@@ -30,10 +30,12 @@ class BatchPlan(abc.Sequence):
         bounds: np.ndarray | None = None,
     ):
         if flat is None:
-            batches = [np.asarray(b) for b in batches]
-            sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-            flat = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+            arrays = [np.asarray(b) for b in batches]
+            sizes = np.fromiter((len(b) for b in arrays), dtype=np.int64, count=len(arrays))
+            flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
             bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        elif bounds is None:
+            raise ValueError("a BatchPlan given flat positions needs their batch bounds")
         self.flat, self.bounds = flat, bounds
         self.skipped = np.asarray(skipped, dtype=np.int64)
         self.dropped = np.asarray(dropped, dtype=np.int64)

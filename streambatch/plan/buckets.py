@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..units import Unit
 from .stats import LengthStats
 
 
@@ -78,13 +79,16 @@ def default_num_buckets(lengths: np.ndarray | LengthStats, budget: float) -> int
     return max(1, min(by_spread, lengths.count // (MIN_BATCHES_PER_BUCKET * per_batch)))
 
 
-def suggest_budget(lengths: np.ndarray | LengthStats, unit: str = "samples", sample_rate: int | None = None) -> float:
-    """A starting budget: room for about 32 median samples, and never less than the longest sample."""
+def suggest_budget(
+    lengths: np.ndarray | LengthStats, unit: Unit | str = Unit.SAMPLES, sample_rate: int | None = None
+) -> float:
+    """A starting budget: room for about 32 median samples, and never less than the longest sample (whole
+    seconds of audio where lengths are audio)."""
     lengths = LengthStats.of(lengths)
     if lengths.count == 0:
         return 0.0
     b = max(lengths.percentile(50) * 32, lengths.max)
-    step = sample_rate if (unit == "samples" and sample_rate) else 1
+    step = Unit.parse(unit).from_seconds(1.0, sample_rate) or 1
     return float(math.ceil(b / step) * step)
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from .config import BatchingConfig
-from .lengths import Lengths
+from .lengths import Lengths, Mask
 from .shards import plan_slots
 from .slot import (
     Adjust,
@@ -179,7 +178,7 @@ def make_epoch_plan(
     world_size: int,
     num_workers: int,
     even_batches: str = "split",
-    excluded: Any = None,
+    excluded: Mask | None = None,
     hardest_first: bool = False,
 ) -> EpochPlan:
     """Plan every slot of the epoch and equalise the ranks' step counts."""
@@ -258,7 +257,7 @@ def rank_raw_slots(
     rank: int,
     world_size: int,
     num_workers: int,
-    excluded: Any = None,
+    excluded: Mask | None = None,
     counted: bool = False,
 ) -> list[SlotPlan]:
     """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
@@ -279,7 +278,7 @@ def plan_rank_local(
     gather: Callable[[list[int]], list[list[int]]],
     even_batches: str = "split",
     hardest_first: bool = False,
-    excluded: Any = None,
+    excluded: Mask | None = None,
 ) -> RankSchedule:
     """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
     step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""

@@ -6,12 +6,30 @@ A rank plans from the shard table alone and loads the per-sample lengths of only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
 Loader = Callable[[Sequence[int]], Sequence[np.ndarray]]
+
+
+class LengthIndex(Protocol):
+    """What the planner reads of an index: its shard table and, per shard, the lengths in tar order. A dataset's
+    :class:`~streambatch.dataset.index.ShardIndex` and a mixture's :class:`~streambatch.dataset.mixture.MixedIndex`
+    both are one; the planner never imports them (``plan/`` takes lengths, not files)."""
+
+    @property
+    def num_shards(self) -> int: ...
+
+    @property
+    def has_output_lengths(self) -> bool: ...
+
+    def shard_table(self, columns: Sequence[str] = ...) -> dict[str, np.ndarray]: ...
+
+    def shard_lengths(self, shards: Sequence[int]) -> list[np.ndarray]: ...
+
+    def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]: ...
 
 
 class Lengths:
@@ -59,7 +77,7 @@ class Lengths:
         """Samples whose lengths are in memory (what planning cost this process)."""
         return int(sum(a.size for a in self._arrays.values()))
 
-    def prefetch(self, shards: Sequence[int]) -> None:
+    def prefetch(self, shards: Iterable[int]) -> None:
         """Load the lengths of these shards in one call (one read per row group on a columnar index)."""
         missing = sorted({int(s) for s in shards} - set(self._arrays))
         if missing:
@@ -123,6 +141,10 @@ class LazyMask:
         raise NotImplementedError
 
 
+#: what an epoch leaves out, over the plan's global ids: a boolean array (True: left out) or a lazy mask
+Mask: TypeAlias = LazyMask | np.ndarray
+
+
 def by_shard(gids: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """(shard, positions in ``gids``) for each shard the global ids fall in, shards in order."""
     if not gids.size:
@@ -133,17 +155,17 @@ def by_shard(gids: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarra
     return [(int(shard_of[g[0]]), g) for g in np.split(order, cuts)]
 
 
-def index_lengths(index: Any, kept_share: np.ndarray | None = None) -> Lengths:
-    """:class:`Lengths` over a :class:`~streambatch.dataset.index.ShardIndex`: counts and totals from its shard
-    table, per-sample lengths read per shard when asked for (only their row groups on a columnar index).
+def index_lengths(index: LengthIndex, kept_share: np.ndarray | None = None) -> Lengths:
+    """:class:`Lengths` over an index (:class:`LengthIndex`): counts and totals from its shard table, per-sample
+    lengths read per shard when asked for (only their row groups on a columnar index).
     ``kept_share`` (a filter's): per shard, the share of its length kept; shards are dealt by the kept length
     (times a mixture's expected share)."""
     table = index.shard_table(("count", "total_length"))
-    scale = index.deal_scale() if hasattr(index, "deal_scale") else None
+    scale: np.ndarray | None = index.deal_scale() if hasattr(index, "deal_scale") else None
     if kept_share is not None:
         scale = kept_share if scale is None else scale * kept_share
     out = Lengths(table["count"], table["total_length"], index.shard_lengths, scale)
-    if getattr(index, "has_output_lengths", False):
+    if index.has_output_lengths:
         out.load_outputs = index.shard_output_lengths
     if hasattr(index, "dataset_of_shard"):  # a mixture: each virtual shard's dataset, the key of batch_by="dataset"
         out.groups = np.asarray(index.dataset_of_shard(np.arange(out.num_shards)), dtype=np.int64)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
-from .lengths import LazyMask
+from .lengths import LazyMask, Mask
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -109,6 +109,12 @@ class DatasetDraw:
         return out
 
 
+class GidLayout(Protocol):
+    """Where the plan's global ids come from: (dataset, copy, sample id within the dataset) of each."""
+
+    def locate(self, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
 class Selection(LazyMask):
     """The samples of a mixture an epoch leaves out, as a lazy mask over the plan's global ids (like the
     resume masks): ``sel[gids]``, ``sel[lo:hi]`` and ``sel[gid]`` are True for samples not taken.
@@ -116,7 +122,7 @@ class Selection(LazyMask):
     ``layout`` maps global ids to (dataset, copy, sample id within the dataset); see
     :class:`~streambatch.dataset.mixture.MixedIndex`."""
 
-    def __init__(self, layout: Any, draws: Sequence[DatasetDraw], epoch: int):
+    def __init__(self, layout: GidLayout, draws: Sequence[DatasetDraw], epoch: int):
         self.layout, self.draws, self.epoch = layout, list(draws), int(epoch)
 
     def _mask(self, gids: np.ndarray) -> np.ndarray:
@@ -132,14 +138,14 @@ class AnyOf(LazyMask):
     """Two masks over global ids (lazy ones or arrays) as one: True where either is (a selection and an old
     resume mask)."""
 
-    def __init__(self, a: Any, b: Any):
+    def __init__(self, a: Mask, b: Mask):
         self.a, self.b = a, b
 
     def _mask(self, gids: np.ndarray) -> np.ndarray:
         return np.asarray(self.a[gids], dtype=bool) | np.asarray(self.b[gids], dtype=bool)
 
 
-def any_of(a: Any, b: Any) -> Any:
+def any_of(a: Mask | None, b: Mask | None) -> Mask | None:
     """The union of two masks, either of which may be None."""
     if a is None:
         return b

@@ -27,7 +27,8 @@ def pack_by_sum(t: list[float], budget: float, cap: int) -> tuple[list[np.ndarra
     members, full = [], []
     i = find(0)
     while i < n:
-        batch, tot = [], 0.0
+        batch: list[int] = []
+        tot = 0.0
         while i < n and len(batch) < cap and tot + t[i] <= budget:
             batch.append(i)
             tot += t[i]

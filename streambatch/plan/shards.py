@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from .lengths import Lengths
+from .lengths import Lengths, Mask
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def plan_slots(
     seed: int,
     epoch: int,
     shuffle: bool = True,
-    excluded: Any = None,
+    excluded: Mask | None = None,
     slots: range | None = None,
 ) -> list[list[Piece]]:
     """The pieces each of ``num_slots`` slots streams this epoch (only ``slots`` are filled when given).

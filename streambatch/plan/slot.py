@@ -15,6 +15,8 @@ import numpy as np
 
 from .batcher import BucketBatcher
 from .config import BatchingConfig
+from .cost import CostModel
+from .lengths import Mask
 from .shards import Piece, epoch_rng
 
 
@@ -45,7 +47,7 @@ class SlotPlan:
         return cls(
             pieces,
             np.zeros(0, dtype=np.int64),
-            [range(k) for k in sizes],
+            [range(k) for k in sizes],  # type: ignore[misc]  # stand-ins: only their len() is read
             [False] * len(sizes),
             len(plan.skipped),
             len(plan.dropped),
@@ -69,7 +71,7 @@ def global_offsets(shard_counts: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
 
 
-def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Any) -> np.ndarray:
+def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Mask | None) -> np.ndarray:
     """Which of a piece's samples (tar order) were consumed before a resume; none without ``excluded`` (a mask
     over global ids, or a lazy one asked about just these samples)."""
     if excluded is None:
@@ -78,7 +80,7 @@ def piece_excluded(piece: Piece, offsets: np.ndarray, excluded: Any) -> np.ndarr
     return np.asarray(excluded[lo : lo + piece.count], dtype=bool)
 
 
-def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> np.ndarray:
+def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | None) -> np.ndarray:
     """Global ids of a slot's samples in stream order, without the excluded (already consumed) ones."""
     if not pieces:
         return np.zeros(0, dtype=np.int64)
@@ -90,7 +92,7 @@ def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Any) -> 
     )
 
 
-def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
+def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None) -> np.ndarray:
     """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard; the
     planned ones (speed perturbation, feature frames) where ``lengths`` plans them (:mod:`.perturb`)."""
     parts = [lengths.shard(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
@@ -100,13 +102,13 @@ def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.n
     return out
 
 
-def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Any) -> np.ndarray:
+def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None) -> np.ndarray:
     """The output lengths of a slot's stream (two-length budgets), ordered as :func:`stream_lengths`."""
     parts = [lengths.outputs(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Any, batch_by: str) -> np.ndarray:
+def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None, batch_by: str) -> np.ndarray:
     """The group key of each sample of a slot's stream (``batch_by``: its shard's dataset), ordered as
     :func:`stream_lengths`."""
     groups = getattr(lengths, "groups", None)
@@ -126,7 +128,7 @@ def plan_slot(
     config: BatchingConfig,
     epoch: int,
     slot: int,
-    excluded: Any = None,
+    excluded: Mask | None = None,
     keep_lengths: bool = False,
     counted: bool = False,
 ) -> SlotPlan:
@@ -177,7 +179,13 @@ def halve_largest(batches: list[Any], times: int = 1) -> None:
 
 
 def apply_adjust(
-    plan: SlotPlan, adj: Adjust, seed: Any, epoch: int, slot: int, lengths: np.ndarray | None = None, cost: Any = None
+    plan: SlotPlan,
+    adj: Adjust,
+    seed: int,
+    epoch: int,
+    slot: int,
+    lengths: np.ndarray | None = None,
+    cost: CostModel | None = None,
 ) -> SlotPlan:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
     batches, repeat = list(plan.batches), list(plan.repeat)
@@ -187,6 +195,8 @@ def apply_adjust(
     if adj.pad:
         batches, repeat = _padded(batches, repeat, adj.pad, epoch_rng(seed, epoch, slot, 1))
     if adj.hardest and batches:
+        if lengths is None or cost is None:
+            raise ValueError("hardest_first needs the slot's lengths by stream position and the cost model")
         h = hardest_batch(batches, repeat, lengths, cost)
         batches.insert(0, batches.pop(h))
         repeat.insert(0, repeat.pop(h))
@@ -211,7 +221,7 @@ def _padded(
     return nb, nr
 
 
-def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray | None, cost: Any) -> list[float]:
+def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray, cost: CostModel) -> list[float]:
     """Each batch's cost under the model, on its samples' lengths (``lengths`` indexed by stream position)."""
     out = []
     for b in batches:
@@ -220,7 +230,7 @@ def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray | None, cost:
     return out
 
 
-def hardest_batch(batches: Sequence[np.ndarray], repeat: Sequence[bool], lengths: np.ndarray, cost: Any) -> int:
+def hardest_batch(batches: Sequence[np.ndarray], repeat: Sequence[bool], lengths: np.ndarray, cost: CostModel) -> int:
     """The most expensive batch that can move (not a repeat, not followed by its repeat); first on ties."""
     costs = batch_costs(batches, lengths, cost)
     best, best_i = -1.0, 0

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, open_clips, resampled_length
+from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
 from ..dataset.audio import decode as decode_audio
+from ..units import resampled_count
 from .ring import slot_tensor
 
 Decode = str | Callable[[dict[str, Any]], Any]
@@ -54,9 +55,9 @@ def pad_stack(
 
 def _resample(wav: np.ndarray, sr: int, target: int) -> np.ndarray:
     """Resample to the dataset's rate (datasets written with ``--sample-rate``), to exactly the length the index
-    holds (:func:`~streambatch.dataset.audio.resampled_length`): soxr's high-quality resampler when it imports,
+    holds (:func:`~streambatch.units.resampled_count`): soxr's high-quality resampler when it imports,
     else torchaudio's, else linear interpolation."""
-    n = resampled_length(len(wav), sr, target)
+    n = resampled_count(len(wav), sr, target)
     try:
         import soxr  # optional: the audio extra
 
@@ -131,8 +132,8 @@ def _padded_audio(
     samples: Sequence[dict[str, Any]], sample_rate: int | None, pad_to_multiple_of: int | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
-    exts = [audio_ext(s) for s in samples]
-    if not exts or None in exts:
+    exts = [e for e in map(audio_ext, samples) if e is not None]
+    if not exts or len(exts) < len(samples):
         return None
     clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate)
     if clips is None:
@@ -201,8 +202,9 @@ def collate(
         lengths, audio = batch["lengths"], batch["audio"] = direct
         batch["padding_mask"] = padding_mask(lengths, audio.shape[1], batch_tensor(tuple(audio.shape), torch.bool))
     else:
-        payload = [decode_sample(s, mode, sample_rate) for s in samples]
-        if all(p is not None for p in payload):
+        decoded = [decode_sample(s, mode, sample_rate) for s in samples]
+        payload = [p for p in decoded if p is not None]
+        if len(payload) == len(decoded):
             name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
             if per_sample is not None:  # read/transforms.py: speed perturbation, transform, features
                 payload, added, name = per_sample(samples, payload, name)

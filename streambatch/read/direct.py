@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.format import sha256_problem
+from ..dataset.mixture import AnyIndex
 from ..dataset.storage import is_local
 from ..dataset.tar import buffer_members, group_samples
 from ..errors import ShardReadError
@@ -35,7 +36,7 @@ OPEN_SHARDS = 64
 _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 
 
-def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: Any) -> bool:
+def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: AnyIndex | None) -> bool:
     """Whether a slot's pieces can be read by position: local files, and an index that knows the byte spans."""
     if index is None or not pieces or not all(is_local(urls[p.shard]) for p in pieces):
         return False
@@ -43,18 +44,22 @@ def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: Any) ->
 
 
 def _file_sha256(path: str) -> str:
+    """The file's sha256, read a MiB at a time (hashing releases the GIL; ``hashlib.file_digest`` is 3.11+)."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()  # hashing releases the GIL
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class _Shard:
     """One open shard: its file, the byte span of each sample, the index's size and sha256."""
 
     def __init__(self, job: Job, spans: tuple[np.ndarray, np.ndarray], verify: str, count: Count | None = None):
-        _prepare_local(job, verify)  # the size, before any byte is used
+        self.local = _prepare_local(job, verify)  # the size, before any byte is used
         self.job = job
         self.offsets, self.sizes = spans
-        self.fd = os.open(job.local, os.O_RDONLY)
+        self.fd = os.open(self.local, os.O_RDONLY)
         self.pread = waiting_on_storage(os.pread, count)  # a positioned read is time waited on storage
 
     def read(self, i: int) -> dict[str, Any]:
@@ -82,7 +87,7 @@ class DirectShards:
     def __init__(
         self,
         urls: Sequence[str],
-        index: Any,
+        index: AnyIndex,
         pieces: Sequence[Piece],
         counts: np.ndarray,
         opts: Any,
@@ -123,10 +128,10 @@ class DirectShards:
         if len(self.open) >= OPEN_SHARDS:
             self.open.popitem(last=False)[1].close()
         self.open[s] = sh
-        self._start_hash(sh.job)
+        self._start_hash(sh.job, sh.local)
         return sh
 
-    def _start_hash(self, job: Job) -> None:
+    def _start_hash(self, job: Job, local: str) -> None:
         if (
             self.opts.verify != "sha256"
             or not job.expected_sha
@@ -137,7 +142,7 @@ class DirectShards:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streambatch-sha256")
         self.hashed.add(job.shard)
-        self.hashing[job.shard] = self._pool.submit(_file_sha256, job.local)
+        self.hashing[job.shard] = self._pool.submit(_file_sha256, local)
 
     def check_hashes(self, wait: bool = False) -> None:
         """Count the shards whose hash came out wrong (all of them still pending, with ``wait``)."""

@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, piece_excluded
 from .direct import DirectShards
 from .faults import FaultLog, ShardFault
 
 
-def pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Any) -> list[tuple[Piece, int]]:
+def pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Mask | None) -> list[tuple[Piece, int]]:
     """(piece, stream position of its first sample) for the pieces holding a sample of a batch still to
     come; pieces whose samples were all consumed before a resume are not read again."""
     needed_pos = np.zeros(len(plan.gids), dtype=bool)
@@ -45,7 +46,7 @@ class Invalid:
 
 
 def positioned(
-    samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: Any
+    samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: Mask | None
 ) -> Iterator[tuple[int, int, dict[str, Any] | None] | Invalid]:
     """Stage: attach each streamed sample's position in the slot's stream and its global id; drop excluded ones.
 
@@ -119,7 +120,7 @@ class _Executor:
 
     def __init__(
         self,
-        samples: Iterator[Any],
+        samples: Iterator[tuple[int, int, dict[str, Any] | None] | Invalid],
         plan: SlotPlan,
         first: int,
         lengths: np.ndarray,
@@ -147,8 +148,8 @@ class _Executor:
 
     def pull(self) -> Any:
         """Process one stream item; the position of a held sample, None, or _END."""
-        item = next(self.it, _END)
-        if item is _END:
+        item = next(self.it, None)  # never None itself: a tuple or an Invalid span
+        if item is None:
             return _END
         if isinstance(item, Invalid):
             gone = [p for p in self.held if item.lo <= p < item.hi]

@@ -129,8 +129,8 @@ def _chunks(size: int, chunk_size: int, ramp: bool = False) -> Iterator[tuple[in
 
 
 # ---- strategy 1: a local file ---------------------------------------------------------------------------
-def _prepare_local(job: Job, verify: str) -> None:
-    """A local shard: check it is there with the index's size, and read the file itself."""
+def _prepare_local(job: Job, verify: str) -> str:
+    """A local shard: check it is there with the index's size, and read the file itself (its path, returned)."""
     p = local_path(job.url)
     try:
         size = os.path.getsize(p)
@@ -140,6 +140,7 @@ def _prepare_local(job: Job, verify: str) -> None:
         raise ShardReadError(f"{job.url}: cannot open shard ({e})") from e
     check_size(job.url, size, job.expected_size, verify)
     job.size, job.local = size, p
+    return p
 
 
 def _local_range(f: Any, lo: int, hi: int, chunk_size: int) -> Callable[[], bytes]:

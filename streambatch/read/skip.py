@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from ..dataset.mixture import AnyIndex
+from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import piece_excluded
 
@@ -43,7 +44,7 @@ def _segments(skip: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, min_gap:
 
 
 def skip_left_out(
-    needed: Sequence[tuple[Piece, int]], index: Any, offsets: np.ndarray, excluded: Any, min_gap: int
+    needed: Sequence[tuple[Piece, int]], index: AnyIndex, offsets: np.ndarray, excluded: Mask | None, min_gap: int
 ) -> list[tuple[Piece, int]]:
     """``needed`` (piece, stream position) with each piece that holds a long excluded run split into
     :class:`Span` byte ranges around it; the others as they are (read from the shard's start)."""

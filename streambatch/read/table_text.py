@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from ..dataset.mixture import AnyIndex
+
 TEXT_COLUMN = "text"
 #: shards whose texts a worker keeps (a batch's samples come from the shards of one buffer window)
 CACHED_SHARDS = 64
@@ -24,12 +26,12 @@ class TableText:
     """Gives each sample of a formed batch that has no text of its own its ``text`` from the sample table (as
     ``sample["__text__"]``, which :func:`~.collate.collate` puts in ``batch["text"]``)."""
 
-    def __init__(self, index: Any):
+    def __init__(self, index: AnyIndex):
         self.index = index
         self.cache: collections.OrderedDict[int, list[Any] | None] = collections.OrderedDict()
 
     @classmethod
-    def of(cls, index: Any) -> TableText | None:
+    def of(cls, index: AnyIndex | None) -> TableText | None:
         """One for an index with a ``text`` column; None otherwise (nothing to attach)."""
         return cls(index) if index is not None and index.has_column(TEXT_COLUMN) else None
 

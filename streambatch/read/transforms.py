@@ -79,27 +79,32 @@ class SampleOps:
         gids = np.array([_gid(s) for s in samples], dtype=np.int64)
         repeats = [int(s.get("__repeat__", 0)) for s in samples]  # set where a dataset mixture repeats a sample
         factors = self.speed.factors_of(self.seed, self.epoch, gids, repeats) if self.speed is not None else None
+        rate = self.sample_rate
+        if factors is not None and rate is None:
+            raise ValueError("speed_perturb needs the dataset's sample rate (an index counting samples)")
         out = []
         for i, (s, p) in enumerate(zip(samples, payload)):
-            if factors is not None:
-                p = speed_resample(p, float(factors[i]), self.sample_rate)
+            if factors is not None and rate is not None:
+                p = speed_resample(p, float(factors[i]), rate)
             if self.transform is not None:
-                p = self._transform(s, p, name, int(gids[i]))
+                p = self._transform(self.transform, s, p, name, int(gids[i]))
             if self.features is not None:
                 p = self._features(s, p)
             out.append(p)
         fields = {"speed": torch.tensor(factors, dtype=torch.float32)} if factors is not None else {}
         return out, fields, "features" if self.features is not None else name
 
-    def _transform(self, sample: dict[str, Any], payload: torch.Tensor, name: str, gid: int) -> torch.Tensor:
-        """The user's transform on a copy of the sample holding its decoded payload under ``name``."""
+    def _transform(
+        self, fn: Transform, sample: dict[str, Any], payload: torch.Tensor, name: str, gid: int
+    ) -> torch.Tensor:
+        """The user's transform ``fn`` on a copy of the sample holding its decoded payload under ``name``."""
         rng = sample_rng(self.seed, self.epoch, gid, int(sample.get("__repeat__", 0)))
-        got = self.transform({**sample, name: payload, "__id__": gid}, rng)
+        got = fn({**sample, name: payload, "__id__": gid}, rng)
         if not isinstance(got, dict) or name not in got:
-            raise TypeError(f"transform {name_of(self.transform)} must return the sample dict with its {name!r}")
+            raise TypeError(f"transform {name_of(fn)} must return the sample dict with its {name!r}")
         out = got[name] if isinstance(got[name], torch.Tensor) else torch.as_tensor(np.asarray(got[name]))
         if out.shape[0] > payload.shape[0]:
-            raise _too_long("transform", self.transform, sample["__key__"], out.shape[0], payload.shape[0], "steps")
+            raise _too_long("transform", fn, sample["__key__"], out.shape[0], payload.shape[0], "steps")
         return out
 
     def _features(self, sample: dict[str, Any], wav: torch.Tensor) -> torch.Tensor:

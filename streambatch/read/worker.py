@@ -14,15 +14,14 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from ..dataset.index import ShardIndex
-from ..dataset.mixture import DatasetNames
-from ..dataset.where import left_out
+from ..dataset.mixture import AnyIndex, DatasetNames
+from ..dataset.where import PlanFilter, left_out
 from ..dist import worker_info
 from ..errors import EmptyEpochError
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
-from ..plan.perturb import LengthPlan, planned_lengths
+from ..plan.perturb import LengthPlan, PlannedLengths, planned_lengths
 from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, stream_lengths
@@ -77,7 +76,7 @@ class SharedEpochState:
             )
             for w in range(self.num_workers)
         ]
-        return EpochState(*row[:n], adjust=adjust)
+        return EpochState(**dict(zip(_HEAD, row[:n])), adjust=adjust)
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class SlotContext:
     tensors; ``resumed`` names the layouts the epoch ran on before a resume on another one."""
 
     urls: Sequence[str]
-    index: ShardIndex | None
+    index: AnyIndex | None
     config: BatchingConfig
     rank: int
     world_size: int
@@ -115,18 +114,19 @@ class SlotContext:
     bad: torch.Tensor
     resumed: Resumed | None = None
     length_plan: LengthPlan | None = None  # speed perturbation / feature frames (plan/perturb.py)
-    filter: Any = None  # a :class:`~streambatch.dataset.where.PlanFilter` (``where=``), or None
+    filter: PlanFilter | None = None  # ``where=``
     ring: BatchRing | None = None  # reused shared-memory batch buffers per worker (read/ring.py)
 
     @property
     def num_slots(self) -> int:
         return self.world_size * self.num_workers
 
-    def lengths(self, epoch: int) -> Lengths:
-        """The lengths the epoch is planned on, as the planner reads them: per shard, only the shards asked for
-        (shards dealt by kept length under ``where=``; speed perturbation / feature frames planned)."""
+    def lengths(self, index: AnyIndex, epoch: int) -> Lengths:
+        """The lengths the epoch is planned on, as the planner reads them from ``index`` (this context's):
+        per shard, only the shards asked for (shards dealt by kept length under ``where=``; speed perturbation /
+        feature frames planned)."""
         kept = self.filter.scale if self.filter is not None else None
-        return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
+        return planned_lengths(index_lengths(index, kept), self.length_plan, self.config.seed, epoch)
 
 
 class EpochStream(IterableDataset):
@@ -169,7 +169,7 @@ def stream_slot(
         opts = dataclasses.replace(opts, per_sample=opts.per_sample.for_epoch(epoch))
     checked = CheckedBatches(opts, faults)
     if ctx.index is not None:
-        batches = _planned_batches(ctx, epoch, slot, adj, first, faults)
+        batches = _planned_batches(ctx, ctx.index, epoch, slot, adj, first, faults)
     else:
         batches = _online_batches(ctx, epoch, slot, adj, faults)
     texts = TableText.of(ctx.index)  # transcripts the tars do not hold (an adopted NeMo dataset's)
@@ -179,33 +179,35 @@ def stream_slot(
 
 
 def _planned_batches(
-    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None
+    ctx: SlotContext, index: AnyIndex, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None
 ) -> Iterator[list[dict[str, Any]]]:
-    """With an index: re-plan this slot, equalise it as the epoch plan said, stream what it still needs."""
-    lengths = ctx.lengths(epoch)
+    """With an index (``ctx.index``): re-plan this slot, equalise it as the epoch plan said, stream what it
+    still needs."""
+    lengths = ctx.lengths(index, epoch)
     offsets = lengths.offsets
     excluded = excluded_in(
-        ctx.resumed, epoch, lengths, ctx.config, left_out(ctx.index, ctx.filter, epoch, ctx.config.seed, offsets)
+        ctx.resumed, epoch, lengths, ctx.config, left_out(index, ctx.filter, epoch, ctx.config.seed, offsets)
     )
     cfg = ctx.config
     pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
     by_pos = raw.lengths
-    index_pos = stream_lengths(pieces, lengths.base, excluded) if ctx.length_plan is not None else None
+    assert by_pos is not None  # plan_slot(keep_lengths=True) keeps them
+    index_pos = stream_lengths(pieces, lengths.base, excluded) if isinstance(lengths, PlannedLengths) else None
     plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
 
     direct = None
-    if can_read_direct(ctx.urls, plan.pieces, ctx.index):  # local files: read by position, not streamed
-        direct = DirectShards(ctx.urls, ctx.index, plan.pieces, lengths.counts, ctx.read, faults)
+    if can_read_direct(ctx.urls, plan.pieces, index):  # local files: read by position, not streamed
+        direct = DirectShards(ctx.urls, index, plan.pieces, lengths.counts, ctx.read, faults)
 
     def run(part: SlotPlan, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:
         if direct is not None:
             return execute_direct(direct, part, start, by_pos, offsets, faults, ctx.read.reservoir, last, index_pos)
         needed = skip_left_out(
-            pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded, ctx.read.chunk_size
+            pieces_needed(part, start, offsets, excluded), index, offsets, excluded, ctx.read.chunk_size
         )
         samples = read_pieces(
-            ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards, faults, markers=True
+            ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, index.shards, faults, markers=True
         )
         return execute_plan(
             positioned(samples, needed, offsets, excluded), part, start, by_pos, faults, ctx.read.reservoir, index_pos
@@ -328,7 +330,8 @@ class CheckedBatches:
     left with nothing is replaced by the last good one (counted as re-drawn), so the steps stay equal."""
 
     def __init__(self, opts: CollateOptions, faults: FaultLog | None):
-        self.opts, self.faults, self.last = opts, faults, None
+        self.opts, self.faults = opts, faults
+        self.last: list[dict[str, Any]] | None = None
 
     def __call__(self, batch: list[dict[str, Any]]) -> Any:
         try:
@@ -338,17 +341,19 @@ class CheckedBatches:
         except Exception as error:  # noqa: BLE001 - narrowed down per sample below
             if self.faults is None:
                 raise
-            good = self._decodable(batch)
-            if len(good) == len(batch) or (not good and self.last is None):
+            good = self._decodable(batch, self.faults)
+            if len(good) == len(batch):
                 raise error
             if not good:
+                if self.last is None:
+                    raise error
                 self.faults.add("redrawn_samples", len(self.last))
                 return finish_batch(self.last, self.opts)
             self.faults.add("shrunk_batches")
             self.last = good
             return finish_batch(good, self.opts)
 
-    def _decodable(self, batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _decodable(self, batch: Sequence[dict[str, Any]], faults: FaultLog) -> list[dict[str, Any]]:
         """The samples that decode alone; each one that does not is counted and its shard marked bad."""
         good = []
         for s in batch:
@@ -356,8 +361,8 @@ class CheckedBatches:
                 collate([s], self.opts.decode, sample_rate=self.opts.sample_rate)
                 good.append(s)
             except Exception as e:  # noqa: BLE001
-                self.faults.add("lost_samples")
-                self.faults.bad_shard(
+                faults.add("lost_samples")
+                faults.bad_shard(
                     int(s.get("__shard__", -1)),
                     str(s.get("__url__")),
                     f"sample {s.get('__key__')!r} cannot be decoded ({type(e).__name__}: {e})",

@@ -30,6 +30,7 @@ from ..dataset.format import (
 )
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
+from ..units import Unit
 from .verify import verify_dataset
 
 _PART_FILE_RE = re.compile(
@@ -350,9 +351,10 @@ def _merged_index(out: str, ordered: list[tuple[str, ShardIndex]]) -> ShardIndex
     n = len(ordered)
     first = ordered[0][1]
     rates = {ix.sample_rate for _, ix in ordered if ix.num_samples}
-    if len(rates) > 1 and first.unit == "samples":
+    if len(rates) > 1 and first.unit is Unit.SAMPLES:
+        listed = ", ".join(str(r) for r in sorted(rates, key=lambda r: r or 0))
         raise ShardifyError(
-            f"the parts have different sample rates ({', '.join(str(r) for r in sorted(rates))} Hz): the source "
+            f"the parts have different sample rates ({listed} Hz): the source "
             "mixes sample rates; write every part with --sample-rate R to count lengths in samples at R"
         )
     sample_rate = rates.pop() if len(rates) == 1 else None

@@ -16,30 +16,30 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe, resampled_length
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, ShardifyError
 from ..procs import die_with_parent
+from ..units import Unit
 from .segments import as_segment
 from .sources import LENGTH_FIELDS, Record, token_length
 from .tarwrite import Sample, audio_sample, text_sample
 
-UNITS = ("samples", "seconds", "tokens")
+#: the units a written dataset's lengths may count
+UNITS = (Unit.SAMPLES, Unit.SECONDS, Unit.TOKENS)
 
 
-def check_unit(kind: str, unit: str | None, sample_rate: int | None) -> str:
+def check_unit(kind: str, unit: Unit | str | None, sample_rate: int | None) -> Unit:
     """The dataset's length unit: ``samples`` (audio default), ``seconds``, or ``tokens`` (text)."""
     text = kind == "text"
-    unit = unit or ("tokens" if text else "samples")
-    if unit not in UNITS:
-        raise ShardifyError(f"unknown unit {unit!r}; choose one of {', '.join(UNITS)}")
-    if text and unit != "tokens":
+    unit = Unit.parse(unit or (Unit.TOKENS if text else Unit.SAMPLES), UNITS)
+    if text and unit is not Unit.TOKENS:
         raise ShardifyError(f"a text source is measured in tokens, not {unit}")
-    if not text and unit == "tokens":
+    if not text and unit is Unit.TOKENS:
         raise ShardifyError("an audio source is measured in samples or seconds, not tokens")
     if sample_rate is not None and (text or int(sample_rate) <= 0):
         raise ShardifyError("--sample-rate needs an audio source and a positive rate")
@@ -47,7 +47,7 @@ def check_unit(kind: str, unit: str | None, sample_rate: int | None) -> str:
 
 
 @contextlib.contextmanager
-def _opened(path: Any, storage_options: dict | None) -> Iterator[tuple[BinaryIO, int]]:
+def _opened(path: Any, storage_options: dict | None) -> Iterator[tuple[IO[bytes], int]]:
     """The audio open for reading, and its size: a file (path or URL), or a source's blob (``read()``)."""
     if not isinstance(path, str):
         data = path.read()
@@ -123,13 +123,10 @@ def probe_records(
         bar.close()
 
 
-_resampled = resampled_length  # the name adopt.py imports
-
-
 def measure(
     records: Sequence[Record],
     kind: str,
-    unit: str,
+    unit: Unit | str,
     sample_rate: int | None = None,
     workers: int = 1,
     progress: bool = True,
@@ -147,8 +144,9 @@ def measure(
     probed, problems = _probe_audio(records, workers, progress, storage_options)
     if problems and on_error == "fail":
         return [], problems, None
-    index_rate = _index_rate(probed, unit, sample_rate)
-    samples = _audio_samples(probed, unit, index_rate, problems)
+    audio_unit = Unit.parse(unit, (Unit.SAMPLES, Unit.SECONDS))
+    index_rate = _index_rate(probed, audio_unit, sample_rate)
+    samples = _audio_samples(probed, audio_unit, index_rate, problems)
     return samples, problems, index_rate
 
 
@@ -220,14 +218,14 @@ def duration_problem(rec: Record, sample_rate: int, frames: int) -> str | None:
     )
 
 
-def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -> int | None:
+def _index_rate(probed: Sequence[_Probed], unit: Unit, sample_rate: int | None) -> int | None:
     """The index's sample rate: ``sample_rate`` if given, else the one rate found (mixed rates are an error
     when lengths are counted in samples)."""
     first_at: dict[int, str] = {}
     for rec, sr, _, _ in probed:
         first_at.setdefault(sr, rec.where if rec.path is None or rec.where == rec.path else f"{rec.path} ({rec.where})")
     rates = sorted(first_at)
-    if sample_rate is None and len(rates) > 1 and unit == "samples":
+    if sample_rate is None and len(rates) > 1 and unit is Unit.SAMPLES:
         (a, b) = rates[:2]
         raise ShardifyError(
             f"mixed sample rates: {first_at[a]} is {a} Hz but {first_at[b]} is {b} Hz "
@@ -237,18 +235,15 @@ def _index_rate(probed: Sequence[_Probed], unit: str, sample_rate: int | None) -
 
 
 def _audio_samples(
-    probed: Sequence[_Probed], unit: str, index_rate: int | None, problems: list[InputProblem]
+    probed: Sequence[_Probed], unit: Unit, index_rate: int | None, problems: list[InputProblem]
 ) -> list[Sample]:
     """The probed records as samples; one that is 0 samples long at ``index_rate`` goes to ``problems``."""
     samples: list[Sample] = []
     for rec, sr, frames, nbytes in probed:
-        rate = index_rate if unit == "samples" and index_rate else sr  # the rate the loader emits it at
-        if unit == "samples":
-            length: int | float = resampled_length(frames, sr, rate)
-            if length <= 0:
-                problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))
-                continue
-        else:
-            length = frames / sr
+        length = unit.audio_length(frames, sr, index_rate)
+        if unit is Unit.SAMPLES and length <= 0:
+            problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))
+            continue
+        rate = index_rate if unit is Unit.SAMPLES and index_rate else sr  # the rate the loader emits it at
         samples.append(audio_sample(rec, length, sr, frames, nbytes, rate))
     return samples

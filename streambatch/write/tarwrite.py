@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import IO, Any, Final
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from ..dataset.index import ShardInfo
 from ..errors import ShardifyError, StreamBatchError
 from .sources import Record
 
-TAR_FORMAT = tarfile.PAX_FORMAT
+TAR_FORMAT: Final = tarfile.PAX_FORMAT
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
 
@@ -127,13 +127,13 @@ def text_sample(rec: Record, length: int) -> Sample:
     meta = _with_fields(_lengths(rec, length), rec.fields)
     payload = []
     if rec.text is not None:
-        payload.append(Member(f"{rec.key}.txt", 0, data=rec.text.encode("utf-8")))
+        text = rec.text.encode("utf-8")
+        payload.append(Member(f"{rec.key}.txt", len(text), data=text))
     if rec.input_ids is not None:
         buf = io.BytesIO()
         np.save(buf, np.asarray(rec.input_ids, dtype=np.int32))
-        payload.append(Member(f"{rec.key}.input_ids.npy", 0, data=buf.getvalue()))
-    for m in payload:
-        m.size = len(m.data)
+        ids = buf.getvalue()
+        payload.append(Member(f"{rec.key}.input_ids.npy", len(ids), data=ids))
     return Sample(rec.key, length, _members(rec.key, meta, payload), meta, rec.output_length)
 
 
@@ -188,13 +188,16 @@ class _HashingWriter:
 def _write_tar(f: Any, samples: Sequence[Sample], storage_options: dict | None) -> str:
     """Write the samples as a tar to the open file ``f``; returns the sha256 of the bytes written."""
     hw = _HashingWriter(f)
-    with tarfile.open(fileobj=hw, mode="w", format=TAR_FORMAT, encoding="utf-8") as tar:
+    # tarfile writes with write() and tell() only; its stub asks for a whole file object
+    with tarfile.open(fileobj=hw, mode="w", format=TAR_FORMAT, encoding="utf-8") as tar:  # type: ignore[call-overload]
         for s in samples:
             for m in s.members:
                 ti = _tarinfo(m.name, m.size)
                 if m.data is not None or m.blob is not None:
                     tar.addfile(ti, io.BytesIO(_member_bytes(m)))
                     continue
+                if m.path is None:
+                    raise ValueError(f"tar member {m.name}: no data, blob or path to write")
                 with storage.open_url(m.path, "rb", storage_options) as src:
                     if storage.is_local(m.path) and os.fstat(src.fileno()).st_size != m.size:
                         raise ShardifyError(f"{m.path}: the file changed size while shards were being written")
@@ -275,7 +278,7 @@ class _Differs(StreamBatchError):
 class _ComparingSink:
     """A write target that compares what is written with an existing file instead of writing it."""
 
-    def __init__(self, f: BinaryIO):
+    def __init__(self, f: IO[bytes]):
         self.f = f
 
     def write(self, b: bytes) -> int:

@@ -23,12 +23,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, resampled_length
+from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
 from ..dataset.audio import decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
 from ..dataset.tar import iter_members, split_name
 from ..errors import ShardReadError
+from ..units import Unit
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class DecodeCheck:
     """What ``verify --decode`` needs of the index: its length unit and sample rate (``samples``: the decoded
     frames at the member's rate, resampled to ``sample_rate``, are the length; ``seconds``: frames / rate)."""
 
-    unit: str
+    unit: Unit
     sample_rate: int | None
 
 
@@ -108,7 +109,7 @@ def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeChec
         return "decodes to 0 frames"
     if want is None:
         return None
-    got: float = frames / sr if check.unit == "seconds" else resampled_length(frames, sr, check.sample_rate or sr)
+    got = check.unit.audio_length(frames, sr, check.sample_rate)
     if _same_length(got, want):
         return None
     return f"decodes to {frames} frames at {sr} Hz (length {_num(got)}), the index says {_num(want)}"

@@ -21,6 +21,7 @@ from ..dataset import storage
 from ..dataset.columns import ColumnError, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
+from ..units import Unit
 from .parts import (
     Scope,
     check_out,
@@ -58,7 +59,7 @@ def write_shards(
     out: str,
     *,
     kind: str | None = None,
-    unit: str | None = None,
+    unit: Unit | str | None = None,
     sample_rate: int | None = None,
     data_root: str | None = None,
     max_count: int = DEFAULT_MAX_COUNT,

@@ -16,7 +16,7 @@ from conftest import TESTS
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.cli import main as shardify
-from streambatch.dataset.audio import resampled_length
+from streambatch.units import resampled_count
 from streambatch.write.sources import path_key
 
 AUDIO = TESTS / "data" / "real" / "audio"
@@ -119,7 +119,7 @@ def test_resampled_streams_the_planned_frames_at_the_reported_rate(datasets, num
     assert set(got) == set(lengths) == set(DECODED)
     for key, sample in got.items():
         path, wav, sr = DECODED[key]
-        assert lengths[key] == resampled_length(len(wav), sr, TARGET) == len(sample["audio"]), key
+        assert lengths[key] == resampled_count(len(wav), sr, TARGET) == len(sample["audio"]), key
         assert sample["rate"] == TARGET, key
         assert sample["original"] == (None if sr == TARGET else sr), key
         if sr == TARGET and path.suffix not in LOSSY:
@@ -157,7 +157,7 @@ def test_unreadable_audio_is_a_one_line_input_error(tmp_path, capsys):
 
 
 def test_resampling_emits_the_length_the_writer_counts():
-    """The loader's resampler gives exactly ``resampled_length`` frames, halves rounded up as the writer rounds
+    """The loader's resampler gives exactly ``resampled_count`` frames, halves rounded up as the writer rounds
     them (5 frames at 32 kHz are 2.5 at 16 kHz: 3)."""
     from streambatch.read.collate import decode_sample
 
@@ -165,7 +165,7 @@ def test_resampling_emits_the_length_the_writer_counts():
         buf = io.BytesIO()
         sf.write(buf, np.linspace(-0.5, 0.5, frames, dtype=np.float32), sr, format="WAV", subtype="FLOAT")
         wav = decode_sample({"__key__": "k", "wav": buf.getvalue()}, "audio", sample_rate=TARGET)
-        assert len(wav) == resampled_length(frames, sr, TARGET) == round(frames * TARGET / sr + 1e-9), (frames, sr)
+        assert len(wav) == resampled_count(frames, sr, TARGET) == round(frames * TARGET / sr + 1e-9), (frames, sr)
 
 
 def test_a_corrupt_mp3_is_an_input_error(tmp_path, capsys):

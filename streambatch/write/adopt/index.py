@@ -28,8 +28,9 @@ from ...dataset import storage
 from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
 from ...errors import InputProblem, ShardifyError
+from ...units import resampled_count
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
-from ..probe import _resampled, check_unit, process_pool
+from ..probe import check_unit, process_pool
 from .fields import SampleExtras
 from .nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
 from .scan import SampleScan, ShardScan, scan_tar
@@ -315,7 +316,7 @@ def sample_length(s: SampleScan, layout: str, unit: str, rate: int | None, entry
         return s.tokens if s.tokens > 0 else f"{s.key}: empty text (0 tokens)"
     if s.audio is None:
         return f"{s.key}: no audio member (flac, wav, ogg, opus, mp3), has {_exts(s)}"
-    header = _resampled(s.frames, s.rate, rate or s.rate) if unit == "samples" else s.frames / s.rate
+    header = resampled_count(s.frames, s.rate, rate or s.rate) if unit == "samples" else s.frames / s.rate
     if unit == "samples" and header <= 0:
         return f"{s.key}.{s.audio}: {s.frames} frames at {s.rate} Hz is 0 samples at {rate} Hz"
     if s.length is not None and abs(s.length - header) > 1e-6 * max(1.0, header):

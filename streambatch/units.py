@@ -1,0 +1,87 @@
+"""The unit a dataset's lengths count: :class:`Unit`, parsed once where a unit enters (an index header, ``--unit``,
+an option) and compared as a value everywhere after.
+
+A leaf module beside :mod:`.errors`: the index (``dataset/``), the planner (``plan/``), the writer and the
+calibration all name units, and none of them should import another to do it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from .errors import OptionError
+
+__all__ = ["Unit", "resampled_count"]
+
+
+class Unit(str, enum.Enum):
+    """What one unit of a length is. A ``str`` too: ``Unit.SAMPLES == "samples"``, it is written to an index
+    and to JSON as that string, and every function taking a unit takes the string as well."""
+
+    #: audio samples at the index's sample rate
+    SAMPLES = "samples"
+    #: seconds of audio (fractional lengths)
+    SECONDS = "seconds"
+    #: text tokens (or characters where the tokenizer counts them)
+    TOKENS = "tokens"
+    #: feature frames (a length plan's lengths after a transform)
+    FRAMES = "frames"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def parse(cls, value: object, choices: Iterable[Unit] | None = None) -> Unit:
+        """``value`` (a :class:`Unit` or its name) as a :class:`Unit`, one of ``choices`` (default: any); an
+        :class:`~streambatch.errors.OptionError` naming the units there are for anything else."""
+        allowed = tuple(cls) if choices is None else tuple(choices)
+        unit = cls._value2member_map_.get(value) if isinstance(value, str) else None
+        if not isinstance(unit, cls) or unit not in allowed:
+            raise OptionError(f"unknown unit {value!r}; choose one of {', '.join(u.value for u in allowed)}")
+        return unit
+
+    @property
+    def is_audio(self) -> bool:
+        """Whether lengths measure audio (samples or seconds), so durations convert to them."""
+        return self in (Unit.SAMPLES, Unit.SECONDS)
+
+    @property
+    def whole(self) -> bool:
+        """Whether lengths are whole numbers (every unit but seconds)."""
+        return self is not Unit.SECONDS
+
+    def names(self, word: str) -> bool:
+        """Whether ``word`` names this unit, in the plural or the singular (``"samples"``, ``"sample"``)."""
+        return word in (self.value, self.value[:-1])
+
+    def seconds_per_unit(self, sample_rate: int | None) -> float | None:
+        """How many seconds one unit is: ``1/sample_rate`` for samples, 1 for seconds, None where lengths are not
+        audio or the sample rate is unknown."""
+        if self is Unit.SAMPLES and sample_rate:
+            return 1.0 / float(sample_rate)
+        return 1.0 if self is Unit.SECONDS else None
+
+    def from_seconds(self, seconds: float, sample_rate: int | None) -> float | None:
+        """``seconds`` of audio in this unit, or None where it does not convert (not audio, no sample rate)."""
+        if self is Unit.SECONDS:
+            return seconds
+        return seconds * float(sample_rate) if self is Unit.SAMPLES and sample_rate else None
+
+    def audio_length(self, frames: int, rate: int, index_rate: int | None) -> int | float:
+        """The length of ``frames`` frames of audio at ``rate`` Hz: samples at ``index_rate`` (the audio's own
+        rate when None; counted as the writer counts them, :func:`resampled_count`) or seconds."""
+        if self is Unit.SAMPLES:
+            return resampled_count(frames, rate, index_rate or rate)
+        if self is Unit.SECONDS:
+            return frames / rate
+        raise OptionError(f"audio is measured in samples or seconds, not {self.value}")
+
+
+def resampled_count(frames: int, rate: int, target: int) -> int:
+    """``round(frames * target / rate)`` in exact integer arithmetic (halves round up): the samples ``frames``
+    frames at ``rate`` Hz are at ``target`` Hz."""
+    return frames if rate == target else (2 * frames * target + rate) // (2 * rate)
