@@ -1,5 +1,6 @@
 """shardify inputs → records: an audio folder, a JSONL manifest (NeMo style), a SpeechBrain JSON or CSV
-manifest, a text JSONL, or a Hugging Face dataset (``hf_source.py``).
+manifest (``speechbrain_source.py``), a lhotse manifest (``lhotse_source.py``), a Kaldi data folder
+(``kaldi_source.py``), a text JSONL, or a Hugging Face dataset (``hf_source.py``).
 
 ``read_source(src)`` returns the records it could read and an ``InputProblem`` for every bad one (a line
 that is not JSON, a missing field, a duplicate key, ...). Nothing here opens an audio file: lengths are
@@ -10,9 +11,7 @@ JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) r
 from __future__ import annotations
 
 import contextlib
-import csv
 import gzip
-import io
 import json
 import os
 import posixpath
@@ -178,10 +177,9 @@ def read_source(
     elif kind in ("lhotse", "kaldi"):
         records, problems = _read_corpus(src, kind, data_root)
     else:
-        if src.lower().endswith((".csv", ".tsv")):
-            records, problems = _read_speechbrain_csv(src, data_root)
-        else:
-            records, problems = _read_speechbrain_json(src, data_root)
+        from .speechbrain_source import read_speechbrain
+
+        records, problems = read_speechbrain(src, data_root)
     records, dup = _drop_duplicate_keys(records)
     return records, problems + dup
 
@@ -270,12 +268,6 @@ def _base_dir(src: str) -> str:
     return os.path.dirname(os.path.abspath(local_path(src))) if is_local(src) else posixpath.dirname(src)
 
 
-def speechbrain_base(src: str) -> str:
-    """What a relative path in a SpeechBrain manifest is relative to: the working directory, as SpeechBrain
-    opens the path as it is (a manifest in an object store: its folder)."""
-    return os.getcwd() if is_local(src) else posixpath.dirname(src)
-
-
 def resolve_path(path: str, base: str, data_root: str | None, where: str) -> str:
     """Fill ``{data_root}`` / ``$data_root``, then resolve a relative path against ``base``."""
     for ph in DATA_ROOT_PLACEHOLDERS:
@@ -293,7 +285,7 @@ def resolve_path(path: str, base: str, data_root: str | None, where: str) -> str
     return os.path.normpath(os.path.abspath(path))
 
 
-def _record_from_audio_entry(
+def record_from_audio_entry(
     entry: dict,
     src: str,
     line: int | None,
@@ -392,14 +384,14 @@ def _fill_path_keys(records: list[Record], base: str) -> None:
     todo = [r for r in records if not r.key]
     if not todo:
         return
-    local = [r.path for r in records if is_local(r.path)]
+    local = [p for r in records if (p := r.path) is not None and is_local(p)]
     if local and not all(os.path.abspath(p).startswith(os.path.join(base, "")) for p in local):
         try:
             base = os.path.commonpath([os.path.dirname(p) for p in local])
         except ValueError:
             pass
     for r in todo:
-        r.key = path_key(r.path, base) + (r.segment.key_suffix() if r.segment is not None else "")
+        r.key = path_key(r.path or "", base) + (r.segment.key_suffix() if r.segment is not None else "")
     unique_segment_keys(todo)
 
 
@@ -421,121 +413,10 @@ def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[list[Record],
     base = _base_dir(src)
     records = []
     for n, obj in iter_jsonl(src, problems):
-        rec = _record_from_audio_entry(obj, src, n, _entry_key(obj), base, data_root, problems)
+        rec = record_from_audio_entry(obj, src, n, _entry_key(obj), base, data_root, problems)
         if rec is not None:
             records.append(rec)
     _fill_path_keys(records, base)
-    return records, problems
-
-
-def _read_speechbrain_json(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
-    with open_url(src, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    problems: list[InputProblem] = []
-    base = speechbrain_base(src)
-    records = []
-    for ident, entry, line in iter_json_object_items(text, src):
-        key = sanitize_key(ident)
-        if not isinstance(entry, dict):
-            problems.append(InputProblem(src, f"entry {ident!r} is not a JSON object", line, key))
-            continue
-        rec = _record_from_audio_entry(entry, src, line, key, base, data_root, problems, speechbrain=True)
-        if rec is not None:
-            rec.fields = {"id": ident, **rec.fields}
-            records.append(rec)
-    return records, problems
-
-
-def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, int]]:
-    """``(key, value, line)`` for each item of a top-level JSON object, with the line the key is on."""
-    dec = json.JSONDecoder()
-    ws = re.compile(r"\s*")
-    line, counted = 1, 0
-
-    def line_at(pos: int) -> int:
-        nonlocal line, counted
-        line += text.count("\n", counted, pos)
-        counted = pos
-        return line
-
-    def fail(pos: int, msg: str) -> ShardifyError:
-        return ShardifyError(f"{source}:{line_at(pos)}: not a valid SpeechBrain JSON manifest ({msg})")
-
-    pos = ws.match(text, 0).end()
-    if text[pos : pos + 1] != "{":
-        raise fail(pos, "expected a JSON object {id: {...}, ...}")
-    pos = ws.match(text, pos + 1).end()
-    if text[pos : pos + 1] == "}":
-        return
-    while True:
-        start = pos
-        try:
-            key, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise fail(e.pos, e.msg) from None
-        if not isinstance(key, str):
-            raise fail(start, "expected a string key")
-        pos = ws.match(text, pos).end()
-        if text[pos : pos + 1] != ":":
-            raise fail(pos, "expected ':'")
-        pos = ws.match(text, pos + 1).end()
-        try:
-            value, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise fail(e.pos, e.msg) from None
-        yield key, value, line_at(start)
-        pos = ws.match(text, pos).end()
-        ch = text[pos : pos + 1]
-        if ch == ",":
-            pos = ws.match(text, pos + 1).end()
-        elif ch == "}":
-            if text[pos + 1 :].strip():
-                raise fail(pos + 1, "extra data after the object")
-            return
-        else:
-            raise fail(pos, "expected ',' or '}'")
-
-
-def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
-    with open_url(src, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    reader = csv.reader(
-        io.StringIO(text, newline=""), delimiter="\t" if src.lower().endswith(".tsv") else ",", skipinitialspace=True
-    )
-    try:
-        header = [h.strip() for h in next(reader)]
-    except StopIteration:
-        raise ShardifyError(f"{src}: the file is empty") from None
-    id_col = next((c for c in ("ID", "id") if c in header), None)
-    path_col = next((c for c in AUDIO_PATH_FIELDS if c in header), None)
-    if id_col is None or path_col is None:
-        raise ShardifyError(
-            f"{src}:1: a SpeechBrain CSV needs an 'ID' column and an audio path column "
-            f"({', '.join(AUDIO_PATH_FIELDS)}); the header is {','.join(header)}"
-        )
-    problems: list[InputProblem] = []
-    base = speechbrain_base(src)
-    records = []
-    prev = reader.line_num
-    for row in reader:
-        line, prev = prev + 1, reader.line_num
-        if not any(c.strip() for c in row):
-            continue
-        if len(row) != len(header):
-            problems.append(InputProblem(src, f"{len(row)} columns, but the header has {len(header)}", line))
-            continue
-        entry: dict[str, Any] = dict(zip(header, row))
-        for col in LENGTH_FIELDS:
-            if col in entry:
-                try:
-                    entry[col] = float(entry[col])
-                except ValueError:
-                    pass  # reported as "not a number" below
-        rec = _record_from_audio_entry(
-            entry, src, line, sanitize_key(entry[id_col]), base, data_root, problems, speechbrain=True
-        )
-        if rec is not None:
-            records.append(rec)
     return records, problems
 
 
