@@ -265,7 +265,7 @@ def _compare(index: Any, shards: str, budget: int, seed: int) -> tuple[list[Any]
         batch_mates_kept(
             fixed_sorted_batches(lengths, batch_size, seed), fixed_sorted_batches(lengths, batch_size, seed + 1), n
         ),
-        batch_mates_kept(*(streambatch_batches(shards, budget, seed, e) for e in (0, 1)), n),
+        batch_mates_kept(streambatch_batches(shards, budget, seed, 0), streambatch_batches(shards, budget, seed, 1), n),
     ]
     return [fr, fs, sb], kept, batch_size, planned
 

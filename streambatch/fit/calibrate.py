@@ -22,7 +22,7 @@ import numpy as np
 
 from ..plan.cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
 from ..units import Unit
-from .memory import CalibrationError, Trial, device_measure
+from .memory import CalibrationError, DeviceMeasure, Trial, device_measure
 from .search import QUADRATIC_THRESHOLD, budget_from_fit, fit_memory_model, predict_max_batch, search_max_batch
 
 log = logging.getLogger("streambatch.calibrate")
@@ -249,7 +249,29 @@ def calibrate(
         integer=unit.whole,
     )
     _add_admitted(per_length, fit, model, setup.limit, max_batch_size)
-    result = {
+    result = _record(model, fit, trials, per_length, setup, unit, sample_rate, max_batch_size, margin)
+    result["memory_fraction"] = memory_fraction if memory_limit is None else None
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    if out is not None:
+        from ..dataset.storage import write_bytes_atomic
+
+        write_bytes_atomic(os.fspath(out), (json.dumps(result, indent=1) + "\n").encode())
+    return result
+
+
+def _record(
+    model: dict[str, Any],
+    fit: dict[str, Any],
+    trials: list[Trial],
+    per_length: Any,
+    setup: DeviceMeasure,
+    unit: Unit,
+    sample_rate: int | None,
+    max_batch_size: int,
+    margin: float,
+) -> dict[str, Any]:
+    """The calibration file's fields (the JSON ``calibrate`` returns and writes), in their file order."""
+    return {
         "format": CALIBRATION_FORMAT,
         "version": CALIBRATION_VERSION,
         "cost": model["cost"],
@@ -260,19 +282,14 @@ def calibrate(
         "device": setup.device_name,
         "cpu_threads": setup.cpu_threads,
         "limit": setup.limit,
-        "memory_fraction": memory_fraction if memory_limit is None else None,
+        "memory_fraction": None,
         "margin": margin,
         "max_batch_size": max_batch_size,
         "fit": {**fit, "fitted_budget": model["fitted_budget"], "quadratic_share": model["quadratic_share"]},
         "per_length": per_length,
         "measurements": [asdict(t) for t in trials],
-        "seconds": round(time.perf_counter() - t0, 3),
+        "seconds": None,
     }
-    if out is not None:
-        from ..dataset.storage import write_bytes_atomic
-
-        write_bytes_atomic(os.fspath(out), (json.dumps(result, indent=1) + "\n").encode())
-    return result
 
 
 def format_report(result: dict[str, Any]) -> str:

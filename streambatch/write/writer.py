@@ -109,9 +109,7 @@ def write_shards(
         meta = {**_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, 0), **text.meta()}
         merged = merged_before(out, meta, unit, sample_rate, storage_options)
         if merged is not None:  # the parts of this command, already merged: nothing left to write
-            if stats is not None:
-                stats.update(kept=merged.num_shards, written=0)
-            return merged
+            return _kept_whole(merged, stats)
     check_out(out, overwrite, storage_options, part, resume)
 
     records, problems = read_source(src, kind, data_root)
@@ -131,9 +129,7 @@ def write_shards(
         ShardTask(name, storage.join_url(out, name), samples[a:b], storage_options, resume=resume)
         for name, (a, b) in zip(names, plan)
     ]
-    infos = write_planned(tasks, int(workers), progress, stats)
-    for info, task in zip(infos, tasks):
-        info.columns = column_values([s.meta for s in task.samples], chosen)
+    infos = _write_tasks(tasks, chosen, int(workers), progress, stats)
     write_errors(
         storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options, remove_stale=resume
     )
@@ -145,6 +141,23 @@ def write_shards(
     index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
     index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
+
+
+def _kept_whole(merged: ShardIndex, stats: dict[str, int] | None) -> ShardIndex:
+    """A resumed write whose parts were merged already: every shard kept, none written."""
+    if stats is not None:
+        stats.update(kept=merged.num_shards, written=0)
+    return merged
+
+
+def _write_tasks(
+    tasks: list[ShardTask], chosen: Any, workers: int, progress: bool, stats: dict[str, int] | None
+) -> list[ShardInfo]:
+    """Write the planned shards and attach each one's metadata columns (for filters)."""
+    infos = write_planned(tasks, workers, progress, stats)
+    for info, task in zip(infos, tasks):
+        info.columns = column_values([s.meta for s in task.samples], chosen)
+    return infos
 
 
 def _part_meta(part: tuple[int, int] | None, span: Any, num_records: int, on_error: str) -> dict[str, Any]:
