@@ -18,6 +18,7 @@ import torch
 
 from ..dataset.audio import AUDIO_EXTENSIONS, open_clips, resampled_length
 from ..dataset.audio import decode as decode_audio
+from ..dataset.members import SEGMENT_FIELD
 from .ring import slot_tensor
 
 Decode = str | Callable[[dict[str, Any]], Any]
@@ -81,7 +82,7 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         ext = audio_ext(sample)
         if ext is None:
             raise ValueError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
-        wav, sr = decode_audio(sample[ext])
+        wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
         if sample_rate and sr != sample_rate:
             wav = _resample(wav, sr, sample_rate)
         return torch.from_numpy(wav)
@@ -134,7 +135,7 @@ def _padded_audio(
     exts = [audio_ext(s) for s in samples]
     if not exts or None in exts:
         return None
-    clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate)
+    clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate, [s.get(SEGMENT_FIELD) for s in samples])
     if clips is None:
         return None
     try:

@@ -205,7 +205,14 @@ def _planned_batches(
             pieces_needed(part, start, offsets, excluded), ctx.index, offsets, excluded, ctx.read.chunk_size
         )
         samples = read_pieces(
-            ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, ctx.index.shards, faults, markers=True
+            ctx.urls,
+            [p for p, _ in needed],
+            ctx.storage_options,
+            ctx.read,
+            ctx.index.shards,
+            faults,
+            markers=True,
+            index=ctx.index,
         )
         return execute_plan(
             positioned(samples, needed, offsets, excluded), part, start, by_pos, faults, ctx.read.reservoir, index_pos
