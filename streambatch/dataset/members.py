@@ -84,10 +84,9 @@ class ShardRows:
     def row(self, sample: dict[str, Any], row: int) -> dict[str, Any]:
         """``sample`` (a member group as read) as the shard's row ``row``: its key, its position, its stretch."""
         out = dict(sample)
-        out["__index__"] = row
+        out["__index__"], out["__key__"] = row, self.keys[row]
         frames = int(self.frames[row])
         if frames != WHOLE:
-            out["__key__"] = self.keys[row]
             out[SEGMENT_FIELD] = (int(self.start[row]), frames)
             out["json"] = None  # a member's .json describes the recording; the index holds the segment's length
         return out
