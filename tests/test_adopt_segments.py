@@ -67,7 +67,7 @@ def write_nemo_segments(root: Path) -> dict[str, tuple[np.ndarray, str]]:
     lines, want = [], {}
     for name, shard, offset, duration, text in ENTRIES:
         entry = {"audio_filepath": name, "duration": duration, "text": text, "shard_id": shard}
-        source = {LIBRI.name.split(".")[0]: LIBRI, AMI.stem: AMI, FLAC.stem: FLAC}[name.split("-sub")[0].rsplit(".", 1)[0]]
+        source = {p.stem: p for p in (LIBRI, AMI, FLAC)}[name.split("-sub")[0].rsplit(".", 1)[0]]
         if offset is not None:
             entry["offset"] = offset
         first = round((offset or 0) * SR)
