@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.describe import total_text
 from ..write.adopt import LAYOUTS, index_tars
 from .args import add_storage, part, positive_int, storage_options
@@ -15,10 +16,12 @@ HELP = "index existing tar shards in place (webdataset, NeMo tarred, text), not 
 DESCRIPTION = (
     "Adopt the tar shards in SRC as they are: read each tar once and write a streambatch index (index.json, "
     "version 2) beside them, or in --out for read-only storage (it then points back at the tars). SRC holds "
-    "plain webdataset tars (an audio member per sample: flac/wav/ogg/opus/mp3, optional .txt/.json; lengths "
-    "from the audio headers, or a .json length), a NeMo tarred audio dataset (audio_0.tar ... and "
-    "tarred_audio_manifest.json: each entry names its member, text and duration from the manifest), or text tars "
-    "(.txt, .input_ids.npy or a .json text; lengths in tokens). No tar is modified. Exit 2 on bad input."
+    "plain webdataset tars (an audio member per sample, optional .txt/.json; lengths from the audio headers, "
+    "or a .json length), a NeMo tarred audio dataset (audio_0.tar ... and tarred_audio_manifest.json: each "
+    "entry names its member, text and duration from the manifest; offset + duration entries and NeMo's -subN "
+    "names are segments of one member, each a sample of its own), a lhotse Shar folder (with --out; cut ids "
+    "may contain dots), or text tars (.txt, .input_ids.npy or a .json text; lengths in tokens). Audio members: "
+    f"{', '.join('.' + e for e in AUDIO_EXTENSIONS)}. No tar is modified. Exit 2 on bad input."
 )
 
 

@@ -177,12 +177,15 @@ def _secs(frames: int, info: AudioInfo) -> str:
     return f" ({frames / info.sample_rate:.6g} s)"
 
 
-def decode(data: bytes, mono: bool = True) -> tuple[np.ndarray, int]:
-    """Decode encoded audio bytes to float32 ``[T]`` (mono, channels averaged) or ``[T, C]``."""
+def decode(data: bytes, mono: bool = True, segment: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
+    """Decode encoded audio bytes to float32 ``[T]`` (mono, channels averaged) or ``[T, C]``; ``segment``
+    ``(first frame, frames)``: only that stretch (a segment of a recording), as soundfile decodes it after a seek."""
+    first, frames = segment if segment is not None else (0, -1)
     try:
-        wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        wav, sr = sf.read(io.BytesIO(data), frames=frames, start=first, dtype="float32", always_2d=True)
     except Exception as e:
         wav, sr = _decode_torchaudio(data, e)
+        wav = wav[first:] if frames < 0 else wav[first : first + frames]
     if mono:
         wav = wav[:, 0] if wav.shape[1] == 1 else wav.mean(axis=1)
     return np.ascontiguousarray(wav, dtype=np.float32), int(sr)
@@ -193,9 +196,9 @@ class Clips:
     per clip, no copy. :func:`open_clips` gives None where that cannot be done; :func:`decode` then decodes
     them one by one (and says what is wrong with a bad one)."""
 
-    def __init__(self, files: list[sf.SoundFile]):
+    def __init__(self, files: list[sf.SoundFile], frames: list[int] | None = None):
         self.files = files
-        self.frames = [int(f.frames) for f in files]  # as the headers state them
+        self.frames = frames or [int(f.frames) for f in files]  # as the headers (or the segments) state them
 
     def decode_into(self, out: np.ndarray) -> list[int]:
         """Decode clip ``i`` into ``out[i, :frames]``, zero the rest of the row; the frames each one gave."""
@@ -211,20 +214,27 @@ class Clips:
             f.close()
 
 
-def open_clips(payloads: list[bytes], sample_rate: int | None = None) -> Clips | None:
-    """:class:`Clips` over encoded clips, or None when one is not mono, has another rate than ``sample_rate``,
-    does not state its exact length (MP3) or cannot be opened."""
+def open_clips(
+    payloads: list[bytes], sample_rate: int | None = None, segments: list[tuple[int, int] | None] | None = None
+) -> Clips | None:
+    """:class:`Clips` over encoded clips (``segments``: the ``(first frame, frames)`` stretch of each, None: all
+    of it), or None when one is not mono, has another rate than ``sample_rate``, does not state its exact length
+    (MP3) or cannot be opened."""
     files: list[sf.SoundFile] = []
+    frames: list[int] = []
     try:
-        for data in payloads:
+        for data, segment in zip(payloads, segments or [None] * len(payloads)):
             f = sf.SoundFile(io.BytesIO(data), "r")
             files.append(f)
             if f.channels != 1 or f.frames <= 0 or (sample_rate and f.samplerate != sample_rate):
                 break
             if f.format in ESTIMATED_LENGTH_FORMATS:  # its header's frame count is not what decodes
                 break
+            if segment is not None:
+                f.seek(segment[0])
+            frames.append(int(f.frames) if segment is None else segment[1])
         else:
-            return Clips(files)
+            return Clips(files, frames)
     except Exception:  # noqa: BLE001 - decoded one by one, which raises the clear error
         pass
     for f in files:

@@ -239,7 +239,7 @@ class ColumnarIndex:
         self._cache: dict[int, np.ndarray] = {}
         self._last: tuple[int, Any] | None = None  # the row group shard_samples read last
         self._spans: tuple[int, Any] | None = None  # the row group sample_offsets read last
-        self._values: tuple[tuple[int, str], Any] | None = None  # the row group column shard_values read last
+        self._values: tuple[int, dict[str, Any]] | None = None  # the row group's columns shard_values read last
         self._files: dict[int, Any] = {}
         self._pid = os.getpid()
         self.columns = ShardColumns(self._read_shard_table(ShardColumns.PLAN), self._read_rest)
@@ -476,9 +476,11 @@ class ColumnarIndex:
         is read once for the shards of the group asked in a row)."""
         g = int(self.shard_group[shard])
         last = self._values  # no lock: one tuple
-        if last is None or last[0] != (g, name):
-            last = self._values = ((g, name), self.read_columns(g, [name]).column(name))
-        return last[1].slice(int(self.shard_row[shard]), int(self.columns.count[shard])).to_pylist()
+        if last is None or last[0] != g:
+            last = self._values = (g, {})
+        if name not in last[1]:  # the group's columns asked for so far are kept together
+            last[1][name] = self.read_columns(g, [name]).column(name)
+        return last[1][name].slice(int(self.shard_row[shard]), int(self.columns.count[shard])).to_pylist()
 
     # ---- writing ---------------------------------------------------------------------------------------
 

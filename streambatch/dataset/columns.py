@@ -15,7 +15,7 @@ from typing import Any, overload
 from ..errors import ColumnError
 
 #: the sample table's own columns: a field of the same name cannot be a metadata column
-RESERVED = ("shard", "key", "length", "offset", "size", "output_length")
+RESERVED = ("shard", "key", "length", "offset", "size", "output_length", "segment_start", "segment_frames")
 #: fields never stored by default (transcripts are long, and a filter has no use for them)
 NOT_BY_DEFAULT = ("text",)
 _RANK = {"bool": 0, "int64": 1, "double": 2}

@@ -23,6 +23,7 @@ from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError, json_number
 from .columnar_write import write_v2
 from .columns import merged_columns
+from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
 
@@ -258,6 +259,11 @@ class ShardIndex:
         if info.offsets is None or info.sizes is None:
             return None
         return np.asarray(info.offsets), np.asarray(info.sizes)
+
+    def shard_members(self, shard: int) -> ShardMembers:
+        """How shard ``shard``'s tar members map to its samples: the key rule, and its segments' rows (several
+        samples in one member group; see :mod:`.members`)."""
+        return shard_members(self, int(shard))
 
     def has_column(self, name: str) -> bool:
         """Whether the sample table has the metadata column ``name``."""

@@ -262,6 +262,11 @@ class MixedIndex:
         d, s = self.real_shard(int(v))
         return self.indexes[d].sample_offsets(s)
 
+    def shard_members(self, v: int) -> Any:
+        """How virtual shard ``v``'s members map to its samples (its dataset's rule)."""
+        d, s = self.real_shard(int(v))
+        return self.indexes[d].shard_members(s)
+
     def seconds_per_unit(self) -> float | None:
         return self.indexes[0].seconds_per_unit()
 

@@ -8,7 +8,7 @@ shard that verifies is a shard that trains. Checks each header's checksum; handl
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from ..errors import ShardReadError
@@ -159,21 +159,33 @@ def buffer_members(buf: bytes, url: str) -> Iterator[tuple[str, bytes]]:
             yield name, data
 
 
-def split_name(name: str) -> tuple[str, str]:
-    """``dir/KEY.ext.more`` → (``dir/KEY``, ``ext.more``)."""
+def split_name(name: str, suffixes: Sequence[str] = ()) -> tuple[str, str]:
+    """``dir/KEY.ext.more`` → (``dir/KEY``, ``ext.more``): webdataset's rule, the key ends at the file name's first
+    dot. With ``suffixes`` (an adopted layout's member suffixes, longest first: see
+    :mod:`~streambatch.dataset.members`), keys may hold dots: the name is split before the longest listed suffix
+    it ends with, else before its last dot."""
     slash = name.rfind("/")
+    if suffixes:
+        for suffix in suffixes:
+            cut = len(name) - len(suffix) - 1
+            if cut > slash + 1 and name.endswith(suffix) and name[cut] == ".":
+                return name[:cut], suffix
+        dot = name.rfind(".")
+        return (name[:dot], name[dot + 1 :]) if dot > slash + 1 else (name, "")
     dot = name.find(".", slash + 1)
     if dot < 0:
         return name, ""
     return name[:dot], name[dot + 1 :]
 
 
-def group_samples(members: Iterable[tuple[str, bytes]], url: str, shard: int = -1) -> Iterator[dict[str, Any]]:
-    """Group consecutive members with the same key into samples; parse the ``json`` member."""
+def group_samples(
+    members: Iterable[tuple[str, bytes]], url: str, shard: int = -1, suffixes: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
+    """Group consecutive members with the same key (:func:`split_name`) into samples; parse the ``json`` member."""
     cur: dict[str, Any] | None = None
     index = 0
     for name, data in members:
-        key, ext = split_name(name)
+        key, ext = split_name(name, suffixes)
         if cur is None or key != cur["__key__"]:
             if cur is not None:
                 yield _finish(cur, url)

@@ -18,6 +18,7 @@ import torch
 
 from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
 from ..dataset.audio import decode as decode_audio
+from ..dataset.members import SEGMENT_FIELD
 from ..units import resampled_count
 from .ring import slot_tensor
 
@@ -82,7 +83,7 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         ext = audio_ext(sample)
         if ext is None:
             raise ValueError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
-        wav, sr = decode_audio(sample[ext])
+        wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
         if sample_rate and sr != sample_rate:
             wav = _resample(wav, sr, sample_rate)
         return torch.from_numpy(wav)
@@ -135,7 +136,7 @@ def _padded_audio(
     exts = [e for e in map(audio_ext, samples) if e is not None]
     if not exts or len(exts) < len(samples):
         return None
-    clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate)
+    clips = open_clips([s[e] for s, e in zip(samples, exts)], sample_rate, [s.get(SEGMENT_FIELD) for s in samples])
     if clips is None:
         return None
     try:

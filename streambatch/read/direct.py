@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.format import sha256_problem
+from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.mixture import AnyIndex
 from ..dataset.storage import is_local
 from ..dataset.tar import buffer_members, group_samples
@@ -55,10 +56,18 @@ def _file_sha256(path: str) -> str:
 class _Shard:
     """One open shard: its file, the byte span of each sample, the index's size and sha256."""
 
-    def __init__(self, job: Job, spans: tuple[np.ndarray, np.ndarray], verify: str, count: Count | None = None):
+    def __init__(
+        self,
+        job: Job,
+        spans: tuple[np.ndarray, np.ndarray],
+        verify: str,
+        count: Count | None = None,
+        members: ShardMembers = PLAIN,
+    ):
         self.local = _prepare_local(job, verify)  # the size, before any byte is used
         self.job = job
         self.offsets, self.sizes = spans
+        self.members = members  # the key rule, and the rows of member groups that hold several samples
         self.fd = os.open(self.local, os.O_RDONLY)
         self.pread = waiting_on_storage(os.pread, count)  # a positioned read is time waited on storage
 
@@ -68,9 +77,11 @@ class _Shard:
         buf = self.pread(self.fd, n, off)
         if len(buf) < n:
             raise ShardReadError(f"{url}: not a readable tar shard (sample {i} ends early: truncated)")
-        got = list(group_samples(buffer_members(buf, url), url, self.job.shard))
+        got = list(group_samples(buffer_members(buf, url), url, self.job.shard, self.members.suffixes))
         if len(got) != 1:
             raise RuntimeError(f"{url}: bytes {off}-{off + n - 1} hold {len(got)} samples, not sample {i}; {_MISMATCH}")
+        if self.members.rows is not None:  # one of the segments its member group holds
+            return self.members.rows.row(got[0], i)
         got[0]["__index__"] = i
         return got[0]
 
@@ -124,7 +135,8 @@ class DirectShards:
         if spans is None:
             raise RuntimeError(f"{job.url}: the index has no byte offsets for this shard but has them for others")
         count = self.faults.add if self.faults is not None else None
-        sh = waiting_on_storage(_Shard, count)(job, spans, self.opts.verify, count)  # opening it waits too
+        members = self.index.shard_members(s)
+        sh = waiting_on_storage(_Shard, count)(job, spans, self.opts.verify, count, members)  # opening it waits too
         if len(self.open) >= OPEN_SHARDS:
             self.open.popitem(last=False)[1].close()
         self.open[s] = sh

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.tar import group_samples, iter_members
 from ..errors import ShardReadError
 from ..plan.shards import Piece
@@ -57,13 +58,22 @@ class ReadOptions:
             raise ValueError(f"max_bad_shards must be >= 0, got {self.max_bad_shards}")
 
 
-def _piece_samples(fetcher: Fetcher, job: Job, piece: Piece) -> Iterator[dict[str, Any]]:
-    """The samples ``[piece.start, piece.stop)`` of the job's shard; a shard read to its end is checked."""
+def _piece_samples(fetcher: Fetcher, job: Job, piece: Piece, members: ShardMembers = PLAIN) -> Iterator[dict[str, Any]]:
+    """The samples ``[piece.start, piece.stop)`` of the job's shard; a shard read to its end is checked.
+    ``members``: the shard's key rule, and its rows where a member group holds several samples (segments)."""
     stream = fetcher.open(job)
+    rows = members.rows
     first = piece.start if job.byte_range is not None else 0  # a byte range starts at the piece's first sample
+    if rows is not None and job.byte_range is not None:
+        first = rows.first_group(piece.start)  # ... whose member group it is, with segments
     try:
-        for sample in group_samples(iter_members(stream, job.url), job.url, piece.shard):
+        for sample in group_samples(iter_members(stream, job.url), job.url, piece.shard, members.suffixes):
             i = sample["__index__"] = sample["__index__"] + first
+            if rows is not None:  # member group i holds rows of its own
+                if rows.first_row(i) >= piece.stop:
+                    return
+                yield from rows.expand(sample, i, piece.start, piece.stop)
+                continue
             if i >= piece.stop:
                 return
             if i >= piece.start:
@@ -94,10 +104,13 @@ def read_pieces(
     shards: Sequence[Any] | None = None,
     faults: FaultLog | None = None,
     markers: bool = False,
+    index: Any = None,
 ) -> Iterator[dict[str, Any]]:
     """Stage: the samples of each piece in turn (a slot's whole stream).
 
-    ``shards``: the index's :class:`~streambatch.dataset.index.ShardInfo` list (expected bytes and sha256), if any.
+    ``shards``: the index's :class:`~streambatch.dataset.index.ShardInfo` list (expected bytes and sha256), if any;
+    ``index``: the index, which says how each shard's members map to samples (:meth:`ShardIndex.shard_members
+    <streambatch.dataset.index.ShardIndex.shard_members>`: keys with dots, segments), if any.
     Without ``faults`` a bad shard raises :class:`ShardReadError`; with it, the shard is counted and skipped
     (and with ``markers`` a :class:`ShardFault` takes its place in the stream) within the budget.
     """
@@ -109,7 +122,8 @@ def read_pieces(
         for job, piece in zip(jobs, pieces):
             delivered = 0
             try:
-                for sample in _piece_samples(fetcher, job, piece):
+                members = index.shard_members(piece.shard) if index is not None else PLAIN
+                for sample in _piece_samples(fetcher, job, piece, members):
                     yield sample
                     delivered += 1
             except ShardReadError as e:

@@ -207,7 +207,14 @@ def _planned_batches(
             pieces_needed(part, start, offsets, excluded), index, offsets, excluded, ctx.read.chunk_size
         )
         samples = read_pieces(
-            ctx.urls, [p for p, _ in needed], ctx.storage_options, ctx.read, index.shards, faults, markers=True
+            ctx.urls,
+            [p for p, _ in needed],
+            ctx.storage_options,
+            ctx.read,
+            index.shards,
+            faults,
+            markers=True,
+            index=index,
         )
         return execute_plan(
             positioned(samples, needed, offsets, excluded), part, start, by_pos, faults, ctx.read.reservoir, index_pos

@@ -312,7 +312,7 @@ def record_from_audio_entry(
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         problems.append(InputProblem(src, f"{length_field!r} is not a number: {value!r}", line, key))
         return None
-    segment = _segment(entry[path_field], entry, offsets=not speechbrain)
+    segment = entry_segment(entry[path_field], entry, offsets=not speechbrain)
     if isinstance(segment, str):
         problems.append(InputProblem(src, segment, line, key))
         return None
@@ -341,7 +341,7 @@ def _number_or_str(value: str) -> Any:
         return value
 
 
-def _segment(value: Any, entry: dict, offsets: bool = True) -> Segment | str | None:
+def entry_segment(value: Any, entry: dict, offsets: bool = True) -> Segment | str | None:
     """The segment an entry names: NeMo's ``offset`` (+ ``duration``) in seconds, or SpeechBrain's
     ``{"file", "start", "stop"}`` in frames (``stop`` absent or equal to ``start``: to the end); None for a whole
     file, or what is wrong with a bad one (``value``: the entry's audio path field)."""

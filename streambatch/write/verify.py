@@ -27,6 +27,7 @@ from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
 from ..dataset.audio import decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
+from ..dataset.members import PLAIN, SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import iter_members, split_name
 from ..errors import ShardReadError
 from ..units import Unit
@@ -45,18 +46,23 @@ class _SampleChecks:
     """The per-sample checks of one shard, fed its members in tar order; ``keys`` are the samples read;
     ``undecodable`` the audio members that do not decode (or decode to another length), all of them."""
 
-    def __init__(self, info: ShardInfo, decode: DecodeCheck | None = None, adopted: bool = False):
+    def __init__(
+        self, info: ShardInfo, decode: DecodeCheck | None = None, adopted: bool = False, members: ShardMembers = PLAIN
+    ):
         self.info = info
         self.decode = decode
         self.adopted = adopted  # tars indexed in place (`shardify index`): a .json is optional, length 0 = left out
+        self.members = members  # the key rule, and the rows of member groups that hold several samples (segments)
         self.keys: list[str] = []
         self.seen: set[str] = set()
         self.bad: list[str] = []
         self.undecodable: list[str] = []
+        self.groups = 0
 
     def read(self, members: Iterable[tuple[str, bytes]]) -> None:
-        """Group consecutive members with the same key into samples and check each."""
-        named = ((*split_name(name), data) for name, data in members)
+        """Group consecutive members with the same key into samples and check each (each row of a member group
+        that holds several segments)."""
+        named = ((*split_name(name, self.members.suffixes), data) for name, data in members)
         for key, group in itertools.groupby(named, key=itemgetter(0)):
             sample: dict[str, Any] = {"key": key, "exts": []}
             for _, ext, data in group:
@@ -69,7 +75,16 @@ class _SampleChecks:
                     except (ValueError, AttributeError) as e:
                         sample["bad_json"] = True
                         self.bad.append(f"{key}.json: not a JSON object ({e})")
-            self._finish(sample)
+            rows = self.members.rows
+            if rows is None:
+                self._finish(sample)
+            else:
+                for row in rows.expand(sample, self.groups, 0, self.info.count):
+                    segment = row.get(SEGMENT_FIELD)
+                    if segment is not None:  # a member's .json length is the recording's, not the segment's
+                        row["length"] = None
+                    self._finish({**row, "key": row["__key__"], "segment": segment})
+            self.groups += 1
 
     def _finish(self, s: dict[str, Any]) -> None:
         i = len(self.keys)
@@ -93,20 +108,25 @@ class _SampleChecks:
                 self.bad.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
         for ext, data in s.get("audio", []):
             want = self.info.lengths[i] if i < self.info.count else None
-            problem = _decode_problem(data, ext, want, self.decode) if self.decode else None
+            problem = _decode_problem(data, ext, want, self.decode, s.get("segment")) if self.decode else None
             if problem:
                 self.undecodable.append(f"{s['key']}.{ext}: {problem}")
 
 
-def _decode_problem(data: bytes, ext: str, want: float | None, check: DecodeCheck) -> str | None:
-    """Why an audio member does not decode as the loader decodes it, or not to the index's length ``want``."""
+def _decode_problem(
+    data: bytes, ext: str, want: float | None, check: DecodeCheck, segment: tuple[int, int] | None = None
+) -> str | None:
+    """Why an audio member (or its ``segment``) does not decode as the loader decodes it, or not to the index's
+    length ``want``."""
     try:
-        wav, sr = decode_audio(data, mono=False)
+        wav, sr = decode_audio(data, mono=False, segment=segment)
     except AudioError as e:
         return str(e)
     frames = len(wav)
     if frames == 0:
         return "decodes to 0 frames"
+    if segment is not None and frames != segment[1]:
+        return f"its segment (frames {segment[0]} + {segment[1]}) decodes to {frames} frames"
     if want is None:
         return None
     got = check.unit.audio_length(frames, sr, check.sample_rate)
@@ -122,14 +142,16 @@ def verify_shard(
     max_listed: int = 5,
     decode: DecodeCheck | None = None,
     adopted: bool = False,
+    members: ShardMembers = PLAIN,
 ) -> list[str]:
     """Problems of one shard against its index entry (empty when it matches); with ``decode``, also every
     audio member that does not decode (all listed, as ``KEY.EXT: problem``). ``adopted``: the shard was indexed
-    in place (``shardify index``): samples need no ``.json``, and those left out (length 0) are not checked."""
+    in place (``shardify index``): samples need no ``.json``, and those left out (length 0) are not checked.
+    ``members``: how its members map to samples (:meth:`~streambatch.dataset.index.ShardIndex.shard_members`)."""
     if not storage.exists(url, storage_options):
         return ["missing"]
     problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]
-    checks = _SampleChecks(info, decode, adopted)
+    checks = _SampleChecks(info, decode, adopted, members)
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             reader = HashingReader(f.read)
@@ -143,6 +165,9 @@ def verify_shard(
         problems += [p for p in [sha256_problem(sha, info.sha256)] if p]
         if len(checks.keys) != info.count:
             problems.append(f"{len(checks.keys)} samples, the index says {info.count}")
+        rows = members.rows
+        if rows is not None and len(rows.group) and checks.groups != int(rows.group[-1]) + 1:
+            problems.append(f"{checks.groups} member groups, the index's segments name {int(rows.group[-1]) + 1}")
         if info.keys_sha1 and keys_sha1(checks.keys) != info.keys_sha1:
             problems.append(
                 "keys differ from the index (keys_sha1 mismatch: a sample added, removed, renamed or reordered)"
@@ -165,12 +190,12 @@ def _num(x: Any) -> Any:
     return int(x) if x.is_integer() else x
 
 
-_Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None", bool]
+_Job = tuple[str, ShardInfo, "dict | None", "DecodeCheck | None", bool, ShardMembers]
 
 
 def _verify_job(job: _Job) -> list[str]:
-    url, info, storage_options, check, adopted = job
-    return verify_shard(url, info, storage_options, decode=check, adopted=adopted)
+    url, info, storage_options, check, adopted, members = job
+    return verify_shard(url, info, storage_options, decode=check, adopted=adopted, members=members)
 
 
 def verify_dataset(
@@ -190,7 +215,10 @@ def verify_dataset(
         workers = len(os.sched_getaffinity(0)) if decode and hasattr(os, "sched_getaffinity") else 1
     urls = index.shard_urls()
     adopted = index.meta.get("kind") == "adopted"
-    jobs = ((url, info, storage_options, check, adopted) for url, info in zip(urls, index.shards))
+    jobs = (
+        (url, info, storage_options, check, adopted, index.shard_members(i))
+        for i, (url, info) in enumerate(zip(urls, index.shards))
+    )
     bar = tqdm(
         total=len(urls),
         desc="decoding" if decode else "verifying",
@@ -213,7 +241,7 @@ def verify_dataset(
 def _portable(jobs: Iterable[_Job]) -> Iterator[_Job]:
     """The jobs with a plain copy of each shard entry (a version 2 entry reads its lengths from a table that
     stays in this process)."""
-    for url, info, so, check, adopted in jobs:
+    for url, info, so, check, adopted, members in jobs:
         plain = ShardInfo(
             info.url,
             info.count,
@@ -222,7 +250,7 @@ def _portable(jobs: Iterable[_Job]) -> Iterator[_Job]:
             sha256=info.sha256,
             keys_sha1=info.keys_sha1,
         )
-        yield url, plain, so, check, adopted
+        yield url, plain, so, check, adopted, members
 
 
 def _verify_in_pool(jobs: Iterator[_Job], n: int, workers: int, remote: bool, bar: tqdm) -> list[list[str]]:

@@ -19,7 +19,7 @@ from ...dataset.index import ShardInfo
 from ...errors import InputProblem, ShardifyError
 from ..tokenize import parse_output_length
 from .nemo import Entry
-from .scan import SampleScan, ShardScan
+from .scan import SampleScan
 
 
 @dataclass(frozen=True)
@@ -65,15 +65,16 @@ class SampleExtras:
         return self
 
     def add(
-        self, scan: ShardScan, entries: Sequence[Entry | None] | None, lengths: np.ndarray, problems: list[InputProblem]
+        self,
+        url: str,
+        samples: Sequence[tuple[SampleScan, Entry | None]],
+        lengths: np.ndarray,
+        problems: list[InputProblem],
     ) -> np.ndarray | None:
-        """One tar's samples (``lengths``: 0 where left out): their fields kept for the columns, and their
-        output lengths (None without ``--output-length``). A sample whose output length cannot be had is a
-        problem, and left out (its length set to 0)."""
-        views = [
-            seen(s, entries[i] if entries is not None else None, scan.url) if lengths[i] else None
-            for i, s in enumerate(scan.samples)
-        ]
+        """One tar's samples (each with its manifest entry, if any; ``lengths``: 0 where left out): their fields
+        kept for the columns, and their output lengths (None without ``--output-length``). A sample whose output
+        length cannot be had is a problem, and left out (its length set to 0)."""
+        views = [seen(s, entry, url) if lengths[i] else None for i, (s, entry) in enumerate(samples)]
         self.fields.append([v.fields if v is not None else {} for v in views])
         if self.output is None:
             return None

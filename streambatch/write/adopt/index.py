@@ -6,6 +6,12 @@ The tars in SRC (plain webdataset tars of audio and/or text, or a NeMo tarred au
 version 2 index beside the tars (or in ``out``, pointing back at them), so ``verify``, the loader, DDP,
 resume and mixing all work on it.
 
+A NeMo manifest may cut one member into segments (``offset`` + ``duration`` entries, or NeMo's ``-subN`` names for
+repeated audio): each segment is a sample of its own, one row of the sample table pointing at the one member
+group, with its own key and the frames it takes of the member (:mod:`streambatch.dataset.members`). Where the
+layout says how member names end (NeMo, lhotse Shar), keys may hold dots: the index records the suffixes, and
+every reader splits names by them.
+
 A sample the loader could not use (a member that does not read, a NeMo member the manifest does not name)
 cannot be cut out of a tar that is not rewritten: it stays in the index with length 0, which the loader never
 plans (as it never plans a sample outside ``min_length``), so its position in the stream stays right. A tar
@@ -25,12 +31,17 @@ import numpy as np
 from tqdm import tqdm
 
 from ...dataset import storage
+from ...dataset.audio import AUDIO_EXTENSIONS
 from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
+from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
+from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError
 from ...units import resampled_count
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
 from ..probe import check_unit, process_pool
+from ..segments import Segment
+from ..sources import entry_segment
 from .fields import SampleExtras
 from .nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
 from .scan import SampleScan, ShardScan, scan_tar
@@ -47,6 +58,46 @@ class Adopted:
     problems: list[InputProblem] = field(default_factory=list)
     unnamed: int = 0  # samples a NeMo manifest does not name
     columns: dict[str, str] = field(default_factory=dict)  # the sample table's metadata columns
+    segments: int = 0  # samples that are a stretch of their member (NeMo offset / -subN entries)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sample of the index: member group ``i`` of its tar (``sample``: what its members say), the manifest
+    entry naming it (None: none; ``unnamed``: a manifest names other members but not this one), its key, and the
+    stretch of the member it is (None: all of it; a str: why the entry's stretch is wrong)."""
+
+    i: int
+    sample: SampleScan
+    entry: Entry | None
+    key: str
+    segment: Segment | str | None = None
+    unnamed: bool = False
+
+
+def tar_rows(scan: ShardScan, named: Sequence[Sequence[Entry]] | None) -> list[Row]:
+    """The index rows of one tar: one per member group, or one per manifest entry where entries cut a member
+    into segments (an ``offset``, or several entries naming it)."""
+    rows: list[Row] = []
+    where: dict[str, str] = {}  # segment key -> the manifest line that gave it
+    for i, s in enumerate(scan.samples):
+        got = named[i] if named is not None else None
+        if not got or (len(got) == 1 and "offset" not in got[0].fields):
+            rows.append(Row(i, s, got[0] if got else None, s.key, unnamed=got is not None and not got))
+            continue
+        for e in got:
+            segment = entry_segment(e.member, e.fields) or Segment(0.0, e.duration)
+            key = split_name(e.member, ADOPTED_SUFFIXES)[0]
+            if key in where and isinstance(segment, Segment):
+                key += segment.key_suffix()  # one name listed twice, at other offsets
+            if key in where:
+                raise ShardifyError(
+                    f"{e.where}: {e.member!r} is named twice at the same offset (also at {where[key]}); "
+                    "each segment must be a sample of its own"
+                )
+            where[key] = e.where
+            rows.append(Row(i, s, e, key, segment))
+    return rows
 
 
 def find_tars(src: str, storage_options: dict | None = None) -> list[str]:
@@ -94,7 +145,7 @@ def index_tars(
     part = parse_part(part)
     scope = Scope(part)
     tars = find_tars(src, storage_options)
-    _refuse_shar_in_place(src, out, storage_options)
+    shar = _refuse_shar_in_place(src, out, storage_options)
     num_tars = len(tars)
     if part is not None:
         tars = tars[slice(*part_range(num_tars, *part))]
@@ -105,17 +156,21 @@ def index_tars(
     _check_out(out, scope, overwrite, storage_options)
     manifests = _manifests(src, layout, manifest, storage_options)
     extras = SampleExtras(output_length, columns)
-    scans = scan_tars(tars, workers, progress, storage_options)
+    suffixes = ADOPTED_SUFFIXES if manifests or shar else ()  # the layout says how names end: keys may hold dots
+    scans = scan_tars(tars, workers, progress, storage_options, suffixes)
     layout = "nemo" if manifests else _layout(layout, scans)
     kind = "text" if layout == "text" else "audio"
     unit = check_unit(kind, unit, sample_rate)
     named = match_manifest(read_manifests(manifests, storage_options), scans, part is None) if manifests else None
-    rate = None if kind == "text" else index_rate(scans, named, unit, sample_rate)
-    adopted = adopt(scans, named, layout, unit, rate, out, extras.for_layout(layout))
+    rows = [tar_rows(scan, named[j] if named is not None else None) for j, scan in enumerate(scans)]
+    rate = None if kind == "text" else index_rate(scans, rows, unit, sample_rate)
+    adopted = adopt(scans, rows, layout, unit, rate, out, extras.for_layout(layout))
     _report(adopted.problems, on_error)
     if not any(int(np.count_nonzero(i.lengths)) for i in adopted.infos):
         raise ShardifyError(f"{src}: no sample the loader could use; nothing was written")
     meta = {**_meta(src, layout, manifests, adopted, tars, part, num_tars, on_error), **extras.meta()}
+    if suffixes:
+        meta[SUFFIXES_META] = list(suffixes)
     write_errors(
         storage.join_url(out, scope.errors_name),
         [p.to_json() for p in adopted.problems],
@@ -130,17 +185,17 @@ def index_tars(
 _SHAR_CUTS = re.compile(r"^cuts\.\d+\.jsonl(?:\.gz)?$")
 
 
-def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> None:
-    """A lhotse Shar folder is not indexed in place: lhotse reads every file there as a Shar field, and
-    ``CutSet.from_shar`` would fail on the index files."""
-    if out.rstrip("/") != src.rstrip("/"):
-        return
-    if any(_SHAR_CUTS.match(n) for n in storage.listdir(src, storage_options)):
+def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> bool:
+    """Whether ``src`` is a lhotse Shar folder (``cuts.NNNNNN.jsonl.gz`` beside the tars). It is not indexed in
+    place: lhotse reads every file there as a Shar field, and ``CutSet.from_shar`` would fail on the index files."""
+    shar = any(_SHAR_CUTS.match(n) for n in storage.listdir(src, storage_options))
+    if shar and out.rstrip("/") == src.rstrip("/"):
         raise ShardifyError(
             f"{src} is a lhotse Shar folder: an index written there would break lhotse's CutSet.from_shar (it "
             "reads every file there as a Shar field); pass --out DIR to write the index elsewhere (it points back at "
             "the tars)"
         )
+    return shar
 
 
 def _check_options(layout: str, workers: int, on_error: str) -> None:
@@ -182,20 +237,25 @@ def _manifests(src: str, layout: str, manifest: str | None, storage_options: dic
 
 
 def scan_tars(
-    tars: Sequence[str], workers: int = 1, progress: bool = True, storage_options: dict | None = None
+    tars: Sequence[str],
+    workers: int = 1,
+    progress: bool = True,
+    storage_options: dict | None = None,
+    suffixes: tuple[str, ...] = (),
 ) -> list[ShardScan]:
-    """Read every tar once (in ``workers`` processes); scans in tar order."""
+    """Read every tar once (in ``workers`` processes); scans in tar order. ``suffixes``: the member suffixes
+    that end the keys (:mod:`streambatch.dataset.members`; none: the first dot)."""
     bar = tqdm(total=len(tars), desc="indexing", unit="tar", file=sys.stderr, disable=None if progress else True)
     scans: list[ShardScan] = []
     try:
         if workers <= 1 or len(tars) < 2:
             for url in tars:
-                scans.append(scan_tar(url, storage_options))
+                scans.append(scan_tar(url, storage_options, suffixes))
                 bar.update()
             return scans
         remote = any(not storage.is_local(u) for u in tars)
         with process_pool(min(workers, len(tars)), remote) as ex:
-            for scan in ex.map(scan_tar, tars, [storage_options] * len(tars)):
+            for scan in ex.map(scan_tar, tars, [storage_options] * len(tars), [suffixes] * len(tars)):
                 scans.append(scan)
                 bar.update()
         return scans
@@ -218,20 +278,21 @@ def _layout(layout: str, scans: Sequence[ShardScan]) -> str:
     s = first.samples[0]
     raise ShardifyError(
         f"unknown layout: {first.url} sample {s.key!r} has members "
-        f"{', '.join('.' + e for e in s.exts)}; expected audio (flac, wav, ogg, opus, mp3) or "
+        f"{', '.join('.' + e for e in s.exts)}; expected audio ({_AUDIO}) or "
         "text (.txt, .input_ids.npy, a .json text); pass --layout, or --manifest for NeMo"
     )
 
 
 def index_rate(
-    scans: Sequence[ShardScan], named: list[list[Entry | None]] | None, unit: str, sample_rate: int | None
+    scans: Sequence[ShardScan], rows: Sequence[Sequence[Row]], unit: str, sample_rate: int | None
 ) -> int | None:
     """The index's sample rate: ``sample_rate`` if given, else the one rate of the usable audio members (mixed
     rates are an error when lengths are counted in samples)."""
     first_at: dict[int, str] = {}
-    for j, scan in enumerate(scans):
-        for i, s in enumerate(scan.samples):
-            if s.rate and s.problem is None and (named is None or named[j][i] is not None):
+    for scan, tar in zip(scans, rows):
+        for row in tar:
+            s = row.sample
+            if s.rate and s.problem is None and not row.unnamed:
                 first_at.setdefault(s.rate, f"{scan.url} ({s.key}.{s.audio})")
     if sample_rate:
         return int(sample_rate)
@@ -247,24 +308,26 @@ def index_rate(
 
 def adopt(
     scans: Sequence[ShardScan],
-    named: list[list[Entry | None]] | None,
+    rows: Sequence[Sequence[Row]],
     layout: str,
     unit: str,
     rate: int | None,
     out: str,
     extras: SampleExtras | None = None,
 ) -> Adopted:
-    """The index entries of the scanned tars (urls relative to ``out`` where they can be) and every problem;
-    with ``extras``, their output lengths and metadata columns too."""
+    """The index entries of the scanned tars (``rows``: each tar's :func:`tar_rows`; urls relative to ``out``
+    where they can be) and every problem; with ``extras``, their output lengths and metadata columns too."""
     res = Adopted()
-    for j, scan in enumerate(scans):
+    spans: list[tuple[list[int], list[int]]] = []
+    for scan, tar in zip(scans, rows):
         if scan.fatal:
             res.problems.append(InputProblem(scan.url, f"{scan.fatal}; the whole tar is left out"))
             continue
-        entries = named[j] if named is not None else None
-        lengths = _lengths(scan, entries, layout, unit, rate, res)
-        outs = extras.add(scan, entries, lengths, res.problems) if extras is not None else None
-        keys = [s.key for s in scan.samples]
+        lengths, stretch = _lengths(scan, tar, layout, unit, rate, res)
+        pairs = [(row.sample, row.entry) for row in tar]
+        outs = extras.add(scan.url, pairs, lengths, res.problems) if extras is not None else None
+        keys = [row.key for row in tar]
+        spans.append(stretch)
         res.infos.append(
             ShardInfo(
                 shard_url(scan.url, out),
@@ -274,49 +337,61 @@ def adopt(
                 scan.sha256,
                 keys_sha1(keys),
                 keys=keys,
-                offsets=np.asarray(scan.offsets, np.int64),
-                sizes=np.asarray(scan.sizes, np.int64),
+                offsets=np.asarray([scan.offsets[row.i] for row in tar], np.int64),
+                sizes=np.asarray([scan.sizes[row.i] for row in tar], np.int64),
                 output_lengths=outs,
             )
         )
     if extras is not None:
         res.columns = extras.columns(res.infos)
+    if res.segments:  # which stretch of its member each row is: the readers decode only that
+        res.columns.update({SEGMENT_START: "int64", SEGMENT_FRAMES: "int64"})
+        for info, (first, frames) in zip(res.infos, spans):
+            info.columns = {**(info.columns or {}), SEGMENT_START: first, SEGMENT_FRAMES: frames}
     return res
 
 
 def _lengths(
-    scan: ShardScan, entries: Sequence[Entry | None] | None, layout: str, unit: str, rate: int | None, res: Adopted
-) -> np.ndarray:
-    """One tar's sample lengths (0: left out; the problems and unnamed members counted in ``res``)."""
-    lengths = np.zeros(len(scan.samples), dtype=np.float64 if unit == "seconds" else np.int64)
-    for i, s in enumerate(scan.samples):
-        entry = entries[i] if entries is not None else None
-        if entries is not None and entry is None:
+    scan: ShardScan, rows: Sequence[Row], layout: str, unit: str, rate: int | None, res: Adopted
+) -> tuple[np.ndarray, tuple[list[int], list[int]]]:
+    """One tar's sample lengths (0: left out; the problems, unnamed members and segments counted in ``res``), and
+    each row's stretch of its member: first frames and frame counts (:data:`WHOLE`: all of it)."""
+    lengths = np.zeros(len(rows), dtype=np.float64 if unit == "seconds" else np.int64)
+    first, frames = [0] * len(rows), [WHOLE] * len(rows)
+    for r, row in enumerate(rows):
+        if row.unnamed:
             res.unnamed += 1
             continue
-        got = sample_length(s, layout, unit, rate, entry)
+        got = sample_length(row.sample, layout, unit, rate, row.entry, row.segment)
         if isinstance(got, str):
-            res.problems.append(InputProblem(scan.url, got, key=s.key))
-        else:
-            lengths[i] = got
-    return lengths
+            res.problems.append(InputProblem(scan.url, got, key=row.key))
+            continue
+        length, stretch = got
+        lengths[r] = length
+        if stretch is not None:
+            first[r], frames[r] = stretch
+            res.segments += 1
+    return lengths, (first, frames)
 
 
-def sample_length(s: SampleScan, layout: str, unit: str, rate: int | None, entry: Entry | None) -> float | str:
-    """A sample's length in ``unit``, or (a str) why the loader could not use it. A ``.json`` ``length`` is the
-    length the loader checks the index against, so it must agree with the audio header."""
+def sample_length(
+    s: SampleScan, layout: str, unit: str, rate: int | None, entry: Entry | None, segment: Segment | str | None = None
+) -> tuple[float, tuple[int, int] | None] | str:
+    """A sample's length in ``unit`` and, for a segment, its ``(first frame, frames)`` of the member; or (a str)
+    why the loader could not use it. A ``.json`` ``length`` is the length the loader checks the index against, so
+    it must agree with the audio header."""
     if s.problem is not None:
         return s.problem
     if layout == "text":
         if s.length is not None:
             whole = s.length > 0 and s.length == int(s.length)
-            return s.length if whole else f"{s.key}.json: length {s.length:g} is not a positive whole number"
+            return (s.length, None) if whole else f"{s.key}.json: length {s.length:g} is not a positive whole number"
         if s.tokens < 0:
             return f"{s.key}: no text member (.txt, .input_ids.npy or a .json text), has {_exts(s)}"
-        return s.tokens if s.tokens > 0 else f"{s.key}: empty text (0 tokens)"
+        return (s.tokens, None) if s.tokens > 0 else f"{s.key}: empty text (0 tokens)"
     if s.audio is None:
-        return f"{s.key}: no audio member (flac, wav, ogg, opus, mp3), has {_exts(s)}"
-    header = resampled_count(s.frames, s.rate, rate or s.rate) if unit == "samples" else s.frames / s.rate
+        return f"{s.key}: no audio member ({_AUDIO}), has {_exts(s)}"
+    header = _in_unit(s.frames, s, unit, rate)
     if unit == "samples" and header <= 0:
         return f"{s.key}.{s.audio}: {s.frames} frames at {s.rate} Hz is 0 samples at {rate} Hz"
     if s.length is not None and abs(s.length - header) > 1e-6 * max(1.0, header):
@@ -324,11 +399,35 @@ def sample_length(s: SampleScan, layout: str, unit: str, rate: int | None, entry
             f"{s.key}.json: length {s.length:g} but the audio header gives {header:g} {unit} ({s.frames} frames "
             f"at {s.rate} Hz); the loader checks the .json length (is --unit right?)"
         )
+    if segment is not None and entry is not None:
+        return _segment_length(s, unit, rate, entry, segment)
     if entry is not None:
         problem = duration_problem(entry.duration, f"{s.key}.{s.audio}: the manifest ({entry.where})", s.rate, s.frames)
     else:
         problem = duration_problem(s.duration, f"{s.key}.json", s.rate, s.frames)
-    return problem or header
+    return problem or (header, None)
+
+
+def _segment_length(
+    s: SampleScan, unit: str, rate: int | None, entry: Entry, segment: Segment | str
+) -> tuple[float, tuple[int, int]] | str:
+    """A segment's length and stretch of its member, or what is wrong with it (naming the manifest line)."""
+    got = segment.frames(s.rate, s.frames) if isinstance(segment, Segment) else segment
+    if isinstance(got, str):
+        return f"{entry.where}: {entry.member!r} (member {s.key}.{s.audio}): {got}"
+    length = _in_unit(got[1], s, unit, rate)
+    if unit == "samples" and length <= 0:
+        return f"{entry.where}: {entry.member!r}: {got[1]} frames at {s.rate} Hz is 0 samples at {rate} Hz"
+    return length, got
+
+
+def _in_unit(frames: int, s: SampleScan, unit: str, rate: int | None) -> float:
+    """``frames`` of a member at its own rate, in the index's unit (samples at ``rate``, or seconds)."""
+    return resampled_count(frames, s.rate, rate or s.rate) if unit == "samples" else frames / s.rate
+
+
+#: the audio members an adopted tar may hold, as messages list them
+_AUDIO = ", ".join(AUDIO_EXTENSIONS)
 
 
 def _exts(s: SampleScan) -> str:
@@ -378,6 +477,7 @@ def _meta(
             "layout": layout,
             "left_out": left_out,
             "unnamed": adopted.unnamed,
+            "segments": adopted.segments,
             "manifests": [os.path.abspath(m) if storage.is_local(m) else m for m in manifests],
         },
         "created": utc_now(),

@@ -96,20 +96,36 @@ def tar_number(url: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: bool) -> list[list[Entry | None]]:
-    """For each tar, each sample's manifest entry (None: the manifest does not name it). ``whole``: the scans
-    are every tar of the dataset (not one ``--part``), so an entry without ``shard_id`` must be found too.
+#: NeMo's name for the n-th repeat of one member in a tarred manifest (its converter writes a recording cut into
+#: several entries once, naming the entries ``NAME.wav``, ``NAME-sub1.wav``, ``NAME-sub2.wav``, ...)
+_SUB = re.compile(r"^(?P<stem>.+)-sub\d+(?P<ext>\.[^./]+)?$")
 
-    An entry naming a member no tar holds, or naming one member twice, is an error that names the line."""
+
+def member_of(name: str, members: Any) -> str:
+    """The member a manifest's ``audio_filepath`` names: itself if the tar holds it, else (NeMo's rule for
+    repeated audio) ``NAME.EXT`` for ``NAME-subN.EXT``."""
+    if name in members:
+        return name
+    m = _SUB.match(name)
+    return m.group("stem") + (m.group("ext") or "") if m else name
+
+
+def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: bool) -> list[list[list[Entry]]]:
+    """For each tar, each sample's manifest entries (none: the manifest does not name it; several: segments of
+    it, by ``offset`` or NeMo's ``-subN`` names). ``whole``: the scans are every tar of the dataset (not one
+    ``--part``), so an entry without ``shard_id`` must be found too.
+
+    An entry naming a member no tar holds is an error that names the line."""
     numbers = {tar_number(s.url): j for j, s in enumerate(scans)}
-    by_name: dict[tuple[int, str], list[int]] = {}
+    by_name: dict[tuple[int, str], int] = {}
     for j, scan in enumerate(scans):
         for i, s in enumerate(scan.samples):
             if s.audio is not None:
-                by_name.setdefault((j, f"{s.key}.{s.audio}"), []).append(i)
+                by_name.setdefault((j, f"{s.key}.{s.audio}"), i)
             for ext in s.exts:  # a member soundfile does not know is still named by the manifest
-                by_name.setdefault((j, f"{s.key}.{ext}"), []).append(i)
-    found: list[list[Entry | None]] = [[None] * len(s.samples) for s in scans]
+                by_name.setdefault((j, f"{s.key}.{ext}"), i)
+    names = {name for _, name in by_name}
+    found: list[list[list[Entry]]] = [[[] for _ in s.samples] for s in scans]
     for e in entries:
         if e.shard is not None and e.shard not in numbers:
             if whole:
@@ -119,19 +135,14 @@ def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: 
                 )
             continue  # another part's tar
         tars = [numbers[e.shard]] if e.shard is not None else range(len(scans))
-        hit = next(((j, by_name[(j, e.member)][0]) for j in tars if (j, e.member) in by_name), None)
+        member = member_of(e.member, names)
+        hit = next(((j, by_name[(j, member)]) for j in tars if (j, member) in by_name), None)
         if hit is None:
             if e.shard is None and not whole:
                 continue
             in_tar = scans[tars[0]].url if e.shard is not None else "any tar"
             raise ShardifyError(f"{e.where}: the manifest names {e.member!r}, which is not a member of {in_tar}")
-        j, i = hit
-        if found[j][i] is not None:
-            raise ShardifyError(
-                f"{e.where}: {e.member!r} is named twice (also at {found[j][i].where}); "
-                "segments of one file (an offset field) cannot be indexed in place"
-            )
-        found[j][i] = e
+        found[hit[0]][hit[1]].append(e)
     return found
 
 

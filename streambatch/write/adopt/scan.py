@@ -59,14 +59,15 @@ class ShardScan:
     fatal: str | None = None
 
 
-def scan_tar(url: str, storage_options: dict | None = None) -> ShardScan:
-    """Read the tar at ``url`` once: every sample (members grouped by key, as the loader groups them), the byte
-    range its members span, and the tar's size and sha256."""
+def scan_tar(url: str, storage_options: dict | None = None, suffixes: tuple[str, ...] = ()) -> ShardScan:
+    """Read the tar at ``url`` once: every sample (members grouped by key, as the loader groups them: by
+    ``suffixes`` where the layout knows them, see :mod:`~streambatch.dataset.members`), the byte range its
+    members span, and the tar's size and sha256."""
     scan = ShardScan(url)
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             reader = HashingReader(f.read)
-            _walk(iter_members(reader, url), reader, scan)
+            _walk(iter_members(reader, url), reader, scan, suffixes)
             if scan.fatal:
                 return scan
             digest = reader.drain()
@@ -81,14 +82,14 @@ def scan_tar(url: str, storage_options: dict | None = None) -> ShardScan:
     return scan
 
 
-def _walk(members: Any, reader: HashingReader, scan: ShardScan) -> None:
+def _walk(members: Any, reader: HashingReader, scan: ShardScan, suffixes: tuple[str, ...] = ()) -> None:
     """Group the members into samples (consecutive members with one key) and scan each: a sample's range
     starts where the member before it ended (its headers included) and ends with its last member's padding."""
     key: str | None = None
     group: dict[str, bytes] = {}
     start = end = 0
     for name, data in members:
-        k, ext = split_name(name)
+        k, ext = split_name(name, suffixes)
         if k != key:
             if key is not None:
                 _add(scan, key, group, start, end)
