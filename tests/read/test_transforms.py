@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TESTS, audio_dataset, finish, kill_tree, popen
+from conftest import TESTS, audio_dataset, finish, kill_tree, popen
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.plan.perturb import sample_rng
@@ -162,24 +162,6 @@ def test_transform_needs_an_index(data):
     urls = sorted(str(p) for p in Path(data).glob("*.tar"))
     with pytest.raises(ValueError, match="transform need an index"):
         StreamBatchLoader(urls, budget=8 * SR, transform=lambda s, r: s)
-
-
-def readme_examples(*sections: str) -> str:
-    """The python blocks of these README sections, in order."""
-    import re
-
-    text = (REPO / "README.md").read_text()
-    code = []
-    for title in sections:
-        body = text.split(f"\n### {title}\n", 1)[1].split("\n### ", 1)[0]
-        code += re.findall(r"```python\n(.*?)```", body, flags=re.S)
-    return "\n".join(code)
-
-
-def test_readme_examples_run(tmp_path):
-    code = readme_examples("Transforms", "Speed perturbation", "Features")
-    assert "transform=" in code and "speed_perturb=" in code and 'features="fbank"' in code
-    exec(compile(code.replace("/tmp/sb-augment", str(tmp_path)), "README.md", "exec"), {})
 
 
 def test_transform_needs_decoded_samples(data):
