@@ -33,6 +33,8 @@ COVERAGE = {
     "mixing": "weights=",
     "filters": "where=",
     "transforms": "transform=",
+    "speed perturbation": "speed_perturb=",
+    "features": 'features="fbank"',
     "resume": "load_state_dict",
     "metrics": ".metrics(",
     "shardify CLI": "shardify write",
