@@ -10,8 +10,8 @@ import numpy as np
 
 from .dataset.mixture import selection_of
 from .errors import ShardifyError
-from .metrics import batch_figures, planned_batches
-from .options import batching_config
+from .loader.metrics import batch_figures, planned_batches
+from .loader.options import batching_config
 from .plan.epoch import make_epoch_plan
 from .plan.lengths import index_lengths
 

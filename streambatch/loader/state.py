@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from .dataset.mixture import MixedIndex
-from .dataset.where import left_out
-from .plan.epoch import make_epoch_plan
-from .plan.resume import Layout, Resumed
+from ..dataset.mixture import MixedIndex
+from ..dataset.where import left_out
+from ..plan.epoch import make_epoch_plan
+from ..plan.resume import Layout, Resumed
 
 
 def check_state(loader: Any, state: dict[str, Any]) -> int:

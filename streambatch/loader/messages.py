@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .plan.config import BatchingConfig
-from .summary import length_text
+from ..plan.config import BatchingConfig
+from ..summary import length_text
 
 
 def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .dataset import storage
-from .dataset.index import ShardIndex
-from .dataset.mixture import datasets_of
-from .plan.config import OPTIONS as BATCHING_OPTIONS
-from .plan.config import BatchingConfig, parse_budget
-from .plan.cost import calibration_info
-from .plan.perturb import LengthPlan, SpeedPerturb
-from .plan.stats import stream_stats
-from .read.reader import ReadOptions
-from .read.retry import RetryPolicy
+from ..dataset import storage
+from ..dataset.index import ShardIndex
+from ..dataset.mixture import datasets_of
+from ..plan.config import OPTIONS as BATCHING_OPTIONS
+from ..plan.config import BatchingConfig, parse_budget
+from ..plan.cost import calibration_info
+from ..plan.perturb import LengthPlan, SpeedPerturb
+from ..plan.stats import stream_stats
+from ..read.reader import ReadOptions
+from ..read.retry import RetryPolicy
 
 #: read options the loader takes by name (the README's "Reading" table), with their defaults
 READ_OPTIONS: dict[str, Any] = {
@@ -119,8 +119,8 @@ def sample_plan(
 ) -> tuple[LengthPlan | None, Any]:
     """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
-    from .read.features import plans_in_frames, resolve_features
-    from .read.transforms import SampleOps, require_soxr
+    from ..read.features import plans_in_frames, resolve_features
+    from ..read.transforms import SampleOps, require_soxr
 
     o = {**SAMPLE_OPTIONS, **given}
     speed, features, transform = SpeedPerturb.make(o["speed_perturb"]), resolve_features(o["features"]), o["transform"]

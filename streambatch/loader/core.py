@@ -14,28 +14,28 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from .checkpoint import batching_record, check_state, old_layout, pack_mask, unpack_mask
-from .dataset.index import ShardIndex
-from .dataset.mixture import MixedIndex, dataset_names, mixture_sources
-from .dataset.source import ShardURLs, resolve_source
-from .dataset.where import left_out, open_filter
-from .dist import all_gather_ints, process_group_matches, process_info
-from .errors import BudgetError, EmptyEpochError
-from .explain import empty_epoch_message, mixture_report, unindexed_empty_message
+from ..dataset.index import ShardIndex
+from ..dataset.mixture import MixedIndex, dataset_names, mixture_sources
+from ..dataset.source import ShardURLs, resolve_source
+from ..dataset.where import left_out, open_filter
+from ..dist import all_gather_ints, process_group_matches, process_info
+from ..errors import BudgetError, EmptyEpochError
+from ..plan.batcher import BucketBatcher
+from ..plan.config import check_budget
+from ..plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
+from ..plan.lengths import Lengths, index_lengths
+from ..plan.perturb import planned_lengths
+from ..plan.resume import Layout, Resumed, excluded_in
+from ..plan.slot import Adjust, per_worker
+from ..read.collate import Decode
+from ..read.faults import FAULT_FIELDS, STORAGE_WAIT
+from ..read.ring import BatchRing, batch_ring
+from ..read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from ..summary import length_text
+from .messages import empty_epoch_message, mixture_report, unindexed_empty_message
 from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
 from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
-from .plan.batcher import BucketBatcher
-from .plan.config import check_budget
-from .plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
-from .plan.lengths import Lengths, index_lengths
-from .plan.perturb import planned_lengths
-from .plan.resume import Layout, Resumed, excluded_in
-from .plan.slot import Adjust, per_worker
-from .read.collate import Decode
-from .read.faults import FAULT_FIELDS, STORAGE_WAIT
-from .read.ring import BatchRing, batch_ring
-from .read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
-from .summary import length_text
+from .state import batching_record, check_state, old_layout, pack_mask, unpack_mask
 
 log = logging.getLogger("streambatch")
 
