@@ -13,6 +13,7 @@ from .errors import ShardifyError
 from .loader.metrics import batch_figures, planned_batches
 from .loader.options import batching_config
 from .plan.epoch import make_epoch_plan
+from .plan.layout import Layout
 from .plan.lengths import index_lengths
 
 
@@ -23,9 +24,8 @@ def planned_epoch(
     padding % and mean budget use over the batches (from the index lengths)."""
     lengths = index_lengths(index)
     config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
-    plan = make_epoch_plan(
-        lengths, config, epoch, world_size, num_workers, excluded=selection_of(index, epoch, config.seed)
-    )
+    layout = Layout(world_size, num_workers)
+    plan = make_epoch_plan(lengths, config, epoch, layout, excluded=selection_of(index, epoch, config.seed))
     ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
     every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
     sizes = every["size"].astype(np.int64).tolist()

@@ -1,15 +1,16 @@
 """StreamBatchLoader: the public face of the read side — options in, padded batches out.
 
-It turns the user's options into a :class:`BatchingConfig` and :class:`ReadOptions` once, plans each epoch
+It sorts the user's options into their typed groups once (:mod:`.options`), plans each epoch
 from the index (:mod:`streambatch.plan.epoch`), publishes the epoch and resume point to its DataLoader workers
 (:mod:`streambatch.read.worker`), and owns ``len()``, epochs and ``state_dict()``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -19,28 +20,24 @@ from ..dataset.mixture import MixedIndex, dataset_names, mixture_sources
 from ..dataset.source import ShardURLs, resolve_source
 from ..dataset.where import left_out, open_filter
 from ..dist import all_gather_ints, process_group_matches, process_info
-from ..errors import BudgetError, EmptyEpochError
-from ..plan.batcher import BucketBatcher
-from ..plan.config import check_budget
-from ..plan.epoch import EVEN_BATCHES, EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
+from ..errors import EmptyEpochError
+from ..plan.budget import parse_budget
+from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
+from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
-from ..plan.resume import Layout, Resumed, excluded_in
+from ..plan.resume import EarlierRun, Resumed, excluded_in
 from ..plan.slot import Adjust, per_worker
 from ..read.collate import Decode
 from ..read.faults import FAULT_FIELDS, STORAGE_WAIT
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
-from ..summary import length_text
-from .messages import empty_epoch_message, mixture_report, unindexed_empty_message
+from .messages import check_shortest_fits, empty_epoch_message, mixture_report, unindexed_empty_message
 from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
-from .options import batching_config, plan_budget, pop_sample_options, read_options, sample_plan, split_options
-from .state import batching_record, check_state, old_layout, pack_mask, unpack_mask
+from .options import batching_config, option_groups, sample_plan
+from .state import LoaderState, batching_record, pack_mask, unpack_mask
 
 log = logging.getLogger("streambatch")
-
-#: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
-PLANNING = ("auto", "local", "global")
 
 
 def _identity(x: Any) -> Any:
@@ -66,14 +63,53 @@ class _WorkerInit:
 class StreamBatchLoader:
     """Stream length-annotated shards and yield padded batches with ``n × max_len ≤ budget``.
 
-    ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index
-    file, a brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each
-    sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}``
-    mapping, a list of folders, or a mixture file. ``budget`` is the largest padded size of a batch in the
-    dataset's unit (or a duration like ``"60s"`` for audio with an index).
-    ``options`` are the batching options (:class:`BatchingConfig`) and read options (``READ_OPTIONS``) by
-    name. ``where``: keep only the samples for which this SQL expression over the sample table's columns is
-    true (``"language = 'de' AND snr > 10"``; DuckDB). The README lists every option.
+    Every option is a keyword of this constructor; each belongs to one typed group, where it is checked once and
+    documented in full: :class:`~streambatch.plan.config.BatchingConfig` (batching),
+    :class:`~streambatch.read.reader.ReadOptions` (reading), :class:`~streambatch.loader.options.SampleOptions`
+    (per sample) and :class:`~streambatch.loader.options.RunOptions` (the run). A bad value is an
+    :class:`~streambatch.errors.OptionError` naming the option.
+
+    What to read:
+
+    * ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file, a
+      brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each sample's
+      ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}`` mapping, a list of
+      folders, or a mixture file.
+    * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
+      ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
+    * ``weights``: per-dataset weights when ``source`` names several datasets.
+    * ``index``: an index file or :class:`~streambatch.dataset.index.ShardIndex` to plan from.
+    * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
+      (``"language = 'de' AND snr > 10"``; DuckDB).
+    * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
+
+    Batching (:class:`~streambatch.plan.config.BatchingConfig` and :meth:`~.BatchingConfig.make`):
+
+    * ``buffer_size``: the window each worker's batches are formed from; None: sized from the dataset.
+    * ``refill``: samples that leave the window before it waits for new ones; None: ``buffer_size // 4``.
+    * ``bucket_boundaries``: lengths no batch straddles; ``num_buckets``: estimate that many from the index,
+      spaced by ``bucket_spacing`` (``"quantile"`` or ``"exponential"``).
+    * ``max_batch_size``: at most this many samples; ``batch_size_multiple_of``: sizes multiples of this.
+    * ``min_length`` / ``max_length``: samples outside are never emitted (counted).
+    * ``drop_last``: drop each worker's last incomplete batch; ``strict``: raise on a sample that never fits.
+    * ``shuffle``, ``seed``: shard and batch order follow ``(seed, epoch)``.
+    * ``pad_to_multiple_of``: pad ``T`` up to a multiple (the budget holds for the padded tensor).
+    * ``batch_order``: ``"random"``, ``"ascending"`` or ``"descending"`` (by each batch's longest sample).
+    * ``output_budget``: a second budget over the samples' output lengths.
+    * ``batch_by``: ``"dataset"``: every batch from one dataset of a mixture.
+    * ``cost``: ``"padded"``, ``"quadratic"`` (with ``quadratic_factor``), a callable ``cost(n, max_len)`` or a
+      calibration file; ``packed``: padding-free batches bounded by their total length.
+
+    Reading (:class:`~streambatch.read.reader.ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
+    ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``, ``cache_size``.
+
+    Per sample (:class:`~streambatch.loader.options.SampleOptions`): ``decode``, ``transform``,
+    ``speed_perturb``, ``features``.
+
+    The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``num_workers``,
+    ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
+    ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
+    ``progress``.
     """
 
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
@@ -86,32 +122,72 @@ class StreamBatchLoader:
         *,
         weights: dict[str, float] | Sequence[float] | None = None,
         index: str | ShardIndex | None = None,
+        where: str | None = None,
+        storage_options: dict | None = None,
+        # batching: BatchingConfig
+        buffer_size: int | None = None,
+        refill: int | None = None,
+        bucket_boundaries: Sequence[float] | None = None,
+        num_buckets: int | None = None,
+        bucket_spacing: str = "quantile",
+        max_batch_size: int | None = None,
+        batch_size_multiple_of: int = 1,
+        min_length: float = 0,
+        max_length: float | None = None,
+        drop_last: bool = False,
+        strict: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        pad_to_multiple_of: int | None = None,
+        batch_order: str = "random",
+        output_budget: float | None = None,
+        batch_by: str | None = None,
+        cost: Any = "padded",
+        quadratic_factor: float | None = None,
+        packed: bool = False,
+        # reading: ReadOptions
+        chunk_size: int | str = "8M",
+        read_ahead: int | str = "64M",
+        read_concurrency: int = 4,
+        retries: int = 8,
+        backoff: float = 0.25,
+        timeout: float = 60.0,
+        verify: str = "sha256",
+        max_bad_shards: int = 2,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
+        # per sample: SampleOptions
         decode: Decode = "auto",
-        num_workers: int = 0,
-        prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
-        worker_init_fn: Any = None,
-        pin_memory: bool = False,
+        transform: Callable[..., Any] | None = None,
+        speed_perturb: Any = None,
+        features: Any = None,
+        # the run: RunOptions
         rank: int | None = None,
         world_size: int | None = None,
+        num_workers: int = 0,
         even_batches: str = "split",
+        hardest_first: bool = False,
+        planning: str = "auto",
         batches_per_epoch: int | None = None,
         micro_batches: int = 1,
         loss_weight_by: str = "samples",
-        hardest_first: bool = False,
-        planning: str = "auto",
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        worker_init_fn: Callable[[int], Any] | None = None,
         progress: bool = False,
-        storage_options: dict | None = None,
-        where: str | None = None,
-        **options: Any,
     ):
-        per_sample = pop_sample_options(options)  # transform, speed_perturb, features
-        batching, reading = split_options(options)
-        self._check(micro_batches, loss_weight_by, even_batches)
+        batching, self.read_options, self.sample_options, self.run = option_groups(locals())
+        info = process_info(self.run.rank, self.run.world_size)
+        self.rank, self.layout = info.rank, self.run.layout(info.world_size)
+        self._open(source, budget, weights, index, storage_options)
+        self._configure(budget, batching, where)
+
+    def _open(self, source: Any, budget: Any, weights: Any, index: Any, storage_options: dict | None) -> None:
+        """Resolve what to read: one dataset (index and shard URLs) or a mixture of several."""
         if budget is not None and not isinstance(budget, str):
-            check_budget(budget)  # before reading anything
+            parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
-        self.read_options = read_options(**reading)
         sources = mixture_sources(source, weights)
         if sources is not None:
             self.index = MixedIndex.open(sources, storage_options)
@@ -122,38 +198,36 @@ class StreamBatchLoader:
             self.name = str(source) if isinstance(source, str) else (self.index.root if self.index is not None else "")
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
-        self.length_plan, ops = sample_plan(per_sample, self.index, decode, batching.get("seed", 0))
-        self.config = batching_config(self._parse_budget(budget), self.index, batching, self.length_plan)
-        self._check_shortest_fits()
-        self.filter = open_filter(self.index, where)  # evaluated by DuckDB over the sample table's columns
-        info = process_info(rank, world_size)
-        self.rank, self.world_size = info.rank, info.world_size
-        self.num_workers = int(num_workers)
-        self.prefetch_factor, self.pin_memory, self.worker_init_fn = prefetch_factor, pin_memory, worker_init_fn
-        self.persistent_workers = persistent_workers and self.num_workers > 0
-        self.even_batches, self.hardest_first = even_batches, bool(hardest_first)
-        if planning not in PLANNING:
-            raise ValueError(f"planning must be one of {PLANNING}, got {planning!r}")
-        self.planning, self.progress = planning, bool(progress)
-        self._meter: EpochMeter | None = None
-        ix = self.index
+
+    def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
+        """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
+        ix, run, sample = self.index, self.run, self.sample_options
+        self.length_plan, ops = sample_plan(sample, ix, batching["seed"])
+        frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
+        if budget is not None and ix is not None:
+            budget = parse_budget(budget, ix.unit, ix.sample_rate, frames)
+        elif budget is not None:
+            budget = parse_budget(budget)
+        self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
+        check_shortest_fits(self.config, ix, self.length_plan, self.name)
+        self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
         self.collate_options = CollateOptions(
-            decode=decode,
-            pad_to_multiple_of=batching.get("pad_to_multiple_of"),
+            decode=sample.decode,
+            pad_to_multiple_of=self.config.pad_to_multiple_of,
             sample_rate=ix.sample_rate if ix is not None and ix.unit == "samples" else None,
             packed=self.config.cost.packed,
-            micro_batches=int(micro_batches),
-            loss_weight_by=loss_weight_by,
-            datasets=dataset_names(self.index),
+            micro_batches=run.micro_batches,
+            loss_weight_by=run.loss_weight_by,
+            datasets=dataset_names(ix),
             per_sample=ops,
         )
-        if self.index is None and self.world_size > 1 and not batches_per_epoch:
+        if ix is None and self.world_size > 1 and not run.batches_per_epoch:
             raise ValueError(
                 f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
                 "ranks would step unevenly (a DDP hang): write an index (`shardify write`), or pass "
                 "batches_per_epoch=N to give every rank exactly N batches per epoch"
             )
-        self.batches_per_epoch = int(batches_per_epoch) if batches_per_epoch else None
+        self._meter: EpochMeter | None = None
         self.epoch = 0
         self._consumed = 0  # batches of the current epoch already yielded (or restored)
         self._schedules: dict[int, RankSchedule] = {}
@@ -163,42 +237,37 @@ class StreamBatchLoader:
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
         self._dataloader: DataLoader | None = None
 
-    def _parse_budget(self, budget: Any) -> float | None:
-        """The budget in the plan's unit (a duration like ``"60s"`` converted with the index's rate)."""
-        return plan_budget(budget, self.index, self.length_plan)
+    # ---- the options as attributes -----------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job (given, or detected)."""
+        return self.layout.world_size
 
-    def _check_shortest_fits(self) -> None:
-        """A budget that not even the shortest sample fits alone is an error now (from the index's shard
-        table), not an epoch without batches later."""
-        if self.index is None:
-            return
-        table = self.index.shard_table(("count", "min_length"))
-        mins = table["min_length"][table["count"] > 0]
-        shortest = float(mins.min()) if mins.size else 0.0
-        if self.length_plan is not None:
-            shortest = self.length_plan.shortest(shortest)
-        alone = BucketBatcher(self.config.replace(min_length=0, max_length=None, strict=False, buffer_size=1))
-        if shortest <= 0 or alone.accepts(shortest):
-            return
-        cfg, ix = self.config, self.index
-        padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
-        how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
-        frames = self.length_plan is not None and self.length_plan.in_frames
-        text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, ix))
-        raise BudgetError(
-            f"{self.name}: budget {text(cfg.budget)} {how} the shortest sample, "
-            f"{text(shortest)}: every sample would be skipped and no epoch would have a batch; "
-            "use a larger budget (`shardify inspect` suggests one)"
-        )
+    @property
+    def num_workers(self) -> int:
+        """DataLoader workers of this rank (0: reading in this process)."""
+        return self.run.num_workers
 
-    @staticmethod
-    def _check(micro_batches: int, loss_weight_by: str, even_batches: str) -> None:
-        if micro_batches < 1:
-            raise ValueError(f"micro_batches must be at least 1, got {micro_batches}")
-        if loss_weight_by not in ("samples", "frames"):
-            raise ValueError(f"loss_weight_by must be 'samples' or 'frames', got {loss_weight_by!r}")
-        if even_batches not in EVEN_BATCHES:
-            raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
+    @property
+    def even_batches(self) -> str:
+        return self.layout.even_batches
+
+    @property
+    def hardest_first(self) -> bool:
+        return self.layout.hardest_first
+
+    @property
+    def planning(self) -> str:
+        return self.run.planning
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        return self.run.batches_per_epoch
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Whether the workers outlive a pass (only with workers)."""
+        return self.run.persistent_workers and self.num_workers > 0
 
     # ---- epochs and planning ----------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -227,16 +296,7 @@ class StreamBatchLoader:
         return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
 
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
-        return make_epoch_plan(
-            lengths,
-            self.config,
-            epoch,
-            self.world_size,
-            max(1, self.num_workers),
-            self.even_batches,
-            self._excluded_in(epoch, lengths),
-            self.hardest_first,
-        )
+        return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths))
 
     def schedule(self, epoch: int | None = None) -> RankSchedule:
         """This rank's batches in the epoch (requires an index). With an initialised process group of this
@@ -250,18 +310,8 @@ class StreamBatchLoader:
             lengths = self._lengths(e)
             local = self._rank_local(e)
             if local:
-                sched = plan_rank_local(
-                    lengths,
-                    self.config,
-                    e,
-                    self.rank,
-                    self.world_size,
-                    max(1, self.num_workers),
-                    all_gather_ints,
-                    self.even_batches,
-                    self.hardest_first,
-                    self._excluded_in(e, lengths),
-                )
+                excluded = self._excluded_in(e, lengths)
+                sched = plan_rank_local(lengths, self.config, e, self.rank, self.layout, all_gather_ints, excluded)
             else:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
             self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
@@ -322,11 +372,11 @@ class StreamBatchLoader:
         if self.num_workers > 0:
             if self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
                 self._ring = batch_ring(
-                    self.num_workers, self.config.budget, self.collate_options.decode, self.prefetch_factor
+                    self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
                 )
-            kwargs["prefetch_factor"] = self.prefetch_factor or 2
+            kwargs["prefetch_factor"] = self.run.prefetch_factor or 2
             kwargs["persistent_workers"] = self.persistent_workers
-            kwargs["worker_init_fn"] = _WorkerInit(self.worker_init_fn)
+            kwargs["worker_init_fn"] = _WorkerInit(self.run.worker_init_fn)
             if self.filter is not None:  # DuckDB is not fork-safe: workers start from a clean forkserver
                 kwargs["multiprocessing_context"] = "forkserver"
         return DataLoader(
@@ -334,7 +384,7 @@ class StreamBatchLoader:
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
-            pin_memory=self.pin_memory,
+            pin_memory=self.run.pin_memory,
             **kwargs,
         )
 
@@ -346,7 +396,7 @@ class StreamBatchLoader:
             config=self.config,
             rank=self.rank,
             world_size=self.world_size,
-            num_workers=max(1, self.num_workers),
+            num_workers=self.layout.num_workers,
             collate=self.collate_options,
             read=self.read_options,
             storage_options=self.storage_options,
@@ -361,7 +411,7 @@ class StreamBatchLoader:
 
     def _publish(self, epoch: int) -> int | None:
         """Put the epoch, the resume point and each worker's equalisation where the workers read them."""
-        nw = max(1, self.num_workers)
+        nw = self.layout.num_workers
         state = EpochState(epoch=epoch, consumed=self._consumed, adjust=[Adjust() for _ in range(nw)])
         steps = None
         if self.index is not None:
@@ -447,7 +497,7 @@ class StreamBatchLoader:
 
     def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterator[Any]:
         """With ``progress=True``, a tqdm bar over the pass (from the batches already consumed)."""
-        if not self.progress:
+        if not self.run.progress:
             return items
         from tqdm.auto import tqdm
 
@@ -485,65 +535,76 @@ class StreamBatchLoader:
 
     # ---- resumption ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the epoch, the batches of it already yielded, and the layouts it ran on (save it
-        with the model). Small: no per-sample data, whatever the dataset's size."""
+        """Where this rank is: the epoch, the batches of it already yielded, and the layouts it ran on, as a plain
+        dict (save it with the model: ``torch.save`` or JSON). Small: no per-sample data, whatever the dataset's
+        size. :class:`~streambatch.loader.state.LoaderState` describes each key."""
+        return self._own_state().to_dict()
+
+    def _own_state(self) -> LoaderState:
         resumed = self._resumed if self._resumed is not None and self._resumed.epoch == self.epoch else None
         sched = self._schedules.get(self.epoch)
-        state: dict[str, Any] = {
-            "epoch": self.epoch,
-            "batches_consumed": self._consumed,
-            "steps": sched.steps if sched is not None else self._saved_steps,
-            "seed": self.config.seed,
-            "world_size": self.world_size,
-            "num_workers": max(1, self.num_workers),
-            "even_batches": self.even_batches,
-            "hardest_first": self.hardest_first,
-            "num_samples": self.index.num_samples if self.index is not None else None,
-            "mixture": self.index.state() if isinstance(self.index, MixedIndex) else None,
-            "where": self.filter.expr if self.filter is not None else None,
-            "batching": batching_record(self.config),
-            "earlier_layouts": [layout.state_dict() for layout in resumed.layouts] if resumed else [],
-            "excluded": pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
-        }
-        return state
+        return LoaderState.current(
+            epoch=self.epoch,
+            batches_consumed=self._consumed,
+            steps=sched.steps if sched is not None else self._saved_steps,
+            seed=self.config.seed,
+            **{k: v for k, v in dataclasses.asdict(self.layout).items()},
+            num_samples=self.index.num_samples if self.index is not None else None,
+            mixture=self.index.state() if isinstance(self.index, MixedIndex) else None,
+            where=self.filter.expr if self.filter is not None else None,
+            batching=batching_record(self.config),
+            earlier_layouts=[run.state_dict() for run in resumed.layouts] if resumed else [],
+            excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next iteration yields the epoch's remaining batches
-        (:attr:`remaining`), while ``len()`` still counts the whole epoch, consumed batches included.
+        """Continue from a :meth:`state_dict` (of this version or an earlier one): the next iteration yields the
+        epoch's remaining batches (:attr:`remaining`), while ``len()`` still counts the whole epoch, consumed
+        batches included.
 
         With the same world size and workers, the remaining batches are exactly those the uninterrupted run
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
         yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
         out what was consumed by re-planning only the old ranks that held its own shards.
         """
-        consumed = check_state(self, state)
-        self.epoch = int(state["epoch"])
+        saved = LoaderState.from_dict(state)
+        saved.check(self._own_state())
+        consumed = saved.batches_consumed
+        self.epoch = saved.epoch
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
-        layouts = [Layout.from_state(d) for d in state.get("earlier_layouts") or []]
-        base = unpack_mask(state["excluded"], self.index.num_samples) if state.get("excluded") else None
-        same_layout = (
-            state.get("world_size") == self.world_size
-            and state.get("num_workers") == max(1, self.num_workers)
-            and state.get("even_batches", self.even_batches) == self.even_batches
-            and state.get("hardest_first", self.hardest_first) == self.hardest_first
-        )
+        runs = [EarlierRun.from_state(d) for d in saved.earlier_layouts]
+        base = unpack_mask(saved.excluded, self.index.num_samples) if saved.excluded else None
+        old = saved.layout(self.layout)
+        same_layout = old == self.layout
         if consumed and not same_layout:
-            layouts.append(old_layout(self, state, consumed, Resumed(self.epoch, tuple(layouts), base)))
+            if old is None:
+                raise ValueError("loader state: saved mid-epoch without its layout (world_size, num_workers)")
+            before = Resumed(self.epoch, tuple(runs), base)
+            runs.append(saved.earlier_run(old, lambda layout: self._old_steps(layout, before)))
             consumed = 0
-        self._resumed = Resumed(self.epoch, tuple(layouts), base) if layouts or base is not None else None
+        self._resumed = Resumed(self.epoch, tuple(runs), base) if runs or base is not None else None
         self._consumed = consumed
-        self._saved_steps = state.get("steps") if same_layout else None
-        if consumed == 0 and layouts:
-            old = layouts[-1]
-            log.info(
-                "resuming epoch %d on %d ranks × %d workers (saved on %d × %d after %d of %d batches per rank): "
-                "the samples not yet consumed are planned again",
-                self.epoch,
-                self.world_size,
-                max(1, self.num_workers),
-                old.world_size,
-                old.num_workers,
-                old.consumed,
-                old.steps,
-            )
+        self._saved_steps = saved.steps if same_layout else None
+        if consumed == 0 and runs:
+            self._log_resume(runs[-1])
+
+    def _old_steps(self, layout: Layout, before: Resumed) -> int:
+        """The steps an old layout planned for this epoch (a state saved before it recorded them): O(N), once."""
+        lengths = self._lengths(self.epoch)
+        selection = left_out(self.index, self.filter, self.epoch, self.config.seed, lengths.offsets)
+        excluded = before.consumed(lengths, self.config, selection)
+        return make_epoch_plan(lengths, self.config, self.epoch, layout, excluded).steps
+
+    def _log_resume(self, old: EarlierRun) -> None:
+        log.info(
+            "resuming epoch %d on %d ranks × %d workers (saved on %d × %d after %d of %d batches per rank): "
+            "the samples not yet consumed are planned again",
+            self.epoch,
+            self.world_size,
+            self.layout.num_workers,
+            old.layout.world_size,
+            old.layout.num_workers,
+            old.consumed,
+            old.steps,
+        )

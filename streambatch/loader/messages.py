@@ -1,4 +1,5 @@
-"""What the loader tells its user in words: why an epoch has no batches, and what a mixture's epoch holds."""
+"""What the loader tells its user in words: a budget no sample fits, why an epoch has no batches, and what a
+mixture's epoch holds."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BudgetError
+from ..plan.batcher import BucketBatcher
 from ..plan.config import BatchingConfig
+from ..plan.perturb import LengthPlan
 from ..summary import length_text
 
 
@@ -78,3 +82,27 @@ def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, f
             row["hours"] = row["length"] * spu / 3600
         out[name] = row
     return out
+
+
+def check_shortest_fits(cfg: BatchingConfig, ix: Any, length_plan: LengthPlan | None, name: str) -> None:
+    """A budget that not even the shortest sample fits alone is an error now (from the index's shard table), not an
+    epoch without batches later: a :class:`BudgetError` naming both lengths."""
+    if ix is None:
+        return
+    table = ix.shard_table(("count", "min_length"))
+    mins = table["min_length"][table["count"] > 0]
+    shortest = float(mins.min()) if mins.size else 0.0
+    if length_plan is not None:
+        shortest = length_plan.shortest(shortest)
+    alone = BucketBatcher(cfg.replace(min_length=0, max_length=None, strict=False, buffer_size=1))
+    if shortest <= 0 or alone.accepts(shortest):
+        return
+    padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
+    how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
+    frames = length_plan is not None and length_plan.in_frames
+    text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, ix))
+    raise BudgetError(
+        f"{name}: budget {text(cfg.budget)} {how} the shortest sample, "
+        f"{text(shortest)}: every sample would be skipped and no epoch would have a batch; "
+        "use a larger budget (`shardify inspect` suggests one)"
+    )

@@ -1,58 +1,159 @@
-"""The loader's options: its keywords split into batching and read options, each turned into its one object
-(:class:`~streambatch.plan.config.BatchingConfig`, :class:`~streambatch.read.reader.ReadOptions`) once."""
+"""The loader's options in typed groups, each value checked once, where its group is built.
+
+* batching: :class:`~streambatch.plan.config.BatchingConfig` (the planner's object), built by :func:`batching_config`
+  from the names in :data:`BATCHING_OPTIONS` and what the index says;
+* read: :class:`~streambatch.read.reader.ReadOptions`;
+* per sample: :class:`SampleOptions` (decoding, transforms, speed perturbation, features);
+* run: :class:`RunOptions` (rank, world size, workers, how the ranks step together, the DataLoader's knobs), whose
+  :meth:`RunOptions.layout` is the plan's :class:`~streambatch.plan.layout.Layout`.
+
+``StreamBatchLoader.__init__`` names every option of these groups in its signature, with the same defaults
+(``tests/test_options_surface.py`` holds the two together), and :func:`option_groups` sorts its arguments into them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import datasets_of
+from ..errors import OptionError, bool_option, choice_option, int_option
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
-from ..plan.config import BatchingConfig, parse_budget
-from ..plan.cost import calibration_info
+from ..plan.config import BatchingConfig
+from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
+from ..plan.layout import Layout
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
-from ..read.retry import RetryPolicy
 
-#: read options the loader takes by name (the README's "Reading" table), with their defaults
-READ_OPTIONS: dict[str, Any] = {
-    "chunk_size": "8M",
-    "read_ahead": "64M",
-    "read_concurrency": 4,
-    "retries": 8,
-    "timeout": 60.0,
-    "backoff": 0.25,
-    "verify": "sha256",
-    "max_bad_shards": 2,
-    "cache_dir": None,
-    "cache_size": None,
-}
+#: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
+PLANNING = ("auto", "local", "global")
+#: how a micro-batch's share of the loss is weighed
+LOSS_WEIGHT_BY = ("samples", "frames")
+#: what ``decode`` may name (else a callable ``sample -> array``)
+DECODE = ("auto", "audio", "text", "none")
 
 
-#: per-sample options the loader takes by name (the README's "Transforms", "Speed perturbation", "Features")
-SAMPLE_OPTIONS: dict[str, Any] = {"transform": None, "speed_perturb": None, "features": None}
+@dataclass(frozen=True)
+class SampleOptions:
+    """What happens to each sample of a formed batch in the workers, before it is padded into the batch."""
+
+    decode: Any = "auto"
+    """``"auto"``, ``"audio"``, ``"text"``, ``"none"`` (raw samples in ``batch["samples"]``), or a callable
+    ``sample -> array [T, ...]``."""
+    transform: Callable[..., Any] | None = None
+    """``fn(sample, rng) -> sample`` on each sample, ``rng`` seeded from ``(seed, epoch, sample id)``."""
+    speed_perturb: Any = None
+    """Speed factors ``(0.9, 1.0, 1.1)``, ``(factors, weights)`` or ``{factor: weight}``, drawn per sample and
+    planned inside the budget; None: off."""
+    features: Any = None
+    """``"fbank"`` (80-dim Kaldi log-mel, planned in frames) or a callable ``(waveform, rate) -> [frames, dim]``."""
+    speed: SpeedPerturb | None = field(init=False, default=None, repr=False)
+    """``speed_perturb`` as the plan draws it."""
+    feature_fn: Any = field(init=False, default=None, repr=False)
+    """``features`` as the workers compute them."""
+
+    def __post_init__(self) -> None:
+        from ..read.features import resolve_features
+
+        if not callable(self.decode):
+            choice_option("decode", self.decode, DECODE)
+        if self.transform is not None and not callable(self.transform):
+            raise OptionError(f"transform must be a callable fn(sample, rng) -> sample, got {self.transform!r}")
+        object.__setattr__(self, "speed", SpeedPerturb.make(self.speed_perturb))
+        object.__setattr__(self, "feature_fn", resolve_features(self.features))
+
+    @property
+    def active(self) -> list[str]:
+        """The per-sample options in use, by name."""
+        given = {"transform": self.transform, "speed_perturb": self.speed, "features": self.feature_fn}
+        return [k for k, v in given.items() if v is not None]
 
 
-def read_options(**given: Any) -> ReadOptions:
-    """:class:`ReadOptions` from the loader's read keywords (sizes like ``"8M"`` accepted)."""
-    o = {**READ_OPTIONS, **given}
-    return ReadOptions(
-        chunk_size=storage.parse_bytes(o["chunk_size"], "chunk_size"),
-        read_ahead=storage.parse_bytes(o["read_ahead"], "read_ahead"),
-        read_concurrency=int(o["read_concurrency"]),
-        retry=RetryPolicy(retries=int(o["retries"]), backoff=float(o["backoff"]), timeout=float(o["timeout"])),
-        verify=o["verify"],
-        max_bad_shards=int(o["max_bad_shards"]),
-        cache_dir=o["cache_dir"],
-        cache_size=storage.parse_bytes(o["cache_size"], "cache_size"),
-    )
+@dataclass(frozen=True)
+class RunOptions:
+    """Where this process stands in the job and how its batches reach the training loop."""
+
+    rank: int | None = None
+    """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
+    world_size: int | None = None
+    """Ranks in the job; None: detected as ``rank`` is, else 1."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: read in the training process)."""
+    even_batches: str = "split"
+    """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
+    :class:`~streambatch.plan.layout.Layout`)."""
+    hardest_first: bool = False
+    """The most expensive batch at step 1 (checked by :class:`~streambatch.plan.layout.Layout`)."""
+    planning: str = "auto"
+    """Who plans the epoch (:data:`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
+    whole epoch on every rank; ``"local"`` requires the process group; ``"global"`` always the whole epoch."""
+    batches_per_epoch: int | None = None
+    """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch)."""
+    micro_batches: int = 1
+    """Yield each batch as this many micro-batches (a list of dicts with loss weights)."""
+    loss_weight_by: str = "samples"
+    """What a micro-batch's loss weight counts (:data:`LOSS_WEIGHT_BY`)."""
+    prefetch_factor: int | None = None
+    """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2)."""
+    persistent_workers: bool = False
+    """Keep the workers between epochs (as in ``DataLoader``)."""
+    pin_memory: bool = False
+    """Batches in page-locked memory (as in ``DataLoader``)."""
+    worker_init_fn: Callable[[int], Any] | None = None
+    """Called in each worker with its id (after the loader's own set-up)."""
+    progress: bool = False
+    """A tqdm bar per pass (total ``len(loader)``, starting at the batches already consumed)."""
+
+    def __post_init__(self) -> None:
+        if self.rank is not None:
+            int_option("rank", self.rank, 0)
+        if self.world_size is not None:
+            int_option("world_size", self.world_size, 1)
+        int_option("num_workers", self.num_workers, 0)
+        choice_option("planning", self.planning, PLANNING)
+        if self.batches_per_epoch is not None:
+            int_option("batches_per_epoch", self.batches_per_epoch, 1)
+        int_option("micro_batches", self.micro_batches, 1)
+        choice_option("loss_weight_by", self.loss_weight_by, LOSS_WEIGHT_BY)
+        if self.prefetch_factor is not None:
+            int_option("prefetch_factor", self.prefetch_factor, 1)
+        for name in ("persistent_workers", "pin_memory", "progress"):
+            bool_option(name, getattr(self, name))
+        if self.worker_init_fn is not None and not callable(self.worker_init_fn):
+            raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
+
+    def layout(self, world_size: int) -> Layout:
+        """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given)."""
+        return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
+
+
+def init_fields(group: type) -> list[str]:
+    """The option names a group takes (its init fields)."""
+    return [f.name for f in dataclasses.fields(group) if f.init]
+
+
+def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, SampleOptions, RunOptions]:
+    """The loader's arguments sorted into their groups: the batching options by name (:func:`batching_config`
+    turns them into a :class:`BatchingConfig` once the index is open), and the other groups built (checked)."""
+    batching = {k: given[k] for k in BATCHING_OPTIONS}
+    read = ReadOptions(**{k: given[k] for k in init_fields(ReadOptions)})
+    sample = SampleOptions(**{k: given[k] for k in init_fields(SampleOptions)})
+    run = RunOptions(**{k: given[k] for k in init_fields(RunOptions)})
+    return batching, read, sample, run
 
 
 def batching_config(
-    budget: float | None, index: ShardIndex | None, options: dict[str, Any], length_plan: LengthPlan | None = None
+    budget: float | None,
+    index: ShardIndex | None,
+    options: dict[str, Any],
+    length_plan: LengthPlan | None = None,
+    storage_options: dict | None = None,
 ) -> BatchingConfig:
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
@@ -67,17 +168,8 @@ def batching_config(
             f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
             "an index (write one with `shardify index`); without one batches leave as they form"
         )
-    cost = options.get("cost")
-    calib = None if options.get("packed") else calibration_info(cost)
     unit = "frames" if length_plan is not None and length_plan.in_frames else index.unit if index is not None else None
-    if calib is not None:
-        if index is not None and calib.get("unit") not in (None, unit):
-            raise ValueError(
-                f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}"
-            )
-        if options.get("max_batch_size") is None and calib.get("max_batch_size"):
-            # the search stopped there: larger batches would be extrapolated, not measured
-            options = {**options, "max_batch_size": int(calib["max_batch_size"])}
+    options, budget = _calibrated(options, budget, index is not None, unit, storage_options)
     if index is not None and index.unit == "seconds":
         options = {**options, "pad_to_multiple_of": None}
     # every length, streamed in bounded memory, read once where an option needs them
@@ -86,6 +178,24 @@ def batching_config(
     if hasattr(config.cost, "check_monotone") and index is not None:
         config.cost.check_monotone(stats if stats is not None else _stats(index, length_plan))
     return config
+
+
+def _calibrated(
+    options: dict[str, Any], budget: float | None, indexed: bool, unit: str | None, storage_options: dict | None
+) -> tuple[dict[str, Any], float | None]:
+    """With ``cost`` a calibration file (read here, from any storage) or dict: its cost model, its budget where
+    none was given, its batch-size cap (larger batches would be extrapolated, not measured), its unit checked."""
+    cost = options.get("cost")
+    if options.get("packed") or not (isinstance(cost, dict) or is_calibration_path(cost)):
+        return options, budget
+    calib = cost if isinstance(cost, dict) else read_calibration(cost, lambda p: storage.open_url(p, "rb"))
+    if indexed and calib.get("unit") not in (None, unit):
+        raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
+    model, calibrated_budget = calibration_cost(calib, str(cost) if isinstance(cost, str) else "<dict>")
+    options = {**options, "cost": model}
+    if options.get("max_batch_size") is None and calib.get("max_batch_size"):
+        options["max_batch_size"] = int(calib["max_batch_size"])
+    return options, calibrated_budget if budget is None else budget
 
 
 def _window_figures(index: ShardIndex | None, length_plan: LengthPlan | None) -> dict[str, float | None]:
@@ -109,29 +219,19 @@ def _stats(index: ShardIndex, length_plan: LengthPlan | None) -> Any:
     return stream_stats(length_plan.frames(x) for x in index.iter_lengths())
 
 
-def pop_sample_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The per-sample options (:data:`SAMPLE_OPTIONS`) taken out of the loader's ``**options``."""
-    return {k: options.pop(k) for k in list(options) if k in SAMPLE_OPTIONS}
-
-
-def sample_plan(
-    given: dict[str, Any], index: ShardIndex | None, decode: Any, seed: Any
-) -> tuple[LengthPlan | None, Any]:
+def sample_plan(o: SampleOptions, index: ShardIndex | None, seed: Any) -> tuple[LengthPlan | None, Any]:
     """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
-    from ..read.features import plans_in_frames, resolve_features
+    from ..read.features import plans_in_frames
     from ..read.transforms import SampleOps, require_soxr
 
-    o = {**SAMPLE_OPTIONS, **given}
-    speed, features, transform = SpeedPerturb.make(o["speed_perturb"]), resolve_features(o["features"]), o["transform"]
-    if transform is not None and not callable(transform):
-        raise TypeError(f"transform must be a callable fn(sample, rng) -> sample, got {transform!r}")
-    if speed is None and features is None and transform is None:
+    speed, features = o.speed, o.feature_fn
+    if not o.active:
         return None, None
-    which = ", ".join(k for k in ("transform", "speed_perturb", "features") if o[k] is not None)
+    which = ", ".join(o.active)
     if index is None:
         raise ValueError(f"{which} need an index: each sample's randomness and planned length follow its global id")
-    if decode == "none":
+    if o.decode == "none":
         raise ValueError(f"{which} work on decoded samples; decode='none' keeps them raw")
     if speed is not None or features is not None:
         if index.unit != "samples" or not index.sample_rate:
@@ -139,35 +239,10 @@ def sample_plan(
                 f"speed_perturb and features need audio lengths in samples with a sample rate; this "
                 f"index counts {index.unit}" + ("" if index.sample_rate else " without a sample rate")
             )
-        if decode not in ("auto", "audio"):
-            raise ValueError(f"speed_perturb and features work on decoded audio; decode={decode!r}")
+        if o.decode not in ("auto", "audio"):
+            raise ValueError(f"speed_perturb and features work on decoded audio; decode={o.decode!r}")
     if speed is not None:
         require_soxr()
     frames = features if plans_in_frames(features) else None
     plan = LengthPlan(int(index.sample_rate or 0), speed, frames) if speed is not None or frames is not None else None
-    return plan, SampleOps(transform, speed, features, seed, 0, index.sample_rate)
-
-
-def plan_budget(budget: Any, index: ShardIndex | None, length_plan: LengthPlan | None) -> float | None:
-    """The budget in the plan's unit: the dataset's, or feature frames when planning in them (a number counts
-    frames; a duration is the frames of that much audio)."""
-    if budget is None:
-        return None
-    if index is None:
-        return parse_budget(budget)
-    if length_plan is None or not length_plan.in_frames:
-        return parse_budget(budget, index.unit, index.sample_rate)
-    try:
-        return parse_budget(budget, "frames")
-    except ValueError:  # a duration: its samples, then their frames
-        samples = parse_budget(budget, index.unit, index.sample_rate)
-        return float(parse_budget(float(length_plan.frames(int(samples)))))
-
-
-def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The loader's ``**options`` as (batching, read) keywords; an unknown name is a ``TypeError``."""
-    unknown = sorted(set(options) - set(BATCHING_OPTIONS) - set(READ_OPTIONS))
-    if unknown:
-        raise TypeError(f"StreamBatchLoader got unknown option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
-    batching = {k: v for k, v in options.items() if k in BATCHING_OPTIONS}
-    return batching, {k: v for k, v in options.items() if k in READ_OPTIONS}
+    return plan, SampleOps(o.transform, speed, features, seed, 0, index.sample_rate)
