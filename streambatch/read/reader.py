@@ -56,7 +56,10 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "read_ahead", "cache_size"):
-            object.__setattr__(self, name, parse_bytes(getattr(self, name), name))
+            try:
+                object.__setattr__(self, name, parse_bytes(getattr(self, name), name))
+            except ValueError as e:
+                raise OptionError(str(e)) from None
         if self.chunk_size <= 0:
             raise OptionError(f"chunk_size must be positive, got {self.chunk_size}")
         int_option("read_concurrency", self.read_concurrency, 1)
