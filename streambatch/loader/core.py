@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import DataLoader
 
@@ -34,7 +34,7 @@ from ..read.ring import BatchRing, batch_ring
 from ..read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .messages import check_shortest_fits, empty_epoch_message, mixture_report, unindexed_empty_message
 from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
-from .options import batching_config, option_groups, sample_plan
+from .options import Index, batching_config, option_groups, sample_plan
 from .state import LoaderState, batching_record, pack_mask, unpack_mask
 
 log = logging.getLogger("streambatch")
@@ -189,13 +189,16 @@ class StreamBatchLoader:
             parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
         sources = mixture_sources(source, weights)
+        self.index: Index | None
+        self.urls: Sequence[str]
         if sources is not None:
             self.index = MixedIndex.open(sources, storage_options)
             self.urls = ShardURLs(self.index)  # type: ignore[arg-type]
             self.name = "mixture of " + ", ".join(self.index.names)
         else:
             self.index, self.urls = resolve_source(source, index, storage_options)
-            self.name = str(source) if isinstance(source, str) else (self.index.root if self.index is not None else "")
+            root = self.index.root if self.index is not None else None
+            self.name = str(source) if isinstance(source, str) else root or ""
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
 
@@ -263,6 +266,11 @@ class StreamBatchLoader:
     @property
     def batches_per_epoch(self) -> int | None:
         return self.run.batches_per_epoch
+
+    @property
+    def _seed(self) -> int:
+        """The batching seed, a whole number here (only ``plan_batches`` seeds one stream with a sequence)."""
+        return cast(int, self.config.seed)
 
     @property
     def persistent_workers(self) -> bool:
@@ -336,7 +344,7 @@ class StreamBatchLoader:
             epoch,
             lengths,
             self.config,
-            left_out(self.index, self.filter, epoch, self.config.seed, lengths.offsets),
+            left_out(self.index, self.filter, epoch, self._seed, lengths.offsets),
         )
 
     def _earlier(self, epoch: int) -> int:
@@ -392,7 +400,7 @@ class StreamBatchLoader:
         """What every DataLoader worker of this loader gets once."""
         return SlotContext(
             urls=self.urls,
-            index=self.index,
+            index=self.index,  # type: ignore[arg-type]  # a mixture serves as one index
             config=self.config,
             rank=self.rank,
             world_size=self.world_size,
@@ -574,7 +582,8 @@ class StreamBatchLoader:
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         runs = [EarlierRun.from_state(d) for d in saved.earlier_layouts]
-        base = unpack_mask(saved.excluded, self.index.num_samples) if saved.excluded else None
+        n = self.index.num_samples if self.index is not None else 0
+        base = unpack_mask(saved.excluded, n) if saved.excluded else None
         old = saved.layout(self.layout)
         same_layout = old == self.layout
         if consumed and not same_layout:
@@ -592,7 +601,7 @@ class StreamBatchLoader:
     def _old_steps(self, layout: Layout, before: Resumed) -> int:
         """The steps an old layout planned for this epoch (a state saved before it recorded them): O(N), once."""
         lengths = self._lengths(self.epoch)
-        selection = left_out(self.index, self.filter, self.epoch, self.config.seed, lengths.offsets)
+        selection = left_out(self.index, self.filter, self.epoch, self._seed, lengths.offsets)
         excluded = before.consumed(lengths, self.config, selection)
         return make_epoch_plan(lengths, self.config, self.epoch, layout, excluded).steps
 

@@ -65,8 +65,8 @@ def unindexed_empty_message(name: str, num_urls: int, cfg: BatchingConfig, epoch
 def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, float]]:
     """Per dataset of a mixture, what the planned epoch holds: samples, total length (and hours for audio)
     and share of the epoch's samples — the batches every rank yields, repeats of ``pad`` not counted."""
-    gids = [s.gids[b] for s in plan.slots for b, rep in zip(s.batches, s.repeat) if not rep]
-    gids = np.concatenate(gids) if gids else np.zeros(0, dtype=np.int64)
+    parts = [s.gids[b] for s in plan.slots for b, rep in zip(s.batches, s.repeat) if not rep]
+    gids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     dataset, _, _ = index.locate(gids)
     lens = np.asarray(lengths[gids], dtype=np.float64)
     spu = index.seconds_per_unit()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -81,7 +81,7 @@ def _width(batch: dict[str, Any], lengths: Any) -> int:
     return int(np.asarray(lengths).max())
 
 
-def metered(batches: Iterator[Any], meter: EpochMeter) -> Iterator[Any]:
+def metered(batches: Iterable[Any], meter: EpochMeter) -> Iterator[Any]:
     """Stage: pass batches on, timing how long each was waited for and recording it in ``meter``."""
     it = iter(batches)
     while True:

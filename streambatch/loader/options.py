@@ -21,7 +21,7 @@ from typing import Any
 
 from ..dataset import storage
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import datasets_of
+from ..dataset.mixture import MixedIndex, datasets_of
 from ..errors import OptionError, bool_option, choice_option, int_option
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.config import BatchingConfig
@@ -30,6 +30,9 @@ from ..plan.layout import Layout
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
+
+#: what the loader plans from: one dataset's index, or a mixture's datasets as one
+Index = ShardIndex | MixedIndex
 
 #: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
 PLANNING = ("auto", "local", "global")
@@ -150,7 +153,7 @@ def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, S
 
 def batching_config(
     budget: float | None,
-    index: ShardIndex | None,
+    index: Index | None,
     options: dict[str, Any],
     length_plan: LengthPlan | None = None,
     storage_options: dict | None = None,
@@ -174,7 +177,8 @@ def batching_config(
         options = {**options, "pad_to_multiple_of": None}
     # every length, streamed in bounded memory, read once where an option needs them
     stats = _stats(index, length_plan) if index is not None and options.get("num_buckets") else None
-    config = BatchingConfig.make(budget, stats, **options, **_window_figures(index, length_plan))
+    mean, sample_bytes = _window_figures(index, length_plan)
+    config = BatchingConfig.make(budget, stats, mean_length=mean, sample_bytes=sample_bytes, **options)
     if hasattr(config.cost, "check_monotone") and index is not None:
         config.cost.check_monotone(stats if stats is not None else _stats(index, length_plan))
     return config
@@ -188,7 +192,7 @@ def _calibrated(
     cost = options.get("cost")
     if options.get("packed") or not (isinstance(cost, dict) or is_calibration_path(cost)):
         return options, budget
-    calib = cost if isinstance(cost, dict) else read_calibration(cost, lambda p: storage.open_url(p, "rb"))
+    calib = cost if isinstance(cost, dict) else read_calibration(str(cost), lambda p: storage.open_url(p, "rb"))
     if indexed and calib.get("unit") not in (None, unit):
         raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
     model, calibrated_budget = calibration_cost(calib, str(cost) if isinstance(cost, str) else "<dict>")
@@ -198,28 +202,28 @@ def _calibrated(
     return options, calibrated_budget if budget is None else budget
 
 
-def _window_figures(index: ShardIndex | None, length_plan: LengthPlan | None) -> dict[str, float | None]:
+def _window_figures(index: Index | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
     """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
     if index is None or not index.num_samples:
-        return {}
+        return None, None
     indexes = [ix for _, ix in datasets_of(index)]  # a mixture: its datasets' own figures
     count = sum(ix.num_samples for ix in indexes)
     mean = sum(ix.total_length for ix in indexes) / count if count else None
     if mean is not None and length_plan is not None and length_plan.in_frames:
         mean = float(length_plan.frames(int(mean)))
-    sizes = [ix.total_bytes for ix in indexes]
+    sizes = [ix.total_bytes for ix in indexes if ix.total_bytes is not None]
     # an index that does not say its bytes (written before its header carried them): the floor, not a guess
-    return {"mean_length": mean, "sample_bytes": sum(sizes) / count if None not in sizes else math.inf}
+    return mean, sum(sizes) / count if len(sizes) == len(indexes) and count else math.inf
 
 
-def _stats(index: ShardIndex, length_plan: LengthPlan | None) -> Any:
+def _stats(index: Index, length_plan: LengthPlan | None) -> Any:
     """Statistics of every length in the plan's unit (frames when planning in them; speed factors aside)."""
     if length_plan is None or not length_plan.in_frames:
         return index.length_stats()
-    return stream_stats(length_plan.frames(x) for x in index.iter_lengths())
+    return stream_stats(length_plan.frames(x) for _, ix in datasets_of(index) for x in ix.iter_lengths())
 
 
-def sample_plan(o: SampleOptions, index: ShardIndex | None, seed: Any) -> tuple[LengthPlan | None, Any]:
+def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[LengthPlan | None, Any]:
     """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
     from ..read.features import plans_in_frames

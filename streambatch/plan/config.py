@@ -138,7 +138,7 @@ class BatchingConfig:
                 _mean(lengths) if mean_length is None else mean_length,
                 sample_bytes,
             )
-        return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
+        return cls(budget=budget, cost=model, **options)
 
     def replace(self, **changes: Any) -> BatchingConfig:
         """A copy with some fields changed."""

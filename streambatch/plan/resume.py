@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -74,7 +74,8 @@ class Consumed(LazyMask):
     def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, run: EarlierRun, prior: Any = None):
         self.lengths, self.config, self.epoch, self.run, self.prior = lengths, config, epoch, run, prior
         self.layout = run.layout
-        self._deal = Deal.of(lengths, run.layout.num_slots, config.seed, epoch, config.shuffle)
+        seed = cast(int, config.seed)  # an epoch's seed is a whole number (a sequence seeds one stream only)
+        self._deal = Deal.of(lengths, run.layout.num_slots, seed, epoch, config.shuffle)
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)
         self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of ranks re-planned)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar, cast
 
 from ..dataset.storage import parse_bytes
 from ..dataset.tar import group_samples, iter_members
@@ -20,6 +20,7 @@ from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, ShardFault
 from .fetch import Fetcher, Job
 from .retry import RetryPolicy
+from .skip import Span
 
 VERIFY = ("sha256", "size", "none")
 
@@ -82,7 +83,8 @@ def _piece_samples(fetcher: Fetcher, job: Job, piece: Piece) -> Iterator[dict[st
     stream = fetcher.open(job)
     first = piece.start if job.byte_range is not None else 0  # a byte range starts at the piece's first sample
     try:
-        for sample in group_samples(iter_members(stream, job.url), job.url, piece.shard):
+        members = iter_members(cast(IO[bytes], stream), job.url)  # a file object as far as reading goes
+        for sample in group_samples(members, job.url, piece.shard):
             i = sample["__index__"] = sample["__index__"] + first
             if i >= piece.stop:
                 return
@@ -101,7 +103,7 @@ def _jobs(urls: Sequence[str], pieces: Sequence[Piece], shards: Sequence[Any] | 
     for j, p in enumerate(pieces):
         info = shards[p.shard] if shards is not None else None
         jobs.append(Job(j, urls[p.shard], p.shard, getattr(info, "bytes", None), getattr(info, "sha256", None)))
-        if getattr(p, "end_byte", 0) > 0:  # a read/skip.py Span: only its bytes
+        if isinstance(p, Span) and p.end_byte > 0:  # only its bytes
             jobs[-1].byte_range = (p.first_byte, p.end_byte)
     return jobs
 
@@ -114,8 +116,9 @@ def read_pieces(
     shards: Sequence[Any] | None = None,
     faults: FaultLog | None = None,
     markers: bool = False,
-) -> Iterator[dict[str, Any]]:
-    """Stage: the samples of each piece in turn (a slot's whole stream).
+) -> Iterator[Any]:
+    """Stage: the samples of each piece in turn (a slot's whole stream): dicts, and with ``markers`` the
+    :class:`ShardFault` markers among them.
 
     ``shards``: the index's :class:`~streambatch.dataset.index.ShardInfo` list (expected bytes and sha256), if any.
     Without ``faults`` a bad shard raises :class:`ShardReadError`; with it, the shard is counted and skipped
