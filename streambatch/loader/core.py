@@ -1,22 +1,19 @@
-"""StreamBatchLoader: the public face of the read side — options in, padded batches out.
-
-It sorts the user's options into their typed groups once (:mod:`.options`), plans each epoch
-from the index (:mod:`streambatch.plan.epoch`), publishes the epoch and resume point to its DataLoader workers
-(:mod:`streambatch.read.worker`), and owns ``len()``, epochs and ``state_dict()``.
-"""
+"""StreamBatchLoader: options in (sorted into their typed groups once, :mod:`.options`), padded batches out. It
+plans each epoch from the index (:mod:`streambatch.plan.epoch`), publishes the epoch and resume point to its
+DataLoader workers (:mod:`streambatch.read.worker`), and owns ``len()``, epochs and ``state_dict()``."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from torch.utils.data import DataLoader
 
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import MixedIndex, dataset_names, mixture_sources
+from ..dataset.mixture import MixedIndex, mixture_sources
 from ..dataset.source import ShardURLs, resolve_source
 from ..dataset.where import left_out, open_filter
 from ..dist import all_gather_ints, process_group_matches, process_info
@@ -26,38 +23,25 @@ from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan, plan_rank_loc
 from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
-from ..plan.resume import EarlierRun, Resumed, excluded_in
+from ..plan.resume import Resumed, excluded_in
 from ..plan.slot import Adjust, per_worker
 from ..read.collate import Decode
-from ..read.faults import FAULT_FIELDS, STORAGE_WAIT
 from ..read.ring import BatchRing, batch_ring
-from ..read.worker import CollateOptions, EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
-from .messages import check_shortest_fits, empty_epoch_message, mixture_report, unindexed_empty_message
-from .metrics import EpochMeter, metered, metrics_line, planned_figures, storage_waits
-from .options import Index, batching_config, option_groups, sample_plan
-from .state import LoaderState, batching_record, pack_mask, unpack_mask
+from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from .messages import (
+    check_shortest_fits,
+    empty_epoch_message,
+    mixture_report,
+    plan_line,
+    resume_line,
+    unindexed_empty_message,
+)
+from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
+from .options import Index, batching_config, collate_options, option_groups, sample_plan
+from .state import LoaderState, batching_record, pack_mask
+from .workers import make_dataloader, progress_bar
 
 log = logging.getLogger("streambatch")
-
-
-def _identity(x: Any) -> Any:
-    return x
-
-
-class _WorkerInit:
-    """DataLoader workers ignore SIGUSR1: a scheduler's warning signal (SLURM ``--signal=USR1@T``) may reach the
-    whole process group, and its default action would kill the workers while the training process is saving
-    its checkpoint. SIGTERM keeps its default: torch ends workers with it. Then the user's ``worker_init_fn``."""
-
-    def __init__(self, user: Any = None):
-        self.user = user
-
-    def __call__(self, worker_id: int) -> None:
-        import signal
-
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        if self.user is not None:
-            self.user(worker_id)
 
 
 class StreamBatchLoader:
@@ -83,22 +67,13 @@ class StreamBatchLoader:
       (``"language = 'de' AND snr > 10"``; DuckDB).
     * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
 
-    Batching (:class:`~streambatch.plan.config.BatchingConfig` and :meth:`~.BatchingConfig.make`):
-
-    * ``buffer_size``: the window each worker's batches are formed from; None: sized from the dataset.
-    * ``refill``: samples that leave the window before it waits for new ones; None: ``buffer_size // 4``.
-    * ``bucket_boundaries``: lengths no batch straddles; ``num_buckets``: estimate that many from the index,
-      spaced by ``bucket_spacing`` (``"quantile"`` or ``"exponential"``).
-    * ``max_batch_size``: at most this many samples; ``batch_size_multiple_of``: sizes multiples of this.
-    * ``min_length`` / ``max_length``: samples outside are never emitted (counted).
-    * ``drop_last``: drop each worker's last incomplete batch; ``strict``: raise on a sample that never fits.
-    * ``shuffle``, ``seed``: shard and batch order follow ``(seed, epoch)``.
-    * ``pad_to_multiple_of``: pad ``T`` up to a multiple (the budget holds for the padded tensor).
-    * ``batch_order``: ``"random"``, ``"ascending"`` or ``"descending"`` (by each batch's longest sample).
-    * ``output_budget``: a second budget over the samples' output lengths.
-    * ``batch_by``: ``"dataset"``: every batch from one dataset of a mixture.
-    * ``cost``: ``"padded"``, ``"quadratic"`` (with ``quadratic_factor``), a callable ``cost(n, max_len)`` or a
-      calibration file; ``packed``: padding-free batches bounded by their total length.
+    Batching (:class:`~streambatch.plan.config.BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
+    ``cost``, ``quadratic_factor`` and ``packed`` as :meth:`~streambatch.plan.config.BatchingConfig.make` takes
+    them): ``buffer_size``, ``refill``, ``bucket_boundaries``, ``num_buckets``, ``bucket_spacing``,
+    ``max_batch_size``, ``batch_size_multiple_of``, ``min_length``, ``max_length``, ``drop_last``, ``strict``,
+    ``shuffle``, ``seed``, ``pad_to_multiple_of``, ``batch_order``, ``output_budget``, ``batch_by``, ``cost``
+    (``"padded"``, ``"quadratic"``, a callable ``cost(n, max_len)`` or a calibration file), ``quadratic_factor``,
+    ``packed``.
 
     Reading (:class:`~streambatch.read.reader.ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
     ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``, ``cache_size``.
@@ -207,23 +182,12 @@ class StreamBatchLoader:
         ix, run, sample = self.index, self.run, self.sample_options
         self.length_plan, ops = sample_plan(sample, ix, batching["seed"])
         frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
-        if budget is not None and ix is not None:
-            budget = parse_budget(budget, ix.unit, ix.sample_rate, frames)
-        elif budget is not None:
-            budget = parse_budget(budget)
+        unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
+        budget = None if budget is None else parse_budget(budget, unit, rate, frames)
         self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
-        self.collate_options = CollateOptions(
-            decode=sample.decode,
-            pad_to_multiple_of=self.config.pad_to_multiple_of,
-            sample_rate=ix.sample_rate if ix is not None and ix.unit == "samples" else None,
-            packed=self.config.cost.packed,
-            micro_batches=run.micro_batches,
-            loss_weight_by=run.loss_weight_by,
-            datasets=dataset_names(ix),
-            per_sample=ops,
-        )
+        self.collate_options = collate_options(sample, run, self.config, ix, ops)
         if ix is None and self.world_size > 1 and not run.batches_per_epoch:
             raise ValueError(
                 f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
@@ -256,16 +220,8 @@ class StreamBatchLoader:
         return self.layout.even_batches
 
     @property
-    def hardest_first(self) -> bool:
-        return self.layout.hardest_first
-
-    @property
     def planning(self) -> str:
         return self.run.planning
-
-    @property
-    def batches_per_epoch(self) -> int | None:
-        return self.run.batches_per_epoch
 
     @property
     def _seed(self) -> int:
@@ -322,7 +278,7 @@ class StreamBatchLoader:
                 sched = plan_rank_local(lengths, self.config, e, self.rank, self.layout, all_gather_ints, excluded)
             else:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
-            self._log_plan(sched, local, lengths.loaded, time.perf_counter() - t0)
+            log.info(plan_line(sched, self.layout, self.rank, local, lengths.loaded, time.perf_counter() - t0))
             if sched.steps == 0 and self._earlier(e) == 0:
                 raise EmptyEpochError(empty_epoch_message(self, sched, local))
             self._schedules = {e: sched}
@@ -339,13 +295,8 @@ class StreamBatchLoader:
         return self.planning != "global" and possible
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
-        return excluded_in(
-            self._resumed,
-            epoch,
-            lengths,
-            self.config,
-            left_out(self.index, self.filter, epoch, self._seed, lengths.offsets),
-        )
+        selection = left_out(self.index, self.filter, epoch, self._seed, lengths.offsets)
+        return excluded_in(self._resumed, epoch, lengths, self.config, selection)
 
     def _earlier(self, epoch: int) -> int:
         """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
@@ -358,8 +309,8 @@ class StreamBatchLoader:
         or schedule built from ``len()`` and :attr:`consumed` is right. With a process group this is a
         collective: ask on every rank."""
         if self.index is None:
-            if self.batches_per_epoch:
-                return self.batches_per_epoch
+            if self.run.batches_per_epoch:
+                return self.run.batches_per_epoch
             raise TypeError("len() needs an index: without one the number of batches is unknown until the end")
         return self._earlier(self.epoch) + self.schedule().steps
 
@@ -376,25 +327,11 @@ class StreamBatchLoader:
 
     # ---- iteration ----------------------------------------------------------------------------------
     def _make_dataloader(self) -> DataLoader:
-        kwargs: dict[str, Any] = {}
-        if self.num_workers > 0:
-            if self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
-                self._ring = batch_ring(
-                    self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
-                )
-            kwargs["prefetch_factor"] = self.run.prefetch_factor or 2
-            kwargs["persistent_workers"] = self.persistent_workers
-            kwargs["worker_init_fn"] = _WorkerInit(self.run.worker_init_fn)
-            if self.filter is not None:  # DuckDB is not fork-safe: workers start from a clean forkserver
-                kwargs["multiprocessing_context"] = "forkserver"
-        return DataLoader(
-            EpochStream(self._context()),
-            batch_size=None,
-            num_workers=self.num_workers,
-            collate_fn=_identity,
-            pin_memory=self.run.pin_memory,
-            **kwargs,
-        )
+        if self.num_workers > 0 and self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
+            self._ring = batch_ring(
+                self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
+            )
+        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None)
 
     def _context(self) -> SlotContext:
         """What every DataLoader worker of this loader gets once."""
@@ -429,44 +366,18 @@ class StreamBatchLoader:
             state.rotation = order[self._consumed][0] if self._consumed < len(order) else 0
             state.start = sched.start
             state.adjust = list(sched.adjust)
-        elif self.batches_per_epoch:
-            steps = self.batches_per_epoch
+        elif self.run.batches_per_epoch:
+            steps = self.run.batches_per_epoch
             for w, t in enumerate(per_worker([steps] * nw, steps)):
                 state.adjust[w].take = t
         self._state.publish(state)
         return steps
 
-    def _log_plan(self, s: RankSchedule, local: bool, loaded: int, seconds: float) -> None:
-        scope = "this rank" if local else f"all {self.world_size} ranks"
-        log.info(
-            "epoch %d: %d batches per rank on %d ranks; rank %d planned %d samples in %.2f s (%s plan, %d lengths "
-            "read); even_batches=%s on %s: %d samples left out, %d repeated, %d batches split; %d skipped "
-            "(outside min_length/max_length/budget), %d dropped (drop_last)",
-            s.epoch,
-            s.steps,
-            self.world_size,
-            self.rank,
-            s.planned_samples,
-            seconds,
-            "rank-local" if local else "whole-epoch O(N)",
-            loaded,
-            self.even_batches,
-            scope,
-            s.surplus,
-            s.repeated,
-            s.splits,
-            s.skipped,
-            s.dropped,
-        )
-
     def fault_stats(self) -> dict[str, Any]:
         """What storage faults cost this rank in the current (or last) pass: ``bad_shards`` skipped (and their
         URLs in ``bad_shard_urls``), planned samples lost with them, samples re-drawn in their place, batches
         that came out smaller, request retries, bytes read from remote storage, cache downloads and hits."""
-        out: dict[str, Any] = dict(zip(FAULT_FIELDS, (int(x) for x in self._fault_counts.sum(0).tolist())))
-        del out[STORAGE_WAIT]  # a time, not a fault: metrics() reports it
-        out["bad_shard_urls"] = [self.urls[i] for i in self._bad_shards.nonzero().flatten().tolist()]
-        return out
+        return fault_summary(self._fault_counts, self._bad_shards, self.urls)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch = self.epoch
@@ -503,19 +414,11 @@ class StreamBatchLoader:
         self._resumed, self._saved_steps = None, None
         self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
 
-    def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterator[Any]:
+    def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterable[Any]:
         """With ``progress=True``, a tqdm bar over the pass (from the batches already consumed)."""
         if not self.run.progress:
             return items
-        from tqdm.auto import tqdm
-
-        return tqdm(
-            items,
-            total=None if steps is None else self._earlier(epoch) + steps,
-            initial=self.consumed,
-            desc=f"epoch {epoch}",
-            unit="batch",
-        )
+        return progress_bar(items, epoch, None if steps is None else self._earlier(epoch) + steps, self.consumed)
 
     def _unit_per_element(self) -> float:
         """Dataset length units per element of a padded tensor along T (a budget in seconds: 1 / rate)."""
@@ -531,9 +434,7 @@ class StreamBatchLoader:
         :meth:`fault_stats`. ``planned=True`` adds the planned epoch's padding and budget use for this rank
         (plans the whole epoch: O(N))."""
         out = self._meter.summary() if self._meter is not None else {}
-        faults = self.fault_stats()
-        out["storage"] = {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")}
-        out.update(storage_waits(self._fault_counts[:, FAULT_FIELDS.index(STORAGE_WAIT)].tolist()))
+        out.update(storage_figures(self._fault_counts, self.fault_stats()))
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
             out["planned"] = planned_figures(
@@ -556,7 +457,7 @@ class StreamBatchLoader:
             batches_consumed=self._consumed,
             steps=sched.steps if sched is not None else self._saved_steps,
             seed=self.config.seed,
-            **{k: v for k, v in dataclasses.asdict(self.layout).items()},
+            **dataclasses.asdict(self.layout),
             num_samples=self.index.num_samples if self.index is not None else None,
             mixture=self.index.state() if isinstance(self.index, MixedIndex) else None,
             where=self.filter.expr if self.filter is not None else None,
@@ -577,26 +478,13 @@ class StreamBatchLoader:
         """
         saved = LoaderState.from_dict(state)
         saved.check(self._own_state())
-        consumed = saved.batches_consumed
         self.epoch = saved.epoch
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
-        runs = [EarlierRun.from_state(d) for d in saved.earlier_layouts]
         n = self.index.num_samples if self.index is not None else 0
-        base = unpack_mask(saved.excluded, n) if saved.excluded else None
-        old = saved.layout(self.layout)
-        same_layout = old == self.layout
-        if consumed and not same_layout:
-            if old is None:
-                raise ValueError("loader state: saved mid-epoch without its layout (world_size, num_workers)")
-            before = Resumed(self.epoch, tuple(runs), base)
-            runs.append(saved.earlier_run(old, lambda layout: self._old_steps(layout, before)))
-            consumed = 0
-        self._resumed = Resumed(self.epoch, tuple(runs), base) if runs or base is not None else None
-        self._consumed = consumed
-        self._saved_steps = saved.steps if same_layout else None
-        if consumed == 0 and runs:
-            self._log_resume(runs[-1])
+        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
+        if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
+            log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
 
     def _old_steps(self, layout: Layout, before: Resumed) -> int:
         """The steps an old layout planned for this epoch (a state saved before it recorded them): O(N), once."""
@@ -604,16 +492,3 @@ class StreamBatchLoader:
         selection = left_out(self.index, self.filter, self.epoch, self._seed, lengths.offsets)
         excluded = before.consumed(lengths, self.config, selection)
         return make_epoch_plan(lengths, self.config, self.epoch, layout, excluded).steps
-
-    def _log_resume(self, old: EarlierRun) -> None:
-        log.info(
-            "resuming epoch %d on %d ranks × %d workers (saved on %d × %d after %d of %d batches per rank): "
-            "the samples not yet consumed are planned again",
-            self.epoch,
-            self.world_size,
-            self.layout.num_workers,
-            old.layout.world_size,
-            old.layout.num_workers,
-            old.consumed,
-            old.steps,
-        )

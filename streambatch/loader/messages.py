@@ -10,7 +10,10 @@ import numpy as np
 from ..errors import BudgetError
 from ..plan.batcher import BucketBatcher
 from ..plan.config import BatchingConfig
+from ..plan.epoch import RankSchedule
+from ..plan.layout import Layout
 from ..plan.perturb import LengthPlan
+from ..plan.resume import EarlierRun
 from ..summary import length_text
 
 
@@ -105,4 +108,26 @@ def check_shortest_fits(cfg: BatchingConfig, ix: Any, length_plan: LengthPlan | 
         f"{name}: budget {text(cfg.budget)} {how} the shortest sample, "
         f"{text(shortest)}: every sample would be skipped and no epoch would have a batch; "
         "use a larger budget (`shardify inspect` suggests one)"
+    )
+
+
+def plan_line(s: RankSchedule, layout: Layout, rank: int, local: bool, loaded: int, seconds: float) -> str:
+    """The log line of a planned epoch: steps, what this rank planned and how, what evening out cost."""
+    scope = "this rank" if local else f"all {layout.world_size} ranks"
+    how = "rank-local" if local else "whole-epoch O(N)"
+    return (
+        f"epoch {s.epoch}: {s.steps} batches per rank on {layout.world_size} ranks; rank {rank} planned "
+        f"{s.planned_samples} samples in {seconds:.2f} s ({how} plan, {loaded} lengths read); "
+        f"even_batches={layout.even_batches} on {scope}: {s.surplus} samples left out, {s.repeated} repeated, "
+        f"{s.splits} batches split; {s.skipped} skipped (outside min_length/max_length/budget), {s.dropped} "
+        "dropped (drop_last)"
+    )
+
+
+def resume_line(epoch: int, layout: Layout, old: EarlierRun) -> str:
+    """The log line of a resume on another layout."""
+    return (
+        f"resuming epoch {epoch} on {layout.world_size} ranks × {layout.num_workers} workers (saved on "
+        f"{old.layout.world_size} × {old.layout.num_workers} after {old.consumed} of {old.steps} batches per rank): "
+        "the samples not yet consumed are planned again"
     )

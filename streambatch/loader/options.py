@@ -21,7 +21,7 @@ from typing import Any
 
 from ..dataset import storage
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import MixedIndex, datasets_of
+from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
 from ..errors import OptionError, bool_option, choice_option, int_option
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.config import BatchingConfig
@@ -30,6 +30,7 @@ from ..plan.layout import Layout
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
+from ..read.worker import CollateOptions
 
 #: what the loader plans from: one dataset's index, or a mixture's datasets as one
 Index = ShardIndex | MixedIndex
@@ -134,6 +135,22 @@ class RunOptions:
     def layout(self, world_size: int) -> Layout:
         """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given)."""
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
+
+
+def collate_options(
+    sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: Index | None, ops: Any
+) -> CollateOptions:
+    """How the workers turn a formed batch into tensors (``ops``: the per-sample stages of :func:`sample_plan`)."""
+    return CollateOptions(
+        decode=sample.decode,
+        pad_to_multiple_of=config.pad_to_multiple_of,
+        sample_rate=index.sample_rate if index is not None and index.unit == "samples" else None,
+        packed=config.cost.packed,
+        micro_batches=run.micro_batches,
+        loss_weight_by=run.loss_weight_by,
+        datasets=dataset_names(index),
+        per_sample=ops,
+    )
 
 
 def init_fields(group: type) -> list[str]:

@@ -14,7 +14,7 @@ import numpy as np
 from ..plan.config import BatchingConfig
 from ..plan.cost import CostModel
 from ..plan.layout import Layout
-from ..plan.resume import EarlierRun
+from ..plan.resume import EarlierRun, Resumed
 
 
 @dataclass
@@ -107,11 +107,27 @@ class LoaderState:
         hardest = current.hardest_first if self.hardest_first is None else bool(self.hardest_first)
         return Layout(int(self.world_size), int(self.num_workers), even, hardest)
 
-    def earlier_run(self, layout: Layout, plan_steps: Callable[[Layout], int]) -> EarlierRun:
-        """How the state's epoch ran on ``layout``; a state from before ``steps`` was saved gets its step count
-        from ``plan_steps`` (the old layout's whole plan, O(N), once)."""
-        steps = self.steps if self.steps is not None else plan_steps(layout)
-        return EarlierRun(layout, int(steps), self.batches_consumed)
+    def resume_on(
+        self, layout: Layout, num_samples: int, plan_steps: Callable[[Layout, Resumed], int]
+    ) -> tuple[Resumed | None, int, int | None]:
+        """Where a loader on ``layout`` resumes this state: the layouts the epoch ran on before (with a packed
+        mask of the oldest format), the batches of it this layout already yielded, and the steps the state saved
+        for this layout. Saved mid-epoch on another layout, the saved one joins the earlier layouts and this one
+        starts the rest afresh; a state from before ``steps`` was saved gets its old step count from
+        ``plan_steps`` (the old layout's whole plan, O(N), once)."""
+        runs = [EarlierRun.from_state(d) for d in self.earlier_layouts]
+        base = unpack_mask(self.excluded, num_samples) if self.excluded else None
+        old = self.layout(layout)
+        consumed = self.batches_consumed
+        if consumed and old != layout:
+            if old is None:
+                raise ValueError("loader state: saved mid-epoch without its layout (world_size, num_workers)")
+            before = Resumed(self.epoch, tuple(runs), base)
+            steps = self.steps if self.steps is not None else plan_steps(old, before)
+            runs.append(EarlierRun(old, int(steps), consumed))
+            consumed = 0
+        resumed = Resumed(self.epoch, tuple(runs), base) if runs or base is not None else None
+        return resumed, consumed, self.steps if old == layout else None
 
 
 def batching_record(config: BatchingConfig) -> dict[str, Any]:
