@@ -93,10 +93,11 @@ def streambatch_batches(shards: str, budget: float, seed: int, epoch: int) -> li
     """The samples (ids in index order) of each batch streambatch plans for ``epoch`` on this demo's layout."""
     from .loader import StreamBatchLoader
     from .plan.epoch import make_epoch_plan
+    from .plan.layout import Layout
     from .plan.lengths import index_lengths
 
     loader = StreamBatchLoader(shards, budget=budget, num_workers=NUM_WORKERS, seed=seed)
-    plan = make_epoch_plan(index_lengths(loader.index), loader.config, epoch, 1, NUM_WORKERS)
+    plan = make_epoch_plan(index_lengths(loader.index), loader.config, epoch, Layout(1, NUM_WORKERS))
     return [s.gids[b] for s in plan.slots for b in s.batches]
 
 

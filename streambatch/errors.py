@@ -126,3 +126,49 @@ class SampleTooLongError(StreamBatchError, ValueError):
 
 class CalibrationError(StreamBatchError, RuntimeError):
     """The step function failed for a reason other than running out of memory, or nothing fits."""
+
+
+# ---- option checks: each option's value is checked once, where its group is built, by one of these -------------
+def int_option(name: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` as an int once it is a whole number (not a bool, a float or a string) of at least ``minimum``,
+    else an :class:`OptionError` naming the option."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OptionError(f"{name} must be a whole number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise OptionError(f"{name} must be at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def number_option(name: str, value: Any, minimum: float | None = None, positive: bool = False) -> float:
+    """``value`` as a float once it is a finite real number (not a bool or a string), at least ``minimum`` or
+    (``positive``) above 0, else an :class:`OptionError` naming the option."""
+    import math
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise OptionError(f"{name} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise OptionError(f"{name} must be positive, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise OptionError(f"{name} must be at least {minimum}, got {value!r}")
+    return float(value)
+
+
+def bool_option(name: str, value: Any) -> bool:
+    """``value`` once it is True or False (numpy's booleans too), else an :class:`OptionError`."""
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise OptionError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def choice_option(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    """``value`` once it is one of ``choices``, else an :class:`OptionError` listing them."""
+    if not isinstance(value, (str, type(None))) or value not in choices:
+        named = [c for c in choices if c is not None]
+        either = "None or one of" if None in choices else "one of"
+        raise OptionError(f"{name} must be {either} {', '.join(map(repr, named))}, got {value!r}")
+    return value

@@ -21,6 +21,7 @@ from _bench_common import machine, table  # noqa: E402
 
 from streambatch import BatchingConfig, StreamBatchLoader  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
+from streambatch.plan.layout import Layout  # noqa: E402
 from streambatch.plan.lengths import Lengths  # noqa: E402
 from streambatch.plan.perturb import LengthPlan, SpeedPerturb, planned_lengths  # noqa: E402
 from streambatch.read.features import Fbank  # noqa: E402
@@ -60,7 +61,7 @@ def planning(n: int) -> list[list[object]]:
     ]:
         cfg = BatchingConfig(budget=6000 if plan is not None and plan.in_frames else 60 * SR, buffer_size=2000)
         t0 = time.perf_counter()
-        make_epoch_plan(planned_lengths(Lengths.of(shards), plan, 0, 0), cfg, 0, 1, 1)
+        make_epoch_plan(planned_lengths(Lengths.of(shards), plan, 0, 0), cfg, 0, Layout(1, 1))
         s = time.perf_counter() - t0
         base = base or s
         rows.append([name, f"{n:,}", f"{s:.2f}", f"{s / base:.2f}x"])

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from streambatch.plan.config import BatchingConfig  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
+from streambatch.plan.layout import Layout  # noqa: E402
 from streambatch.synthetic import librispeech_like  # noqa: E402
 
 BUDGET = 200 * 16000
@@ -49,7 +50,7 @@ def planner_table(n: int, per_shard: int, worlds: list[int], workers: int) -> No
     for world in worlds:
         for mode in ("split", "drop", "pad"):
             t = time.perf_counter()
-            plan = make_epoch_plan(shards, cfg, 0, world, workers, mode)
+            plan = make_epoch_plan(shards, cfg, 0, Layout(world, workers, mode))
             dt = time.perf_counter() - t
             print(
                 f"{world:>6} {mode:>6} {plan.steps:>10} {plan.surplus_samples:>9} "

@@ -58,20 +58,22 @@ def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dic
 def plan_local(index, world: int, workers: int, rank: int) -> dict:
     """One rank's epoch from its own slots (the all_gather is replaced by this rank's own summary)."""
     from streambatch.plan.epoch import plan_rank_local
+    from streambatch.plan.layout import Layout
     from streambatch.plan.lengths import index_lengths
 
     lengths = index_lengths(index)
-    sched = plan_rank_local(lengths, _config(), 0, rank, world, workers, lambda mine: [mine] * world)
+    sched = plan_rank_local(lengths, _config(), 0, rank, Layout(world, workers), lambda mine: [mine] * world)
     return {"batches": sched.steps, "lengths_read": lengths.loaded}
 
 
 def plan_global(index, world: int, workers: int, rank: int) -> dict:
     """Every slot of every rank (what each rank did before rank-local planning, and without a process group)."""
     from streambatch.plan.epoch import RankSchedule, make_epoch_plan
+    from streambatch.plan.layout import Layout
     from streambatch.plan.lengths import index_lengths
 
     lengths = index_lengths(index)
-    sched = RankSchedule.of(make_epoch_plan(lengths, _config(), 0, world, workers, "split"), rank)
+    sched = RankSchedule.of(make_epoch_plan(lengths, _config(), 0, Layout(world, workers, "split")), rank)
     return {"batches": sched.steps, "lengths_read": lengths.loaded}
 
 
@@ -80,25 +82,23 @@ def resume_local(index, world: int, workers: int, rank: int) -> dict:
     re-plans the old ranks that held its shards. The old step count (a checkpoint holds it) is stood in for by
     one old rank's own count, computed first and not timed (its memory is in the peak)."""
     from streambatch.plan.epoch import RankSummary, plan_rank_local, rank_raw_slots
+    from streambatch.plan.layout import Layout
     from streambatch.plan.lengths import index_lengths
-    from streambatch.plan.resume import Layout, Resumed
+    from streambatch.plan.resume import EarlierRun, Resumed
 
     t0 = time.perf_counter()
     lengths, config = index_lengths(index), _config()
-    old_steps = RankSummary.of(rank_raw_slots(lengths, config, 0, 2 * rank, 2 * world, workers)).batches
+    old_steps = RankSummary.of(rank_raw_slots(lengths, config, 0, 2 * rank, Layout(2 * world, workers))).batches
     setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds the old step count
     lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
-    done = Resumed(0, (Layout(2 * world, workers, "split", False, old_steps, old_steps // 2),))
+    done = Resumed(0, (EarlierRun(Layout(2 * world, workers, "split"), old_steps, old_steps // 2),))
     sched = plan_rank_local(
         lengths,
         config,
         0,
         rank,
-        world,
-        workers,
+        Layout(world, workers, "split"),
         lambda mine: [mine] * world,
-        "split",
-        False,
         done.consumed(lengths, config),
     )
     return {"batches": sched.steps, "lengths_read": lengths.loaded, "setup_s": setup}

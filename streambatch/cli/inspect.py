@@ -15,11 +15,12 @@ from ..dataset.describe import hours_text, number_text
 from ..dataset.index import IndexFormatError, ShardIndex
 from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..errors import BudgetError, ShardifyError
-from ..metrics import batch_figures, planned_batches
-from ..options import batching_config
+from ..loader.metrics import batch_figures, planned_batches
+from ..loader.options import batching_config
 from ..plan.buckets import estimate_boundaries, suggest_budget
 from ..plan.config import parse_budget as parse_any_budget
 from ..plan.epoch import make_epoch_plan
+from ..plan.layout import Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
 from .args import add_storage, positive_int, storage_options
@@ -308,9 +309,8 @@ def planned_epoch(
     config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
     if not isinstance(config.seed, int):
         raise ShardifyError(f"a planned epoch takes one whole-number seed, not {config.seed!r}")
-    plan = make_epoch_plan(
-        lengths, config, epoch, world_size, num_workers, excluded=selection_of(index, epoch, config.seed)
-    )
+    layout = Layout(world_size, num_workers)
+    plan = make_epoch_plan(lengths, config, epoch, layout, excluded=selection_of(index, epoch, config.seed))
     ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
     every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
     sizes = every["size"].astype(np.int64).tolist()

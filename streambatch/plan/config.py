@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import BudgetError
+from ..errors import OptionError, bool_option, choice_option, int_option, number_option
 from .buckets import DEFAULT_BUFFER, default_buffer_size, estimate_boundaries
+from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 
@@ -24,50 +24,68 @@ from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 class BatchingConfig:
     """Everything that decides which batches form; identical on every rank and worker.
 
-    ``budget`` bounds each batch's cost (``n × max_len`` for the default padded cost) in the dataset's unit;
-    the README's "Batching options" table describes every field.
+    Each value is checked once, when the config is built (an :class:`~streambatch.errors.OptionError` naming the
+    option). :meth:`make` builds it from the options as the loader takes them.
     """
 
     budget: float
+    """The largest cost of a batch (``n × max_len`` for the default padded cost), in the dataset's unit."""
     bucket_boundaries: np.ndarray | None = None
+    """Lengths no batch straddles (sorted); None: each batch is cut from the length-sorted window directly."""
     max_batch_size: int | None = None
+    """At most this many samples per batch."""
     batch_size_multiple_of: int = 1
+    """Batch sizes are multiples of this (8, 16 for tensor cores) where the budget leaves room for that many."""
     buffer_size: int | None = None
+    """The window of samples each worker's batches are formed from (it bounds memory); None: sized from the
+    lengths by :meth:`make` (:func:`~streambatch.plan.buckets.default_buffer_size`), else the floor."""
     refill: int | None = None
+    """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``."""
     min_length: float = 0
+    """Shorter samples are never emitted (counted as skipped)."""
     max_length: float | None = None
+    """Longer samples are never emitted (counted as skipped); None: only the budget limits them."""
     drop_last: bool = False
+    """Drop each worker's last incomplete batch (counted)."""
     strict: bool = False
+    """Raise :class:`~streambatch.errors.SampleTooLongError` instead of skipping a sample that can never fit."""
     shuffle: bool = True
+    """Shard order and batch order follow ``(seed, epoch)``; False keeps the index's order."""
     seed: int | Sequence[int] = 0
+    """The seed of every random choice (with the epoch): the same on every rank."""
     pad_to_multiple_of: int | None = None
+    """Pad ``T`` up to a multiple of this; the budget holds for the padded tensor."""
     batch_order: str = "random"
+    """The order a worker's batches leave in (:data:`BATCH_ORDERS`): seeded random, or sorted by longest sample."""
     output_budget: float | None = None
+    """A second budget: every batch also holds ``n × max output length ≤ output_budget``."""
     batch_by: str | None = None
+    """``"dataset"``: every batch holds samples of one dataset of a mixture (:data:`BATCH_BY`); None: any."""
     cost: CostModel = field(default_factory=PaddedCost)
+    """What a batch costs against the budget (:mod:`~streambatch.plan.cost`)."""
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
         if self.buffer_size is None:  # nothing known of the lengths here: the floor (make() sizes it from them)
             object.__setattr__(self, "buffer_size", DEFAULT_BUFFER)
-        if self.buffer_size < 1:
-            raise ValueError(f"buffer_size must be at least 1, got {self.buffer_size}")
-        if self.batch_size_multiple_of < 1:
-            raise ValueError(f"batch_size_multiple_of must be at least 1, got {self.batch_size_multiple_of}")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        int_option("buffer_size", self.buffer_size, 1)
+        _optional(int_option, "refill", self.refill, 0)
+        _optional(int_option, "max_batch_size", self.max_batch_size, 1)
+        int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1)
+        number_option("min_length", self.min_length, 0)
+        _optional(number_option, "max_length", self.max_length, None, True)
+        for name in ("drop_last", "strict", "shuffle"):
+            bool_option(name, getattr(self, name))
+        _check_seed(self.seed)
+        _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
+        choice_option("batch_order", self.batch_order, BATCH_ORDERS)
+        choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
             check_budget(self.output_budget)
             if self.cost.packed:
-                raise ValueError(
+                raise OptionError(
                     "output_budget bounds padded batches (n × max output length); packed batches have none"
                 )
-        if self.batch_by is not None and self.batch_by not in BATCH_BY:
-            raise ValueError(f"batch_by must be None or one of {', '.join(map(repr, BATCH_BY))}, got {self.batch_by!r}")
-        if self.batch_order not in BATCH_ORDERS:
-            raise ValueError(
-                f"batch_order must be one of {', '.join(map(repr, BATCH_ORDERS))}, got {self.batch_order!r}"
-            )
         if self.bucket_boundaries is not None:
             edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
@@ -80,7 +98,7 @@ class BatchingConfig:
         *,
         num_buckets: int | None = None,
         bucket_spacing: str = "quantile",
-        cost: Any = None,
+        cost: Any = "padded",
         quadratic_factor: float | None = None,
         packed: bool = False,
         mean_length: float | None = None,
@@ -96,14 +114,14 @@ class BatchingConfig:
         unknown = sorted(set(options) - set(FIELDS))
         if unknown:
             raise TypeError(f"unknown batching option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
-        model, calibrated = (PackedCost(), None) if packed else resolve_cost(cost, quadratic_factor)
+        model, calibrated = (
+            (PackedCost(), None) if bool_option("packed", packed) else resolve_cost(cost, quadratic_factor)
+        )
         if budget is None:
             budget = calibrated
         budget = parse_budget(budget)  # a number; a string without the dataset's unit only as a plain number
-        if bucket_spacing not in BUCKET_SPACINGS:
-            raise ValueError(
-                f"bucket_spacing must be one of {', '.join(map(repr, BUCKET_SPACINGS))}, got {bucket_spacing!r}"
-            )
+        choice_option("bucket_spacing", bucket_spacing, BUCKET_SPACINGS)
+        _optional(int_option, "num_buckets", num_buckets, 1)
         if bucket_spacing != "quantile" and not num_buckets:
             raise ValueError(
                 f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"
@@ -120,11 +138,26 @@ class BatchingConfig:
                 _mean(lengths) if mean_length is None else mean_length,
                 sample_bytes,
             )
-        return cls(budget=budget, cost=model, **options)  # type: ignore[arg-type]
+        return cls(budget=budget, cost=model, **options)
 
     def replace(self, **changes: Any) -> BatchingConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:
+    """``check`` a value that may also be None."""
+    if value is not None:
+        check(name, value, *limits)
+
+
+def _check_seed(seed: Any) -> None:
+    """A seed is a whole number, or a sequence of them (``plan_batches``: a slot's seed)."""
+    if isinstance(seed, Sequence) and not isinstance(seed, str):
+        for s in seed:
+            int_option("seed", s)
+    else:
+        int_option("seed", seed)
 
 
 def _mean(lengths: Any) -> float | None:
@@ -152,66 +185,6 @@ BATCH_ORDERS = ("random", "ascending", "descending")
 BATCH_BY = ("dataset",)
 #: how ``num_buckets`` boundaries are spaced: equal counts of samples, or equal ratios of length
 BUCKET_SPACINGS = ("quantile", "exponential")
-
-BUDGET_ERROR = (
-    "budget must be a positive finite number in the dataset's unit, a duration like '60s' for audio, or come "
-    "from a calibration file given as cost=...; got {budget!r}"
-)
-
-#: duration suffixes a budget string may carry (audio only), in seconds
-DURATIONS = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "min": 60.0}
-#: length units a budget string may name (it must be the dataset's own)
-UNITS = ("samples", "seconds", "tokens", "frames")
-_BUDGET_TEXT = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?nan|[-+]?inf(?:inity)?)\s*([a-z]*)$")
-
-
-def check_budget(budget: Any) -> float:
-    """``budget`` as a float once it is a positive finite number, else a :class:`BudgetError`."""
-    try:
-        value = float(budget)
-    except (TypeError, ValueError):
-        raise BudgetError(BUDGET_ERROR.format(budget=budget)) from None
-    if isinstance(budget, bool) or not math.isfinite(value) or value <= 0:
-        raise BudgetError(BUDGET_ERROR.format(budget=budget))
-    return value
-
-
-def parse_budget(value: Any, unit: str | None = None, sample_rate: int | None = None) -> float:
-    """A budget in the dataset's ``unit`` from a number or a string: ``"960000"``, ``"960000 samples"``, or a
-    duration of audio (``"60s"``, ``"1.5min"``, ``"500ms"``), converted with ``sample_rate`` when lengths count
-    samples. The one parser for ``shardify inspect --budget`` and ``StreamBatchLoader(budget=...)``."""
-    if not isinstance(value, str):
-        return check_budget(value)
-    m = _BUDGET_TEXT.match(value.strip().lower())
-    if m is None:
-        raise BudgetError(f"budget {value!r}: expected a number in the dataset's unit, or a duration like '60s'")
-    number, suffix = float(m.group(1)), m.group(2)
-    if suffix in DURATIONS and suffix != unit:
-        number = _seconds_to_unit(value, number * DURATIONS[suffix], unit, sample_rate)
-    elif suffix and not any(suffix in (u, u[:-1]) for u in ([unit] if unit else UNITS)):
-        known = f"not this dataset's unit, {unit}" if unit else f"not one of {', '.join(UNITS)}"
-        raise BudgetError(f"budget {value!r}: {suffix!r} is {known} (durations: 60s, 500ms, 1.5min)")
-    if not math.isfinite(number) or number <= 0:
-        raise BudgetError(BUDGET_ERROR.format(budget=value))
-    return number
-
-
-def _seconds_to_unit(text: str, seconds: float, unit: str | None, sample_rate: int | None) -> float:
-    """A duration in the dataset's unit: seconds as they are, samples at the index's sample rate."""
-    if unit == "seconds":
-        return seconds
-    if unit == "samples" and sample_rate:
-        return seconds * float(sample_rate)
-    if unit is None:
-        raise BudgetError(
-            f"budget {text!r}: a duration needs the dataset's unit and sample rate from its index; "
-            "without one give the budget in the dataset's unit"
-        )
-    raise BudgetError(
-        f"budget {text!r}: seconds only make sense for audio, this dataset's lengths are in {unit}"
-        + (" without a sample rate" if unit == "samples" else "")
-    )
-
 
 #: the option names BatchingConfig takes as fields (``make`` takes these plus num_buckets/cost/packed)
 FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))

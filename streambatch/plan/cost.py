@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -149,7 +149,7 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
     if callable(cost):
         return CallableCost(cost), None
     if isinstance(cost, dict):
-        return _from_calibration(cost, "<dict>")
+        return calibration_cost(cost, "<dict>")
     if cost in (None, "padded"):
         return PaddedCost(), None
     if cost == "quadratic":
@@ -158,33 +158,30 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
                 "cost='quadratic' needs quadratic_factor (or a calibration file from streambatch.calibrate)"
             )
         return QuadraticCost(float(quadratic_factor)), None
-    if isinstance(cost, str) and cost.endswith(".json"):
-        from ..dataset.storage import open_url
-
-        try:
-            with open_url(cost, "rb") as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no calibration file at {cost}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cost}: not a calibration file ({e})") from None
-        return _from_calibration(d, cost)
+    if is_calibration_path(cost):
+        return calibration_cost(read_calibration(cost), cost)
     raise ValueError(f"unknown cost {cost!r}: use 'padded', 'quadratic', a callable, or a calibration .json")
 
 
-def calibration_info(cost: Any) -> dict[str, Any] | None:
-    """The calibration dict behind ``cost`` (a calibration file path or dict), else None."""
-    if isinstance(cost, dict):
-        return cost
-    if isinstance(cost, str) and cost.endswith(".json"):
-        from ..dataset.storage import open_url
+def is_calibration_path(cost: Any) -> bool:
+    """Whether ``cost`` names a calibration file (``*.json``)."""
+    return isinstance(cost, str) and cost.endswith(".json")
 
-        with open_url(cost, "rb") as f:
+
+def read_calibration(path: str, opener: Callable[[str], IO[bytes]] | None = None) -> dict[str, Any]:
+    """A calibration file's contents. ``opener``: how to open ``path`` (the loader passes its storage layer, so
+    the file may live in object storage); a local file by default."""
+    try:
+        with opener(path) if opener is not None else open(path, "rb") as f:
             return json.load(f)
-    return None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no calibration file at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a calibration file ({e})") from None
 
 
-def _from_calibration(d: dict[str, Any], source: str) -> tuple[CostModel, float | None]:
+def calibration_cost(d: dict[str, Any], source: str) -> tuple[CostModel, float | None]:
+    """The cost model and budget a calibration (``source``: where it came from, for messages) describes."""
     if d.get("format", CALIBRATION_FORMAT) != CALIBRATION_FORMAT:
         raise ValueError(f"{source}: not a {CALIBRATION_FORMAT} file")
     kind = d.get("cost", "padded")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import BatchingConfig
+from .layout import Layout
 from .lengths import Lengths, Mask
 from .shards import plan_slots
 from .slot import (
@@ -26,8 +27,6 @@ from .slot import (
     per_worker,
     plan_slot,
 )
-
-EVEN_BATCHES = ("split", "drop", "pad")
 
 
 @dataclass
@@ -97,28 +96,21 @@ def agreed_steps(summaries: Sequence[RankSummary], even_batches: str) -> int:
 
 
 def plan_rank(
-    raw: Sequence[SlotPlan],
-    steps: int,
-    even_batches: str,
-    config: BatchingConfig,
-    epoch: int,
-    rank: int,
-    lengths: Lengths,
-    hardest_first: bool = False,
+    raw: Sequence[SlotPlan], steps: int, layout: Layout, config: BatchingConfig, epoch: int, rank: int, lengths: Lengths
 ) -> RankPlan:
     """Equalise one rank's slots to ``steps`` batches: split or pad, then hardest first, then take."""
     nw = len(raw)
     adjust = [Adjust() for _ in range(nw)]
     need = steps - sum(len(s.batches) for s in raw)
     splits = 0
-    if even_batches == "split" and need > 0:
+    if layout.even_batches == "split" and need > 0:
         splits = _split_counts(raw, need, adjust)
-    elif even_batches == "pad" and need > 0:
+    elif layout.even_batches == "pad" and need > 0:
         _pad_counts(raw, need, adjust, rank, lengths.num_samples)
     first = rank * nw
     slots = [apply_adjust(raw[w], adjust[w], config.seed, epoch, first + w) for w in range(nw)]
     start = 0
-    if hardest_first and steps:
+    if layout.hardest_first and steps:
         start = _hardest_worker(slots, lengths, config)
         adjust[start].hardest = True
         s = slots[start]
@@ -175,28 +167,20 @@ def make_epoch_plan(
     shard_lengths: Lengths | Sequence[np.ndarray],
     config: BatchingConfig,
     epoch: int,
-    world_size: int,
-    num_workers: int,
-    even_batches: str = "split",
+    layout: Layout,
     excluded: Mask | None = None,
-    hardest_first: bool = False,
 ) -> EpochPlan:
     """Plan every slot of the epoch and equalise the ranks' step counts."""
-    if even_batches not in EVEN_BATCHES:
-        raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
-    num_slots = world_size * num_workers
     lengths = shard_lengths if isinstance(shard_lengths, Lengths) else Lengths.of(shard_lengths)
-    dealt = plan_slots(lengths, num_slots, config.seed, epoch, config.shuffle, excluded=excluded)
-    raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(num_slots)]
-    by_rank = [raw[r * num_workers : (r + 1) * num_workers] for r in range(world_size)]
-    steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], even_batches)
-    ranks = [
-        plan_rank(by_rank[r], steps, even_batches, config, epoch, r, lengths, hardest_first) for r in range(world_size)
-    ]
+    dealt = plan_slots(lengths, layout.num_slots, config.seed, epoch, config.shuffle, excluded=excluded)
+    raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(layout.num_slots)]
+    by_rank = [raw[s.start : s.stop] for s in map(layout.rank_slots, range(layout.world_size))]
+    steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], layout.even_batches)
+    ranks = [plan_rank(by_rank[r], steps, layout, config, epoch, r, lengths) for r in range(layout.world_size)]
     return EpochPlan(
         epoch=epoch,
-        world_size=world_size,
-        num_workers=num_workers,
+        world_size=layout.world_size,
+        num_workers=layout.num_workers,
         slots=[s for rp in ranks for s in rp.slots],
         adjust=[a for rp in ranks for a in rp.adjust],
         steps=steps,
@@ -255,16 +239,15 @@ def rank_raw_slots(
     config: BatchingConfig,
     epoch: int,
     rank: int,
-    world_size: int,
-    num_workers: int,
+    layout: Layout,
     excluded: Mask | None = None,
     counted: bool = False,
 ) -> list[SlotPlan]:
     """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
     (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one). ``counted``: keep
     only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time."""
-    slots = range(rank * num_workers, (rank + 1) * num_workers)
-    dealt = plan_slots(lengths, world_size * num_workers, config.seed, epoch, config.shuffle, excluded, slots)
+    slots = layout.rank_slots(rank)
+    dealt = plan_slots(lengths, layout.num_slots, config.seed, epoch, config.shuffle, excluded, slots)
     return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded, counted=counted) for s in slots]
 
 
@@ -273,21 +256,18 @@ def plan_rank_local(
     config: BatchingConfig,
     epoch: int,
     rank: int,
-    world_size: int,
-    num_workers: int,
+    layout: Layout,
     gather: Callable[[list[int]], list[list[int]]],
-    even_batches: str = "split",
-    hardest_first: bool = False,
     excluded: Mask | None = None,
 ) -> RankSchedule:
     """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
     step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""
     # the hardest-first rule weighs real batches; otherwise counting needs batch sizes only
-    raw = rank_raw_slots(lengths, config, epoch, rank, world_size, num_workers, excluded, counted=not hardest_first)
+    raw = rank_raw_slots(lengths, config, epoch, rank, layout, excluded, counted=not layout.hardest_first)
     mine = RankSummary.of(raw)
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
-    steps = agreed_steps(summaries, even_batches)
-    rp = plan_rank(raw, steps, even_batches, config, epoch, rank, lengths, hardest_first)
+    steps = agreed_steps(summaries, layout.even_batches)
+    rp = plan_rank(raw, steps, layout, config, epoch, rank, lengths)
     return RankSchedule(
         epoch,
         steps,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .config import BatchingConfig
 from .epoch import plan_rank, rank_raw_slots
+from .layout import Layout
 from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
 from .shards import Deal
@@ -23,27 +24,28 @@ from .slot import per_worker
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How part of an epoch ran: ``world_size`` × ``num_workers`` slots, equalised with ``even_batches`` to
-    ``steps`` batches per rank (hardest batch first or not), of which every rank had consumed ``consumed``."""
+class EarlierRun:
+    """How part of an epoch ran before a resume on another layout."""
 
-    world_size: int
-    num_workers: int
-    even_batches: str
-    hardest_first: bool
+    layout: Layout
+    """The ranks, workers and equalisation it ran on."""
     steps: int
+    """The batches per rank that layout agreed on for the epoch."""
     consumed: int
+    """The batches every rank had consumed when the state was saved."""
 
     def state_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As a checkpoint holds it: the layout's fields, ``steps`` and ``consumed``, flat."""
+        return {**dataclasses.asdict(self.layout), "steps": self.steps, "consumed": self.consumed}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Layout:
-        names = [f.name for f in dataclasses.fields(cls)]
+    def from_state(cls, state: dict[str, Any]) -> EarlierRun:
+        names = [f.name for f in dataclasses.fields(Layout)] + ["steps", "consumed"]
         missing = [n for n in names if n not in state]
         if missing:
             raise ValueError(f"loader state: an earlier layout lacks {', '.join(missing)}")
-        return cls(**{n: state[n] for n in names})
+        layout = Layout(**{f.name: state[f.name] for f in dataclasses.fields(Layout)})
+        return cls(layout, int(state["steps"]), int(state["consumed"]))
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,15 @@ class Resumed:
     samples saved by an older state format (O(N) bits; new states never write one)."""
 
     epoch: int
-    layouts: tuple[Layout, ...] = ()
+    layouts: tuple[EarlierRun, ...] = ()
     base: np.ndarray | None = None
 
     def consumed(self, lengths: Lengths, config: BatchingConfig, selection: Any = None) -> Any:
         """The samples consumed before this layout, as a mask indexable by global ids (None: nothing); with a
         mixture's ``selection``, the samples the epoch does not take are in it too (the old plans left them out)."""
         mask: Any = any_of(selection, self.base)
-        for layout in self.layouts:
-            mask = Consumed(lengths, config, self.epoch, layout, mask)
+        for run in self.layouts:
+            mask = Consumed(lengths, config, self.epoch, run, mask)
         return mask
 
 
@@ -69,9 +71,11 @@ class Consumed(LazyMask):
     ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs
     a re-plan of the old ranks that held them (once per rank), and nothing else."""
 
-    def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, layout: Layout, prior: Any = None):
-        self.lengths, self.config, self.epoch, self.layout, self.prior = lengths, config, epoch, layout, prior
-        self._deal = Deal.of(lengths, layout.world_size * layout.num_workers, config.seed, epoch, config.shuffle)
+    def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, run: EarlierRun, prior: Any = None):
+        self.lengths, self.config, self.epoch, self.run, self.prior = lengths, config, epoch, run, prior
+        self.layout = run.layout
+        seed = cast(int, config.seed)  # an epoch's seed is a whole number (a sequence seeds one stream only)
+        self._deal = Deal.of(lengths, run.layout.num_slots, seed, epoch, config.shuffle)
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)
         self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of ranks re-planned)
@@ -107,10 +111,10 @@ class Consumed(LazyMask):
         if rank in self._ranks:
             return
         self._ranks.add(rank)
-        L, cfg = self.layout, self.config
-        raw = rank_raw_slots(self.lengths, cfg, self.epoch, rank, L.world_size, L.num_workers, self.prior)
-        rp = plan_rank(raw, L.steps, L.even_batches, cfg, self.epoch, rank, self.lengths, L.hardest_first)
-        done = per_worker([len(s.batches) for s in rp.slots], L.consumed, rp.first_worker)
+        run, cfg = self.run, self.config
+        raw = rank_raw_slots(self.lengths, cfg, self.epoch, rank, run.layout, self.prior)
+        rp = plan_rank(raw, run.steps, run.layout, cfg, self.epoch, rank, self.lengths)
+        done = per_worker([len(s.batches) for s in rp.slots], run.consumed, rp.first_worker)
         taken = [s.gids[b] for s, k in zip(rp.slots, done) for b in s.batches[:k]]
         if taken:
             self._mark(np.concatenate(taken))

@@ -8,54 +8,75 @@ from :mod:`.fetch`, the tar parsing from :mod:`streambatch.dataset.tar`; a bad s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..dataset.members import PLAIN, ShardMembers
+from ..dataset.storage import parse_bytes
 from ..dataset.tar import group_samples, iter_members
-from ..errors import ShardReadError
+from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
 from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, ShardFault
 from .fetch import Fetcher, Job
 from .retry import RetryPolicy
+from .skip import Span
 
 VERIFY = ("sha256", "size", "none")
 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How shards are read. Sizes are bytes.
-
-    * ``chunk_size``: bytes per range request (remote shards).
-    * ``read_ahead``: bytes each worker may hold in requested-but-unparsed chunks; 0 reads on demand.
-    * ``read_concurrency``: range requests in flight at once per worker (with read-ahead).
-    * ``retry``: retries, backoff and the per-request timeout (:class:`RetryPolicy`).
-    * ``verify``: ``"sha256"`` (size before reading, checksum once the shard is read), ``"size"`` or ``"none"``.
-    * ``max_bad_shards``: bad shards tolerated per rank and epoch (all its workers together).
-    * ``cache_dir`` / ``cache_size``: node-local shard cache (:mod:`streambatch.read.cache`), ``None`` for none.
-    * ``reservoir``: recent samples each worker keeps to re-draw samples lost with a bad shard.
-    """
+    """How shards are read: the loader's read options (each checked once, here). Sizes are bytes; a size may
+    be given as text like ``"8M"`` or ``"500G"`` (K, M, G, T are powers of 1024)."""
 
     chunk_size: int = 8 << 20
+    """Bytes per range request (remote shards)."""
     read_ahead: int = 64 << 20
+    """Bytes each worker may hold in requested-but-unparsed chunks; 0 reads on demand."""
     read_concurrency: int = 4
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Range requests in flight at once per worker (with read-ahead)."""
+    retries: int = 8
+    """Retries per request after the first try (:class:`~.retry.RetryPolicy`)."""
+    backoff: float = 0.25
+    """The first wait before a retry, in seconds; it doubles each try, capped, with full jitter."""
+    timeout: float = 60.0
+    """Seconds a request may take to connect or go without data before it counts as failed."""
     verify: str = "sha256"
+    """What is checked against the index (:data:`VERIFY`): ``"sha256"`` (size before reading, checksum once the
+    shard is read), ``"size"`` or ``"none"``."""
     max_bad_shards: int = 2
+    """Bad shards tolerated per rank and epoch (all its workers together); one more raises."""
     cache_dir: str | None = None
+    """A node-local shard cache (:mod:`streambatch.read.cache`): each shard downloaded once per node; None: none."""
     cache_size: int | None = None
-    reservoir: int = 64
+    """The cache's limit in bytes, least recently used shards evicted first; None: no limit."""
 
-    def __post_init__(self):
-        if self.verify not in VERIFY:
-            raise ValueError(f"verify must be one of {VERIFY}, got {self.verify!r}")
+    #: recent samples each worker keeps to re-draw samples lost with a bad shard
+    reservoir: ClassVar[int] = 64
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_size", "read_ahead", "cache_size"):
+            try:
+                object.__setattr__(self, name, parse_bytes(getattr(self, name), name))
+            except ValueError as e:
+                raise OptionError(str(e)) from None
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
-        if self.read_concurrency < 1:
-            raise ValueError(f"read_concurrency must be at least 1, got {self.read_concurrency}")
-        if self.max_bad_shards < 0:
-            raise ValueError(f"max_bad_shards must be >= 0, got {self.max_bad_shards}")
+            raise OptionError(f"chunk_size must be positive, got {self.chunk_size}")
+        int_option("read_concurrency", self.read_concurrency, 1)
+        int_option("retries", self.retries, 0)
+        number_option("backoff", self.backoff, 0)
+        number_option("timeout", self.timeout, positive=True)
+        choice_option("verify", self.verify, VERIFY)
+        int_option("max_bad_shards", self.max_bad_shards, 0)
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise OptionError(f"cache_dir must be a folder or None, got {self.cache_dir!r}")
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """How each request is retried."""
+        return RetryPolicy(retries=self.retries, backoff=self.backoff, timeout=self.timeout)
 
 
 def _piece_samples(fetcher: Fetcher, job: Job, piece: Piece, members: ShardMembers = PLAIN) -> Iterator[dict[str, Any]]:
@@ -91,7 +112,7 @@ def _jobs(urls: Sequence[str], pieces: Sequence[Piece], shards: Sequence[Any] | 
     for j, p in enumerate(pieces):
         info = shards[p.shard] if shards is not None else None
         jobs.append(Job(j, urls[p.shard], p.shard, getattr(info, "bytes", None), getattr(info, "sha256", None)))
-        if getattr(p, "end_byte", 0) > 0:  # a read/skip.py Span: only its bytes
+        if isinstance(p, Span) and p.end_byte > 0:  # only its bytes
             jobs[-1].byte_range = (p.first_byte, p.end_byte)
     return jobs
 
@@ -105,8 +126,9 @@ def read_pieces(
     faults: FaultLog | None = None,
     markers: bool = False,
     index: Any = None,
-) -> Iterator[dict[str, Any]]:
-    """Stage: the samples of each piece in turn (a slot's whole stream).
+) -> Iterator[Any]:
+    """Stage: the samples of each piece in turn (a slot's whole stream): dicts, and with ``markers`` the
+    :class:`ShardFault` markers among them.
 
     ``shards``: the index's :class:`~streambatch.dataset.index.ShardInfo` list (expected bytes and sha256), if any;
     ``index``: the index, which says how each shard's members map to samples (:meth:`ShardIndex.shard_members

@@ -399,6 +399,7 @@ def test_a_rank_reads_only_its_row_groups_from_s3(tmp_path, request):
 
     from streambatch.plan.config import BatchingConfig
     from streambatch.plan.epoch import plan_rank_local
+    from streambatch.plan.layout import Layout
     from streambatch.plan.lengths import index_lengths
 
     url = f"s3://{BUCKET}/rowgroups"
@@ -415,7 +416,7 @@ def test_a_rank_reads_only_its_row_groups_from_s3(tmp_path, request):
     index = ShardIndex.load(url, s3_options(proxy.url))
     lengths = index_lengths(index)
     world, workers = 16, 2
-    plan_rank_local(lengths, BatchingConfig(budget=200 * 16_000.0), 0, 7, world, workers, lambda m: [m] * world)
+    plan_rank_local(lengths, BatchingConfig(budget=200 * 16_000.0), 0, 7, Layout(world, workers), lambda m: [m] * world)
     row_group = index.shards.column("row_group") if hasattr(index.shards, "column") else None
     mine = {int(row_group[s]) for s in lengths._arrays} if row_group is not None else set()
     assert mine and len(mine) < len(spans) // 2

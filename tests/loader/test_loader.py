@@ -153,7 +153,7 @@ def test_resume_chain_on_other_world_sizes_sees_every_sample_once(audio_ds):
 
 def test_a_state_saved_with_a_consumed_mask_still_resumes(audio_ds):
     """States written before the layouts were saved carry a mask of consumed samples and no step count."""
-    from streambatch.checkpoint import pack_mask
+    from streambatch.loader.state import pack_mask
 
     kw = dict(budget=BUDGET, buffer_size=30, seed=2)
     index = ShardIndex.load(audio_ds)

@@ -16,6 +16,7 @@ from streambatch import StreamBatchLoader, plan_batches
 from streambatch.plan.batcher import BucketBatcher
 from streambatch.plan.config import BatchingConfig
 from streambatch.plan.epoch import RankSchedule, RankSummary, make_epoch_plan, plan_rank_local, rank_raw_slots
+from streambatch.plan.layout import Layout
 from streambatch.plan.lengths import Lengths
 from streambatch.plan.shards import plan_slots
 from streambatch.plan.slot import apply_adjust, plan_slot
@@ -105,7 +106,7 @@ def layouts(draw):
 def test_rank_local_plans_equal_the_global_plan_and_never_mix_datasets(case, epoch):
     shard_lengths, groups, config, world, workers, even = case
     try:
-        oracle = make_epoch_plan(Lengths.of(shard_lengths, groups), config, epoch, world, workers, even)
+        oracle = make_epoch_plan(Lengths.of(shard_lengths, groups), config, epoch, Layout(world, workers, even))
     except ValueError:
         return  # a rank without data cannot pad (tested in test_plan)
     shard_of = np.repeat(np.arange(len(shard_lengths)), [len(x) for x in shard_lengths])
@@ -116,11 +117,14 @@ def test_rank_local_plans_equal_the_global_plan_and_never_mix_datasets(case, epo
 
         def gather(mine):
             return [
-                [(s := RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers))).batches, s.spare]
+                [
+                    (s := RankSummary.of(rank_raw_slots(lengths, config, epoch, r, Layout(world, workers)))).batches,
+                    s.spare,
+                ]
                 for r in range(world)
             ]
 
-        local = plan_rank_local(lengths, config, epoch, rank, world, workers, gather, even)
+        local = plan_rank_local(lengths, config, epoch, rank, Layout(world, workers, even), gather)
         want = RankSchedule.of(oracle, rank)
         assert (local.steps, local.start, local.adjust) == (want.steps, want.start, want.adjust)
         for w, s in enumerate(oracle.rank_slots(rank)):  # what each worker does with its own slot

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from streambatch.plan.config import BatchingConfig
 from streambatch.plan.epoch import consumed_ids, interleave, make_epoch_plan, per_worker
+from streambatch.plan.layout import Layout
 from streambatch.synthetic import librispeech_like
 
 BUDGET = 200 * 16000
@@ -34,7 +35,7 @@ def test_equal_steps_and_exactly_once(even, layout):
     world, workers, nshards = layout
     sl = shards(nshards, 60)
     cfg = BatchingConfig(budget=BUDGET, buffer_size=50, seed=3)
-    plan = make_epoch_plan(sl, cfg, epoch=0, world_size=world, num_workers=workers, even_batches=even)
+    plan = make_epoch_plan(sl, cfg, epoch=0, layout=Layout(world, workers, even))
     n = sum(len(x) for x in sl)
     lengths = np.concatenate(sl)
     per_rank = [rank_batches(plan, r) for r in range(world)]
@@ -59,7 +60,7 @@ def test_surplus_differs_between_epochs():
     cfg = BatchingConfig(budget=BUDGET, buffer_size=50, seed=1)
     left_out = []
     for epoch in range(3):
-        plan = make_epoch_plan(sl, cfg, epoch, 3, 2, "drop")
+        plan = make_epoch_plan(sl, cfg, epoch, Layout(3, 2, "drop"))
         seen = np.concatenate([g for r in range(3) for g in rank_batches(plan, r)])
         left_out.append(set(range(560)) - set(seen.tolist()))
         assert len(left_out[-1]) == plan.surplus_samples
@@ -69,7 +70,7 @@ def test_surplus_differs_between_epochs():
 def test_fewer_shards_than_slots_splits_inside_shards():
     sl = shards(1, 200)
     cfg = BatchingConfig(budget=BUDGET, buffer_size=50)
-    plan = make_epoch_plan(sl, cfg, 0, 3, 2, "split")
+    plan = make_epoch_plan(sl, cfg, 0, Layout(3, 2, "split"))
     assert all(len(s.pieces) == 1 for s in plan.slots)  # every slot got a piece of the one shard
     ids = np.concatenate([g for r in range(3) for g in rank_batches(plan, r)])
     assert sorted(ids.tolist()) == list(range(200))
@@ -97,14 +98,14 @@ def test_replanned_resume_on_other_layout_loses_and_repeats_nothing(new_layout):
     sl = shards(6, 70)
     n = 420
     cfg = BatchingConfig(budget=BUDGET, buffer_size=40, seed=5)
-    old = make_epoch_plan(sl, cfg, 2, 2, 2, "split")
+    old = make_epoch_plan(sl, cfg, 2, Layout(2, 2, "split"))
     k = old.steps // 2
     done = consumed_ids(old, k)
     seen_before = np.concatenate([g for r in range(2) for g in rank_batches(old, r)[:k]])
     assert sorted(seen_before.tolist()) == sorted(done.tolist())
     mask = np.zeros(n, dtype=bool)
     mask[done] = True
-    new = make_epoch_plan(sl, cfg, 2, *new_layout, "split", excluded=mask)
+    new = make_epoch_plan(sl, cfg, 2, Layout(*new_layout, "split"), excluded=mask)
     after = np.concatenate([g for r in range(new_layout[0]) for g in rank_batches(new, r)])
     both = np.concatenate([seen_before, after])
     assert len(both) == len(np.unique(both)) == n  # none twice, none lost

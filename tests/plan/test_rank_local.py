@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from streambatch.plan.config import BatchingConfig
 from streambatch.plan.epoch import RankSchedule, RankSummary, make_epoch_plan, plan_rank_local, rank_raw_slots
+from streambatch.plan.layout import Layout
 from streambatch.plan.lengths import Lengths
 from streambatch.plan.shards import plan_slots
 from streambatch.plan.slot import apply_adjust, plan_slot
@@ -29,11 +30,11 @@ def layouts(draw):
     return shard_lengths, config, world, workers, draw(st.sampled_from(["split", "drop", "pad"])), draw(st.booleans())
 
 
-def gather_of(lengths, config, epoch, world, workers, consumed=None):
+def gather_of(lengths, config, epoch, layout, consumed=None):
     """What all_gather returns on every rank: each rank's two summary integers, computed here for all ranks once
     (the same answer whichever rank asks)."""
     summaries = [
-        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, world, workers, consumed)) for r in range(world)
+        RankSummary.of(rank_raw_slots(lengths, config, epoch, r, layout, consumed)) for r in range(layout.world_size)
     ]
     table = [[s.batches, s.spare] for s in summaries]
 
@@ -51,13 +52,14 @@ def test_rank_local_plans_equal_the_global_plan(case, epoch):
     if even == "pad" and n < world * workers:
         return  # a rank without data cannot pad: both planners raise (tested in test_plan)
     try:
-        oracle = make_epoch_plan(shard_lengths, config, epoch, world, workers, even, hardest_first=hardest)
+        oracle = make_epoch_plan(shard_lengths, config, epoch, Layout(world, workers, even, hardest))
     except ValueError:
         return
-    gather = gather_of(Lengths.of(shard_lengths), config, epoch, world, workers)
+    layout = Layout(world, workers, even, hardest)
+    gather = gather_of(Lengths.of(shard_lengths), config, epoch, layout)
     for rank in range(world):
         lengths = Lengths.of(shard_lengths)
-        local = plan_rank_local(lengths, config, epoch, rank, world, workers, gather, even, hardest)
+        local = plan_rank_local(lengths, config, epoch, rank, layout, gather)
         want = RankSchedule.of(oracle, rank)
         assert (local.steps, local.start, local.adjust) == (want.steps, want.start, want.adjust)
         for w, s in enumerate(oracle.rank_slots(rank)):
@@ -84,7 +86,7 @@ def test_a_rank_reads_only_the_lengths_of_its_shards():
     counts = np.array([len(x) for x in shard_lengths])
     totals = np.array([float(x.sum()) for x in shard_lengths])
     sched = plan_rank_local(
-        Lengths(counts, totals, load), config, 0, 5, world, workers, lambda mine: [mine] * world, "drop"
+        Lengths(counts, totals, load), config, 0, 5, Layout(world, workers, "drop"), lambda mine: [mine] * world
     )
     assert sched.steps > 0
     # 512 shards over 64 ranks: 8 shards per rank, plus the few cut at its slot boundaries and one for rounding
@@ -120,34 +122,34 @@ def _consumed_mask(plan, steps_done, n, prior=None):
 def test_resume_on_other_layouts_plans_as_the_global_oracle(case, resumes):
     """A chain of resumes on other layouts: every rank re-plans only old ranks it needs (the lazy mask), and
     its schedule equals the global plan made with the exact mask of everything consumed before."""
-    from streambatch.plan.resume import Layout, Resumed
+    from streambatch.plan.resume import EarlierRun, Resumed
 
     shard_lengths, config, world, workers, even, hardest = case
     n = sum(len(x) for x in shard_lengths)
     epoch = 1
     mask, done = None, []
-    layout = (world, workers)
+    layout = Layout(world, workers, even, hardest)
     for new_world, new_workers, fraction in resumes:
         try:
-            old = make_epoch_plan(shard_lengths, config, epoch, *layout, even, mask, hardest)
+            old = make_epoch_plan(shard_lengths, config, epoch, layout, mask)
         except ValueError:
             return  # a layout where a rank has no data to pad with
         k = int(old.steps * fraction)
-        done.append(Layout(*layout, even, hardest, old.steps, k))
+        done.append(EarlierRun(layout, old.steps, k))
         mask = _consumed_mask(old, k, n, mask)
-        layout = (new_world, new_workers)
+        layout = Layout(new_world, new_workers, even, hardest)
         try:
-            oracle = make_epoch_plan(shard_lengths, config, epoch, *layout, even, mask, hardest)
+            oracle = make_epoch_plan(shard_lengths, config, epoch, layout, mask)
         except ValueError:
             return
         resumed = Resumed(epoch, tuple(done))
         gather = gather_of(
-            Lengths.of(shard_lengths), config, epoch, *layout, resumed.consumed(Lengths.of(shard_lengths), config)
+            Lengths.of(shard_lengths), config, epoch, layout, resumed.consumed(Lengths.of(shard_lengths), config)
         )
-        for rank in range(layout[0]):
+        for rank in range(layout.world_size):
             lengths = Lengths.of(shard_lengths)
             lazy = resumed.consumed(lengths, config)
-            local = plan_rank_local(lengths, config, epoch, rank, *layout, gather, even, hardest, lazy)
+            local = plan_rank_local(lengths, config, epoch, rank, layout, gather, lazy)
             want = RankSchedule.of(oracle, rank)
             assert (local.steps, local.start, local.adjust) == (want.steps, want.start, want.adjust)
         lazy = resumed.consumed(Lengths.of(shard_lengths), config)
@@ -155,14 +157,14 @@ def test_resume_on_other_layouts_plans_as_the_global_oracle(case, resumes):
 
 
 def test_a_rank_resuming_on_another_world_size_reads_only_its_share():
-    from streambatch.plan.resume import Layout, Resumed
+    from streambatch.plan.resume import EarlierRun, Resumed
 
     rng = np.random.default_rng(1)
     shard_lengths = [rng.integers(1_000, 30_000, 200) for _ in range(512)]
     counts = np.array([len(x) for x in shard_lengths])
     totals = np.array([float(x.sum()) for x in shard_lengths])
     config = BatchingConfig(budget=200_000.0, buffer_size=500)
-    old = make_epoch_plan(shard_lengths, config, 0, 64, 2, "split")
+    old = make_epoch_plan(shard_lengths, config, 0, Layout(64, 2, "split"))
     read: list[int] = []
 
     def load(ids):
@@ -170,8 +172,8 @@ def test_a_rank_resuming_on_another_world_size_reads_only_its_share():
         return [shard_lengths[i] for i in ids]
 
     lengths = Lengths(counts, totals, load)
-    lazy = Resumed(0, (Layout(64, 2, "split", False, old.steps, old.steps // 2),)).consumed(lengths, config)
-    sched = plan_rank_local(lengths, config, 0, 7, 32, 2, lambda mine: [mine] * 32, "split", False, lazy)
+    lazy = Resumed(0, (EarlierRun(Layout(64, 2, "split"), old.steps, old.steps // 2),)).consumed(lengths, config)
+    sched = plan_rank_local(lengths, config, 0, 7, Layout(32, 2, "split"), lambda mine: [mine] * 32, lazy)
     assert sched.planned_samples > 0
     # the new rank's ~16 shards, and the old ranks' (two or three of 64) that held them: far from all 512
     assert len(set(read)) <= 48 and len(read) == len(set(read))

@@ -319,7 +319,7 @@ def _read_through_cache(args):
     url, opts, cache, info_bytes, info_sha = args
     from types import SimpleNamespace
 
-    ro = ReadOptions(chunk_size=16384, cache_dir=cache, retry=RetryPolicy(backoff=0.001))
+    ro = ReadOptions(chunk_size=16384, cache_dir=cache, backoff=0.001)
     shards = [SimpleNamespace(bytes=info_bytes, sha256=info_sha)]
     faults = FaultLog()
     keys = [s["__key__"] for s in read_pieces([url], [Piece(0, 0, 1 << 62)], opts, ro, shards, faults)]

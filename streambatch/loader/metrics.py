@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
+
+from ..read.faults import FAULT_FIELDS, STORAGE_WAIT
 
 
 class EpochMeter:
@@ -80,7 +83,7 @@ def _width(batch: dict[str, Any], lengths: Any) -> int:
     return int(np.asarray(lengths).max())
 
 
-def metered(batches: Iterator[Any], meter: EpochMeter) -> Iterator[Any]:
+def metered(batches: Iterable[Any], meter: EpochMeter) -> Iterator[Any]:
     """Stage: pass batches on, timing how long each was waited for and recording it in ``meter``."""
     it = iter(batches)
     while True:
@@ -143,3 +146,22 @@ def metrics_line(m: dict[str, Any]) -> str:
         f"{m.get('waited_on_storage_s', 0.0):.2f} s; padding {pct(m['padding_pct'])}, budget used "
         f"{pct(m['budget_utilisation_pct'])}{shares}"
     )
+
+
+def fault_summary(counts: torch.Tensor, bad: torch.Tensor, urls: Sequence[str]) -> dict[str, Any]:
+    """What storage faults cost a rank in a pass, from its workers' shared counters (``counts``: per worker, one
+    column per :data:`~streambatch.read.faults.FAULT_FIELDS`; ``bad``: a flag per shard): the counters summed, and
+    the URLs of the bad shards."""
+    out: dict[str, Any] = dict(zip(FAULT_FIELDS, (int(x) for x in counts.sum(0).tolist())))
+    del out[STORAGE_WAIT]  # a time, not a fault: storage_figures() reports it
+    out["bad_shard_urls"] = [urls[i] for i in bad.nonzero().flatten().tolist()]
+    return out
+
+
+def storage_figures(counts: torch.Tensor, faults: dict[str, Any]) -> dict[str, Any]:
+    """The storage part of ``metrics()``: request counters and the time the readers waited on storage."""
+    out: dict[str, Any] = {
+        "storage": {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")}
+    }
+    out.update(storage_waits(counts[:, FAULT_FIELDS.index(STORAGE_WAIT)].tolist()))
+    return out

@@ -1,4 +1,5 @@
-"""What the loader tells its user in words: why an epoch has no batches, and what a mixture's epoch holds."""
+"""What the loader tells its user in words: a budget no sample fits, why an epoch has no batches, and what a
+mixture's epoch holds."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from .plan.config import BatchingConfig
-from .summary import length_text
+from ..errors import BudgetError
+from ..plan.batcher import BucketBatcher
+from ..plan.config import BatchingConfig
+from ..plan.epoch import RankSchedule
+from ..plan.layout import Layout
+from ..plan.perturb import LengthPlan
+from ..plan.resume import EarlierRun
+from ..summary import length_text
 
 
 def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
@@ -61,8 +68,8 @@ def unindexed_empty_message(name: str, num_urls: int, cfg: BatchingConfig, epoch
 def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, float]]:
     """Per dataset of a mixture, what the planned epoch holds: samples, total length (and hours for audio)
     and share of the epoch's samples — the batches every rank yields, repeats of ``pad`` not counted."""
-    gids = [s.gids[b] for s in plan.slots for b, rep in zip(s.batches, s.repeat) if not rep]
-    gids = np.concatenate(gids) if gids else np.zeros(0, dtype=np.int64)
+    parts = [s.gids[b] for s in plan.slots for b, rep in zip(s.batches, s.repeat) if not rep]
+    gids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     dataset, _, _ = index.locate(gids)
     lens = np.asarray(lengths[gids], dtype=np.float64)
     spu = index.seconds_per_unit()
@@ -78,3 +85,49 @@ def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, f
             row["hours"] = row["length"] * spu / 3600
         out[name] = row
     return out
+
+
+def check_shortest_fits(cfg: BatchingConfig, ix: Any, length_plan: LengthPlan | None, name: str) -> None:
+    """A budget that not even the shortest sample fits alone is an error now (from the index's shard table), not an
+    epoch without batches later: a :class:`BudgetError` naming both lengths."""
+    if ix is None:
+        return
+    table = ix.shard_table(("count", "min_length"))
+    mins = table["min_length"][table["count"] > 0]
+    shortest = float(mins.min()) if mins.size else 0.0
+    if length_plan is not None:
+        shortest = length_plan.shortest(shortest)
+    alone = BucketBatcher(cfg.replace(min_length=0, max_length=None, strict=False, buffer_size=1))
+    if shortest <= 0 or alone.accepts(shortest):
+        return
+    padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
+    how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
+    frames = length_plan is not None and length_plan.in_frames
+    text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, ix))
+    raise BudgetError(
+        f"{name}: budget {text(cfg.budget)} {how} the shortest sample, "
+        f"{text(shortest)}: every sample would be skipped and no epoch would have a batch; "
+        "use a larger budget (`shardify inspect` suggests one)"
+    )
+
+
+def plan_line(s: RankSchedule, layout: Layout, rank: int, local: bool, loaded: int, seconds: float) -> str:
+    """The log line of a planned epoch: steps, what this rank planned and how, what evening out cost."""
+    scope = "this rank" if local else f"all {layout.world_size} ranks"
+    how = "rank-local" if local else "whole-epoch O(N)"
+    return (
+        f"epoch {s.epoch}: {s.steps} batches per rank on {layout.world_size} ranks; rank {rank} planned "
+        f"{s.planned_samples} samples in {seconds:.2f} s ({how} plan, {loaded} lengths read); "
+        f"even_batches={layout.even_batches} on {scope}: {s.surplus} samples left out, {s.repeated} repeated, "
+        f"{s.splits} batches split; {s.skipped} skipped (outside min_length/max_length/budget), {s.dropped} "
+        "dropped (drop_last)"
+    )
+
+
+def resume_line(epoch: int, layout: Layout, old: EarlierRun) -> str:
+    """The log line of a resume on another layout."""
+    return (
+        f"resuming epoch {epoch} on {layout.world_size} ranks × {layout.num_workers} workers (saved on "
+        f"{old.layout.world_size} × {old.layout.num_workers} after {old.consumed} of {old.steps} batches per rank): "
+        "the samples not yet consumed are planned again"
+    )

@@ -1,0 +1,494 @@
+"""StreamBatchLoader: options in (sorted into their typed groups once, :mod:`.options`), padded batches out. It
+plans each epoch from the index (:mod:`streambatch.plan.epoch`), publishes the epoch and resume point to its
+DataLoader workers (:mod:`streambatch.read.worker`), and owns ``len()``, epochs and ``state_dict()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
+
+from torch.utils.data import DataLoader
+
+from ..dataset.index import ShardIndex
+from ..dataset.mixture import MixedIndex, mixture_sources
+from ..dataset.source import ShardURLs, resolve_source
+from ..dataset.where import left_out, open_filter
+from ..dist import all_gather_ints, process_group_matches, process_info
+from ..errors import EmptyEpochError
+from ..plan.budget import parse_budget
+from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
+from ..plan.layout import Layout
+from ..plan.lengths import Lengths, index_lengths
+from ..plan.perturb import planned_lengths
+from ..plan.resume import Resumed, excluded_in
+from ..plan.slot import Adjust, per_worker
+from ..read.collate import Decode
+from ..read.ring import BatchRing, batch_ring
+from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from .messages import (
+    check_shortest_fits,
+    empty_epoch_message,
+    mixture_report,
+    plan_line,
+    resume_line,
+    unindexed_empty_message,
+)
+from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
+from .options import Index, batching_config, collate_options, option_groups, sample_plan
+from .state import LoaderState, batching_record, pack_mask
+from .workers import make_dataloader, progress_bar
+
+log = logging.getLogger("streambatch")
+
+
+class StreamBatchLoader:
+    """Stream length-annotated shards and yield padded batches with ``n × max_len ≤ budget``.
+
+    Every option is a keyword of this constructor; each belongs to one typed group, where it is checked once and
+    documented in full: :class:`~streambatch.plan.config.BatchingConfig` (batching),
+    :class:`~streambatch.read.reader.ReadOptions` (reading), :class:`~streambatch.loader.options.SampleOptions`
+    (per sample) and :class:`~streambatch.loader.options.RunOptions` (the run). A bad value is an
+    :class:`~streambatch.errors.OptionError` naming the option.
+
+    What to read:
+
+    * ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file, a
+      brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each sample's
+      ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}`` mapping, a list of
+      folders, or a mixture file.
+    * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
+      ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
+    * ``weights``: per-dataset weights when ``source`` names several datasets.
+    * ``index``: an index file or :class:`~streambatch.dataset.index.ShardIndex` to plan from.
+    * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
+      (``"language = 'de' AND snr > 10"``; DuckDB).
+    * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
+
+    Batching (:class:`~streambatch.plan.config.BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
+    ``cost``, ``quadratic_factor`` and ``packed`` as :meth:`~streambatch.plan.config.BatchingConfig.make` takes
+    them): ``buffer_size``, ``refill``, ``bucket_boundaries``, ``num_buckets``, ``bucket_spacing``,
+    ``max_batch_size``, ``batch_size_multiple_of``, ``min_length``, ``max_length``, ``drop_last``, ``strict``,
+    ``shuffle``, ``seed``, ``pad_to_multiple_of``, ``batch_order``, ``output_budget``, ``batch_by``, ``cost``
+    (``"padded"``, ``"quadratic"``, a callable ``cost(n, max_len)`` or a calibration file), ``quadratic_factor``,
+    ``packed``.
+
+    Reading (:class:`~streambatch.read.reader.ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
+    ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``, ``cache_size``.
+
+    Per sample (:class:`~streambatch.loader.options.SampleOptions`): ``decode``, ``transform``,
+    ``speed_perturb``, ``features``.
+
+    The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``num_workers``,
+    ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
+    ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
+    ``progress``.
+    """
+
+    _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
+    _open_passes = 0  # passes begun and not ended: the ring is reclaimed only between passes
+
+    def __init__(
+        self,
+        source: str | Sequence[str] | dict[str, str] | ShardIndex,
+        budget: float | str | None = None,
+        *,
+        weights: dict[str, float] | Sequence[float] | None = None,
+        index: str | ShardIndex | None = None,
+        where: str | None = None,
+        storage_options: dict | None = None,
+        # batching: BatchingConfig
+        buffer_size: int | None = None,
+        refill: int | None = None,
+        bucket_boundaries: Sequence[float] | None = None,
+        num_buckets: int | None = None,
+        bucket_spacing: str = "quantile",
+        max_batch_size: int | None = None,
+        batch_size_multiple_of: int = 1,
+        min_length: float = 0,
+        max_length: float | None = None,
+        drop_last: bool = False,
+        strict: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        pad_to_multiple_of: int | None = None,
+        batch_order: str = "random",
+        output_budget: float | None = None,
+        batch_by: str | None = None,
+        cost: Any = "padded",
+        quadratic_factor: float | None = None,
+        packed: bool = False,
+        # reading: ReadOptions
+        chunk_size: int | str = "8M",
+        read_ahead: int | str = "64M",
+        read_concurrency: int = 4,
+        retries: int = 8,
+        backoff: float = 0.25,
+        timeout: float = 60.0,
+        verify: str = "sha256",
+        max_bad_shards: int = 2,
+        cache_dir: str | None = None,
+        cache_size: int | str | None = None,
+        # per sample: SampleOptions
+        decode: Decode = "auto",
+        transform: Callable[..., Any] | None = None,
+        speed_perturb: Any = None,
+        features: Any = None,
+        # the run: RunOptions
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int = 0,
+        even_batches: str = "split",
+        hardest_first: bool = False,
+        planning: str = "auto",
+        batches_per_epoch: int | None = None,
+        micro_batches: int = 1,
+        loss_weight_by: str = "samples",
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        progress: bool = False,
+    ):
+        batching, self.read_options, self.sample_options, self.run = option_groups(locals())
+        info = process_info(self.run.rank, self.run.world_size)
+        self.rank, self.layout = info.rank, self.run.layout(info.world_size)
+        self._open(source, budget, weights, index, storage_options)
+        self._configure(budget, batching, where)
+
+    def _open(self, source: Any, budget: Any, weights: Any, index: Any, storage_options: dict | None) -> None:
+        """Resolve what to read: one dataset (index and shard URLs) or a mixture of several."""
+        if budget is not None and not isinstance(budget, str):
+            parse_budget(budget)  # a number is checked before reading anything
+        self.storage_options = storage_options
+        sources = mixture_sources(source, weights)
+        self.index: Index | None
+        self.urls: Sequence[str]
+        if sources is not None:
+            self.index = MixedIndex.open(sources, storage_options)
+            self.urls = ShardURLs(self.index)  # type: ignore[arg-type]
+            self.name = "mixture of " + ", ".join(self.index.names)
+        else:
+            self.index, self.urls = resolve_source(source, index, storage_options)
+            root = self.index.root if self.index is not None else None
+            self.name = str(source) if isinstance(source, str) else root or ""
+        if not self.urls:
+            raise ValueError(f"{source}: no shards found")
+
+    def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
+        """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
+        ix, run, sample = self.index, self.run, self.sample_options
+        self.length_plan, ops = sample_plan(sample, ix, batching["seed"])
+        frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
+        unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
+        budget = None if budget is None else parse_budget(budget, unit, rate, frames)
+        self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
+        check_shortest_fits(self.config, ix, self.length_plan, self.name)
+        self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
+        self.collate_options = collate_options(sample, run, self.config, ix, ops)
+        if ix is None and self.world_size > 1 and not run.batches_per_epoch:
+            raise ValueError(
+                f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
+                "ranks would step unevenly (a DDP hang): write an index (`shardify write`), or pass "
+                "batches_per_epoch=N to give every rank exactly N batches per epoch"
+            )
+        self._meter: EpochMeter | None = None
+        self.epoch = 0
+        self._consumed = 0  # batches of the current epoch already yielded (or restored)
+        self._schedules: dict[int, RankSchedule] = {}
+        self._resumed: Resumed | None = None  # the layouts this epoch ran on before a resume on another one
+        self._saved_steps: int | None = None  # the steps of a restored epoch, until it is planned here
+        self._state = SharedEpochState(self.num_workers)
+        self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
+        self._dataloader: DataLoader | None = None
+
+    # ---- the options as attributes -----------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job (given, or detected)."""
+        return self.layout.world_size
+
+    @property
+    def num_workers(self) -> int:
+        """DataLoader workers of this rank (0: reading in this process)."""
+        return self.run.num_workers
+
+    @property
+    def even_batches(self) -> str:
+        return self.layout.even_batches
+
+    @property
+    def planning(self) -> str:
+        return self.run.planning
+
+    @property
+    def _seed(self) -> int:
+        """The batching seed, a whole number here (only ``plan_batches`` seeds one stream with a sequence)."""
+        return cast(int, self.config.seed)
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Whether the workers outlive a pass (only with workers)."""
+        return self.run.persistent_workers and self.num_workers > 0
+
+    # ---- epochs and planning ----------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (shard and batch order follow ``(seed, epoch)``). After a full pass the loader
+        moves to the next epoch by itself, so calling this is optional; calling it with the epoch a restored
+        state is in keeps the resume point."""
+        if int(epoch) != self.epoch:
+            self._consumed = 0
+        self.epoch = int(epoch)
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The epoch's plan for every rank and worker (requires an index). O(N): it reads every length; for
+        inspection and tests. Iteration and ``len()`` use :meth:`schedule`."""
+        if self.index is None:
+            raise TypeError("planning needs an index (index.json); this loader streams shards without one")
+        e = self.epoch if epoch is None else int(epoch)
+        lengths = self._lengths(e)
+        plan = self._whole_plan(e, lengths)
+        if isinstance(self.index, MixedIndex):
+            plan.datasets = mixture_report(self.index, plan, lengths)
+        return plan
+
+    def _lengths(self, epoch: int) -> Lengths:
+        """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
+        kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
+        return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
+
+    def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
+        return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths))
+
+    def schedule(self, epoch: int | None = None) -> RankSchedule:
+        """This rank's batches in the epoch (requires an index). With an initialised process group of this
+        layout, each rank plans only its own slots and the ranks agree on the step count with one all_gather
+        (every rank must call it, as every DDP step does); else the whole epoch is planned on this rank, O(N)."""
+        if self.index is None:
+            raise TypeError("planning needs an index (index.json); this loader streams shards without one")
+        e = self.epoch if epoch is None else int(epoch)
+        if e not in self._schedules:
+            t0 = time.perf_counter()
+            lengths = self._lengths(e)
+            local = self._rank_local(e)
+            if local:
+                excluded = self._excluded_in(e, lengths)
+                sched = plan_rank_local(lengths, self.config, e, self.rank, self.layout, all_gather_ints, excluded)
+            else:
+                sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
+            log.info(plan_line(sched, self.layout, self.rank, local, lengths.loaded, time.perf_counter() - t0))
+            if sched.steps == 0 and self._earlier(e) == 0:
+                raise EmptyEpochError(empty_epoch_message(self, sched, local))
+            self._schedules = {e: sched}
+        return self._schedules[e]
+
+    def _rank_local(self, epoch: int) -> bool:
+        """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""
+        possible = self.world_size > 1 and process_group_matches(self.rank, self.world_size)
+        if self.planning == "local" and not possible:
+            raise ValueError(
+                f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "
+                f"{self.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
+            )
+        return self.planning != "global" and possible
+
+    def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
+        selection = left_out(self.index, self.filter, epoch, self._seed, lengths.offsets)
+        return excluded_in(self._resumed, epoch, lengths, self.config, selection)
+
+    def _earlier(self, epoch: int) -> int:
+        """Batches of ``epoch`` consumed on earlier layouts before a resume on this one, as they counted them."""
+        r = self._resumed
+        return sum(layout.consumed for layout in r.layouts) if r is not None and r.epoch == epoch else 0
+
+    def __len__(self) -> int:
+        """The current epoch's steps as this run counts them, the same on every rank: after a resume, the
+        batches consumed before it (on this or another layout) plus those still to come, so a progress bar
+        or schedule built from ``len()`` and :attr:`consumed` is right. With a process group this is a
+        collective: ask on every rank."""
+        if self.index is None:
+            if self.run.batches_per_epoch:
+                return self.run.batches_per_epoch
+            raise TypeError("len() needs an index: without one the number of batches is unknown until the end")
+        return self._earlier(self.epoch) + self.schedule().steps
+
+    @property
+    def consumed(self) -> int:
+        """Batches of the current epoch already yielded, before a resume included (``len(self) - remaining``)."""
+        return self._earlier(self.epoch) + self._consumed
+
+    @property
+    def remaining(self) -> int:
+        """Batches the current epoch still yields (all of them before it starts; after a resume, those not yet
+        consumed). A collective with a process group, like ``len()``."""
+        return len(self) - self.consumed
+
+    # ---- iteration ----------------------------------------------------------------------------------
+    def _make_dataloader(self) -> DataLoader:
+        if self.num_workers > 0 and self._ring is None:  # the workers' reused batch buffers (read/ring.py), made once
+            self._ring = batch_ring(
+                self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
+            )
+        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None)
+
+    def _context(self) -> SlotContext:
+        """What every DataLoader worker of this loader gets once."""
+        return SlotContext(
+            urls=self.urls,
+            index=self.index,  # type: ignore[arg-type]  # a mixture serves as one index
+            config=self.config,
+            rank=self.rank,
+            world_size=self.world_size,
+            num_workers=self.layout.num_workers,
+            collate=self.collate_options,
+            read=self.read_options,
+            storage_options=self.storage_options,
+            state=self._state,
+            faults=self._fault_counts,
+            bad=self._bad_shards,
+            resumed=self._resumed,
+            length_plan=self.length_plan,
+            filter=self.filter,
+            ring=self._ring,
+        )
+
+    def _publish(self, epoch: int) -> int | None:
+        """Put the epoch, the resume point and each worker's equalisation where the workers read them."""
+        nw = self.layout.num_workers
+        state = EpochState(epoch=epoch, consumed=self._consumed, adjust=[Adjust() for _ in range(nw)])
+        steps = None
+        if self.index is not None:
+            sched = self.schedule(epoch)
+            steps = sched.steps
+            order = sched.order()
+            state.rotation = order[self._consumed][0] if self._consumed < len(order) else 0
+            state.start = sched.start
+            state.adjust = list(sched.adjust)
+        elif self.run.batches_per_epoch:
+            steps = self.run.batches_per_epoch
+            for w, t in enumerate(per_worker([steps] * nw, steps)):
+                state.adjust[w].take = t
+        self._state.publish(state)
+        return steps
+
+    def fault_stats(self) -> dict[str, Any]:
+        """What storage faults cost this rank in the current (or last) pass: ``bad_shards`` skipped (and their
+        URLs in ``bad_shard_urls``), planned samples lost with them, samples re-drawn in their place, batches
+        that came out smaller, request retries, bytes read from remote storage, cache downloads and hits."""
+        return fault_summary(self._fault_counts, self._bad_shards, self.urls)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch = self.epoch
+        self._fault_counts.zero_()
+        self._bad_shards.zero_()
+        steps = self._publish(epoch)
+        if self._dataloader is None or not self.persistent_workers:
+            self._dataloader = self._make_dataloader()
+            if self._ring is not None and self._open_passes == 0:  # no worker of an earlier pass runs
+                self._ring.reclaim()
+        self._meter = EpochMeter(epoch, self.config.budget, self.config.cost, self._unit_per_element())
+        self._open_passes += 1
+        try:
+            for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
+                if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
+                    yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
+                    self._consumed += 1
+                    yield item[-1]
+                else:
+                    self._consumed += 1
+                    yield item
+        finally:
+            self._open_passes -= 1
+        if steps is not None and self._consumed != steps:
+            raise RuntimeError(f"rank {self.rank} yielded {self._consumed} batches but {steps} were planned")
+        if steps is None and self._consumed == 0:
+            raise EmptyEpochError(
+                unindexed_empty_message(
+                    self.name or self.urls[0], len(self.urls), self.config, epoch, int(self._bad_shards.sum())
+                )
+            )
+        log.info(metrics_line(self.metrics()))
+        self._consumed = 0
+        self._resumed, self._saved_steps = None, None
+        self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
+
+    def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterable[Any]:
+        """With ``progress=True``, a tqdm bar over the pass (from the batches already consumed)."""
+        if not self.run.progress:
+            return items
+        return progress_bar(items, epoch, None if steps is None else self._earlier(epoch) + steps, self.consumed)
+
+    def _unit_per_element(self) -> float:
+        """Dataset length units per element of a padded tensor along T (a budget in seconds: 1 / rate)."""
+        ix = self.index
+        if ix is not None and ix.unit == "seconds":
+            return 1.0 / float(ix.sample_rate) if ix.sample_rate else 0.0
+        return 1.0
+
+    def metrics(self, planned: bool = False) -> dict[str, Any]:
+        """How the current (or last) pass fed the training loop: padding %, budget utilisation %, batches and
+        samples per second, time to first batch, seconds the loop waited on the loader and the readers waited on
+        storage (all workers, and per worker), a mixture's dataset shares, and the storage counters of
+        :meth:`fault_stats`. ``planned=True`` adds the planned epoch's padding and budget use for this rank
+        (plans the whole epoch: O(N))."""
+        out = self._meter.summary() if self._meter is not None else {}
+        out.update(storage_figures(self._fault_counts, self.fault_stats()))
+        if planned and self.index is not None:
+            epoch = self._meter.epoch if self._meter is not None else self.epoch
+            out["planned"] = planned_figures(
+                self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget, self.config.cost
+            )
+        return out
+
+    # ---- resumption ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: the epoch, the batches of it already yielded, and the layouts it ran on, as a plain
+        dict (save it with the model: ``torch.save`` or JSON). Small: no per-sample data, whatever the dataset's
+        size. :class:`~streambatch.loader.state.LoaderState` describes each key."""
+        return self._own_state().to_dict()
+
+    def _own_state(self) -> LoaderState:
+        resumed = self._resumed if self._resumed is not None and self._resumed.epoch == self.epoch else None
+        sched = self._schedules.get(self.epoch)
+        return LoaderState.current(
+            epoch=self.epoch,
+            batches_consumed=self._consumed,
+            steps=sched.steps if sched is not None else self._saved_steps,
+            seed=self.config.seed,
+            **dataclasses.asdict(self.layout),
+            num_samples=self.index.num_samples if self.index is not None else None,
+            mixture=self.index.state() if isinstance(self.index, MixedIndex) else None,
+            where=self.filter.expr if self.filter is not None else None,
+            batching=batching_record(self.config),
+            earlier_layouts=[run.state_dict() for run in resumed.layouts] if resumed else [],
+            excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` (of this version or an earlier one): the next iteration yields the
+        epoch's remaining batches (:attr:`remaining`), while ``len()`` still counts the whole epoch, consumed
+        batches included.
+
+        With the same world size and workers, the remaining batches are exactly those the uninterrupted run
+        would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
+        yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
+        out what was consumed by re-planning only the old ranks that held its own shards.
+        """
+        saved = LoaderState.from_dict(state)
+        saved.check(self._own_state())
+        self.epoch = saved.epoch
+        self._schedules = {}
+        self._dataloader = None  # workers must see the new plan
+        n = self.index.num_samples if self.index is not None else 0
+        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
+        if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
+            log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
+
+    def _old_steps(self, layout: Layout, before: Resumed) -> int:
+        """The steps an old layout planned for this epoch (a state saved before it recorded them): O(N), once."""
+        lengths = self._lengths(self.epoch)
+        selection = left_out(self.index, self.filter, self.epoch, self._seed, lengths.offsets)
+        excluded = before.consumed(lengths, self.config, selection)
+        return make_epoch_plan(lengths, self.config, self.epoch, layout, excluded).steps

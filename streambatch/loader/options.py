@@ -1,0 +1,269 @@
+"""The loader's options in typed groups, each value checked once, where its group is built.
+
+* batching: :class:`~streambatch.plan.config.BatchingConfig` (the planner's object), built by :func:`batching_config`
+  from the names in :data:`BATCHING_OPTIONS` and what the index says;
+* read: :class:`~streambatch.read.reader.ReadOptions`;
+* per sample: :class:`SampleOptions` (decoding, transforms, speed perturbation, features);
+* run: :class:`RunOptions` (rank, world size, workers, how the ranks step together, the DataLoader's knobs), whose
+  :meth:`RunOptions.layout` is the plan's :class:`~streambatch.plan.layout.Layout`.
+
+``StreamBatchLoader.__init__`` names every option of these groups in its signature, with the same defaults
+(``tests/test_options_surface.py`` holds the two together), and :func:`option_groups` sorts its arguments into them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dataset import storage
+from ..dataset.index import ShardIndex
+from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
+from ..errors import OptionError, bool_option, choice_option, int_option
+from ..plan.config import OPTIONS as BATCHING_OPTIONS
+from ..plan.config import BatchingConfig
+from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
+from ..plan.layout import Layout
+from ..plan.perturb import LengthPlan, SpeedPerturb
+from ..plan.stats import stream_stats
+from ..read.reader import ReadOptions
+from ..read.worker import CollateOptions
+
+#: what the loader plans from: one dataset's index, or a mixture's datasets as one
+Index = ShardIndex | MixedIndex
+
+#: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
+PLANNING = ("auto", "local", "global")
+#: how a micro-batch's share of the loss is weighed
+LOSS_WEIGHT_BY = ("samples", "frames")
+#: what ``decode`` may name (else a callable ``sample -> array``)
+DECODE = ("auto", "audio", "text", "none")
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """What happens to each sample of a formed batch in the workers, before it is padded into the batch."""
+
+    decode: Any = "auto"
+    """``"auto"``, ``"audio"``, ``"text"``, ``"none"`` (raw samples in ``batch["samples"]``), or a callable
+    ``sample -> array [T, ...]``."""
+    transform: Callable[..., Any] | None = None
+    """``fn(sample, rng) -> sample`` on each sample, ``rng`` seeded from ``(seed, epoch, sample id)``."""
+    speed_perturb: Any = None
+    """Speed factors ``(0.9, 1.0, 1.1)``, ``(factors, weights)`` or ``{factor: weight}``, drawn per sample and
+    planned inside the budget; None: off."""
+    features: Any = None
+    """``"fbank"`` (80-dim Kaldi log-mel, planned in frames) or a callable ``(waveform, rate) -> [frames, dim]``."""
+    speed: SpeedPerturb | None = field(init=False, default=None, repr=False)
+    """``speed_perturb`` as the plan draws it."""
+    feature_fn: Any = field(init=False, default=None, repr=False)
+    """``features`` as the workers compute them."""
+
+    def __post_init__(self) -> None:
+        from ..read.features import resolve_features
+
+        if not callable(self.decode):
+            choice_option("decode", self.decode, DECODE)
+        if self.transform is not None and not callable(self.transform):
+            raise OptionError(f"transform must be a callable fn(sample, rng) -> sample, got {self.transform!r}")
+        object.__setattr__(self, "speed", SpeedPerturb.make(self.speed_perturb))
+        object.__setattr__(self, "feature_fn", resolve_features(self.features))
+
+    @property
+    def active(self) -> list[str]:
+        """The per-sample options in use, by name."""
+        given = {"transform": self.transform, "speed_perturb": self.speed, "features": self.feature_fn}
+        return [k for k, v in given.items() if v is not None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where this process stands in the job and how its batches reach the training loop."""
+
+    rank: int | None = None
+    """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
+    world_size: int | None = None
+    """Ranks in the job; None: detected as ``rank`` is, else 1."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: read in the training process)."""
+    even_batches: str = "split"
+    """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
+    :class:`~streambatch.plan.layout.Layout`)."""
+    hardest_first: bool = False
+    """The most expensive batch at step 1 (checked by :class:`~streambatch.plan.layout.Layout`)."""
+    planning: str = "auto"
+    """Who plans the epoch (:data:`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
+    whole epoch on every rank; ``"local"`` requires the process group; ``"global"`` always the whole epoch."""
+    batches_per_epoch: int | None = None
+    """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch)."""
+    micro_batches: int = 1
+    """Yield each batch as this many micro-batches (a list of dicts with loss weights)."""
+    loss_weight_by: str = "samples"
+    """What a micro-batch's loss weight counts (:data:`LOSS_WEIGHT_BY`)."""
+    prefetch_factor: int | None = None
+    """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2)."""
+    persistent_workers: bool = False
+    """Keep the workers between epochs (as in ``DataLoader``)."""
+    pin_memory: bool = False
+    """Batches in page-locked memory (as in ``DataLoader``)."""
+    worker_init_fn: Callable[[int], Any] | None = None
+    """Called in each worker with its id (after the loader's own set-up)."""
+    progress: bool = False
+    """A tqdm bar per pass (total ``len(loader)``, starting at the batches already consumed)."""
+
+    def __post_init__(self) -> None:
+        if self.rank is not None:
+            int_option("rank", self.rank, 0)
+        if self.world_size is not None:
+            int_option("world_size", self.world_size, 1)
+        int_option("num_workers", self.num_workers, 0)
+        choice_option("planning", self.planning, PLANNING)
+        if self.batches_per_epoch is not None:
+            int_option("batches_per_epoch", self.batches_per_epoch, 1)
+        int_option("micro_batches", self.micro_batches, 1)
+        choice_option("loss_weight_by", self.loss_weight_by, LOSS_WEIGHT_BY)
+        if self.prefetch_factor is not None:
+            int_option("prefetch_factor", self.prefetch_factor, 1)
+        for name in ("persistent_workers", "pin_memory", "progress"):
+            bool_option(name, getattr(self, name))
+        if self.worker_init_fn is not None and not callable(self.worker_init_fn):
+            raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
+
+    def layout(self, world_size: int) -> Layout:
+        """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given)."""
+        return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
+
+
+def collate_options(
+    sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: Index | None, ops: Any
+) -> CollateOptions:
+    """How the workers turn a formed batch into tensors (``ops``: the per-sample stages of :func:`sample_plan`)."""
+    return CollateOptions(
+        decode=sample.decode,
+        pad_to_multiple_of=config.pad_to_multiple_of,
+        sample_rate=index.sample_rate if index is not None and index.unit == "samples" else None,
+        packed=config.cost.packed,
+        micro_batches=run.micro_batches,
+        loss_weight_by=run.loss_weight_by,
+        datasets=dataset_names(index),
+        per_sample=ops,
+    )
+
+
+def init_fields(group: type) -> list[str]:
+    """The option names a group takes (its init fields)."""
+    return [f.name for f in dataclasses.fields(group) if f.init]
+
+
+def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, SampleOptions, RunOptions]:
+    """The loader's arguments sorted into their groups: the batching options by name (:func:`batching_config`
+    turns them into a :class:`BatchingConfig` once the index is open), and the other groups built (checked)."""
+    batching = {k: given[k] for k in BATCHING_OPTIONS}
+    read = ReadOptions(**{k: given[k] for k in init_fields(ReadOptions)})
+    sample = SampleOptions(**{k: given[k] for k in init_fields(SampleOptions)})
+    run = RunOptions(**{k: given[k] for k in init_fields(RunOptions)})
+    return batching, read, sample, run
+
+
+def batching_config(
+    budget: float | None,
+    index: Index | None,
+    options: dict[str, Any],
+    length_plan: LengthPlan | None = None,
+    storage_options: dict | None = None,
+) -> BatchingConfig:
+    """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
+    lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
+    if options.get("batch_by") is not None and not hasattr(index, "dataset_of_shard"):
+        raise ValueError(
+            f"batch_by={options['batch_by']!r} keeps every batch within one dataset of a mixture; this "
+            "loader reads one dataset (name several: a {name: folder} mapping, a list of folders with "
+            "weights=, or a mixture file), or leave batch_by=None"
+        )
+    if index is None and options.get("batch_order", "random") != "random":
+        raise ValueError(
+            f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
+            "an index (write one with `shardify index`); without one batches leave as they form"
+        )
+    unit = "frames" if length_plan is not None and length_plan.in_frames else index.unit if index is not None else None
+    options, budget = _calibrated(options, budget, index is not None, unit, storage_options)
+    if index is not None and index.unit == "seconds":
+        options = {**options, "pad_to_multiple_of": None}
+    # every length, streamed in bounded memory, read once where an option needs them
+    stats = _stats(index, length_plan) if index is not None and options.get("num_buckets") else None
+    mean, sample_bytes = _window_figures(index, length_plan)
+    config = BatchingConfig.make(budget, stats, mean_length=mean, sample_bytes=sample_bytes, **options)
+    if hasattr(config.cost, "check_monotone") and index is not None:
+        config.cost.check_monotone(stats if stats is not None else _stats(index, length_plan))
+    return config
+
+
+def _calibrated(
+    options: dict[str, Any], budget: float | None, indexed: bool, unit: str | None, storage_options: dict | None
+) -> tuple[dict[str, Any], float | None]:
+    """With ``cost`` a calibration file (read here, from any storage) or dict: its cost model, its budget where
+    none was given, its batch-size cap (larger batches would be extrapolated, not measured), its unit checked."""
+    cost = options.get("cost")
+    if options.get("packed") or not (isinstance(cost, dict) or is_calibration_path(cost)):
+        return options, budget
+    calib = cost if isinstance(cost, dict) else read_calibration(str(cost), lambda p: storage.open_url(p, "rb"))
+    if indexed and calib.get("unit") not in (None, unit):
+        raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
+    model, calibrated_budget = calibration_cost(calib, str(cost) if isinstance(cost, str) else "<dict>")
+    options = {**options, "cost": model}
+    if options.get("max_batch_size") is None and calib.get("max_batch_size"):
+        options["max_batch_size"] = int(calib["max_batch_size"])
+    return options, calibrated_budget if budget is None else budget
+
+
+def _window_figures(index: Index | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
+    """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
+    if index is None or not index.num_samples:
+        return None, None
+    indexes = [ix for _, ix in datasets_of(index)]  # a mixture: its datasets' own figures
+    count = sum(ix.num_samples for ix in indexes)
+    mean = sum(ix.total_length for ix in indexes) / count if count else None
+    if mean is not None and length_plan is not None and length_plan.in_frames:
+        mean = float(length_plan.frames(int(mean)))
+    sizes = [ix.total_bytes for ix in indexes if ix.total_bytes is not None]
+    # an index that does not say its bytes (written before its header carried them): the floor, not a guess
+    return mean, sum(sizes) / count if len(sizes) == len(indexes) and count else math.inf
+
+
+def _stats(index: Index, length_plan: LengthPlan | None) -> Any:
+    """Statistics of every length in the plan's unit (frames when planning in them; speed factors aside)."""
+    if length_plan is None or not length_plan.in_frames:
+        return index.length_stats()
+    return stream_stats(length_plan.frames(x) for _, ix in datasets_of(index) for x in ix.iter_lengths())
+
+
+def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[LengthPlan | None, Any]:
+    """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
+    (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
+    from ..read.features import plans_in_frames
+    from ..read.transforms import SampleOps, require_soxr
+
+    speed, features = o.speed, o.feature_fn
+    if not o.active:
+        return None, None
+    which = ", ".join(o.active)
+    if index is None:
+        raise ValueError(f"{which} need an index: each sample's randomness and planned length follow its global id")
+    if o.decode == "none":
+        raise ValueError(f"{which} work on decoded samples; decode='none' keeps them raw")
+    if speed is not None or features is not None:
+        if index.unit != "samples" or not index.sample_rate:
+            raise ValueError(
+                f"speed_perturb and features need audio lengths in samples with a sample rate; this "
+                f"index counts {index.unit}" + ("" if index.sample_rate else " without a sample rate")
+            )
+        if o.decode not in ("auto", "audio"):
+            raise ValueError(f"speed_perturb and features work on decoded audio; decode={o.decode!r}")
+    if speed is not None:
+        require_soxr()
+    frames = features if plans_in_frames(features) else None
+    plan = LengthPlan(int(index.sample_rate or 0), speed, frames) if speed is not None or frames is not None else None
+    return plan, SampleOps(o.transform, speed, features, seed, 0, index.sample_rate)
