@@ -97,6 +97,7 @@ def streambatch_batches(shards: str, budget: float, seed: int, epoch: int) -> li
     from .plan.lengths import index_lengths
 
     loader = StreamBatchLoader(shards, budget=budget, num_workers=NUM_WORKERS, seed=seed)
+    assert loader.index is not None  # the demo's dataset has one
     plan = make_epoch_plan(index_lengths(loader.index), loader.config, epoch, Layout(1, NUM_WORKERS))
     return [s.gids[b] for s in plan.slots for b in s.batches]
 

@@ -162,7 +162,7 @@ class StreamBatchDataModule(pl.LightningDataModule):
                 self._pending = None
         if stage in ("fit", "validate") and self.val_source is not None and self.val_loader is None:
             self.val_loader = LightningLoader(self._make(self.val_source, self.val_options), rewind=True)
-        trainer = self.trainer
+        trainer: Any = self.trainer  # its data connector sets reload_dataloaders_every_n_epochs on it at runtime
         if trainer is not None and stage == "fit" and trainer.reload_dataloaders_every_n_epochs != 1:
             if trainer.reload_dataloaders_every_n_epochs:
                 log.warning(

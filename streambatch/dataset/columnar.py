@@ -10,7 +10,6 @@ Page checksums, byte sizes, row counts and a per-write id are checked on every r
 from __future__ import annotations
 
 import os
-import string
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -52,20 +51,6 @@ def column_numpy(col: Any) -> np.ndarray:
     if len(parts) == 1:
         return parts[0]
     return np.concatenate(parts) if parts else np.zeros(0, np.dtype(col.type.to_pandas_dtype()))
-
-
-def json_number(x: float) -> float | int:
-    """``x`` as JSON writes it best: an int when it is whole, else a float."""
-    return int(x) if float(x).is_integer() else float(x)
-
-
-def _arrow() -> tuple[Any, Any]:
-    """pyarrow and pyarrow.parquet, imported when a version 2 index is first written (reading needs less:
-    :class:`ParquetTable`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    return pa, pq
 
 
 class ParquetTable:
@@ -146,26 +131,6 @@ def table_names(index_name: str) -> tuple[str, str]:
     if stem == INDEX_NAME[: -len(".json")]:
         return SHARDS_NAME, SAMPLES_DIR
     return f"{stem}.shards.parquet", f"{stem}.samples"
-
-
-def _digest(value: str | None, size: int, what: str) -> bytes | None:
-    """A hex digest as its raw bytes (None stays None); anything else is an error, never a silent change."""
-    if value is None:
-        return None
-    if len(value) != 2 * size or not all(c in string.hexdigits for c in value):
-        raise ValueError(f"{what}: {value!r} is not a hex digest of {size} bytes")
-    return bytes.fromhex(value)
-
-
-def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
-    """``lengths`` in the column's type; whole numbers only in an int64 column (never silently rounded)."""
-    arr = np.asarray(lengths)
-    if length_type == "float64":
-        return arr.astype(np.float64)
-    if arr.dtype.kind == "f":
-        if arr.size and not np.all(arr == np.round(arr)):
-            raise ValueError(f"{what}: lengths are not whole numbers; write the index with float64 lengths")
-    return arr.astype(np.int64)
 
 
 # ---- reading ---------------------------------------------------------------------------------------

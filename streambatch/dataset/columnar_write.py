@@ -5,31 +5,49 @@ from __future__ import annotations
 
 import contextlib
 import json
+import string
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..plan.stats import json_number
 from . import columnar
-from .columnar import (
-    FORMAT,
-    ID_KEY,
-    INDEX_NAME,
-    LENGTH_TYPES,
-    _arrow,
-    _digest,
-    json_number,
-    sample_schema,
-    shard_schema,
-    table_names,
-    table_url,
-    typed_lengths,
-)
+from .columnar import FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, sample_schema, shard_schema, table_names, table_url
 from .columns import arrow_column
 from .storage import AtomicWriter, parent_url, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
+
+
+def _arrow() -> tuple[Any, Any]:
+    """pyarrow and pyarrow.parquet, imported when a version 2 index is first written (reading needs less:
+    :class:`ParquetTable`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa, pq
+
+
+def _digest(value: str | None, size: int, what: str) -> bytes | None:
+    """A hex digest as its raw bytes (None stays None); anything else is an error, never a silent change."""
+    if value is None:
+        return None
+    if len(value) != 2 * size or not all(c in string.hexdigits for c in value):
+        raise ValueError(f"{what}: {value!r} is not a hex digest of {size} bytes")
+    return bytes.fromhex(value)
+
+
+def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
+    """``lengths`` in the column's type; whole numbers only in an int64 column (never silently rounded)."""
+    arr = np.asarray(lengths)
+    if length_type == "float64":
+        return arr.astype(np.float64)
+    if arr.dtype.kind == "f":
+        if arr.size and not np.all(arr == np.round(arr)):
+            raise ValueError(f"{what}: lengths are not whole numbers; write the index with float64 lengths")
+    return arr.astype(np.int64)
 
 
 class _TableFile:

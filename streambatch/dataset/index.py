@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from ..plan.stats import LengthStats, stream_stats
+from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
-from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError, json_number
+from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
 from .columns import merged_columns
 from .members import ShardMembers, shard_members

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -168,7 +168,7 @@ class StreamBatchLoader:
         self.urls: Sequence[str]
         if sources is not None:
             self.index = MixedIndex.open(sources, storage_options)
-            self.urls = ShardURLs(self.index)  # type: ignore[arg-type]
+            self.urls = ShardURLs(self.index)
             self.name = "mixture of " + ", ".join(self.index.names)
         else:
             self.index, self.urls = resolve_source(source, index, storage_options)
@@ -226,7 +226,7 @@ class StreamBatchLoader:
     @property
     def _seed(self) -> int:
         """The batching seed, a whole number here (only ``plan_batches`` seeds one stream with a sequence)."""
-        return cast(int, self.config.seed)
+        return self.config.epoch_seed
 
     @property
     def persistent_workers(self) -> bool:
@@ -256,6 +256,7 @@ class StreamBatchLoader:
 
     def _lengths(self, epoch: int) -> Lengths:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
+        assert self.index is not None, "planned epochs come from an index"
         kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
         return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
 
@@ -337,7 +338,7 @@ class StreamBatchLoader:
         """What every DataLoader worker of this loader gets once."""
         return SlotContext(
             urls=self.urls,
-            index=self.index,  # type: ignore[arg-type]  # a mixture serves as one index
+            index=self.index,  # a mixture serves as one index
             config=self.config,
             rank=self.rank,
             world_size=self.world_size,

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset.describe import length_text
 from ..errors import BudgetError
 from ..plan.batcher import BucketBatcher
 from ..plan.config import BatchingConfig
@@ -14,7 +15,6 @@ from ..plan.epoch import RankSchedule
 from ..plan.layout import Layout
 from ..plan.perturb import LengthPlan
 from ..plan.resume import EarlierRun
-from ..summary import length_text
 
 
 def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:

@@ -108,21 +108,21 @@ def plan_rank(
     elif layout.even_batches == "pad" and need > 0:
         _pad_counts(raw, need, adjust, rank, lengths.num_samples)
     first = rank * nw
-    slots = [apply_adjust(raw[w], adjust[w], config.seed, epoch, first + w) for w in range(nw)]
+    slots = [apply_adjust(raw[w], adjust[w], config.epoch_seed, epoch, first + w) for w in range(nw)]
     start = 0
     if layout.hardest_first and steps:
         start = _hardest_worker(slots, lengths, config)
         adjust[start].hardest = True
         s = slots[start]
         slots[start] = apply_adjust(
-            s, Adjust(hardest=True), config.seed, epoch, first + start, lengths[s.gids], config.cost
+            s, Adjust(hardest=True), config.epoch_seed, epoch, first + start, lengths[s.gids], config.cost
         )
     out = RankPlan(slots, adjust, start, splits=splits)
     for w, t in enumerate(per_worker([len(s.batches) for s in slots], steps, start)):
         s = slots[w]
         out.surplus += int(sum(len(b) for b, rep in zip(s.batches[t:], s.repeat[t:]) if not rep))
         adjust[w].take = t
-        slots[w] = s = apply_adjust(s, Adjust(take=t), config.seed, epoch, first + w)
+        slots[w] = s = apply_adjust(s, Adjust(take=t), config.epoch_seed, epoch, first + w)
         out.repeated += int(sum(len(b) for b, rep in zip(s.batches, s.repeat) if rep))
     return out
 
@@ -172,7 +172,7 @@ def make_epoch_plan(
 ) -> EpochPlan:
     """Plan every slot of the epoch and equalise the ranks' step counts."""
     lengths = shard_lengths if isinstance(shard_lengths, Lengths) else Lengths.of(shard_lengths)
-    dealt = plan_slots(lengths, layout.num_slots, config.seed, epoch, config.shuffle, excluded=excluded)
+    dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded=excluded)
     raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(layout.num_slots)]
     by_rank = [raw[s.start : s.stop] for s in map(layout.rank_slots, range(layout.world_size))]
     steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], layout.even_batches)
@@ -247,7 +247,7 @@ def rank_raw_slots(
     (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one). ``counted``: keep
     only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time."""
     slots = layout.rank_slots(rank)
-    dealt = plan_slots(lengths, layout.num_slots, config.seed, epoch, config.shuffle, excluded, slots)
+    dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded, slots)
     return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded, counted=counted) for s in slots]
 
 

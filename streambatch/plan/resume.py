@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class Consumed(LazyMask):
     def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, run: EarlierRun, prior: Any = None):
         self.lengths, self.config, self.epoch, self.run, self.prior = lengths, config, epoch, run, prior
         self.layout = run.layout
-        seed = cast(int, config.seed)  # an epoch's seed is a whole number (a sequence seeds one stream only)
+        seed = config.epoch_seed
         self._deal = Deal.of(lengths, run.layout.num_slots, seed, epoch, config.shuffle)
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)

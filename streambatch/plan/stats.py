@@ -146,9 +146,9 @@ class LengthStats:
             out["num_shards"] = num_shards
         if not self.count:
             return out
-        out["total_length"] = _json_number(self.total)
+        out["total_length"] = json_number(self.total)
         out["mean"] = self.mean
-        out["min"], out["max"] = _json_number(self.min), _json_number(self.max)
+        out["min"], out["max"] = json_number(self.min), json_number(self.max)
         out["percentiles"] = {p: self.percentile(p) for p in (1, 5, 25, 50, 75, 95, 99)}
         if not self.exact:
             out["percentiles_within"] = self.accuracy
@@ -157,7 +157,7 @@ class LengthStats:
         return out
 
 
-def _json_number(x: float) -> int | float:
+def json_number(x: float) -> int | float:
     x = float(x)
     return int(x) if x.is_integer() else x
 

@@ -126,7 +126,7 @@ class SlotContext:
         per shard, only the shards asked for (shards dealt by kept length under ``where=``; speed perturbation /
         feature frames planned)."""
         kept = self.filter.scale if self.filter is not None else None
-        return planned_lengths(index_lengths(index, kept), self.length_plan, self.config.seed, epoch)
+        return planned_lengths(index_lengths(index, kept), self.length_plan, self.config.epoch_seed, epoch)
 
 
 class EpochStream(IterableDataset):
@@ -186,15 +186,17 @@ def _planned_batches(
     lengths = ctx.lengths(index, epoch)
     offsets = lengths.offsets
     excluded = excluded_in(
-        ctx.resumed, epoch, lengths, ctx.config, left_out(index, ctx.filter, epoch, ctx.config.seed, offsets)
+        ctx.resumed, epoch, lengths, ctx.config, left_out(index, ctx.filter, epoch, ctx.config.epoch_seed, offsets)
     )
     cfg = ctx.config
-    pieces = plan_slots(lengths, ctx.num_slots, cfg.seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[slot]
+    pieces = plan_slots(lengths, ctx.num_slots, cfg.epoch_seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[
+        slot
+    ]
     raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
     by_pos = raw.lengths
     assert by_pos is not None  # plan_slot(keep_lengths=True) keeps them
     index_pos = stream_lengths(pieces, lengths.base, excluded) if isinstance(lengths, PlannedLengths) else None
-    plan = apply_adjust(raw, adj, cfg.seed, epoch, slot, by_pos, cfg.cost)
+    plan = apply_adjust(raw, adj, cfg.epoch_seed, epoch, slot, by_pos, cfg.cost)
 
     direct = None
     if can_read_direct(ctx.urls, plan.pieces, index):  # local files: read by position, not streamed
@@ -234,7 +236,7 @@ def _online_batches(
     """Without an index: lengths from each sample's ``.json``, the same batcher run online."""
     batcher = BucketBatcher.for_slot(ctx.config, epoch, slot)
     if adj.take < 0:  # one pass over this slot's shards
-        pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle)[slot]
+        pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.epoch_seed, epoch, ctx.config.shuffle)[slot]
         samples = read_pieces(ctx.urls, pieces, ctx.storage_options, ctx.read, None, faults)
         return iter_batches(samples, batcher, json_length, _output_of(ctx.config))
     # batches_per_epoch: cycle the shards (reshuffled each pass) until the slot's share is met
@@ -248,7 +250,9 @@ def _cycle_unindexed(
     """A slot's shards over and over, dealt afresh each pass (``batches_per_epoch`` without an index); a pass
     in which the batcher accepted no sample is an error (the next would not either: it would cycle forever)."""
     for rep in itertools.count():
-        pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.seed, epoch, ctx.config.shuffle, rep)[slot]
+        pieces = unindexed_pieces(len(ctx.urls), ctx.num_slots, ctx.config.epoch_seed, epoch, ctx.config.shuffle, rep)[
+            slot
+        ]
         if not pieces:
             raise ValueError(
                 f"{len(ctx.urls)} shards cannot feed {ctx.num_slots} (rank, worker) slots without an index; "

@@ -35,7 +35,7 @@ from .parts import (
 )
 from .probe import check_unit, measure, process_pool
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
-from .tarwrite import ShardTask, existing_shard, plan_shards, write_shard
+from .tarwrite import Sample, ShardTask, existing_shard, plan_shards, write_shard
 from .tokenize import TextOptions
 
 DEFAULT_MAX_COUNT = 1000
@@ -79,22 +79,22 @@ def write_shards(
     output_length: str | None = None,
     columns: str | Sequence[str] | None = None,
 ) -> ShardIndex:
-    """Write ``src`` (audio folder, JSONL manifest, SpeechBrain JSON/CSV, or text JSONL) as
-    length-annotated WebDataset shards plus ``index.json`` under ``out`` (a folder or fsspec URL).
+    """Write ``src`` (any source :func:`~streambatch.write.sources.read_source` reads: an audio folder, a NeMo,
+    SpeechBrain or lhotse manifest, a Kaldi folder, text JSONL, a Hugging Face dataset) as length-annotated WebDataset
+    shards plus ``index.json`` under ``out`` (a folder or fsspec URL).
 
     Bad input records raise :class:`InputErrors` before anything is written (``on_error="fail"``), or are
     skipped and listed in ``out/errors.jsonl`` (``on_error="skip"``; ``index.meta["skipped"]`` counts them).
 
-    ``part=(i, n)`` (or ``"i/n"``) writes only part i of n (see ``parts.py``) and its
-    ``index.part-IIII.json``; :func:`~streambatch.write.parts.merge_parts` then writes ``index.json``.
-    ``resume=True`` keeps the complete shards a previous (interrupted) run of the same command wrote and
-    writes the rest. ``stats`` (if given) receives ``kept`` and ``written`` shard counts. ``index_version``:
-    2 (Parquet tables with each sample's key and byte range) or 1 (one JSON file, for older readers).
-    ``tokenizer``: a text source's lengths are that tokenizer's tokens (``input_ids`` stored);
-    ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio sample's transcript length (see
-    ``tokenize.py``).
-    ``columns``: the ``.json`` fields stored as metadata columns of the sample table, for filters (a list or
-    ``"a,b"``; ``""`` for none); default: every scalar field but the transcript (:mod:`~..dataset.columns`).
+    ``part=(i, n)`` (or ``"i/n"``) writes only part i of n (see ``parts.py``) and its ``index.part-IIII.json``;
+    :func:`~streambatch.write.parts.merge_parts` then writes ``index.json``. ``resume=True`` keeps the complete
+    shards a previous (interrupted) run of the same command wrote and writes the rest. ``stats`` (if given)
+    receives ``kept`` and ``written`` shard counts. ``index_version``: 2 (Parquet tables with each sample's key and
+    byte range) or 1 (one JSON file, for older readers). ``tokenizer``: a text source's lengths are that
+    tokenizer's tokens (``input_ids`` stored); ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio
+    sample's transcript length (see ``tokenize.py``). ``columns``: the ``.json`` fields stored as metadata columns
+    of the sample table, for filters (a list or ``"a,b"``; ``""`` for none); default: every scalar field but the
+    transcript (:mod:`~..dataset.columns`).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version)
@@ -111,7 +111,6 @@ def write_shards(
         if merged is not None:  # the parts of this command, already merged: nothing left to write
             return _kept_whole(merged, stats)
     check_out(out, overwrite, storage_options, part, resume)
-
     records, problems = read_source(src, kind, data_root)
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
@@ -120,15 +119,8 @@ def write_shards(
         records, medium, unit, sample_rate, workers, progress, storage_options, on_error
     )
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
-
     chosen = _columns(samples, columns, index_version)
-    plan = plan_shards([s.tar_bytes for s in samples], int(max_count), max_bytes)
-    names = [scope.shard_name(j) for j in range(len(plan))]
-    _prepare_out(out, overwrite, resume, scope, set(names), storage_options)
-    tasks = [
-        ShardTask(name, storage.join_url(out, name), samples[a:b], storage_options, resume=resume)
-        for name, (a, b) in zip(names, plan)
-    ]
+    tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, overwrite, resume, storage_options)
     infos = _write_tasks(tasks, chosen, int(workers), progress, stats)
     write_errors(
         storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options, remove_stale=resume
@@ -141,6 +133,27 @@ def write_shards(
     index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
     index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
+
+
+def _shard_tasks(
+    samples: list[Sample],
+    max_count: int,
+    max_bytes: int,
+    scope: Scope,
+    out: str,
+    overwrite: bool,
+    resume: bool,
+    storage_options: dict | None,
+) -> list[ShardTask]:
+    """The shards to write: samples cut into shards by count and size, named for this write (or part), with
+    ``out`` made ready for them (stale files of an earlier write removed, a resumed write's kept)."""
+    plan = plan_shards([s.tar_bytes for s in samples], max_count, max_bytes)
+    names = [scope.shard_name(j) for j in range(len(plan))]
+    _prepare_out(out, overwrite, resume, scope, set(names), storage_options)
+    return [
+        ShardTask(name, storage.join_url(out, name), samples[a:b], storage_options, resume=resume)
+        for name, (a, b) in zip(names, plan)
+    ]
 
 
 def _kept_whole(merged: ShardIndex, stats: dict[str, int] | None) -> ShardIndex:

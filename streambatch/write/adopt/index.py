@@ -31,19 +31,18 @@ import numpy as np
 from tqdm import tqdm
 
 from ...dataset import storage
-from ...dataset.audio import AUDIO_EXTENSIONS
 from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError
-from ...units import resampled_count
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
 from ..probe import check_unit, process_pool
 from ..segments import Segment
 from ..sources import entry_segment
 from .fields import SampleExtras
-from .nemo import Entry, duration_problem, find_manifests, match_manifest, read_manifests
+from .lengths import AUDIO_MEMBERS, sample_length
+from .nemo import Entry, find_manifests, match_manifest, read_manifests
 from .scan import SampleScan, ShardScan, scan_tar
 
 LAYOUTS = ("auto", "audio", "text", "nemo")
@@ -278,7 +277,7 @@ def _layout(layout: str, scans: Sequence[ShardScan]) -> str:
     s = first.samples[0]
     raise ShardifyError(
         f"unknown layout: {first.url} sample {s.key!r} has members "
-        f"{', '.join('.' + e for e in s.exts)}; expected audio ({_AUDIO}) or "
+        f"{', '.join('.' + e for e in s.exts)}; expected audio ({AUDIO_MEMBERS}) or "
         "text (.txt, .input_ids.npy, a .json text); pass --layout, or --manifest for NeMo"
     )
 
@@ -372,66 +371,6 @@ def _lengths(
             first[r], frames[r] = stretch
             res.segments += 1
     return lengths, (first, frames)
-
-
-def sample_length(
-    s: SampleScan, layout: str, unit: str, rate: int | None, entry: Entry | None, segment: Segment | str | None = None
-) -> tuple[float, tuple[int, int] | None] | str:
-    """A sample's length in ``unit`` and, for a segment, its ``(first frame, frames)`` of the member; or (a str)
-    why the loader could not use it. A ``.json`` ``length`` is the length the loader checks the index against, so
-    it must agree with the audio header."""
-    if s.problem is not None:
-        return s.problem
-    if layout == "text":
-        if s.length is not None:
-            whole = s.length > 0 and s.length == int(s.length)
-            return (s.length, None) if whole else f"{s.key}.json: length {s.length:g} is not a positive whole number"
-        if s.tokens < 0:
-            return f"{s.key}: no text member (.txt, .input_ids.npy or a .json text), has {_exts(s)}"
-        return (s.tokens, None) if s.tokens > 0 else f"{s.key}: empty text (0 tokens)"
-    if s.audio is None:
-        return f"{s.key}: no audio member ({_AUDIO}), has {_exts(s)}"
-    header = _in_unit(s.frames, s, unit, rate)
-    if unit == "samples" and header <= 0:
-        return f"{s.key}.{s.audio}: {s.frames} frames at {s.rate} Hz is 0 samples at {rate} Hz"
-    if s.length is not None and abs(s.length - header) > 1e-6 * max(1.0, header):
-        return (
-            f"{s.key}.json: length {s.length:g} but the audio header gives {header:g} {unit} ({s.frames} frames "
-            f"at {s.rate} Hz); the loader checks the .json length (is --unit right?)"
-        )
-    if segment is not None and entry is not None:
-        return _segment_length(s, unit, rate, entry, segment)
-    if entry is not None:
-        problem = duration_problem(entry.duration, f"{s.key}.{s.audio}: the manifest ({entry.where})", s.rate, s.frames)
-    else:
-        problem = duration_problem(s.duration, f"{s.key}.json", s.rate, s.frames)
-    return problem or (header, None)
-
-
-def _segment_length(
-    s: SampleScan, unit: str, rate: int | None, entry: Entry, segment: Segment | str
-) -> tuple[float, tuple[int, int]] | str:
-    """A segment's length and stretch of its member, or what is wrong with it (naming the manifest line)."""
-    got = segment.frames(s.rate, s.frames) if isinstance(segment, Segment) else segment
-    if isinstance(got, str):
-        return f"{entry.where}: {entry.member!r} (member {s.key}.{s.audio}): {got}"
-    length = _in_unit(got[1], s, unit, rate)
-    if unit == "samples" and length <= 0:
-        return f"{entry.where}: {entry.member!r}: {got[1]} frames at {s.rate} Hz is 0 samples at {rate} Hz"
-    return length, got
-
-
-def _in_unit(frames: int, s: SampleScan, unit: str, rate: int | None) -> float:
-    """``frames`` of a member at its own rate, in the index's unit (samples at ``rate``, or seconds)."""
-    return resampled_count(frames, s.rate, rate or s.rate) if unit == "samples" else frames / s.rate
-
-
-#: the audio members an adopted tar may hold, as messages list them
-_AUDIO = ", ".join(AUDIO_EXTENSIONS)
-
-
-def _exts(s: SampleScan) -> str:
-    return ", ".join("." + e for e in s.exts) or "no members"
 
 
 def shard_url(tar: str, out: str) -> str:
