@@ -14,8 +14,8 @@ import os
 from collections.abc import Iterator
 
 from ..errors import InputProblem, ShardifyError
+from .records import Record, resolve_path, sanitize_key
 from .segments import Segment
-from .sources import Record, resolve_path, sanitize_key
 
 WAV_SCP = "wav.scp"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..dataset.storage import is_local, local_path
 from ..errors import InputProblem, ShardifyError
+from .records import Record, iter_jsonl, resolve_path, sanitize_key
 from .segments import Segment
-from .sources import Record, iter_jsonl, resolve_path, sanitize_key
 
 CUT_FIELDS = ("recording", "supervisions")
 RECORDING_FIELDS = ("sources", "sampling_rate")

@@ -25,8 +25,9 @@ from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, ShardifyError
 from ..procs import die_with_parent
 from ..units import Unit
+from .records import LENGTH_FIELDS, Record
 from .segments import as_segment
-from .sources import LENGTH_FIELDS, Record, token_length
+from .sources import token_length
 from .tarwrite import Sample, audio_sample, text_sample
 
 #: the units a written dataset's lengths may count

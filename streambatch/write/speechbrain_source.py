@@ -15,7 +15,7 @@ from typing import Any
 
 from ..dataset.storage import is_local, open_url
 from ..errors import InputProblem, ShardifyError
-from .sources import AUDIO_PATH_FIELDS, LENGTH_FIELDS, Record, record_from_audio_entry, sanitize_key
+from .records import AUDIO_PATH_FIELDS, LENGTH_FIELDS, Record, record_from_audio_entry, sanitize_key
 
 _WS = re.compile(r"\s*")
 

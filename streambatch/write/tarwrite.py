@@ -24,7 +24,7 @@ from ..dataset import storage
 from ..dataset.format import Digest, keys_sha1, size_problem
 from ..dataset.index import ShardInfo
 from ..errors import ShardifyError, StreamBatchError
-from .sources import Record
+from .records import Record
 
 TAR_FORMAT: Final = tarfile.PAX_FORMAT
 BLOCK = tarfile.BLOCKSIZE

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputProblem, ShardifyError
-from .sources import Record
+from .records import Record
 
 TOKENIZER_FILE = "tokenizer.json"
 OUTPUT_LENGTHS = ("chars", "tokens:NAME")

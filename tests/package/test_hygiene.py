@@ -194,7 +194,6 @@ def test_the_package_is_formatted():
     assert result.returncode == 0, f"run `ruff format streambatch`:\n{result.stdout[-5000:]}{result.stderr[-2000:]}"
 
 
-@pytest.mark.xfail(strict=False, reason="the package is being made type-clean (issue 24); remove this mark then")
 def test_mypy_finds_nothing_in_the_package():
     result = tool("mypy")  # files and options from [tool.mypy] in pyproject.toml
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

@@ -17,9 +17,6 @@ import streambatch
 PACKAGE = Path(streambatch.__file__).parent
 #: what plan/ may import of the package
 PLAN_MAY_IMPORT = ("streambatch.plan", "streambatch.errors", "streambatch.units")
-#: imports known to break the rule, each removed by work in flight (the test fails once one is gone, so the
-#: entry is deleted with it): plan/cost.py opens calibration files (the loader's options take that over)
-PENDING = {("streambatch/plan/cost.py", "streambatch.dataset.storage")}
 
 
 def _module(path: Path) -> str:
@@ -65,8 +62,7 @@ def test_plan_imports_only_itself_and_the_leaf_value_modules():
         for m in _imports(p)
         if not any(m == ok or m.startswith(ok + ".") for ok in PLAN_MAY_IMPORT)
     }
-    assert found - PENDING == set(), "plan/ must not import these (it takes lengths, not files)"
-    assert PENDING - found == set(), "these imports are gone: delete them from PENDING"
+    assert found == set(), "plan/ must not import these (it takes lengths, not files)"
 
 
 def test_the_leaf_value_modules_import_nothing_above_them():
@@ -84,7 +80,7 @@ def test_no_two_layers_import_each_other():
         if source == "streambatch":
             continue
         for target in _imports(path):
-            if (_rel(path), target) not in PENDING and _layer(target) not in (source, "streambatch"):
+            if _layer(target) not in (source, "streambatch"):
                 edges.setdefault(source, set()).add(_layer(target))
     assert "streambatch.plan" in edges.get("streambatch.dataset", set()), "the graph lost dataset/ -> plan/"
     cycle = _cycle(edges)

@@ -38,8 +38,8 @@ from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
 from ..probe import check_unit, process_pool
+from ..records import entry_segment
 from ..segments import Segment
-from ..sources import entry_segment
 from .fields import SampleExtras
 from .lengths import AUDIO_MEMBERS, sample_length
 from .nemo import Entry, find_manifests, match_manifest, read_manifests
