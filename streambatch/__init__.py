@@ -26,11 +26,16 @@ from .errors import (
 from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
 from .plan.buckets import estimate_boundaries, suggest_budget
 from .plan.config import BatchingConfig
+from .plan.layout import Layout
+from .units import Unit
 
 if TYPE_CHECKING:  # imported lazily below; named here for type checkers, IDEs and the generated API reference
     from .fit.calibrate import calibrate
     from .fit.oom import OOMGuard, run_with_oom_split
     from .loader import StreamBatchLoader
+    from .loader.options import RunOptions, SampleOptions
+    from .loader.state import LoaderState
+    from .read.reader import ReadOptions
     from .write.writer import write_shards
 
 __version__ = "0.1.0"
@@ -42,6 +47,12 @@ __all__ = [
     "ShardIndex",
     "ShardInfo",
     "StreamBatchLoader",
+    "ReadOptions",
+    "SampleOptions",
+    "RunOptions",
+    "LoaderState",
+    "Layout",
+    "Unit",
     "estimate_boundaries",
     "plan_batches",
     "suggest_budget",
@@ -75,6 +86,10 @@ __all__ = [
 # so the `shardify` command and its worker processes start fast.
 _LAZY = {
     "StreamBatchLoader": ".loader",
+    "ReadOptions": ".read.reader",
+    "SampleOptions": ".loader.options",
+    "RunOptions": ".loader.options",
+    "LoaderState": ".loader.state",
     "write_shards": ".write.writer",
     "calibrate": ".fit.calibrate",
     "OOMGuard": ".fit.oom",

@@ -6,7 +6,7 @@ Trainer stopped mid-epoch resumes with exactly the batches that remained. :class
 as Lightning iterates it: Lightning stops asking for batches once ``len()`` of them are out, without ending the
 loader's pass, so the wrapper follows Lightning's epoch counter to start the loader's next epoch.
 :class:`StreamBatchDataModule` builds the loaders on each rank and keeps the train loader's state in the
-checkpoint (README: Lightning).
+checkpoint (the guide "Lightning").
 """
 
 from __future__ import annotations

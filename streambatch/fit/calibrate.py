@@ -3,8 +3,8 @@
 ``calibrate(step_fn, source, device=...)`` runs the step on synthetic batches shaped like the dataset's at a
 few probe lengths, searches each length's largest fitting batch (:mod:`.search`, measured by :mod:`.memory`),
 fits the peak memory and writes the cost model and budget that ``StreamBatchLoader(cost="calib.json")``
-reads. ``shardify calibrate`` is its command line (:mod:`streambatch.cli.calibrate`). The README's
-calibration section describes the measurements, the search, the fit and the JSON file.
+reads. ``shardify calibrate`` is its command line (:mod:`streambatch.cli.calibrate`). The guide "Fitting
+batches to the model" describes the measurements, the search, the fit and the JSON file.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def calibrate(
     quadratic_threshold: float = QUADRATIC_THRESHOLD,
     cpu_threads: int | None = None,
 ) -> dict[str, Any]:
-    """Measure ``step_fn`` on synthetic batches and fit the cost model and budget (README: calibration).
+    """Measure ``step_fn`` on synthetic batches and fit the cost model and budget (the guide "Fitting batches to the model").
 
     ``source``: a dataset folder or ``index.json`` (lengths, unit and sample rate come from its index), a
     :class:`~streambatch.dataset.index.ShardIndex`, an array of lengths, or None with explicit ``lengths``.

@@ -174,7 +174,7 @@ def budget_from_fit(
     quadratic_threshold: float = QUADRATIC_THRESHOLD,
     integer: bool = True,
 ) -> dict[str, Any]:
-    """The cost model and budget from a fitted memory model (README: calibration).
+    """The cost model and budget from a fitted memory model (the guide "Fitting batches to the model").
 
     ``budget = (limit - a) / b`` with ``cost="quadratic"`` and ``quadratic_factor = b / c`` when the
     quadratic term's share at ``max_length`` reaches ``quadratic_threshold``, else ``cost="padded"`` with the
