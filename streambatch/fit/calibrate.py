@@ -209,7 +209,7 @@ def calibrate(
     quadratic_threshold: float = QUADRATIC_THRESHOLD,
     cpu_threads: int | None = None,
 ) -> dict[str, Any]:
-    """Measure ``step_fn`` on synthetic batches and fit the cost model and budget (the guide "Fitting batches to the model").
+    """Measure ``step_fn`` on synthetic batches and fit the cost model and budget (guide: fitting batches).
 
     ``source``: a dataset folder or ``index.json`` (lengths, unit and sample rate come from its index), a
     :class:`~streambatch.dataset.index.ShardIndex`, an array of lengths, or None with explicit ``lengths``.
