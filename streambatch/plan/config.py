@@ -80,13 +80,6 @@ class BatchingConfig:
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
-
-    @property
-    def epoch_seed(self) -> int:
-        """The seed of an epoch's plan, a whole number (a sequence seeds one stream only, in ``plan_batches``)."""
-        if isinstance(self.seed, Sequence):
-            raise OptionError(f"seed: an epoch is planned from one whole number, not {self.seed!r}")
-        return int(self.seed)
         if self.output_budget is not None:
             check_budget(self.output_budget)
             if self.cost.packed:
@@ -96,6 +89,13 @@ class BatchingConfig:
         if self.bucket_boundaries is not None:
             edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
+
+    @property
+    def epoch_seed(self) -> int:
+        """The seed of an epoch's plan, a whole number (a sequence seeds one stream only, in ``plan_batches``)."""
+        if isinstance(self.seed, Sequence):
+            raise OptionError(f"seed: an epoch is planned from one whole number, not {self.seed!r}")
+        return int(self.seed)
 
     @classmethod
     def make(
