@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..fit.calibrate import calibrate, format_report
-from .args import at_least_one
+from .args import at_least_one, command
 
 DESCRIPTION = (
     "Measure the largest batch per length your training step fits in, and write the cost model "
@@ -30,14 +30,8 @@ EPILOG = (
 
 def add(sub: Any) -> None:
     """Register ``shardify calibrate`` on the subcommand parsers ``sub``."""
-    c = sub.add_parser(
-        "calibrate",
-        help="measure the largest batch per length your training step fits, write a cost model",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-    )
-    add_arguments(c)
-    c.set_defaults(func=run)
+    help = "measure the largest batch per length your training step fits, write a cost model"
+    add_arguments(command(sub, "calibrate", run, help, DESCRIPTION, epilog=EPILOG))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
