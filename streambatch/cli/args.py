@@ -1,5 +1,5 @@
 """What several ``shardify`` subcommands share: argument types, the options declared once (:data:`SHARED`,
-each command passing its own help), ``--storage-option``, a subcommand's parser, opening the dataset."""
+each command passing its own help), ``--storage-option``, opening the dataset."""
 
 from __future__ import annotations
 
@@ -129,14 +129,16 @@ def add_storage(p: argparse.ArgumentParser) -> None:
     add_shared(p, "storage_option")
 
 
-def command(
-    sub: Any, name: str, run: Callable[[argparse.Namespace], int], help: str, description: str, **more: Any
-) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name`` on the subcommand parsers ``sub``, running ``run``; the caller adds
-    its arguments (``more``: further ``add_parser`` keywords, such as ``epilog``)."""
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description, **more)
-    p.set_defaults(func=run)
-    return p
+def shared_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the :data:`SHARED` options a command declared (but ``OUT``) as the library's keywords, which
+    bear the options' names: ``unit=``, ``workers=``, ...; ``--no-progress`` as ``progress=``, ``--storage-option``
+    as ``storage_options=``."""
+    values = {name: getattr(args, name) for name in SHARED if name != "out" and hasattr(args, name)}
+    if "no_progress" in values:
+        values["progress"] = not values.pop("no_progress")
+    if "storage_option" in values:
+        values["storage_options"] = storage_options_from(values.pop("storage_option"))
+    return values
 
 
 def storage_options(args: argparse.Namespace) -> dict | None:

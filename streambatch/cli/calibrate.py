@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..fit.calibrate import calibrate, format_report
-from .args import at_least_one, command
+from .args import at_least_one
 
+HELP = "measure the largest batch per length your training step fits, write a cost model"
 DESCRIPTION = (
     "Measure the largest batch per length your training step fits in, and write the cost model "
     "(cost, quadratic_factor, budget) that StreamBatchLoader(cost=FILE) reads."
@@ -26,12 +27,6 @@ EPILOG = (
     "pair. Example: shardify calibrate data/ --model mymodel.py:make_step --device cuda "
     "--out calib.json"
 )
-
-
-def add(sub: Any) -> None:
-    """Register ``shardify calibrate`` on the subcommand parsers ``sub``."""
-    help = "measure the largest batch per length your training step fits, write a cost model"
-    add_arguments(command(sub, "calibrate", run, help, DESCRIPTION, epilog=EPILOG))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

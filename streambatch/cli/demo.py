@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import command, positive_int
+from .args import positive_int
+
+HELP = "write a small synthetic dataset and show streambatch on it"
+DESCRIPTION = "Write a small synthetic speech dataset to OUT and run streambatch on it."
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify demo`` on the subcommand parsers ``sub``."""
-    d = command(
-        sub,
-        "demo",
-        run,
-        "write a small synthetic dataset and show streambatch on it",
-        "Write a small synthetic speech dataset to OUT and run streambatch on it.",
-    )
+def add_arguments(d: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify demo`` (read back by :func:`run`)."""
     d.add_argument("out", metavar="OUT", help="folder for the demo dataset")
     d.add_argument(
         "--num-utterances", type=positive_int, default=2400, metavar="N", help="synthetic utterances (default 2400)"

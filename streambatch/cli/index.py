@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.describe import total_text, unit_text
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
-from .args import add_shared, add_storage, command, storage_options
+from .args import add_shared, add_storage, shared_keywords
 
 HELP = "index existing tar shards in place (webdataset, NeMo tarred, text), not rewriting a byte"
 DESCRIPTION = (
@@ -55,9 +54,8 @@ COLUMNS_HELP = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify index`` on the subcommand parsers ``sub``."""
-    p = command(sub, "index", run, HELP, DESCRIPTION)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify index`` (read back by :func:`run`)."""
     _add_where(p)
     add_shared(p, "unit", UNIT_HELP)
     add_shared(p, "sample_rate", SAMPLE_RATE_HELP)
@@ -98,22 +96,7 @@ def _add_where(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``shardify index`` and print what it wrote (exit 0)."""
     out = args.out or args.src
-    index = index_tars(
-        args.src,
-        args.out,
-        layout=args.layout,
-        manifest=args.manifest,
-        unit=args.unit,
-        sample_rate=args.sample_rate,
-        workers=args.workers,
-        on_error=args.on_error,
-        overwrite=args.overwrite,
-        part=args.part,
-        output_length=args.output_length,
-        columns=args.columns,
-        storage_options=storage_options(args),
-        progress=not args.no_progress,
-    )
+    index = index_tars(args.src, args.out, layout=args.layout, manifest=args.manifest, **shared_keywords(args))
     adopted = index.meta["adopted"]
     if index.meta.get("skipped"):
         print(

@@ -23,7 +23,7 @@ from ..plan.epoch import make_epoch_plan
 from ..plan.layout import Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
-from .args import SHARED, add_shared, add_storage, command, opened, positive_int
+from .args import SHARED, add_shared, add_storage, opened, positive_int
 
 #: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
 Dataset = ShardIndex | MixedIndex
@@ -38,9 +38,8 @@ DESCRIPTION = (
 OUT_HELP = SHARED["out"][1]["help"] + ", or a mixture file (.yaml/.json naming datasets and weights)"
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify inspect`` on the subcommand parsers ``sub``."""
-    i = command(sub, "inspect", run, HELP, DESCRIPTION)
+def add_arguments(i: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify inspect`` (read back by :func:`run`)."""
     add_shared(i, "out", OUT_HELP)
     i.add_argument(
         "--budget",

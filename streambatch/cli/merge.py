@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from ..dataset.describe import total_text, unit_text
-from .args import add_shared, add_storage, command, storage_options
+from .args import add_shared, add_storage, storage_options
 
 HELP = "merge the part indexes of `write --part I/N` runs into index.json"
 DESCRIPTION = (
@@ -18,9 +17,8 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify merge`` on the subcommand parsers ``sub``."""
-    mg = command(sub, "merge", run, HELP, DESCRIPTION)
+def add_arguments(mg: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify merge`` (read back by :func:`run`)."""
     add_shared(mg, "out", "the folder or URL the parts were written to")
     mg.add_argument(
         "parts",

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import add_shared, add_storage, command, storage_options
+from .args import add_shared, add_storage, shared_keywords
 
 HELP = "copy a dataset (shards + index) to node-local disk, resumably"
 DESCRIPTION = (
@@ -18,9 +17,8 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify stage`` on the subcommand parsers ``sub``."""
-    st = command(sub, "stage", run, HELP, DESCRIPTION)
+def add_arguments(st: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify stage`` (read back by :func:`run`)."""
     st.add_argument("src", metavar="SRC", help="dataset folder or URL (s3://bucket/ds, ...) or its index.json")
     st.add_argument("dest", metavar="DEST", help="destination folder (node-local disk)")
     st.add_argument(
@@ -37,14 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Copy the dataset and say what was copied and what was already there."""
     from ..write.stage import stage_dataset
 
-    res = stage_dataset(
-        args.src,
-        args.dest,
-        verify=args.verify,
-        workers=args.workers,
-        storage_options=storage_options(args),
-        progress=not args.no_progress,
-    )
+    res = stage_dataset(args.src, args.dest, verify=args.verify, **shared_keywords(args))
     print(
         f"staged {res.index.num_shards} shards to {res.dest}: copied {len(res.copied)} "
         f"({res.bytes_copied / 2**20:,.1f} MiB), kept {len(res.kept)} already complete"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import add_shared, add_storage, command, load_index, storage_options
+from .args import add_shared, add_storage, load_index, storage_options
 
 HELP = "rewrite a version 1 index.json as the columnar version 2, in place"
 DESCRIPTION = (
@@ -17,9 +16,8 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify upgrade`` on the subcommand parsers ``sub``."""
-    u = command(sub, "upgrade", run, HELP, DESCRIPTION)
+def add_arguments(u: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify upgrade`` (read back by :func:`run`)."""
     add_shared(u, "out")
     add_shared(u, "no_progress")
     add_storage(u)

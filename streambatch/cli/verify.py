@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import add_shared, add_storage, command, load_index, storage_options
+from .args import add_shared, add_storage, load_index, storage_options
 
 HELP = "re-read every shard and check it against index.json"
 DESCRIPTION = (
@@ -17,9 +16,8 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify verify`` on the subcommand parsers ``sub``."""
-    v = command(sub, "verify", run, HELP, DESCRIPTION)
+def add_arguments(v: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify verify`` (read back by :func:`run`)."""
     add_shared(v, "out")
     v.add_argument(
         "--decode",

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..dataset.describe import total_text, unit_text
-from .args import PROG, add_shared, add_storage, command, positive_int, size, storage_options
+from .args import PROG, add_shared, add_storage, positive_int, shared_keywords, size
 
 SOURCE_HELP = (
     "Hugging Face datasets: hf:NAME[:SPLIT] or hf:NAME:CONFIG:SPLIT (from the hub, needs a network), or "
@@ -16,6 +16,7 @@ SOURCE_HELP = (
     "train, or the only one)"
 )
 
+HELP = "turn an audio folder, manifest or text JSONL into shards + index.json"
 DESCRIPTION = (
     "Write SRC as length-annotated WebDataset shards (shard-000000.tar, ...) and index.json "
     "(written last) in OUT. SRC is a folder of audio files (any format libsndfile reads: wav, flac, ogg, opus, "
@@ -29,9 +30,8 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify write`` on the subcommand parsers ``sub``."""
-    w = command(sub, "write", run, "turn an audio folder, manifest or text JSONL into shards + index.json", DESCRIPTION)
+def add_arguments(w: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify write`` (read back by :func:`run`)."""
     _add_source(w)
     _add_sharding(w)
     _add_run(w)
@@ -171,25 +171,16 @@ def run(args: argparse.Namespace) -> int:
         args.src,
         args.out,
         kind=args.kind,
-        unit=args.unit,
-        sample_rate=args.sample_rate,
         data_root=args.data_root,
         max_count=args.max_count,
         max_size=args.max_size,
         shuffle=args.shuffle,
         seed=args.seed,
-        workers=args.workers,
-        on_error=args.on_error,
-        overwrite=args.overwrite,
         resume=args.resume,
-        part=args.part,
-        storage_options=storage_options(args),
-        progress=not args.no_progress,
         stats=stats,
         index_version=args.index_version,
         tokenizer=args.tokenizer,
-        output_length=args.output_length,
-        columns=args.columns,
+        **shared_keywords(args),
     )
     _report(args, index, stats)
     return 0
