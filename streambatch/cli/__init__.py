@@ -1,6 +1,7 @@
 """The ``shardify`` command: write (whole, as parts, resumed), index (existing tars), merge, stage, inspect,
-verify, upgrade, demo, calibrate — one module per subcommand, each with ``add(sub)`` (its parser) and
-``run(args)`` (its exit code); :func:`main` builds the parser from them and turns errors into exit codes.
+verify, upgrade, demo, calibrate — one module per subcommand, named as it is, each with ``HELP`` and
+``DESCRIPTION`` (and an ``EPILOG`` where it has one), ``add_arguments(parser)`` and ``run(args)`` (its exit
+code); :func:`build_parser` builds the parser from them and :func:`main` turns errors into exit codes.
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
 with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
@@ -33,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
-        command.add(sub)
+        name = command.__name__.rsplit(".", 1)[-1]
+        epilog = getattr(command, "EPILOG", None)
+        p = sub.add_parser(name, help=command.HELP, description=command.DESCRIPTION, epilog=epilog)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run)
     return parser
 
 

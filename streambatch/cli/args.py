@@ -1,16 +1,20 @@
-"""What several ``shardify`` subcommands share: argument types, ``--storage-option``, opening the dataset."""
+"""What several ``shardify`` subcommands share: argument types, the options declared once (:data:`SHARED`,
+each command passing its own help), ``--storage-option``, opening the dataset."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ..dataset.index import IndexFormatError, ShardIndex
 from ..errors import ShardifyError
+from ..units import Unit
 
 PROG = "shardify"
+
+T = TypeVar("T")
 
 
 def positive_int(s: str) -> int:
@@ -37,22 +41,24 @@ def size(s: str) -> int:
     """Bytes from ``123456``, ``500M``, ``2G`` (an argparse type; :func:`~streambatch.write.writer.parse_size`)."""
     from ..write.writer import parse_size
 
-    try:
-        return parse_size(s)
-    except ShardifyError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return _argument(parse_size, s)
 
 
 def part(s: str) -> tuple[int, int]:
     """``I/N`` of ``--part`` (an argparse type; :func:`~streambatch.write.parts.parse_part`)."""
     from ..write.parts import parse_part
 
-    try:
-        parsed = parse_part(s)
-    except ShardifyError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    parsed = _argument(parse_part, s)
     assert parsed is not None  # a string is never None
     return parsed
+
+
+def _argument(parse: Callable[[str], T], s: str) -> T:
+    """``parse(s)``, its :class:`ShardifyError` turned into argparse's usage error (exit 2, one line)."""
+    try:
+        return parse(s)
+    except ShardifyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def storage_option(s: str) -> tuple[str, Any]:
@@ -81,17 +87,58 @@ def storage_options_from(pairs: Sequence[tuple[str, Any]] | None) -> dict | None
     return out
 
 
+#: the options several subcommands declare, each once: name -> (flag, ``add_argument`` keywords). A command
+#: adds one with :func:`add_shared`, giving its own help (where the keywords hold none) and any keyword it changes
+SHARED: dict[str, tuple[str, dict[str, Any]]] = {
+    "out": ("out", {"metavar": "OUT", "help": "dataset folder or URL (or its index.json)"}),
+    "unit": ("--unit", {"choices": (Unit.SAMPLES.value, Unit.SECONDS.value, Unit.TOKENS.value)}),
+    "sample_rate": ("--sample-rate", {"type": positive_int, "metavar": "R"}),
+    "workers": ("--workers", {"type": positive_int, "default": 1, "metavar": "N"}),
+    "on_error": ("--on-error", {"choices": ("fail", "skip"), "default": "fail"}),
+    "overwrite": ("--overwrite", {"action": "store_true"}),
+    "part": ("--part", {"metavar": "I/N", "type": part}),
+    "output_length": ("--output-length", {"metavar": "chars|tokens:NAME_OR_PATH"}),
+    "columns": ("--columns", {"metavar": "NAMES"}),
+    "no_progress": ("--no-progress", {"action": "store_true", "help": "no progress bar"}),
+    "storage_option": (
+        "--storage-option",
+        {
+            "dest": "storage_option",
+            "metavar": "KEY=VALUE",
+            "type": storage_option,
+            "action": "append",
+            "help": "fsspec storage option for URLs (repeatable; dotted keys nest, values are JSON when they "
+            "parse), e.g. --storage-option client_kwargs.endpoint_url=http://127.0.0.1:9000",
+        },
+    ),
+}
+
+
+def add_shared(p: argparse.ArgumentParser, name: str, help: str | None = None, **changes: Any) -> None:
+    """Add the :data:`SHARED` option ``name`` to ``p`` with this command's ``help`` (default: the shared one)
+    and ``changes`` to its keywords (``default=4``, ``metavar=...``)."""
+    flag, keywords = SHARED[name]
+    keywords = {**keywords, **changes}
+    if help is not None:
+        keywords["help"] = help
+    p.add_argument(flag, **keywords)
+
+
 def add_storage(p: argparse.ArgumentParser) -> None:
     """Add the repeatable ``--storage-option KEY=VALUE`` (read back by :func:`storage_options`)."""
-    p.add_argument(
-        "--storage-option",
-        dest="storage_option",
-        metavar="KEY=VALUE",
-        type=storage_option,
-        action="append",
-        help="fsspec storage option for URLs (repeatable; dotted keys nest, values are JSON when they parse), "
-        "e.g. --storage-option client_kwargs.endpoint_url=http://127.0.0.1:9000",
-    )
+    add_shared(p, "storage_option")
+
+
+def shared_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the :data:`SHARED` options a command declared (but ``OUT``) as the library's keywords, which
+    bear the options' names: ``unit=``, ``workers=``, ...; ``--no-progress`` as ``progress=``, ``--storage-option``
+    as ``storage_options=``."""
+    values = {name: getattr(args, name) for name in SHARED if name != "out" and hasattr(args, name)}
+    if "no_progress" in values:
+        values["progress"] = not values.pop("no_progress")
+    if "storage_option" in values:
+        values["storage_options"] = storage_options_from(values.pop("storage_option"))
+    return values
 
 
 def storage_options(args: argparse.Namespace) -> dict | None:
@@ -101,7 +148,13 @@ def storage_options(args: argparse.Namespace) -> dict | None:
 
 def load_index(args: argparse.Namespace) -> ShardIndex:
     """The dataset ``args.out`` names (a folder, URL or index.json); a missing or bad index is a usage error."""
+    return opened(ShardIndex.load, args)
+
+
+def opened(open_index: Callable[[str, dict | None], T], args: argparse.Namespace) -> T:
+    """``open_index(args.out, storage options)`` (an index, or a mixture's for ``inspect``), a missing or bad
+    index being a usage error (exit 2, one line)."""
     try:
-        return ShardIndex.load(args.out, storage_options(args))
+        return open_index(args.out, storage_options(args))
     except (FileNotFoundError, IndexFormatError) as e:
         raise ShardifyError(str(e)) from None

@@ -16,6 +16,7 @@ from typing import Any
 from ..fit.calibrate import calibrate, format_report
 from .args import at_least_one
 
+HELP = "measure the largest batch per length your training step fits, write a cost model"
 DESCRIPTION = (
     "Measure the largest batch per length your training step fits in, and write the cost model "
     "(cost, quadratic_factor, budget) that StreamBatchLoader(cost=FILE) reads."
@@ -26,18 +27,6 @@ EPILOG = (
     "pair. Example: shardify calibrate data/ --model mymodel.py:make_step --device cuda "
     "--out calib.json"
 )
-
-
-def add(sub: Any) -> None:
-    """Register ``shardify calibrate`` on the subcommand parsers ``sub``."""
-    c = sub.add_parser(
-        "calibrate",
-        help="measure the largest batch per length your training step fits, write a cost model",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-    )
-    add_arguments(c)
-    c.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

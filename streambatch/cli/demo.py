@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from .args import positive_int
 
+HELP = "write a small synthetic dataset and show streambatch on it"
+DESCRIPTION = "Write a small synthetic speech dataset to OUT and run streambatch on it."
 
-def add(sub: Any) -> None:
-    """Register ``shardify demo`` on the subcommand parsers ``sub``."""
-    d = sub.add_parser(
-        "demo",
-        help="write a small synthetic dataset and show streambatch on it",
-        description="Write a small synthetic speech dataset to OUT and run streambatch on it.",
-    )
+
+def add_arguments(d: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify demo`` (read back by :func:`run`)."""
     d.add_argument("out", metavar="OUT", help="folder for the demo dataset")
     d.add_argument(
         "--num-utterances", type=positive_int, default=2400, metavar="N", help="synthetic utterances (default 2400)"
     )
     d.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    d.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

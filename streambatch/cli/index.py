@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from ..dataset.audio import AUDIO_EXTENSIONS
-from ..dataset.describe import total_text
+from ..dataset.describe import total_text, unit_text
 from ..write.adopt import LAYOUTS, index_tars
-from .args import add_storage, part, positive_int, storage_options
+from ..write.parts import Scope
+from .args import add_shared, add_storage, shared_keywords
 
 HELP = "index existing tar shards in place (webdataset, NeMo tarred, text), not rewriting a byte"
 DESCRIPTION = (
@@ -25,16 +25,52 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify index`` on the subcommand parsers ``sub``."""
-    p = sub.add_parser("index", help=HELP, description=DESCRIPTION)
-    _add_arguments(p)
+#: the help of the options ``index`` shares with ``write`` (declared once in :data:`.args.SHARED`)
+UNIT_HELP = "length unit (default: samples for audio, tokens for text)"
+SAMPLE_RATE_HELP = "count audio lengths in samples at R Hz; needed when the members have mixed rates"
+WORKERS_HELP = "tars read at a time, in processes (default 1); the index is identical for any N"
+ON_ERROR_HELP = (
+    "members the loader could not use (unreadable or cut-short audio, no audio or text, a "
+    ".json length the header contradicts): fail = write nothing, exit 2 (default); skip = leave "
+    "those samples out of every epoch (length 0 in the index) and list them in errors.jsonl"
+)
+PART_HELP = (
+    "index only the I-th of N slices of the tars (I = 0 .. N-1, e.g. "
+    "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) as index.part-IIII.json; then `shardify merge "
+    "DIR` (DIR: --out, else SRC) writes index.json"
+)
+OUTPUT_LENGTH_HELP = (
+    "give each audio sample a second length (output_length in the sample table, for the "
+    "loader's output_budget): its transcript's characters (chars) or tokens of a tokenizer "
+    "(tokens:NAME_OR_PATH, as `shardify write --tokenizer`), the transcript being the NeMo manifest's "
+    "text, else the .txt or the .json text; or column:FIELD, an integer field of the manifest entry "
+    "or the .json, as it is. A sample without one is bad input (--on-error)"
+)
+COLUMNS_HELP = (
+    "comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
+    "columns of the sample table, for filters (where=); default: every scalar field but the "
+    'transcript; "" for none. A NeMo dataset\'s transcripts are always stored (column text: the '
+    'loader\'s batch["text"])'
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify index`` (read back by :func:`run`)."""
+    _add_where(p)
+    add_shared(p, "unit", UNIT_HELP)
+    add_shared(p, "sample_rate", SAMPLE_RATE_HELP)
+    add_shared(p, "workers", WORKERS_HELP)
+    add_shared(p, "on_error", ON_ERROR_HELP)
+    add_shared(p, "overwrite", "replace an index already there (never a tar)")
+    add_shared(p, "part", PART_HELP)
+    add_shared(p, "output_length", OUTPUT_LENGTH_HELP, metavar="chars|tokens:NAME_OR_PATH|column:FIELD")
+    add_shared(p, "columns", COLUMNS_HELP)
+    add_shared(p, "no_progress")
     add_storage(p)
-    p.set_defaults(func=run)
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    """SRC, where the index goes and how to read the tars."""
+def _add_where(p: argparse.ArgumentParser) -> None:
+    """SRC, where the index goes and what the tars hold."""
     p.add_argument("src", metavar="SRC", help="folder or fsspec URL holding the .tar shards")
     p.add_argument(
         "--out",
@@ -55,85 +91,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="the NeMo tarred manifest (default: "
         "SRC/tarred_audio_manifest.json, else SRC/sharded_manifests/manifest_*.json)",
     )
-    p.add_argument(
-        "--unit",
-        choices=("samples", "seconds", "tokens"),
-        help="length unit (default: samples for audio, tokens for text)",
-    )
-    p.add_argument(
-        "--sample-rate",
-        type=positive_int,
-        metavar="R",
-        help="count audio lengths in samples at R Hz; needed when the members have mixed rates",
-    )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="tars read at a time, in processes (default 1); the index is identical for any N",
-    )
-    p.add_argument(
-        "--on-error",
-        choices=("fail", "skip"),
-        default="fail",
-        help="members the loader could not use (unreadable or cut-short audio, no audio or text, a "
-        ".json length the header contradicts): fail = write nothing, exit 2 (default); skip = leave "
-        "those samples out of every epoch (length 0 in the index) and list them in errors.jsonl",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an index already there (never a tar)")
-    p.add_argument(
-        "--part",
-        metavar="I/N",
-        type=part,
-        help="index only the I-th of N slices of the tars (I = 0 .. N-1, e.g. "
-        "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT) as index.part-IIII.json; then `shardify merge "
-        "DIR` (DIR: --out, else SRC) writes index.json",
-    )
-    p.add_argument(
-        "--output-length",
-        metavar="chars|tokens:NAME_OR_PATH|column:FIELD",
-        help="give each audio sample a second length (output_length in the sample table, for the "
-        "loader's output_budget): its transcript's characters (chars) or tokens of a tokenizer "
-        "(tokens:NAME_OR_PATH, as `shardify write --tokenizer`), the transcript being the NeMo manifest's "
-        "text, else the .txt or the .json text; or column:FIELD, an integer field of the manifest entry "
-        "or the .json, as it is. A sample without one is bad input (--on-error)",
-    )
-    p.add_argument(
-        "--columns",
-        metavar="NAMES",
-        help="comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
-        "columns of the sample table, for filters (where=); default: every scalar field but the "
-        'transcript; "" for none. A NeMo dataset\'s transcripts are always stored (column text: the '
-        'loader\'s batch["text"])',
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``shardify index`` and print what it wrote (exit 0)."""
     out = args.out or args.src
-    index = index_tars(
-        args.src,
-        args.out,
-        layout=args.layout,
-        manifest=args.manifest,
-        unit=args.unit,
-        sample_rate=args.sample_rate,
-        workers=args.workers,
-        on_error=args.on_error,
-        overwrite=args.overwrite,
-        part=args.part,
-        output_length=args.output_length,
-        columns=args.columns,
-        storage_options=storage_options(args),
-        progress=not args.no_progress,
-    )
+    index = index_tars(args.src, args.out, layout=args.layout, manifest=args.manifest, **shared_keywords(args))
     adopted = index.meta["adopted"]
     if index.meta.get("skipped"):
         print(
             f"shardify: left out {index.meta['skipped']} sample(s) or tar(s) the loader could not use, listed in "
-            f"{out.rstrip('/')}/errors{'' if args.part is None else f'.part-{args.part[0]:04d}'}.jsonl",
+            f"{out.rstrip('/')}/{Scope(args.part).errors_name}",
             file=sys.stderr,
         )
     if adopted["unnamed"]:
@@ -146,8 +114,5 @@ def run(args: argparse.Namespace) -> int:
         i, n = args.part
         print(f"indexed part {i}/{n}: {what}; when all {n} parts are done: shardify merge {out}")
         return 0
-    print(
-        f"indexed {what} in place ({total_text(index)}); index: {out.rstrip('/')}/index.json, {index.unit}"
-        + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
-    )
+    print(f"indexed {what} in place ({total_text(index)}); index: {out.rstrip('/')}/index.json, {unit_text(index)}")
     return 0

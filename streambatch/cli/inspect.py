@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.describe import hours_text, number_text
-from ..dataset.index import IndexFormatError, ShardIndex
+from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..errors import BudgetError, ShardifyError
 from ..loader.metrics import batch_figures, planned_batches
@@ -23,26 +23,24 @@ from ..plan.epoch import make_epoch_plan
 from ..plan.layout import Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
-from .args import add_storage, positive_int, storage_options
+from .args import SHARED, add_shared, add_storage, opened, positive_int
 
 #: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
 Dataset = ShardIndex | MixedIndex
 
+HELP = "counts, hours/tokens, length percentiles, a suggested budget and bucket boundaries"
+DESCRIPTION = (
+    "Summarise a dataset from its index.json: sample and shard counts, total hours (audio) or "
+    "tokens, length percentiles (in the dataset's unit and, for audio, seconds), a suggested batch "
+    "budget and bucket boundaries."
+)
+#: ``shardify inspect OUT``: a dataset (as every command names one) or a mixture file
+OUT_HELP = SHARED["out"][1]["help"] + ", or a mixture file (.yaml/.json naming datasets and weights)"
 
-def add(sub: Any) -> None:
-    """Register ``shardify inspect`` on the subcommand parsers ``sub``."""
-    i = sub.add_parser(
-        "inspect",
-        help="counts, hours/tokens, length percentiles, a suggested budget and bucket boundaries",
-        description="Summarise a dataset from its index.json: sample and shard counts, total hours (audio) or "
-        "tokens, length percentiles (in the dataset's unit and, for audio, seconds), a suggested batch "
-        "budget and bucket boundaries.",
-    )
-    i.add_argument(
-        "out",
-        metavar="OUT",
-        help="dataset folder or URL (or its index.json), or a mixture file (.yaml/.json naming datasets and weights)",
-    )
+
+def add_arguments(i: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify inspect`` (read back by :func:`run`)."""
+    add_shared(i, "out", OUT_HELP)
     i.add_argument(
         "--budget",
         metavar="B",
@@ -78,15 +76,11 @@ def add(sub: Any) -> None:
         help="DataLoader workers per rank for --plan (default 1)",
     )
     add_storage(i)
-    i.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """The dataset's (or mixture's) summary, or with ``--plan`` its planned epoch 0."""
-    try:
-        index = open_index(args.out, storage_options(args))
-    except (FileNotFoundError, IndexFormatError) as e:
-        raise ShardifyError(str(e)) from None
+    index = opened(open_index, args)
     if args.plan:
         return _inspect_plan(index, args)
     return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json, args.where)

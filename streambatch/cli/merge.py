@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from ..dataset.describe import total_text
-from .args import add_storage, storage_options
+from ..dataset.describe import total_text, unit_text
+from .args import add_shared, add_storage, storage_options
+
+HELP = "merge the part indexes of `write --part I/N` runs into index.json"
+DESCRIPTION = (
+    "Merge the part indexes (index.part-*.json) that `shardify write SRC OUT --part I/N` wrote "
+    "into OUT/index.json (and OUT/errors.jsonl from the parts' errors.part-*.jsonl). Checks that all N parts "
+    "are there once each, written from the same source with the same options, and that the shards they "
+    "list exist; a missing part is an error that names it (exit 2, nothing written). The merged dataset "
+    "has the same samples, order, lengths and totals as a single `shardify write` of SRC."
+)
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify merge`` on the subcommand parsers ``sub``."""
-    mg = sub.add_parser(
-        "merge",
-        help="merge the part indexes of `write --part I/N` runs into index.json",
-        description="Merge the part indexes (index.part-*.json) that `shardify write SRC OUT --part I/N` wrote "
-        "into OUT/index.json (and OUT/errors.jsonl from the parts' errors.part-*.jsonl). Checks that all N parts "
-        "are there once each, written from the same source with the same options, and that the shards they "
-        "list exist; a missing part is an error that names it (exit 2, nothing written). The merged dataset "
-        "has the same samples, order, lengths and totals as a single `shardify write` of SRC.",
-    )
-    mg.add_argument("out", metavar="OUT", help="the folder or URL the parts were written to")
+def add_arguments(mg: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify merge`` (read back by :func:`run`)."""
+    add_shared(mg, "out", "the folder or URL the parts were written to")
     mg.add_argument(
         "parts",
         metavar="PART_INDEX",
@@ -33,9 +32,8 @@ def add(sub: Any) -> None:
         help="also re-read every shard and check it against its part index (as `shardify verify`) "
         "before writing index.json",
     )
-    mg.add_argument("--no-progress", action="store_true", help="no progress bar (with --verify)")
+    add_shared(mg, "no_progress", "no progress bar (with --verify)")
     add_storage(mg)
-    mg.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
         f"merged {index.meta['parts']} parts: {index.num_samples} samples in {index.num_shards} shards "
         f"({total_text(index)})"
         + (f", {skipped} bad inputs skipped (errors.jsonl)" if skipped else "")
-        + f"; index: {index.unit}"
-        + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
+        + f"; index: {unit_text(index)}"
     )
     return 0

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import add_storage, positive_int, storage_options
+from .args import add_shared, add_storage, shared_keywords
+
+HELP = "copy a dataset (shards + index) to node-local disk, resumably"
+DESCRIPTION = (
+    "Copy the dataset at SRC (a folder, fsspec URL or index.json) to DEST, typically node-local "
+    "disk ($TMPDIR, /local/scratch/...). Each shard goes to a temporary name, is checked against the "
+    "index (byte size, and sha256 computed while copying) and renamed; shards already in DEST with the "
+    "index's size are kept (re-hashed with --verify); index.json is written last, so DEST has an index only "
+    "once every shard it lists is complete. Nothing else in DEST is touched. Run it again to finish an "
+    "interrupted copy. Train from DEST afterwards."
+)
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify stage`` on the subcommand parsers ``sub``."""
-    st = sub.add_parser(
-        "stage",
-        help="copy a dataset (shards + index) to node-local disk, resumably",
-        description="Copy the dataset at SRC (a folder, fsspec URL or index.json) to DEST, typically node-local "
-        "disk ($TMPDIR, /local/scratch/...). Each shard goes to a temporary name, is checked against the "
-        "index (byte size, and sha256 computed while copying) and renamed; shards already in DEST with the "
-        "index's size are kept (re-hashed with --verify); index.json is written last, so DEST has an index only "
-        "once every shard it lists is complete. Nothing else in DEST is touched. Run it again to finish an "
-        "interrupted copy. Train from DEST afterwards.",
-    )
+def add_arguments(st: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify stage`` (read back by :func:`run`)."""
     st.add_argument("src", metavar="SRC", help="dataset folder or URL (s3://bucket/ds, ...) or its index.json")
     st.add_argument("dest", metavar="DEST", help="destination folder (node-local disk)")
     st.add_argument(
@@ -27,26 +26,16 @@ def add(sub: Any) -> None:
         action="store_true",
         help="re-hash shards already in DEST against the index's sha256 (default: their size)",
     )
-    st.add_argument(
-        "--workers", type=positive_int, default=4, metavar="N", help="shards copied at a time (threads; default 4)"
-    )
-    st.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_shared(st, "workers", "shards copied at a time (threads; default 4)", default=4)
+    add_shared(st, "no_progress")
     add_storage(st)
-    st.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Copy the dataset and say what was copied and what was already there."""
     from ..write.stage import stage_dataset
 
-    res = stage_dataset(
-        args.src,
-        args.dest,
-        verify=args.verify,
-        workers=args.workers,
-        storage_options=storage_options(args),
-        progress=not args.no_progress,
-    )
+    res = stage_dataset(args.src, args.dest, verify=args.verify, **shared_keywords(args))
     print(
         f"staged {res.index.num_shards} shards to {res.dest}: copied {len(res.copied)} "
         f"({res.bytes_copied / 2**20:,.1f} MiB), kept {len(res.kept)} already complete"

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import add_storage, load_index, storage_options
+from .args import add_shared, add_storage, load_index, storage_options
+
+HELP = "rewrite a version 1 index.json as the columnar version 2, in place"
+DESCRIPTION = (
+    "Rewrite the dataset's version 1 index.json (one JSON file with every length) as version 2: "
+    "index.json holds the header and points to Parquet tables beside it (index.shards.parquet, "
+    "index.samples/part-*.parquet), so a DDP rank reads only the lengths of its own shards. The tables are "
+    "written first and index.json last (atomically): a killed upgrade leaves the version 1 index in place. "
+    "Shards are not touched. A version 2 index is left as it is."
+)
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify upgrade`` on the subcommand parsers ``sub``."""
-    u = sub.add_parser(
-        "upgrade",
-        help="rewrite a version 1 index.json as the columnar version 2, in place",
-        description="Rewrite the dataset's version 1 index.json (one JSON file with every length) as version 2: "
-        "index.json holds the header and points to Parquet tables beside it (index.shards.parquet, "
-        "index.samples/part-*.parquet), so a DDP rank reads only the lengths of its own shards. The tables are "
-        "written first and index.json last (atomically): a killed upgrade leaves the version 1 index in place. "
-        "Shards are not touched. A version 2 index is left as it is.",
-    )
-    u.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
-    u.add_argument("--no-progress", action="store_true", help="no progress bar")
+def add_arguments(u: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify upgrade`` (read back by :func:`run`)."""
+    add_shared(u, "out")
+    add_shared(u, "no_progress")
     add_storage(u)
-    u.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,37 +3,31 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .args import add_storage, load_index, positive_int, storage_options
+from .args import add_shared, add_storage, load_index, storage_options
+
+HELP = "re-read every shard and check it against index.json"
+DESCRIPTION = (
+    "Re-read every shard and check it against index.json: it exists, byte size, sha256, "
+    "sample count, keys and their order, a .json and a payload per sample, and each .json length equal "
+    "to the index's. With --decode, also decode every audio member as the loader does and check its "
+    "length (catches a member damaged after writing whose checksum was recomputed). Exit 0 if all match, "
+    "1 with the list of mismatches otherwise (SHARD: KEY.EXT: problem for a member that does not decode)."
+)
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify verify`` on the subcommand parsers ``sub``."""
-    v = sub.add_parser(
-        "verify",
-        help="re-read every shard and check it against index.json",
-        description="Re-read every shard and check it against index.json: it exists, byte size, sha256, "
-        "sample count, keys and their order, a .json and a payload per sample, and each .json length equal "
-        "to the index's. With --decode, also decode every audio member as the loader does and check its "
-        "length (catches a member damaged after writing whose checksum was recomputed). Exit 0 if all match, "
-        "1 with the list of mismatches otherwise (SHARD: KEY.EXT: problem for a member that does not decode).",
-    )
-    v.add_argument("out", metavar="OUT", help="dataset folder or URL (or its index.json)")
+def add_arguments(v: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify verify`` (read back by :func:`run`)."""
+    add_shared(v, "out")
     v.add_argument(
         "--decode",
         action="store_true",
         help="also decode every audio member and compare its decoded length with the index's",
     )
-    v.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="check N shards at a time, in processes (default: 1, or every CPU with --decode)",
-    )
-    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    workers = "check N shards at a time, in processes (default: 1, or every CPU with --decode)"
+    add_shared(v, "workers", workers, default=None)
+    add_shared(v, "no_progress")
     add_storage(v)
-    v.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

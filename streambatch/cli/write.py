@@ -7,8 +7,8 @@ import argparse
 import sys
 from typing import Any
 
-from ..dataset.describe import total_text
-from .args import PROG, add_storage, part, positive_int, size, storage_options
+from ..dataset.describe import total_text, unit_text
+from .args import PROG, add_shared, add_storage, positive_int, shared_keywords, size
 
 SOURCE_HELP = (
     "Hugging Face datasets: hf:NAME[:SPLIT] or hf:NAME:CONFIG:SPLIT (from the hub, needs a network), or "
@@ -16,6 +16,7 @@ SOURCE_HELP = (
     "train, or the only one)"
 )
 
+HELP = "turn an audio folder, manifest or text JSONL into shards + index.json"
 DESCRIPTION = (
     "Write SRC as length-annotated WebDataset shards (shard-000000.tar, ...) and index.json "
     "(written last) in OUT. SRC is a folder of audio files (any format libsndfile reads: wav, flac, ogg, opus, "
@@ -29,25 +30,21 @@ DESCRIPTION = (
 )
 
 
-def add(sub: Any) -> None:
-    """Register ``shardify write`` on the subcommand parsers ``sub``."""
-    w = sub.add_parser(
-        "write", help="turn an audio folder, manifest or text JSONL into shards + index.json", description=DESCRIPTION
-    )
+def add_arguments(w: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardify write`` (read back by :func:`run`)."""
     _add_source(w)
     _add_sharding(w)
     _add_run(w)
     _add_text(w)
-    w.add_argument(
-        "--columns",
-        metavar="NAMES",
-        help="comma-separated .json fields stored as columns of the sample table, for filters "
+    add_shared(
+        w,
+        "columns",
+        "comma-separated .json fields stored as columns of the sample table, for filters "
         '(where=, inspect --where); "" for none. Default: every field whose values are scalars '
         "(numbers, booleans or strings: speaker, language, duration, scores, ...) but the transcript",
     )
-    w.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_shared(w, "no_progress", "no progress bars")
     add_storage(w)
-    w.set_defaults(func=run)
 
 
 def _add_source(w: argparse.ArgumentParser) -> None:
@@ -67,18 +64,17 @@ def _add_source(w: argparse.ArgumentParser) -> None:
         "a JSON object of objects = speechbrain; JSON lines (also .gz) with lhotse's cut, recording or supervision "
         "fields = lhotse, with an audio path field = manifest, else text; hf:... or a save_to_disk folder = hf)",
     )
-    w.add_argument(
-        "--unit",
-        choices=("samples", "seconds", "tokens"),
-        help="length unit of the dataset (default: samples for audio, tokens for text). tokens are "
+    add_shared(
+        w,
+        "unit",
+        "length unit of the dataset (default: samples for audio, tokens for text). tokens are "
         "--tokenizer's tokens; without one, whitespace tokens of text, unless a record has input_ids or "
         "a precomputed length",
     )
-    w.add_argument(
-        "--sample-rate",
-        type=positive_int,
-        metavar="R",
-        help="count audio lengths in samples at R Hz (round(frames*R/rate)) and record R in the "
+    add_shared(
+        w,
+        "sample_rate",
+        "count audio lengths in samples at R Hz (round(frames*R/rate)) and record R in the "
         "index; needed when files have different sample rates. The loader resamples to R: each .json's sample_rate is "
         "R, and original_sample_rate the file's rate where it differs",
     )
@@ -104,24 +100,19 @@ def _add_sharding(w: argparse.ArgumentParser) -> None:
 
 def _add_run(w: argparse.ArgumentParser) -> None:
     """How the write runs: workers, bad input, what OUT may hold (overwrite, resume, part), index version."""
-    w.add_argument(
-        "--workers",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="processes probing headers and writing shards (default 1); the output is identical for any N",
+    add_shared(
+        w, "workers", "processes probing headers and writing shards (default 1); the output is identical for any N"
     )
-    w.add_argument(
-        "--on-error",
-        choices=("fail", "skip"),
-        default="fail",
-        help="bad input (missing/unreadable audio, bad lines, duplicate keys): fail = write "
+    add_shared(
+        w,
+        "on_error",
+        "bad input (missing/unreadable audio, bad lines, duplicate keys): fail = write "
         "nothing and exit 2 (default); skip = write the rest and list them in OUT/errors.jsonl",
     )
-    w.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a dataset already in OUT (removes only shard-*.tar, index.json, "
+    add_shared(
+        w,
+        "overwrite",
+        "replace a dataset already in OUT (removes only shard-*.tar, index.json, "
         "errors.jsonl, index.part-*.json, errors.part-*.jsonl, their index.*.shards.parquet and "
         "index.*.samples/ tables, and *.tmp* files; with --part: "
         "only that part's files, the merged index and parts numbered N or more)",
@@ -133,11 +124,10 @@ def _add_run(w: argparse.ArgumentParser) -> None:
         "are exactly what this run would write (size, then byte for byte) are kept, the others "
         "written, then the index. Safe to use on every run (an empty OUT is written in full)",
     )
-    w.add_argument(
-        "--part",
-        metavar="I/N",
-        type=part,
-        help="write only part I of N (I = 0 .. N-1, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): "
+    add_shared(
+        w,
+        "part",
+        "write only part I of N (I = 0 .. N-1, e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): "
         "the I-th contiguous slice of the (shuffled) record list, as shard-pIIII-JJJJJJ.tar and "
         "index.part-IIII.json; all parts share OUT. Then `shardify merge OUT` writes index.json: the "
         "same samples in the same order as one `shardify write` (shard boundaries differ)",
@@ -163,10 +153,10 @@ def _add_text(w: argparse.ArgumentParser) -> None:
         "a folder holding one), a sentencepiece .model file, or a hub name (needs a network). Its "
         "name and sha256 go into the index's meta. Needs pip install 'streambatch[text]'",
     )
-    w.add_argument(
-        "--output-length",
-        metavar="chars|tokens:NAME_OR_PATH",
-        help="audio sources: give each sample a second length, its transcript's characters (chars) "
+    add_shared(
+        w,
+        "output_length",
+        "audio sources: give each sample a second length, its transcript's characters (chars) "
         "or tokens of a tokenizer (tokens:NAME_OR_PATH, as --tokenizer); stored as output_length in "
         "each .json and in the index's sample table. A sample without a transcript is bad input",
     )
@@ -181,25 +171,16 @@ def run(args: argparse.Namespace) -> int:
         args.src,
         args.out,
         kind=args.kind,
-        unit=args.unit,
-        sample_rate=args.sample_rate,
         data_root=args.data_root,
         max_count=args.max_count,
         max_size=args.max_size,
         shuffle=args.shuffle,
         seed=args.seed,
-        workers=args.workers,
-        on_error=args.on_error,
-        overwrite=args.overwrite,
         resume=args.resume,
-        part=args.part,
-        storage_options=storage_options(args),
-        progress=not args.no_progress,
         stats=stats,
         index_version=args.index_version,
         tokenizer=args.tokenizer,
-        output_length=args.output_length,
-        columns=args.columns,
+        **shared_keywords(args),
     )
     _report(args, index, stats)
     return 0
@@ -207,16 +188,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None:
     """What the write did: skipped inputs (stderr), kept and written shards, the dataset or part written."""
-    from ..dataset.format import ERRORS_NAME, PART_ERRORS_NAME, PART_INDEX_NAME
     from ..dataset.storage import join_url
+    from ..write.parts import Scope
 
+    scope = Scope(args.part)
     skipped = index.meta.get("skipped", 0)
     if skipped:
-        errors = ERRORS_NAME if args.part is None else PART_ERRORS_NAME.format(args.part[0])
-        print(
-            f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {join_url(args.out, errors)}",
-            file=sys.stderr,
-        )
+        errors = join_url(args.out, scope.errors_name)
+        print(f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {errors}", file=sys.stderr)
     if args.resume and args.part is None and index.meta.get("parts"):
         print(
             f"{args.out} already holds this dataset, merged from {index.meta['parts']} parts: {index.num_samples} "
@@ -232,11 +211,8 @@ def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None
     if args.part is not None:
         i, n = args.part
         print(
-            f"wrote part {i}/{n}: {what}, index {PART_INDEX_NAME.format(i)}; when all {n} parts are written: "
+            f"wrote part {i}/{n}: {what}, index {scope.index_name}; when all {n} parts are written: "
             f"shardify merge {args.out}"
         )
         return
-    print(
-        f"wrote {what} ({total_text(index)}); index: {index.unit}"
-        + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
-    )
+    print(f"wrote {what} ({total_text(index)}); index: {unit_text(index)}")

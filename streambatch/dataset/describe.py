@@ -26,6 +26,12 @@ def total_text(index: ShardIndex) -> str:
     return f"{number_text(index.total_length)} {index.unit}"
 
 
+def unit_text(index: ShardIndex) -> str:
+    """The dataset's unit as the ``shardify`` reports name it, with the sample rate where it has one:
+    ``"samples @ 16000 Hz"``."""
+    return f"{index.unit}" + (f" @ {index.sample_rate} Hz" if index.sample_rate else "")
+
+
 def hours_text(h: float) -> str:
     """``"1.50 h"``, or minutes under an hour: ``"12.00 min"``."""
     return f"{h:,.2f} h" if h >= 1 else f"{h * 60:,.2f} min"
