@@ -15,8 +15,6 @@ from ..dataset.describe import hours_text, number_text
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..errors import BudgetError, ShardifyError
-from ..loader.metrics import batch_figures, planned_batches
-from ..loader.options import batching_config
 from ..plan.buckets import estimate_boundaries, suggest_budget
 from ..plan.config import parse_budget as parse_any_budget
 from ..plan.epoch import make_epoch_plan
@@ -300,6 +298,10 @@ def planned_epoch(
     """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
     padding % and mean budget use over the batches (from the index lengths)."""
     lengths = index_lengths(index)
+    # the loader's option building pulls in torch (its workers' collate options): only `--plan` needs it
+    from ..loader.metrics import batch_figures, planned_batches
+    from ..loader.options import batching_config
+
     config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
     if not isinstance(config.seed, int):
         raise ShardifyError(f"a planned epoch takes one whole-number seed, not {config.seed!r}")

@@ -8,12 +8,14 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..read.faults import FAULT_FIELDS, STORAGE_WAIT
+
+if TYPE_CHECKING:  # annotations only: `shardify inspect` plans with these figures without torch
+    import torch
 
 
 class EpochMeter:

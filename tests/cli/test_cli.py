@@ -412,3 +412,11 @@ def test_every_option_of_every_command_has_help():
 def test_calibrate_max_batch_size_must_be_positive(capsys):
     code, _, err = run(capsys, "calibrate", "ds", "--model", "m:f", "--max-batch-size", "0")
     assert code == 2 and "--max-batch-size: must be at least 1: '0'" in err
+
+
+def test_the_command_line_starts_without_torch():
+    """`shardify` and every subcommand's parser load without torch (about a second and a half of start-up each
+    time a job, a test or a pool worker runs a command); only the loader and calibration pull it in."""
+    code = "import sys, streambatch.cli; streambatch.cli.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
