@@ -34,3 +34,11 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     commands = re.findall(r"^(\. \.venv/bin/activate && pip install .*)$", readme, re.M)
     assert commands == [ci]
+
+
+def test_the_manual_home_page_shows_the_readme_set_up_commands():
+    """The docs' home page repeats the README's set-up block as it is (commands and stated timings)."""
+    block = re.compile(r"## Set up and try it \(a fresh machine\)\n\n```bash\n.*?```\n", re.S)
+    readme = block.search((ROOT / "README.md").read_text(encoding="utf-8"))
+    home = block.search((ROOT / "docs" / "index.md").read_text(encoding="utf-8"))
+    assert readme and home and readme.group(0) == home.group(0)
