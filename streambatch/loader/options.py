@@ -8,7 +8,8 @@
   :meth:`RunOptions.layout` is the plan's :class:`~streambatch.plan.layout.Layout`.
 
 ``StreamBatchLoader.__init__`` names every option of these groups in its signature, with the same defaults
-(``tests/test_options_surface.py`` holds the two together), and :func:`option_groups` sorts its arguments into them.
+(``tests/loader/test_options_surface.py`` holds the two together), and :func:`option_groups` sorts its
+arguments into them.
 """
 
 from __future__ import annotations

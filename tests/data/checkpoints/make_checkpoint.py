@@ -1,4 +1,4 @@
-"""Make the stored loader checkpoints that ``tests/test_checkpoint_compat.py`` resumes from.
+"""Make the stored loader checkpoints that ``tests/loader/test_checkpoint_compat.py`` resumes from.
 
 Each scenario builds a small dataset from fixed seeds (the same helpers the tests use, so the test rebuilds
 it byte for byte), runs a :class:`~streambatch.StreamBatchLoader` for ``k`` batches mid-epoch, saves its
