@@ -9,7 +9,9 @@ on another interface or reaches out.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 import pytest
 from conftest import LONG_LIVED, keep_running
+
+from streambatch.procs import set_parent_death_signal
 
 SR = 8000
 BUCKET = "sb-test"
@@ -37,15 +41,9 @@ def s3_options(endpoint: str) -> dict:
     return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+#: Linux: a server gets SIGTERM when the process that started it dies, even by SIGKILL (set in the child before
+#: exec; the one implementation the package's pool workers use too)
+_die_with_parent = functools.partial(set_parent_death_signal, signal.SIGTERM)
 
 
 @pytest.fixture

@@ -13,10 +13,12 @@ intra-op thread (``torch.set_num_threads(1)``), as loader workers should on a sm
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +30,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from _bench_common import machine, table  # noqa: E402
+
+from streambatch.procs import set_parent_death_signal  # noqa: E402
 
 BUCKET = "bench"
 
@@ -99,15 +103,9 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+#: Linux: a server gets SIGTERM when the process that started it dies, even by SIGKILL (set in the child before
+#: exec; the one implementation the package's pool workers use too)
+_die_with_parent = functools.partial(set_parent_death_signal, signal.SIGTERM)
 
 
 def start_moto(log: str) -> tuple[subprocess.Popen, str]:
