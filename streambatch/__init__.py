@@ -22,6 +22,7 @@ from .errors import (
     StreamBatchError,
     TooManyBadShards,
     TruncatedAudio,
+    UntrustedURL,
 )
 from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
 from .plan.buckets import estimate_boundaries, suggest_budget
@@ -70,6 +71,7 @@ __all__ = [
     "BudgetError",
     "EmptyEpochError",
     "MissingCredentials",
+    "UntrustedURL",
     "ShardReadError",
     "ChecksumMismatch",
     "TooManyBadShards",

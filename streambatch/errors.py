@@ -75,6 +75,11 @@ class MissingCredentials(ShardifyError, PermissionError):
     """Object storage refused a URL for want of credentials; the message names the URL and where they come from."""
 
 
+class UntrustedURL(ShardifyError, ValueError):
+    """A URL a data file names (a shard, a mixture's dataset) outside the dataset's root and every root the user
+    allowed (``shard_roots`` / ``--shard-root``): refused before it is opened; the message names it and the option."""
+
+
 class OptionError(ShardifyError, ValueError):
     """An option with a value of the wrong type or out of its range; the message names the option."""
 

@@ -100,6 +100,17 @@ SHARED: dict[str, tuple[str, dict[str, Any]]] = {
     "output_length": ("--output-length", {"metavar": "chars|tokens:NAME_OR_PATH"}),
     "columns": ("--columns", {"metavar": "NAMES"}),
     "no_progress": ("--no-progress", {"action": "store_true", "help": "no progress bar"}),
+    "shard_root": (
+        "--shard-root",
+        {
+            "dest": "shard_root",
+            "metavar": "ROOT",
+            "action": "append",
+            "help": "a folder or URL prefix the dataset's shard URLs (or a mixture file's datasets) may point into "
+            "besides its own folder (repeatable); without it an index naming a file elsewhere is refused before "
+            "it is opened (Python: shard_roots=[...])",
+        },
+    ),
     "storage_option": (
         "--storage-option",
         {
@@ -138,6 +149,9 @@ def shared_keywords(args: argparse.Namespace) -> dict[str, Any]:
         values["progress"] = not values.pop("no_progress")
     if "storage_option" in values:
         values["storage_options"] = storage_options_from(values.pop("storage_option"))
+    if "shard_root" in values:
+        values["shard_roots"] = shard_roots(args)
+        del values["shard_root"]
     return values
 
 
@@ -146,15 +160,20 @@ def storage_options(args: argparse.Namespace) -> dict | None:
     return storage_options_from(args.storage_option)
 
 
+def shard_roots(args: argparse.Namespace) -> tuple[str, ...]:
+    """The roots ``--shard-root`` allowed (none for a command without the option)."""
+    return tuple(getattr(args, "shard_root", None) or ())
+
+
 def load_index(args: argparse.Namespace) -> ShardIndex:
     """The dataset ``args.out`` names (a folder, URL or index.json); a missing or bad index is a usage error."""
     return opened(ShardIndex.load, args)
 
 
-def opened(open_index: Callable[[str, dict | None], T], args: argparse.Namespace) -> T:
-    """``open_index(args.out, storage options)`` (an index, or a mixture's for ``inspect``), a missing or bad
-    index being a usage error (exit 2, one line)."""
+def opened(open_index: Callable[[str, dict | None, Sequence[str]], T], args: argparse.Namespace) -> T:
+    """``open_index(args.out, storage options, --shard-root roots)`` (an index, or a mixture's for ``inspect``),
+    a missing or bad index being a usage error (exit 2, one line)."""
     try:
-        return open_index(args.out, storage_options(args))
+        return open_index(args.out, storage_options(args), shard_roots(args))
     except (FileNotFoundError, IndexFormatError) as e:
         raise ShardifyError(str(e)) from None

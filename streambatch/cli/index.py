@@ -8,6 +8,7 @@ import sys
 
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.describe import total_text, unit_text
+from ..dataset.trust import allow_line, roots_for
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
 from .args import add_shared, add_storage, shared_keywords
@@ -113,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if args.part is not None:
         i, n = args.part
         print(f"indexed part {i}/{n}: {what}; when all {n} parts are done: shardify merge {out}")
-        return 0
-    print(f"indexed {what} in place ({total_text(index)}); index: {out.rstrip('/')}/index.json, {unit_text(index)}")
+    else:
+        where = f"{out.rstrip('/')}/index.json"
+        print(f"indexed {what} in place ({total_text(index)}); index: {where}, {unit_text(index)}")
+    outside = roots_for(index.shard_urls(), out)
+    if outside:  # the index points back at tars elsewhere: loading it needs them allowed
+        print(allow_line(outside, out))
     return 0

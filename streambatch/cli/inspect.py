@@ -73,6 +73,7 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         metavar="N",
         help="DataLoader workers per rank for --plan (default 1)",
     )
+    add_shared(i, "shard_root")
     add_storage(i)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..dataset.describe import total_text, unit_text
-from .args import add_shared, add_storage, storage_options
+from ..dataset.trust import allow_line, roots_for
+from .args import add_shared, add_storage, shard_roots, storage_options
 
 HELP = "merge the part indexes of `write --part I/N` runs into index.json"
 DESCRIPTION = (
@@ -33,6 +34,7 @@ def add_arguments(mg: argparse.ArgumentParser) -> None:
         "before writing index.json",
     )
     add_shared(mg, "no_progress", "no progress bar (with --verify)")
+    add_shared(mg, "shard_root")
     add_storage(mg)
 
 
@@ -41,7 +43,12 @@ def run(args: argparse.Namespace) -> int:
     from ..write.parts import merge_parts
 
     index = merge_parts(
-        args.out, args.parts or None, storage_options(args), verify=args.verify, progress=not args.no_progress
+        args.out,
+        args.parts or None,
+        storage_options(args),
+        verify=args.verify,
+        progress=not args.no_progress,
+        shard_roots=shard_roots(args),
     )
     skipped = index.meta.get("skipped", 0)
     print(
@@ -50,4 +57,7 @@ def run(args: argparse.Namespace) -> int:
         + (f", {skipped} bad inputs skipped (errors.jsonl)" if skipped else "")
         + f"; index: {unit_text(index)}"
     )
+    outside = roots_for(index.shard_urls(), args.out)
+    if outside:
+        print(allow_line(outside, args.out))
     return 0

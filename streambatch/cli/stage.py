@@ -28,6 +28,7 @@ def add_arguments(st: argparse.ArgumentParser) -> None:
     )
     add_shared(st, "workers", "shards copied at a time (threads; default 4)", default=4)
     add_shared(st, "no_progress")
+    add_shared(st, "shard_root")
     add_storage(st)
 
 

@@ -27,6 +27,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     workers = "check N shards at a time, in processes (default: 1, or every CPU with --decode)"
     add_shared(v, "workers", workers, default=None)
     add_shared(v, "no_progress")
+    add_shared(v, "shard_root")
     add_storage(v)
 
 

@@ -26,6 +26,7 @@ from .columns import merged_columns
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
+from .trust import Roots
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexFormatError", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
 
@@ -42,7 +43,8 @@ class ShardIndex:
     ``"seconds"``, ``"tokens"`` or ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve
     against. ``shards`` is a list, or a :class:`ShardList` for an index loaded from version 2. ``columns``: the
     sample table's metadata columns, ``{name: arrow type}`` (:mod:`.columns`; a version 2 index's own when not
-    given).
+    given). ``roots``: where its shard URLs may point (:mod:`.trust`), set by :meth:`load` from the index's folder
+    and the user's ``shard_roots``; None for an index built in code, whose URLs are the code's own.
     """
 
     shards: Sequence[ShardInfo]
@@ -51,6 +53,7 @@ class ShardIndex:
     root: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     columns: dict[str, str] = field(default_factory=dict)
+    roots: Roots | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.unit = Unit.parse(self.unit)
@@ -59,9 +62,11 @@ class ShardIndex:
 
     # ---- reading and writing -------------------------------------------------------------------
     @classmethod
-    def load(cls, url: str, storage_options: dict | None = None) -> ShardIndex:
+    def load(cls, url: str, storage_options: dict | None = None, shard_roots: Sequence[str] = ()) -> ShardIndex:
         """Read an index (version 1 or 2) from a path or fsspec URL: the dataset folder or the index file.
-        Version 2 reads the header and the shard table; lengths load when asked for."""
+        Version 2 reads the header and the shard table; lengths load when asked for. Its shard URLs resolve only
+        inside the index's folder, or under one of ``shard_roots`` (the user's; :mod:`.trust`): another is refused
+        with :class:`~streambatch.errors.UntrustedURL` before anything opens it."""
         url = _index_url(url)
         try:
             with open_url(url, "rb", storage_options) as f:
@@ -72,13 +77,19 @@ class ShardIndex:
             d = json.loads(raw)
         except json.JSONDecodeError as e:
             raise IndexFormatError(f"{url}: not valid JSON ({e})") from e
-        return cls.from_json(d, root=parent_url(url), source=url, storage_options=storage_options)
+        return cls.from_json(d, parent_url(url), url, storage_options, shard_roots)
 
     @classmethod
     def from_json(
-        cls, d: dict[str, Any], root: str | None = None, source: str = "<index>", storage_options: dict | None = None
+        cls,
+        d: dict[str, Any],
+        root: str | None = None,
+        source: str = "<index>",
+        storage_options: dict | None = None,
+        shard_roots: Sequence[str] = (),
     ) -> ShardIndex:
-        """An index from its parsed ``index.json``; version 2 reads its tables under ``root``."""
+        """An index from its parsed ``index.json``; version 2 reads its tables under ``root``. With a ``root``, its
+        shard URLs must resolve inside it or under one of ``shard_roots`` (:meth:`load`)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise IndexFormatError(
                 f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})"
@@ -103,9 +114,9 @@ class ShardIndex:
                 shards = [ShardInfo.from_json(s) for s in d["shards"]]
             except (KeyError, TypeError, ValueError) as e:
                 raise IndexFormatError(f"{source}: malformed shard entry ({e!r})") from e
-        return cls(
-            shards=shards, unit=unit, sample_rate=d.get("sample_rate"), root=root, meta=dict(d.get("meta") or {})
-        )
+        roots = Roots(root, shard_roots, source) if root else None
+        meta = dict(d.get("meta") or {})
+        return cls(shards=shards, unit=unit, sample_rate=d.get("sample_rate"), root=root, meta=meta, roots=roots)
 
     def to_json(self) -> dict[str, Any]:
         """The version 1 ``index.json`` (all lengths inline)."""
@@ -280,13 +291,34 @@ class ShardIndex:
         return None if values is None else list(values)
 
     def shard_url(self, i: int) -> str:
-        """The absolute URL (or path) of shard ``i``."""
-        return _absolute(self.shards[int(i)].url, self.root)
+        """The absolute URL (or path) of shard ``i``, once it is inside the roots the index may reach."""
+        return self._resolved(self.shards[int(i)].url)
 
     def shard_urls(self) -> list[str]:
-        """Absolute URLs (or paths) of every shard (a list: O(shards); readers use :class:`ShardURLs`)."""
-        urls = self.shards.urls() if isinstance(self.shards, ShardList) else [s.url for s in self.shards]
-        return [_absolute(u, self.root) for u in urls]
+        """Absolute URLs (or paths) of every shard (a list: O(shards); readers use :class:`ShardURLs`), each
+        checked as :meth:`shard_url` checks it."""
+        return [self._resolved(u) for u in self._entries()]
+
+    def check_urls(self) -> None:
+        """Refuse the index (:class:`~streambatch.errors.UntrustedURL`) if any shard URL points outside its roots:
+        done where a dataset is opened, so a bad URL stops the run before any shard is read (string work only)."""
+        if self.roots is not None:
+            for entry in self._entries():
+                self._resolved(entry)
+
+    def allow(self, shard_roots: Sequence[str]) -> ShardIndex:
+        """Let this loaded index's shard URLs also point under ``shard_roots`` (the user's); returns the index."""
+        if self.roots is not None and shard_roots:
+            self.roots = Roots(self.root, [*self.roots.allowed, *shard_roots], self.roots.source)
+        return self
+
+    def _entries(self) -> list[str]:
+        """The shard urls as the index lists them (relative to its folder, or absolute)."""
+        return self.shards.urls() if isinstance(self.shards, ShardList) else [s.url for s in self.shards]
+
+    def _resolved(self, entry: str) -> str:
+        url = _absolute(entry, self.root)
+        return url if self.roots is None else self.roots.check_entry(entry, url)
 
     def seconds_per_unit(self) -> float | None:
         """How many seconds one length unit is, for audio units; None for tokens/frames."""

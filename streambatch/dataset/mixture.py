@@ -22,6 +22,7 @@ from ..plan.mixing import DatasetDraw, Selection
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
 from .index import INDEX_NAME, ShardIndex
+from .trust import Roots
 
 MIXTURE_SUFFIXES = (".yaml", ".yml")
 
@@ -35,10 +36,10 @@ class Source:
     weight: float = 1.0
 
 
-def mixture_sources(source: Any, weights: Any = None) -> list[Source] | None:
+def mixture_sources(source: Any, weights: Any = None, shard_roots: Sequence[str] = ()) -> list[Source] | None:
     """The datasets a loader ``source`` names, or None for a single dataset: a ``{name: url}`` mapping, a
     list of dataset folders (with ``weights``), or a mixture file (``.yaml``/``.yml``, or ``.json`` holding
-    ``datasets``)."""
+    ``datasets``; :func:`load_mixture`, whose datasets must lie beside it or under ``shard_roots``)."""
     if isinstance(source, Mapping):
         items = [(str(k), str(v)) for k, v in source.items()]
     elif isinstance(source, (list, tuple)) and weights is not None:
@@ -46,7 +47,7 @@ def mixture_sources(source: Any, weights: Any = None) -> list[Source] | None:
     elif isinstance(source, str) and _is_mixture_file(source):
         if weights is not None:
             raise ValueError(f"{source}: a mixture file holds its weights; do not pass weights= as well")
-        return load_mixture(source)
+        return load_mixture(source, shard_roots)
     elif weights is not None:
         raise ValueError("weights= needs several datasets: a {name: folder} mapping or a list of folders")
     else:
@@ -107,15 +108,18 @@ def _read_spec(url: str) -> dict:
     return spec if isinstance(spec, dict) else {}
 
 
-def load_mixture(url: str) -> list[Source]:
+def load_mixture(url: str, shard_roots: Sequence[str] = ()) -> list[Source]:
     """The datasets of a mixture file: ``datasets:`` as a list of ``{name, path, weight}`` or a mapping
-    ``name: {path, weight}`` (or ``name: path``); relative paths are relative to the file."""
+    ``name: {path, weight}`` (or ``name: path``); relative paths are relative to the file. A mixture file is
+    data: each dataset must lie in the file's folder or under one of the user's ``shard_roots`` (:mod:`.trust`),
+    else :class:`~streambatch.errors.UntrustedURL` before it is opened."""
     spec = _read_spec(url).get("datasets")
     if isinstance(spec, Mapping):
         spec = [{"name": k, **(v if isinstance(v, Mapping) else {"path": v})} for k, v in spec.items()]
     if not isinstance(spec, list) or not spec:
         raise ValueError(f"{url}: a mixture file needs a non-empty 'datasets' list or mapping")
     base = storage.parent_url(url)
+    roots = Roots(base or ".", shard_roots, url)
     out = []
     for i, d in enumerate(spec):
         if not isinstance(d, Mapping) or "path" not in d:
@@ -123,6 +127,7 @@ def load_mixture(url: str) -> list[Source]:
         path = str(d["path"])
         if "://" not in path and not os.path.isabs(path):
             path = storage.join_url(base, path)
+        roots.check(path, f"dataset {path!r}" if "name" not in d else f"dataset {str(d['name'])!r}", path)
         out.append(Source(str(d.get("name") or _name(path)), path, float(d.get("weight", 1.0))))
     return _sources([(s.name, s.url) for s in out], {s.name: s.weight for s in out})
 
@@ -169,8 +174,11 @@ class MixedIndex:
         self.shards = VirtualShards(self)
 
     @classmethod
-    def open(cls, sources: Sequence[Source], storage_options: dict | None = None) -> MixedIndex:
-        """Load each dataset's index (a folder holding ``index.json`` or an index file)."""
+    def open(
+        cls, sources: Sequence[Source], storage_options: dict | None = None, shard_roots: Sequence[str] = ()
+    ) -> MixedIndex:
+        """Load each dataset's index (a folder holding ``index.json`` or an index file); its shard URLs must lie
+        in its folder or under ``shard_roots`` (:meth:`ShardIndex.load`)."""
         indexes = []
         for s in sources:
             url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
@@ -178,8 +186,13 @@ class MixedIndex:
                 raise FileNotFoundError(
                     f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)"
                 )
-            indexes.append(ShardIndex.load(url, storage_options))
+            indexes.append(ShardIndex.load(url, storage_options, shard_roots))
         return cls(sources, indexes)
+
+    def check_urls(self) -> None:
+        """Refuse the mixture if a dataset's shard URL points outside its roots (:meth:`ShardIndex.check_urls`)."""
+        for ix in self.indexes:
+            ix.check_urls()
 
     # ---- virtual shards ---------------------------------------------------------------------------
     def real_shard(self, v: int) -> tuple[int, int]:
@@ -344,12 +357,14 @@ class DatasetNames:
         return self.names[int(self.block_dataset[b])]
 
 
-def open_index(url: str, storage_options: dict | None = None) -> ShardIndex | MixedIndex:
+def open_index(
+    url: str, storage_options: dict | None = None, shard_roots: Sequence[str] = ()
+) -> ShardIndex | MixedIndex:
     """A dataset's index, or a mixture file's datasets as one :class:`MixedIndex` (``shardify inspect``, the
-    training script's budget parsing)."""
+    training script's budget parsing); what they point to must lie in their folders or under ``shard_roots``."""
     if _is_mixture_file(url):
-        return MixedIndex.open(load_mixture(url), storage_options)
-    return ShardIndex.load(url, storage_options)
+        return MixedIndex.open(load_mixture(url, shard_roots), storage_options, shard_roots)
+    return ShardIndex.load(url, storage_options, shard_roots)
 
 
 def mixture_table(index: MixedIndex) -> dict[str, dict[str, float]]:

@@ -38,22 +38,26 @@ def expand_urls(source: str | Sequence[str]) -> list[str]:
 
 
 def resolve_source(
-    source: str | Sequence[str], index: str | ShardIndex | None, storage_options: dict | None
+    source: str | Sequence[str],
+    index: str | ShardIndex | None,
+    storage_options: dict | None,
+    shard_roots: Sequence[str] = (),
 ) -> tuple[ShardIndex | None, Sequence[str]]:
     """(index or None, shard URLs) for a dataset folder, an index file, a shard pattern or a URL list; an
-    index's URLs are resolved one at a time (:class:`ShardURLs`), never listed whole."""
+    index's URLs are resolved one at a time (:class:`ShardURLs`), never listed whole, each inside the index's
+    folder or one of ``shard_roots`` (:mod:`.trust`). Shard URLs the user lists are the user's own: not checked."""
     if isinstance(index, ShardIndex):
-        return index, ShardURLs(index)
+        return index.allow(shard_roots), ShardURLs(index)
     if index is not None:
-        ix = ShardIndex.load(str(index), storage_options)
+        ix = ShardIndex.load(str(index), storage_options, shard_roots)
         return ix, ShardURLs(ix)
     if isinstance(source, ShardIndex):
-        return source, ShardURLs(source)
+        return source.allow(shard_roots), ShardURLs(source)
     if isinstance(source, (list, tuple)):
         return None, expand_urls(source)
     source = str(source)
     if source.endswith(".json"):
-        ix = ShardIndex.load(source, storage_options)
+        ix = ShardIndex.load(source, storage_options, shard_roots)
         return ix, ShardURLs(ix)
     if source.endswith(".tar") or "{" in source:
         return None, expand_urls(source)
@@ -63,5 +67,5 @@ def resolve_source(
             f"{source}: no {INDEX_NAME} here. Pass a dataset folder written by `shardify write`, an index file, "
             f"a shard pattern like '{source}/shard-{{000000..000009}}.tar', or a list of shard URLs."
         )
-    ix = ShardIndex.load(index_url, storage_options)
+    ix = ShardIndex.load(index_url, storage_options, shard_roots)
     return ix, ShardURLs(ix)

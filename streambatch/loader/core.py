@@ -76,7 +76,8 @@ class StreamBatchLoader:
     ``packed``.
 
     Reading (:class:`~streambatch.read.reader.ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
-    ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``, ``cache_size``.
+    ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``, ``cache_size``,
+    ``shard_roots``.
 
     Per sample (:class:`~streambatch.loader.options.SampleOptions`): ``decode``, ``transform``,
     ``speed_perturb``, ``features``.
@@ -131,6 +132,7 @@ class StreamBatchLoader:
         max_bad_shards: int = 2,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
+        shard_roots: Sequence[str] = (),
         # per sample: SampleOptions
         decode: Decode = "auto",
         transform: Callable[..., Any] | None = None,
@@ -163,17 +165,20 @@ class StreamBatchLoader:
         if budget is not None and not isinstance(budget, str):
             parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
-        sources = mixture_sources(source, weights)
+        roots = self.read_options.shard_roots  # where the index's URLs may point besides its own root
+        sources = mixture_sources(source, weights, roots)
         self.index: Index | None
         self.urls: Sequence[str]
         if sources is not None:
-            self.index = MixedIndex.open(sources, storage_options)
+            self.index = MixedIndex.open(sources, storage_options, roots)
             self.urls = ShardURLs(self.index)
             self.name = "mixture of " + ", ".join(self.index.names)
         else:
-            self.index, self.urls = resolve_source(source, index, storage_options)
+            self.index, self.urls = resolve_source(source, index, storage_options, roots)
             root = self.index.root if self.index is not None else None
             self.name = str(source) if isinstance(source, str) else root or ""
+        if self.index is not None:
+            self.index.check_urls()  # a shard URL outside the roots stops the run here, before any read
         if not self.urls:
             raise ValueError(f"{source}: no shards found")
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.storage import parse_bytes
 from ..dataset.tar import group_samples, iter_members
+from ..dataset.trust import shard_roots_option
 from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
 from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, ShardFault
@@ -52,6 +53,12 @@ class ReadOptions:
     """A node-local shard cache (:mod:`streambatch.read.cache`): each shard downloaded once per node; None: none."""
     cache_size: int | None = None
     """The cache's limit in bytes, least recently used shards evicted first; None: no limit."""
+    shard_roots: Sequence[str] = ()
+    """Folders or URL prefixes (``"/data/tars"``, ``"s3://bucket/raw/"``) that an index's shard URLs (and a mixture
+    file's datasets) may point into besides the dataset's own folder or prefix. An index is data: by default a URL
+    it names outside its dataset (``..``, an absolute path or ``file://`` elsewhere, another scheme or host) is
+    refused before it is opened (:mod:`streambatch.dataset.trust`). Give the roots a dataset made by
+    ``shardify index --out`` reports."""
 
     #: recent samples each worker keeps to re-draw samples lost with a bad shard
     reservoir: ClassVar[int] = 64
@@ -70,6 +77,7 @@ class ReadOptions:
         number_option("timeout", self.timeout, positive=True)
         choice_option("verify", self.verify, VERIFY)
         int_option("max_bad_shards", self.max_bad_shards, 0)
+        object.__setattr__(self, "shard_roots", shard_roots_option(self.shard_roots))
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise OptionError(f"cache_dir must be a folder or None, got {self.cache_dir!r}")
 

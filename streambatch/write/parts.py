@@ -247,15 +247,17 @@ def merge_parts(
     storage_options: dict | None = None,
     verify: bool = False,
     progress: bool = True,
+    shard_roots: Sequence[str] = (),
 ) -> ShardIndex:
     """Merge the part indexes of a ``--part i/n`` run into ``out/index.json`` (and ``errors.jsonl``).
 
     ``parts``: the part index files (default: every ``index.part-*.json`` in ``out``). All n parts must be
     there, once each, written from the same source with the same options; a missing part is an error that
-    names it. The shards the parts list must exist (``verify=True`` re-reads them all, as ``shardify verify``).
+    names it. The shards the parts list must exist (``verify=True`` re-reads them all, as ``shardify verify``)
+    and lie beside their part index or under ``shard_roots`` (:mod:`~streambatch.dataset.trust`).
     """
     out = str(out).rstrip("/") or "/"
-    ordered = _all_parts(out, _load_parts(out, parts, storage_options))
+    ordered = _all_parts(out, _load_parts(out, parts, storage_options, shard_roots))
     _check_same_run(ordered)
     merged = _merged_index(out, ordered)
     _check_shards_there(merged, out, storage_options)
@@ -275,7 +277,9 @@ def merge_parts(
     return merged
 
 
-def _load_parts(out: str, parts: Sequence[str] | None, storage_options: dict | None) -> list[tuple[str, ShardIndex]]:
+def _load_parts(
+    out: str, parts: Sequence[str] | None, storage_options: dict | None, shard_roots: Sequence[str] = ()
+) -> list[tuple[str, ShardIndex]]:
     """(url, index) of each part index given (default: found in ``out``); each must be a part index."""
     urls = list(parts) if parts else find_parts(out, storage_options)
     if not urls:
@@ -286,7 +290,7 @@ def _load_parts(out: str, parts: Sequence[str] | None, storage_options: dict | N
     loaded: list[tuple[str, ShardIndex]] = []
     for url in urls:
         try:
-            ix = ShardIndex.load(url, storage_options)
+            ix = ShardIndex.load(url, storage_options, shard_roots)
         except FileNotFoundError as e:
             raise ShardifyError(str(e)) from None
         except ValueError as e:

@@ -13,6 +13,7 @@ import posixpath
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -116,14 +117,18 @@ def stage_dataset(
     storage_options: dict | None = None,
     dest_storage_options: dict | None = None,
     progress: bool = True,
+    shard_roots: Sequence[str] = (),
 ) -> StageResult:
     """Copy the dataset at ``src`` (folder, URL or index file) to ``dest``; see the module docstring.
 
-    ``workers`` shards are copied at a time (threads). Returns what was copied and kept."""
+    ``workers`` shards are copied at a time (threads). The source's shard URLs must lie in its folder or under
+    ``shard_roots`` (:mod:`~streambatch.dataset.trust`); the staged copy holds them all. Returns what was copied
+    and kept."""
     src, dest = str(src), str(dest).rstrip("/") or "/"
     if int(workers) <= 0:
         raise ShardifyError("workers must be positive")
-    raw, index = _read_index(src, storage_options)
+    raw, index = _read_index(src, storage_options, shard_roots)
+    index.check_urls()  # before DEST is touched
     if (
         storage.is_local(dest)
         and os.path.exists(storage.local_path(dest))
@@ -195,7 +200,7 @@ class _NoBar:
         pass
 
 
-def _read_index(src: str, storage_options: dict | None) -> tuple[bytes, ShardIndex]:
+def _read_index(src: str, storage_options: dict | None, shard_roots: Sequence[str]) -> tuple[bytes, ShardIndex]:
     """The source index: its bytes (copied as they are unless urls are rewritten) and the loaded index."""
     index_url = _index_url(src)
     try:
@@ -203,7 +208,7 @@ def _read_index(src: str, storage_options: dict | None) -> tuple[bytes, ShardInd
             raw = f.read()
     except FileNotFoundError:
         raise ShardifyError(f"no dataset index at {index_url}") from None
-    return raw, ShardIndex.load(index_url, storage_options)
+    return raw, ShardIndex.load(index_url, storage_options, shard_roots)
 
 
 def _dest_names(index: ShardIndex) -> tuple[list[str], bool]:
