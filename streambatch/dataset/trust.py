@@ -53,9 +53,7 @@ def inside(url: Place, root: Place) -> bool:
 def plainly_inside(entry: str) -> bool:
     """Whether a relative entry of an index (joined onto its root) stays inside the root without normalising it:
     no scheme, not absolute, no ``..``, no escapes or chains (the fast path of almost every shard url)."""
-    return not (
-        entry.startswith(("/", "\\", "~")) or "://" in entry or ".." in entry or "%" in entry or "::" in entry
-    )
+    return not (entry.startswith(("/", "\\", "~")) or "://" in entry or ".." in entry or "%" in entry or "::" in entry)
 
 
 def shard_roots_option(roots: Any, name: str = "shard_roots") -> tuple[str, ...]:
@@ -121,10 +119,13 @@ def refusal(url: str, own: str | None, source: str, what: str, suggest: str | No
 
 def suggested_root(url: str) -> str:
     """The folder (or prefix) holding ``url``, as the root to allow for it."""
-    if "://" in url:
-        head, _, tail = url.partition("://")
-        return head + "://" + posixpath.dirname(tail.rstrip("/")) + "/"
-    return os.path.dirname(os.path.abspath(url))
+    scheme, host, path = place(url)
+    return _root_text(scheme, host, posixpath.dirname(path))
+
+
+def _root_text(scheme: str, host: str, folder: str) -> str:
+    """A root as a user writes it: a local folder as a path, else ``scheme://host/folder/``."""
+    return folder if scheme == "file" else f"{scheme}://{host}{folder.rstrip('/')}/"
 
 
 def roots_for(urls: Iterable[str], own: str) -> list[str]:
@@ -137,10 +138,7 @@ def roots_for(urls: Iterable[str], own: str) -> list[str]:
             scheme, host, path = place(url)
             groups.setdefault((scheme, host), []).append(posixpath.dirname(path))
     out = []
-    for (scheme, host), folders in sorted(groups.items()):
-        common = os.path.commonpath(folders)
-        out.append(common if scheme == "file" else f"{scheme}://{host}{common.rstrip('/')}/")
-    return out
+    return [_root_text(scheme, host, os.path.commonpath(folders)) for (scheme, host), folders in sorted(groups.items())]
 
 
 def allow_line(roots: Sequence[str], own: str) -> str:

@@ -370,29 +370,34 @@ def test_text_tars(tmp_path):
 
 
 def test_index_elsewhere_and_as_parts(tmp_path, capsys):
-    """--out for read-only storage: nothing new beside the tars, the index points back at them; --part I/N +
-    merge gives the same samples, lengths and order as one run."""
+    """--out for read-only storage: nothing new beside the tars, the index points back at them (the command says
+    which root to allow, and the dataset loads with it); --part I/N + merge gives the same samples, lengths and
+    order as one run."""
     src = tmp_path / "ro" / "wds"
     want = write_wds(src, n=17)
     listing = sorted(p.name for p in src.iterdir())
     out = tmp_path / "elsewhere" / "idx"
+    capsys.readouterr()
     assert cli("index", str(src), "--out", str(out)) == 0
+    told = capsys.readouterr().out.strip().splitlines()[-1]
+    assert told == f"shards live outside {out}: load with shard_roots=[{str(src)!r}] (shardify: --shard-root {src})"
     assert sorted(p.name for p in src.iterdir()) == listing
-    ix = ShardIndex.load(str(out))
+    ix = ShardIndex.load(str(out), shard_roots=[str(src)])
     assert all(s.url.startswith("../../ro/wds/") for s in ix.shards)
-    assert cli("verify", str(out)) == 0
-    seen, _, _ = stream(str(out))
+    assert cli("verify", str(out)) == 2  # the tars are outside the dataset's folder: not read unless allowed
+    assert cli("verify", str(out), "--shard-root", str(src)) == 0
+    seen, _, _ = stream(str(out), shard_roots=[str(src)])
     assert seen == collections.Counter(list(want))
 
     parts = tmp_path / "parts"
     for i in range(3):
         assert cli("index", str(src), "--out", str(parts), "--part", f"{i}/3") == 0
-    assert cli("merge", str(parts)) == 0
-    merged = ShardIndex.load(str(parts))
+    assert cli("merge", str(parts), "--shard-root", str(src)) == 0
+    merged = ShardIndex.load(str(parts), shard_roots=[str(src)])
     assert [os.path.realpath(u) for u in merged.shard_urls()] == [str(p) for p in sorted(src.glob("*.tar"))]
     assert np.array_equal(merged.lengths, ix.lengths) and merged.meta["kind"] == "adopted"
     assert index_lengths(str(parts)) == index_lengths(str(out))
-    assert cli("verify", str(parts)) == 0
+    assert cli("verify", str(parts), "--shard-root", str(src)) == 0
 
 
 def test_clear_errors(tmp_path, capsys):
