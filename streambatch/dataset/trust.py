@@ -137,7 +137,6 @@ def roots_for(urls: Iterable[str], own: str) -> list[str]:
         if not roots.contains(url):
             scheme, host, path = place(url)
             groups.setdefault((scheme, host), []).append(posixpath.dirname(path))
-    out = []
     return [_root_text(scheme, host, os.path.commonpath(folders)) for (scheme, host), folders in sorted(groups.items())]
 
 

@@ -22,7 +22,6 @@ from conftest import text_dataset
 from streambatch import ShardIndex, StreamBatchLoader, UntrustedURL
 from streambatch.cli import main
 from streambatch.dataset.trust import Roots, allow_line, place, roots_for
-from streambatch.write.stage import stage_dataset
 
 BUDGET = 1000
 
