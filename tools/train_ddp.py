@@ -173,6 +173,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "mixture file (.yaml/.json) naming several datasets and their weights",
     )
     p.add_argument(
+        "--shard-root",
+        action="append",
+        default=[],
+        metavar="ROOT",
+        help="a folder or URL prefix the dataset's shards may lie in besides its own folder (repeatable; the "
+        "loader's shard_roots), e.g. the tars a `shardify index --out` dataset points back at",
+    )
+    p.add_argument(
         "--budget",
         default="200s",
         help="batch budget: padded length per batch in the dataset's unit, or seconds with an s suffix (default 200s)",
@@ -230,7 +238,7 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
     from streambatch.cli.inspect import parse_budget
     from streambatch.dataset.mixture import open_index
 
-    index = open_index(a.data)  # a dataset, or a mixture file naming several
+    index = open_index(a.data, None, a.shard_root)  # a dataset, or a mixture file naming several
     budget = parse_budget(a.budget, index)
     seconds_per_sample = 1.0 / (index.sample_rate or 16000)  # batch["lengths"] count decoded samples
     torch.manual_seed(a.seed)
@@ -245,6 +253,7 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
         seed=a.seed,
         pin_memory=device.type == "cuda",
         persistent_workers=a.num_workers > 0,
+        shard_roots=a.shard_root,
     )
     ckpt = os.path.join(a.checkpoint_dir, CHECKPOINT) if a.checkpoint_dir else None
     step = 0
