@@ -350,13 +350,14 @@ def no_process_left_behind(request):
 
 
 # ---- datasets compared ----------------------------------------------------------------------------------------
-def samples_of(out) -> list[tuple]:
-    """Every sample as a plain webdataset reader sees it, in index order: (key, json bytes, payload bytes)."""
+def samples_of(out, shard_roots: Collection[str] = ()) -> list[tuple]:
+    """Every sample as a plain webdataset reader sees it, in index order: (key, json bytes, payload bytes);
+    ``shard_roots``: where shards outside ``out`` may be read (the loader's option)."""
     import webdataset as wds
 
     from streambatch.dataset.index import ShardIndex
 
-    index = ShardIndex.load(str(out))
+    index = ShardIndex.load(str(out), shard_roots=list(shard_roots))
     rows = []
     for s in wds.WebDataset(index.shard_urls(), shardshuffle=False, empty_check=False):
         payload = {k: v for k, v in s.items() if not k.startswith("__") and k != "json"}

@@ -16,7 +16,7 @@ from conftest import assert_same_dataset, make_audio, popen, samples_of, write_j
 
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
-from streambatch.errors import ShardifyError
+from streambatch.errors import ShardifyError, UntrustedURL
 from streambatch.write.parts import merge_parts
 from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset
@@ -375,8 +375,11 @@ def test_stage_of_an_index_with_absolute_urls_rewrites_them(tmp_path, folder):
     merge_parts(str(merged_elsewhere), [str(p) for p in sorted(out.glob("index.part-*.json"))])
     assert all(os.path.isabs(s.url) for s in ShardIndex.load(str(merged_elsewhere)).shards)
     dest = tmp_path / "local"
-    stage_dataset(str(merged_elsewhere), str(dest), progress=False)
+    with pytest.raises(UntrustedURL, match="shard_roots="):  # its shards are outside its folder: read if allowed
+        stage_dataset(str(merged_elsewhere), str(dest), progress=False)
+    assert not dest.exists()
+    stage_dataset(str(merged_elsewhere), str(dest), progress=False, shard_roots=[str(out)])
     staged = ShardIndex.load(str(dest))
-    assert all(not os.path.isabs(s.url) for s in staged.shards)
+    assert all(not os.path.isabs(s.url) for s in staged.shards)  # the staged copy holds them all
     assert verify_dataset(staged, progress=False) == []
-    assert samples_of(dest) == samples_of(merged_elsewhere)
+    assert samples_of(dest) == samples_of(merged_elsewhere, shard_roots=[str(out)])
