@@ -37,7 +37,7 @@ def place(url: str) -> Place:
         path = rest if sep else target
         return (chain + "::file" if chain else "file", "", os.path.abspath(path or "."))
     parts = urlsplit(target)
-    path = posixpath.normpath("/" + unquote(parts.path).lstrip("/"))
+    path = posixpath.normpath("/" + unquote(parts.path).replace("\\", "/").lstrip("/"))
     path = "/" + path.lstrip("/")  # normpath keeps a leading "//"
     return ((chain + "::" if chain else "") + scheme.lower(), parts.netloc.lower(), path)
 
@@ -48,6 +48,12 @@ def inside(url: Place, root: Place) -> bool:
         return False
     r = root[2].rstrip("/")
     return not r or url[2] == r or url[2].startswith(r + "/")
+
+
+def is_plain(url: str) -> bool:
+    """Whether ``url`` has nothing to normalise: no ``.`` or empty path segments, escapes, backslashes or chains."""
+    rest = url.partition("://")[2] or url
+    return not ("/." in rest or "//" in rest or "%" in rest or "\\" in rest or "::" in url)
 
 
 def plainly_inside(entry: str) -> bool:
@@ -82,12 +88,16 @@ class Roots:
         self.allowed = shard_roots_option(allowed)
         self.source = source
         self.places = [place(r) for r in ([own] if own else []) + list(self.allowed)]
+        #: each root as the text a plain URL under it starts with (a fast accept; anything else is normalised)
+        self.prefixes = tuple(_root_text(s, h, p).rstrip("/") + "/" for s, h, p in self.places if "::" not in s)
 
     def __repr__(self) -> str:
         return f"Roots(own={self.own!r}, allowed={list(self.allowed)!r})"
 
     def contains(self, url: str) -> bool:
         """Whether ``url`` resolves inside one of the roots."""
+        if url.startswith(self.prefixes) and is_plain(url):
+            return True
         where = place(url)
         return any(inside(where, root) for root in self.places)
 

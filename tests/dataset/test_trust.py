@@ -282,6 +282,8 @@ def test_shard_roots_must_be_folders_or_urls():
         ("s3://bucket/prefix-2/x.tar", False),  # a sibling sharing the prefix's first letters
         ("s3://bucket/prefix/../other/x.tar", False),
         ("s3://bucket/prefix/%2e%2e/other/x.tar", False),  # percent-encoded ..
+        ("s3://bucket/prefix//../other/x.tar", False),
+        ("s3://bucket/prefix/..\\..\\other/x.tar", False),  # backslashes, as some URL parsers read them
         ("s3://bucket2/prefix/a.tar", False),
         ("gs://bucket/prefix/a.tar", False),
         ("http://bucket/prefix/a.tar", False),
