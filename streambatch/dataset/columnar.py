@@ -337,6 +337,8 @@ class ColumnarIndex:
         """One read of one row group (``columns`` plus the shard column, which is checked)."""
         part, rg = int(self.group_part[g]), int(self.group_rg[g])
         pf, url = self._file(part), table_url(self.root, self.parts[part]["path"])
+        if rg >= pf.metadata.num_row_groups:
+            raise IndexFormatError(f"{url}: no row group {rg} (the file has {pf.metadata.num_row_groups})")
         rows, want = pf.metadata.row_group(rg).num_rows, int(self.group_rows[g])
         if rows != want:
             raise IndexFormatError(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
