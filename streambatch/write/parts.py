@@ -31,6 +31,7 @@ from ..dataset.format import (
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
 from ..units import Unit
+from .lock import holds_lock, is_lock_file
 from .verify import verify_dataset
 
 _PART_FILE_RE = re.compile(
@@ -131,7 +132,7 @@ def check_out(
         raise ShardifyError(f"{out} exists and is not a folder")
     if overwrite:
         return
-    names = storage.listdir(out, storage_options)
+    names = [m for m in storage.listdir(out, storage_options) if not is_lock_file(m)]  # .lock: a write's own
     if part is None:
         if names and not resume:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
@@ -241,6 +242,7 @@ def find_parts(out: str, storage_options: dict | None = None) -> list[str]:
     return [storage.join_url(out, m) for m in names]
 
 
+@holds_lock(lambda a: (str(a.arguments["out"]), None, a.arguments["storage_options"]))
 def merge_parts(
     out: str,
     parts: Sequence[str] | None = None,

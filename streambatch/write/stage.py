@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm import tqdm
 
@@ -21,6 +22,7 @@ from ..dataset import storage
 from ..dataset.format import Digest, HashingReader, sha256_problem, size_problem
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
+from .lock import holds_lock
 from .tarwrite import atomic_file
 
 CHUNK = 4 << 20
@@ -107,6 +109,16 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
+def _dest(a: Any) -> Any:
+    """The folder ``stage_dataset`` holds the lock of (:mod:`.lock`): DEST (none where DEST is a file)."""
+    dest = str(a.arguments["dest"])
+    path = storage.local_path(dest)
+    if storage.is_local(dest) and os.path.exists(path) and not os.path.isdir(path):
+        return None
+    return dest, None, a.arguments["dest_storage_options"]
+
+
+@holds_lock(_dest)
 def stage_dataset(
     src: str,
     dest: str,
