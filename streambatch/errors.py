@@ -9,6 +9,7 @@ the others are failures met while reading data or fitting a model.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,23 @@ class EmptyEpochError(ShardifyError, ValueError):
 
 class MissingCredentials(ShardifyError, PermissionError):
     """Object storage refused a URL for want of credentials; the message names the URL and where they come from."""
+
+
+class OutputError(ShardifyError):
+    """An output file that could not be written for want of space (disk or quota full, a file size limit); the
+    message names the file, and nothing was left under its name."""
+
+
+#: the OS errors of an output that does not fit (no space, over a quota, bigger than a file may be)
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def no_space(e: BaseException, url: str, what: str = "") -> OutputError | None:
+    """An :class:`OutputError` naming ``url`` when ``e`` says the output does not fit, else None."""
+    if not isinstance(e, OSError) or e.errno not in NO_SPACE_ERRNOS:
+        return None
+    problem = (e.strerror or str(e)).lower()
+    return OutputError(f"{url}: {problem} while writing {what or 'it'}; nothing was left under its name")
 
 
 class OptionError(ShardifyError, ValueError):

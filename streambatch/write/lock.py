@@ -134,8 +134,7 @@ def _acquire(lock: _Lock, shared: bool, folder: str, storage_options: dict | Non
 def _held_text(folder: str, holder: dict[str, Any] | None, url: str) -> str:
     who = _who(holder) if holder else "a writer whose details are not readable yet"
     return (
-        f"{folder} is being written by another shardify ({who}; lock {url}); wait for it to finish, "
-        "or write elsewhere"
+        f"{folder} is being written by another shardify ({who}; lock {url}); wait for it to finish, or write elsewhere"
     )
 
 
