@@ -88,6 +88,10 @@ def output_lock(
     """Hold ``folder``'s lock: exclusive for a whole write, shared plus part ``I``'s own for ``part=(I, N)``.
     A local folder that does not exist is made (and removed again if it is left empty)."""
     folder = str(folder).rstrip("/") or "/"
+    path = storage.local_path(folder)
+    if storage.is_local(folder) and os.path.exists(path) and not os.path.isdir(path):
+        yield  # a file where the folder belongs: the writer refuses it with its own message
+        return
     created = _make_folder(folder, storage_options)
     held: list[_Lock] = []
     try:

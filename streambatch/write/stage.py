@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from tqdm import tqdm
 
@@ -109,16 +108,7 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
-def _dest(a: Any) -> Any:
-    """The folder ``stage_dataset`` holds the lock of (:mod:`.lock`): DEST (none where DEST is a file)."""
-    dest = str(a.arguments["dest"])
-    path = storage.local_path(dest)
-    if storage.is_local(dest) and os.path.exists(path) and not os.path.isdir(path):
-        return None
-    return dest, None, a.arguments["dest_storage_options"]
-
-
-@holds_lock(_dest)
+@holds_lock(lambda a: (str(a.arguments["dest"]), None, a.arguments["dest_storage_options"]))
 def stage_dataset(
     src: str,
     dest: str,
