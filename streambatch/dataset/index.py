@@ -23,6 +23,7 @@ from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
 from .columns import merged_columns
+from .index_header import check_header
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
@@ -83,11 +84,14 @@ class ShardIndex:
             raise IndexFormatError(
                 f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})"
             )
-        version = int(d.get("version", 0))
+        version = d.get("version", 0)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise IndexFormatError(f"{source}: index version {version!r} is not a whole number")
         if version > NEWEST:
             raise IndexFormatError(
                 f"{source}: index version {d['version']} is newer than this streambatch reads ({NEWEST})"
             )
+        check_header(d, version, source)
         try:
             unit = Unit.parse(d["unit"])
         except KeyError as e:
