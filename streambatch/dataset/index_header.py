@@ -37,7 +37,7 @@ def _check_v2(d: dict[str, Any], source: str) -> None:
         _count(d, name, source)
     if not isinstance(d.get("id"), str):
         _bad(source, "id", d.get("id"), "a string")
-    columns = d.get("columns")
+    columns: Any = d.get("columns")
     if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):
         _bad(source, "columns", columns, "an object of column names and type names")
     if "length" not in columns:
@@ -91,7 +91,7 @@ def _packed(p: Any, where: str, source: str) -> None:
 
 
 def _count(d: dict[str, Any], name: str, source: str, where: str = "") -> None:
-    value = d.get(name)
+    value: Any = d.get(name)
     if not (_is_int(value) and value >= 0):
         _bad(source, f"{where}.{name}" if where else name, value, "a whole number, not negative")
 

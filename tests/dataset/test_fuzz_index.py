@@ -63,7 +63,7 @@ def read_everything(folder: Path) -> None:
     index = ShardIndex.load(str(folder))
     check_tables(index)
     index.shard_urls()
-    (index.num_samples, index.total_length, index.total_bytes, index.has_output_lengths)
+    _ = (index.num_samples, index.total_length, index.total_bytes, index.has_output_lengths)
     index.shard_table()
     index.shard_lengths(range(index.num_shards))
     index.lengths  # noqa: B018
