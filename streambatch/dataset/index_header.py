@@ -54,7 +54,7 @@ def _table_entry(entry: Any, where: str, source: str, counts: tuple[str, ...]) -
     """A table's entry: a relative file path beside the index, and its counts (whole numbers, not negative)."""
     if not isinstance(entry, dict):
         _bad(source, where, entry, "an object")
-    rel = entry.get("path")
+    rel: Any = entry.get("path")
     parts = rel.split("/") if isinstance(rel, str) else []
     if not parts or any(p in ("", ".", "..") for p in parts) or "://" in rel or "\\" in rel:
         _bad(source, f"{where}.path", rel, "a file path beside the index")
