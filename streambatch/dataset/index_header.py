@@ -35,6 +35,8 @@ def check_header(d: dict[str, Any], version: int, source: str) -> None:
 def _check_v2(d: dict[str, Any], source: str) -> None:
     for name in ("num_shards", "num_samples"):
         _count(d, name, source)
+    if d.get("total_bytes") is not None:  # absent from indexes written before the header carried it
+        _count(d, "total_bytes", source)
     if not isinstance(d.get("id"), str):
         _bad(source, "id", d.get("id"), "a string")
     columns: Any = d.get("columns")
