@@ -154,6 +154,15 @@ def test_second_stage_into_one_folder_is_refused(tmp_path):
     assert _run("stage", str(src), str(dest), "--no-progress").returncode == 0
 
 
+def test_second_index_into_one_folder_is_refused(tmp_path):
+    ds = tmp_path / "ds"
+    assert _run("write", str(_text_source(tmp_path / "src.jsonl")), str(ds), "--no-progress").returncode == 0
+    with output_lock(str(ds)):
+        refused = _run("index", str(ds), "--overwrite", "--no-progress")
+    assert refused.returncode == 2 and f"pid {os.getpid()}" in refused.stderr, refused.stderr
+    assert _run("index", str(ds), "--overwrite", "--no-progress").returncode == 0
+
+
 def test_file_lock_without_flock(tmp_path):
     """The lock where flock is not available (object storage): a live holder refuses, a lock file of a dead pid
     on this host or not renewed for STALE_AFTER seconds (another host) is taken over."""
