@@ -9,8 +9,9 @@ the others are failures met while reading data or fitting a model.
 
 from __future__ import annotations
 
+import contextlib
 import errno
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,12 +86,17 @@ class OutputError(ShardifyError):
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
-def no_space(e: BaseException, url: str, what: str = "") -> OutputError | None:
-    """An :class:`OutputError` naming ``url`` when ``e`` says the output does not fit, else None."""
-    if not isinstance(e, OSError) or e.errno not in NO_SPACE_ERRNOS:
-        return None
-    problem = (e.strerror or str(e)).lower()
-    return OutputError(f"{url}: {problem} while writing {what or 'it'}; nothing was left under its name")
+@contextlib.contextmanager
+def output_fits(url: str, what: str = "it") -> Iterator[None]:
+    """Run the block that writes ``url``; an OS error saying the output does not fit (:data:`NO_SPACE_ERRNOS`)
+    becomes an :class:`OutputError` naming ``url`` (the block's writer has removed its temporary file)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in NO_SPACE_ERRNOS:
+            raise
+        problem = (e.strerror or str(e)).lower()
+        raise OutputError(f"{url}: {problem} while writing {what}; nothing was left under its name") from None
 
 
 class OptionError(ShardifyError, ValueError):

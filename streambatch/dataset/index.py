@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, no_space
+from ..errors import OptionError, output_fits
 from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
@@ -131,19 +131,14 @@ class ShardIndex:
         """Write the index atomically (temporary names, then renames or whole uploads; version 2 writes its
         tables first and ``index.json`` last). Returns the index file's URL."""
         url = _index_url(url)
-        try:
+        if version not in (1, 2):
+            raise ValueError(f"index version must be 1 or 2, got {version!r}")
+        with output_fits(url, "the index (its tables, then this file)"):
             if version == 2:
                 self._save_v2(url, storage_options, progress)
-            elif version == 1:
+            else:
                 data = json.dumps(self.to_json(), separators=(",", ":")).encode()
                 write_bytes_atomic(url, data, storage_options)
-            else:
-                raise ValueError(f"index version must be 1 or 2, got {version!r}")
-        except OSError as e:
-            full = no_space(e, url, "the index (its tables, then this file)")
-            if full is None:
-                raise
-            raise full from None
         return url
 
     def _save_v2(self, url: str, storage_options: dict | None, progress: bool) -> None:

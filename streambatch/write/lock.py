@@ -36,6 +36,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..dataset import storage
 from ..errors import ShardifyError
+from ..procs import alive
 
 LOCK_NAME = ".shardify.lock"
 PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
@@ -331,7 +332,7 @@ class _FileLock(_Lock):
     def _stale(self, info: dict[str, Any] | None) -> bool:
         """A lock of a dead pid on this host, or not renewed for :data:`STALE_AFTER` seconds."""
         if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return not _alive(info["pid"])
+            return not alive(info["pid"])
         try:
             return time.time() - _mtime(self.url, self.storage_options) > STALE_AFTER
         except (FileNotFoundError, OSError):
@@ -355,16 +356,6 @@ class _FileLock(_Lock):
             with contextlib.suppress(FileNotFoundError, OSError):
                 storage.remove(self.url, self.storage_options)
         self.mine = None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _mtime(url: str, storage_options: dict | None) -> float:

@@ -29,7 +29,7 @@ from ..dataset.format import (
     SHARD_NAME,
 )
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
-from ..errors import ShardifyError, no_space
+from ..errors import ShardifyError, output_fits
 from ..units import Unit
 from .lock import holds_lock, is_lock_file
 from .verify import verify_dataset
@@ -225,13 +225,8 @@ def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict
     when ``remove_stale``."""
     if rows:
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-        try:
+        with output_fits(url):
             storage.write_bytes_atomic(url, data, storage_options)
-        except OSError as e:
-            full = no_space(e, url)
-            if full is None:
-                raise
-            raise full from None
     elif remove_stale:
         remove_quiet(url, storage_options)
 
