@@ -9,7 +9,9 @@ the others are failures met while reading data or fitting a model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import errno
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +80,28 @@ class MissingCredentials(ShardifyError, PermissionError):
 class UntrustedURL(ShardifyError, ValueError):
     """A URL a data file names (a shard, a mixture's dataset) outside the dataset's root and every root the user
     allowed (``shard_roots`` / ``--shard-root``): refused before it is opened; the message names it and the option."""
+
+
+class OutputError(ShardifyError):
+    """An output file that could not be written for want of space (disk or quota full, a file size limit); the
+    message names the file, and nothing was left under its name."""
+
+
+#: the OS errors of an output that does not fit (no space, over a quota, bigger than a file may be)
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+@contextlib.contextmanager
+def output_fits(url: str, what: str = "it") -> Iterator[None]:
+    """Run the block that writes ``url``; an OS error saying the output does not fit (:data:`NO_SPACE_ERRNOS`)
+    becomes an :class:`OutputError` naming ``url`` (the block's writer has removed its temporary file)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in NO_SPACE_ERRNOS:
+            raise
+        problem = (e.strerror or str(e)).lower()
+        raise OutputError(f"{url}: {problem} while writing {what}; nothing was left under its name") from None
 
 
 class OptionError(ShardifyError, ValueError):

@@ -16,15 +16,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..errors import InputErrors, ShardifyError
+from ..errors import NO_SPACE_ERRNOS, InputErrors, ShardifyError
 from . import calibrate, demo, index, inspect, merge, stage, upgrade, verify, write
 from .args import PROG
 
 #: the subcommands, in the order ``shardify --help`` lists them
 COMMANDS = (write, index, merge, stage, inspect, verify, upgrade, demo, calibrate)
 
-#: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...): exit 2, one line
+#: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...) or their room (no
+#: space, a quota, a file size limit): exit 2, one line
 INPUT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EROFS, errno.ENOENT}
+INPUT_ERRNOS |= NO_SPACE_ERRNOS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,9 +80,23 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """The dataset's (or mixture's) summary, or with ``--plan`` its planned epoch 0."""
     index = opened(open_index, args)
+    _check_tables(index)
     if args.plan:
         return _inspect_plan(index, args)
     return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json, args.where)
+
+
+def _check_tables(index: Dataset) -> None:
+    """Every table of every dataset read in full first, as the loader reads it: a damaged index is an error
+    naming the table (exit 2), never a summary that looks fine (:mod:`~streambatch.dataset.index_check`)."""
+    from ..dataset.index_check import check_tables
+    from ..errors import IndexFormatError
+
+    for _, ix in datasets_of(index):
+        try:
+            check_tables(ix)
+        except IndexFormatError as e:
+            raise ShardifyError(f"{e}; the loader refuses this index (`shardify verify` lists every problem)") from None
 
 
 def _inspect_plan(index: Dataset, args: argparse.Namespace) -> int:

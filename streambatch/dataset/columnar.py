@@ -233,7 +233,7 @@ class ColumnarIndex:
         url = table_url(self.root, rel)
         try:
             f = open_random(url, self.storage_options)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise IndexFormatError(f"{url}: missing ({e})") from e
         size = f.seek(0, 2)
         f.seek(0)
@@ -249,7 +249,7 @@ class ColumnarIndex:
             f.close()
             raise IndexFormatError(f"{url}: not a readable Parquet table ({e})") from e
         md = pf.metadata
-        found = (md.metadata or {}).get(ID_KEY, b"").decode()
+        found = (md.metadata or {}).get(ID_KEY, b"").decode("utf-8", "replace")
         if found != self.id:
             raise IndexFormatError(
                 f"{url}: written by another index write ({found or 'no id'}, {self.source} has "
@@ -337,6 +337,8 @@ class ColumnarIndex:
         """One read of one row group (``columns`` plus the shard column, which is checked)."""
         part, rg = int(self.group_part[g]), int(self.group_rg[g])
         pf, url = self._file(part), table_url(self.root, self.parts[part]["path"])
+        if rg >= pf.metadata.num_row_groups:
+            raise IndexFormatError(f"{url}: no row group {rg} (the file has {pf.metadata.num_row_groups})")
         rows, want = pf.metadata.row_group(rg).num_rows, int(self.group_rows[g])
         if rows != want:
             raise IndexFormatError(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")

@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import OptionError, output_fits
 from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
 from .columns import merged_columns
+from .index_header import check_header
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, open_url, parent_url, write_bytes_atomic
@@ -94,11 +95,14 @@ class ShardIndex:
             raise IndexFormatError(
                 f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})"
             )
-        version = int(d.get("version", 0))
+        version = d.get("version", 0)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise IndexFormatError(f"{source}: index version {version!r} is not a whole number")
         if version > NEWEST:
             raise IndexFormatError(
                 f"{source}: index version {d['version']} is newer than this streambatch reads ({NEWEST})"
             )
+        check_header(d, version, source)
         try:
             unit = Unit.parse(d["unit"])
         except KeyError as e:
@@ -138,13 +142,14 @@ class ShardIndex:
         """Write the index atomically (temporary names, then renames or whole uploads; version 2 writes its
         tables first and ``index.json`` last). Returns the index file's URL."""
         url = _index_url(url)
-        if version == 2:
-            self._save_v2(url, storage_options, progress)
-        elif version == 1:
-            data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-            write_bytes_atomic(url, data, storage_options)
-        else:
+        if version not in (1, 2):
             raise ValueError(f"index version must be 1 or 2, got {version!r}")
+        with output_fits(url, "the index (its tables, then this file)"):
+            if version == 2:
+                self._save_v2(url, storage_options, progress)
+            else:
+                data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+                write_bytes_atomic(url, data, storage_options)
         return url
 
     def _save_v2(self, url: str, storage_options: dict | None, progress: bool) -> None:

@@ -388,7 +388,10 @@ class AtomicWriter:
         """Throw the file away (best effort): nothing appears under its name."""
         try:
             if self.tmp is not None:
-                self.file.close()
+                try:
+                    self.file.close()
+                except OSError:  # its buffer could not be written (the disk is full): the file goes all the same
+                    pass
                 if os.path.exists(self.tmp):
                     os.remove(self.tmp)
                 self.tmp = None

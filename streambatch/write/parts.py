@@ -29,8 +29,9 @@ from ..dataset.format import (
     SHARD_NAME,
 )
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
-from ..errors import ShardifyError
+from ..errors import ShardifyError, output_fits
 from ..units import Unit
+from .lock import holds_lock, is_lock_file
 from .verify import verify_dataset
 
 _PART_FILE_RE = re.compile(
@@ -131,7 +132,7 @@ def check_out(
         raise ShardifyError(f"{out} exists and is not a folder")
     if overwrite:
         return
-    names = storage.listdir(out, storage_options)
+    names = [m for m in storage.listdir(out, storage_options) if not is_lock_file(m)]  # .lock: a write's own
     if part is None:
         if names and not resume:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
@@ -224,7 +225,8 @@ def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict
     when ``remove_stale``."""
     if rows:
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-        storage.write_bytes_atomic(url, data, storage_options)
+        with output_fits(url):
+            storage.write_bytes_atomic(url, data, storage_options)
     elif remove_stale:
         remove_quiet(url, storage_options)
 
@@ -241,6 +243,7 @@ def find_parts(out: str, storage_options: dict | None = None) -> list[str]:
     return [storage.join_url(out, m) for m in names]
 
 
+@holds_lock(lambda a: (str(a.arguments["out"]), None, a.arguments["storage_options"]))
 def merge_parts(
     out: str,
     parts: Sequence[str] | None = None,

@@ -22,6 +22,7 @@ from ..dataset import storage
 from ..dataset.format import Digest, HashingReader, sha256_problem, size_problem
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
+from .lock import holds_lock
 from .tarwrite import atomic_file
 
 CHUNK = 4 << 20
@@ -108,6 +109,7 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
+@holds_lock(lambda a: (str(a.arguments["dest"]), None, a.arguments["dest_storage_options"]))
 def stage_dataset(
     src: str,
     dest: str,

@@ -23,7 +23,7 @@ import numpy as np
 from ..dataset import storage
 from ..dataset.format import Digest, keys_sha1, size_problem
 from ..dataset.index import ShardInfo
-from ..errors import ShardifyError, StreamBatchError
+from ..errors import ShardifyError, StreamBatchError, output_fits
 from .records import Record
 
 TAR_FORMAT: Final = tarfile.PAX_FORMAT
@@ -228,11 +228,12 @@ def atomic_file(url: str, storage_options: dict | None = None, prefix: str = "sh
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tar")
         os.close(fd)
     try:
-        yield tmp
-        if local:
-            os.replace(tmp, target)
-        else:
-            storage.put_file_atomic(tmp, url, storage_options)
+        with output_fits(url):
+            yield tmp
+            if local:
+                os.replace(tmp, target)
+            else:
+                storage.put_file_atomic(tmp, url, storage_options)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -27,9 +27,10 @@ from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
 from ..dataset.audio import decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
 from ..dataset.index import ShardIndex, ShardInfo
+from ..dataset.index_check import table_problems
 from ..dataset.members import PLAIN, SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import iter_members, split_name
-from ..errors import ShardReadError
+from ..errors import IndexFormatError, ShardReadError
 from ..units import Unit
 
 
@@ -151,6 +152,10 @@ def verify_shard(
     if not storage.exists(url, storage_options):
         return ["missing"]
     problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]
+    try:
+        info.lengths  # noqa: B018 - its lengths read first: a damaged sample table is the index's problem, not the tar's
+    except IndexFormatError as e:
+        return problems + [f"the index's lengths of this shard cannot be read: {e}"]
     checks = _SampleChecks(info, decode, adopted, members)
     try:
         with storage.open_url(url, "rb", storage_options) as f:
@@ -204,12 +209,19 @@ def verify_dataset(
     progress: bool = True,
     decode: bool = False,
     workers: int | None = None,
+    tables: bool = True,
 ) -> list[str]:
     """Re-read every shard and compare it with the index; returns ``"URL: problem"`` lines.
 
-    ``decode=True`` also decodes every audio member (``"URL: KEY.EXT: problem"`` for each bad one). Shards are
-    checked in ``workers`` processes (default: 1, or every CPU with ``decode``); the lines keep shard order.
+    The index's own tables are read in full first, as the loader reads them (:mod:`~..dataset.index_check`):
+    when one is damaged its problems (``"TABLE: problem"``) are returned and no shard is read (``tables=False``:
+    the caller checked them). ``decode=True`` also decodes every audio member (``"URL: KEY.EXT: problem"`` for
+    each bad one). Shards are checked in ``workers`` processes (default: 1, or every CPU with ``decode``); the
+    lines keep shard order.
     """
+    damaged = table_problems(index) if tables else []
+    if damaged:
+        return damaged
     check = DecodeCheck(index.unit, index.sample_rate) if decode else None
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if decode and hasattr(os, "sched_getaffinity") else 1

@@ -22,6 +22,7 @@ from ..dataset.columns import ColumnError, choose_columns, column_values, parse_
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
 from ..units import Unit
+from .lock import holds_lock
 from .parts import (
     Scope,
     check_out,
@@ -54,6 +55,12 @@ def parse_size(size: int | str) -> int:
 
 
 # ---- the whole pipeline ------------------------------------------------------------------------
+def _output(a: Any) -> Any:
+    """The folder ``write_shards`` holds the lock of (:mod:`.lock`): OUT, whole or for its part."""
+    return str(a.arguments["out"]), parse_part(a.arguments["part"]), a.arguments["storage_options"]
+
+
+@holds_lock(_output)
 def write_shards(
     src: str,
     out: str,

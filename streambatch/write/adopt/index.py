@@ -36,6 +36,7 @@ from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError
+from ..lock import holds_lock
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
 from ..probe import check_unit, process_pool
 from ..records import entry_segment
@@ -111,6 +112,16 @@ def find_tars(src: str, storage_options: dict | None = None) -> list[str]:
     return [storage.join_url(src, n) for _, n in sorted(zip(natural, names))]
 
 
+def _output(a: Any) -> Any:
+    """The folder ``index_tars`` holds the lock of (:mod:`..lock`): where the index goes, whole or for its part
+    (none where SRC is not a folder: refused with its own message)."""
+    src, out = str(a.arguments["src"]), a.arguments["out"]
+    if storage.is_local(src) and not os.path.isdir(storage.local_path(src)):
+        return None
+    return str(out or src), parse_part(a.arguments["part"]), a.arguments["storage_options"]
+
+
+@holds_lock(_output)
 def index_tars(
     src: str,
     out: str | None = None,

@@ -1,0 +1,365 @@
+"""One writer per folder: the lock that ``write``, ``index``, ``merge`` and ``stage`` hold on their output folder.
+
+A lock file in the folder, ``.shardify.lock``, holds its writer's host, pid, start time and command (JSON), so a
+second writer is refused with one line naming the first (:class:`LockHeld`, exit 2). The parts of an array job
+(``--part I/N``) write different files of one folder and run at the same time: each holds the folder lock
+*shared* and its own part's lock ``.shardify-part-IIII.lock`` exclusively, so parts run together but never
+beside a whole write, a merge or another run of the same part.
+
+Local folders (and network filesystems that support them) use the kernel's ``flock``: a writer that dies, even
+by ``kill -9``, loses its lock with its process, and the next writer takes it over, with a warning naming the
+writer that did not finish (its info is still in the file). Where ``flock`` is not available (object storage
+URLs, a filesystem refusing it) the lock is a file created only when absent, whose mtime the writer renews
+every :data:`HEARTBEAT` seconds; it is stale, and taken over with a warning, when its pid is dead on this host,
+or when it was not renewed for :data:`STALE_AFTER` seconds (another host). That fallback has a short window in
+which two writers starting at the same instant can both win; ``flock`` has none. A clean exit removes the
+lock file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fnmatch
+import functools
+import inspect
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+from ..dataset import storage
+from ..errors import ShardifyError
+from ..procs import alive
+
+LOCK_NAME = ".shardify.lock"
+PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
+PART_LOCK_GLOB = ".shardify-part-*.lock"
+#: seconds between two renewals of a lock file's mtime (where ``flock`` is not available)
+HEARTBEAT = 30.0
+#: a lock file not renewed for this many seconds belongs to a writer that is gone (where ``flock`` is not available)
+STALE_AFTER = 300.0
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Where = tuple[str, "tuple[int, int] | None", "dict | None"]
+
+
+class LockHeld(ShardifyError):
+    """Another writer holds the output folder: the message names it (host, pid, since when, command, lock file)."""
+
+
+def is_lock_file(name: str) -> bool:
+    """Whether a file name in an output folder is one of these locks (not part of any dataset)."""
+    return name == LOCK_NAME or fnmatch.fnmatch(name, PART_LOCK_GLOB)
+
+
+def holds_lock(where: Callable[[inspect.BoundArguments], Where | None]) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Run the decorated writer holding the lock of the folder ``where(arguments)`` names: ``(folder, part,
+    storage_options)``, or None to run without one (the writer refuses its arguments itself)."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        sig = inspect.signature(func)
+
+        @functools.wraps(func)
+        def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            target = where(bound)
+            if target is None:
+                return func(*args, **kwargs)
+            with output_lock(*target):
+                return func(*args, **kwargs)
+
+        return locked
+
+    return decorate
+
+
+@contextlib.contextmanager
+def output_lock(
+    folder: str, part: tuple[int, int] | None = None, storage_options: dict | None = None
+) -> Iterator[None]:
+    """Hold ``folder``'s lock: exclusive for a whole write, shared plus part ``I``'s own for ``part=(I, N)``.
+    A local folder that does not exist is made (and removed again if it is left empty)."""
+    folder = str(folder).rstrip("/") or "/"
+    path = storage.local_path(folder)
+    if storage.is_local(folder) and os.path.exists(path) and not os.path.isdir(path):
+        yield  # a file where the folder belongs: the writer refuses it with its own message
+        return
+    created = _make_folder(folder, storage_options)
+    held: list[_Lock] = []
+    try:
+        whole = _lock_for(storage.join_url(folder, LOCK_NAME), storage_options)
+        _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options)
+        held.append(whole)
+        if part is None:
+            _no_running_parts(whole, folder, storage_options)
+        else:
+            own = _lock_for(storage.join_url(folder, PART_LOCK_NAME.format(part[0])), storage_options)
+            _acquire(own, shared=False, folder=folder, storage_options=storage_options)
+            held.append(own)
+        yield
+    finally:
+        for lock in reversed(held):
+            lock.release()
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(storage.local_path(folder))  # only when empty: the write failed before writing a file
+
+
+def _make_folder(folder: str, storage_options: dict | None) -> bool:
+    """Make a local ``folder`` that does not exist yet; whether it was made here."""
+    if not storage.is_local(folder) or os.path.isdir(storage.local_path(folder)):
+        return False
+    storage.makedirs(folder, storage_options)
+    return True
+
+
+def _acquire(lock: _Lock, shared: bool, folder: str, storage_options: dict | None) -> None:
+    """Take ``lock`` or raise :class:`LockHeld` naming its holder; warn when taking over a dead writer's."""
+    left = lock.acquire(shared)
+    if left is _HELD:
+        holder = lock.holder() or (_part_holder(folder, storage_options) if not shared else None)
+        raise LockHeld(_held_text(folder, holder, lock.url))
+    if left:
+        print(
+            f"shardify: warning: taking over the lock of a writer that did not finish ({_who(left)}; "
+            f"{lock.url}); what it left in {folder} is replaced or checked as after any interrupted write",
+            file=sys.stderr,
+        )
+
+
+def _held_text(folder: str, holder: dict[str, Any] | None, url: str) -> str:
+    who = _who(holder) if holder else "a writer whose details are not readable yet"
+    return (
+        f"{folder} is being written by another shardify ({who}; lock {url}); wait for it to finish, or write elsewhere"
+    )
+
+
+def _who(info: dict[str, Any]) -> str:
+    return (
+        f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, since {info.get('since', '?')}: "
+        f"{info.get('command', '?')}"
+    )
+
+
+def _part_holder(folder: str, storage_options: dict | None) -> dict[str, Any] | None:
+    """The info of a running part writer (the folder lock's shared holders write theirs in their part lock)."""
+    for name in storage.listdir(folder, storage_options):
+        if fnmatch.fnmatch(name, PART_LOCK_GLOB):
+            info = _read_info(storage.join_url(folder, name), storage_options)
+            if info:
+                return info
+    return None
+
+
+def _no_running_parts(whole: _Lock, folder: str, storage_options: dict | None) -> None:
+    """With the folder lock held exclusively: remove the part locks that parts which did not finish left (with
+    ``flock`` no part can be running), or (lock files with a heartbeat) refuse while a part's lock is live."""
+    kernel = isinstance(whole, _FlockLock) and whole.fallback is None
+    for name in storage.listdir(folder, storage_options):
+        if not fnmatch.fnmatch(name, PART_LOCK_GLOB):
+            continue
+        url = storage.join_url(folder, name)
+        if not kernel:
+            part = _FileLock(url, storage_options)
+            info = part.holder()
+            if not part._stale(info):
+                raise LockHeld(_held_text(folder, info, url))
+        with contextlib.suppress(FileNotFoundError):
+            storage.remove(url, storage_options)
+
+
+def _my_info() -> dict[str, Any]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]])[:500],
+        "token": uuid.uuid4().hex,
+    }
+
+
+def _parse_info(data: bytes) -> dict[str, Any] | None:
+    try:
+        info = json.loads(data[:4096].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _read_info(url: str, storage_options: dict | None) -> dict[str, Any] | None:
+    try:
+        with storage.open_url(url, "rb", storage_options) as f:
+            return _parse_info(f.read(4096))
+    except (FileNotFoundError, OSError):
+        return None
+
+
+#: what :meth:`_Lock.acquire` returns when another writer holds the lock
+_HELD: Any = object()
+
+
+class _Lock:
+    """A lock file; :meth:`acquire` returns ``_HELD``, or the info a dead writer left (None: none left)."""
+
+    url: str
+
+    def acquire(self, shared: bool) -> Any:
+        raise NotImplementedError
+
+    def holder(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
+def _lock_for(url: str, storage_options: dict | None) -> _Lock:
+    if storage.is_local(url):
+        return _FlockLock(url)
+    return _FileLock(url, storage_options)
+
+
+class _FlockLock(_Lock):
+    """A local lock file held with ``flock`` (released by the kernel when its process dies)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.path = url, storage.local_path(url)
+        self.fd: int | None = None
+        self.shared = False
+        self.fallback: _FileLock | None = None
+
+    def acquire(self, shared: bool) -> Any:
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return _HELD
+            except OSError as e:  # a filesystem without flock: the lock file with a heartbeat
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                self.fallback = _FileLock(self.url, None)
+                return self.fallback.acquire(shared)
+            if self._still_there(fd):
+                break
+            os.close(fd)  # removed by its last holder between our open and our lock: lock the file there now
+        self.fd, self.shared = fd, shared
+        return self._write_mine(fd, shared)
+
+    def _still_there(self, fd: int) -> bool:
+        try:
+            st, now = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+    def _write_mine(self, fd: int, shared: bool) -> dict[str, Any] | None:
+        """Our info into the file (a shared holder, one of several, leaves it empty); what a writer killed while
+        holding it exclusively left there (None when empty)."""
+        left = _parse_info(os.pread(fd, 4096, 0))
+        if left is not None or not shared:
+            os.ftruncate(fd, 0)
+        if not shared:
+            os.pwrite(fd, json.dumps(_my_info()).encode(), 0)
+        return left
+
+    def holder(self) -> dict[str, Any] | None:
+        if self.fallback is not None:
+            return self.fallback.holder()
+        return _read_info(self.url, None)
+
+    def release(self) -> None:
+        if self.fallback is not None:
+            self.fallback.release()
+            return
+        if self.fd is None:
+            return
+        import fcntl
+
+        try:
+            if self.shared:  # the last shared holder removes the file: only if nobody else holds it
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _FileLock(_Lock):
+    """A lock file created only when absent, its mtime renewed by a heartbeat thread (object storage, or a
+    filesystem without ``flock``); shared holders (parts) check it is absent or stale without holding it."""
+
+    def __init__(self, url: str, storage_options: dict | None) -> None:
+        self.url, self.storage_options = url, storage_options
+        self.mine: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def acquire(self, shared: bool) -> Any:
+        info = self.holder()
+        left = None
+        if info is not None or storage.exists(self.url, self.storage_options):
+            if not self._stale(info):
+                return _HELD
+            left = info or {}
+        if shared:
+            return left
+        mine = _my_info()
+        storage.write_bytes_atomic(self.url, json.dumps(mine).encode(), self.storage_options)
+        if (self.holder() or {}).get("token") != mine["token"]:
+            return _HELD  # another writer wrote its lock at the same moment
+        self.mine = mine
+        self._beat = threading.Thread(target=self._heartbeat, name="shardify-lock", daemon=True)
+        self._beat.start()
+        return left
+
+    def _stale(self, info: dict[str, Any] | None) -> bool:
+        """A lock of a dead pid on this host, or not renewed for :data:`STALE_AFTER` seconds."""
+        if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return not alive(info["pid"])
+        try:
+            return time.time() - _mtime(self.url, self.storage_options) > STALE_AFTER
+        except (FileNotFoundError, OSError):
+            return True
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            with contextlib.suppress(OSError):
+                storage.write_bytes_atomic(self.url, json.dumps(self.mine).encode(), self.storage_options)
+
+    def holder(self) -> dict[str, Any] | None:
+        return _read_info(self.url, self.storage_options)
+
+    def release(self) -> None:
+        if self.mine is None:
+            return
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if (self.holder() or {}).get("token") == self.mine["token"]:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                storage.remove(self.url, self.storage_options)
+        self.mine = None
+
+
+def _mtime(url: str, storage_options: dict | None) -> float:
+    if storage.is_local(url):
+        return os.stat(storage.local_path(url)).st_mtime
+    fs, path = storage.filesystem(url, storage_options)
+    return fs.modified(path).timestamp()
