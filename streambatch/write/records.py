@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dataset import limits
 from ..dataset.storage import is_local, local_path, open_url
 from ..errors import InputProblem, ShardifyError
 from .segments import Segment
@@ -101,9 +102,12 @@ def iter_jsonl(src: str, problems: list[InputProblem]) -> Iterator[tuple[int, di
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = limits.loads(raw.decode("utf-8"))
             except UnicodeDecodeError:
                 problems.append(InputProblem(src, "not UTF-8 text", n))
+                continue
+            except limits.LimitExceeded as e:
+                problems.append(InputProblem(src, str(e), n))
                 continue
             except json.JSONDecodeError as e:
                 problems.append(InputProblem(src, f"not valid JSON ({e.msg})", n))

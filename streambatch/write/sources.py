@@ -10,11 +10,11 @@ JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) r
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from typing import Any
 
+from ..dataset import limits
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.storage import is_local, local_path
 from ..errors import InputProblem, ShardifyError
@@ -75,8 +75,8 @@ def _first_json_line(src: str) -> Any:
                 ) from None
             if line:
                 try:
-                    return json.loads(line)
-                except json.JSONDecodeError:
+                    return limits.loads(line)
+                except ValueError:  # not JSON, or over a limit: not a JSON-lines manifest by its first line
                     return None
     raise ShardifyError(f"{src}: the file is empty")
 

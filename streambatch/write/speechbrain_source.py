@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ..dataset import limits
 from ..dataset.storage import is_local, open_url
 from ..errors import InputProblem, ShardifyError
 from .records import AUDIO_PATH_FIELDS, LENGTH_FIELDS, Record, record_from_audio_entry, sanitize_key
@@ -91,9 +92,11 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
             raise fail(pos, "expected ':'")
         pos = _skip_ws(text, pos + 1)
         try:
-            value, pos = dec.raw_decode(text, pos)
+            value, pos = limits.raw_decode(dec, text, pos)
         except json.JSONDecodeError as e:
             raise fail(e.pos, e.msg) from None
+        except limits.LimitExceeded as e:
+            raise fail(start, str(e)) from None
         yield key, value, line_at(start)
         pos = _skip_ws(text, pos)
         ch = text[pos : pos + 1]
