@@ -4,8 +4,9 @@ sample's ``.json``); these bounds keep a hostile or broken one from exhausting t
 
 Each limit has a default that no real dataset comes near, and an environment variable that raises it (read
 when the limit is used, so it reaches DataLoader workers too): ``STREAMBATCH_MAX_JSON_DEPTH``,
-``STREAMBATCH_MAX_MEMBER_BYTES`` (a size like ``16G``). :func:`loads` is the one JSON parser for untrusted
-text: every manifest reader, ``shardify index`` and the loader's ``.json`` members go through it.
+``STREAMBATCH_MAX_MEMBER_BYTES`` and ``STREAMBATCH_MAX_LINE_BYTES`` (sizes like ``16G``). :func:`loads` is the one
+JSON parser for untrusted text: every manifest reader, ``shardify index`` and the loader's ``.json`` members go
+through it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ MAX_JSON_DEPTH = 100
 MAX_MEMBER_BYTES = 4 << 30
 #: the largest GNU long-name or pax header record (they hold a member's name, nothing else)
 MAX_NAME_RECORD_BYTES = 1 << 20
+#: the longest line of a JSON-lines manifest, in bytes (a gzipped one can inflate one line without end)
+MAX_LINE_BYTES = 64 << 20
 #: metadata columns ``shardify index`` stores when ``--columns`` is not given (the first scalar fields seen)
 DEFAULT_MAX_COLUMNS = 64
 #: scalar fields kept per adopted sample to choose columns from (the first ones in the ``.json``)
@@ -30,6 +33,7 @@ MAX_FIELDS_KEPT = 1024
 
 _DEPTH_ENV = "STREAMBATCH_MAX_JSON_DEPTH"
 _MEMBER_ENV = "STREAMBATCH_MAX_MEMBER_BYTES"
+_LINE_ENV = "STREAMBATCH_MAX_LINE_BYTES"
 
 
 class LimitExceeded(StreamBatchError, ValueError):
@@ -61,6 +65,16 @@ def max_json_depth() -> int:
 def max_member_bytes() -> int:
     """The largest tar member read: :data:`MAX_MEMBER_BYTES`, or ``STREAMBATCH_MAX_MEMBER_BYTES``."""
     return _env_int(_MEMBER_ENV, MAX_MEMBER_BYTES)
+
+
+def max_line_bytes() -> int:
+    """The longest manifest line read: :data:`MAX_LINE_BYTES`, or ``STREAMBATCH_MAX_LINE_BYTES``."""
+    return _env_int(_LINE_ENV, MAX_LINE_BYTES)
+
+
+def line_too_long(limit: int) -> str:
+    """Why a manifest line is not read."""
+    return f"a line longer than {limit} bytes (raise the limit with {_LINE_ENV}=BYTES)"
 
 
 def member_too_large(size: int, limit: int) -> str:

@@ -25,6 +25,7 @@ from .records import (
     Record,
     entry_key,
     iter_jsonl,
+    numbered_lines,
     open_lines,
     path_key,
     record_from_audio_entry,
@@ -65,7 +66,9 @@ def detect_kind(src: str) -> str:
 
 def _first_json_line(src: str) -> Any:
     with open_lines(src) as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in numbered_lines(f):
+            if raw is None:
+                raise ShardifyError(f"{src}:{n}: {limits.line_too_long(limits.max_line_bytes())}")
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as e:
