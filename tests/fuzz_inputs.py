@@ -2,7 +2,7 @@
 stays within a stated memory bound and raises nothing but the project's own errors.
 
 Each fuzz test runs ``STREAMBATCH_FUZZ_EXAMPLES`` examples (default 200, a few seconds a test); a longer run:
-``STREAMBATCH_FUZZ_EXAMPLES=20000 pytest tests/dataset/test_fuzz_parsers.py tests/write/test_fuzz_parsers.py``.
+``STREAMBATCH_FUZZ_EXAMPLES=20000 pytest tests/dataset/test_fuzz_tar.py tests/write/test_fuzz_manifests.py``.
 The deadline is a guard against hangs (an example that takes seconds), not a timing assertion.
 """
 
