@@ -8,6 +8,7 @@ import sys
 
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.describe import total_text, unit_text
+from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
 from .args import add_shared, add_storage, shared_keywords
@@ -49,8 +50,8 @@ OUTPUT_LENGTH_HELP = (
 COLUMNS_HELP = (
     "comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
     "columns of the sample table, for filters (where=); default: every scalar field but the "
-    'transcript, the first 64 of them; "" for none. A NeMo dataset\'s transcripts are always stored (column text: the '
-    'loader\'s batch["text"])'
+    f'transcript, the first {DEFAULT_MAX_COLUMNS} of them (name more to store them); "" for none. A NeMo '
+    "dataset's transcripts are always stored (column text: the loader's batch[\"text\"])"
 )
 
 
