@@ -26,22 +26,15 @@ class Oversize(bytes):
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
-    """``n`` bytes from ``read`` (fewer only at the end of the stream)."""
-    if n > _PIECE:  # a size from a header: allocate only what arrives
-        got = bytearray()
-        while len(got) < n:
-            more = read(min(_PIECE, n - len(got)))
-            if not more:
-                break
-            got += more
-        return bytes(got)
-    data = read(n)
+    """``n`` bytes from ``read`` (fewer only at the end of the stream), asked for a piece at a time: ``n`` comes
+    from a header, so what is allocated follows the bytes that arrive, not the size claimed."""
+    data = read(min(n, _PIECE))
     if len(data) == n or not data:
         return data
     parts = [data]
     got = len(data)
     while got < n:
-        more = read(n - got)
+        more = read(min(_PIECE, n - got))
         if not more:
             break
         parts.append(more)
