@@ -1,5 +1,5 @@
-"""What the parser fuzz tests share: mutations of real inputs, the run settings, and the check that parsing an input
-stays within a stated memory bound and raises nothing but the project's own errors.
+"""What the tests of hostile inputs share: mutations of real inputs, the fuzz run settings, the check that parsing an
+input stays within a stated memory bound and raises nothing but the project's own errors, and a tar writer.
 
 Each fuzz test runs ``STREAMBATCH_FUZZ_EXAMPLES`` examples (default 200, a few seconds a test); a longer run:
 ``STREAMBATCH_FUZZ_EXAMPLES=20000 pytest tests/dataset/test_fuzz_tar.py tests/write/test_fuzz_manifests.py``.
@@ -8,10 +8,13 @@ The deadline is a guard against hangs (an example that takes seconds), not a tim
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 import tracemalloc
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -104,3 +107,12 @@ def parse_within(parse: Callable[[], Any], bound: int) -> Any:
         tracemalloc.stop()
     assert peak < bound, f"parsing allocated {peak} bytes at its peak, more than the bound {bound}"
     return result
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """A plain tar (Python's tarfile, GNU format) of ``members`` in order."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))

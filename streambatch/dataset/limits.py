@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any
 
-from ..errors import StreamBatchError
+from ..errors import ShardifyError, StreamBatchError
 
 #: how deep arrays and objects may nest in one JSON document (a lhotse cut nests about 6 deep)
 MAX_JSON_DEPTH = 100
@@ -42,7 +42,9 @@ class LimitExceeded(StreamBatchError, ValueError):
 
 
 def _env_int(name: str, default: int) -> int:
-    """The environment variable ``name`` as a positive size (``"16G"`` allowed), else ``default``."""
+    """The environment variable ``name`` as a size of at least 16 (``"16G"`` allowed), else ``default``. A value
+    that is not one is the user's mistake (:class:`ShardifyError`, not a ``ValueError`` a parser would take for
+    the data's)."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -51,9 +53,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         value = parse_bytes(text, name)
     except ValueError as e:
-        raise LimitExceeded(f"{name}={text!r} is not a size: {e}") from None
-    if value is None or value <= 0:
-        raise LimitExceeded(f"{name}={text!r} must be a positive number")
+        raise ShardifyError(f"{name}={text!r} is not a size: {e}") from None
+    if value is None or value < 16:
+        raise ShardifyError(f"{name}={text!r} must be at least 16")
     return int(value)
 
 
@@ -123,9 +125,15 @@ def raw_decode(decoder: json.JSONDecoder, text: str, pos: int) -> tuple[Any, int
     return value, end
 
 
+#: JSON with no more opening brackets than this is parsed without looking the limit up (the loader's hot path)
+_SHALLOW = 16
+
+
 def loads(raw: bytes | str) -> Any:
     """``json.loads`` for untrusted text: :class:`LimitExceeded` where it nests deeper than
     :func:`max_json_depth`, else what ``json.loads`` gives or raises (``ValueError``, ``UnicodeDecodeError``)."""
+    if isinstance(raw, bytes) and raw.count(b"[") + raw.count(b"{") <= _SHALLOW:
+        return json.loads(raw)
     limit = max_json_depth()
     if json_depth_over(raw, limit):
         raise _too_deep(limit)

@@ -5,12 +5,12 @@ epoch goes on with its planned steps, and no other sample is lost."""
 from __future__ import annotations
 
 import collections
-import io
 import json
 import tarfile
 from pathlib import Path
 
 import pytest
+from fuzz_inputs import write_tar
 
 from streambatch import StreamBatchLoader
 from streambatch.plan.shards import Piece
@@ -20,14 +20,6 @@ from streambatch.write.adopt.index import index_tars
 
 DEEP = 200_000
 SIZE = 2 * DEEP  # the bytes of the deep .json, and of the ordinary one it replaces
-
-
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
 
 
 def padded_json(meta: dict, size: int) -> bytes:

@@ -13,6 +13,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from fuzz_inputs import write_tar
 
 from streambatch import ShardIndex
 from streambatch.cli import main
@@ -27,15 +28,6 @@ REAL = Path(__file__).parent.parent / "data" / "real"
 
 def cli(*args: str) -> int:
     return main([*args, "--no-progress"])
-
-
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
-    """A plain tar (Python's tarfile) of ``members`` in order."""
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
 
 
 def text_sample(key: str, words: int, meta: dict | None = None) -> list[tuple[str, bytes]]:
@@ -251,3 +243,21 @@ def test_deep_first_line_does_not_crash_kind_detection(tmp_path):
     src.write_text('{"deep": ' + deep_field() + "}\n")
     records, problems = read_source(str(src), kind="text")
     assert not records and problems and "nested more than" in problems[0].error
+
+
+def test_brackets_inside_strings_do_not_count(tmp_path):
+    """Depth is nesting, not bracket characters: a transcript of 200,000 brackets is an ordinary sample."""
+    src = tmp_path / "brackets"
+    meta = {"lang": "de", "note": "[{" * DEEP, "quoted": '\\"[' * 50}
+    text_tars(src, {"doc04": text_sample("doc04", 2, meta)})
+    assert cli("index", str(src)) == 0
+    assert index_keys(src)["doc04"] == 2
+    assert limits.loads(json.dumps([[["[" * 500]]])) == [[["[" * 500]]]
+
+
+def test_a_limit_set_to_nonsense_is_one_line(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "nonsense"
+    text_tars(src, {})
+    monkeypatch.setenv("STREAMBATCH_MAX_MEMBER_BYTES", "lots")
+    line = one_line_exit_2(capsys, "index", str(src))
+    assert "STREAMBATCH_MAX_MEMBER_BYTES" in line
