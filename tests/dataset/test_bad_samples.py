@@ -7,14 +7,19 @@ from __future__ import annotations
 import collections
 import json
 import tarfile
+import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fuzz_inputs import write_tar
 
 from streambatch import StreamBatchLoader
+from streambatch.errors import ShardReadError
 from streambatch.plan.shards import Piece
+from streambatch.read.direct import _Shard
 from streambatch.read.faults import FaultLog
+from streambatch.read.fetch import Job
 from streambatch.read.reader import read_pieces
 from streambatch.write.adopt.index import index_tars
 
@@ -120,3 +125,21 @@ def test_read_pieces_counts_a_bad_sample_or_names_it(tmp_path):
     with pytest.raises(Exception, match="doc07.json: JSON nested more than") as e:
         list(read_pieces([url], [Piece(0, 0, 5)]))
     assert type(e.value).__name__ == "ShardReadError"
+
+
+def test_an_index_span_past_the_end_of_the_file_is_never_allocated(tmp_path):
+    """A local shard is read where the index says each sample lies: a span the index claims past the end of the
+    file (100 GB) is a bad shard, checked against the file's real size before a byte is allocated."""
+    src = tmp_path / "ds"
+    dataset(src)
+    url = str(src / "text-0.tar")
+    offsets, sizes = np.array([0, 1024], dtype=np.int64), np.array([1024, 100 << 30], dtype=np.int64)
+    shard = _Shard(Job(0, url, 0, None, None), (offsets, sizes), "none")
+    try:
+        tracemalloc.start()
+        with pytest.raises(ShardReadError, match="past the end of the"):
+            shard.read(1)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+        shard.close()
