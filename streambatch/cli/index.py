@@ -8,6 +8,7 @@ import sys
 
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.describe import total_text, unit_text
+from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from ..dataset.trust import allow_line, roots_for
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
@@ -50,8 +51,8 @@ OUTPUT_LENGTH_HELP = (
 COLUMNS_HELP = (
     "comma-separated scalar fields of the NeMo manifest entries or the samples' .json stored as "
     "columns of the sample table, for filters (where=); default: every scalar field but the "
-    'transcript; "" for none. A NeMo dataset\'s transcripts are always stored (column text: the '
-    'loader\'s batch["text"])'
+    f'transcript, the first {DEFAULT_MAX_COLUMNS} of them (name more to store them); "" for none. A NeMo '
+    "dataset's transcripts are always stored (column text: the loader's batch[\"text\"])"
 )
 
 
@@ -103,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"shardify: left out {index.meta['skipped']} sample(s) or tar(s) the loader could not use, listed in "
             f"{out.rstrip('/')}/{Scope(args.part).errors_name}",
+            file=sys.stderr,
+        )
+    if index.meta.get("columns_left_out"):
+        print(
+            f"shardify: stored the first {len(index.columns)} scalar fields as columns, not "
+            f"{index.meta['columns_left_out']} more; name the ones filters need with --columns",
             file=sys.stderr,
         )
     if adopted["unnamed"]:

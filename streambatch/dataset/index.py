@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import OptionError, output_fits
 from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
+from . import limits
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
 from .columns import merged_columns
@@ -75,8 +76,8 @@ class ShardIndex:
         except FileNotFoundError as e:
             raise FileNotFoundError(f"no dataset index at {url}") from e
         try:
-            d = json.loads(raw)
-        except json.JSONDecodeError as e:
+            d = limits.loads(raw)
+        except ValueError as e:  # not JSON (or not UTF-8), or nested deeper than the limit
             raise IndexFormatError(f"{url}: not valid JSON ({e})") from e
         return cls.from_json(d, parent_url(url), url, storage_options, shard_roots)
 

@@ -7,22 +7,34 @@ shard that verifies is a shard that trains. Checks each header's checksum; handl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from ..errors import ShardReadError
+from . import limits
+
+#: members larger than this are read a piece at a time, so what is held grows with the bytes that really
+#: arrive, never with the size a header claims
+_PIECE = 16 << 20
+
+
+class Oversize(bytes):
+    """The (empty) bytes that stand for a member larger than :func:`~.limits.max_member_bytes`: it was read
+    past, not held; ``reason`` says why. Its sample is a bad sample (``__bad__``)."""
+
+    reason: str = ""
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
-    """``n`` bytes from ``read`` (fewer only at the end of the stream)."""
-    data = read(n)
+    """``n`` bytes from ``read`` (fewer only at the end of the stream), asked for a piece at a time: ``n`` comes
+    from a header, so what is allocated follows the bytes that arrive, not the size claimed."""
+    data = read(min(n, _PIECE))
     if len(data) == n or not data:
         return data
     parts = [data]
     got = len(data)
     while got < n:
-        more = read(n - got)
+        more = read(min(_PIECE, n - got))
         if not more:
             break
         parts.append(more)
@@ -37,14 +49,28 @@ def _octal(field: bytes) -> int:
     return int(field, 8) if field else 0
 
 
-def _pax_path(data: bytes) -> bytes | None:
+def _skip(read: Callable[[int], bytes], n: int) -> int:
+    """Read ``n`` bytes and drop them, a piece at a time; how many there were (fewer at the end of the stream)."""
+    done = 0
+    while done < n:
+        more = read(min(_PIECE, n - done))
+        if not more:
+            break
+        done += len(more)
+    return done
+
+
+def _pax_path(data: bytes, url: str) -> bytes | None:
     """The ``path`` record of a pax extended header, if any."""
     pos, path = 0, None
     while pos < len(data):
         space = data.find(b" ", pos)
         if space < 0:
             break
-        length = int(data[pos:space])
+        digits = data[pos:space]
+        length = int(digits) if digits.isdigit() else 0
+        if length <= space - pos or pos + length > len(data):
+            raise ShardReadError(f"{url}: not a readable tar shard (invalid pax header record)")
         key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         if key == b"path":
             path = value
@@ -79,8 +105,17 @@ def _header(header: bytes, url: str) -> tuple[bytes, int]:
 class _Names:
     """The name of each member, following GNU long-name (``L``) and pax ``path`` (``x``) records."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str) -> None:
         self.long_name: bytes | None = None
+        self.url = url
+
+    def record(self, kind: bytes, size: int) -> None:
+        """Refuse a long-name or pax record larger than :data:`~.limits.MAX_NAME_RECORD_BYTES` (it holds a name)."""
+        if kind in (b"L", b"x", b"g") and size > limits.MAX_NAME_RECORD_BYTES:
+            raise ShardReadError(
+                f"{self.url}: not a readable tar shard (a name record of {size} bytes, "
+                f"more than {limits.MAX_NAME_RECORD_BYTES})"
+            )
 
     def name(self, kind: bytes, header: bytes, data: bytes) -> str | None:
         """The regular file's name, or None for a record that is not a file (it may name the next member)."""
@@ -88,7 +123,7 @@ class _Names:
             self.long_name = data.split(b"\0", 1)[0]
             return None
         if kind == b"x":  # pax header for the next member
-            self.long_name = _pax_path(data) or self.long_name
+            self.long_name = _pax_path(data, self.url) or self.long_name
             return None
         name, self.long_name = self.long_name, None
         if kind not in (b"0", b"\0", b"7"):  # directories, links, global pax headers: nothing to yield
@@ -118,7 +153,8 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
     call, about three times faster, which matters when the loader reads without decoding.
     """
     read = stream.read
-    names = _Names()
+    names = _Names(url)
+    most = limits.max_member_bytes()
     while True:
         header = _read_exact(read, 512)
         if not header:
@@ -128,8 +164,14 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
         if header.count(0) == 512:  # end of archive
             return
         kind, size = _header(header, url)
-        data = _read_exact(read, size) if size else b""
-        if len(data) < size:
+        names.record(kind, size)
+        if size > most:
+            data: bytes = _oversize(size, most)
+            got = _skip(read, size)
+        else:
+            data = _read_exact(read, size) if size else b""
+            got = len(data)
+        if got < size:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
         pad = -size % 512
         if pad and len(_read_exact(read, pad)) < pad:
@@ -142,21 +184,29 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
 def buffer_members(buf: bytes, url: str) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in ``buf``, whole tar records (one sample's members, read where the
     index says they are); the same checks as :func:`iter_members`, without a stream to read through."""
-    names = _Names()
+    names = _Names(url)
+    most = limits.max_member_bytes()
     pos, end = 0, len(buf)
     while pos < end:
         header = buf[pos : pos + 512]
         if len(header) < 512:
             raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
         kind, size = _header(header, url)
+        names.record(kind, size)
         pos += 512
         if pos + size > end:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
-        data = buf[pos : pos + size]
+        data = _oversize(size, most) if size > most else buf[pos : pos + size]
         pos += size + (-size % 512)
         name = names.name(kind, header, data)
         if name is not None:
             yield name, data
+
+
+def _oversize(size: int, limit: int) -> Oversize:
+    out = Oversize()
+    out.reason = limits.member_too_large(size, limit)
+    return out
 
 
 def split_name(name: str, suffixes: Sequence[str] = ()) -> tuple[str, str]:
@@ -197,10 +247,20 @@ def group_samples(
 
 
 def _finish(sample: dict[str, Any], url: str) -> dict[str, Any]:
+    """Parse the sample's ``.json``; a sample over a limit (an oversize member, JSON nested too deep) is marked
+    ``__bad__`` with the reason (the loader counts it as a bad sample); an invalid ``.json`` fails the shard."""
+    for ext, data in sample.items():
+        if isinstance(data, Oversize):
+            sample["__bad__"] = f"{sample['__key__']}.{ext}: {data.reason}"
+            sample.pop("json", None)
+            return sample
     raw = sample.get("json")
     if raw is not None:
         try:
-            sample["json"] = json.loads(raw)
+            sample["json"] = limits.loads(raw)
+        except limits.LimitExceeded as e:
+            sample["__bad__"] = f"{sample['__key__']}.json: {e}"
+            del sample["json"]
         except (ValueError, UnicodeDecodeError) as e:
             raise ShardReadError(f"{url}: sample {sample['__key__']!r} has an invalid .json ({e})") from e
     return sample

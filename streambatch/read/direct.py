@@ -69,11 +69,18 @@ class _Shard:
         self.offsets, self.sizes = spans
         self.members = members  # the key rule, and the rows of member groups that hold several samples
         self.fd = os.open(self.local, os.O_RDONLY)
+        self.file_size = os.fstat(self.fd).st_size
         self.pread = waiting_on_storage(os.pread, count)  # a positioned read is time waited on storage
 
     def read(self, i: int) -> dict[str, Any]:
-        """Sample ``i`` of the shard (tar order): its members as bytes, its ``.json`` parsed."""
+        """Sample ``i`` of the shard (tar order): its members as bytes, its ``.json`` parsed. The span the index
+        gives is checked against the file's real size before a byte is allocated for it."""
         url, off, n = self.job.url, int(self.offsets[i]), int(self.sizes[i])
+        if off < 0 or n < 0 or off + n > self.file_size:
+            raise ShardReadError(
+                f"{url}: the index says sample {i} is bytes {off}-{off + n - 1}, past the end of the "
+                f"{self.file_size}-byte file; {_MISMATCH}"
+            )
         buf = self.pread(self.fd, n, off)
         if len(buf) < n:
             raise ShardReadError(f"{url}: not a readable tar shard (sample {i} ends early: truncated)")

@@ -18,7 +18,7 @@ from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, piece_excluded
 from .direct import DirectShards
-from .faults import FaultLog, ShardFault
+from .faults import FaultLog, ShardFault, bad_sample
 
 
 def pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Mask | None) -> list[tuple[Piece, int]]:
@@ -170,6 +170,10 @@ class _Executor:
         if sample is None:
             self.lost.add(pos)
             self.count("lost_samples")
+            return None
+        if "__bad__" in sample:  # over a limit (dataset/limits.py): a bad sample, counted, then re-drawn
+            bad_sample(self.faults, sample)
+            self.lost.add(pos)
             return None
         if sample.get("json") is None:  # a tar indexed in place (`shardify index`): its length is the index's
             sample["json"] = {"length": self.index_lengths[pos].item()}

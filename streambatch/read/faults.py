@@ -102,6 +102,16 @@ class FaultLog:
         return "; bad shards: " + ", ".join(bad)
 
 
+def bad_sample(faults: FaultLog | None, sample: dict) -> None:
+    """Count a sample its shard holds but the loader cannot use (``__bad__``: a member over a limit, JSON nested too
+    deep) as lost, and log why; without ``faults`` raise :class:`ShardReadError` naming it."""
+    reason = f"{sample.get('__url__')}: bad sample {sample.get('__bad__')}"
+    if faults is None:
+        raise ShardReadError(reason)
+    faults.add("lost_samples")
+    log.warning("streambatch: skipping %s", reason)
+
+
 def waiting_on_storage(fn: Callable[..., T], count: Callable[..., None] | None) -> Callable[..., T]:
     """``fn``, adding the nanoseconds each call takes to counter :data:`STORAGE_WAIT` with ``count``. The one
     way the read side measures how long it was blocked on storage: wrap exactly the calls the consumer waits

@@ -19,7 +19,7 @@ from ..dataset.tar import group_samples, iter_members
 from ..dataset.trust import shard_roots_option
 from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
 from ..plan.shards import Piece
-from .faults import ChecksumMismatch, FaultLog, ShardFault
+from .faults import ChecksumMismatch, FaultLog, ShardFault, bad_sample
 from .fetch import Fetcher, Job
 from .retry import RetryPolicy
 from .skip import Span
@@ -142,7 +142,9 @@ def read_pieces(
     ``index``: the index, which says how each shard's members map to samples (:meth:`ShardIndex.shard_members
     <streambatch.dataset.index.ShardIndex.shard_members>`: keys with dots, segments), if any.
     Without ``faults`` a bad shard raises :class:`ShardReadError`; with it, the shard is counted and skipped
-    (and with ``markers`` a :class:`ShardFault` takes its place in the stream) within the budget.
+    (and with ``markers`` a :class:`ShardFault` takes its place in the stream) within the budget. A bad sample
+    (``__bad__``: over a limit of :mod:`streambatch.dataset.limits`) is counted lost and left out, or with
+    ``markers`` left in the stream, where its planned position is.
     """
     opts = options or ReadOptions()
     pieces = list(pieces)
@@ -154,6 +156,9 @@ def read_pieces(
             try:
                 members = index.shard_members(piece.shard) if index is not None else PLAIN
                 for sample in _piece_samples(fetcher, job, piece, members):
+                    if "__bad__" in sample and not markers:  # with markers, the plan's executor counts it
+                        bad_sample(faults, sample)
+                        continue
                     yield sample
                     delivered += 1
             except ShardReadError as e:

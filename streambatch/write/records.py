@@ -9,10 +9,12 @@ import json
 import os
 import posixpath
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dataset import limits
 from ..dataset.storage import is_local, local_path, open_url
 from ..errors import InputProblem, ShardifyError
 from .segments import Segment
@@ -89,21 +91,42 @@ def open_lines(src: str) -> Iterator[Any]:
         with gzip.GzipFile(fileobj=f) as g:
             try:
                 yield g
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise ShardifyError(f"{src}: not a readable gzip file ({e})") from None
+
+
+def numbered_lines(f: Any) -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, bytes)`` of each line of ``f``; None for a line longer than
+    :func:`~streambatch.dataset.limits.max_line_bytes`, read past without being held."""
+    most = limits.max_line_bytes()
+    n = 0
+    while raw := f.readline(most + 1):
+        n += 1
+        if len(raw) > most:
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(most + 1)
+            yield n, None
+            continue
+        yield n, raw
 
 
 def iter_jsonl(src: str, problems: list[InputProblem]) -> Iterator[tuple[int, dict]]:
     """Objects of a JSONL file (gzipped when its name ends in ``.gz``) with their line numbers; bad lines become
     problems."""
     with open_lines(src) as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in numbered_lines(f):
+            if raw is None:
+                problems.append(InputProblem(src, limits.line_too_long(limits.max_line_bytes()), n))
+                continue
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = limits.loads(raw.decode("utf-8"))
             except UnicodeDecodeError:
                 problems.append(InputProblem(src, "not UTF-8 text", n))
+                continue
+            except limits.LimitExceeded as e:
+                problems.append(InputProblem(src, str(e), n))
                 continue
             except json.JSONDecodeError as e:
                 problems.append(InputProblem(src, f"not valid JSON ({e.msg})", n))

@@ -10,11 +10,11 @@ JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) r
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from typing import Any
 
+from ..dataset import limits
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.storage import is_local, local_path
 from ..errors import InputProblem, ShardifyError
@@ -25,6 +25,7 @@ from .records import (
     Record,
     entry_key,
     iter_jsonl,
+    numbered_lines,
     open_lines,
     path_key,
     record_from_audio_entry,
@@ -65,7 +66,9 @@ def detect_kind(src: str) -> str:
 
 def _first_json_line(src: str) -> Any:
     with open_lines(src) as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in numbered_lines(f):
+            if raw is None:
+                raise ShardifyError(f"{src}:{n}: {limits.line_too_long(limits.max_line_bytes())}")
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as e:
@@ -75,8 +78,8 @@ def _first_json_line(src: str) -> Any:
                 ) from None
             if line:
                 try:
-                    return json.loads(line)
-                except json.JSONDecodeError:
+                    return limits.loads(line)
+                except ValueError:  # not JSON, or over a limit: not a JSON-lines manifest by its first line
                     return None
     raise ShardifyError(f"{src}: the file is empty")
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ..dataset import limits
 from ..dataset.storage import is_local, open_url
 from ..errors import InputProblem, ShardifyError
 from .records import AUDIO_PATH_FIELDS, LENGTH_FIELDS, Record, record_from_audio_entry, sanitize_key
@@ -72,6 +73,15 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
     def fail(pos: int, msg: str) -> ShardifyError:
         return ShardifyError(f"{source}:{line_at(pos)}: not a valid SpeechBrain JSON manifest ({msg})")
 
+    def decode(at: int) -> tuple[Any, int]:
+        """The JSON value at ``at`` and where it ends, under the depth limit."""
+        try:
+            return limits.raw_decode(dec, text, at)
+        except json.JSONDecodeError as e:
+            raise fail(e.pos, e.msg) from None
+        except limits.LimitExceeded as e:
+            raise fail(at, str(e)) from None
+
     pos = _skip_ws(text, 0)
     if text[pos : pos + 1] != "{":
         raise fail(pos, "expected a JSON object {id: {...}, ...}")
@@ -80,20 +90,14 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
         return
     while True:
         start = pos
-        try:
-            key, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise fail(e.pos, e.msg) from None
+        key, pos = decode(pos)
         if not isinstance(key, str):
             raise fail(start, "expected a string key")
         pos = _skip_ws(text, pos)
         if text[pos : pos + 1] != ":":
             raise fail(pos, "expected ':'")
         pos = _skip_ws(text, pos + 1)
-        try:
-            value, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise fail(e.pos, e.msg) from None
+        value, pos = decode(pos)
         yield key, value, line_at(start)
         pos = _skip_ws(text, pos)
         ch = text[pos : pos + 1]

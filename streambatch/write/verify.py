@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
-import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..dataset import storage
+from ..dataset import limits, storage
 from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
 from ..dataset.audio import decode as decode_audio
 from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
@@ -72,7 +71,7 @@ class _SampleChecks:
                     sample.setdefault("audio", []).append((ext, data))
                 if ext == "json":
                     try:
-                        sample["length"] = json.loads(data).get("length")
+                        sample["length"] = limits.loads(data).get("length")
                     except (ValueError, AttributeError) as e:
                         sample["bad_json"] = True
                         self.bad.append(f"{key}.json: not a JSON object ({e})")

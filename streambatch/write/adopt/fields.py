@@ -16,6 +16,7 @@ import numpy as np
 
 from ...dataset.columns import ColumnError, choose_columns, column_values, parse_columns
 from ...dataset.index import ShardInfo
+from ...dataset.limits import DEFAULT_MAX_COLUMNS
 from ...errors import InputProblem, ShardifyError
 from ..tokenize import parse_output_length
 from .nemo import Entry
@@ -54,6 +55,7 @@ class SampleExtras:
         self.names = parse_columns(columns)
         self.nemo = False
         self.fields: list[list[dict[str, Any]]] = []
+        self.left_out: list[str] = []  # scalar fields past DEFAULT_MAX_COLUMNS, not stored without --columns
 
     def for_layout(self, layout: str) -> SampleExtras:
         """Checked against the layout the tars turned out to have (text samples have no output length)."""
@@ -112,6 +114,9 @@ class SampleExtras:
             chosen = choose_columns(everything, names)
         except ColumnError as e:
             raise ShardifyError(str(e).replace("'s .json", "'s .json or manifest entry")) from None
+        if names is None and len(chosen) > DEFAULT_MAX_COLUMNS:  # a bounded default; --columns names more
+            self.left_out = list(chosen)[DEFAULT_MAX_COLUMNS:]
+            chosen = dict(list(chosen.items())[:DEFAULT_MAX_COLUMNS])
         if self.nemo and any(isinstance(f.get("text"), str) for f in everything):
             chosen["text"] = "string"
         for info, per_tar in zip(infos, self.fields):
@@ -119,8 +124,12 @@ class SampleExtras:
         return chosen
 
     def meta(self) -> dict[str, Any]:
-        """What the index header's meta records: how the output lengths were counted."""
-        return {} if self.output is None else {"output_length": self.output.describe()}
+        """What the index header's meta records: how the output lengths were counted, how many scalar fields
+        were not stored as columns (past the default's bound)."""
+        out: dict[str, Any] = {} if self.output is None else {"output_length": self.output.describe()}
+        if self.left_out:
+            out["columns_left_out"] = len(self.left_out)
+        return out
 
 
 def column_length(v: Seen, name: str) -> int | InputProblem:

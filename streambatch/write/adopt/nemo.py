@@ -9,13 +9,12 @@ are left out of the epoch, as NeMo leaves them out.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...dataset import storage
+from ...dataset import limits, storage
 from ...errors import ShardifyError
 from ..probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
 from .scan import ShardScan
@@ -69,8 +68,8 @@ def read_manifests(urls: Sequence[str], storage_options: dict | None = None) -> 
 
 def json_line(line: str, where: str) -> dict[str, Any]:
     try:
-        d = json.loads(line)
-    except ValueError as e:
+        d = limits.loads(line)
+    except ValueError as e:  # not JSON, or nested deeper than the limit
         raise ShardifyError(f"{where}: not a JSON line ({e})") from None
     if not isinstance(d, dict) or not isinstance(d.get("audio_filepath"), str):
         raise ShardifyError(f"{where}: a manifest entry needs an audio_filepath (the member's name in its tar)")

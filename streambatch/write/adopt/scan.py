@@ -10,17 +10,16 @@ parsed, text is counted in whitespace tokens (or ``input_ids.npy`` entries).
 from __future__ import annotations
 
 import io
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ...dataset import storage
+from ...dataset import limits, storage
 from ...dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ...dataset.format import HashingReader
-from ...dataset.tar import iter_members, split_name
+from ...dataset.tar import Oversize, iter_members, split_name
 from ...errors import ShardReadError
 
 
@@ -118,9 +117,16 @@ _FATAL = "\0"
 def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
     """One sample's members (extension → bytes) as a :class:`SampleScan`."""
     s = SampleScan(key, tuple(members))
-    meta = _json(members.get("json")) if "json" in members else {}
-    if isinstance(meta, str):  # the loader parses every .json and gives up the tar on an invalid one
-        s.problem = _FATAL + meta
+    s.problem = _over_limits(key, members)
+    if s.problem is not None:
+        return s
+    try:
+        meta = limits.loads(members["json"]) if "json" in members else {}
+    except limits.LimitExceeded as e:  # the loader counts it as a bad sample
+        s.problem = f"{key}.json: {e}"
+        return s
+    except (ValueError, UnicodeDecodeError) as e:  # the loader gives up the tar on an invalid .json
+        s.problem = f"{_FATAL}invalid JSON ({e})"
         return s
     if not isinstance(meta, dict):
         s.problem = f"{key}.json: not a JSON object"
@@ -138,20 +144,35 @@ def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
         s.problem = s.problem or f"{key}: its text is not UTF-8 or its input_ids.npy is not a 1-D array"
     elif s.audio is not None:  # a transcript (short); a text sample's document is not carried
         s.text = members["txt"].decode("utf-8") if "txt" in members else _str(meta.get("text"))
-    s.meta = {k: v for k, v in meta.items() if k != "text"}
+    s.meta = kept_fields(meta)
     return s
+
+
+def _over_limits(key: str, members: dict[str, bytes]) -> str | None:
+    """Why the sample cannot be adopted whatever its members say: a refused key, a member over the size limit."""
+    bad = limits.key_problem(key)
+    if bad is not None:
+        return f"{key!r}: {bad}"
+    for ext, data in members.items():
+        if isinstance(data, Oversize):
+            return f"{key}.{ext}: {data.reason}"
+    return None
+
+
+def kept_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``.json`` fields kept to choose columns from: the first :data:`~streambatch.dataset.limits.MAX_FIELDS_KEPT`
+    but ``text``, a value that is not a scalar replaced by ``...`` (it can never be a column; not held)."""
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if len(out) >= limits.MAX_FIELDS_KEPT:
+            break
+        if k != "text":
+            out[k] = v if v is None or isinstance(v, (bool, int, float, str)) else ...
+    return out
 
 
 def _str(x: Any) -> str | None:
     return x if isinstance(x, str) else None
-
-
-def _json(raw: bytes | None) -> Any:
-    """The parsed ``.json`` member, or (a str) why it does not parse."""
-    try:
-        return json.loads(raw or b"")
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"invalid JSON ({e})"
 
 
 def _number(x: Any) -> float | None:

@@ -1,0 +1,160 @@
+"""The limits on what a data file may hold: how deep its JSON nests, how large one tar member may be, how many
+metadata columns an adopted index stores by default. Data files are untrusted input (a tar, a manifest, a
+sample's ``.json``); these bounds keep a hostile or broken one from exhausting the stack or the memory.
+
+Each limit has a default that no real dataset comes near, and an environment variable that raises it (read
+when the limit is used, so it reaches DataLoader workers too): ``STREAMBATCH_MAX_JSON_DEPTH``,
+``STREAMBATCH_MAX_MEMBER_BYTES`` and ``STREAMBATCH_MAX_LINE_BYTES`` (sizes like ``16G``). :func:`loads` is the one
+JSON parser for untrusted text: every manifest reader, ``shardify index`` and the loader's ``.json`` members go
+through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from ..errors import ShardifyError, StreamBatchError
+
+#: how deep arrays and objects may nest in one JSON document (a lhotse cut nests about 6 deep)
+MAX_JSON_DEPTH = 100
+#: the largest tar member read, in bytes (a larger one is a bad sample, read past without being held)
+MAX_MEMBER_BYTES = 4 << 30
+#: the largest GNU long-name or pax header record (they hold a member's name, nothing else)
+MAX_NAME_RECORD_BYTES = 1 << 20
+#: the longest line of a JSON-lines manifest, in bytes (a gzipped one can inflate one line without end)
+MAX_LINE_BYTES = 64 << 20
+#: metadata columns ``shardify index`` stores when ``--columns`` is not given (the first scalar fields seen)
+DEFAULT_MAX_COLUMNS = 64
+#: scalar fields kept per adopted sample to choose columns from (the first ones in the ``.json``)
+MAX_FIELDS_KEPT = 1024
+
+_DEPTH_ENV = "STREAMBATCH_MAX_JSON_DEPTH"
+_MEMBER_ENV = "STREAMBATCH_MAX_MEMBER_BYTES"
+_LINE_ENV = "STREAMBATCH_MAX_LINE_BYTES"
+
+
+class LimitExceeded(StreamBatchError, ValueError):
+    """A data file that holds more than a limit allows (JSON nested too deep, a tar member too large); the
+    message names the limit and the environment variable that raises it."""
+
+
+def _env_int(name: str, default: int) -> int:
+    """The environment variable ``name`` as a size of at least 16 (``"16G"`` allowed), else ``default``. A value
+    that is not one is the user's mistake (:class:`ShardifyError`, not a ``ValueError`` a parser would take for
+    the data's)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    from .storage import parse_bytes
+
+    try:
+        value = parse_bytes(text, name)
+    except ValueError as e:
+        raise ShardifyError(f"{name}={text!r} is not a size: {e}") from None
+    if value is None or value < 16:
+        raise ShardifyError(f"{name}={text!r} must be at least 16")
+    return int(value)
+
+
+def max_json_depth() -> int:
+    """How deep JSON may nest: :data:`MAX_JSON_DEPTH`, or ``STREAMBATCH_MAX_JSON_DEPTH``."""
+    return _env_int(_DEPTH_ENV, MAX_JSON_DEPTH)
+
+
+def max_member_bytes() -> int:
+    """The largest tar member read: :data:`MAX_MEMBER_BYTES`, or ``STREAMBATCH_MAX_MEMBER_BYTES``."""
+    return _env_int(_MEMBER_ENV, MAX_MEMBER_BYTES)
+
+
+def max_line_bytes() -> int:
+    """The longest manifest line read: :data:`MAX_LINE_BYTES`, or ``STREAMBATCH_MAX_LINE_BYTES``."""
+    return _env_int(_LINE_ENV, MAX_LINE_BYTES)
+
+
+def line_too_long(limit: int) -> str:
+    """Why a manifest line is not read."""
+    return f"a line longer than {limit} bytes (raise the limit with {_LINE_ENV}=BYTES)"
+
+
+def member_too_large(size: int, limit: int) -> str:
+    """Why a member of ``size`` bytes is not read."""
+    return f"a member of {size} bytes, more than the limit of {limit} (raise it with {_MEMBER_ENV}=BYTES)"
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_depth_over(raw: bytes | str, limit: int) -> bool:
+    """Whether the JSON text ``raw`` nests arrays and objects more than ``limit`` deep (brackets inside
+    strings do not count). Text with fewer opening brackets than the limit is answered without a scan."""
+    if isinstance(raw, str):
+        if raw.count("[") + raw.count("{") <= limit:
+            return False
+        raw = raw.encode("utf-8", "surrogatepass")
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub(b'""', raw)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _too_deep(limit: int) -> LimitExceeded:
+    return LimitExceeded(f"JSON nested more than {limit} deep (raise the limit with {_DEPTH_ENV}=N if meant to be)")
+
+
+def raw_decode(decoder: json.JSONDecoder, text: str, pos: int) -> tuple[Any, int]:
+    """``decoder.raw_decode(text, pos)`` (one JSON value of a larger text, and where it ends) under the depth
+    limit of :func:`loads`."""
+    limit = max_json_depth()
+    try:
+        value, end = decoder.raw_decode(text, pos)
+    except RecursionError:
+        raise _too_deep(limit) from None
+    if json_depth_over(text[pos:end], limit):
+        raise _too_deep(limit)
+    return value, end
+
+
+#: JSON with no more opening brackets than this is parsed without looking the limit up (the loader's hot path)
+_SHALLOW = 16
+
+
+def loads(raw: bytes | str) -> Any:
+    """``json.loads`` for untrusted text: :class:`LimitExceeded` where it nests deeper than
+    :func:`max_json_depth`, else what ``json.loads`` gives or raises (``ValueError``, ``UnicodeDecodeError``)."""
+    if isinstance(raw, bytes) and raw.count(b"[") + raw.count(b"{") <= _SHALLOW:
+        return json.loads(raw)
+    limit = max_json_depth()
+    if json_depth_over(raw, limit):
+        raise _too_deep(limit)
+    try:
+        return json.loads(raw)
+    except RecursionError:  # a limit raised past what the parser's stack holds
+        raise _too_deep(limit) from None
+
+
+def key_problem(key: str) -> str | None:
+    """Why a sample key read from a tar is refused, or None: a key names files where samples are written out
+    (``KEY.flac``), so it may not be absolute, climb out with ``..``, hold control characters or bytes that are
+    not UTF-8. It cannot be renamed either (the index's key must be the one the tar holds)."""
+    if key.startswith("/") or key.startswith("\\"):
+        return f"key {key!r} is an absolute path"
+    if ".." in re.split(r"[/\\]", key):
+        return f"key {key!r} climbs out of its folder (..)"
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in key):
+        return f"key {key!r} holds control characters"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"key {key!r} is not UTF-8"
+    return None
