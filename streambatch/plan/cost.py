@@ -66,7 +66,7 @@ class PaddedCost(CostModel):
 
     def capacity(self, lengths: np.ndarray, budget: float, max_batch_size: int) -> np.ndarray:
         lengths = np.asarray(lengths, dtype=np.float64)
-        cap = np.floor(budget / lengths).astype(np.int64)
+        cap = _whole(budget / lengths, max_batch_size)
         cap -= cap * lengths > budget  # guard against rounding in the division
         return np.minimum(cap, max_batch_size)
 
@@ -88,12 +88,18 @@ class QuadraticCost(CostModel):
     def capacity(self, lengths: np.ndarray, budget: float, max_batch_size: int) -> np.ndarray:
         lengths = np.asarray(lengths, dtype=np.float64)
         per = lengths + lengths * lengths / self.factor
-        cap = np.floor(budget / per).astype(np.int64)
+        cap = _whole(budget / per, max_batch_size)
         cap -= cap * per > budget
         return np.minimum(cap, max_batch_size)
 
     def to_json(self) -> dict[str, Any]:
         return {"cost": self.name, "quadratic_factor": self.factor}
+
+
+def _whole(ratio: np.ndarray, most: int) -> np.ndarray:
+    """``floor(ratio)`` as whole numbers, at most ``most + 1`` first: a budget far above every length (``1e30``)
+    does not overflow int64 into a negative capacity."""
+    return np.floor(np.minimum(ratio, float(most) + 1.0)).astype(np.int64)
 
 
 class CallableCost(CostModel):

@@ -99,7 +99,9 @@ class DatasetDraw:
         if self.take == 0 or ids.size == 0:
             return out
         lo, hi, n = epoch * self.take, (epoch + 1) * self.take, self.size
-        for cycle in range(lo // n, (hi - 1) // n + 1):
+        first, last = lo // n, (hi - 1) // n
+        out += max(0, last - first - 1)  # the cycles strictly inside the window: every sample once each
+        for cycle in sorted({first, last}):  # the cycles at its ends may be cut: each sample's place decides
             start = cycle * n
             if lo <= start and start + n <= hi:  # the whole cycle is in the window: every sample once
                 out += 1
