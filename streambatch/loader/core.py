@@ -84,7 +84,7 @@ class StreamBatchLoader:
     The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``num_workers``,
     ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
     ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
-    ``progress``.
+    ``progress``, ``max_plan_bytes``.
     """
 
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
@@ -151,6 +151,7 @@ class StreamBatchLoader:
         pin_memory: bool = False,
         worker_init_fn: Callable[[int], Any] | None = None,
         progress: bool = False,
+        max_plan_bytes: int | str = "16G",
     ):
         batching, self.read_options, self.sample_options, self.run = option_groups(locals())
         info = process_info(self.run.rank, self.run.world_size)
@@ -167,7 +168,7 @@ class StreamBatchLoader:
         self.index: Index | None
         self.urls: Sequence[str]
         if sources is not None:
-            self.index = MixedIndex.open(sources, storage_options)
+            self.index = MixedIndex.open(sources, storage_options, self.run.max_plan_bytes)
             self.urls = ShardURLs(self.index)
             self.name = "mixture of " + ", ".join(self.index.names)
         else:

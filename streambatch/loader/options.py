@@ -114,6 +114,9 @@ class RunOptions:
     """Called in each worker with its id (after the loader's own set-up)."""
     progress: bool = False
     """A tqdm bar per pass (total ``len(loader)``, starting at the batches already consumed)."""
+    max_plan_bytes: int | str = "16G"
+    """The most memory a mixture's epoch plan may take (about 48 bytes per sample its weights put in an epoch,
+    every copy counted); larger weights are refused before anything is allocated. A size like ``"64G"``."""
 
     def __post_init__(self) -> None:
         if self.rank is not None:
@@ -130,6 +133,9 @@ class RunOptions:
             int_option("prefetch_factor", self.prefetch_factor, 1)
         for name in ("persistent_workers", "pin_memory", "progress"):
             bool_option(name, getattr(self, name))
+        if self.max_plan_bytes is None:
+            raise OptionError("max_plan_bytes must be a size like 64G or a number of bytes, got None")
+        object.__setattr__(self, "max_plan_bytes", storage.parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
         if self.worker_init_fn is not None and not callable(self.worker_init_fn):
             raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
 
