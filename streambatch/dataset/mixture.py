@@ -18,10 +18,10 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from ..errors import OptionError, number_option
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
-from ..errors import OptionError, number_option
 from .index import INDEX_NAME, ShardIndex
 
 MIXTURE_SUFFIXES = (".yaml", ".yml")
@@ -183,7 +183,8 @@ class MixedIndex:
         cls, sources: Sequence[Source], storage_options: dict | None = None, max_plan_bytes: int = MAX_PLAN_BYTES
     ) -> MixedIndex:
         """Load each dataset's index (a folder holding ``index.json`` or an index file); a plan the weights make
-        larger than ``max_plan_bytes`` is refused before it is built (:func:`~streambatch.plan.mixing.check_plan_size`)."""
+        larger than ``max_plan_bytes`` is refused before it is built
+        (:func:`~streambatch.plan.mixing.check_plan_size`)."""
         indexes = []
         for s in sources:
             url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
