@@ -81,13 +81,13 @@ class BatchingConfig:
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
-            check_budget(self.output_budget)
+            check_budget(self.output_budget, "output_budget")
             if self.cost.packed:
                 raise OptionError(
                     "output_budget bounds padded batches (n × max output length); packed batches have none"
                 )
         if self.bucket_boundaries is not None:
-            edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
+            edges = np.asarray(sorted(_boundaries(self.bucket_boundaries)), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
 
     @property
@@ -156,6 +156,13 @@ def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:
     """``check`` a value that may also be None."""
     if value is not None:
         check(name, value, *limits)
+
+
+def _boundaries(edges: Any) -> list[float]:
+    """``bucket_boundaries`` as finite lengths of at least 0 (a list or array of numbers), else an OptionError."""
+    if isinstance(edges, (str, bytes)) or not hasattr(edges, "__iter__"):
+        raise OptionError(f"bucket_boundaries must be a list of lengths, got {edges!r}")
+    return [number_option("bucket_boundaries", b, 0) for b in edges]
 
 
 def _check_seed(seed: Any) -> None:

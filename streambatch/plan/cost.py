@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..errors import OptionError, number_option
 from .stats import LengthStats
 
 CALIBRATION_FORMAT = "streambatch-calibration"
@@ -150,6 +151,8 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
 
     Returns (model, budget from a calibration file or None).
     """
+    if quadratic_factor is not None:
+        number_option("quadratic_factor", quadratic_factor, positive=True)
     if isinstance(cost, CostModel):
         return cost, None
     if callable(cost):
@@ -160,13 +163,13 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
         return PaddedCost(), None
     if cost == "quadratic":
         if quadratic_factor is None:
-            raise ValueError(
+            raise OptionError(
                 "cost='quadratic' needs quadratic_factor (or a calibration file from streambatch.calibrate)"
             )
-        return QuadraticCost(float(quadratic_factor)), None
+        return QuadraticCost(number_option("quadratic_factor", quadratic_factor, positive=True)), None
     if is_calibration_path(cost):
         return calibration_cost(read_calibration(cost), cost)
-    raise ValueError(f"unknown cost {cost!r}: use 'padded', 'quadratic', a callable, or a calibration .json")
+    raise OptionError(f"unknown cost {cost!r}: use 'padded', 'quadratic', a callable, or a calibration .json")
 
 
 def is_calibration_path(cost: Any) -> bool:
