@@ -37,9 +37,9 @@ from .messages import (
     unindexed_empty_message,
 )
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
-from .options import Index, batching_config, collate_options, option_groups, sample_plan
+from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
 from .state import LoaderState, batching_record, pack_mask
-from .workers import make_dataloader, progress_bar
+from .workers import check_sendable, make_dataloader, progress_bar
 
 log = logging.getLogger("streambatch")
 
@@ -189,6 +189,7 @@ class StreamBatchLoader:
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
+        check_sendable(worker_callables(sample, run, self.config), run, self.filter is not None)
         if ix is None and self.world_size > 1 and not run.batches_per_epoch:
             raise ValueError(
                 f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
@@ -333,7 +334,8 @@ class StreamBatchLoader:
             self._ring = batch_ring(
                 self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
             )
-        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None)
+        callables = worker_callables(self.sample_options, self.run, self.config)
+        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None, callables)
 
     def _context(self) -> SlotContext:
         """What every DataLoader worker of this loader gets once."""

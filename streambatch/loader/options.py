@@ -144,6 +144,18 @@ class RunOptions:
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
 
 
+def worker_callables(sample: SampleOptions, run: RunOptions, config: BatchingConfig) -> dict[str, Any]:
+    """The user's functions the DataLoader workers run, by the option that gave each."""
+    given = {
+        "decode": sample.decode if callable(sample.decode) else None,
+        "transform": sample.transform,
+        "features": sample.features if callable(sample.features) else None,
+        "cost": getattr(config.cost, "fn", None),
+        "worker_init_fn": run.worker_init_fn,
+    }
+    return {name: fn for name, fn in given.items() if fn is not None}
+
+
 def collate_options(
     sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: Index | None, ops: Any
 ) -> CollateOptions:
