@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,11 +180,21 @@ def init_fields(group: type) -> list[str]:
 def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, SampleOptions, RunOptions]:
     """The loader's arguments sorted into their groups: the batching options by name (:func:`batching_config`
     turns them into a :class:`BatchingConfig` once the index is open), and the other groups built (checked)."""
+    _check_plain(given)
     batching = {k: given[k] for k in BATCHING_OPTIONS}
     read = ReadOptions(**{k: given[k] for k in init_fields(ReadOptions)})
     sample = SampleOptions(**{k: given[k] for k in init_fields(SampleOptions)})
     run = RunOptions(**{k: given[k] for k in init_fields(RunOptions)})
     return batching, read, sample, run
+
+
+def _check_plain(given: dict[str, Any]) -> None:
+    """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping."""
+    where, so = given.get("where"), given.get("storage_options")
+    if where is not None and not isinstance(where, str):
+        raise OptionError(f'where must be an SQL expression as text, like "snr > 10", got {where!r}')
+    if so is not None and not isinstance(so, Mapping):
+        raise OptionError(f"storage_options must be a dict of fsspec options, got {so!r}")
 
 
 def batching_config(
