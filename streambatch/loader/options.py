@@ -207,13 +207,13 @@ def batching_config(
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
     if options.get("batch_by") is not None and not hasattr(index, "dataset_of_shard"):
-        raise ValueError(
+        raise OptionError(
             f"batch_by={options['batch_by']!r} keeps every batch within one dataset of a mixture; this "
             "loader reads one dataset (name several: a {name: folder} mapping, a list of folders with "
             "weights=, or a mixture file), or leave batch_by=None"
         )
     if index is None and options.get("batch_order", "random") != "random":
-        raise ValueError(
+        raise OptionError(
             f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
             "an index (write one with `shardify index`); without one batches leave as they form"
         )
