@@ -77,7 +77,7 @@ def _weights(weights: Any, names: list[str]) -> dict[str, float]:
     if isinstance(weights, Mapping):
         unknown = sorted(set(weights) - set(names))
         if unknown:
-            raise ValueError(
+            raise OptionError(
                 f"weights name unknown datasets: {', '.join(map(str, unknown))} (datasets: {', '.join(names)})"
             )
         return {n: _weight(f"weights[{n!r}]", weights.get(n, 1.0)) for n in names}
