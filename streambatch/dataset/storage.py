@@ -58,7 +58,7 @@ def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
     if size is None:
         return None
     if isinstance(size, (int, float)) and not isinstance(size, bool):
-        if isinstance(size, float) and not (math.isfinite(size) and size.is_integer()):
+        if isinstance(size, float) and not (math.isfinite(size) and float(size).is_integer()):
             raise OptionError(f"{what} must be a whole number of bytes or a size like 64M, got {size!r}")
         n = int(size)
     else:

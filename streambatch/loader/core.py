@@ -168,7 +168,7 @@ class StreamBatchLoader:
         self.index: Index | None
         self.urls: Sequence[str]
         if sources is not None:
-            self.index = MixedIndex.open(sources, storage_options, self.run.max_plan_bytes)
+            self.index = MixedIndex.open(sources, storage_options, int(self.run.max_plan_bytes))
             self.urls = ShardURLs(self.index)
             self.name = "mixture of " + ", ".join(self.index.names)
         else:
