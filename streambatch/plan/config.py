@@ -69,6 +69,12 @@ class BatchingConfig:
         if self.buffer_size is None:  # nothing known of the lengths here: the floor (make() sizes it from them)
             object.__setattr__(self, "buffer_size", DEFAULT_BUFFER)
         int_option("buffer_size", self.buffer_size, 1)
+        if self.buffer_size > MAX_BUFFER:  # the window's arrays are allocated whole, per worker
+            raise OptionError(
+                f"buffer_size={self.buffer_size} would hold that many samples in each worker's window "
+                f"(≈ {self.buffer_size * WINDOW_SLOT_BYTES / 2**30:,.0f} GiB of arrays before any sample's bytes); "
+                f"at most {MAX_BUFFER:,}"
+            )
         _optional(int_option, "refill", self.refill, 0)
         _optional(int_option, "max_batch_size", self.max_batch_size, 1)
         int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1)
@@ -192,6 +198,10 @@ def _auto_buffer(
     cap = model.capacity(np.array([float(mean)]), float(budget), int(max_batch_size) if max_batch_size else 1 << 40)
     return default_buffer_size(float(cap[0]), sample_bytes)
 
+
+#: the largest window a config takes (``buffer_size``), and what the batcher allocates per sample of it
+MAX_BUFFER = 1 << 26
+WINDOW_SLOT_BYTES = 32
 
 #: emission orders of a slot's batches: ``random`` (seeded), or sorted by each batch's longest sample
 BATCH_ORDERS = ("random", "ascending", "descending")

@@ -27,6 +27,7 @@ BAD = [
     ("buffer_size", "10", {}),
     ("buffer_size", True, {}),
     ("buffer_size", 0, {}),
+    ("buffer_size", 10**12, {}),  # its window's arrays would take terabytes
     ("refill", -1, {}),
     ("refill", 2.5, {}),
     ("bucket_boundaries", [10, NAN], {}),
