@@ -68,11 +68,11 @@ class BatchingConfig:
         check_budget(self.budget)
         if self.buffer_size is None:  # nothing known of the lengths here: the floor (make() sizes it from them)
             object.__setattr__(self, "buffer_size", DEFAULT_BUFFER)
-        int_option("buffer_size", self.buffer_size, 1)
-        if self.buffer_size > MAX_BUFFER:  # the window's arrays are allocated whole, per worker
+        window = int_option("buffer_size", self.buffer_size, 1)
+        if window > MAX_BUFFER:  # the window's arrays are allocated whole, per worker
             raise OptionError(
-                f"buffer_size={self.buffer_size} would hold that many samples in each worker's window "
-                f"(≈ {self.buffer_size * WINDOW_SLOT_BYTES / 2**30:,.0f} GiB of arrays before any sample's bytes); "
+                f"buffer_size={window} would hold that many samples in each worker's window "
+                f"(≈ {window * WINDOW_SLOT_BYTES / 2**30:,.0f} GiB of arrays before any sample's bytes); "
                 f"at most {MAX_BUFFER:,}"
             )
         _optional(int_option, "refill", self.refill, 0)
