@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import subprocess
 import sys
 
@@ -285,3 +286,20 @@ def test_a_lambda_the_workers_cannot_receive_is_named_before_they_start(ds):
 def test_forked_workers_still_take_a_lambda(ds):
     loader = StreamBatchLoader(ds, 1000, num_workers=2, transform=local_transform())
     assert sum(len(b["keys"]) for b in loader) == 40
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"num_workers": 1.5}, "num_workers must be a whole number, got 1.5"),
+        ({"decode": "bogus"}, "decode must be one of"),
+        ({"shard_size": 3}, "options: unknown loader option: shard_size"),
+        ({"val_options": {"pin_memory": "no"}}, "pin_memory must be True or False, got 'no'"),
+        ({"val_options": "fast"}, "val_options must be a dict of loader options"),
+    ],
+)
+def test_the_lightning_datamodule_checks_its_options_when_it_is_made(ds, options, says):
+    lightning = pytest.importorskip("streambatch.lightning")
+    with pytest.raises(OptionError, match=re.escape(says)):
+        lightning.StreamBatchDataModule(ds, 1000, **options)
+    assert lightning.StreamBatchDataModule(ds, 1000, num_workers=2, seed=3).options == {"num_workers": 2, "seed": 3}
