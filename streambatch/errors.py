@@ -65,10 +65,6 @@ def format_problems(problems: Sequence[InputProblem], hint: str = "") -> str:
     return "\n".join(lines)
 
 
-class BudgetError(ShardifyError, ValueError):
-    """A batch budget that is not a positive finite number (or duration), or that no sample fits."""
-
-
 class EmptyEpochError(ShardifyError, ValueError):
     """An epoch that would yield no batch at all (every sample filtered out, dropped or too long)."""
 
@@ -106,6 +102,10 @@ def output_fits(url: str, what: str = "it") -> Iterator[None]:
 
 class OptionError(ShardifyError, ValueError):
     """An option with a value of the wrong type or out of its range; the message names the option."""
+
+
+class BudgetError(OptionError):
+    """A batch budget that is not a positive finite number (or duration), or that no sample fits."""
 
 
 class ShardReadError(StreamBatchError, IOError):

@@ -11,6 +11,7 @@ checkpoint (the guide "Lightning").
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +25,7 @@ except ImportError:  # pragma: no cover - the older package name
         raise ImportError("streambatch.lightning needs Lightning: pip install 'streambatch[lightning]'") from None
 
 from .dataset.index import ShardIndex
+from .errors import OptionError
 from .loader import StreamBatchLoader
 
 log = logging.getLogger("streambatch.lightning")
@@ -112,6 +114,20 @@ def _rewind(loader: StreamBatchLoader, epoch: int) -> None:
     loader.set_epoch(epoch)
 
 
+def _check_options(options: Any, what: str) -> None:
+    """The loader options a DataModule is given, checked now rather than when the Trainer sets it up: known names,
+    and each value of the read, per-sample and run groups (the batching options are checked with the index)."""
+    from .loader.options import option_groups
+
+    if not isinstance(options, dict):
+        raise OptionError(f"{what} must be a dict of loader options, got {options!r}")
+    params = inspect.signature(StreamBatchLoader).parameters
+    unknown = sorted(set(options) - (set(params) - {"source", "budget"}))  # those two are arguments of their own
+    if unknown:
+        raise OptionError(f"{what}: unknown loader option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+    option_groups({**{k: p.default for k, p in params.items()}, **options})
+
+
 class StreamBatchDataModule(pl.LightningDataModule):
     """A Lightning DataModule over streambatch: ``train_dataloader()`` is a :class:`StreamBatchLoader` of
     ``source`` with ``budget`` and ``options`` (any loader option by name) on this rank, and its state travels
@@ -135,6 +151,8 @@ class StreamBatchDataModule(pl.LightningDataModule):
         **options: Any,
     ):
         super().__init__()
+        _check_options(options, "options")
+        _check_options(val_options or {}, "val_options")
         self.source, self.budget, self.options = source, budget, options
         self.val_source = val_source
         self.val_options = {**options, "shuffle": False, **(val_options or {})}

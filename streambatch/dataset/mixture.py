@@ -18,7 +18,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from ..plan.mixing import DatasetDraw, Selection
+from ..errors import OptionError, number_option
+from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
 from .index import INDEX_NAME, ShardIndex
@@ -77,14 +78,20 @@ def _weights(weights: Any, names: list[str]) -> dict[str, float]:
     if isinstance(weights, Mapping):
         unknown = sorted(set(weights) - set(names))
         if unknown:
-            raise ValueError(
+            raise OptionError(
                 f"weights name unknown datasets: {', '.join(map(str, unknown))} (datasets: {', '.join(names)})"
             )
-        return {n: float(weights.get(n, 1.0)) for n in names}
-    weights = list(weights)
+        return {n: _weight(f"weights[{n!r}]", weights.get(n, 1.0)) for n in names}
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise OptionError(f"weights must be a {{name: weight}} mapping or a list of numbers, got {weights!r}")
     if len(weights) != len(names):
-        raise ValueError(f"{len(weights)} weights for {len(names)} datasets")
-    return {n: float(w) for n, w in zip(names, weights)}
+        raise OptionError(f"{len(weights)} weights for {len(names)} datasets")
+    return {n: _weight(f"weights[{i}]", w) for i, (n, w) in enumerate(zip(names, weights))}
+
+
+def _weight(name: str, value: Any) -> float:
+    """One dataset's weight: a finite number, at least 0."""
+    return number_option(name, value, 0)
 
 
 def _is_mixture_file(source: str) -> bool:
@@ -127,8 +134,9 @@ def load_mixture(url: str, shard_roots: Sequence[str] = ()) -> list[Source]:
         path = str(d["path"])
         if "://" not in path and not os.path.isabs(path):
             path = storage.join_url(base, path)
-        roots.check(path, f"dataset {path!r}" if "name" not in d else f"dataset {str(d['name'])!r}", path)
-        out.append(Source(str(d.get("name") or _name(path)), path, float(d.get("weight", 1.0))))
+        name = str(d.get("name") or _name(path))
+        roots.check(path, f"dataset {name!r}" if "name" in d else f"dataset {path!r}", path)
+        out.append(Source(name, path, _weight(f"{url}: the weight of dataset {name!r}", d.get("weight", 1.0))))
     return _sources([(s.name, s.url) for s in out], {s.name: s.weight for s in out})
 
 
@@ -152,7 +160,7 @@ class MixedIndex:
     """The indexes of a mixture's datasets as one index: the planner's shard table and lengths, the readers'
     shard URLs and checksums, and each epoch's :class:`~streambatch.plan.mixing.Selection`."""
 
-    def __init__(self, sources: Sequence[Source], indexes: Sequence[ShardIndex]):
+    def __init__(self, sources: Sequence[Source], indexes: Sequence[ShardIndex], max_plan_bytes: int = MAX_PLAN_BYTES):
         self.sources, self.indexes = list(sources), list(indexes)
         self.names = [s.name for s in self.sources]
         _check_units(self.sources, self.indexes)
@@ -164,6 +172,8 @@ class MixedIndex:
             DatasetDraw.of(ix.num_samples, s.weight, 0, d) for d, (s, ix) in enumerate(zip(self.sources, self.indexes))
         ]
         self._tables = [ix.shard_table(("count", "total_length", "min_length", "max_length")) for ix in self.indexes]
+        shards = [len(t["count"]) for t in self._tables]
+        check_plan_size([(s.name, s.weight) for s in self.sources], self.draws, shards, max_plan_bytes)
         # the virtual shards: for each dataset, its shards once per copy, in blocks of (dataset, copy)
         self.blocks = [(d, r) for d, draw in enumerate(self.draws) for r in range(draw.copies)]
         self._block = np.array(self.blocks, dtype=np.int64).reshape(-1, 2)
@@ -175,10 +185,15 @@ class MixedIndex:
 
     @classmethod
     def open(
-        cls, sources: Sequence[Source], storage_options: dict | None = None, shard_roots: Sequence[str] = ()
+        cls,
+        sources: Sequence[Source],
+        storage_options: dict | None = None,
+        shard_roots: Sequence[str] = (),
+        max_plan_bytes: int = MAX_PLAN_BYTES,
     ) -> MixedIndex:
         """Load each dataset's index (a folder holding ``index.json`` or an index file); its shard URLs must lie
-        in its folder or under ``shard_roots`` (:meth:`ShardIndex.load`)."""
+        in its folder or under ``shard_roots`` (:meth:`ShardIndex.load`), and a plan the weights make larger than
+        ``max_plan_bytes`` is refused before it is built (:func:`~streambatch.plan.mixing.check_plan_size`)."""
         indexes = []
         for s in sources:
             url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
@@ -187,7 +202,7 @@ class MixedIndex:
                     f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)"
                 )
             indexes.append(ShardIndex.load(url, storage_options, shard_roots))
-        return cls(sources, indexes)
+        return cls(sources, indexes, max_plan_bytes)
 
     def check_urls(self) -> None:
         """Refuse the mixture if a dataset's shard URL points outside its roots (:meth:`ShardIndex.check_urls`)."""

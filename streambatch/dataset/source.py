@@ -9,7 +9,7 @@ import braceexpand
 
 from . import storage
 from .index import INDEX_NAME, ShardIndex
-from .mixture import AnyIndex
+from .mixture import AnyIndex, MixedIndex, mixture_sources
 
 
 class ShardURLs(Sequence[str]):
@@ -69,3 +69,30 @@ def resolve_source(
         )
     ix = ShardIndex.load(index_url, storage_options, shard_roots)
     return ix, ShardURLs(ix)
+
+
+def open_source(
+    source: Any,
+    weights: Any,
+    index: str | ShardIndex | None,
+    storage_options: dict | None,
+    shard_roots: Sequence[str] = (),
+    max_plan_bytes: int | None = None,
+) -> tuple[AnyIndex | None, Sequence[str], str]:
+    """(index or None, shard URLs, a name for messages) for what the loader reads: one dataset or a mixture of
+    several; every shard URL an index names is checked against its roots here, before anything is read."""
+    sources = mixture_sources(source, weights, shard_roots)
+    ix: AnyIndex | None
+    urls: Sequence[str]
+    if sources is not None:
+        extra = {} if max_plan_bytes is None else {"max_plan_bytes": max_plan_bytes}
+        ix = MixedIndex.open(sources, storage_options, shard_roots, **extra)
+        urls, name = ShardURLs(ix), "mixture of " + ", ".join(ix.names)
+    else:
+        ix, urls = resolve_source(source, index, storage_options, shard_roots)
+        name = str(source) if isinstance(source, str) else (ix.root if ix is not None else None) or ""
+    if ix is not None:
+        ix.check_urls()  # a shard URL outside the roots stops the run here, before any read
+    if not urls:
+        raise ValueError(f"{source}: no shards found")
+    return ix, urls, name

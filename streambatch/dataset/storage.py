@@ -7,6 +7,7 @@ Every module that touches storage goes through here, so local folders, ``file://
 from __future__ import annotations
 
 import functools
+import math
 import os
 import posixpath
 import re
@@ -18,7 +19,7 @@ from typing import IO, Any, TypeVar
 
 import fsspec
 
-from ..errors import MissingCredentials
+from ..errors import MissingCredentials, OptionError
 
 
 def is_local(url: str) -> bool:
@@ -52,18 +53,21 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
-    """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed."""
+    """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed. A number
+    must be whole (``64e6`` is, ``1.5`` is not); anything else is an :class:`OptionError` naming ``what``."""
     if size is None:
         return None
     if isinstance(size, (int, float)) and not isinstance(size, bool):
+        if isinstance(size, float) and not (math.isfinite(size) and float(size).is_integer()):
+            raise OptionError(f"{what} must be a whole number of bytes or a size like 64M, got {size!r}")
         n = int(size)
     else:
         m = _SIZE.fullmatch(str(size))
         if not m:
-            raise ValueError(f"{what}: cannot read {size!r} as a size; write e.g. 64M, 8MiB, 2G or a number of bytes")
+            raise OptionError(f"{what}: cannot read {size!r} as a size; write e.g. 64M, 8MiB, 2G or a number of bytes")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if n < 0:
-        raise ValueError(f"{what} must not be negative, got {size!r}")
+        raise OptionError(f"{what} must not be negative, got {size!r}")
     return n
 
 

@@ -13,8 +13,8 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import MixedIndex, mixture_sources
-from ..dataset.source import ShardURLs, resolve_source
+from ..dataset.mixture import MixedIndex
+from ..dataset.source import open_source
 from ..dataset.where import left_out, open_filter
 from ..dist import all_gather_ints, process_group_matches, process_info
 from ..errors import EmptyEpochError
@@ -37,9 +37,9 @@ from .messages import (
     unindexed_empty_message,
 )
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
-from .options import Index, batching_config, collate_options, option_groups, sample_plan
+from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
 from .state import LoaderState, batching_record, pack_mask
-from .workers import make_dataloader, progress_bar
+from .workers import check_sendable, make_dataloader, progress_bar
 
 log = logging.getLogger("streambatch")
 
@@ -85,7 +85,7 @@ class StreamBatchLoader:
     The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``num_workers``,
     ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
     ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
-    ``progress``.
+    ``progress``, ``max_plan_bytes``.
     """
 
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
@@ -153,6 +153,7 @@ class StreamBatchLoader:
         pin_memory: bool = False,
         worker_init_fn: Callable[[int], Any] | None = None,
         progress: bool = False,
+        max_plan_bytes: int | str = "16G",
     ):
         batching, self.read_options, self.sample_options, self.run = option_groups(locals())
         info = process_info(self.run.rank, self.run.world_size)
@@ -165,22 +166,10 @@ class StreamBatchLoader:
         if budget is not None and not isinstance(budget, str):
             parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
-        roots = self.read_options.shard_roots  # where the index's URLs may point besides its own root
-        sources = mixture_sources(source, weights, roots)
         self.index: Index | None
         self.urls: Sequence[str]
-        if sources is not None:
-            self.index = MixedIndex.open(sources, storage_options, roots)
-            self.urls = ShardURLs(self.index)
-            self.name = "mixture of " + ", ".join(self.index.names)
-        else:
-            self.index, self.urls = resolve_source(source, index, storage_options, roots)
-            root = self.index.root if self.index is not None else None
-            self.name = str(source) if isinstance(source, str) else root or ""
-        if self.index is not None:
-            self.index.check_urls()  # a shard URL outside the roots stops the run here, before any read
-        if not self.urls:
-            raise ValueError(f"{source}: no shards found")
+        roots, limit = self.read_options.shard_roots, int(self.run.max_plan_bytes)
+        self.index, self.urls, self.name = open_source(source, weights, index, storage_options, roots, limit)
 
     def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
@@ -193,6 +182,7 @@ class StreamBatchLoader:
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
+        check_sendable(worker_callables(sample, run, self.config), run, self.filter is not None)
         if ix is None and self.world_size > 1 and not run.batches_per_epoch:
             raise ValueError(
                 f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
@@ -337,7 +327,8 @@ class StreamBatchLoader:
             self._ring = batch_ring(
                 self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
             )
-        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None)
+        callables = worker_callables(self.sample_options, self.run, self.config)
+        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None, callables)
 
     def _context(self) -> SlotContext:
         """What every DataLoader worker of this loader gets once."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +114,9 @@ class RunOptions:
     """Called in each worker with its id (after the loader's own set-up)."""
     progress: bool = False
     """A tqdm bar per pass (total ``len(loader)``, starting at the batches already consumed)."""
+    max_plan_bytes: int | str = "16G"
+    """The most memory a mixture's epoch plan may take (about 48 bytes per sample its weights put in an epoch,
+    every copy counted); larger weights are refused before anything is allocated. A size like ``"64G"``."""
 
     def __post_init__(self) -> None:
         if self.rank is not None:
@@ -130,12 +133,27 @@ class RunOptions:
             int_option("prefetch_factor", self.prefetch_factor, 1)
         for name in ("persistent_workers", "pin_memory", "progress"):
             bool_option(name, getattr(self, name))
+        if self.max_plan_bytes is None:
+            raise OptionError("max_plan_bytes must be a size like 64G or a number of bytes, got None")
+        object.__setattr__(self, "max_plan_bytes", storage.parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
         if self.worker_init_fn is not None and not callable(self.worker_init_fn):
             raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
 
     def layout(self, world_size: int) -> Layout:
         """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given)."""
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
+
+
+def worker_callables(sample: SampleOptions, run: RunOptions, config: BatchingConfig) -> dict[str, Any]:
+    """The user's functions the DataLoader workers run, by the option that gave each."""
+    given = {
+        "decode": sample.decode if callable(sample.decode) else None,
+        "transform": sample.transform,
+        "features": sample.features if callable(sample.features) else None,
+        "cost": getattr(config.cost, "fn", None),
+        "worker_init_fn": run.worker_init_fn,
+    }
+    return {name: fn for name, fn in given.items() if fn is not None}
 
 
 def collate_options(
@@ -162,11 +180,21 @@ def init_fields(group: type) -> list[str]:
 def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, SampleOptions, RunOptions]:
     """The loader's arguments sorted into their groups: the batching options by name (:func:`batching_config`
     turns them into a :class:`BatchingConfig` once the index is open), and the other groups built (checked)."""
+    _check_plain(given)
     batching = {k: given[k] for k in BATCHING_OPTIONS}
     read = ReadOptions(**{k: given[k] for k in init_fields(ReadOptions)})
     sample = SampleOptions(**{k: given[k] for k in init_fields(SampleOptions)})
     run = RunOptions(**{k: given[k] for k in init_fields(RunOptions)})
     return batching, read, sample, run
+
+
+def _check_plain(given: dict[str, Any]) -> None:
+    """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping."""
+    where, so = given.get("where"), given.get("storage_options")
+    if where is not None and not isinstance(where, str):
+        raise OptionError(f'where must be an SQL expression as text, like "snr > 10", got {where!r}')
+    if so is not None and not isinstance(so, Mapping):
+        raise OptionError(f"storage_options must be a dict of fsspec options, got {so!r}")
 
 
 def batching_config(
@@ -179,13 +207,13 @@ def batching_config(
     """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
     if options.get("batch_by") is not None and not hasattr(index, "dataset_of_shard"):
-        raise ValueError(
+        raise OptionError(
             f"batch_by={options['batch_by']!r} keeps every batch within one dataset of a mixture; this "
             "loader reads one dataset (name several: a {name: folder} mapping, a list of folders with "
             "weights=, or a mixture file), or leave batch_by=None"
         )
     if index is None and options.get("batch_order", "random") != "random":
-        raise ValueError(
+        raise OptionError(
             f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
             "an index (write one with `shardify index`); without one batches leave as they form"
         )

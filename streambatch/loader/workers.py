@@ -8,6 +8,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from ..errors import OptionError
 from ..read.ring import BatchRing
 from ..read.worker import EpochStream
 from .options import RunOptions
@@ -33,9 +34,41 @@ class WorkerInit:
             self.user(worker_id)
 
 
-def make_dataloader(stream: EpochStream, run: RunOptions, ring: BatchRing | None, forkserver: bool) -> DataLoader:
+def start_method(forkserver: bool) -> str:
+    """How the workers start: by forkserver behind a filter, else as Python's multiprocessing starts processes."""
+    import multiprocessing
+
+    return "forkserver" if forkserver else multiprocessing.get_start_method()
+
+
+def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool) -> None:
+    """With workers that do not fork (spawn, forkserver), every user callable the workers run must pickle: one
+    that does not (a lambda, a function defined inside another) is an :class:`OptionError` naming the option and
+    the fix, here, instead of a pickling traceback from inside the DataLoader. Forked workers inherit it as is."""
+    import pickle
+
+    method = start_method(forkserver)
+    if run.num_workers == 0 or method == "fork":
+        return
+    for name, fn in callables.items():
+        try:
+            pickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001 - any failure to pickle is the same mistake, said in one line
+            why = " ".join(f"{type(e).__name__}: {e}".split())
+            instead = "leave out where= (a filter starts the workers by forkserver)" if forkserver else "use fork"
+            raise OptionError(
+                f"{name}={fn!r} cannot be sent to the {run.num_workers} worker processes, which start by "
+                f"{method} ({why}): define it at the top level of a module (not a lambda or a function inside "
+                f"another), or pass num_workers=0, or {instead}"
+            ) from None
+
+
+def make_dataloader(
+    stream: EpochStream, run: RunOptions, ring: BatchRing | None, forkserver: bool, callables: dict[str, Any]
+) -> DataLoader:
     """The DataLoader of one pass (or of every pass, with persistent workers); ``ring``: the workers' reused batch
-    buffers; ``forkserver``: workers start from a clean forkserver (DuckDB, behind a filter, is not fork-safe)."""
+    buffers; ``forkserver``: workers start from a clean forkserver (DuckDB, behind a filter, is not fork-safe);
+    ``callables``: the user's functions the workers run, by option (:func:`check_sendable`)."""
     kwargs: dict[str, Any] = {}
     if run.num_workers > 0:
         kwargs["prefetch_factor"] = run.prefetch_factor or 2
@@ -43,6 +76,7 @@ def make_dataloader(stream: EpochStream, run: RunOptions, ring: BatchRing | None
         kwargs["worker_init_fn"] = WorkerInit(run.worker_init_fn)
         if forkserver:
             kwargs["multiprocessing_context"] = "forkserver"
+        check_sendable(callables, run, forkserver)
     return DataLoader(
         stream, batch_size=None, num_workers=run.num_workers, collate_fn=_identity, pin_memory=run.pin_memory, **kwargs
     )

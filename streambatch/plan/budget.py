@@ -22,14 +22,18 @@ UNITS = ("samples", "seconds", "tokens", "frames")
 _BUDGET_TEXT = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?nan|[-+]?inf(?:inity)?)\s*([a-z]*)$")
 
 
-def check_budget(budget: Any) -> float:
-    """``budget`` as a float once it is a positive finite number, else a :class:`BudgetError`."""
+def check_budget(budget: Any, name: str = "budget") -> float:
+    """``budget`` as a float once it is a positive finite number (not text, not True), else a :class:`BudgetError`
+    naming the option (``name``: ``output_budget`` for the second budget)."""
+    bad = BudgetError(BUDGET_ERROR.format(budget=budget).replace("budget must", f"{name} must", 1))
+    if isinstance(budget, (bool, str, bytes)):
+        raise bad
     try:
         value = float(budget)
     except (TypeError, ValueError):
-        raise BudgetError(BUDGET_ERROR.format(budget=budget)) from None
-    if isinstance(budget, bool) or not math.isfinite(value) or value <= 0:
-        raise BudgetError(BUDGET_ERROR.format(budget=budget))
+        raise bad from None
+    if not math.isfinite(value) or value <= 0:
+        raise bad
     return value
 
 

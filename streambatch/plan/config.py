@@ -68,7 +68,13 @@ class BatchingConfig:
         check_budget(self.budget)
         if self.buffer_size is None:  # nothing known of the lengths here: the floor (make() sizes it from them)
             object.__setattr__(self, "buffer_size", DEFAULT_BUFFER)
-        int_option("buffer_size", self.buffer_size, 1)
+        window = int_option("buffer_size", self.buffer_size, 1)
+        if window > MAX_BUFFER:  # the window's arrays are allocated whole, per worker
+            raise OptionError(
+                f"buffer_size={window} would hold that many samples in each worker's window "
+                f"(≈ {window * WINDOW_SLOT_BYTES / 2**30:,.0f} GiB of arrays before any sample's bytes); "
+                f"at most {MAX_BUFFER:,}"
+            )
         _optional(int_option, "refill", self.refill, 0)
         _optional(int_option, "max_batch_size", self.max_batch_size, 1)
         int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1)
@@ -81,13 +87,13 @@ class BatchingConfig:
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
-            check_budget(self.output_budget)
+            check_budget(self.output_budget, "output_budget")
             if self.cost.packed:
                 raise OptionError(
                     "output_budget bounds padded batches (n × max output length); packed batches have none"
                 )
         if self.bucket_boundaries is not None:
-            edges = np.asarray(sorted(float(b) for b in self.bucket_boundaries), dtype=np.float64)
+            edges = np.asarray(sorted(_boundaries(self.bucket_boundaries)), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
 
     @property
@@ -158,6 +164,13 @@ def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:
         check(name, value, *limits)
 
 
+def _boundaries(edges: Any) -> list[float]:
+    """``bucket_boundaries`` as finite lengths of at least 0 (a list or array of numbers), else an OptionError."""
+    if isinstance(edges, (str, bytes)) or not hasattr(edges, "__iter__"):
+        raise OptionError(f"bucket_boundaries must be a list of lengths, got {edges!r}")
+    return [number_option("bucket_boundaries", b, 0) for b in edges]
+
+
 def _check_seed(seed: Any) -> None:
     """A seed is a whole number, or a sequence of them (``plan_batches``: a slot's seed)."""
     if isinstance(seed, Sequence) and not isinstance(seed, str):
@@ -185,6 +198,10 @@ def _auto_buffer(
     cap = model.capacity(np.array([float(mean)]), float(budget), int(max_batch_size) if max_batch_size else 1 << 40)
     return default_buffer_size(float(cap[0]), sample_bytes)
 
+
+#: the largest window a config takes (``buffer_size``), and what the batcher allocates per sample of it
+MAX_BUFFER = 1 << 26
+WINDOW_SLOT_BYTES = 32
 
 #: emission orders of a slot's batches: ``random`` (seeded), or sorted by each batch's longest sample
 BATCH_ORDERS = ("random", "ascending", "descending")

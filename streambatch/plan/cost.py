@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..errors import OptionError, number_option
 from .stats import LengthStats
 
 CALIBRATION_FORMAT = "streambatch-calibration"
@@ -66,7 +67,7 @@ class PaddedCost(CostModel):
 
     def capacity(self, lengths: np.ndarray, budget: float, max_batch_size: int) -> np.ndarray:
         lengths = np.asarray(lengths, dtype=np.float64)
-        cap = np.floor(budget / lengths).astype(np.int64)
+        cap = _whole(budget / lengths, max_batch_size)
         cap -= cap * lengths > budget  # guard against rounding in the division
         return np.minimum(cap, max_batch_size)
 
@@ -88,12 +89,18 @@ class QuadraticCost(CostModel):
     def capacity(self, lengths: np.ndarray, budget: float, max_batch_size: int) -> np.ndarray:
         lengths = np.asarray(lengths, dtype=np.float64)
         per = lengths + lengths * lengths / self.factor
-        cap = np.floor(budget / per).astype(np.int64)
+        cap = _whole(budget / per, max_batch_size)
         cap -= cap * per > budget
         return np.minimum(cap, max_batch_size)
 
     def to_json(self) -> dict[str, Any]:
         return {"cost": self.name, "quadratic_factor": self.factor}
+
+
+def _whole(ratio: np.ndarray, most: int) -> np.ndarray:
+    """``floor(ratio)`` as whole numbers, at most ``most + 1`` first: a budget far above every length (``1e30``)
+    does not overflow int64 into a negative capacity."""
+    return np.floor(np.minimum(ratio, float(most) + 1.0)).astype(np.int64)
 
 
 class CallableCost(CostModel):
@@ -144,6 +151,8 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
 
     Returns (model, budget from a calibration file or None).
     """
+    if quadratic_factor is not None:
+        number_option("quadratic_factor", quadratic_factor, positive=True)
     if isinstance(cost, CostModel):
         return cost, None
     if callable(cost):
@@ -154,13 +163,13 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
         return PaddedCost(), None
     if cost == "quadratic":
         if quadratic_factor is None:
-            raise ValueError(
+            raise OptionError(
                 "cost='quadratic' needs quadratic_factor (or a calibration file from streambatch.calibrate)"
             )
-        return QuadraticCost(float(quadratic_factor)), None
+        return QuadraticCost(number_option("quadratic_factor", quadratic_factor, positive=True)), None
     if is_calibration_path(cost):
         return calibration_cost(read_calibration(cost), cost)
-    raise ValueError(f"unknown cost {cost!r}: use 'padded', 'quadratic', a callable, or a calibration .json")
+    raise OptionError(f"unknown cost {cost!r}: use 'padded', 'quadratic', a callable, or a calibration .json")
 
 
 def is_calibration_path(cost: Any) -> bool:

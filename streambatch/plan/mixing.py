@@ -22,7 +22,15 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import OptionError
 from .lengths import LazyMask, Mask
+
+#: what the plan holds per sample id of a mixture's epoch (lengths, ids, order, masks), measured: about 45 bytes
+PLAN_BYTES_PER_SAMPLE = 48
+#: what the plan holds per virtual shard (its block, offsets, its row of the shard table)
+PLAN_BYTES_PER_SHARD = 256
+#: the most a mixture's plan may take unless the loader's ``max_plan_bytes`` says otherwise
+MAX_PLAN_BYTES = 16 << 30
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -99,7 +107,9 @@ class DatasetDraw:
         if self.take == 0 or ids.size == 0:
             return out
         lo, hi, n = epoch * self.take, (epoch + 1) * self.take, self.size
-        for cycle in range(lo // n, (hi - 1) // n + 1):
+        first, last = lo // n, (hi - 1) // n
+        out += max(0, last - first - 1)  # the cycles strictly inside the window: every sample once each
+        for cycle in sorted({first, last}):  # the cycles at its ends may be cut: each sample's place decides
             start = cycle * n
             if lo <= start and start + n <= hi:  # the whole cycle is in the window: every sample once
                 out += 1
@@ -150,3 +160,33 @@ def any_of(a: Mask | None, b: Mask | None) -> Mask | None:
     if a is None:
         return b
     return a if b is None else AnyOf(a, b)
+
+
+def plan_bytes(draw: DatasetDraw, shards: int) -> int:
+    """What planning one dataset of a mixture costs in memory: every copy of its samples and shards."""
+    return draw.copies * (draw.size * PLAN_BYTES_PER_SAMPLE + shards * PLAN_BYTES_PER_SHARD)
+
+
+def check_plan_size(
+    weights: Sequence[tuple[str, float]], draws: Sequence[DatasetDraw], shards: Sequence[int], most: int
+) -> None:
+    """Refuse a mixture whose weights imply a plan of more than ``most`` bytes, before any of it is allocated:
+    an :class:`OptionError` naming the dataset that costs most, its weight, and the size it implies."""
+    costs = [plan_bytes(d, n) for d, n in zip(draws, shards)]
+    if sum(costs) <= most:
+        return
+    worst = max(range(len(costs)), key=costs.__getitem__)
+    (name, weight), draw = weights[worst], draws[worst]
+    raise OptionError(
+        f"weights[{name!r}]={weight:g} implies {draw.take:.3g} samples per epoch: the mixture's plan would take "
+        f"≈ {size_text(sum(costs))}, at most {size_text(most)} allowed (max_plan_bytes): lower the weight or "
+        "raise max_plan_bytes"
+    )
+
+
+def size_text(n: float) -> str:
+    """Bytes as a short figure in the units sizes are written in (powers of 1024): ``16 GiB``, ``2.42 TiB``."""
+    for unit, scale in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"

@@ -9,11 +9,13 @@ index's own lengths (:class:`PlannedLengths`).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError
 from .lengths import Lengths
 
 #: stream tags, so that speed factors, transform generators and the planner's slot generators never share a seed
@@ -64,19 +66,22 @@ class SpeedPerturb:
     def make(cls, spec: Any) -> SpeedPerturb | None:
         """From the loader's ``speed_perturb``: factors ``(0.9, 1.0, 1.1)``, ``(factors, weights)``, or a dict
         ``{factor: weight}``; None or empty means off."""
-        if spec is None or (hasattr(spec, "__len__") and not len(spec)):
+        shaped = isinstance(spec, (dict, list, tuple, np.ndarray))
+        if spec is None or (shaped and not len(spec)):
             return None
+        if not shaped:
+            raise OptionError(f"speed_perturb must be {SPEED_FORMS}, got {spec!r}")
         if isinstance(spec, dict):
             factors, weights = list(spec), list(spec.values())
         elif len(spec) == 2 and all(isinstance(x, (list, tuple, np.ndarray)) for x in spec):
             factors, weights = list(spec[0]), list(spec[1])
         else:
             factors, weights = list(spec), [1.0] * len(spec)
-        f, w = np.asarray(factors, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+        f, w = _numbers(factors, spec), _numbers(weights, spec)
         if f.ndim != 1 or f.size != w.size or not np.all(np.isfinite(f)) or np.any(f <= 0):
-            raise ValueError(f"speed_perturb: factors must be positive numbers with one weight each, got {spec!r}")
+            raise OptionError(f"speed_perturb: factors must be positive numbers with one weight each, got {spec!r}")
         if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-            raise ValueError(f"speed_perturb: weights must be non-negative with a positive sum, got {spec!r}")
+            raise OptionError(f"speed_perturb: weights must be non-negative with a positive sum, got {spec!r}")
         return cls(tuple(f.tolist()), tuple(w.tolist()))
 
     def factors_of(self, seed: Any, epoch: int, gids: np.ndarray, repeats: Any = None) -> np.ndarray:
@@ -84,6 +89,17 @@ class SpeedPerturb:
         cum = np.cumsum(self.weights) / float(np.sum(self.weights))
         pick = np.searchsorted(cum, sample_uniform(seed, epoch, gids, SPEED_TAG, repeats), side="right")
         return np.asarray(self.factors)[np.minimum(pick, len(self.factors) - 1)]
+
+
+#: the forms ``speed_perturb`` takes, for its error messages
+SPEED_FORMS = "factors like (0.9, 1.0, 1.1), (factors, weights) or {factor: weight}"
+
+
+def _numbers(values: list[Any], spec: Any) -> np.ndarray:
+    """Factors or weights as floats: real numbers only (not text, not True/False), else an :class:`OptionError`."""
+    if not all(isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) for x in values):
+        raise OptionError(f"speed_perturb must be {SPEED_FORMS} with numbers, got {spec!r}")
+    return np.asarray(values, dtype=np.float64)
 
 
 def perturbed_samples(num_samples: Any, factor: Any) -> Any:

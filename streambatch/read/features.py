@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import OptionError
 from ..plan.perturb import kaldi_num_frames
 
 
@@ -87,12 +88,12 @@ def resolve_features(features: Any) -> Any:
     """The loader's ``features``: None, ``"fbank"`` (80-dim :class:`Fbank`), or a callable as it is."""
     if features is None:
         return None
-    if features == "fbank":
+    if isinstance(features, str) and features == "fbank":
         require_knf()
         return Fbank()
     if callable(features):
         return features
-    raise ValueError(
+    raise OptionError(
         f"features must be 'fbank' or a callable (waveform, sample_rate) -> [frames, dim], got {features!r}"
     )
 

@@ -186,6 +186,7 @@ def test_shar_cut_ids_with_dots_are_indexed_and_streamed(tmp_path, monkeypatch):
     whole dotted AMI recording): `shardify index --out` indexes every cut, the loader streams each once as lhotse
     stored it, and lhotse still reads the folder."""
     import lhotse  # the test extra installs it
+
     monkeypatch.chdir(LHOTSE)
     whole = lhotse.Recording.from_file(str(AMI)).to_cut()
     cuts = lhotse.CutSet.from_file("cuts.jsonl.gz") + lhotse.CutSet.from_cuts([whole])

@@ -206,6 +206,7 @@ def test_shar_folder_is_not_indexed_in_place_and_lhotse_still_reads_it(tmp_path,
     """lhotse reads every file of a Shar folder as a field: `shardify index` in place is refused (one line naming
     --out, nothing written), and lhotse's own reader still reads the folder."""
     import lhotse  # the test extra installs it
+
     monkeypatch.chdir(LHOTSE)
     shar = tmp_path / "shar"
     shar.mkdir()

@@ -1,0 +1,305 @@
+"""Every loader option is checked where the loader is built: a bad value of each (wrong type, a bool or text where
+a number goes, a fraction where a whole number goes, NaN or infinity, out of range) is one line of
+``OptionError`` naming the option and the value. Weights are bounded by the plan they imply, before anything of it
+is allocated, and a callable the workers cannot receive is named before they start."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import text_dataset
+
+from streambatch import OptionError, StreamBatchLoader
+from streambatch.loader.options import RunOptions, SampleOptions, init_fields
+from streambatch.plan.config import OPTIONS as BATCHING_OPTIONS
+from streambatch.read.reader import ReadOptions
+
+NAN, INF = float("nan"), float("inf")
+
+#: (option, a bad value, other options it needs): at least one case for every option of every group
+BAD = [
+    # batching: BatchingConfig and BatchingConfig.make
+    ("buffer_size", 1.5, {}),
+    ("buffer_size", "10", {}),
+    ("buffer_size", True, {}),
+    ("buffer_size", 0, {}),
+    ("buffer_size", 10**12, {}),  # its window's arrays would take terabytes
+    ("refill", -1, {}),
+    ("refill", 2.5, {}),
+    ("bucket_boundaries", [10, NAN], {}),
+    ("bucket_boundaries", "abc", {}),
+    ("bucket_boundaries", [10, "20"], {}),
+    ("num_buckets", 0, {}),
+    ("num_buckets", 2.5, {}),
+    ("bucket_spacing", "linear", {}),
+    ("max_batch_size", 0, {}),
+    ("max_batch_size", True, {}),
+    ("batch_size_multiple_of", 0, {}),
+    ("batch_size_multiple_of", 1.5, {}),
+    ("min_length", -1, {}),
+    ("min_length", INF, {}),
+    ("min_length", "0", {}),
+    ("max_length", 0, {}),
+    ("max_length", NAN, {}),
+    ("max_length", True, {}),
+    ("drop_last", 1, {}),
+    ("drop_last", "yes", {}),
+    ("strict", 0, {}),
+    ("shuffle", "True", {}),
+    ("seed", 1.5, {}),
+    ("seed", True, {}),
+    ("seed", "1", {}),
+    ("pad_to_multiple_of", 0, {}),
+    ("pad_to_multiple_of", 2.5, {}),
+    ("batch_order", "sorted", {}),
+    ("output_budget", INF, {}),
+    ("output_budget", "100", {}),
+    ("output_budget", True, {}),
+    ("batch_by", "corpus", {}),
+    ("cost", "cubic", {}),
+    ("cost", 3, {}),
+    ("quadratic_factor", NAN, {"cost": "quadratic"}),
+    ("quadratic_factor", "x", {"cost": "quadratic"}),
+    ("quadratic_factor", 0, {"cost": "quadratic"}),
+    ("quadratic_factor", -1.0, {}),
+    ("packed", 1, {}),
+    # reading: ReadOptions
+    ("chunk_size", 0, {}),
+    ("chunk_size", 1.5, {}),
+    ("chunk_size", True, {}),
+    ("chunk_size", "lots", {}),
+    ("read_ahead", -1, {}),
+    ("read_ahead", NAN, {}),
+    ("read_concurrency", 0, {}),
+    ("read_concurrency", 1.5, {}),
+    ("retries", -1, {}),
+    ("retries", "3", {}),
+    ("backoff", -1, {}),
+    ("backoff", NAN, {}),
+    ("backoff", True, {}),
+    ("timeout", 0, {}),
+    ("timeout", INF, {}),
+    ("verify", "md5", {}),
+    ("max_bad_shards", -1, {}),
+    ("max_bad_shards", 1.5, {}),
+    ("cache_dir", 3, {}),
+    ("cache_size", "abc", {}),
+    ("cache_size", -1, {}),
+    ("cache_size", 1.5, {}),
+    # per sample: SampleOptions
+    ("decode", "bogus", {}),
+    ("decode", 3, {}),
+    ("transform", "upper", {}),
+    ("speed_perturb", "fast", {}),
+    ("speed_perturb", (0.9, -1), {}),
+    ("speed_perturb", {0.9: NAN}, {}),
+    ("speed_perturb", (True, 1.1), {}),
+    ("speed_perturb", 1.1, {}),
+    ("features", "mfcc", {}),
+    ("features", 3, {}),
+    # the run: RunOptions
+    ("rank", -1, {}),
+    ("rank", 1.5, {}),
+    ("rank", True, {}),
+    ("world_size", 0, {}),
+    ("world_size", "2", {}),
+    ("num_workers", 1.5, {}),
+    ("num_workers", "2", {}),
+    ("num_workers", -1, {}),
+    ("num_workers", True, {}),
+    ("even_batches", "even", {}),
+    ("hardest_first", 1, {}),
+    ("planning", "both", {}),
+    ("batches_per_epoch", 0, {}),
+    ("batches_per_epoch", 1.5, {}),
+    ("micro_batches", 0, {}),
+    ("micro_batches", 2.0, {}),
+    ("loss_weight_by", "tokens", {}),
+    ("prefetch_factor", 0, {}),
+    ("prefetch_factor", 1.5, {}),
+    ("persistent_workers", 1, {}),
+    ("pin_memory", "no", {}),
+    ("worker_init_fn", 3, {}),
+    ("progress", 1, {}),
+    ("max_plan_bytes", 1.5, {}),
+    ("max_plan_bytes", "lots", {}),
+    ("max_plan_bytes", None, {}),
+    # options of no group
+    ("where", 3, {}),
+    ("storage_options", "anon", {}),
+    ("budget", NAN, {}),
+    ("budget", INF, {}),
+    ("budget", True, {}),
+    ("budget", -5, {}),
+    ("budget", "lots", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("options")
+    return text_dataset(root, 40, seed=5)
+
+
+@pytest.fixture(scope="module")
+def mix(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixture")
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    return {"a": text_dataset(root / "a", 30, seed=1), "b": text_dataset(root / "b", 30, seed=2)}
+
+
+def shown(value) -> list[str]:
+    """How a bad value may appear in the message: itself, or (a container) the bad element in it."""
+    if isinstance(value, dict):
+        return [repr(value)] + [repr(v) for v in value.values()]
+    if isinstance(value, (list, tuple)):
+        return [repr(value)] + [repr(v) for v in value]
+    return [repr(value)]
+
+
+def build(ds, name, value, extra):
+    options = {"budget": 1000, **extra, name: value}
+    budget = options.pop("budget")
+    return StreamBatchLoader(ds, budget, **options)
+
+
+def test_every_option_has_a_bad_value_in_the_table():
+    groups = init_fields(ReadOptions) + init_fields(SampleOptions) + init_fields(RunOptions)
+    wanted = set(groups) | set(BATCHING_OPTIONS) | {"where", "storage_options", "budget"}
+    assert wanted <= {name for name, _, _ in BAD}, sorted(wanted - {name for name, _, _ in BAD})
+
+
+@pytest.mark.parametrize(("name", "value", "extra"), BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
+def test_a_bad_value_is_one_line_naming_the_option_and_the_value(ds, name, value, extra):
+    with pytest.raises(OptionError) as got:
+        build(ds, name, value, extra)
+    message = str(got.value)
+    assert "\n" not in message
+    assert name in message
+    assert any(s in message for s in shown(value)), message
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("num_workers", 2), ("micro_batches", 2), ("chunk_size", 64e6), ("cache_size", "1G"), ("max_plan_bytes", "1T")],
+)
+def test_good_values_still_pass(ds, name, value):
+    assert len(build(ds, name, value, {})) > 0
+
+
+def test_a_budget_far_above_every_length_makes_one_batch_of_the_window(ds):
+    """A budget of 1e30 is not "smaller than the shortest sample": every batch is then as large as the window
+    lets it be (bounded by buffer_size), and every sample is still yielded once."""
+    loader = StreamBatchLoader(ds, 1e30, buffer_size=16, num_workers=0)
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    assert max(len(b["keys"]) for b in batches) <= 16
+    assert sum(len(b["keys"]) for b in batches) == 40
+
+
+@pytest.mark.parametrize(
+    ("weights", "named"),
+    [
+        ({"a": True}, "weights['a']"),
+        ({"a": "2"}, "weights['a']"),
+        ({"a": -1}, "weights['a']"),
+        ({"b": NAN}, "weights['b']"),
+        ({"a": INF}, "weights['a']"),
+        ([1, "x"], "weights[1]"),
+        ("ab", "weights"),
+    ],
+)
+def test_a_bad_weight_is_named(mix, tmp_path, weights, named):
+    folders = []  # a list of folders names each dataset by its folder: two of them, not two "shards"
+    for name, url in mix.items():
+        (tmp_path / name).symlink_to(url)
+        folders.append(str(tmp_path / name))
+    with pytest.raises(OptionError, match=r"^" + named.replace("[", r"\[").replace("]", r"\]")):
+        StreamBatchLoader(mix if isinstance(weights, dict) else folders, 1000, weights=weights)
+
+
+def test_a_mixture_files_bad_weight_names_the_file_and_the_dataset(mix, tmp_path):
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"datasets": [{"name": "a", "path": mix["a"], "weight": "heavy"}]}))
+    with pytest.raises(OptionError, match=r"mix\.json: the weight of dataset 'a' must be a finite number"):
+        StreamBatchLoader(str(spec), 1000)
+
+
+def test_weights_beyond_the_plan_bound_are_refused_and_the_bound_can_be_raised(mix):
+    weights = {"a": 400, "b": 1}  # 12,000 planned samples of a: about half a MiB of plan
+    with pytest.raises(OptionError) as got:
+        StreamBatchLoader(mix, 1000, weights=weights, max_plan_bytes="256K")
+    message = str(got.value)
+    assert message.startswith("weights['a']=400 implies 1.2e+04 samples per epoch") and "\n" not in message
+    assert "at most 256 KiB" in message and "max_plan_bytes" in message
+    loader = StreamBatchLoader(mix, 1000, weights=weights, max_plan_bytes="64M")
+    assert loader.index.draws[0].take == 12_000
+
+
+GREEDY = """
+import resource, sys
+from streambatch import OptionError, StreamBatchLoader
+try:
+    StreamBatchLoader({"a": sys.argv[1], "b": sys.argv[2]}, 1000, weights={"a": 1e9, "b": 1})
+except OptionError as e:
+    print("refused:", e)
+print("maxrss_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_a_weight_of_1e9_fails_fast_in_bounded_memory(mix):
+    """It grew to 22 GB until the kernel killed the process; now the size it implies is refused before the
+    mixture's virtual shards are built, with the memory of an import and two small indexes."""
+    run = subprocess.run(
+        [sys.executable, "-c", GREEDY, mix["a"], mix["b"]], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    refused, rss = run.stdout.strip().splitlines()
+    assert refused.startswith("refused: weights['a']=1e+09 implies 3e+10 samples per epoch"), refused
+    assert "TiB" in refused and "max_plan_bytes" in refused
+    assert int(rss.split()[1]) < 1 << 20  # KiB: under 1 GiB, most of it torch's import
+
+
+def local_transform():
+    return lambda sample, rng: sample
+
+
+def test_a_lambda_the_workers_cannot_receive_is_named_before_they_start(ds):
+    """Behind where= the workers start by forkserver, which pickles what they run: a lambda is refused where the
+    loader is built, with the option and the ways out, instead of a pickling traceback from the DataLoader."""
+    with pytest.raises(OptionError) as got:
+        StreamBatchLoader(ds, 1000, where="length > 3", num_workers=2, transform=local_transform())
+    message = str(got.value)
+    assert message.startswith("transform=") and "\n" not in message
+    assert "forkserver" in message and "top level of a module" in message and "num_workers=0" in message
+    # without workers nothing is sent: the same lambda works
+    assert len(list(StreamBatchLoader(ds, 1000, where="length > 3", transform=local_transform()))) > 0
+
+
+@pytest.mark.skipif(multiprocessing.get_start_method() != "fork", reason="workers fork only where that is the default")
+def test_forked_workers_still_take_a_lambda(ds):
+    loader = StreamBatchLoader(ds, 1000, num_workers=2, transform=local_transform())
+    assert sum(len(b["keys"]) for b in loader) == 40
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"num_workers": 1.5}, "num_workers must be a whole number, got 1.5"),
+        ({"decode": "bogus"}, "decode must be one of"),
+        ({"shard_size": 3}, "options: unknown loader option: shard_size"),
+        ({"val_options": {"pin_memory": "no"}}, "pin_memory must be True or False, got 'no'"),
+        ({"val_options": "fast"}, "val_options must be a dict of loader options"),
+    ],
+)
+def test_the_lightning_datamodule_checks_its_options_when_it_is_made(ds, options, says):
+    lightning = pytest.importorskip("streambatch.lightning")
+    with pytest.raises(OptionError, match=re.escape(says)):
+        lightning.StreamBatchDataModule(ds, 1000, **options)
+    assert lightning.StreamBatchDataModule(ds, 1000, num_workers=2, seed=3).options == {"num_workers": 2, "seed": 3}
