@@ -41,8 +41,6 @@ CONFIG = {
     "autoload_known_extensions": False,
     "autoinstall_known_extensions": False,
     "threads": 1,
-    "enable_progress_bar": False,
-    "lock_configuration": True,
 }
 #: the node types an expression may hold (anything else, e.g. SUBQUERY, WINDOW, STAR, PARAMETER, is refused)
 NODES = {"CONJUNCTION", "COMPARISON", "CONSTANT", "FUNCTION", "COLUMN_REF", "CAST", "CASE", "BETWEEN", "OPERATOR"}
@@ -64,7 +62,10 @@ def _duckdb() -> Any:
 
 def connect(memory: int) -> Any:
     """A DuckDB connection for filters (:data:`CONFIG`), its memory limit ``memory`` bytes."""
-    return _duckdb().connect(config={**CONFIG, "memory_limit": f"{max(1, memory >> 20)}MB"})
+    con = _duckdb().connect(config={**CONFIG, "memory_limit": f"{max(1, memory >> 20)}MB"})
+    con.execute("SET enable_progress_bar = false")  # a connection's setting, not one of the database
+    con.execute("SET lock_configuration = true")
+    return con
 
 
 def evaluate(con: Any, expr: str, table: Any) -> np.ndarray:
