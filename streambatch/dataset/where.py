@@ -98,6 +98,13 @@ class Where:
             self._pid = os.getpid()
         return self._con
 
+    def close(self) -> None:
+        """Close this process's DuckDB connection, if it opened one (a process that forks later then holds
+        no DuckDB state a child could trip over)."""
+        if self._con is not None and self._pid == os.getpid():
+            self._con.close()
+        self._con, self._pid = None, -1
+
     def evaluate(self, table: Any, within: Engine | None = None) -> np.ndarray:
         """Which rows of an Arrow table (holding at least :attr:`used`) the expression keeps, in row order;
         ``within``: evaluate in that engine (the first pass over a dataset), else in this process."""

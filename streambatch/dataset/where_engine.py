@@ -15,8 +15,8 @@ effects), or a macro made only of such functions. Clocks, random numbers, sequen
 session are refused by that rule, as are subqueries, aggregates and window functions (a filter sees one sample
 at a time).
 
-This module imports nothing of streambatch: the child runs it by path (``python <this file>``), so it starts
-with only DuckDB and Arrow to import.
+The child runs this module by path (``python <this file>``), so it imports nothing of streambatch there (only
+DuckDB, Arrow and NumPy); in the package, :class:`EngineError` derives from the package's root error.
 """
 
 from __future__ import annotations
@@ -106,8 +106,14 @@ def _first_line(e: BaseException) -> str:
     return f"no column {missing.group(1)!r}" if missing else msg
 
 
-class EngineError(Exception):
-    """What is wrong with a filter (one line, without the expression: the caller names it)."""
+try:
+    from ..errors import StreamBatchError as _Root
+except ImportError:  # the child, run by path: no package around it
+    _Root = Exception  # type: ignore[misc, assignment]
+
+
+class EngineError(_Root):
+    """What is wrong with a filter (one line, without the expression: the caller names it as an OptionError)."""
 
 
 # ---- what an expression may call ------------------------------------------------------------------------

@@ -110,8 +110,11 @@ def test_in_process_and_engine_answers_agree():
     columns = {"title": "string", "length": "int64"}
     with engine() as e:
         w = Where("regexp_matches(title, 'a [0-9]*7$') OR length % 13 = 0", columns, checker=e)
-        assert (w.evaluate(table, e) == w.evaluate(table)).all()
-        assert 0 < w.evaluate(table).sum() < 5000
+        try:
+            assert (w.evaluate(table, e) == w.evaluate(table)).all()
+            assert 0 < w.evaluate(table).sum() < 5000
+        finally:
+            w.close()  # no DuckDB connection left in this process for later forks
 
 
 # ---- bounded memory and time ------------------------------------------------------------------------------
