@@ -21,6 +21,7 @@ DuckDB, Arrow and NumPy); in the package, :class:`EngineError` derives from the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -269,12 +270,16 @@ def _receive(inp: Any) -> tuple[bytes, bytes] | None:
 
 
 def _cap_memory(memory: int) -> None:
-    """Cap this process's address space at what it maps now plus ``memory`` bytes."""
-    import resource
+    """Cap this process's address space at what it maps now plus ``memory`` bytes (on Linux; elsewhere only
+    DuckDB's own ``memory_limit`` applies)."""
+    try:
+        import resource
 
-    with open("/proc/self/statm") as f:
-        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + memory, mapped + memory))
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + memory, mapped + memory))
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def _serve(inp: Any, out: Any, memory: int, seconds: float) -> None:
@@ -288,6 +293,7 @@ def _serve(inp: Any, out: Any, memory: int, seconds: float) -> None:
     except EngineError as e:
         catalog = str(e)
     _cap_memory(memory)  # what was mapped so far (the catalog included) is not counted
+    _send(out, b"R", b"")  # ready: the parent's clock for each request starts after this
     while (msg := _receive(inp)) is not None:
         request = json.loads(msg[1])
         table = _read_table(inp) if "columns" not in request else None
@@ -324,6 +330,11 @@ class Engine:
     """A child process that checks and evaluates filters within ``memory`` bytes (on top of what it maps at
     start) and ``seconds`` per request; a context manager (the child ends with it)."""
 
+    #: seconds past twice the time limit after which a child that has not answered is killed
+    grace = 10.0
+    #: seconds a child may take to start (import DuckDB and Arrow) before it is given up
+    startup = 120.0
+
     def __init__(self, memory: int, seconds: float):
         self.memory, self.seconds = int(memory), float(seconds)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -337,9 +348,22 @@ class Engine:
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self.proc is None:
+            if importlib.util.find_spec("duckdb") is None:
+                _duckdb()  # the ImportError that says how to install it
             code = "import runpy, sys; del sys.path[0]; sys.argv[:] = sys.argv[1:]; runpy.run_path(sys.argv[0])"
             args = [sys.executable, "-c", code, __file__, str(self.memory), repr(self.seconds)]
-            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            try:
+                self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            except OSError as e:
+                raise EngineError(f"could not start the filter engine ({sys.executable}: {e})") from None
+            assert self.proc.stdout is not None
+            try:
+                self._answer(self.proc.stdout.fileno(), self.startup)  # its "ready"
+            except EngineError:
+                late, self._late = self._late, False
+                self.close(kill=True)
+                why = f"did not start in {self.startup:g} s" if late else "ended as it started (its error is above)"
+                raise EngineError(f"the filter engine (a DuckDB child process) {why}") from None
         return self.proc
 
     def check(self, expr: str, columns: dict[str, str]) -> None:
@@ -362,22 +386,22 @@ class Engine:
     def _ask(self, expr: str, frames: list[bytes]) -> bytes:
         proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
+        self._late = False
         try:
             for i, frame in enumerate(frames):
                 _send(proc.stdin, b"J" if i == 0 else b"A", frame)
-            kind, payload = self._answer(proc.stdout.fileno())
+            kind, payload = self._answer(proc.stdout.fileno(), 2 * self.seconds + self.grace)
         except (BrokenPipeError, EngineError):
-            if self._late:
-                proc.kill()  # stuck past its own interrupt: nothing else stops it
-            self.close()
+            self.close(kill=self._late)  # one stuck past its own interrupt: nothing else stops it
             raise self._gone() from None
         if kind != b"K":
             raise EngineError(self._why(kind, payload.decode(errors="replace")))
         return payload
 
-    def _answer(self, fd: int) -> tuple[bytes, bytes]:
-        """The child's next answer; EngineError if it ends first or takes far past its time limit."""
-        deadline = time.monotonic() + 2 * self.seconds + 10  # the child interrupts itself at ``seconds``
+    def _answer(self, fd: int, wait: float) -> tuple[bytes, bytes]:
+        """The child's next answer; EngineError if it ends first or takes more than ``wait`` seconds (for a
+        request: twice the time limit at which the child interrupts itself, and :attr:`grace`)."""
+        deadline = time.monotonic() + wait
         head = self._read(fd, _HEAD.size, deadline)
         kind, n = _HEAD.unpack(head)
         return kind, self._read(fd, n, deadline)
@@ -414,11 +438,13 @@ class Engine:
             )
         return what
 
-    def close(self) -> None:
-        """End the child (closing its input ends it; one that does not is killed)."""
+    def close(self, kill: bool = False) -> None:
+        """End the child (closing its input ends it; one that does not, or with ``kill``, is killed)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        if kill:
+            proc.kill()
         for pipe in (proc.stdin, proc.stdout):
             try:
                 if pipe is not None:

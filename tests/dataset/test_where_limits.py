@@ -5,7 +5,9 @@ samples), within a bounded memory and time; whatever it may not do is one line n
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,7 @@ from streambatch import StreamBatchLoader
 from streambatch.cli import main
 from streambatch.dataset import where as where_module
 from streambatch.dataset.where import Where, engine
+from streambatch.dataset.where_engine import Engine, EngineError
 from streambatch.errors import OptionError
 from streambatch.write.writer import write_shards
 
@@ -177,3 +180,18 @@ def test_a_filter_that_runs_too_long_is_stopped(monkeypatch):
             w.evaluate(table, e)
     msg = str(err.value)
     assert msg.startswith(f"where={expr!r}: it took more than 1 s") and "FILTER_SECONDS" in msg
+
+
+def test_an_engine_that_stops_answering_is_killed(monkeypatch):
+    """Work that does not even stop at DuckDB's interrupt (here: a child frozen by SIGSTOP) is killed once
+    twice its time limit and the grace have passed: the same one line, and no process is left."""
+    monkeypatch.setattr(Engine, "grace", 0.5)
+    table = pa.table({"length": [1, 2, 3]})
+    with Engine(256 << 20, 0.2) as e:
+        e.check("length > 1", {"length": "int64"})
+        assert e.proc is not None
+        os.kill(e.proc.pid, signal.SIGSTOP)
+        with pytest.raises(EngineError, match=r"took more than 0\.2 s .*FILTER_SECONDS"):
+            e.keep("length > 1", table)
+        assert e.proc is None  # killed and reaped
+        assert list(e.keep("length > 1", table)) == [False, True, True]  # a fresh child for the next request
