@@ -69,7 +69,8 @@ class Where:
 
     def _problem(self, why: str) -> OptionError:
         cols = ", ".join(f"{k} ({t})" for k, t in self.columns.items())
-        return OptionError(f"{self.what}={self.expr!r}: {why}; the sample table's columns: {cols}")
+        shown = repr(self.expr) if len(self.expr) <= 400 else f"{self.expr[:400]!r}... ({len(self.expr):,} characters)"
+        return OptionError(f"{self.what}={shown}: {why}; the sample table's columns: {cols}")
 
     def _check(self, checker: Engine | None) -> list[str]:
         """Refuse anything but one deterministic boolean expression over the columns (checked by the engine,

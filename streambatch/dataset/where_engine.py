@@ -310,6 +310,8 @@ def _serve(inp: Any, out: Any, memory: int, seconds: float) -> None:
             _send(out, b"K", answer)
         except EngineError as e:
             _send(out, b"E", str(e).encode())
+        except RecursionError:
+            _send(out, b"E", b"the expression is nested too deeply")
         except (duckdb.OutOfMemoryException, MemoryError):
             _send(out, b"M", b"")
         except duckdb.InterruptException:
@@ -461,6 +463,7 @@ class Engine:
 def main() -> None:
     """The child: answers go to the pipe that was its standard output; anything a library prints goes to its
     standard error instead."""
+    sys.setrecursionlimit(20_000)  # DuckDB's parser stops at 1,000 levels; the walk takes a few frames a level
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _serve(sys.stdin.buffer, answers, int(sys.argv[1]), float(sys.argv[2]))
