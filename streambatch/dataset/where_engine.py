@@ -16,18 +16,16 @@ session are refused by that rule, as are subqueries, aggregates and window funct
 at a time).
 
 The child runs this module by path (``python <this file>``), so it imports nothing of streambatch there (only
-DuckDB, Arrow and NumPy); in the package, :class:`EngineError` derives from the package's root error.
+DuckDB, Arrow and NumPy); in the package, :class:`EngineError` derives from the package's root error. The
+parent's handle on the child is :class:`~.where_sandbox.Engine`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import select
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -50,10 +48,12 @@ NODES |= {"LAMBDA", "TYPE", "COLLATE"}
 _CLOCKS = {"current_timestamp", "current_time", "localtime", "localtimestamp"}
 _CLOCK = "reads the clock, the session or a setting, so ranks and runs can disagree"
 _TABLE = "streambatch_rows"
-_HEAD = struct.Struct("<cQ")
+#: a message's head: its kind (one byte) and its length
+HEAD = struct.Struct("<cQ")
 
 
-def _duckdb() -> Any:
+def require_duckdb() -> Any:
+    """The duckdb module, or an ImportError that says how to install it."""
     try:
         import duckdb
     except ImportError:
@@ -63,7 +63,7 @@ def _duckdb() -> Any:
 
 def connect(memory: int) -> Any:
     """A DuckDB connection for filters (:data:`CONFIG`), its memory limit ``memory`` bytes."""
-    con = _duckdb().connect(config={**CONFIG, "memory_limit": f"{max(1, memory >> 20)}MB"})
+    con = require_duckdb().connect(config={**CONFIG, "memory_limit": f"{max(1, memory >> 20)}MB"})
     con.execute("SET enable_progress_bar = false")  # a connection's setting, not one of the database
     con.execute("SET lock_configuration = true")
     return con
@@ -72,7 +72,7 @@ def connect(memory: int) -> Any:
 def evaluate(con: Any, expr: str, table: Any) -> np.ndarray:
     """Which rows of an Arrow table ``expr`` keeps (True; NULL is False), in row order; DuckDB errors as
     :class:`EngineError` with DuckDB's first line (running out of memory or time as DuckDB raised it)."""
-    duckdb = _duckdb()
+    duckdb = require_duckdb()
     try:
         rel = _select(con, expr, table)
         keep = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()  # a table, whole
@@ -92,7 +92,7 @@ def result_type(con: Any, expr: str, table: Any) -> str:
 
 
 def _select(con: Any, expr: str, table: Any) -> Any:
-    duckdb = _duckdb()
+    duckdb = require_duckdb()
     try:
         return con.from_arrow(table).select(duckdb.SQLExpression(expr).alias("keep"))
     except (duckdb.OutOfMemoryException, duckdb.InterruptException):
@@ -256,16 +256,16 @@ def check(con: Any, catalog: Catalog, expr: str, columns: dict[str, str]) -> Non
 
 
 # ---- the child process ----------------------------------------------------------------------------------
-def _send(out: Any, kind: bytes, payload: bytes) -> None:
-    out.write(_HEAD.pack(kind, len(payload)) + payload)
+def send(out: Any, kind: bytes, payload: bytes) -> None:
+    out.write(HEAD.pack(kind, len(payload)) + payload)
     out.flush()
 
 
 def _receive(inp: Any) -> tuple[bytes, bytes] | None:
-    head = inp.read(_HEAD.size)
-    if len(head) < _HEAD.size:
+    head = inp.read(HEAD.size)
+    if len(head) < HEAD.size:
         return None
-    kind, n = _HEAD.unpack(head)
+    kind, n = HEAD.unpack(head)
     return kind, inp.read(n)
 
 
@@ -285,20 +285,21 @@ def _cap_memory(memory: int) -> None:
 def _serve(inp: Any, out: Any, memory: int, seconds: float) -> None:
     """Answer requests until the parent closes the pipe: ``J`` {"expr", "columns"} checks an expression, ``J``
     {"expr"} then ``A`` (an Arrow IPC stream) evaluates it. Answers: ``K`` (a byte per row; empty for a check),
-    ``E`` (why not, one line), ``M`` (out of memory) or ``T`` (out of time)."""
-    duckdb = _duckdb()
+    ``E`` (why not, one line), ``M`` (out of memory: then the child ends, its memory in disarray) or ``T``
+    (out of time)."""
+    duckdb = require_duckdb()
     con = connect(memory)
     try:
         catalog: Catalog | str = Catalog(con)
     except EngineError as e:
         catalog = str(e)
-    _cap_memory(memory)  # what was mapped so far (the catalog included) is not counted
-    _send(out, b"R", b"")  # ready: the parent's clock for each request starts after this
+    watchdog = _Watchdog(con.interrupt, seconds)  # its thread exists before the cap, as does everything else
+    _cap_memory(memory)
+    send(out, b"R", b"")  # ready: the parent's clock for each request starts after this
     while (msg := _receive(inp)) is not None:
         request = json.loads(msg[1])
         table = _read_table(inp) if "columns" not in request else None
-        timer = threading.Timer(seconds, con.interrupt)
-        timer.start()
+        watchdog.arm()
         try:
             if table is None:
                 if isinstance(catalog, str):
@@ -307,17 +308,50 @@ def _serve(inp: Any, out: Any, memory: int, seconds: float) -> None:
                 answer = b""
             else:
                 answer = evaluate(con, request["expr"], table).astype(np.uint8).tobytes()
-            _send(out, b"K", answer)
+            send(out, b"K", answer)
         except EngineError as e:
-            _send(out, b"E", str(e).encode())
+            send(out, b"E", str(e).encode())
         except RecursionError:
-            _send(out, b"E", b"the expression is nested too deeply")
+            send(out, b"E", b"the expression is nested too deeply")
         except (duckdb.OutOfMemoryException, MemoryError):
-            _send(out, b"M", b"")
+            send(out, b"M", b"")
+            return
         except duckdb.InterruptException:
-            _send(out, b"T", b"")
+            send(out, b"T", b"")
         finally:
-            timer.cancel()
+            watchdog.disarm()
+
+
+class _Watchdog:
+    """One thread that calls ``interrupt`` when a request runs past ``seconds`` (started once: under the
+    memory cap a new thread per request might not start)."""
+
+    def __init__(self, interrupt: Any, seconds: float):
+        self.interrupt, self.seconds = interrupt, seconds
+        self.deadline: float | None = None
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, name="streambatch-filter-watchdog", daemon=True).start()
+
+    def arm(self) -> None:
+        with self.cond:
+            self.deadline = time.monotonic() + self.seconds
+            self.cond.notify()
+
+    def disarm(self) -> None:
+        with self.cond:
+            self.deadline = None
+            self.cond.notify()
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                if self.deadline is None:
+                    self.cond.wait()
+                elif time.monotonic() >= self.deadline:
+                    self.interrupt()
+                    self.deadline = None
+                else:
+                    self.cond.wait(self.deadline - time.monotonic())
 
 
 def _read_table(inp: Any) -> Any:
@@ -325,139 +359,6 @@ def _read_table(inp: Any) -> Any:
 
     got = _receive(inp)
     return pa.ipc.open_stream(got[1] if got else b"").read_all()
-
-
-# ---- the parent's side ----------------------------------------------------------------------------------
-class Engine:
-    """A child process that checks and evaluates filters within ``memory`` bytes (on top of what it maps at
-    start) and ``seconds`` per request; a context manager (the child ends with it)."""
-
-    #: seconds past twice the time limit after which a child that has not answered is killed
-    grace = 10.0
-    #: seconds a child may take to start (import DuckDB and Arrow) before it is given up
-    startup = 120.0
-
-    def __init__(self, memory: int, seconds: float):
-        self.memory, self.seconds = int(memory), float(seconds)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._late = False
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        if self.proc is None:
-            if importlib.util.find_spec("duckdb") is None:
-                _duckdb()  # the ImportError that says how to install it
-            code = "import runpy, sys; del sys.path[0]; sys.argv[:] = sys.argv[1:]; runpy.run_path(sys.argv[0])"
-            args = [sys.executable, "-c", code, __file__, str(self.memory), repr(self.seconds)]
-            try:
-                self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            except OSError as e:
-                raise EngineError(f"could not start the filter engine ({sys.executable}: {e})") from None
-            assert self.proc.stdout is not None
-            try:
-                self._answer(self.proc.stdout.fileno(), self.startup)  # its "ready"
-            except EngineError:
-                late, self._late = self._late, False
-                self.close(kill=True)
-                why = f"did not start in {self.startup:g} s" if late else "ended as it started (its error is above)"
-                raise EngineError(f"the filter engine (a DuckDB child process) {why}") from None
-        return self.proc
-
-    def check(self, expr: str, columns: dict[str, str]) -> None:
-        """Refuse (EngineError) anything but one deterministic true/false expression over ``columns``."""
-        self._ask(expr, [json.dumps({"expr": expr, "columns": columns}).encode()])
-
-    def keep(self, expr: str, table: Any) -> np.ndarray:
-        """Which rows of an Arrow table ``expr`` keeps (:func:`evaluate`, in the child)."""
-        import pyarrow as pa
-
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        answer = self._ask(expr, [json.dumps({"expr": expr}).encode(), sink.getvalue().to_pybytes()])
-        keep = np.frombuffer(answer, dtype=np.uint8).astype(bool)
-        if len(keep) != table.num_rows:
-            raise EngineError(f"{len(keep)} results for {table.num_rows} rows")
-        return keep
-
-    def _ask(self, expr: str, frames: list[bytes]) -> bytes:
-        proc = self._start()
-        assert proc.stdin is not None and proc.stdout is not None
-        self._late = False
-        try:
-            for i, frame in enumerate(frames):
-                _send(proc.stdin, b"J" if i == 0 else b"A", frame)
-            kind, payload = self._answer(proc.stdout.fileno(), 2 * self.seconds + self.grace)
-        except (BrokenPipeError, EngineError):
-            self.close(kill=self._late)  # one stuck past its own interrupt: nothing else stops it
-            raise self._gone() from None
-        if kind != b"K":
-            raise EngineError(self._why(kind, payload.decode(errors="replace")))
-        return payload
-
-    def _answer(self, fd: int, wait: float) -> tuple[bytes, bytes]:
-        """The child's next answer; EngineError if it ends first or takes more than ``wait`` seconds (for a
-        request: twice the time limit at which the child interrupts itself, and :attr:`grace`)."""
-        deadline = time.monotonic() + wait
-        head = self._read(fd, _HEAD.size, deadline)
-        kind, n = _HEAD.unpack(head)
-        return kind, self._read(fd, n, deadline)
-
-    def _read(self, fd: int, n: int, deadline: float) -> bytes:
-        parts: list[bytes] = []
-        while n > 0:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                self._late = True
-                raise EngineError("late")
-            data = os.read(fd, min(n, 1 << 20))
-            if not data:
-                raise EngineError("ended")
-            parts.append(data)
-            n -= len(data)
-        return b"".join(parts)
-
-    def _gone(self) -> EngineError:
-        if self._late:
-            return EngineError(self._why(b"T"))
-        return EngineError("the filter engine (a DuckDB child process) ended unexpectedly")
-
-    def _why(self, kind: bytes, what: str = "") -> str:
-        if kind == b"M":
-            return (
-                f"it needs more than {self.memory >> 20} MiB of memory for one row group (raise "
-                "streambatch.dataset.where.FILTER_MEMORY if it really does)"
-            )
-        if kind == b"T":
-            return (
-                f"it took more than {self.seconds:g} s for one row group (raise "
-                "streambatch.dataset.where.FILTER_SECONDS if it really does)"
-            )
-        return what
-
-    def close(self, kill: bool = False) -> None:
-        """End the child (closing its input ends it; one that does not, or with ``kill``, is killed)."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if kill:
-            proc.kill()
-        for pipe in (proc.stdin, proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ from streambatch import StreamBatchLoader
 from streambatch.cli import main
 from streambatch.dataset import where as where_module
 from streambatch.dataset.where import Where, engine
-from streambatch.dataset.where_engine import Engine, EngineError
+from streambatch.dataset.where_engine import EngineError
+from streambatch.dataset.where_sandbox import Engine
 from streambatch.errors import OptionError
 from streambatch.write.writer import write_shards
 
@@ -162,7 +163,7 @@ def test_memory_hungry_filters_fail_in_one_line_within_the_bound():
     for expr in HUNGRY:
         msg = out[expr]
         assert "\n" not in msg and msg.startswith(f"where={expr!r}: ")
-        assert "more than 256 MiB of memory" in msg and "FILTER_MEMORY" in msg
+        assert "256 MiB" in msg and "FILTER_MEMORY" in msg  # DuckDB's error, or the engine ended by it
     assert out["repeat('a', 2e9) IS NOT NULL"].startswith("where=")  # refused (2e9 is no count)
     assert max(out["rss"]) < 1024, out["rss"]
 
