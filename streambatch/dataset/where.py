@@ -31,7 +31,7 @@ from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
 from .where_engine import EngineError, connect, evaluate
 from .where_sandbox import Engine
 
-#: up to this many samples, the deal pass keeps every answer (1 byte a sample) for the plan
+#: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
 CACHE_ALL = 1 << 24
 #: bytes of memory a filter may use to check its expression and evaluate one row group, on top of what the
 #: engine's process maps at start (its address space is capped: more is a one-line error naming the filter).
@@ -56,6 +56,7 @@ class Where:
 
     def __init__(self, expr: str, columns: dict[str, str], what: str = "where", checker: Engine | None = None):
         self.expr, self.columns, self.what = str(expr), dict(columns), what
+        self.memory = FILTER_MEMORY  # as it was when the filter was built, in every worker too
         self._con: Any = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -96,7 +97,7 @@ class Where:
     def _connection(self) -> Any:
         """This process's DuckDB connection (file access off; a forked worker opens its own)."""
         if self._con is None or self._pid != os.getpid():
-            self._con = connect(FILTER_MEMORY)
+            self._con = connect(self.memory)
             self._pid = os.getpid()
         return self._con
 
