@@ -3,6 +3,9 @@
 :class:`Where` is one SQL expression, checked once against the table's columns (one clear line naming the
 bad column or the syntax error, with the columns there are) and then evaluated on Arrow tables of one row
 group at a time; nothing is ever passed to Python's ``eval``, and DuckDB runs with file access disabled.
+The check and the first pass over every row group run in a child process whose memory and time are bounded
+(:mod:`.where_engine`: :data:`FILTER_MEMORY`, :data:`FILTER_SECONDS`), and only deterministic functions are
+allowed, so every rank and worker keeps the same samples.
 :class:`SampleFilter` applies it to an index: which samples of a shard it keeps (cached per row group), the
 kept share of each shard's length (so shards are dealt by the length they keep), and the kept lengths.
 """
@@ -17,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError
 from ..plan.filter import LeftOut
 from ..plan.lengths import Mask
 from ..plan.mixing import any_of
@@ -24,30 +28,39 @@ from ..plan.stats import LengthStats, stream_stats
 from .columnar import ColumnarIndex, column_numpy
 from .index import ShardIndex, ShardList
 from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
+from .where_engine import EngineError, connect, evaluate
+from .where_sandbox import Engine
 
 #: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
 CACHE_ALL = 1 << 24
+#: bytes of memory a filter may use to check its expression and evaluate one row group, on top of what the
+#: engine's process maps at start (its address space is capped: more is a one-line error naming the filter).
+#: Raise it (``streambatch.dataset.where.FILTER_MEMORY = 8 << 30``) before building the loader if a filter
+#: really needs more.
+FILTER_MEMORY = 2 << 30
+#: seconds a filter may take to check its expression or to evaluate one row group (then it is interrupted: a
+#: one-line error naming the filter). Raise it like :data:`FILTER_MEMORY`.
+FILTER_SECONDS = 60.0
 _STRING = re.compile(r"'(?:[^']|'')*'")
 _IDENT = re.compile(r'"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*)')
 
 
-def _duckdb() -> Any:
-    try:
-        import duckdb
-    except ImportError:
-        raise ImportError("where= needs DuckDB: pip install 'streambatch[filters]'") from None
-    return duckdb
+def engine() -> Engine:
+    """A filter engine (a child process; use it as a context manager) with today's limits."""
+    return Engine(FILTER_MEMORY, FILTER_SECONDS)
 
 
 class Where:
-    """One filter expression over columns ``{name: arrow type}``; True keeps a sample (NULL does not)."""
+    """One filter expression over columns ``{name: arrow type}``; True keeps a sample (NULL does not).
+    ``checker``: the engine that checks it (None: one started for the check)."""
 
-    def __init__(self, expr: str, columns: dict[str, str], what: str = "where"):
+    def __init__(self, expr: str, columns: dict[str, str], what: str = "where", checker: Engine | None = None):
         self.expr, self.columns, self.what = str(expr), dict(columns), what
+        self.memory = FILTER_MEMORY  # as it was when the filter was built, in every worker too
         self._con: Any = None
         self._pid = -1
         self._lock = threading.Lock()
-        self.used = self._check()
+        self.used = self._check(checker)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_con": None, "_pid": -1, "_lock": None}
@@ -56,23 +69,27 @@ class Where:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def _problem(self, why: str) -> ValueError:
+    def _problem(self, why: str) -> OptionError:
         cols = ", ".join(f"{k} ({t})" for k, t in self.columns.items())
-        return ValueError(f"{self.what}={self.expr!r}: {why}; the sample table's columns: {cols}")
+        shown = repr(self.expr) if len(self.expr) <= 400 else f"{self.expr[:400]!r}... ({len(self.expr):,} characters)"
+        return OptionError(f"{self.what}={shown}: {why}; the sample table's columns: {cols}")
 
-    def _check(self) -> list[str]:
-        """Refuse anything but one boolean expression over the columns; the columns it names (a superset)."""
+    def _check(self, checker: Engine | None) -> list[str]:
+        """Refuse anything but one deterministic boolean expression over the columns (checked by the engine,
+        within its limits); the columns it names (a superset)."""
         bare = _STRING.sub("''", self.expr)
         if ";" in bare or re.search(r"\bselect\b", bare, re.IGNORECASE):
             raise self._problem("only an expression is allowed (no ';', no SELECT)")
         if not bare.strip():
             raise self._problem("the expression is empty")
-        import pyarrow as pa
-
-        empty = pa.schema([(k, pa.type_for_alias(t)) for k, t in self.columns.items()]).empty_table()
-        types = self._run(empty, types=True)
-        if str(types[0]).upper() not in ("BOOLEAN", "NULL"):
-            raise self._problem(f"it gives {types[0]}, not true/false (compare it: e.g. snr > 10)")
+        try:
+            if checker is not None:
+                checker.check(self.expr, self.columns)
+            else:
+                with engine() as e:
+                    e.check(self.expr, self.columns)
+        except EngineError as e:
+            raise self._problem(str(e)) from None
         named = {a or b for a, b in _IDENT.findall(bare)}
         lower = {n.lower() for n in named}
         return [k for k in self.columns if k in named or k.lower() in lower]
@@ -80,34 +97,30 @@ class Where:
     def _connection(self) -> Any:
         """This process's DuckDB connection (file access off; a forked worker opens its own)."""
         if self._con is None or self._pid != os.getpid():
-            duckdb = _duckdb()
-            self._con = duckdb.connect(
-                config={"enable_external_access": False, "threads": 1, "lock_configuration": True}
-            )  # one thread: nothing to fork mid-lock
+            self._con = connect(self.memory)
             self._pid = os.getpid()
         return self._con
 
-    def _run(self, table: Any, types: bool = False) -> Any:
-        duckdb = _duckdb()
-        with self._lock:
-            try:
-                rel = self._connection().from_arrow(table).select(duckdb.SQLExpression(self.expr).alias("keep"))
-                return rel.types if types else rel.arrow()
-            except duckdb.Error as e:
-                msg = re.sub(r"^[A-Za-z ]*Error: ", "", (str(e).strip().splitlines() or [""])[0])
-                missing = re.match(r'Referenced column "(.+?)" not found', msg)
-                raise self._problem(f"no column {missing.group(1)!r}" if missing else msg.rstrip("!")) from None
+    def close(self) -> None:
+        """Close this process's DuckDB connection, if it opened one (a process that forks later then holds
+        no DuckDB state a child could trip over)."""
+        if self._con is not None and self._pid == os.getpid():
+            self._con.close()
+        self._con, self._pid = None, -1
 
-    def evaluate(self, table: Any) -> np.ndarray:
-        """Which rows of an Arrow table (holding at least :attr:`used`) the expression keeps, in row order."""
+    def evaluate(self, table: Any, within: Engine | None = None) -> np.ndarray:
+        """Which rows of an Arrow table (holding at least :attr:`used`) the expression keeps, in row order;
+        ``within``: evaluate in that engine (the first pass over a dataset), else in this process."""
         if table.num_rows == 0:
             return np.zeros(0, dtype=bool)
-        got = self._run(table.select(self.used) if self.used else table)
-        keep = got.read_all() if hasattr(got, "read_all") else got
-        arr = keep.column("keep").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False)
-        if len(arr) != table.num_rows:
-            raise RuntimeError(f"{self.what}: {len(arr)} results for {table.num_rows} rows")
-        return np.asarray(arr, dtype=bool)
+        table = table.select(self.used) if self.used else table
+        try:
+            if within is not None:
+                return within.keep(self.expr, table)
+            with self._lock:
+                return evaluate(self._connection(), self.expr, table)
+        except EngineError as e:
+            raise self._problem(str(e)) from None
 
 
 def filter_columns(index: ShardIndex) -> dict[str, str]:
@@ -127,21 +140,24 @@ def _table_reader(index: ShardIndex) -> ColumnarIndex:
 
 
 class SampleFilter:
-    """A :class:`Where` applied to one dataset's index: kept samples per shard, evaluated per row group."""
+    """A :class:`Where` applied to one dataset's index: kept samples per shard, evaluated per row group.
+    ``checker``: the engine that checks the expression (None: one started for the check)."""
 
-    def __init__(self, index: ShardIndex, expr: str, what: str = "where"):
-        self.index, self.where = index, Where(expr, filter_columns(index), what)
+    def __init__(self, index: ShardIndex, expr: str, what: str = "where", checker: Engine | None = None):
+        self.index, self.where = index, Where(expr, filter_columns(index), what, checker)
         self.reader = _table_reader(index)
         self._cache: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": {}}
 
-    def _group(self, g: int, lengths: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-        """(keep, lengths or None) of row group ``g``'s samples."""
+    def _group(
+        self, g: int, lengths: bool = False, within: Engine | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(keep, lengths or None) of row group ``g``'s samples (evaluated ``within`` an engine, if given)."""
         names = list(dict.fromkeys([*self.where.used, *(["length"] if lengths else [])]))
         table = self.reader.read_columns(g, names or ["length"])
-        keep = self.where.evaluate(table)
+        keep = self.where.evaluate(table, within)
         return keep, (column_numpy(table.column("length")) if lengths else None)
 
     def keep(self, shard: int) -> np.ndarray:
@@ -154,22 +170,24 @@ class SampleFilter:
         start = int(r.shard_row[shard])
         return got[start : start + int(r.columns.count[shard])]
 
-    def scan(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    def scan(self, within: Engine) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(first shard, keep, lengths) of every row group in order, one in memory at a time (kept for
-        :meth:`keep` only when the whole dataset's answers are small: up to :data:`CACHE_ALL` samples)."""
+        :meth:`keep` only when the whole dataset's answers are small: up to :data:`CACHE_ALL` samples).
+        Evaluated ``within`` an engine: this first pass is what proves the filter keeps to the limits on this
+        data, before any process evaluates it in its own memory (:meth:`keep`)."""
         small = int(self.reader.group_rows.sum()) <= CACHE_ALL
         for g in range(len(self.reader.group_start)):
-            keep, lengths = self._group(g, lengths=True)
+            keep, lengths = self._group(g, lengths=True, within=within)
             if small:
                 self._cache[g] = keep
             yield int(self.reader.group_start[g]), keep, lengths  # type: ignore[misc]
 
-    def kept_totals(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per shard: samples kept and their total length (streamed over every row group)."""
+    def kept_totals(self, within: Engine) -> tuple[np.ndarray, np.ndarray]:
+        """Per shard: samples kept and their total length (streamed over every row group, by :meth:`scan`)."""
         r = self.reader
         n = len(r.columns.count)
         counts, totals = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
-        for g, (_, keep, lengths) in enumerate(self.scan()):
+        for g, (_, keep, lengths) in enumerate(self.scan(within)):
             a, b = int(r.group_start[g]), int(r.group_stop[g])
             rows = r.shard_row[a:b].astype(np.int64)
             nonempty = r.columns.count[a:b] > 0
@@ -180,9 +198,9 @@ class SampleFilter:
             totals[a:b][nonempty] = np.add.reduceat(np.where(keep, lengths, 0).astype(np.float64), starts)
         return counts, totals
 
-    def iter_kept_lengths(self) -> Iterator[np.ndarray]:
+    def iter_kept_lengths(self, within: Engine) -> Iterator[np.ndarray]:
         """The kept samples' lengths, a row group at a time (``shardify inspect --where``)."""
-        for _, keep, lengths in self.scan():
+        for _, keep, lengths in self.scan(within):
             yield lengths[keep]
 
 
@@ -196,8 +214,9 @@ class PlanFilter:
         self.index, self.expr = index, str(expr)
         datasets = datasets_of(index)
         ixs = [ix for _, ix in datasets]
-        self.parts = [SampleFilter(ix, expr, "where" if n is None else f"where (dataset {n!r})") for n, ix in datasets]
-        kept = [p.kept_totals() for p in self.parts]
+        with engine() as checker:
+            self.parts = [SampleFilter(ix, expr, _what(n), checker) for n, ix in datasets]
+            kept = [p.kept_totals(checker) for p in self.parts]
         self.kept = int(sum(int(c.sum()) for c, _ in kept))
         self.total = int(sum(ix.num_samples for ix in ixs))
         shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
@@ -249,5 +268,11 @@ def left_out(index: AnyIndex | None, flt: PlanFilter | None, epoch: int, seed: i
 def kept_stats(index: AnyIndex, expr: str) -> LengthStats:
     """Length statistics of the samples ``expr`` keeps (each dataset of a mixture once), streamed a row group
     at a time (``shardify inspect --where``)."""
-    parts = [SampleFilter(ix, expr, "where" if n is None else f"where (dataset {n!r})") for n, ix in datasets_of(index)]
-    return stream_stats(chunk for p in parts for chunk in p.iter_kept_lengths())
+    with engine() as checker:
+        parts = [SampleFilter(ix, expr, _what(n), checker) for n, ix in datasets_of(index)]
+        return stream_stats(chunk for p in parts for chunk in p.iter_kept_lengths(checker))
+
+
+def _what(dataset: str | None) -> str:
+    """How errors name the filter: ``where``, or with several datasets ``where (dataset 'NAME')``."""
+    return "where" if dataset is None else f"where (dataset {dataset!r})"

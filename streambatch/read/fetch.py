@@ -303,10 +303,10 @@ class _ReadAhead:
             self._consumer_at = job.ordinal
             self._cond.notify_all()
             self._wait("answer", lambda: job.ready, job.url)
+        if isinstance(job.error, ShardReadError):
+            raise job.error
         if job.error is not None:
-            if isinstance(job.error, ShardReadError):
-                raise job.error
-            raise ShardReadError(f"{job.url}: {type(job.error).__name__}: {job.error}") from job.error
+            raise _read_error(job.url, job.error) from job.error
 
     def take(self, job: Job) -> bytes | None:
         """The job's next chunk (None at its end)."""
@@ -317,6 +317,14 @@ class _ReadAhead:
             fut, n = job.chunks.popleft()
         try:
             return fut.result(timeout=self.policy.worst_case)
+        except TimeoutError:  # the request outlived every retry's bound: a fetch error like the others
+            raise ShardReadError(
+                f"{job.url}: no data after {self.policy.worst_case:.0f}s (read-ahead stalled)"
+            ) from None
+        except ShardReadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever the request raised is this shard's read error
+            raise _read_error(job.url, e) from e
         finally:
             with self._cond:
                 self._outstanding -= n
@@ -341,6 +349,12 @@ class _ReadAhead:
             for job in self.jobs:
                 self._drop(job)
             self._cond.notify_all()
+
+
+def _read_error(url: str, e: BaseException) -> ShardReadError:
+    """What went wrong fetching ``url``, as the :class:`ShardReadError` the reader counts as a bad shard (a
+    timeout or any other error of a background request must not escape that accounting)."""
+    return ShardReadError(f"{url}: {type(e).__name__}: {e}")
 
 
 # ---- the fetcher: picks the strategy per shard ----------------------------------------------------------

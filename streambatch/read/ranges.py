@@ -80,7 +80,7 @@ class RangeReader:
         first byte not yet received (progress resets the retry count). With ``expected_size`` (the
         index's), an answer that shows another object size is a bad shard."""
         fs, path = self._fs(url)
-        timeout = 4 * self.policy.timeout if self.policy.timeout else None
+        timeout = self.policy.request_limit if self.policy.timeout else None
         parts: list[bytes] = []
         pos, attempt = start, 0
         while pos < end:

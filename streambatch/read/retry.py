@@ -76,10 +76,16 @@ class RetryPolicy:
         return (rng or random).uniform(0, cap)
 
     @property
+    def request_limit(self) -> float:
+        """Seconds one try of a range request may take in all (the whole answer, not just a silence)."""
+        return 4 * self.timeout
+
+    @property
     def worst_case(self) -> float:
-        """An upper bound on the seconds one request with all its retries can take (for watchdogs)."""
+        """An upper bound on the seconds one request with all its retries can take (for watchdogs): every try
+        at its :attr:`request_limit`, every wait at its cap."""
         waits = sum(min(self.max_backoff, self.backoff * 2**i) for i in range(self.retries))
-        return (self.retries + 1) * self.timeout * 2 + waits
+        return (self.retries + 1) * self.request_limit + waits
 
 
 def _error_code(exc: BaseException) -> str | None:
