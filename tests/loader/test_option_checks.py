@@ -129,6 +129,8 @@ BAD = [
     ("max_plan_bytes", 1.5, {}),
     ("max_plan_bytes", "lots", {}),
     ("max_plan_bytes", None, {}),
+    ("shard_roots", 3, {}),
+    ("shard_roots", ["", "/data"], {}),
     # options of no group
     ("where", 3, {}),
     ("storage_options", "anon", {}),
