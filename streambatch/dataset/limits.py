@@ -4,7 +4,8 @@ sample's ``.json``); these bounds keep a hostile or broken one from exhausting t
 
 Each limit has a default that no real dataset comes near, and an environment variable that raises it (read
 when the limit is used, so it reaches DataLoader workers too): ``STREAMBATCH_MAX_JSON_DEPTH``,
-``STREAMBATCH_MAX_MEMBER_BYTES`` and ``STREAMBATCH_MAX_LINE_BYTES`` (sizes like ``16G``). :func:`loads` is the one
+``STREAMBATCH_MAX_MEMBER_BYTES``, ``STREAMBATCH_MAX_LINE_BYTES``, ``STREAMBATCH_FILTER_MEMORY`` (sizes like ``16G``)
+and ``STREAMBATCH_FILTER_SECONDS``. :func:`loads` is the one
 JSON parser for untrusted text: every manifest reader, ``shardify index`` and the loader's ``.json`` members go
 through it.
 """
@@ -31,9 +32,17 @@ DEFAULT_MAX_COLUMNS = 64
 #: scalar fields kept per adopted sample to choose columns from (the first ones in the ``.json``)
 MAX_FIELDS_KEPT = 1024
 
+#: bytes a ``where=`` filter may use to check its expression or evaluate one row group (its engine's address
+#: space is capped on Linux: more is a one-line error naming the filter)
+FILTER_MEMORY = 2 << 30
+#: seconds a ``where=`` filter may take to check its expression or evaluate one row group (then interrupted)
+FILTER_SECONDS = 60.0
+
 _DEPTH_ENV = "STREAMBATCH_MAX_JSON_DEPTH"
 _MEMBER_ENV = "STREAMBATCH_MAX_MEMBER_BYTES"
 _LINE_ENV = "STREAMBATCH_MAX_LINE_BYTES"
+FILTER_MEMORY_ENV = "STREAMBATCH_FILTER_MEMORY"
+FILTER_SECONDS_ENV = "STREAMBATCH_FILTER_SECONDS"
 
 
 class LimitExceeded(StreamBatchError, ValueError):
@@ -72,6 +81,26 @@ def max_member_bytes() -> int:
 def max_line_bytes() -> int:
     """The longest manifest line read: :data:`MAX_LINE_BYTES`, or ``STREAMBATCH_MAX_LINE_BYTES``."""
     return _env_int(_LINE_ENV, MAX_LINE_BYTES)
+
+
+def filter_memory() -> int:
+    """The memory a filter may use: :data:`FILTER_MEMORY`, or ``STREAMBATCH_FILTER_MEMORY``."""
+    return _env_int(FILTER_MEMORY_ENV, FILTER_MEMORY)
+
+
+def filter_seconds() -> float:
+    """The time a filter may take per request: :data:`FILTER_SECONDS`, or ``STREAMBATCH_FILTER_SECONDS`` (a
+    number of seconds above 0)."""
+    text = os.environ.get(FILTER_SECONDS_ENV, "").strip()
+    if not text:
+        return FILTER_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ShardifyError(f"{FILTER_SECONDS_ENV}={text!r} must be a number of seconds above 0")
+    return value
 
 
 def line_too_long(limit: int) -> str:

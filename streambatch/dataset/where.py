@@ -4,8 +4,8 @@
 bad column or the syntax error, with the columns there are) and then evaluated on Arrow tables of one row
 group at a time; nothing is ever passed to Python's ``eval``, and DuckDB runs with file access disabled.
 The check and the first pass over every row group run in a child process whose memory and time are bounded
-(:mod:`.where_engine`: :data:`FILTER_MEMORY`, :data:`FILTER_SECONDS`), and only deterministic functions are
-allowed, so every rank and worker keeps the same samples.
+(:mod:`.where_engine`; :func:`.limits.filter_memory`, :func:`.limits.filter_seconds`), and only deterministic
+functions are allowed, so every rank and worker keeps the same samples.
 :class:`SampleFilter` applies it to an index: which samples of a shard it keeps (cached per row group), the
 kept share of each shard's length (so shards are dealt by the length they keep), and the kept lengths.
 """
@@ -27,27 +27,20 @@ from ..plan.mixing import any_of
 from ..plan.stats import LengthStats, stream_stats
 from .columnar import ColumnarIndex, column_numpy
 from .index import ShardIndex, ShardList
+from .limits import filter_memory, filter_seconds
 from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
 from .where_engine import EngineError, connect, evaluate
 from .where_sandbox import Engine
 
 #: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
 CACHE_ALL = 1 << 24
-#: bytes of memory a filter may use to check its expression and evaluate one row group, on top of what the
-#: engine's process maps at start (its address space is capped: more is a one-line error naming the filter).
-#: Raise it (``streambatch.dataset.where.FILTER_MEMORY = 8 << 30``) before building the loader if a filter
-#: really needs more.
-FILTER_MEMORY = 2 << 30
-#: seconds a filter may take to check its expression or to evaluate one row group (then it is interrupted: a
-#: one-line error naming the filter). Raise it like :data:`FILTER_MEMORY`.
-FILTER_SECONDS = 60.0
 _STRING = re.compile(r"'(?:[^']|'')*'")
 _IDENT = re.compile(r'"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*)')
 
 
 def engine() -> Engine:
     """A filter engine (a child process; use it as a context manager) with today's limits."""
-    return Engine(FILTER_MEMORY, FILTER_SECONDS)
+    return Engine(filter_memory(), filter_seconds())
 
 
 class Where:
@@ -56,7 +49,7 @@ class Where:
 
     def __init__(self, expr: str, columns: dict[str, str], what: str = "where", checker: Engine | None = None):
         self.expr, self.columns, self.what = str(expr), dict(columns), what
-        self.memory = FILTER_MEMORY  # as it was when the filter was built, in every worker too
+        self.memory = filter_memory()  # as it was when the filter was built, in every worker too
         self._con: Any = None
         self._pid = -1
         self._lock = threading.Lock()

@@ -123,7 +123,7 @@ class Engine:
         if code is not None and code < 0:
             return EngineError(
                 f"the filter engine ended (signal {-code}) while evaluating it, most likely for want of memory "
-                f"(over {self.memory >> 20} MiB for one row group: raise streambatch.dataset.where.FILTER_MEMORY "
+                f"(over {self.memory >> 20} MiB for one row group: raise STREAMBATCH_FILTER_MEMORY "
                 "if it really needs more)"
             )
         return EngineError(f"the filter engine (a DuckDB child process) ended unexpectedly (exit code {code})")
@@ -132,12 +132,12 @@ class Engine:
         if kind == b"M":
             return (
                 f"it needs more than {self.memory >> 20} MiB of memory for one row group (raise "
-                "streambatch.dataset.where.FILTER_MEMORY if it really does)"
+                "STREAMBATCH_FILTER_MEMORY if it really does)"
             )
         if kind == b"T":
             return (
                 f"it took more than {self.seconds:g} s for one row group (raise "
-                "streambatch.dataset.where.FILTER_SECONDS if it really does)"
+                "STREAMBATCH_FILTER_SECONDS if it really does)"
             )
         return what
 

@@ -18,7 +18,6 @@ from conftest import TESTS
 
 from streambatch import StreamBatchLoader
 from streambatch.cli import main
-from streambatch.dataset import where as where_module
 from streambatch.dataset.where import Where, engine
 from streambatch.dataset.where_engine import EngineError
 from streambatch.dataset.where_sandbox import Engine
@@ -124,12 +123,12 @@ def test_in_process_and_engine_answers_agree():
 # ---- bounded memory and time ------------------------------------------------------------------------------
 PROBE = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, os, resource, sys
     import pyarrow as pa
     from streambatch.dataset import where
     from streambatch.errors import OptionError
 
-    where.FILTER_MEMORY = 256 << 20
+    os.environ["STREAMBATCH_FILTER_MEMORY"] = "256M"
     columns = {"title": "string", "length": "int64"}
     table = pa.table({"title": ["a", "b", "c"], "length": [1, 2, 3]})
     out = {}
@@ -163,7 +162,7 @@ def test_memory_hungry_filters_fail_in_one_line_within_the_bound():
     for expr in HUNGRY:
         msg = out[expr]
         assert "\n" not in msg and msg.startswith(f"where={expr!r}: ")
-        assert "256 MiB" in msg and "FILTER_MEMORY" in msg  # DuckDB's error, or the engine ended by it
+        assert "256 MiB" in msg and "STREAMBATCH_FILTER_MEMORY" in msg  # DuckDB's error, or the engine ended by it
     assert out["repeat('a', 2e9) IS NOT NULL"].startswith("where=")  # refused (2e9 is no count)
     assert max(out["rss"]) < 1024, out["rss"]
 
@@ -171,7 +170,7 @@ def test_memory_hungry_filters_fail_in_one_line_within_the_bound():
 def test_a_filter_that_runs_too_long_is_stopped(monkeypatch):
     """Minutes of work (a regular expression over 6,000 characters a row, 200,000 rows) with a 1 s limit:
     interrupted after the row group's limit, one line naming it and the limit."""
-    monkeypatch.setattr(where_module, "FILTER_SECONDS", 1.0)
+    monkeypatch.setenv("STREAMBATCH_FILTER_SECONDS", "1")
     n = 200_000
     table = pa.table({"title": ["abc"] * n, "length": list(range(n))})
     expr = "regexp_matches(repeat(title, 2000), '(a|b)*c(a|b)*d')"
@@ -180,7 +179,7 @@ def test_a_filter_that_runs_too_long_is_stopped(monkeypatch):
         with pytest.raises(OptionError) as err:
             w.evaluate(table, e)
     msg = str(err.value)
-    assert msg.startswith(f"where={expr!r}: it took more than 1 s") and "FILTER_SECONDS" in msg
+    assert msg.startswith(f"where={expr!r}: it took more than 1 s") and "STREAMBATCH_FILTER_SECONDS" in msg
 
 
 def test_an_engine_that_stops_answering_is_killed(monkeypatch):
