@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from ..dataset.audio import AUDIO_EXTENSIONS
+from ..dataset.columns import left_out_note
 from ..dataset.describe import total_text, unit_text
 from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from ..dataset.trust import allow_line, roots_for
@@ -107,11 +108,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if index.meta.get("columns_left_out"):
-        print(
-            f"shardify: stored the first {len(index.columns)} scalar fields as columns, not "
-            f"{index.meta['columns_left_out']} more; name the ones filters need with --columns",
-            file=sys.stderr,
-        )
+        print(f"shardify: {left_out_note(len(index.columns), index.meta['columns_left_out'])}", file=sys.stderr)
     if adopted["unnamed"]:
         print(
             f"shardify: {adopted['unnamed']} member(s) the manifest does not name are left out of every epoch",

@@ -7,7 +7,9 @@ import argparse
 import sys
 from typing import Any
 
+from ..dataset.columns import left_out_note
 from ..dataset.describe import total_text, unit_text
+from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from .args import PROG, add_shared, add_storage, positive_int, shared_keywords, size
 
 SOURCE_HELP = (
@@ -41,7 +43,8 @@ def add_arguments(w: argparse.ArgumentParser) -> None:
         "columns",
         "comma-separated .json fields stored as columns of the sample table, for filters "
         '(where=, inspect --where); "" for none. Default: every field whose values are scalars '
-        "(numbers, booleans or strings: speaker, language, duration, scores, ...) but the transcript",
+        "(numbers, booleans or strings: speaker, language, duration, scores, ...) but the transcript, the first "
+        f"{DEFAULT_MAX_COLUMNS} of them (name more to store them)",
     )
     add_shared(w, "no_progress", "no progress bars")
     add_storage(w)
@@ -196,6 +199,8 @@ def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None
     if skipped:
         errors = join_url(args.out, scope.errors_name)
         print(f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {errors}", file=sys.stderr)
+    if index.meta.get("columns_left_out"):
+        print(f"{PROG}: {left_out_note(len(index.columns), index.meta['columns_left_out'])}", file=sys.stderr)
     if args.resume and args.part is None and index.meta.get("parts"):
         print(
             f"{args.out} already holds this dataset, merged from {index.meta['parts']} parts: {index.num_samples} "

@@ -2,9 +2,10 @@
 duration, scores, ...) become typed columns beside shard, key, length, offset and size, so a filter
 (:mod:`.where`) can select samples from the index without reading a shard.
 
-By default every field whose values are all scalars of one kind (numbers, booleans or strings) becomes a
-column, except the transcript (``text``) and the fields that would shadow the table's own columns; a writer
-may name the columns instead (``--columns``). Types are Arrow type names as the index header lists them.
+By default the first :data:`~.limits.DEFAULT_MAX_COLUMNS` fields whose values are all scalars of one kind
+(numbers, booleans or strings) become columns, except the transcript (``text``) and the fields that would shadow
+the table's own columns (a manifest or ``.json`` is data: its field count must not size the index); a writer may
+name the columns instead (``--columns``). Types are Arrow type names as the index header lists them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, overload
 
 from ..errors import ColumnError
+from .limits import DEFAULT_MAX_COLUMNS
 
 #: the sample table's own columns: a field of the same name cannot be a metadata column
 RESERVED = ("shard", "key", "length", "offset", "size", "output_length", "segment_start", "segment_frames")
@@ -59,6 +61,20 @@ def field_types(metas: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         for k, v in meta.items():
             types[k] = unify(types.get(k), _kind(v)) if k in types else _kind(v)
     return {k: (t or "other") for k, t in types.items()}  # a field that is always null: no type to store
+
+
+def bounded(chosen: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The default columns kept (the first :data:`~.limits.DEFAULT_MAX_COLUMNS`) and the names left out."""
+    names = list(chosen)
+    return {k: chosen[k] for k in names[:DEFAULT_MAX_COLUMNS]}, names[DEFAULT_MAX_COLUMNS:]
+
+
+def left_out_note(stored: int, left_out: int) -> str:
+    """What a command says when the default left scalar fields out of the index."""
+    return (
+        f"stored the first {stored} scalar fields as columns, not {left_out} more; "
+        "name the ones filters need with --columns"
+    )
 
 
 def choose_columns(metas: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> dict[str, str]:

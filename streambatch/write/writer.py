@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..dataset import storage
-from ..dataset.columns import ColumnError, choose_columns, column_values, parse_columns
+from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
 from ..units import Unit
@@ -126,7 +126,7 @@ def write_shards(
         records, medium, unit, sample_rate, workers, progress, storage_options, on_error
     )
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
-    chosen = _columns(samples, columns, index_version)
+    chosen, left_out = _columns(samples, columns, index_version)
     tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, overwrite, resume, storage_options)
     infos = _write_tasks(tasks, chosen, int(workers), progress, stats)
     write_errors(
@@ -136,6 +136,7 @@ def write_shards(
         **_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems)),
         **text.meta(),
         **_part_meta(part, span, num_records, on_error),
+        **({"columns_left_out": len(left_out)} if left_out else {}),
     }
     index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
     index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
@@ -195,17 +196,21 @@ def _part_meta(part: tuple[int, int] | None, span: Any, num_records: int, on_err
     }
 
 
-def _columns(samples: Sequence[Any], names: str | Sequence[str] | None, index_version: int) -> dict[str, str]:
-    """The metadata columns to store (none in a version 1 index, which has no sample table)."""
+def _columns(
+    samples: Sequence[Any], names: str | Sequence[str] | None, index_version: int
+) -> tuple[dict[str, str], list[str]]:
+    """The metadata columns to store (none in a version 1 index, which has no sample table), and the scalar
+    fields the bounded default left out."""
     names = parse_columns(names)
     if index_version == 1:
         if names:
             raise ShardifyError("--columns needs the version 2 index (a version 1 index has no sample table)")
-        return {}
+        return {}, []
     try:
-        return choose_columns([s.meta for s in samples], names)
+        chosen = choose_columns([s.meta for s in samples], names)
     except ColumnError as e:
         raise ShardifyError(str(e)) from None
+    return bounded(chosen) if names is None else (chosen, [])
 
 
 def _check_options(

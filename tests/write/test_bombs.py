@@ -169,6 +169,25 @@ def test_300000_keys_give_a_bounded_set_of_columns(tmp_path, capsys):
     assert set(ShardIndex.load(str(src)).columns) == {"lang", "k299"}
 
 
+def test_a_manifest_with_thousands_of_fields_gives_a_bounded_set_of_columns(tmp_path, capsys):
+    """`shardify write` from a manifest whose lines carry 5,000 scalar fields stores the bounded default (and
+    says so); --columns names exactly the ones wanted."""
+    manifest = tmp_path / "docs.jsonl"
+    with open(manifest, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"id": f"d{i}", "text": "a b c", "lang": "de", **{f"k{j}": j for j in range(5000)}}))
+            f.write("\n")
+    out = tmp_path / "ds"
+    capsys.readouterr()
+    assert cli("write", str(manifest), str(out)) == 0
+    assert "--columns" in capsys.readouterr().err
+    ix = ShardIndex.load(str(out))
+    assert len(ix.columns) == limits.DEFAULT_MAX_COLUMNS and "lang" in ix.columns
+    assert ix.meta["columns_left_out"] == 5002 - limits.DEFAULT_MAX_COLUMNS  # id, lang and k0..k4999
+    assert cli("write", str(manifest), str(out), "--overwrite", "--columns", "lang,k4999") == 0
+    assert set(ShardIndex.load(str(out)).columns) == {"lang", "k4999"}
+
+
 # ---- keys: refused, not renamed -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "key,why",

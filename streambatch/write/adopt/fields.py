@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ...dataset.columns import ColumnError, choose_columns, column_values, parse_columns
+from ...dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ...dataset.index import ShardInfo
-from ...dataset.limits import DEFAULT_MAX_COLUMNS
 from ...errors import InputProblem, ShardifyError
 from ..tokenize import parse_output_length
 from .nemo import Entry
@@ -55,7 +54,7 @@ class SampleExtras:
         self.names = parse_columns(columns)
         self.nemo = False
         self.fields: list[list[dict[str, Any]]] = []
-        self.left_out: list[str] = []  # scalar fields past DEFAULT_MAX_COLUMNS, not stored without --columns
+        self.left_out: list[str] = []  # scalar fields past limits.DEFAULT_MAX_COLUMNS, not stored without --columns
 
     def for_layout(self, layout: str) -> SampleExtras:
         """Checked against the layout the tars turned out to have (text samples have no output length)."""
@@ -114,9 +113,8 @@ class SampleExtras:
             chosen = choose_columns(everything, names)
         except ColumnError as e:
             raise ShardifyError(str(e).replace("'s .json", "'s .json or manifest entry")) from None
-        if names is None and len(chosen) > DEFAULT_MAX_COLUMNS:  # a bounded default; --columns names more
-            self.left_out = list(chosen)[DEFAULT_MAX_COLUMNS:]
-            chosen = dict(list(chosen.items())[:DEFAULT_MAX_COLUMNS])
+        if names is None:  # a bounded default; --columns names more
+            chosen, self.left_out = bounded(chosen)
         if self.nemo and any(isinstance(f.get("text"), str) for f in everything):
             chosen["text"] = "string"
         for info, per_tar in zip(infos, self.fields):
