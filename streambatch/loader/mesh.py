@@ -10,6 +10,7 @@ them, from the job (``rank``/``world_size`` or what the launcher says: one data-
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +97,7 @@ def _from_mesh(mesh: Any) -> DataParallel:
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     ndim = getattr(mesh, "ndim", None)
     if not isinstance(ndim, int) or not hasattr(mesh, "get_group"):
-        raise OptionError(f"dp_mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
+        raise OptionError(f"dp_mesh must be a torch DeviceMesh, got {reprlib.repr(mesh)}")
     if DP_DIM in names:
         dim: Any = DP_DIM
     elif ndim == 1:
@@ -124,7 +125,7 @@ def check_data_parallel(run: Any) -> None:
             raise OptionError("dp_mesh gives the data-parallel rank and size: pass it without dp_rank/dp_size")
         return
     if len(given) == 1:
-        raise OptionError(f"dp_rank and dp_size are given together, got only {given[0]}")
+        raise OptionError(f"dp_rank and dp_size are given together, got only {given[0]}={getattr(run, given[0])!r}")
     size = int_option("dp_size", run.dp_size, 1)
     if int_option("dp_rank", run.dp_rank, 0) >= size:
         raise OptionError(f"dp_rank must be below dp_size={size}, got {run.dp_rank!r}")
