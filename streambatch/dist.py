@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,11 @@ def process_group_matches(rank: int, world_size: int) -> bool:
         return False
 
 
-def all_gather_ints(values: list[int]) -> list[list[int]]:
-    """Every rank's ``values`` (a few integers), in rank order: one collective, any backend."""
+def all_gather_ints(values: list[int], group: Any = None) -> list[list[int]]:
+    """Every rank's ``values`` (a few integers), in rank order: one collective, any backend, over ``group``
+    (a process group; None: the whole world)."""
     import torch.distributed as dist
 
-    out: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, [int(v) for v in values])
+    out: list[list[int] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, [int(v) for v in values], group=group)
     return [list(v) for v in out]  # type: ignore[arg-type]

@@ -19,15 +19,16 @@ SCRIPT = str(TESTS / "ddp" / "run_ddp.py")
 TIMEOUT = 120
 
 
-def torchrun(args: list[str], nproc: int, extra: list[str] | None = None) -> subprocess.Popen:
-    """A torchrun job in a session of its own; the test's teardown ends it, its ranks and their workers."""
+def torchrun(args: list[str], nproc: int, extra: list[str] | None = None, script: str = SCRIPT) -> subprocess.Popen:
+    """A torchrun job (``script``: run_ddp.py unless said) in a session of its own; the test's teardown ends it,
+    its ranks and their workers."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         *(extra or ["--standalone"]),
         f"--nproc_per_node={nproc}",
-        SCRIPT,
+        script,
         *args,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

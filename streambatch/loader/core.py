@@ -16,7 +16,6 @@ from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex
 from ..dataset.source import open_source
 from ..dataset.where import left_out, open_filter
-from ..dist import all_gather_ints, process_group_matches, process_info
 from ..errors import EmptyEpochError
 from ..plan.budget import parse_budget
 from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
@@ -28,6 +27,7 @@ from ..plan.slot import Adjust, per_worker
 from ..read.collate import Decode
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from .mesh import data_parallel
 from .messages import (
     check_shortest_fits,
     empty_epoch_message,
@@ -82,7 +82,8 @@ class StreamBatchLoader:
     Per sample (:class:`~streambatch.loader.options.SampleOptions`): ``decode``, ``transform``,
     ``speed_perturb``, ``features``.
 
-    The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``num_workers``,
+    The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``dp_rank``,
+    ``dp_size``, ``dp_mesh`` (data parallelism inside a model-parallel mesh), ``num_workers``,
     ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
     ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
     ``progress``, ``max_plan_bytes``.
@@ -141,6 +142,9 @@ class StreamBatchLoader:
         # the run: RunOptions
         rank: int | None = None,
         world_size: int | None = None,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+        dp_mesh: Any = None,
         num_workers: int = 0,
         even_batches: str = "split",
         hardest_first: bool = False,
@@ -156,8 +160,8 @@ class StreamBatchLoader:
         max_plan_bytes: int | str = "16G",
     ):
         batching, self.read_options, self.sample_options, self.run = option_groups(locals())
-        info = process_info(self.run.rank, self.run.world_size)
-        self.rank, self.layout = info.rank, self.run.layout(info.world_size)
+        self.data_parallel = data_parallel(self.run)  # the plan's ranks: the data-parallel ones (loader/mesh.py)
+        self.rank, self.layout = self.data_parallel.rank, self.run.layout(self.data_parallel.size)
         self._open(source, budget, weights, index, storage_options)
         self._configure(budget, batching, where)
 
@@ -202,7 +206,7 @@ class StreamBatchLoader:
     # ---- the options as attributes -----------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        """Ranks in the job (given, or detected)."""
+        """The plan's ranks: the job's (given, or detected), or its data-parallel ranks (``dp_size``)."""
         return self.layout.world_size
 
     @property
@@ -271,7 +275,8 @@ class StreamBatchLoader:
             local = self._rank_local(e)
             if local:
                 excluded = self._excluded_in(e, lengths)
-                sched = plan_rank_local(lengths, self.config, e, self.rank, self.layout, all_gather_ints, excluded)
+                agree = self.data_parallel.gather  # one all_gather over the data-parallel ranks
+                sched = plan_rank_local(lengths, self.config, e, self.rank, self.layout, agree, excluded)
             else:
                 sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
             log.info(plan_line(sched, self.layout, self.rank, local, lengths.loaded, time.perf_counter() - t0))
@@ -282,7 +287,7 @@ class StreamBatchLoader:
 
     def _rank_local(self, epoch: int) -> bool:
         """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""
-        possible = self.world_size > 1 and process_group_matches(self.rank, self.world_size)
+        possible = self.data_parallel.can_agree()
         if self.planning == "local" and not possible:
             raise ValueError(
                 f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "

@@ -32,6 +32,7 @@ from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
+from .mesh import check_data_parallel
 
 #: what the loader plans from: one dataset's index, or a mixture's datasets as one
 Index = ShardIndex | MixedIndex
@@ -88,6 +89,19 @@ class RunOptions:
     """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
     world_size: int | None = None
     """Ranks in the job; None: detected as ``rank`` is, else 1."""
+    dp_rank: int | None = None
+    """With tensor, context or pipeline parallelism: this process's data-parallel rank (``0 <= dp_rank <
+    dp_size``), given with ``dp_size``. The processes of one rank (its peers) get bit-identical batches, the
+    ranks disjoint samples; the plan has ``dp_size`` ranks (a checkpoint's ``world_size``). None: one
+    data-parallel rank per process (``rank``)."""
+    dp_size: int | None = None
+    """Data-parallel ranks, given with ``dp_rank``; it must divide the processes of the job as detected
+    (torch.distributed, torchrun or SLURM). Planning is rank-local with an initialised process group: each
+    process plans its data-parallel rank's slots, and one all_gather of a few integers over the whole world
+    (peers contribute identical values) agrees the step count."""
+    dp_mesh: Any = None
+    """A torch ``DeviceMesh`` instead of ``dp_rank``/``dp_size``: its dimension named ``"dp"`` (or a 1-D
+    mesh's only one) gives the data-parallel rank and size, and its process group agrees the step count."""
     num_workers: int = 0
     """DataLoader worker processes per rank (0: read in the training process)."""
     even_batches: str = "split"
@@ -123,6 +137,7 @@ class RunOptions:
             int_option("rank", self.rank, 0)
         if self.world_size is not None:
             int_option("world_size", self.world_size, 1)
+        check_data_parallel(self)
         int_option("num_workers", self.num_workers, 0)
         choice_option("planning", self.planning, PLANNING)
         if self.batches_per_epoch is not None:

@@ -31,7 +31,7 @@ class LoaderState:
     seed: Any = 0
     """The batching seed."""
     world_size: int | None = None
-    """The layout it ran on: ranks, …"""
+    """The layout it ran on: ranks (the data-parallel ones with ``dp_size``), …"""
     num_workers: int | None = None
     """… slots per rank, …"""
     even_batches: str | None = None

@@ -38,7 +38,7 @@ def test_every_option_is_a_named_keyword_with_no_catch_all():
     wanted = set(batching).union(*groups) | {"source", "weights", "index", "where", "storage_options"}
     assert wanted <= set(PARAMS), sorted(wanted - set(PARAMS))
     assert set(PARAMS) <= wanted, sorted(set(PARAMS) - wanted)  # nothing in the signature outside a group
-    assert len(PARAMS) == 56  # the source and 55 options
+    assert len(PARAMS) == 59  # the source and 58 options
 
 
 def test_the_signature_defaults_are_the_groups_defaults():
@@ -105,6 +105,7 @@ def dataset(tmp_path_factory):
         ("decode", "video"),
         ("transform", 3),
         ("world_size", 0),
+        ("dp_size", 0),
     ],
 )
 def test_a_bad_value_is_an_option_error_naming_it(dataset, option, value):
