@@ -4,7 +4,9 @@ A lock file in the folder, ``.shardify.lock``, holds its writer's host, pid, sta
 second writer is refused with one line naming the first (:class:`LockHeld`, exit 2). The parts of an array job
 (``--part I/N``) write different files of one folder and run at the same time: each holds the folder lock
 *shared* and its own part's lock ``.shardify-part-IIII.lock`` exclusively, so parts run together but never
-beside a whole write, a merge or another run of the same part.
+beside a whole write, a merge or another run of the same part. ``stage`` waits for the lock instead of being
+refused: one stage per node is the rule, and a second one into the same folder (nodes sharing a "local" disk, a
+requeued job) finds the copy done and keeps it.
 
 Local folders (and network filesystems that support them) use the kernel's ``flock``: a writer that dies, even
 by ``kill -9``, loses its lock with its process, and the next writer takes it over, with a warning naming the
@@ -43,6 +45,8 @@ PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
 PART_LOCK_GLOB = ".shardify-part-*.lock"
 #: seconds between two renewals of a lock file's mtime (where ``flock`` is not available)
 HEARTBEAT = 30.0
+#: seconds between two tries of a writer that waits for the lock (``stage``)
+WAIT_POLL = 1.0
 #: a lock file not renewed for this many seconds belongs to a writer that is gone (where ``flock`` is not available)
 STALE_AFTER = 300.0
 
@@ -60,9 +64,12 @@ def is_lock_file(name: str) -> bool:
     return name == LOCK_NAME or fnmatch.fnmatch(name, PART_LOCK_GLOB)
 
 
-def holds_lock(where: Callable[[inspect.BoundArguments], Where | None]) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def holds_lock(
+    where: Callable[[inspect.BoundArguments], Where | None], wait: bool = False
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Run the decorated writer holding the lock of the folder ``where(arguments)`` names: ``(folder, part,
-    storage_options)``, or None to run without one (the writer refuses its arguments itself)."""
+    storage_options)``, or None to run without one (the writer refuses its arguments itself). ``wait``: wait for
+    a held lock (saying so once) instead of being refused."""
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         sig = inspect.signature(func)
@@ -74,7 +81,7 @@ def holds_lock(where: Callable[[inspect.BoundArguments], Where | None]) -> Calla
             target = where(bound)
             if target is None:
                 return func(*args, **kwargs)
-            with output_lock(*target):
+            with output_lock(*target, wait=wait):
                 return func(*args, **kwargs)
 
         return locked
@@ -84,10 +91,11 @@ def holds_lock(where: Callable[[inspect.BoundArguments], Where | None]) -> Calla
 
 @contextlib.contextmanager
 def output_lock(
-    folder: str, part: tuple[int, int] | None = None, storage_options: dict | None = None
+    folder: str, part: tuple[int, int] | None = None, storage_options: dict | None = None, wait: bool = False
 ) -> Iterator[None]:
     """Hold ``folder``'s lock: exclusive for a whole write, shared plus part ``I``'s own for ``part=(I, N)``.
-    A local folder that does not exist is made (and removed again if it is left empty)."""
+    A local folder that does not exist is made (and removed again if it is left empty). ``wait``: wait for a
+    held lock instead of raising :class:`LockHeld`."""
     folder = str(folder).rstrip("/") or "/"
     path = storage.local_path(folder)
     if storage.is_local(folder) and os.path.exists(path) and not os.path.isdir(path):
@@ -97,7 +105,7 @@ def output_lock(
     held: list[_Lock] = []
     try:
         whole = _lock_for(storage.join_url(folder, LOCK_NAME), storage_options)
-        _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options)
+        _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options, wait=wait)
         held.append(whole)
         if part is None:
             _no_running_parts(whole, folder, storage_options)
@@ -122,12 +130,20 @@ def _make_folder(folder: str, storage_options: dict | None) -> bool:
     return True
 
 
-def _acquire(lock: _Lock, shared: bool, folder: str, storage_options: dict | None) -> None:
-    """Take ``lock`` or raise :class:`LockHeld` naming its holder; warn when taking over a dead writer's."""
-    left = lock.acquire(shared)
-    if left is _HELD:
+def _acquire(lock: _Lock, shared: bool, folder: str, storage_options: dict | None, wait: bool = False) -> None:
+    """Take ``lock`` or raise :class:`LockHeld` naming its holder (``wait``: try again every :data:`WAIT_POLL`
+    seconds, saying once whom it waits for); warn when taking over a dead writer's."""
+    left, said = lock.acquire(shared), False
+    while left is _HELD:
         holder = lock.holder() or (_part_holder(folder, storage_options) if not shared else None)
-        raise LockHeld(_held_text(folder, holder, lock.url))
+        if not wait:
+            raise LockHeld(_held_text(folder, holder, lock.url))
+        if not said:
+            who = _who(holder) if holder else "a writer whose details are not readable yet"
+            print(f"shardify: waiting for another shardify writing {folder} ({who})", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(WAIT_POLL)
+        left = lock.acquire(shared)
     if left:
         print(
             f"shardify: warning: taking over the lock of a writer that did not finish ({_who(left)}; "

@@ -109,7 +109,7 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
-@holds_lock(lambda a: (str(a.arguments["dest"]), None, a.arguments["dest_storage_options"]))
+@holds_lock(lambda a: (str(a.arguments["dest"]), None, a.arguments["dest_storage_options"]), wait=True)
 def stage_dataset(
     src: str,
     dest: str,

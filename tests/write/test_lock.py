@@ -144,14 +144,21 @@ def test_parts_started_together_all_write(tmp_path):
     assert _run("verify", str(out), "--no-progress").returncode == 0
 
 
-def test_second_stage_into_one_folder_is_refused(tmp_path):
+def test_second_stage_into_one_folder_waits_then_keeps_the_copy(tmp_path):
+    """Staging is once per node: a second stage into the same folder (nodes sharing a disk, a requeued job) waits
+    for the first, saying whom it waits for, and then finds the copy done."""
     src = tmp_path / "ds"
     assert _run("write", str(_text_source(tmp_path / "src.jsonl")), str(src), "--no-progress").returncode == 0
     dest = tmp_path / "staged"
-    with output_lock(str(dest)):
-        refused = _run("stage", str(src), str(dest), "--no-progress")
-    assert refused.returncode == 2 and f"pid {os.getpid()}" in refused.stderr
     assert _run("stage", str(src), str(dest), "--no-progress").returncode == 0
+    with output_lock(str(dest)):
+        waiting = popen([*SHARDIFY, "stage", str(src), str(dest), "--no-progress"], stderr=subprocess.PIPE, text=True)
+        said = waiting.stderr.readline()  # blocks until the stage says it waits
+        assert "waiting for another shardify" in said and f"pid {os.getpid()}" in said
+        assert waiting.poll() is None  # still waiting while the lock is held
+    waiting.communicate(timeout=300)
+    assert waiting.returncode == 0
+    assert _run("verify", str(dest), "--no-progress").returncode == 0
 
 
 def test_second_index_into_one_folder_is_refused(tmp_path):
