@@ -32,6 +32,27 @@ def cache_name(url: str) -> str:
     return f"{h}-{base}"
 
 
+@contextlib.contextmanager
+def file_lock(path: str, blocking: bool = True) -> Iterator[bool]:
+    """Hold the ``flock`` of the file ``path`` (made if absent) for the block: yields True, or False when
+    ``blocking`` is off and another process holds it. The lock dies with its process."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError as e:
+            if not blocking and e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                yield False
+                return
+            raise
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class ShardCache:
     """A size-limited LRU cache of whole shards on local disk, safe across processes of one node."""
 
@@ -45,23 +66,8 @@ class ShardCache:
         self.sweep()
 
     # ---- locks -------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _flock(self, path: str, blocking: bool = True) -> Iterator[bool]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except OSError as e:
-                if not blocking and e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    yield False
-                    return
-                raise
-            try:
-                yield True
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    def _flock(self, path: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
+        return file_lock(path, blocking)
 
     def _lock_path(self, name: str) -> str:
         return os.path.join(self.locks, name + ".lock")
