@@ -8,7 +8,8 @@ file's size and ETag (or mtime), and only when no copy of that version is on the
 table into ``cache_dir/index/NAME-VERSION/``. The others find the copy and make no request at all: the copy records
 the job that checked it last (:func:`job_key`: the launcher process, e.g. torchrun's agent, and its restart count),
 and the ranks of that job trust that check. A new job checks again (one HEAD per node), so a changed index (another
-size, ETag or mtime) is fetched again, into a new folder: a job still reading the old copy keeps it.
+size, ETag or mtime) is fetched again, into a folder of its own (old versions' folders stay until the cache folder
+is cleared: a header and a shard table are small).
 
 A node copy is read exactly as the original is: its header by the same parser, its shard table with the same checks
 (size, checksums, the write id shared with the header, row counts), and its shard URLs resolved against the
