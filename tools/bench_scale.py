@@ -190,7 +190,8 @@ def requests_table(folder: str, n: int, per_shard: int, world: int, per_node: in
     print(f"  {'index read':<22} {'header':>8} {'shard table':>12} {'sample table':>13} {'total':>8}")
     for label, shared in (("by every rank", False), ("once per node", True)):
         r = simulate(index, nodes, per_node, workers, shared)
-        print(f"  {label:<22} {r['header']:>8,} {r['shard table']:>12,} {r['samples']:>13,} {r['total']:>8,}", flush=True)
+        row = f"{r['header']:>8,} {r['shard table']:>12,} {r['samples']:>13,} {r['total']:>8,}"
+        print(f"  {label:<22} {row}", flush=True)
 
 
 def main() -> int:

@@ -15,8 +15,8 @@ from faultproxy import FaultProxy, byte_range, times_read
 from torchrun_jobs import BUDGET, SR, batches, read_logs, wait
 
 from streambatch import ShardIndex
-from streambatch.dataset.shards import ShardInfo
 from streambatch.dataset import columnar
+from streambatch.dataset.shards import ShardInfo
 from streambatch.dataset.shared_index import NodeCopies, load_shared
 from streambatch.errors import IndexFormatError, UntrustedURL
 
@@ -212,7 +212,7 @@ def check_own_row_groups(logs, proxies, ix: ShardIndex, spans: list[tuple[int, i
         mine = dealt_shards(ix, r, 2)  # one row group per shard
         assert len(mine) < len(spans)
         data = []
-        for _, _, rng, status in [q for q in requests_for(proxies[r], PART) if q[0] == "GET"]:
+        for _, _, rng, _ in [q for q in requests_for(proxies[r], PART) if q[0] == "GET"]:
             lo, hi = byte_range(rng, size)
             if hi >= size - 1:  # the footer (pyarrow reads the last 64 KiB at once: this whole small table)
                 continue

@@ -2,8 +2,8 @@
 (``--endpoints``, one per global rank) with a node cache folder (``--cache-dir``, one per node), so the test can
 tell which rank of which node asked the store for what.
 
-Each rank logs to OUT/log-rank{R}.jsonl its node, then per epoch ``len()`` and every batch's keys (as tests/ddp/run_ddp.py
-logs them), all-reducing once per step as a DDP step would.
+Each rank logs to OUT/log-rank{R}.jsonl its node, then per epoch ``len()`` and every batch's keys (as
+tests/ddp/run_ddp.py logs them), all-reducing once per step as a DDP step would.
 """
 
 from __future__ import annotations
