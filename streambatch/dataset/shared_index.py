@@ -7,9 +7,9 @@ ranks of one node take turns on one lock (``cache_dir/locks/index-NAME.lock``); 
 file's size and ETag (or mtime), and only when no copy of that version is on the node fetches the header and the shard
 table into ``cache_dir/index/NAME-VERSION/``. The others find the copy and make no request at all: the copy records
 the job that checked it last (:func:`job_key`: the launcher process, e.g. torchrun's agent, and its restart count),
-and the ranks of that job trust that check. A new job checks again (one HEAD per node), so a changed index (another
-size, ETag or mtime) is fetched again, into a folder of its own (old versions' folders stay until the cache folder
-is cleared: a header and a shard table are small).
+and the ranks of that job trust that check for :data:`REUSE_SECONDS`. A new job checks again (one HEAD per node),
+so a changed index (another size, ETag or mtime) is fetched again, into a folder of its own (old versions' folders
+stay until the cache folder is cleared: a header and a shard table are small).
 
 A node copy is read exactly as the original is: its header by the same parser, its shard table with the same checks
 (size, checksums, the write id shared with the header, row counts), and its shard URLs resolved against the
@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,9 @@ log = logging.getLogger("streambatch")
 COPIES = "index"  # the folder under the cache folder that holds the node copies of indexes
 SHARD_TABLE = "shards.parquet"  # the shard table's name in a node copy (never a name the index chose)
 CHUNK = 16 << 20  # bytes per request when copying a table
+#: how long a job's check of the index's version holds for its other ranks (they start within seconds of each
+#: other; a loader made later in the job, or a process that only looks like a launched one, checks again)
+REUSE_SECONDS = 600.0
 #: what an object store's ``info`` may say about an object's version, besides its size
 VERSION_KEYS = ("ETag", "etag", "VersionId", "generation", "md5Hash", "LastModified", "mtime", "updated", "created")
 
@@ -137,7 +141,8 @@ class NodeCopies:
         except (OSError, ValueError):
             return None
         ok = isinstance(stamp, dict) and stamp.get("url") == url and stamp.get("job") == job
-        version = stamp.get("version") if ok else None
+        age = time.time() - stamp.get("at", 0) if ok and isinstance(stamp.get("at"), (int, float)) else None
+        version = stamp.get("version") if age is not None and 0 <= age < REUSE_SECONDS else None
         return version if isinstance(version, str) and self.has(url, version) else None
 
     def has(self, url: str, version: str) -> bool:
@@ -148,7 +153,7 @@ class NodeCopies:
         path = self._stamp_path(url)
         tmp = f"{path}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}"
         with open(tmp, "w") as f:
-            json.dump({"url": url, "version": version, "job": job}, f)
+            json.dump({"url": url, "version": version, "job": job, "at": time.time()}, f)
         os.replace(tmp, path)
 
     def fetch(self, url: str, version: str, storage_options: dict | None) -> None:

@@ -78,6 +78,18 @@ def test_ranks_of_one_job_share_one_fetch(dataset, proxy, tmp_path):
     assert again.shard_urls() == ShardIndex.load(dataset, opts(proxy.url)).shard_urls()  # the remote's own URLs
 
 
+def test_a_check_holds_for_its_job_only_a_while(dataset, proxy, tmp_path, monkeypatch):
+    from streambatch.dataset import shared_index
+
+    load_shared(dataset, str(tmp_path), opts(proxy.url), job="job-1")
+    proxy.reset()
+    load_shared(dataset, str(tmp_path), opts(proxy.url), job="job-1")
+    assert not requests_for(proxy, INDEX)
+    monkeypatch.setattr(shared_index, "REUSE_SECONDS", 0.0)
+    load_shared(dataset, str(tmp_path), opts(proxy.url), job="job-1")
+    assert [r[0] for r in requests_for(proxy, INDEX)] == ["HEAD"]
+
+
 def small_index(n: int) -> ShardIndex:
     """An index of ``n`` shards of 4 samples (no tars: only the index is read here)."""
     shards = [ShardInfo(f"shard-{i:06d}.tar", 4, 100, np.arange(4) + 10 * i, sha256=f"{i:064x}") for i in range(n)]
