@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import IndexFormatError
-from ..read.cache import cache_name, file_lock
 from . import limits
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
+from .node_files import cache_name, file_lock
 from .storage import filesystem, is_local
 
 log = logging.getLogger("streambatch")
