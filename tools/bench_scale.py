@@ -12,10 +12,14 @@ then opens the index and plans the rank's epoch:
   planning, and still does without a process group);
 * ``v2 resume from 2W``: a rank of W resuming an epoch saved on 2W ranks after half its steps (it re-plans
   only the old ranks that held its own shards);
-* ``v1/v2 inspect stats``: ``shardify inspect``'s numbers, every length streamed into a bounded summary.
+* ``v1/v2 inspect stats``: ``shardify inspect``'s numbers, every length streamed into a bounded summary;
+* ``requests``: the storage requests of one epoch's start on the largest ``--ranks`` as ``--ranks-per-node`` ranks a
+  node (1,024 ranks on 128 nodes by default), counted by ``tools/startup_requests.py`` over a ``--requests-samples``
+  index: each rank reading the index itself, against one copy per node (``cache_dir``).
 
 Usage: ``python tools/bench_scale.py [--samples 10000000 100000000] [--per-shard 1000] [--ranks 8 64 1024]
-[--workers 8] [--v1-max 10000000] [--torchrun 4] [--only local resume global stats] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
+[--workers 8] [--v1-max 10000000] [--torchrun 4] [--only local resume global stats requests] [--ranks-per-node 8]
+[--requests-samples 1000000] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
 """
 
 from __future__ import annotations
@@ -174,6 +178,22 @@ def make(folder: str, n: int, per_shard: int, version: int) -> str:
     return url
 
 
+def requests_table(folder: str, n: int, per_shard: int, world: int, per_node: int, workers: int) -> None:
+    """The storage requests of one epoch's start on ``world`` ranks, ``per_node`` a node (simulated and counted)."""
+    from startup_requests import simulate
+
+    index, nodes = make(folder, n, per_shard, 2), -(-world // per_node)
+    print(
+        f"\nstart-up requests of one epoch, {nodes * per_node:,} ranks on {nodes:,} nodes x{workers} workers, "
+        f"{n:,} samples ({per_shard:,} a shard; counted as an object store is asked):"
+    )
+    print(f"  {'index read':<22} {'header':>8} {'shard table':>12} {'sample table':>13} {'total':>8}")
+    for label, shared in (("by every rank", False), ("once per node", True)):
+        r = simulate(index, nodes, per_node, workers, shared)
+        row = f"{r['header']:>8,} {r['shard table']:>12,} {r['samples']:>13,} {r['total']:>8,}"
+        print(f"  {label:<22} {row}", flush=True)
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _, _, url, world, workers, rank, mode = sys.argv
@@ -193,7 +213,10 @@ def main() -> int:
         metavar="N",
         help="also run N real torchrun ranks against one process on the first size (CPU and memory ratios)",
     )
-    p.add_argument("--only", nargs="+", default=list(STEPS), choices=list(STEPS), help="which rows to measure")
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks a node, for the start-up requests")
+    p.add_argument("--requests-samples", type=float, default=1e6, help="index size for the start-up requests")
+    kinds = [*STEPS, "requests"]
+    p.add_argument("--only", nargs="+", default=kinds, choices=kinds, help="which rows to measure")
     args = p.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="bench_scale-")
     print(
@@ -216,6 +239,9 @@ def main() -> int:
                 f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}",
                 flush=True,
             )
+    if "requests" in args.only:
+        n = int(args.requests_samples)
+        requests_table(folder, n, args.per_shard, max(args.ranks), args.ranks_per_node, args.workers)
     if args.torchrun:
         torchrun_ratio(make(folder, int(args.samples[0]), args.per_shard, 2), args.torchrun, folder)
     print(

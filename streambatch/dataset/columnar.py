@@ -133,6 +133,11 @@ def table_names(index_name: str) -> tuple[str, str]:
     return f"{stem}.shards.parquet", f"{stem}.samples"
 
 
+def beside_index(rel: Any) -> bool:
+    """Whether a table path a header names is a file under the index's folder (no absolute path, ``..`` or URL)."""
+    return isinstance(rel, str) and not (rel.startswith("/") or ".." in rel.split("/") or "://" in rel)
+
+
 # ---- reading ---------------------------------------------------------------------------------------
 def _numbered(part: np.ndarray, row_group: np.ndarray, num_parts: int) -> bool:
     """Groups in order: parts 0..num_parts-1, and in each part row groups 0, 1, 2, …"""
@@ -182,9 +187,15 @@ class ColumnarIndex:
     """
 
     def __init__(
-        self, root: str, header: dict[str, Any], storage_options: dict | None = None, source: str = INDEX_NAME
+        self,
+        root: str,
+        header: dict[str, Any],
+        storage_options: dict | None = None,
+        source: str = INDEX_NAME,
+        tables: dict[str, str] | None = None,
     ) -> None:
         self.root, self.header, self.storage_options, self.source = root, header, storage_options, source
+        self.tables = dict(tables or {})  # local copies of table files (:mod:`.shared_index`), checked as the originals
         try:
             self.length_type = _NUMPY_NAME.get(str(header["columns"]["length"]), str(header["columns"]["length"]))
             self.parts = list(header["tables"]["samples"])
@@ -198,7 +209,7 @@ class ColumnarIndex:
         for rel in [self.shard_entry.get("path")] + [
             p.get("path") if isinstance(p, dict) else None for p in self.parts
         ]:
-            if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or "://" in rel:
+            if not beside_index(rel):
                 raise IndexFormatError(f"{source}: table path {rel!r} is not a file beside the index")
         self.has_output_lengths = "output_length" in header["columns"]
         self._cache: dict[int, np.ndarray] = {}
@@ -230,7 +241,7 @@ class ColumnarIndex:
         count. ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
         import pyarrow as pa
 
-        url = table_url(self.root, rel)
+        url = self.tables.get(rel) or table_url(self.root, rel)
         try:
             f = open_random(url, self.storage_options)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:

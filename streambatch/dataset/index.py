@@ -75,11 +75,24 @@ class ShardIndex:
                 raw = f.read()
         except FileNotFoundError as e:
             raise FileNotFoundError(f"no dataset index at {url}") from e
+        return cls.from_raw(raw, url, storage_options, shard_roots)
+
+    @classmethod
+    def from_raw(
+        cls,
+        raw: bytes,
+        url: str,
+        storage_options: dict | None = None,
+        shard_roots: Sequence[str] = (),
+        tables: dict[str, str] | None = None,
+    ) -> ShardIndex:
+        """An index from the bytes of its index file at ``url``, checked as :meth:`load` checks it. ``tables``: local
+        copies of table files to read instead of those beside ``url`` (:mod:`.shared_index`)."""
         try:
             d = limits.loads(raw)
         except ValueError as e:  # not JSON (or not UTF-8), or nested deeper than the limit
             raise IndexFormatError(f"{url}: not valid JSON ({e})") from e
-        return cls.from_json(d, parent_url(url), url, storage_options, shard_roots)
+        return cls.from_json(d, parent_url(url), url, storage_options, shard_roots, tables)
 
     @classmethod
     def from_json(
@@ -89,9 +102,11 @@ class ShardIndex:
         source: str = "<index>",
         storage_options: dict | None = None,
         shard_roots: Sequence[str] = (),
+        tables: dict[str, str] | None = None,
     ) -> ShardIndex:
-        """An index from its parsed ``index.json``; version 2 reads its tables under ``root``. With a ``root``, its
-        shard URLs must resolve inside it or under one of ``shard_roots`` (:meth:`load`)."""
+        """An index from its parsed ``index.json``; version 2 reads its tables under ``root`` (or the local copies
+        ``tables`` names). With a ``root``, its shard URLs must resolve inside it or under one of ``shard_roots``
+        (:meth:`load`)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise IndexFormatError(
                 f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})"
@@ -113,7 +128,7 @@ class ShardIndex:
         if version == 2:
             if root is None:
                 raise IndexFormatError(f"{source}: a version 2 index needs its folder to read its tables")
-            shards: Sequence[ShardInfo] = ShardList(ColumnarIndex(root, d, storage_options, source))
+            shards: Sequence[ShardInfo] = ShardList(ColumnarIndex(root, d, storage_options, source, tables))
         else:
             try:
                 shards = [ShardInfo.from_json(s) for s in d["shards"]]

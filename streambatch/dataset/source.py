@@ -10,6 +10,7 @@ import braceexpand
 from . import storage
 from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
+from .shared_index import load_index
 
 
 class ShardURLs(Sequence[str]):
@@ -42,14 +43,16 @@ def resolve_source(
     index: str | ShardIndex | None,
     storage_options: dict | None,
     shard_roots: Sequence[str] = (),
+    cache_dir: str | None = None,
 ) -> tuple[ShardIndex | None, Sequence[str]]:
     """(index or None, shard URLs) for a dataset folder, an index file, a shard pattern or a URL list; an
     index's URLs are resolved one at a time (:class:`ShardURLs`), never listed whole, each inside the index's
-    folder or one of ``shard_roots`` (:mod:`.trust`). Shard URLs the user lists are the user's own: not checked."""
+    folder or one of ``shard_roots`` (:mod:`.trust`). Shard URLs the user lists are the user's own: not checked.
+    ``cache_dir``: a remote index is read once per node into it and shared (:mod:`.shared_index`)."""
     if isinstance(index, ShardIndex):
         return index.allow(shard_roots), ShardURLs(index)
     if index is not None:
-        ix = ShardIndex.load(str(index), storage_options, shard_roots)
+        ix = load_index(str(index), storage_options, shard_roots, cache_dir)
         return ix, ShardURLs(ix)
     if isinstance(source, ShardIndex):
         return source.allow(shard_roots), ShardURLs(source)
@@ -57,17 +60,18 @@ def resolve_source(
         return None, expand_urls(source)
     source = str(source)
     if source.endswith(".json"):
-        ix = ShardIndex.load(source, storage_options, shard_roots)
+        ix = load_index(source, storage_options, shard_roots, cache_dir)
         return ix, ShardURLs(ix)
     if source.endswith(".tar") or "{" in source:
         return None, expand_urls(source)
     index_url = storage.join_url(source, INDEX_NAME)
-    if not storage.exists(index_url, storage_options):
+    try:  # no separate existence check: one request less per rank (and none with a node copy)
+        ix = load_index(index_url, storage_options, shard_roots, cache_dir)
+    except FileNotFoundError as e:
         raise FileNotFoundError(
             f"{source}: no {INDEX_NAME} here. Pass a dataset folder written by `shardify write`, an index file, "
             f"a shard pattern like '{source}/shard-{{000000..000009}}.tar', or a list of shard URLs."
-        )
-    ix = ShardIndex.load(index_url, storage_options, shard_roots)
+        ) from e
     return ix, ShardURLs(ix)
 
 
@@ -78,9 +82,11 @@ def open_source(
     storage_options: dict | None,
     shard_roots: Sequence[str] = (),
     max_plan_bytes: int | None = None,
+    cache_dir: str | None = None,
 ) -> tuple[AnyIndex | None, Sequence[str], str]:
     """(index or None, shard URLs, a name for messages) for what the loader reads: one dataset or a mixture of
-    several; every shard URL an index names is checked against its roots here, before anything is read."""
+    several; every shard URL an index names is checked against its roots here, before anything is read. With a
+    ``cache_dir``, one dataset's remote index is read once per node (:mod:`.shared_index`)."""
     sources = mixture_sources(source, weights, shard_roots)
     ix: AnyIndex | None
     urls: Sequence[str]
@@ -89,7 +95,7 @@ def open_source(
         ix = MixedIndex.open(sources, storage_options, shard_roots, **extra)
         urls, name = ShardURLs(ix), "mixture of " + ", ".join(ix.names)
     else:
-        ix, urls = resolve_source(source, index, storage_options, shard_roots)
+        ix, urls = resolve_source(source, index, storage_options, shard_roots, cache_dir)
         name = str(source) if isinstance(source, str) else (ix.root if ix is not None else None) or ""
     if ix is not None:
         ix.check_urls()  # a shard URL outside the roots stops the run here, before any read

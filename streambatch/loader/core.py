@@ -172,8 +172,8 @@ class StreamBatchLoader:
         self.storage_options = storage_options
         self.index: Index | None
         self.urls: Sequence[str]
-        roots, limit = self.read_options.shard_roots, int(self.run.max_plan_bytes)
-        self.index, self.urls, self.name = open_source(source, weights, index, storage_options, roots, limit)
+        roots, limit, node = self.read_options.shard_roots, int(self.run.max_plan_bytes), self.read_options.cache_dir
+        self.index, self.urls, self.name = open_source(source, weights, index, storage_options, roots, limit, node)
 
     def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""

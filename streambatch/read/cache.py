@@ -9,27 +9,18 @@ Locks die with their process; a killed writer's temporary files are removed by t
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import hashlib
 import logging
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from ..dataset.format import size_problem
+from ..dataset.node_files import cache_name, file_lock
 
 log = logging.getLogger("streambatch")
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-[0-9a-f]+-[0-9a-f]+$")
-
-
-def cache_name(url: str) -> str:
-    """The file name a URL is cached under: a hash of the whole URL plus its readable last part."""
-    h = hashlib.sha1(url.encode("utf-8")).hexdigest()[:20]
-    base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
-    return f"{h}-{base}"
 
 
 class ShardCache:
@@ -45,23 +36,8 @@ class ShardCache:
         self.sweep()
 
     # ---- locks -------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _flock(self, path: str, blocking: bool = True) -> Iterator[bool]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except OSError as e:
-                if not blocking and e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    yield False
-                    return
-                raise
-            try:
-                yield True
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    def _flock(self, path: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
+        return file_lock(path, blocking)
 
     def _lock_path(self, name: str) -> str:
         return os.path.join(self.locks, name + ".lock")
