@@ -11,6 +11,7 @@ from conftest import audio_dataset, text_dataset
 
 from streambatch import OptionError, StreamBatchLoader
 from streambatch.cli import main
+from streambatch.read import worker
 
 SR = 8000
 BUDGET = 12 * SR
@@ -36,6 +37,10 @@ def steps_of(batches):
             out.append(sorted(part) if "micro_batch" in b else part)
             part = []
     return out
+
+
+def steps_of_keys(steps):
+    return [x for step in steps for x in steps_of(step)]
 
 
 def planned(it, steps, rank, sort=False):
@@ -81,21 +86,40 @@ def test_a_step_outside_the_epoch_or_a_rank_outside_the_job_is_an_option_error(d
 
 
 def run_to(source, k):
+    """The first ``k`` steps' batches (each a list of its micro-batches) and the state after them."""
     it = iter(source)
-    got = [next(it)["keys"] for _ in range(k)]
+    got = []
+    for _ in range(k):
+        step = [next(it)]
+        while not step[-1].get("last_micro_batch", True):
+            step.append(next(it))
+        got.append(step)
     state = source.state_dict()
     it.close()
     return got, state
 
 
-@pytest.mark.parametrize("saved,skip", [(2, (5, 8)), (3, (3, 6))])
-def test_skipping_a_range_yields_exactly_the_other_steps_on_every_rank(ds, saved, skip, caplog):
-    a, b = skip
+SKIPS = [  # saved at step, skipped steps [a, b) (None: to the end), options, shards streamed (not read by position)
+    (2, (5, 8), {}, False),
+    (3, (3, 6), {}, True),
+    (0, (0, 3), {"hardest_first": True, "even_batches": "pad"}, False),
+    (4, (7, None), {"micro_batches": 2}, True),
+]
+
+
+@pytest.mark.parametrize("saved,skip,options,streamed", SKIPS)
+def test_skipping_a_range_yields_exactly_the_other_steps_on_every_rank(
+    ds, saved, skip, options, streamed, caplog, monkeypatch
+):
+    if streamed:
+        monkeypatch.setattr(worker, "can_read_direct", lambda *a: False)  # every shard through the tar parser
+    options = {"num_workers": 2, **options}
     counts = []
     for rank in range(WORLD):
-        full = [x["keys"] for x in loader(ds, rank, num_workers=2)]
-        before, state = run_to(loader(ds, rank, num_workers=2), saved)
-        resumed = loader(ds, rank, num_workers=2)
+        full = steps_of(loader(ds, rank, **options))
+        a, b = skip[0], skip[1] or len(full)
+        before, state = run_to(loader(ds, rank, **options), saved)
+        resumed = loader(ds, rank, **options)
         planned_skip = [resumed.step_samples(k).batches[rank].keys for k in range(a, b)]
         with caplog.at_level(logging.WARNING, logger="streambatch"):
             resumed.load_state_dict(state, skip_steps=range(a, b))
@@ -103,14 +127,14 @@ def test_skipping_a_range_yields_exactly_the_other_steps_on_every_rank(ds, saved
         assert warned and f"skipping steps {a}-{b - 1} of epoch 0 ({b - a} steps, " in warned[-1]
         n_samples = sum(len(k) for k in planned_skip)
         assert f"{n_samples:,} samples on this rank" in warned[-1]
-        rest = [x["keys"] for x in resumed]
-        assert before + rest == full[:a] + full[b:]  # the rest in order, nothing lost or repeated
-        seen = {k for keys in before + rest for k in keys}
+        rest = steps_of(resumed)
+        assert steps_of_keys(before) + rest == full[:a] + full[b:]  # the rest in order, nothing lost or repeated
+        seen = {k for keys in rest for k in keys}
         assert not seen & {k for keys in planned_skip for k in keys}  # the skipped samples are absent
         stats = resumed.fault_stats()
         assert (stats["skipped_steps"], stats["skipped_samples"]) == (b - a, n_samples)
         assert resumed.epoch == 1 and resumed.state_dict()["skip_steps"] == []
-        counts.append(len(before + rest))
+        counts.append(saved + len(rest))
     assert counts[0] == counts[1]  # every rank steps the same number of times
 
 
@@ -124,7 +148,7 @@ def test_a_state_saved_after_a_skip_was_asked_for_resumes_with_it(ds):
     second = loader(ds, 1, num_workers=2)
     second.load_state_dict(json.loads(json.dumps(again)))
     rest = [x["keys"] for x in second]
-    assert full[:1] + got + rest == full[:4] + full[6:9] + full[10:]
+    assert full[:1] + steps_of_keys(got) + rest == full[:4] + full[6:9] + full[10:]
 
 
 def test_skip_steps_already_consumed_or_beyond_the_epoch_are_refused(ds):
