@@ -1,10 +1,11 @@
 """``shardify inspect``: a dataset's counts, hours or tokens, length percentiles, a suggested budget and bucket
 boundaries; with ``--plan``, what a planned epoch looks like before a job runs (steps per rank, batch sizes,
-padding, budget use). A table, JSON, or a plot."""
+padding, budget use); with ``--step K``, the samples of step K on every rank. A table, JSON, or a plot."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -18,10 +19,10 @@ from ..errors import BudgetError, ShardifyError
 from ..plan.buckets import estimate_boundaries, suggest_budget
 from ..plan.config import parse_budget as parse_any_budget
 from ..plan.epoch import make_epoch_plan
-from ..plan.layout import Layout
+from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
-from .args import SHARED, add_shared, add_storage, opened, positive_int
+from .args import SHARED, add_shared, add_storage, opened, positive_int, shard_roots, storage_options
 
 #: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
 Dataset = ShardIndex | MixedIndex
@@ -73,14 +74,42 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         metavar="N",
         help="DataLoader workers per rank for --plan (default 1)",
     )
+    i.add_argument(
+        "--step",
+        type=non_negative,
+        metavar="K",
+        help="print the samples of step K of --epoch on each rank (one line per rank), as the loader with --budget, "
+        "--seed, --world-size, --num-workers, --even-batches, --num-buckets and --where plans it (no shard is read)",
+    )
+    i.add_argument("--epoch", type=non_negative, default=0, metavar="E", help="epoch for --step (default 0)")
+    i.add_argument("--seed", type=non_negative, default=0, metavar="S", help="the loader's seed for --step (default 0)")
+    i.add_argument(
+        "--even-batches",
+        choices=EVEN_BATCHES,
+        default="split",
+        help="how the ranks get equal steps, for --step (the loader's even_batches; default split)",
+    )
     add_shared(i, "shard_root")
     add_storage(i)
 
 
+def non_negative(s: str) -> int:
+    """A whole number of at least 0 (an argparse type)."""
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {s!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {s!r}")
+    return n
+
+
 def run(args: argparse.Namespace) -> int:
-    """The dataset's (or mixture's) summary, or with ``--plan`` its planned epoch 0."""
+    """The dataset's (or mixture's) summary, or with ``--plan`` its planned epoch 0, or with ``--step`` a step."""
     index = opened(open_index, args)
     _check_tables(index)
+    if args.step is not None:
+        return inspect_step(args)
     if args.plan:
         return _inspect_plan(index, args)
     return inspect_dataset(index, args.out, args.budget, args.num_buckets, args.plot, args.json, args.where)
@@ -385,3 +414,36 @@ def plot_planned(p: dict[str, Any], path: str) -> str:
         fig.suptitle(f"{p['steps']:,} steps per rank, padding {p['padding_pct'] or 0:.1f}%")
 
     return save_plot(path, (10, 4), 2, draw)
+
+
+# ---- one step's samples (--step) ---------------------------------------------------------------------------
+def inspect_step(args: argparse.Namespace) -> int:
+    """``--step K``: the samples of step K of ``--epoch`` on each rank, as the loader with these options plans it
+    (:meth:`~streambatch.StreamBatchLoader.step_samples`; no shard is read)."""
+    if not args.budget:
+        raise ShardifyError("--step needs --budget (`shardify inspect DS` suggests one)")
+    from ..loader.core import StreamBatchLoader  # pulls in torch: only --step needs it
+
+    loader = StreamBatchLoader(
+        args.out,
+        budget=args.budget,
+        where=args.where,
+        storage_options=storage_options(args),
+        shard_roots=shard_roots(args),
+        num_buckets=args.num_buckets,
+        seed=args.seed,
+        rank=0,
+        world_size=args.world_size,
+        num_workers=args.num_workers,
+        even_batches=args.even_batches,
+    )
+    got = loader.step_samples(args.step, epoch=args.epoch)
+    if args.json:
+        ranks = {r: [dataclasses.asdict(s) for s in b.samples] for r, b in got.batches.items()}
+        print(json.dumps({"epoch": got.epoch, "step": got.step, "ranks": ranks}, indent=2))
+        return 0
+    layout = f"{args.world_size} ranks x {args.num_workers} workers, seed {args.seed}"
+    print(f"step {got.step} of epoch {got.epoch} ({layout}):")
+    for line in got.lines():
+        print(line)
+    return 0

@@ -39,6 +39,7 @@ from .messages import (
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
 from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
 from .state import LoaderState, batching_record, pack_mask
+from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
 from .workers import check_sendable, make_dataloader, progress_bar
 
 log = logging.getLogger("streambatch")
@@ -91,6 +92,7 @@ class StreamBatchLoader:
 
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
     _open_passes = 0  # passes begun and not ended: the ring is reclaimed only between passes
+    _skips: SkippedSteps | None = None  # steps a resume skips (loader/steps.py)
 
     def __init__(
         self,
@@ -253,6 +255,10 @@ class StreamBatchLoader:
             plan.datasets = mixture_report(self.index, plan, lengths)
         return plan
 
+    def step_samples(self, step: int, rank: int | None = None, epoch: int | None = None) -> StepSamples:
+        """Which samples were (or will be) in ``step``, every rank's or ``rank``'s (:func:`.steps.step_samples`)."""
+        return step_samples(self, step, rank, epoch)
+
     def _lengths(self, epoch: int) -> Lengths:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
         assert self.index is not None, "planned epochs come from an index"
@@ -354,6 +360,7 @@ class StreamBatchLoader:
             length_plan=self.length_plan,
             filter=self.filter,
             ring=self._ring,
+            skips=self._skips,
         )
 
     def _publish(self, epoch: int) -> int | None:
@@ -393,7 +400,7 @@ class StreamBatchLoader:
         self._meter = EpochMeter(epoch, self.config.budget, self.config.cost, self._unit_per_element())
         self._open_passes += 1
         try:
-            for item in self._progress(metered(self._dataloader, self._meter), epoch, steps):
+            for item in self._progress(metered(skipping(self, self._dataloader), self._meter), epoch, steps):
                 if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
                     yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
                     self._consumed += 1
@@ -466,9 +473,10 @@ class StreamBatchLoader:
             batching=batching_record(self.config),
             earlier_layouts=[run.state_dict() for run in resumed.layouts] if resumed else [],
             excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
+            skip_steps=skip_state(self._skips, self.epoch),
         )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], skip_steps: Iterable[int] = ()) -> None:
         """Continue from a :meth:`state_dict` (of this version or an earlier one): the next iteration yields the
         epoch's remaining batches (:attr:`remaining`), while ``len()`` still counts the whole epoch, consumed
         batches included.
@@ -476,8 +484,8 @@ class StreamBatchLoader:
         With the same world size and workers, the remaining batches are exactly those the uninterrupted run
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
         yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
-        out what was consumed by re-planning only the old ranks that held its own shards.
-        """
+        out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
+        steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (:mod:`~streambatch.loader.steps`)."""
         saved = LoaderState.from_dict(state)
         saved.check(self._own_state())
         self.epoch = saved.epoch
@@ -487,6 +495,7 @@ class StreamBatchLoader:
         self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
         if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
             log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
+        self._skips = resume_skips(self, saved, skip_steps)
 
     def _old_steps(self, layout: Layout, before: Resumed) -> int:
         """The steps an old layout planned for this epoch (a state saved before it recorded them): O(N), once."""

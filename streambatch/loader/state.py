@@ -50,6 +50,9 @@ class LoaderState:
     """The layouts ``epoch`` ran on before a resume on this one (:meth:`EarlierRun.state_dict`), oldest first."""
     excluded: str | None = None
     """A packed mask of consumed samples, from the oldest state format (:func:`pack_mask`)."""
+    skip_steps: list[list[int]] = field(default_factory=list)
+    """Steps of ``epoch`` a resume skips, as ``[[a, b], ...]`` ranges of step numbers from the epoch's start
+    (``load_state_dict(state, skip_steps=...)``): a later resume from this state skips them too."""
     recorded: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     """The keys the saved dict held (all for a state this version made): an absent one is not checked."""
 

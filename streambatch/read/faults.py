@@ -33,6 +33,8 @@ FAULT_FIELDS = (
     "cache_downloads",
     "cache_hits",
     STORAGE_WAIT,
+    "skipped_steps",  # steps a resume skipped (load_state_dict(skip_steps=...)), and their samples
+    "skipped_samples",
 )
 
 T = TypeVar("T")

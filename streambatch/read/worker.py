@@ -24,6 +24,7 @@ from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import LengthPlan, PlannedLengths, planned_lengths
 from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
+from ..plan.skips import SkippedBatch, SkippedSteps, batch_runs
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, stream_lengths
 from .collate import Decode, collate, split_micro_batches
 from .direct import DirectShards, can_read_direct
@@ -116,6 +117,7 @@ class SlotContext:
     length_plan: LengthPlan | None = None  # speed perturbation / feature frames (plan/perturb.py)
     filter: PlanFilter | None = None  # ``where=``
     ring: BatchRing | None = None  # reused shared-memory batch buffers per worker (read/ring.py)
+    skips: SkippedSteps | None = None  # steps a resume skips (plan/skips.py)
 
     @property
     def num_slots(self) -> int:
@@ -154,33 +156,52 @@ class EpochStream(IterableDataset):
             rank=ctx.rank,
         )
         place = ctx.ring.writer(physical) if ctx.ring is not None and torch.utils.data.get_worker_info() else None
+        skip = ctx.skips.worker_batches(st.epoch, counts, st.start, worker) if ctx.skips is not None else []
         yield from stream_slot(
-            ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults, place
+            ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults, place, skip
         )
 
 
 def stream_slot(
-    ctx: SlotContext, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None = None, place: Any = None
+    ctx: SlotContext,
+    epoch: int,
+    slot: int,
+    adj: Adjust,
+    first: int,
+    faults: FaultLog | None = None,
+    place: Any = None,
+    skip: Sequence[tuple[int, int]] = (),
 ) -> Iterator[Any]:
     """The one place the read stages are composed, for one (rank, worker) slot; ``place`` (a worker's
-    :class:`~streambatch.read.ring.RingWriter`) makes each batch in a reused shared-memory buffer."""
+    :class:`~streambatch.read.ring.RingWriter`) makes each batch in a reused shared-memory buffer; ``skip``: ranges
+    of the slot's batch numbers a resume skips (each yielded as a :class:`~streambatch.plan.skips.SkippedBatch`)."""
     opts = ctx.collate
     if opts.per_sample is not None:  # per-sample randomness follows the epoch
         opts = dataclasses.replace(opts, per_sample=opts.per_sample.for_epoch(epoch))
     checked = CheckedBatches(opts, faults)
     if ctx.index is not None:
-        batches = _planned_batches(ctx, ctx.index, epoch, slot, adj, first, faults)
+        batches = _planned_batches(ctx, ctx.index, epoch, slot, adj, first, faults, skip)
     else:
         batches = _online_batches(ctx, epoch, slot, adj, faults)
     texts = TableText.of(ctx.index)  # transcripts the tars do not hold (an adopted NeMo dataset's)
     for batch in batches:
+        if isinstance(batch, SkippedBatch):
+            yield batch
+            continue
         batch = texts(batch) if texts is not None else batch
         yield checked(batch) if place is None else place(lambda b=batch: checked(b))
 
 
 def _planned_batches(
-    ctx: SlotContext, index: AnyIndex, epoch: int, slot: int, adj: Adjust, first: int, faults: FaultLog | None
-) -> Iterator[list[dict[str, Any]]]:
+    ctx: SlotContext,
+    index: AnyIndex,
+    epoch: int,
+    slot: int,
+    adj: Adjust,
+    first: int,
+    faults: FaultLog | None,
+    skip: Sequence[tuple[int, int]] = (),
+) -> Iterator[Any]:
     """With an index (``ctx.index``): re-plan this slot, equalise it as the epoch plan said, stream what it
     still needs."""
     lengths = ctx.lengths(index, epoch)
@@ -222,12 +243,29 @@ def _planned_batches(
             positioned(samples, needed, offsets, excluded), part, start, by_pos, faults, ctx.read.reservoir, index_pos
         )
 
-    if adj.hardest and first == 0 and plan.batches:
-        # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
-        # holding everything the stream delivers before it
-        yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0, last=False)
-        first = 1
-    yield from run(plan, first)
+    runs = batch_runs(first, len(plan.batches), skip)
+    for i, (lo, hi, kept) in enumerate(runs):
+        if not kept:  # steps a resume skips: a marker each, nothing read
+            yield from _skipped(plan.batches[lo:hi], faults)
+            continue
+        if adj.hardest and lo == 0:
+            # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
+            # holding everything the stream delivers before it
+            yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0, last=False)
+            lo = 1
+        part = plan if hi == len(plan.batches) else SlotPlan(plan.pieces, plan.gids, plan.batches[:hi], plan.repeat)
+        yield from run(part, lo, last=i == len(runs) - 1)
+    if not runs or not runs[-1][2]:
+        yield from run(plan, len(plan.batches))  # nothing left to read: the end of the slot's reading
+
+
+def _skipped(batches: Sequence[Any], faults: FaultLog | None) -> Iterator[SkippedBatch]:
+    """A :class:`SkippedBatch` for each batch a resume skips, counted as ``skipped_steps``/``skipped_samples``."""
+    for b in batches:
+        if faults is not None:
+            faults.add("skipped_steps")
+            faults.add("skipped_samples", len(b))
+        yield SkippedBatch(len(b))
 
 
 def _online_batches(
