@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..dataset.source import open_source
 from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError
 from ..plan.budget import parse_budget
-from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan, plan_rank_local
+from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan
 from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
@@ -28,16 +27,10 @@ from ..read.collate import Decode
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .mesh import data_parallel
-from .messages import (
-    check_shortest_fits,
-    empty_epoch_message,
-    mixture_report,
-    plan_line,
-    resume_line,
-    unindexed_empty_message,
-)
+from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
 from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
+from .planning import plan_schedule
 from .state import LoaderState, batching_record, pack_mask
 from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
 from .workers import check_sendable, make_dataloader, progress_bar
@@ -276,30 +269,8 @@ class StreamBatchLoader:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
         if e not in self._schedules:
-            t0 = time.perf_counter()
-            lengths = self._lengths(e)
-            local = self._rank_local(e)
-            if local:
-                excluded = self._excluded_in(e, lengths)
-                agree = self.data_parallel.gather  # one all_gather over the data-parallel ranks
-                sched = plan_rank_local(lengths, self.config, e, self.rank, self.layout, agree, excluded)
-            else:
-                sched = RankSchedule.of(self._whole_plan(e, lengths), self.rank)
-            log.info(plan_line(sched, self.layout, self.rank, local, lengths.loaded, time.perf_counter() - t0))
-            if sched.steps == 0 and self._earlier(e) == 0:
-                raise EmptyEpochError(empty_epoch_message(self, sched, local))
-            self._schedules = {e: sched}
+            self._schedules = {e: plan_schedule(self, e)}
         return self._schedules[e]
-
-    def _rank_local(self, epoch: int) -> bool:
-        """Whether this epoch is planned rank-locally (``planning`` option and a process group of this layout)."""
-        possible = self.data_parallel.can_agree()
-        if self.planning == "local" and not possible:
-            raise ValueError(
-                f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "
-                f"{self.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
-            )
-        return self.planning != "global" and possible
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
         selection = left_out(self.index, self.filter, epoch, self._seed, lengths.offsets)

@@ -1,0 +1,46 @@
+"""How the loader plans one epoch of its rank: rank-locally with one small collective over the data-parallel
+ranks when a process group allows it, else the whole epoch on this rank (O(N)); the ``planning`` option decides."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import EmptyEpochError
+from ..plan.epoch import RankSchedule, plan_rank_local
+from .messages import empty_epoch_message, plan_line
+
+if TYPE_CHECKING:
+    from .core import StreamBatchLoader
+
+log = logging.getLogger("streambatch")
+
+
+def plan_schedule(loader: StreamBatchLoader, epoch: int) -> RankSchedule:
+    """This rank's batches in ``epoch``, planned as ``loader.planning`` says and logged in one line; an epoch
+    that gives no batch (and none before a resume) is an :class:`EmptyEpochError`."""
+    t0 = time.perf_counter()
+    lengths = loader._lengths(epoch)
+    local = rank_local(loader)
+    if local:
+        excluded = loader._excluded_in(epoch, lengths)
+        agree = loader.data_parallel.gather  # one all_gather over the data-parallel ranks
+        sched = plan_rank_local(lengths, loader.config, epoch, loader.rank, loader.layout, agree, excluded)
+    else:
+        sched = RankSchedule.of(loader._whole_plan(epoch, lengths), loader.rank)
+    log.info(plan_line(sched, loader.layout, loader.rank, local, lengths.loaded, time.perf_counter() - t0))
+    if sched.steps == 0 and loader._earlier(epoch) == 0:
+        raise EmptyEpochError(empty_epoch_message(loader, sched, local))
+    return sched
+
+
+def rank_local(loader: StreamBatchLoader) -> bool:
+    """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""
+    possible = loader.data_parallel.can_agree()
+    if loader.planning == "local" and not possible:
+        raise ValueError(
+            f"planning='local' needs an initialised torch.distributed group of rank {loader.rank} in "
+            f"{loader.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
+        )
+    return loader.planning != "global" and possible
