@@ -61,10 +61,8 @@ class StreamBatchLoader:
       folders, or a mixture file.
     * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
       ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
-    * ``weights``: per-dataset weights when ``source`` names several datasets (``{name: weight}`` or a list of
-      numbers; a dataset of N samples gives ``round(w·N)`` per epoch), or a schedule of them: a list with one entry
-      per epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this
-      process only (:mod:`streambatch.dataset.schedule`).
+    * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
+      epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this process.
     * ``index``: an index file or :class:`~streambatch.dataset.index.ShardIndex` to plan from.
     * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
       (``"language = 'de' AND snr > 10"``; DuckDB).

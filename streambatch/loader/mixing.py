@@ -44,7 +44,7 @@ def follow(loader: Any, epoch: int) -> None:
     if schedule is None:
         return
     ix = schedule.index_for(epoch)
-    if ix is loader.index:
+    if ix.state() == loader.index.state():  # already laid out for these weights and windows
         return
     loader.index, loader.urls = ix, ShardURLs(ix)
     if loader.filter is not None:
@@ -74,7 +74,7 @@ def epoch_index(loader: Any, epoch: int) -> Any:
     """The index ``epoch`` is planned from: the loader's; under a weight schedule it must be laid out for that
     epoch (``schedule(epoch)`` of another epoch: set the epoch first)."""
     schedule: WeightSchedule | None = loader.weight_schedule
-    if schedule is not None and schedule.index_for(epoch) is not loader.index:
+    if schedule is not None and schedule.index_for(epoch).state() != loader.index.state():
         raise ValueError(
             f"the mixture's weights follow a schedule and this loader is at epoch {loader.epoch}: call "
             f"set_epoch({epoch}) before planning epoch {epoch}"
@@ -91,8 +91,9 @@ def to_saved_epoch(loader: Any, saved: Any) -> None:
         return
     now = {row[0]: row[1] for row in loader.index.state()}
     then = {row[0]: row[1] for row in saved.mixture or [] if isinstance(row, (list, tuple)) and len(row) >= 2}
+    what = f"the weights {now}" if now != then else "the same weights after other weights before it"
     raise ValueError(
         f"state was saved at epoch {saved.epoch} with weights {then} (mixture {saved.mixture}); this loader's weight "
-        f"schedule gives epoch {saved.epoch} the weights {now} (mixture {loader.index.state()}): resume with the "
-        "schedule the state was saved with"
+        f"schedule gives epoch {saved.epoch} {what} (mixture {loader.index.state()}): resume with the schedule the "
+        "state was saved with"
     )

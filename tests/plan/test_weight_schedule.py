@@ -5,7 +5,6 @@ epoch, a resume mid-epoch continues exactly (0 and 2 workers), and every epoch's
 from __future__ import annotations
 
 import collections
-from pathlib import Path
 
 import pytest
 
@@ -123,6 +122,10 @@ def test_plan_of_another_epoch_and_planned_metrics_after_a_pass(datasets):
     shares = {name: row["samples"] for name, row in loader.plan(0).datasets.items()}
     assert shares == {"a": 20, "b": 12}  # epoch 0's weights, while the loader stays at epoch 1
     assert {name: row["samples"] for name, row in loader.plan().datasets.items()} == {"a": 60, "b": 12}
+    steps = len(loader)
+    assert {name: row["samples"] for name, row in loader.plan(2).datasets.items()} == {"a": 20, "b": 24}
+    loader.plan(3)
+    assert len(loader) == steps and loader.state_dict()["mixture"][0][:2] == ["a", 3.0]  # still at epoch 1
     list(loader)  # epoch 1's pass: the loader moves on to epoch 2
     assert loader.epoch == 2
     assert loader.metrics(planned=True)["planned"]  # of the pass just finished (epoch 1), on its weights
@@ -160,7 +163,7 @@ def test_where_follows_the_schedule(datasets):
         check_counts(epoch, batches)
 
 
-def test_a_single_entry_schedule_takes_like_fixed_weights(datasets, tmp_path: Path):
+def test_a_single_entry_schedule_takes_like_fixed_weights(datasets):
     """Counts equal to fixed weights' (the draw continues its cycles either way)."""
     fixed = run_epochs(make(datasets, {"a": 1, "b": 2}), 2)
     scheduled = run_epochs(make(datasets, [{"a": 1, "b": 2}]), 2)
