@@ -169,3 +169,21 @@ def test_a_single_entry_schedule_takes_like_fixed_weights(datasets):
     scheduled = run_epochs(make(datasets, [{"a": 1, "b": 2}]), 2)
     for f, s in zip(fixed, scheduled):
         assert collections.Counter(x for b in f for x in b) == collections.Counter(x for b in s for x in b)
+
+
+def test_resume_mid_epoch_on_another_world_size_takes_the_epochs_weights(datasets):
+    """Two ranks stop 2 steps into the second epoch; three ranks resume it: together exactly its weights' counts."""
+    old = [make(datasets, SCHEDULE, rank=r, world_size=2) for r in range(2)]
+    before, states = [], []
+    for loader in old:
+        loader.set_epoch(1)
+        it = iter(loader)
+        before += samples(next(it) for _ in range(2))
+        states.append(loader.state_dict())
+    new = [make(datasets, SCHEDULE, rank=r, world_size=3) for r in range(3)]
+    after = []
+    for r, loader in enumerate(new):
+        loader.load_state_dict(states[r % 2])
+        after += samples(loader)
+    assert len({len(loader) for loader in new}) == 1
+    check_counts(1, before + after)
