@@ -64,7 +64,7 @@ def _sources(items: list[tuple[str, str]], weights: Any) -> list[Source]:
         raise ValueError(
             f"dataset names must differ; {', '.join(dup)} appears more than once (use a {{name: folder}} mapping)"
         )
-    w = _weights(weights, names)
+    w = weights_by_name(weights, names)
     return [Source(n, u, w[n]) for n, u in items]
 
 
@@ -72,7 +72,9 @@ def _name(url: str) -> str:
     return os.path.basename(url.rstrip("/")) or url
 
 
-def _weights(weights: Any, names: list[str]) -> dict[str, float]:
+def weights_by_name(weights: Any, names: list[str]) -> dict[str, float]:
+    """Each dataset's weight from ``weights`` as the user gave them (a ``{name: weight}`` mapping, a dataset not
+    named weighing 1, or a list of numbers in the datasets' order), checked: an :class:`OptionError` naming it."""
     if weights is None:
         return {n: 1.0 for n in names}
     if isinstance(weights, Mapping):
@@ -160,18 +162,28 @@ class MixedIndex:
     """The indexes of a mixture's datasets as one index: the planner's shard table and lengths, the readers'
     shard URLs and checksums, and each epoch's :class:`~streambatch.plan.mixing.Selection`."""
 
-    def __init__(self, sources: Sequence[Source], indexes: Sequence[ShardIndex], max_plan_bytes: int = MAX_PLAN_BYTES):
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        indexes: Sequence[ShardIndex],
+        max_plan_bytes: int = MAX_PLAN_BYTES,
+        starts: Sequence[int] | None = None,
+        tables: list[dict[str, np.ndarray]] | None = None,
+    ):
         self.sources, self.indexes = list(sources), list(indexes)
         self.names = [s.name for s in self.sources]
         _check_units(self.sources, self.indexes)
         self.unit, self.sample_rate = self.indexes[0].unit, self.indexes[0].sample_rate
         self.root: str | None = None
         self.meta: dict[str, Any] = {}
-        self.version = 2
+        self.version, self.max_plan_bytes, self.starts = 2, max_plan_bytes, starts
         self.draws = [
-            DatasetDraw.of(ix.num_samples, s.weight, 0, d) for d, (s, ix) in enumerate(zip(self.sources, self.indexes))
+            DatasetDraw.of(ix.num_samples, s.weight, 0, d, None if starts is None else starts[d])
+            for d, (s, ix) in enumerate(zip(self.sources, self.indexes))
         ]
-        self._tables = [ix.shard_table(("count", "total_length", "min_length", "max_length")) for ix in self.indexes]
+        self._tables = tables or [
+            ix.shard_table(("count", "total_length", "min_length", "max_length")) for ix in indexes
+        ]
         shards = [len(t["count"]) for t in self._tables]
         check_plan_size([(s.name, s.weight) for s in self.sources], self.draws, shards, max_plan_bytes)
         # the virtual shards: for each dataset, its shards once per copy, in blocks of (dataset, copy)
@@ -203,6 +215,13 @@ class MixedIndex:
                 )
             indexes.append(ShardIndex.load(url, storage_options, shard_roots))
         return cls(sources, indexes, max_plan_bytes)
+
+    def reweighted(self, weights: Mapping[str, float], starts: Sequence[int]) -> MixedIndex:
+        """The same datasets with other weights, each dataset's window beginning at ``starts`` in its cycle
+        sequence (one epoch of a weight schedule): the indexes are shared, the virtual shards laid out anew, the
+        plan's size checked against ``max_plan_bytes`` as at construction."""
+        sources = [dataclasses.replace(s, weight=float(weights[s.name])) for s in self.sources]
+        return MixedIndex(sources, self.indexes, self.max_plan_bytes, list(starts), self._tables)
 
     def check_urls(self) -> None:
         """Refuse the mixture if a dataset's shard URL points outside its roots (:meth:`ShardIndex.check_urls`)."""
@@ -306,7 +325,9 @@ class MixedIndex:
 
     # ---- per epoch --------------------------------------------------------------------------------
     def needs_selection(self) -> bool:
-        return any(draw.take != draw.size for draw in self.draws)
+        """Whether the epoch leaves samples out or repeats them (not when each dataset is taken once, in whole
+        cycles)."""
+        return any(d.take != d.size or (d.start or 0) % max(1, d.size) for d in self.draws)
 
     def selection(self, epoch: int, seed: int) -> Selection | None:
         """The samples epoch ``epoch`` leaves out (None when every dataset is taken exactly once); the
@@ -327,8 +348,10 @@ class MixedIndex:
         return dataset, copy, ids
 
     def state(self) -> list[list[Any]]:
-        """What a checkpoint records of the mixture (names, weights, sizes), to refuse another one."""
-        return [[s.name, s.weight, ix.num_samples] for s, ix in zip(self.sources, self.indexes)]
+        """What a checkpoint records of the mixture (names, weights, sizes; under a weight schedule also where
+        the epoch begins in each dataset's cycles), to refuse another one."""
+        rows = [[s.name, s.weight, ix.num_samples] for s, ix in zip(self.sources, self.indexes)]
+        return rows if self.starts is None else [[*row, int(a)] for row, a in zip(rows, self.starts)]
 
 
 def _check_units(sources: Sequence[Source], indexes: Sequence[ShardIndex]) -> None:

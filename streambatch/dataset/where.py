@@ -12,6 +12,7 @@ kept share of each shard's length (so shards are dealt by the length they keep),
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import threading
@@ -212,13 +213,25 @@ class PlanFilter:
             kept = [p.kept_totals(checker) for p in self.parts]
         self.kept = int(sum(int(c.sum()) for c, _ in kept))
         self.total = int(sum(ix.num_samples for ix in ixs))
-        shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
-        blocks = index.blocks if isinstance(index, MixedIndex) else None
-        self.scale = (
-            shares[0] if blocks is None else (np.concatenate([shares[d] for d, _ in blocks]) if blocks else np.zeros(0))
-        )
+        self.shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
+        self.scale = self._scale()
         if self.kept == 0:
             raise ValueError(f"where={self.expr!r} keeps none of the {self.total:,} samples")
+
+    def _scale(self) -> np.ndarray:
+        """Per plan shard, the share of its length the filter keeps (a mixture's: per virtual shard)."""
+        blocks = self.index.blocks if isinstance(self.index, MixedIndex) else None
+        if blocks is None:
+            return self.shares[0]
+        return np.concatenate([self.shares[d] for d, _ in blocks]) if blocks else np.zeros(0)
+
+    def relaid(self, index: MixedIndex) -> PlanFilter:
+        """The same filter over the same datasets laid out as another epoch's mixture (a weight schedule's), without
+        evaluating it again."""
+        out = copy.copy(self)
+        out.index = index
+        out.scale = out._scale()
+        return out
 
     def keep(self, shard: int) -> np.ndarray:
         """Which samples of plan shard ``shard`` (tar order) the filter keeps."""

@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader
 
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex
-from ..dataset.source import open_source
 from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError
 from ..plan.budget import parse_budget
@@ -29,6 +28,7 @@ from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext
 from .mesh import data_parallel
 from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
+from .mixing import at_epoch, epoch_index, follow, open_scheduled, to_saved_epoch
 from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
 from .planning import plan_schedule
 from .state import LoaderState, batching_record, pack_mask
@@ -55,7 +55,8 @@ class StreamBatchLoader:
       folders, or a mixture file.
     * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
       ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
-    * ``weights``: per-dataset weights when ``source`` names several datasets.
+    * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
+      epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this process.
     * ``index``: an index file or :class:`~streambatch.dataset.index.ShardIndex` to plan from.
     * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
       (``"language = 'de' AND snr > 10"``; DuckDB).
@@ -168,7 +169,8 @@ class StreamBatchLoader:
         self.index: Index | None
         self.urls: Sequence[str]
         roots, limit, node = self.read_options.shard_roots, int(self.run.max_plan_bytes), self.read_options.cache_dir
-        self.index, self.urls, self.name = open_source(source, weights, index, storage_options, roots, limit, node)
+        opened = open_scheduled(source, weights, index, storage_options, roots, limit, node)  # weights: maybe per epoch
+        self.index, self.urls, self.name, self.weight_schedule = opened
 
     def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
@@ -235,6 +237,7 @@ class StreamBatchLoader:
         if int(epoch) != self.epoch:
             self._consumed = 0
         self.epoch = int(epoch)
+        follow(self, self.epoch)  # a weight schedule: the mixture of this epoch's weights
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The epoch's plan for every rank and worker (requires an index). O(N): it reads every length; for
@@ -242,10 +245,11 @@ class StreamBatchLoader:
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = self.epoch if epoch is None else int(epoch)
-        lengths = self._lengths(e)
-        plan = self._whole_plan(e, lengths)
-        if isinstance(self.index, MixedIndex):
-            plan.datasets = mixture_report(self.index, plan, lengths)
+        with at_epoch(self, e):
+            lengths = self._lengths(e)
+            plan = self._whole_plan(e, lengths)
+            if isinstance(self.index, MixedIndex):
+                plan.datasets = mixture_report(self.index, plan, lengths)
         return plan
 
     def step_samples(self, step: int, rank: int | None = None, epoch: int | None = None) -> StepSamples:
@@ -256,7 +260,7 @@ class StreamBatchLoader:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
         assert self.index is not None, "planned epochs come from an index"
         kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
-        return planned_lengths(index_lengths(self.index, kept), self.length_plan, self.config.seed, epoch)
+        return planned_lengths(index_lengths(epoch_index(self, epoch), kept), self.length_plan, self.config.seed, epoch)
 
     def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
         return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths))
@@ -392,7 +396,7 @@ class StreamBatchLoader:
         log.info(metrics_line(self.metrics()))
         self._consumed = 0
         self._resumed, self._saved_steps = None, None
-        self.epoch = epoch + 1  # a finished pass moves on: state_dict() now points at the next epoch
+        self.set_epoch(epoch + 1)  # a finished pass moves on: state_dict() now points at the next epoch
 
     def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterable[Any]:
         """With ``progress=True``, a tqdm bar over the pass (from the batches already consumed)."""
@@ -417,9 +421,10 @@ class StreamBatchLoader:
         out.update(storage_figures(self._fault_counts, self.fault_stats()))
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
-            out["planned"] = planned_figures(
-                self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget, self.config.cost
-            )
+            with at_epoch(self, epoch):  # a weight schedule: that epoch's mixture
+                out["planned"] = planned_figures(
+                    self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget, self.config.cost
+                )
         return out
 
     # ---- resumption ---------------------------------------------------------------------------------
@@ -458,8 +463,8 @@ class StreamBatchLoader:
         out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
         steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (:mod:`~streambatch.loader.steps`)."""
         saved = LoaderState.from_dict(state)
+        to_saved_epoch(self, saved)  # a weight schedule: the epoch's weights, checked against the saved ones
         saved.check(self._own_state())
-        self.epoch = saved.epoch
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         n = self.index.num_samples if self.index is not None else 0

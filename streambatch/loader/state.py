@@ -41,7 +41,8 @@ class LoaderState:
     num_samples: int | None = None
     """Samples in the dataset (None without an index)."""
     mixture: Any = None
-    """A mixture's datasets and weights (:meth:`~streambatch.dataset.mixture.MixedIndex.state`), else None."""
+    """A mixture's datasets and weights (:meth:`~streambatch.dataset.mixture.MixedIndex.state`), else None; under a
+    weight schedule the weights in force for ``epoch`` and where it begins in each dataset."""
     where: str | None = None
     """The filter expression, else None."""
     batching: dict[str, Any] | None = None

@@ -78,19 +78,25 @@ class DatasetDraw:
     take: int
     seed: int
     dataset: int  # the dataset's number in the mixture: its permutations differ from the others'
+    start: int | None = None
+    """Where the epoch's window begins in the cycle sequence; None: ``epoch · take`` (fixed weights). A weight
+    schedule starts each epoch where the one before ended (the sum of the earlier epochs' takes)."""
 
     @classmethod
-    def of(cls, size: int, weight: float, seed: int, dataset: int) -> DatasetDraw:
+    def of(cls, size: int, weight: float, seed: int, dataset: int, start: int | None = None) -> DatasetDraw:
         if not np.isfinite(weight) or weight < 0:
             raise ValueError(f"dataset weight must be a finite number >= 0, got {weight}")
-        return cls(int(size), int(round(weight * size)), int(seed), int(dataset))
+        return cls(int(size), int(round(weight * size)), int(seed), int(dataset), None if start is None else int(start))
 
     @property
     def copies(self) -> int:
         """Most times an epoch can take one sample: ``take // size``, plus two where an epoch's window starts
-        or ends inside a cycle (a sample may then be in the end of one cycle and the start of the next)."""
+        or ends inside a cycle (a sample may then be in the end of one cycle and the start of the next); with
+        a known ``start``, exactly the cycles the window touches."""
         if self.size == 0 or self.take == 0:
             return 0
+        if self.start is not None:
+            return (self.start + self.take - 1) // self.size - self.start // self.size + 1
         q, m = divmod(self.take, self.size)
         return q + 2 if m else q
 
@@ -106,7 +112,8 @@ class DatasetDraw:
         out = np.zeros(ids.size, dtype=np.int64)
         if self.take == 0 or ids.size == 0:
             return out
-        lo, hi, n = epoch * self.take, (epoch + 1) * self.take, self.size
+        lo = epoch * self.take if self.start is None else self.start
+        hi, n = lo + self.take, self.size
         first, last = lo // n, (hi - 1) // n
         out += max(0, last - first - 1)  # the cycles strictly inside the window: every sample once each
         for cycle in sorted({first, last}):  # the cycles at its ends may be cut: each sample's place decides
