@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import EmptyEpochError
 from ..plan.epoch import RankSchedule, plan_rank_local
 from .messages import empty_epoch_message, plan_line
 
-if TYPE_CHECKING:
-    from .core import StreamBatchLoader
-
 log = logging.getLogger("streambatch")
 
 
-def plan_schedule(loader: StreamBatchLoader, epoch: int) -> RankSchedule:
-    """This rank's batches in ``epoch``, planned as ``loader.planning`` says and logged in one line; an epoch
-    that gives no batch (and none before a resume) is an :class:`EmptyEpochError`."""
+def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
+    """This rank's batches in ``epoch`` (``loader``: a :class:`~streambatch.loader.core.StreamBatchLoader`),
+    planned as ``loader.planning`` says and logged in one line; an epoch that gives no batch (and none before a
+    resume) is an :class:`EmptyEpochError`."""
     t0 = time.perf_counter()
     lengths = loader._lengths(epoch)
     local = rank_local(loader)
@@ -35,7 +33,7 @@ def plan_schedule(loader: StreamBatchLoader, epoch: int) -> RankSchedule:
     return sched
 
 
-def rank_local(loader: StreamBatchLoader) -> bool:
+def rank_local(loader: Any) -> bool:
     """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""
     possible = loader.data_parallel.can_agree()
     if loader.planning == "local" and not possible:
