@@ -113,7 +113,7 @@ def shard_members(index: Any, shard: int) -> ShardMembers:
     if all(f is None or f == WHOLE for f in frames):
         return ShardMembers(suffixes)
     spans = index.sample_offsets(shard)
-    keys = _keys(index, shard)
+    keys = shard_keys(index, shard)
     if spans is None or keys is None:
         raise ValueError(f"{index.shard_url(shard)}: the index has segments but no byte offsets or keys for them")
     rows = ShardRows.build(spans[0], keys, index.shard_values(shard, SEGMENT_START) or [], frames)
@@ -124,7 +124,7 @@ def _ints(values: Sequence[Any]) -> np.ndarray:
     return np.asarray([WHOLE if x is None else int(x) for x in values], dtype=np.int64)
 
 
-def _keys(index: Any, shard: int) -> list[str] | None:
+def shard_keys(index: Any, shard: int) -> list[str] | None:
     """The keys of a shard's rows (a version 2 index reads the key column of the shard's row group)."""
     reader = getattr(index.shards, "reader", None)
     if reader is not None:

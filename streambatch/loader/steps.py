@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.members import _keys as shard_keys
+from ..dataset.members import shard_keys
 from ..dataset.mixture import MixedIndex
 from ..dataset.where import left_out
 from ..errors import OptionError
