@@ -79,7 +79,6 @@ class Consumed(LazyMask):
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)
         self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of ranks re-planned)
-        self._slots: dict[int, np.ndarray] = {}  # shard -> the old slot of each of its samples
         self._ranks: set[int] = set()  # old ranks re-planned so far
 
     def _mask(self, gids: np.ndarray) -> np.ndarray:
@@ -88,22 +87,34 @@ class Consumed(LazyMask):
         offsets = self.lengths.offsets
         for s, sel in by_shard(gids, offsets):
             pos = gids[sel] - offsets[s]
-            for r in np.unique(self._old_slots(s)[pos] // self.layout.num_workers):
-                self._consume_rank(int(r))
+            if not self._ranks.issuperset(self._candidate_ranks(s)):
+                for r in np.unique(self._old_slots(s)[pos] // self.layout.num_workers):
+                    self._consume_rank(int(r))
             if s in self._marks:
                 out[sel] = self._marks[s][pos]
         if self.prior is not None and gids.size:
             out |= np.asarray(self.prior[gids], dtype=bool)
         return out
 
+    def _candidate_ranks(self, shard: int) -> range:
+        """The old ranks the shard's samples can have gone to, from its span of the running total alone (a
+        superset of :meth:`_old_slots`'s ranks): once they are all re-planned, no sample needs its slot."""
+        deal = self._deal
+        if deal.total <= 0:
+            return range(1)
+        p, slack = int(self._position[shard]), 1e-9 * deal.total  # slack: rounding of the sums never drops a rank
+        lo, hi = (
+            min(int(v * deal.num_slots / deal.total), deal.num_slots - 1)
+            for v in (max(0.0, deal.prefix[p] - slack), deal.prefix[p + 1] + slack)
+        )
+        return range(lo // self.layout.num_workers, hi // self.layout.num_workers + 1)
+
     def _old_slots(self, shard: int) -> np.ndarray:
-        """The old slot each sample of the shard was dealt to."""
-        if shard not in self._slots:
-            if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to rank 0, which has none
-                self._slots[shard] = np.zeros(int(self.lengths.counts[shard]), dtype=np.int64)
-            else:
-                self._slots[shard] = self._deal.slot_of(int(self._position[shard]))
-        return self._slots[shard]
+        """The old slot each sample of the shard was dealt to (recomputed when asked, not kept: it would
+        cost 8 bytes a sample, the most of a resume's memory)."""
+        if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to rank 0, which has none
+            return np.zeros(int(self.lengths.counts[shard]), dtype=np.int64)
+        return self._deal.slot_of(int(self._position[shard]))
 
     def _consume_rank(self, rank: int) -> None:
         """Re-plan one old rank as it ran (its slots, equalised to the old step count) and mark the samples
