@@ -26,9 +26,7 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
     """The arguments of ``shardify export`` (read back by :func:`run`)."""
     add_shared(e, "out", "the dataset to export: its folder or URL (or its index.json)")
     e.add_argument("--format", choices=FORMATS, required=True, help="what to write: nemo-tarred (NeMo's manifests)")
-    e.add_argument(
-        "--out", dest="dest", metavar="DIR", required=True, help="folder or URL to write the manifests into"
-    )
+    e.add_argument("--out", dest="dest", metavar="DIR", required=True, help="folder or URL to write the manifests into")
     e.add_argument(
         "--empty-text",
         action="store_true",

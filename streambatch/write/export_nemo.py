@@ -22,6 +22,7 @@ which our ``shard-NNNNNN.tar`` names do not follow: :func:`export_nemo` can link
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -112,7 +113,9 @@ def export_nemo(
         whole = storage.AtomicWriter(result.manifest, storage_options)
         writers.append(whole)
         for shard, url in _shards(urls, progress):
-            part = storage.AtomicWriter(storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options)
+            part = storage.AtomicWriter(
+                storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options
+            )
             writers.append(part)
             for entry in shard_entries(index, shard, url, storage_options, empty_text, result):
                 line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
@@ -129,6 +132,9 @@ def export_nemo(
     except BaseException:
         for w in writers:
             w.abort()
+        if storage.is_local(out):
+            with contextlib.suppress(OSError):  # only when empty: the folder this run made
+                os.rmdir(os.path.join(storage.local_path(out), SHARDED_DIR))
         raise
     for w in writers[1:] + writers[:1]:  # the whole manifest last: it says the export is complete
         w.publish()
@@ -215,7 +221,7 @@ def _text(text: Any, empty_text: bool, url: str, key: str) -> str:
     if empty_text:
         return ""
     raise ShardifyError(
-        f"{url}: sample {key!r} has no text (NeMo's manifests need one; pass --empty-text to write \"\")"
+        f'{url}: sample {key!r} has no text (NeMo\'s manifests need one; pass --empty-text to write "")'
     )
 
 
@@ -255,7 +261,9 @@ def _check_out(out: str, storage_options: dict | None, overwrite: bool) -> None:
     names = [n for n in storage.listdir(out, storage_options) if not is_lock_file(n)]
     ours = [n for n in names if n in (MANIFEST_NAME, SHARDED_DIR, PATHS_NAME, LINKS_DIR)]
     if ours:
-        raise ShardifyError(f"{out}: already holds an export ({', '.join(sorted(ours))}); pass --overwrite to replace it")
+        raise ShardifyError(
+            f"{out}: already holds an export ({', '.join(sorted(ours))}); pass --overwrite to replace it"
+        )
 
 
 def _make_links(out: str, urls: list[str], overwrite: bool) -> str:
