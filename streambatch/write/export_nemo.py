@@ -104,8 +104,9 @@ def export_nemo(
     refused unless ``overwrite``."""
     urls = index.shard_urls()  # every shard URL checked against the trust roots before any is opened
     _check_out(out, storage_options, overwrite)
-    result = NemoExport(out, storage.join_url(out, MANIFEST_NAME), urls, brace_pattern(urls))
-    result.sharded = storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(f"_OP_0..{max(len(urls) - 1, 0)}_CL_"))
+    tars, where = [_absolute(u) for u in urls], _absolute(out)  # what NeMo is given works from any folder
+    result = NemoExport(where, storage.join_url(where, MANIFEST_NAME), tars, brace_pattern(tars))
+    result.sharded = storage.join_url(where, SHARDED_DIR, SHARD_MANIFEST.format(f"_OP_0..{max(len(urls) - 1, 0)}_CL_"))
     if links and (not storage.is_local(out) or not all(storage.is_local(u) for u in urls)):
         raise ShardifyError("--links makes symbolic links: the dataset and --out must both be local folders")
     writers: list[storage.AtomicWriter] = []
@@ -122,13 +123,13 @@ def export_nemo(
                 whole.file.write(line)
                 part.file.write(line)
             part.finish()
-        paths = (json.dumps(urls, indent=1) + "\n").encode("utf-8")
+        paths = (json.dumps(tars, indent=1) + "\n").encode("utf-8")
         writers.append(storage.AtomicWriter(storage.join_url(out, PATHS_NAME), storage_options))
         writers[-1].file.write(paths)
         for w in writers:
             w.finish()
         if links:
-            result.links = _make_links(out, urls, overwrite)
+            result.links = _make_links(where, tars, overwrite)
     except BaseException:
         for w in writers:
             w.abort()
@@ -140,6 +141,10 @@ def export_nemo(
         w.publish()
     _remove_stale(out, len(urls), storage_options)
     return result
+
+
+def _absolute(url: str) -> str:
+    return os.path.abspath(storage.local_path(url)) if storage.is_local(url) else url
 
 
 def _shards(urls: list[str], progress: bool) -> Iterator[tuple[int, str]]:

@@ -216,3 +216,30 @@ def test_a_shard_outside_the_dataset_needs_shard_root(tmp_path, capsys, dataset)
     assert code == 2 and "--shard-root" in err and len(err.strip().splitlines()) == 1, err
     code, _, err = shardify(capsys, *argv, "--shard-root", str(moved))
     assert code == 0, err
+
+
+def test_a_remote_dataset_exports_to_a_remote_folder(tmp_path, capsys, dataset):
+    """An fsspec dataset (its index and tars) exported to an fsspec folder: the same lines as a local export, and
+    the tars listed by their URLs."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    ds, _ = dataset
+    url = "memory://streambatch-export/ds"
+    if fs.exists("memory://streambatch-export"):
+        fs.rm("memory://streambatch-export", recursive=True)
+    for path in ds.rglob("*"):
+        if path.is_file():
+            fs.pipe(f"{url}/{path.relative_to(ds).as_posix()}", path.read_bytes())
+    try:
+        dest = "memory://streambatch-export/nemo"
+        code, _, err = shardify(capsys, "export", url, "--format", "nemo-tarred", "--out", dest)
+        assert code == 0, err
+        assert shardify(capsys, "export", str(ds), "--format", "nemo-tarred", "--out", str(tmp_path / "n"))[0] == 0
+        local = (tmp_path / "n" / "tarred_audio_manifest.json").read_bytes()
+        assert fs.cat(f"{dest}/tarred_audio_manifest.json") == local
+        assert json.loads(fs.cat(f"{dest}/tarred_audio_filepaths.json")) == [
+            f"{url}/shard-00000{i}.tar" for i in range(2)
+        ]
+        assert fs.cat(f"{dest}/sharded_manifests/manifest_1.json") in local
+    finally:
+        fs.rm("memory://streambatch-export", recursive=True)
