@@ -49,7 +49,8 @@ LINKS_DIR = "audio"
 LINK_NAME = "audio_{}.tar"
 #: ``.json`` fields that describe our shards, not the sample, or that NeMo's own keys replace
 OWN_FIELDS = frozenset(
-    {"length", "output_length", "sample_rate", "original_sample_rate", "duration", "text", "offset", "shard_id"}
+    {"audio_filepath", "length", "output_length", "sample_rate", "original_sample_rate", "duration", "text", "offset"}
+    | {"shard_id"}
 )
 #: what NeMo turns into ``{`` and ``}`` in a tar pattern before brace expansion
 _BRACES = ("{", "}", "(", ")", "[", "]", "<", ">", "_OP_", "_CL_")
