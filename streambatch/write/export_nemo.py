@@ -52,6 +52,8 @@ OWN_FIELDS = frozenset(
     {"audio_filepath", "length", "output_length", "sample_rate", "original_sample_rate", "duration", "text", "offset"}
     | {"shard_id"}
 )
+#: how an error names NeMo's audio extensions
+NEMO_NAMED = "wav, flac, mp3, opus, ogg and libsndfile's other format names; not sph"
 #: what NeMo turns into ``{`` and ``}`` in a tar pattern before brace expansion
 _BRACES = ("{", "}", "(", ")", "[", "]", "<", ">", "_OP_", "_CL_")
 log = logging.getLogger(__name__)
@@ -200,7 +202,7 @@ def _audio_member(sample: dict[str, Any], url: str) -> str:
         found = ", ".join(sorted(e for e in sample if not e.startswith("__"))) or "none"
         raise ShardifyError(
             f"{url}: sample {sample['__key__']!r} has {len(audio)} audio members NeMo reads (members: {found}); "
-            "NeMo's tarred loader needs exactly one"
+            f"NeMo's tarred loader needs exactly one, with an extension it takes as audio ({NEMO_NAMED})"
         )
     return f"{sample['__key__']}.{audio[0]}"
 

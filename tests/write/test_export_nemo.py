@@ -195,7 +195,13 @@ def test_a_sample_without_text_is_one_line_exit_2_unless_empty_text(tmp_path, ca
 def test_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "t.jsonl").write_text('{"id": "a", "input_ids": [1, 2, 3]}\n')
     assert shardify(capsys, "write", str(tmp_path / "t.jsonl"), str(tmp_path / "text"))[0] == 0
-    for ds, problem in ((tmp_path / "text", "audio members NeMo reads"), (tmp_path / "none", "no dataset index")):
+    (tmp_path / "sph").mkdir()
+    shutil.copy(AUDIO / "example3.sph", tmp_path / "sph")  # NIST SPHERE: NeMo's list names it "nist", not "sph"
+    assert shardify(capsys, "write", str(tmp_path / "sph"), str(tmp_path / "sph-ds"))[0] == 0
+    bad = {"text": "has 0 audio members NeMo reads (members: input_ids.npy, json)", "sph-ds": "(members: json, sph)"}
+    bad["none"] = "no dataset index"
+    for name, problem in bad.items():
+        ds = tmp_path / name
         code, out, err = shardify(capsys, "export", str(ds), "--format", "nemo-tarred", "--out", str(tmp_path / "n"))
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and problem in err, err
 
