@@ -142,7 +142,7 @@ def export_nemo(
         raise
     for w in writers[1:] + writers[:1]:  # the whole manifest last: it says the export is complete
         w.publish()
-    _remove_stale(out, len(urls), storage_options)
+    _remove_stale(out, len(urls), storage_options, links)
     return result
 
 
@@ -294,10 +294,18 @@ def _make_links(out: str, urls: list[str], overwrite: bool) -> str:
     return os.path.join(final, LINK_NAME.format(f"_OP_0..{len(urls) - 1}_CL_"))
 
 
-def _remove_stale(out: str, n: int, storage_options: dict | None) -> None:
-    """Drop ``manifest_N.json`` files of an earlier, larger export (``--overwrite``)."""
+def _remove_stale(out: str, n: int, storage_options: dict | None, links: bool) -> None:
+    """Drop what an earlier export left that this one did not write (``--overwrite``): ``manifest_N.json`` files
+    of a larger export, and its ``audio/`` links when this one makes none."""
     folder = storage.join_url(out, SHARDED_DIR)
     for name in storage.listdir(folder, storage_options):
         m = re.fullmatch(r"manifest_(\d+)\.json", name.rsplit("/", 1)[-1])
         if m is not None and int(m.group(1)) >= n:
             storage.remove(storage.join_url(folder, m.group(0)), storage_options)
+    old = os.path.join(storage.local_path(out), LINKS_DIR)
+    if not links and storage.is_local(out) and os.path.isdir(old):
+        for name in os.listdir(old):
+            if os.path.islink(os.path.join(old, name)):
+                os.remove(os.path.join(old, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(old)

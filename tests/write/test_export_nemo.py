@@ -249,3 +249,21 @@ def test_a_remote_dataset_exports_to_a_remote_folder(tmp_path, capsys, dataset):
         assert fs.cat(f"{dest}/sharded_manifests/manifest_1.json") in local
     finally:
         fs.rm("memory://streambatch-export", recursive=True)
+
+
+def test_overwrite_replaces_an_export_whole(tmp_path, capsys, dataset):
+    """--overwrite: a second export into DIR leaves only its own files (no links, no manifest of a shard gone)."""
+    ds, _ = dataset
+    argv = ["export", str(ds), "--format", "nemo-tarred", "--out", str(tmp_path / "n")]
+    assert shardify(capsys, *argv, "--links")[0] == 0
+    (tmp_path / "n" / "sharded_manifests" / "manifest_7.json").write_text("{}\n")  # as a larger export left it
+    code, _, err = shardify(capsys, *argv, "--overwrite")
+    assert code == 0, err
+    left = sorted(p.relative_to(tmp_path / "n").as_posix() for p in (tmp_path / "n").rglob("*"))
+    assert left == [
+        "sharded_manifests",
+        "sharded_manifests/manifest_0.json",
+        "sharded_manifests/manifest_1.json",
+        "tarred_audio_filepaths.json",
+        "tarred_audio_manifest.json",
+    ]
