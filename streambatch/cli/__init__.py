@@ -1,5 +1,5 @@
 """The ``shardify`` command: write (whole, as parts, resumed), index (existing tars), merge, stage, inspect,
-verify, upgrade, demo, calibrate — one module per subcommand, named as it is, each with ``HELP`` and
+verify, export, upgrade, demo, calibrate — one module per subcommand, named as it is, each with ``HELP`` and
 ``DESCRIPTION`` (and an ``EPILOG`` where it has one), ``add_arguments(parser)`` and ``run(args)`` (its exit
 code); :func:`build_parser` builds the parser from them and :func:`main` turns errors into exit codes.
 
@@ -17,11 +17,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import NO_SPACE_ERRNOS, InputErrors, ShardifyError
-from . import calibrate, demo, index, inspect, merge, stage, upgrade, verify, write
+from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
 from .args import PROG
 
 #: the subcommands, in the order ``shardify --help`` lists them
-COMMANDS = (write, index, merge, stage, inspect, verify, upgrade, demo, calibrate)
+COMMANDS = (write, index, merge, stage, inspect, verify, export, upgrade, demo, calibrate)
 
 #: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...) or their room (no
 #: space, a quota, a file size limit): exit 2, one line

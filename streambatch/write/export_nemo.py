@@ -1,0 +1,311 @@
+"""``shardify export --format nemo-tarred``: the manifests NeMo's tarred audio loaders read, pointing at a dataset's
+existing tars (no audio is rewritten, no tar renamed), so a team can switch loaders without re-sharding.
+
+What NeMo reads (``nemo/collections/asr/data/audio_to_text.py``, ``.../common/data/lhotse/nemo_adapters.py``,
+``scripts/speech_recognition/convert_to_tarred_audio_dataset.py``):
+
+* a JSON-lines manifest, one line per sample: ``audio_filepath`` (the audio member's name inside its tar),
+  ``duration`` (seconds), ``text``, ``shard_id`` (the tar's position in ``tarred_audio_filepaths``), and ``offset``
+  (seconds) for a segment, a stretch of a longer member: every segment of one member carries the member's name;
+* ``tarred_audio_filepaths``: a brace pattern or a list of the tars, in ``shard_id`` order;
+* optionally ``sharded_manifests/manifest_N.json``, the lines of shard ``N`` only (``shard_manifests: true``, and
+  the lhotse loader's way to match a manifest to its tar).
+
+``TarredAudioToTextDataset`` reads the tars with webdataset: a member's key ends at its file name's first dot, the
+member whose extension is an audio format becomes the sample's audio (our ``KEY.json`` is ignored), and the key is
+looked up by the manifest's ``audio_filepath`` without its extension. So keys must hold no dot and be unique over the
+dataset. The lhotse loader matches members by their exact name (other members need
+``skip_missing_manifest_entries: true``) and takes each tar's ``shard_id`` from its file name (``audio*_N*.tar``),
+which our ``shard-NNNNNN.tar`` names do not follow: :func:`export_nemo` can link ``audio/audio_N.tar`` to each tar
+(``links=True``, local datasets) instead of renaming anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dataset import storage
+from ..dataset.index import ShardIndex
+from ..dataset.members import SEGMENT_FIELD, ShardMembers
+from ..dataset.tar import group_samples, iter_members
+from ..errors import ShardifyError
+from .lock import holds_lock, is_lock_file
+
+MANIFEST_NAME = "tarred_audio_manifest.json"
+SHARDED_DIR = "sharded_manifests"
+SHARD_MANIFEST = "manifest_{}.json"
+PATHS_NAME = "tarred_audio_filepaths.json"
+LINKS_DIR = "audio"
+LINK_NAME = "audio_{}.tar"
+#: ``.json`` fields that describe our shards, not the sample, or that NeMo's own keys replace
+OWN_FIELDS = frozenset(
+    {"audio_filepath", "length", "output_length", "sample_rate", "original_sample_rate", "duration", "text", "offset"}
+    | {"shard_id"}
+)
+#: how an error names NeMo's audio extensions
+NEMO_NAMED = "wav, flac, mp3, opus, ogg and libsndfile's other format names; not sph"
+#: what NeMo turns into ``{`` and ``}`` in a tar pattern before brace expansion
+_BRACES = ("{", "}", "(", ")", "[", "]", "<", ">", "_OP_", "_CL_")
+log = logging.getLogger(__name__)
+
+
+def nemo_audio_extensions() -> frozenset[str]:
+    """The member extensions NeMo's webdataset pipeline takes as audio: ``wav``, ``mp3``, ``flac``, ``opus`` and
+    every format libsndfile names, lower case (NeMo's ``VALID_FILE_FORMATS``, computed as it computes it)."""
+    import soundfile as sf
+
+    return frozenset({"wav", "mp3", "flac", "opus", *(f.lower() for f in sf.available_formats())})
+
+
+@dataclass
+class NemoExport:
+    """What :func:`export_nemo` wrote: the manifest, the tars in ``shard_id`` order (and their brace pattern when
+    their names allow one), the links made, the sample count and the samples left out (length 0)."""
+
+    out: str
+    manifest: str
+    tar_paths: list[str]
+    pattern: str | None
+    samples: int = 0
+    left_out: int = 0
+    dotted: int = 0
+    links: str | None = None
+    sharded: str = field(default="")
+
+
+def _target(a: Any) -> tuple[str, None, dict | None]:
+    return str(a.arguments["out"]), None, a.arguments["storage_options"]
+
+
+@holds_lock(_target)
+def export_nemo(
+    index: ShardIndex,
+    out: str,
+    storage_options: dict | None = None,
+    empty_text: bool = False,
+    links: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> NemoExport:
+    """Write NeMo's tarred manifests for ``index`` into the folder or URL ``out``: ``tarred_audio_manifest.json``,
+    ``sharded_manifests/manifest_N.json`` and ``tarred_audio_filepaths.json`` (the tars, in ``shard_id`` order).
+
+    Durations come from the index (the tars are read for member names, transcripts and a segment's rate).
+    ``empty_text``: a sample without a transcript gets ``"text": ""`` (default: an error naming it). ``links``:
+    also make ``audio/audio_N.tar`` links to the tars (local only) for NeMo's lhotse loader. Files appear whole
+    (temporary names, then renames) and only when every shard was read; ``out`` already holding an export is
+    refused unless ``overwrite``."""
+    urls = index.shard_urls()  # every shard URL checked against the trust roots before any is opened
+    _check_out(out, storage_options, overwrite)
+    tars, where = [_absolute(u) for u in urls], _absolute(out)  # what NeMo is given works from any folder
+    result = NemoExport(where, storage.join_url(where, MANIFEST_NAME), tars, brace_pattern(tars))
+    result.sharded = storage.join_url(where, SHARDED_DIR, SHARD_MANIFEST.format(f"_OP_0..{max(len(urls) - 1, 0)}_CL_"))
+    if links and (not storage.is_local(out) or not all(storage.is_local(u) for u in urls)):
+        raise ShardifyError("--links makes symbolic links: the dataset and --out must both be local folders")
+    writers: list[storage.AtomicWriter] = []
+    try:
+        whole = storage.AtomicWriter(result.manifest, storage_options)
+        writers.append(whole)
+        for shard, url in _shards(urls, progress):
+            part = storage.AtomicWriter(
+                storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options
+            )
+            writers.append(part)
+            for entry in shard_entries(index, shard, url, storage_options, empty_text, result):
+                line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+                whole.file.write(line)
+                part.file.write(line)
+            part.finish()
+        paths = (json.dumps(tars, indent=1) + "\n").encode("utf-8")
+        writers.append(storage.AtomicWriter(storage.join_url(out, PATHS_NAME), storage_options))
+        writers[-1].file.write(paths)
+        for w in writers:
+            w.finish()
+        if links:
+            result.links = _make_links(where, tars, overwrite)
+    except BaseException:
+        for w in writers:
+            w.abort()
+        if storage.is_local(out):
+            with contextlib.suppress(OSError):  # only when empty: the folder this run made
+                os.rmdir(os.path.join(storage.local_path(out), SHARDED_DIR))
+        raise
+    for w in writers[1:] + writers[:1]:  # the whole manifest last: it says the export is complete
+        w.publish()
+    _remove_stale(out, len(urls), storage_options, links)
+    return result
+
+
+def _absolute(url: str) -> str:
+    return os.path.abspath(storage.local_path(url)) if storage.is_local(url) else url
+
+
+def _shards(urls: list[str], progress: bool) -> Iterator[tuple[int, str]]:
+    from tqdm import tqdm
+
+    with tqdm(total=len(urls), desc="exporting", unit="shard", file=sys.stderr, disable=not progress) as bar:
+        for shard, url in enumerate(urls):
+            yield shard, url
+            bar.update()
+
+
+def shard_entries(
+    index: ShardIndex, shard: int, url: str, storage_options: dict | None, empty_text: bool, result: NemoExport
+) -> Iterator[dict[str, Any]]:
+    """The manifest lines of one shard, in tar order: its tar is read once (member names, ``.json`` transcripts,
+    the rate of a member that holds segments)."""
+    members = index.shard_members(shard)
+    lengths = index.shard_lengths([shard])[0]
+    texts = index.shard_values(shard, "text")
+    seconds = index.seconds_per_unit()
+    with storage.open_url(url, "rb", storage_options) as f:
+        for group, sample in enumerate(group_samples(iter_members(f, url), url, shard, members.suffixes)):
+            if "__bad__" in sample:
+                raise ShardifyError(f"{url}: {sample['__bad__']}")
+            name = _audio_member(sample, url)
+            result.dotted += "." in sample["__key__"]
+            for row in _rows(sample, group, members, len(lengths)):
+                i = row["__index__"]
+                if not lengths[i]:  # left out of every epoch (``shardify index --on-error skip``)
+                    result.left_out += 1
+                    continue
+                text = texts[i] if texts is not None else (row.get("json") or {}).get("text")
+                entry = _entry(row, name, float(lengths[i]), seconds, url)
+                entry["text"] = _text(text, empty_text, url, row["__key__"])
+                entry["shard_id"] = shard
+                result.samples += 1
+                yield {**entry, **_fields(sample.get("json"))}
+
+
+def _rows(sample: dict[str, Any], group: int, members: ShardMembers, n: int) -> Iterator[dict[str, Any]]:
+    """The samples of one member group: itself, or the segments the index cuts it into."""
+    if members.rows is None:
+        yield sample
+    else:
+        yield from members.rows.expand(sample, group, 0, n)
+
+
+def _audio_member(sample: dict[str, Any], url: str) -> str:
+    """The name of the sample's one audio member (NeMo takes the member whose extension is an audio format)."""
+    audio = [ext for ext in sample if not ext.startswith("__") and ext in nemo_audio_extensions()]
+    if len(audio) != 1:
+        found = ", ".join(sorted(e for e in sample if not e.startswith("__"))) or "none"
+        raise ShardifyError(
+            f"{url}: sample {sample['__key__']!r} has {len(audio)} audio members NeMo reads (members: {found}); "
+            f"NeMo's tarred loader needs exactly one, with an extension it takes as audio ({NEMO_NAMED})"
+        )
+    return f"{sample['__key__']}.{audio[0]}"
+
+
+def _entry(row: dict[str, Any], name: str, length: float, seconds: float | None, url: str) -> dict[str, Any]:
+    """``audio_filepath``, ``duration`` (the index's length in seconds) and a segment's ``offset``."""
+    if seconds is None:  # lengths in tokens or frames: the ``.json`` knows the duration
+        duration = (row.get("json") or {}).get("duration")
+        if not isinstance(duration, (int, float)) or isinstance(duration, bool):
+            raise ShardifyError(f"{url}: sample {row['__key__']!r}: no duration (the index counts {length} tokens)")
+        return {"audio_filepath": name, "duration": float(duration)}
+    entry: dict[str, Any] = {"audio_filepath": name, "duration": length * seconds}
+    if SEGMENT_FIELD in row:
+        import soundfile as sf
+
+        start, _ = row[SEGMENT_FIELD]
+        entry["offset"] = start / sf.info(io.BytesIO(row[name.rsplit(".", 1)[1]])).samplerate
+    return entry
+
+
+def _text(text: Any, empty_text: bool, url: str, key: str) -> str:
+    if isinstance(text, str):
+        return text
+    if empty_text:
+        return ""
+    raise ShardifyError(
+        f'{url}: sample {key!r} has no text (NeMo\'s manifests need one; pass --empty-text to write "")'
+    )
+
+
+def _fields(meta: Any) -> dict[str, Any]:
+    """The sample's own scalar ``.json`` fields (speaker, lang, ...), as NeMo's converter carries a manifest's."""
+    if not isinstance(meta, dict):
+        return {}
+    return {k: v for k, v in meta.items() if k not in OWN_FIELDS and (v is None or isinstance(v, (str, int, float)))}
+
+
+def brace_pattern(urls: list[str]) -> str | None:
+    """``ROOT/shard-{000000..000041}.tar`` when the tars are one name with consecutive zero-padded numbers from 0
+    (as ``shardify write`` names them), so NeMo's brace expansion gives them in ``shard_id`` order; else None
+    (NeMo then takes the list)."""
+    if len(urls) == 1:
+        return None if any(b in urls[0] for b in _BRACES) else urls[0]
+    parts = [re.fullmatch(r"(.*?)(\d+)(\.tar)", u) for u in urls]
+    if not urls or any(p is None for p in parts):
+        return None
+    prefix, first, suffix = parts[0].groups()  # type: ignore[union-attr]
+    width = len(first)
+    for i, p in enumerate(parts):
+        assert p is not None
+        if p.group(1) != prefix or p.group(3) != suffix or p.group(2) != f"{i:0{width}d}":
+            return None
+    if any(b in prefix + suffix for b in _BRACES):
+        return None
+    return f"{prefix}{{{first}..{len(urls) - 1:0{width}d}}}{suffix}"
+
+
+def _check_out(out: str, storage_options: dict | None, overwrite: bool) -> None:
+    """Refuse an ``out`` that is a file, or that holds an export already (unless ``overwrite``)."""
+    if storage.is_local(out) and os.path.isfile(storage.local_path(out)):
+        raise ShardifyError(f"{out}: is a file, not a folder (--out names the folder to export into)")
+    if overwrite or not storage.exists(out, storage_options):
+        return
+    names = [n for n in storage.listdir(out, storage_options) if not is_lock_file(n)]
+    ours = [n for n in names if n in (MANIFEST_NAME, SHARDED_DIR, PATHS_NAME, LINKS_DIR)]
+    if ours:
+        raise ShardifyError(
+            f"{out}: already holds an export ({', '.join(sorted(ours))}); pass --overwrite to replace it"
+        )
+
+
+def _make_links(out: str, urls: list[str], overwrite: bool) -> str:
+    """``out/audio/audio_N.tar`` -> tar ``N`` (symbolic links, made in a temporary folder then renamed into place):
+    the names NeMo's lhotse loader takes shard ids from."""
+    final = os.path.join(storage.local_path(out), LINKS_DIR)
+    tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+    os.makedirs(tmp)
+    for i, u in enumerate(urls):
+        os.symlink(os.path.abspath(storage.local_path(u)), os.path.join(tmp, LINK_NAME.format(i)))
+    if overwrite and os.path.isdir(final):
+        old = f"{final}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        for name in os.listdir(old):
+            os.remove(os.path.join(old, name))
+        os.rmdir(old)
+    else:
+        os.replace(tmp, final)
+    return os.path.join(final, LINK_NAME.format(f"_OP_0..{len(urls) - 1}_CL_"))
+
+
+def _remove_stale(out: str, n: int, storage_options: dict | None, links: bool) -> None:
+    """Drop what an earlier export left that this one did not write (``--overwrite``): ``manifest_N.json`` files
+    of a larger export, and its ``audio/`` links when this one makes none."""
+    folder = storage.join_url(out, SHARDED_DIR)
+    for name in storage.listdir(folder, storage_options):
+        m = re.fullmatch(r"manifest_(\d+)\.json", name.rsplit("/", 1)[-1])
+        if m is not None and int(m.group(1)) >= n:
+            storage.remove(storage.join_url(folder, m.group(0)), storage_options)
+    old = os.path.join(storage.local_path(out), LINKS_DIR)
+    if not links and storage.is_local(out) and os.path.isdir(old):
+        for name in os.listdir(old):
+            if os.path.islink(os.path.join(old, name)):
+                os.remove(os.path.join(old, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(old)
