@@ -75,7 +75,8 @@ class BudgetBatches:
 
     def __call__(self, samples: Iterable[Sample]) -> Iterator[list[Sample]]:
         """One pass: the samples as budget-bounded batches, formed in a window of ``buffer_size`` samples."""
-        batcher = BucketBatcher(self.config, seed=[*slot_seed(self.config.epoch_seed, self.epoch, _slot()), self._passes])
+        seed = [*slot_seed(self.config.epoch_seed, self.epoch, _slot()), self._passes]
+        batcher = BucketBatcher(self.config, seed=seed)
         self._passes += 1
         outputs = self.output_length if self.config.output_budget is not None else None
         yield from iter_batches(samples, batcher, self.length, outputs)

@@ -31,6 +31,10 @@ def _samples(lengths: list[float], raw: bool) -> list[dict]:
     return out
 
 
+def _meta(sample: dict) -> dict:
+    return sample["json"] if isinstance(sample["json"], dict) else json.loads(sample["json"])
+
+
 @st.composite
 def cases(draw):
     n = draw(st.integers(0, 300))
@@ -61,7 +65,7 @@ def test_every_batch_holds_the_budget_and_every_sample_leaves_once(case):
         stage.set_epoch(epoch)
         seen: Counter[str] = Counter()
         for batch in stage(iter(_samples(lengths, raw))):
-            longest = max(s["json"]["length"] if isinstance(s["json"], dict) else json.loads(s["json"])["length"] for s in batch)
+            longest = max(_meta(s)["length"] for s in batch)
             assert batch and float(cost.cost(len(batch), longest)) <= budget
             assert options["max_batch_size"] is None or len(batch) <= options["max_batch_size"]
             seen.update(s["__key__"] for s in batch)
@@ -111,7 +115,8 @@ def _keys_and_check(dataset: wds.WebDataset, budget: float) -> list[str]:
 
 def test_real_shards_through_webdataset_with_two_workers(tmp_path, monkeypatch):
     shards = audio_dataset(tmp_path, 40, corpus_seed=3, max_count=8)  # 5 shards
-    every = sorted(s["__key__"] for s in wds.WebDataset(str(Path(shards) / "shard-{000000..000004}.tar"), shardshuffle=False))
+    plain = wds.WebDataset(str(Path(shards) / "shard-{000000..000004}.tar"), shardshuffle=False)
+    every = sorted(s["__key__"] for s in plain)
     budget = 16000 * 20
     stage = BudgetBatches(budget, buffer_size=12)
     keys = _keys_and_check(_pipeline(shards, stage, workersplitter=wds.split_by_worker), budget)
