@@ -225,8 +225,9 @@ def collate(
 
 def sample_text(sample: dict[str, Any], meta: dict[str, Any]) -> str | None:
     """A sample's text: its ``.txt``, else its ``.json`` ``text``, else the sample table's (``__text__``)."""
-    if "txt" in sample:
-        return sample["txt"].decode("utf-8")
+    if "txt" in sample:  # raw bytes, or a str where webdataset's ``.decode()`` ran first
+        txt = sample["txt"]
+        return txt.decode("utf-8") if isinstance(txt, bytes) else txt
     return meta["text"] if "text" in meta else sample.get("__text__")
 
 

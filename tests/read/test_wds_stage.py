@@ -1,0 +1,130 @@
+"""streambatch.wds.BudgetBatches, the budget-batching webdataset stage: every batch holds the budget, every sample
+that can fit leaves exactly once per pass and one that cannot is skipped and counted (or raises in strict mode), as
+property tests over random streams; then over real shards through a real ``wds.WebDataset`` pipeline with two
+DataLoader workers (``split_by_worker``) and two ranks (``split_by_node``)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from conftest import audio_dataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streambatch.errors import OptionError, SampleTooLongError
+from streambatch.plan.cost import resolve_cost
+from streambatch.wds import BudgetBatches, collate
+
+
+def _samples(lengths: list[float], raw: bool) -> list[dict]:
+    """Samples as webdataset yields them: a ``.json`` member with the length, raw bytes or decoded."""
+    out = []
+    for i, n in enumerate(lengths):
+        meta = {"length": n}
+        out.append({"__key__": f"k{i:05d}", "json": json.dumps(meta).encode() if raw else meta})
+    return out
+
+
+def _meta(sample: dict) -> dict:
+    return sample["json"] if isinstance(sample["json"], dict) else json.loads(sample["json"])
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(0, 300))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    lengths = np.round(rng.lognormal(draw(st.floats(1, 6)), draw(st.floats(0.1, 1.5)), n)) + 1
+    budget = float(draw(st.sampled_from([1, 2, 8, 40])) * np.median(lengths) if n else 100)
+    options = dict(
+        buffer_size=draw(st.integers(1, 120)),
+        refill=draw(st.integers(0, 60)),
+        max_batch_size=draw(st.sampled_from([None, 1, 3, 16])),
+        seed=draw(st.integers(0, 100)),
+        cost=draw(st.sampled_from(["padded", "quadratic"])),
+    )
+    if options["cost"] == "quadratic":
+        options["quadratic_factor"] = float(draw(st.sampled_from([10, 500])))
+    return lengths.tolist(), budget, options, draw(st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_every_batch_holds_the_budget_and_every_sample_leaves_once(case):
+    lengths, budget, options, raw = case
+    stage = BudgetBatches(budget, **options)
+    cost, _ = resolve_cost(options["cost"], options.get("quadratic_factor"))
+    fits = [float(cost.cost(1, n)) <= budget for n in lengths]
+    for epoch in range(2):  # a second pass, as webdataset's repeat() or the next epoch runs it
+        stage.set_epoch(epoch)
+        seen: Counter[str] = Counter()
+        for batch in stage(iter(_samples(lengths, raw))):
+            longest = max(_meta(s)["length"] for s in batch)
+            assert batch and float(cost.cost(len(batch), longest)) <= budget
+            assert options["max_batch_size"] is None or len(batch) <= options["max_batch_size"]
+            seen.update(s["__key__"] for s in batch)
+        expected = {f"k{i:05d}" for i, ok in enumerate(fits) if ok}
+        assert set(seen) == expected and all(c == 1 for c in seen.values())
+    assert stage.skipped == 2 * fits.count(False)  # counted, never emitted (as the loader does)
+
+
+def test_a_sample_over_the_budget_alone_is_skipped_or_raises_in_strict_mode():
+    samples = _samples([5, 50, 5, 7], raw=False)
+    stage = BudgetBatches(20)
+    keys = [s["__key__"] for b in stage(iter(samples)) for s in b]
+    assert sorted(keys) == ["k00000", "k00002", "k00003"] and stage.skipped == 1
+    with pytest.raises(SampleTooLongError, match="50"):
+        list(BudgetBatches(20, strict=True)(iter(samples)))
+
+
+def test_a_user_length_function_and_clear_errors():
+    samples = [{"__key__": str(i), "tokens": list(range(n))} for i, n in enumerate([3, 9, 4, 12, 1])]
+    batches = list(BudgetBatches(12, length=lambda s: len(s["tokens"]))(iter(samples)))
+    assert sorted(s["__key__"] for b in batches for s in b) == ["0", "1", "2", "3", "4"]
+    assert all(len(b) * max(len(s["tokens"]) for s in b) <= 12 for b in batches)
+    with pytest.raises(ValueError, match="has no .json with a 'length'"):
+        list(BudgetBatches(12)(iter(samples)))
+    with pytest.raises(ValueError, match="not JSON"):
+        list(BudgetBatches(12)(iter([{"__key__": "x", "json": b"{oops"}])))
+    for bad in (dict(batch_order="ascending"), dict(batch_by="dataset"), dict(num_buckets=4)):
+        with pytest.raises(OptionError):
+            BudgetBatches(12, **bad)
+
+
+def _pipeline(shards: str, stage: BudgetBatches, **splitters) -> wds.WebDataset:
+    """A plain webdataset pipeline over the shards, the stage composed onto it, batches padded by ``collate``."""
+    urls = sorted(str(p) for p in Path(shards).glob("*.tar"))
+    return wds.WebDataset(urls, shardshuffle=False, **splitters).decode().compose(stage).map(collate)
+
+
+def _keys_and_check(dataset: wds.WebDataset, budget: float) -> list[str]:
+    """Every key the pipeline yields through a DataLoader with two workers; each padded batch within the budget."""
+    keys = []
+    for batch in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2):
+        b, t = batch["audio"].shape
+        assert b * t <= budget and batch["padding_mask"].shape == (b, t)
+        keys += batch["keys"]
+    return keys
+
+
+def test_real_shards_through_webdataset_with_two_workers(tmp_path, monkeypatch):
+    shards = audio_dataset(tmp_path, 40, corpus_seed=3, max_count=8)  # 5 shards
+    plain = wds.WebDataset(str(Path(shards) / "shard-{000000..000004}.tar"), shardshuffle=False)
+    every = sorted(s["__key__"] for s in plain)
+    budget = 16000 * 20
+    stage = BudgetBatches(budget, buffer_size=12)
+    keys = _keys_and_check(_pipeline(shards, stage, workersplitter=wds.split_by_worker), budget)
+    assert sorted(keys) == every  # each sample once, across the two workers
+    by_rank = []
+    for rank in range(2):  # two ranks (as torchrun's variables say), each with two workers: a quarter of the shards
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        pipeline = _pipeline(shards, stage, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
+        by_rank.append(_keys_and_check(pipeline, budget))
+    assert sorted(by_rank[0] + by_rank[1]) == every and not set(by_rank[0]) & set(by_rank[1])
