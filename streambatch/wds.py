@@ -10,10 +10,10 @@ nothing itself, so it runs after webdataset's own shard splitting (``nodesplitte
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .dataset.limits import LimitExceeded, loads
 from .dist import process_info, worker_info
 from .errors import OptionError
 from .plan.batcher import BucketBatcher, iter_batches
@@ -107,9 +107,13 @@ def _with_meta(sample: Sample) -> Sample:
         return sample
     where = f"{sample.get('__url__')}: sample {sample.get('__key__')!r}"
     if len(meta) > MAX_JSON_BYTES:
-        raise ValueError(f"{where}: its .json member is {len(meta):,} bytes, more than {MAX_JSON_BYTES:,}")
+        raise LimitExceeded(f"{where}: its .json member is {len(meta):,} bytes, more than {MAX_JSON_BYTES:,}")
     try:
-        parsed = json.loads(meta)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        parsed = loads(
+            bytes(meta) if isinstance(meta, bytearray) else meta
+        )  # the one parser for untrusted JSON: its depth is bounded
+    except (UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, LimitExceeded):
+            raise
         raise ValueError(f"{where}: its .json member is not JSON ({e})") from None
     return {**sample, "json": parsed}
