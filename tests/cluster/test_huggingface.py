@@ -1,0 +1,91 @@
+"""Hugging Face accelerate and transformers.Trainer over StreamBatchLoader: a run stopped mid-epoch (after the
+checkpoint of step k) and resumed by fresh objects from that checkpoint trains on exactly the batches the
+uninterrupted run trained on after step k, in the same order, and ends where it ends.
+
+The runs are tests/huggingface/hf_runs.py in this process (importing transformers costs more than a run), over
+real shards: a tiny local model, nothing downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from conftest import text_dataset  # noqa: E402
+from huggingface import hf_runs  # noqa: E402
+
+from streambatch import ShardIndex, StreamBatchLoader  # noqa: E402
+
+
+def batches(path: Path) -> list[list[str]]:
+    """The sample keys of each batch a run trained on, in order."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("hf")
+    shards = text_dataset(root, 60, seed=3, max_count=10)
+    loader = StreamBatchLoader(shards, 400, seed=3)
+    per_epoch = [loader.schedule(e).steps for e in range(2)]
+    return {"root": root, "shards": shards, "per_epoch": per_epoch, "samples": ShardIndex.load(shards).num_samples}
+
+
+def test_accelerate_passes_the_loader_through_and_resumes_exactly(data):
+    root, shards, n0 = data["root"] / "acc", data["shards"], data["per_epoch"][0]
+    root.mkdir()
+    total, weights = hf_runs.run_accelerate(shards, root / "full.jsonl")  # prepare() returned the loader (asserted)
+    full = batches(root / "full.jsonl")
+    assert total == len(full) == sum(data["per_epoch"])
+    for epoch in (full[:n0], full[n0:]):  # each epoch: every sample once
+        keys = [k for b in epoch for k in b]
+        assert len(keys) == len(set(keys)) == data["samples"]
+    for k in (n0 // 2, n0):  # mid-epoch 0, and after its last batch
+        run = root / f"stop-{k}"
+        run.mkdir()
+        assert hf_runs.run_accelerate(shards, run / "a.jsonl", ckpt_dir=run, stop_at=k)[0] == k
+        done, after_weights = hf_runs.run_accelerate(shards, run / "b.jsonl", resume=run / f"step-{k}")
+        before, after = batches(run / "a.jsonl"), batches(run / "b.jsonl")
+        assert before == full[:k] and after == full[k:] and done == total
+        same_weights(after_weights, weights)
+
+
+@pytest.mark.parametrize(
+    ("accumulate", "workers", "stops"),
+    [(1, 0, ("mid-epoch", "end of epoch 0")), (3, 2, ("mid-epoch", "across the epochs"))],
+)
+def test_trainer_resumes_from_the_loader_state_exactly(data, accumulate, workers, stops):
+    root = data["root"] / f"trainer-{accumulate}"
+    root.mkdir()
+    n0, total = data["per_epoch"][0], sum(data["per_epoch"])
+    steps = -(-total // accumulate)  # optimizer steps: the last one may take fewer batches
+    run = dict(accumulate=accumulate, num_workers=workers)
+    state, weights = hf_runs.run_trainer(data["shards"], root / "full.jsonl", **run)
+    full = batches(root / "full.jsonl")
+    assert len(full) == total and state.global_step == state.max_steps == steps and state.epoch == 2
+    for stop in stops:
+        k = {"mid-epoch": n0 // 2, "end of epoch 0": n0, "across the epochs": n0 + 1}[stop] // accumulate
+        ckpt = root / f"stop-{k}"
+        hf_runs.run_trainer(data["shards"], ckpt / "a.jsonl", ckpt_dir=ckpt, stop_at=k, **run)
+        saved = json.loads((ckpt / f"checkpoint-{k}" / "trainer_state.json").read_text())
+        assert saved["global_step"] == k
+        assert saved["epoch"] == pytest.approx(k * accumulate / n0)  # the loader's epoch, as the Trainer logs it
+        resumed, after_weights = hf_runs.run_trainer(
+            data["shards"], ckpt / "b.jsonl", ckpt_dir=ckpt, resume=ckpt / f"checkpoint-{k}", **run
+        )
+        before, after = batches(ckpt / "a.jsonl"), batches(ckpt / "b.jsonl")
+        assert before == full[: k * accumulate] and after == full[k * accumulate :]  # nothing replayed nor lost
+        assert resumed.global_step == resumed.max_steps == steps and resumed.epoch == 2
+        same_weights(after_weights, weights)
+
+
+def same_weights(resumed: dict, uninterrupted: dict) -> None:
+    """The same optimizer steps on the same batches from the same start: the same model."""
+    for name, w in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], w, msg=name)
