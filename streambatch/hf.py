@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers.Trainer`` over :class:`StreamBatchLoader` (the optional extra ``streambatch[hf]``).
+"""Hugging Face ``transformers.Trainer`` over :class:`StreamBatchLoader` (the optional extra ``streambatch[hf-train]``).
 
 The Trainer counts a fixed number of batches per epoch, read once from ``len()``, and resumes by replaying the
 batches a checkpoint had consumed. A streambatch epoch has its own number of batches (each epoch is planned
@@ -22,7 +22,7 @@ try:
     from transformers import Trainer, TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 except ImportError:
-    raise ImportError("streambatch.hf needs transformers: pip install 'streambatch[hf]'") from None
+    raise ImportError("streambatch.hf needs transformers: pip install 'streambatch[hf-train]'") from None
 
 from .errors import OptionError, StreamBatchError
 from .loader import StreamBatchLoader
