@@ -9,6 +9,8 @@ real shards: a tiny local model, nothing downloaded.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,47 @@ def same_weights(resumed: dict, uninterrupted: dict) -> None:
     """The same optimizer steps on the same batches from the same start: the same model."""
     for name, w in uninterrupted.items():
         torch.testing.assert_close(resumed[name], w, msg=name)
+
+
+def test_a_run_of_max_steps_crosses_epochs_and_keeps_its_place(data):
+    from streambatch.hf import TrainerLoader
+
+    n0, n1 = per_epoch(data["shards"])
+    loader = StreamBatchLoader(data["shards"], 400, seed=3)
+    whole = [b["keys"] for e in range(2) for b in (loader.set_epoch(e) or loader)]
+    loader = StreamBatchLoader(data["shards"], 400, seed=3)
+    view = TrainerLoader(loader, batches=n0 + 2)  # a run of max_steps: into epoch 1, ending mid-epoch
+    assert len(view) == n0 + 2 and view.position == 0
+    assert [b["keys"] for b in view] == whole[: n0 + 2]
+    assert (loader.epoch, loader.consumed, view.position, view.epoch) == (1, 2, n0 + 2, 1 + 2 / n1)
+    restored = TrainerLoader(StreamBatchLoader(data["shards"], 400, seed=3), epochs=2)
+    restored.load_state_dict(view.state_dict())  # the rest of the two epochs, from there
+    assert restored.position == n0 + 2 and len(restored) == n0 + n1
+    assert [b["keys"] for b in restored] == whole[n0 + 2 :]
+
+
+def test_a_checkpoint_without_the_loader_state_is_refused_by_name(tmp_path):
+    from streambatch.errors import StreamBatchError
+    from streambatch.hf import read_loader_state, write_loader_state
+
+    state = {"epoch": 1, "batches_consumed": 3}
+    write_loader_state(str(tmp_path / "checkpoint-4"), 1, state)
+    assert read_loader_state(str(tmp_path / "checkpoint-4"), 1) == state
+    with pytest.raises(StreamBatchError, match=r"checkpoint-4 holds no loader state for rank 0"):
+        read_loader_state(str(tmp_path / "checkpoint-4"), 0)
+    (tmp_path / "checkpoint-4" / "streambatch-loader-rank1.json").write_text("[1, 2")
+    with pytest.raises(StreamBatchError, match="unreadable loader state"):
+        read_loader_state(str(tmp_path / "checkpoint-4"), 1)
+    (tmp_path / "checkpoint-4" / "streambatch-loader-rank1.json").write_text("[1, 2]")
+    with pytest.raises(StreamBatchError, match="a loader state is a JSON object"):
+        read_loader_state(str(tmp_path / "checkpoint-4"), 1)
+
+
+def test_the_package_imports_without_transformers():
+    code = (
+        "import sys; sys.modules['transformers'] = None; sys.modules['accelerate'] = None\n"
+        "import streambatch, streambatch.loader\n"
+        "try:\n    import streambatch.hf\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert "pip install 'streambatch[hf-train]'" in out.stdout, out.stderr
