@@ -150,3 +150,29 @@ def test_the_package_imports_without_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert "pip install 'streambatch[hf-train]'" in out.stdout, out.stderr
+
+
+def test_trainer_under_torchrun_resumes_each_rank_exactly(data, tmp_path):
+    """Two ranks (gloo on CPU): each rank's loader state is in the checkpoint, and each resumes exactly."""
+    from torchrun_jobs import torchrun, wait
+
+    shards = data["shards"]
+    plans = [StreamBatchLoader(shards, 400, seed=3, rank=r, world_size=2) for r in range(2)]
+    n0 = plans[0].schedule(0).steps
+    assert n0 == plans[1].schedule(0).steps  # equal steps on every rank
+    k = n0 // 2
+    script = str(Path(hf_runs.__file__).with_name("torchrun_trainer.py"))
+    wait(torchrun(["--data", shards, "--out", str(tmp_path), "--stop-at", str(k)], 2, script=script), timeout=300)
+    assert sorted(p.name for p in (tmp_path / "ckpt" / f"checkpoint-{k}").glob("streambatch-loader-*")) == [
+        "streambatch-loader-rank0.json",
+        "streambatch-loader-rank1.json",
+    ]
+    seen = []
+    for r in range(2):
+        full = batches(tmp_path / f"full-rank{r}.jsonl")
+        before, after = batches(tmp_path / f"a-rank{r}.jsonl"), batches(tmp_path / f"b-rank{r}.jsonl")
+        assert before == full[:k] and after == full[k:]
+        result = json.loads((tmp_path / f"result-rank{r}.json").read_text())
+        assert result["full"] == result["resumed"] == [len(full), len(full)] and result["same_weights"]
+        seen += [key for b in full[:n0] for key in b]
+    assert len(seen) == len(set(seen)) == data["samples"]  # epoch 0: every sample once over the two ranks
