@@ -159,6 +159,7 @@ class StreamBatchTrainer(Trainer):
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """The Trainer's checkpoint, then this rank's loader state in its folder."""
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         write_loader_state(folder, self.args.process_index, self.train_loader.state_dict())

@@ -62,7 +62,7 @@ def run_accelerate(
     stop_at: int | None = None,
     resume: Path | None = None,
     num_workers: int = 0,
-) -> int:
+) -> tuple[int, dict[str, torch.Tensor]]:
     """A plain training loop prepared by ``Accelerator``; the steps done when it ends and the model's weights."""
     from accelerate import Accelerator
 
