@@ -15,7 +15,7 @@ def _package_exceptions():
     """Every exception class defined in a streambatch module (private helpers included)."""
     found = {}
     for mod in pkgutil.walk_packages(streambatch.__path__, "streambatch."):
-        if mod.name.endswith(("lightning", "__main__")):  # needs the lightning extra; checked below when present
+        if mod.name.endswith(("lightning", "hf", "__main__")):  # need the lightning and hf-train extras
             continue
         module = importlib.import_module(mod.name)
         for name, obj in vars(module).items():
