@@ -59,7 +59,6 @@ def start_node(temp: Path, env: dict[str, str], head_port: int | None) -> subpro
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     keep_running(proc.pid)  # outlives each test by design: the leak check leaves its tree alone
-    wait_started(proc, log)
     return proc
 
 
@@ -86,7 +85,9 @@ def cluster(tmp_path_factory) -> Iterator[tuple[str, dict[str, str], Path]]:
     procs: list[subprocess.Popen] = []
     try:
         procs.append(start_node(temp, env, None))
-        procs.append(start_node(temp, env, port))
+        procs.append(start_node(temp, env, port))  # at once: it waits for the head's GCS to answer
+        for proc, log in zip(procs, ("head.log", "node.log")):
+            wait_started(proc, top / log)
         yield f"127.0.0.1:{port}", env, marker
     finally:
         for p in reversed(procs):
