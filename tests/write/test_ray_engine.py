@@ -21,9 +21,12 @@ from conftest import LONG_LIVED, keep_running, kill_tree, make_audio
 
 from streambatch.cli import main
 
-ray = pytest.importorskip("ray")
-
 TASKS = 3
+
+
+@pytest.fixture(scope="module")
+def ray_installed() -> None:
+    pytest.importorskip("ray")
 
 
 def free_port() -> int:
@@ -72,7 +75,7 @@ def wait_started(proc: subprocess.Popen, log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[tuple[str, dict[str, str], Path]]:
+def cluster(ray_installed, tmp_path_factory) -> Iterator[tuple[str, dict[str, str], Path]]:
     """A Ray head and a second node on 127.0.0.1 (one CPU each): (address, environment, kill-hook marker). Both
     node processes and all below them are ended after the module's tests; no `ray stop` (which would end
     every Ray process of the machine's user)."""
@@ -178,9 +181,36 @@ def test_ray_index_of_tars_equals_a_local_index(tmp_path, cluster, audio):
 
 
 def test_engine_options_need_the_ray_engine(capsys, audio, tmp_path):
+    """--ray-address and --tasks without --engine ray are refused; the write's help documents all three."""
     assert main(["write", str(audio), str(tmp_path / "o"), "--tasks", "2"]) == 2
     assert "options of --engine ray" in capsys.readouterr().err
     assert main(["write", "--help"]) == 0
     text = capsys.readouterr().out
     for flag in ("--engine", "--ray-address", "--tasks"):
         assert flag in text
+
+
+NO_RAY = """
+import sys
+class NoRay:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+sys.meta_path.insert(0, NoRay())
+from streambatch.cli import main
+code = main(sys.argv[1:])
+print("ray" in sys.modules, code)
+"""
+
+
+def test_without_ray_the_package_works_and_the_ray_engine_names_the_extra(tmp_path, audio):
+    """Ray is an optional extra: without it the CLI starts and writes locally; --engine ray is a one-line error."""
+    run = [sys.executable, "-c", NO_RAY]
+    r = subprocess.run([*run, "write", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "False 0"
+    r = subprocess.run(
+        [*run, "write", str(audio), str(tmp_path / "o"), "--engine", "ray"], capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "False 2"
+    assert r.stderr.strip() == "shardify: error: the Ray engine needs Ray: pip install 'streambatch[ray]'"
+    assert not (tmp_path / "o").exists()
