@@ -103,8 +103,7 @@ def write_shards(
     tokenizer's tokens (``input_ids`` stored); ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio
     sample's transcript length (see ``tokenize.py``). ``columns``: the ``.json`` fields stored as metadata columns
     of the sample table, for filters (a list or ``"a,b"``; ``""`` for none); default: every scalar field but the
-    transcript (:mod:`~..dataset.columns`). ``engine``: where probing and shard writing run (default: this process
-    and its ``workers``; :class:`~.ray_engine.RayEngine`: Ray tasks); the output is the same whichever runs them.
+    transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`; default here).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version)
