@@ -4,8 +4,9 @@ each command passing its own help), ``--storage-option``, opening the dataset.""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ..dataset.index import IndexFormatError, ShardIndex
@@ -177,3 +178,48 @@ def opened(open_index: Callable[[str, dict | None, Sequence[str]], T], args: arg
         return open_index(args.out, storage_options(args), shard_roots(args))
     except (FileNotFoundError, IndexFormatError) as e:
         raise ShardifyError(str(e)) from None
+
+
+#: the engines ``--engine`` offers: ``local`` (this process and its ``--workers``) and ``ray`` (Ray tasks)
+ENGINES = ("local", "ray")
+
+
+def add_engine(p: argparse.ArgumentParser, steps: str) -> None:
+    """Add ``--engine``, ``--ray-address`` and ``--tasks`` (read back by :func:`engine`); ``steps``: what the
+    Ray tasks do, for the help."""
+    g = p.add_argument_group("engine (where the work runs; the output is the same on every engine)")
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="local",
+        help=f"local (default): this process and its --workers; ray: {steps} in Ray tasks, the rest (the plan, the "
+        "index) here; the result is byte for byte the local one's. Needs pip install 'streambatch[ray]'",
+    )
+    g.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="with --engine ray: the Ray cluster to join (HOST:PORT of its head, auto, ray://...); default "
+        "RAY_ADDRESS, else a local Ray instance started for this command",
+    )
+    g.add_argument(
+        "--tasks",
+        type=positive_int,
+        metavar="N",
+        help="with --engine ray: Ray tasks per step, each on a contiguous slice (default: the cluster's CPUs); "
+        "the output does not depend on N",
+    )
+
+
+@contextlib.contextmanager
+def engine(args: argparse.Namespace) -> Iterator[Any]:
+    """The engine ``--engine`` names (None for local), for the command's run; a Ray connection it opens is
+    closed after it."""
+    if args.engine != "ray":
+        if args.ray_address or args.tasks:
+            raise ShardifyError("--ray-address and --tasks are options of --engine ray")
+        yield None
+        return
+    from ..write.ray_engine import RayEngine
+
+    with RayEngine(args.ray_address, args.tasks) as ray_engine:
+        yield ray_engine

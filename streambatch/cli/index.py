@@ -13,7 +13,7 @@ from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from ..dataset.trust import allow_line, roots_for
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
-from .args import add_shared, add_storage, shared_keywords
+from .args import add_engine, add_shared, add_storage, engine, shared_keywords
 
 HELP = "index existing tar shards in place (webdataset, NeMo tarred, text), not rewriting a byte"
 DESCRIPTION = (
@@ -70,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_shared(p, "columns", COLUMNS_HELP)
     add_shared(p, "no_progress")
     add_storage(p)
+    add_engine(p, "scanning the tars")
 
 
 def _add_where(p: argparse.ArgumentParser) -> None:
@@ -99,7 +100,9 @@ def _add_where(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``shardify index`` and print what it wrote (exit 0)."""
     out = args.out or args.src
-    index = index_tars(args.src, args.out, layout=args.layout, manifest=args.manifest, **shared_keywords(args))
+    with engine(args) as chosen:
+        keywords = dict(layout=args.layout, manifest=args.manifest, **shared_keywords(args), engine=chosen)
+        index = index_tars(args.src, args.out, **keywords)
     adopted = index.meta["adopted"]
     if index.meta.get("skipped"):
         print(

@@ -10,7 +10,7 @@ from typing import Any
 from ..dataset.columns import left_out_note
 from ..dataset.describe import total_text, unit_text
 from ..dataset.limits import DEFAULT_MAX_COLUMNS
-from .args import PROG, add_shared, add_storage, positive_int, shared_keywords, size
+from .args import PROG, add_engine, add_shared, add_storage, engine, positive_int, shared_keywords, size
 
 SOURCE_HELP = (
     "Hugging Face datasets: hf:NAME[:SPLIT] or hf:NAME:CONFIG:SPLIT (from the hub, needs a network), or "
@@ -48,6 +48,7 @@ def add_arguments(w: argparse.ArgumentParser) -> None:
     )
     add_shared(w, "no_progress", "no progress bars")
     add_storage(w)
+    add_engine(w, "probing the records and writing the planned shards")
 
 
 def _add_source(w: argparse.ArgumentParser) -> None:
@@ -170,21 +171,23 @@ def run(args: argparse.Namespace) -> int:
     from ..write.writer import write_shards
 
     stats: dict[str, int] = {}
-    index = write_shards(
-        args.src,
-        args.out,
-        kind=args.kind,
-        data_root=args.data_root,
-        max_count=args.max_count,
-        max_size=args.max_size,
-        shuffle=args.shuffle,
-        seed=args.seed,
-        resume=args.resume,
-        stats=stats,
-        index_version=args.index_version,
-        tokenizer=args.tokenizer,
-        **shared_keywords(args),
-    )
+    with engine(args) as chosen:
+        index = write_shards(
+            args.src,
+            args.out,
+            kind=args.kind,
+            data_root=args.data_root,
+            max_count=args.max_count,
+            max_size=args.max_size,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            resume=args.resume,
+            stats=stats,
+            index_version=args.index_version,
+            tokenizer=args.tokenizer,
+            **shared_keywords(args),
+            engine=chosen,
+        )
     _report(args, index, stats)
     return 0
 

@@ -140,14 +140,37 @@ def measure(
     given, the rate the loader then emits and each ``.json`` reports); mixed rates in ``samples`` without
     ``sample_rate`` raise ``ShardifyError`` naming two files.
     """
+    return measured(probe_slice(records, kind, workers, progress, storage_options), kind, unit, sample_rate, on_error)
+
+
+#: what :func:`probe_slice` found: text samples, or audio records with their header's rate, frames and size; and
+#: a problem for each record it could not use. Slices of a record list probed apart concatenate in order.
+Probed = tuple[list[Any], list[InputProblem]]
+
+
+def probe_slice(
+    records: Sequence[Record], kind: str, workers: int = 1, progress: bool = True, storage_options: dict | None = None
+) -> Probed:
+    """The per-record half of :func:`measure` (headers read, tokens counted): it depends on no other record, so
+    an engine may probe slices of the record list apart (:mod:`.ray_engine`) and join them before :func:`measured`."""
     if kind == "text":
-        return (*_measure_text(records), None)
-    probed, problems = _probe_audio(records, workers, progress, storage_options)
+        return _measure_text(records)
+    return _probe_audio(records, workers, progress, storage_options)
+
+
+def measured(
+    probed: Probed, kind: str, unit: Unit | str, sample_rate: int | None, on_error: str
+) -> tuple[list[Sample], list[InputProblem], int | None]:
+    """The whole-list half of :func:`measure`: the index's sample rate (one rate for all records) and the
+    samples' lengths at it."""
+    items, problems = probed
+    if kind == "text":
+        return items, problems, None
     if problems and on_error == "fail":
         return [], problems, None
     audio_unit = Unit.parse(unit, (Unit.SAMPLES, Unit.SECONDS))
-    index_rate = _index_rate(probed, audio_unit, sample_rate)
-    samples = _audio_samples(probed, audio_unit, index_rate, problems)
+    index_rate = _index_rate(items, audio_unit, sample_rate)
+    samples = _audio_samples(items, audio_unit, index_rate, problems)
     return samples, problems, index_rate
 
 

@@ -22,6 +22,7 @@ from ..dataset.columns import ColumnError, bounded, choose_columns, column_value
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, ShardifyError
 from ..units import Unit
+from .engines import Engine
 from .lock import holds_lock
 from .parts import (
     Scope,
@@ -34,7 +35,7 @@ from .parts import (
     utc_now,
     write_errors,
 )
-from .probe import check_unit, measure, process_pool
+from .probe import check_unit, measured, probe_slice, process_pool
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
 from .tarwrite import Sample, ShardTask, existing_shard, plan_shards, write_shard
 from .tokenize import TextOptions
@@ -85,6 +86,7 @@ def write_shards(
     tokenizer: str | None = None,
     output_length: str | None = None,
     columns: str | Sequence[str] | None = None,
+    engine: Engine | None = None,
 ) -> ShardIndex:
     """Write ``src`` (any source :func:`~streambatch.write.sources.read_source` reads: an audio folder, a NeMo,
     SpeechBrain or lhotse manifest, a Kaldi folder, text JSONL, a Hugging Face dataset) as length-annotated WebDataset
@@ -101,7 +103,7 @@ def write_shards(
     tokenizer's tokens (``input_ids`` stored); ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio
     sample's transcript length (see ``tokenize.py``). ``columns``: the ``.json`` fields stored as metadata columns
     of the sample table, for filters (a list or ``"a,b"``; ``""`` for none); default: every scalar field but the
-    transcript (:mod:`~..dataset.columns`).
+    transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`; default here).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version)
@@ -122,13 +124,12 @@ def write_shards(
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
     records, unusable = text.apply(records)
-    samples, more, index_rate = measure(
-        records, medium, unit, sample_rate, workers, progress, storage_options, on_error
-    )
+    probed = (engine.probe if engine else probe_slice)(records, medium, workers, progress, storage_options)
+    samples, more, index_rate = measured(probed, medium, unit, sample_rate, on_error)
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
     chosen, left_out = _columns(samples, columns, index_version)
     tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, overwrite, resume, storage_options)
-    infos = _write_tasks(tasks, chosen, int(workers), progress, stats)
+    infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
     write_errors(
         storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options, remove_stale=resume
     )
@@ -172,10 +173,15 @@ def _kept_whole(merged: ShardIndex, stats: dict[str, int] | None) -> ShardIndex:
 
 
 def _write_tasks(
-    tasks: list[ShardTask], chosen: Any, workers: int, progress: bool, stats: dict[str, int] | None
+    tasks: list[ShardTask],
+    chosen: Any,
+    workers: int,
+    progress: bool,
+    stats: dict[str, int] | None,
+    engine: Engine | None = None,
 ) -> list[ShardInfo]:
-    """Write the planned shards and attach each one's metadata columns (for filters)."""
-    infos = write_planned(tasks, workers, progress, stats)
+    """Write the planned shards (here, or on ``engine``) and attach each one's metadata columns (for filters)."""
+    infos = (engine.write if engine else write_planned)(tasks, workers, progress, stats)
     for info, task in zip(infos, tasks):
         info.columns = column_values([s.meta for s in task.samples], chosen)
     return infos

@@ -36,6 +36,7 @@ from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError
+from ..engines import Engine
 from ..lock import holds_lock
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
 from ..probe import check_unit, process_pool
@@ -138,6 +139,7 @@ def index_tars(
     columns: str | Sequence[str] | None = None,
     storage_options: dict | None = None,
     progress: bool = True,
+    engine: Engine | None = None,
 ) -> ShardIndex:
     """Index the tars in ``src`` as they are: ``index.json`` (version 2) in ``out`` (default ``src``).
 
@@ -148,7 +150,8 @@ def index_tars(
     indexes the i-th of n slices of the tars as ``index.part-IIII.json``; ``shardify merge`` joins them.
     ``output_length``: ``chars``, ``tokens:TOKENIZER`` (of each transcript) or ``column:FIELD`` (an integer field
     of the manifest entry or ``.json``); ``columns``: the fields stored as metadata columns (default: every
-    scalar field but the transcript; a NeMo dataset's transcripts are always stored, as ``text``).
+    scalar field but the transcript; a NeMo dataset's transcripts are always stored, as ``text``). ``engine``: where
+    the tars are scanned (default: this process and its ``workers``; :class:`~..ray_engine.RayEngine`: Ray tasks).
     """
     src, out = str(src).rstrip("/") or "/", str(out or src).rstrip("/") or "/"
     _check_options(layout, workers, on_error)
@@ -167,7 +170,7 @@ def index_tars(
     manifests = _manifests(src, layout, manifest, storage_options)
     extras = SampleExtras(output_length, columns)
     suffixes = ADOPTED_SUFFIXES if manifests or shar else ()  # the layout says how names end: keys may hold dots
-    scans = scan_tars(tars, workers, progress, storage_options, suffixes)
+    scans = (engine.scan if engine else scan_tars)(tars, workers, progress, storage_options, suffixes)
     layout = "nemo" if manifests else _layout(layout, scans)
     kind = "text" if layout == "text" else "audio"
     unit = check_unit(kind, unit, sample_rate)

@@ -1,0 +1,216 @@
+"""``shardify write/index --engine ray`` on a real Ray cluster: a head and a second node started here on loopback,
+one write task killed mid-write and retried by Ray; the dataset equals a single-process write byte for byte (the
+index's time and random id aside, which differ between any two writes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import LONG_LIVED, keep_running, kill_tree, make_audio
+
+from streambatch.cli import main
+
+TASKS = 3
+
+
+@pytest.fixture(scope="module")
+def ray_installed() -> None:
+    pytest.importorskip("ray")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ray_env(home: Path, **more: str) -> dict[str, str]:
+    """The environment of every Ray process here: a home of its own (Ray keeps its auth token there), no
+    usage reports, no RAY_ADDRESS of the machine's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **more}
+
+
+def start_node(temp: Path, env: dict[str, str], head_port: int | None) -> subprocess.Popen:
+    """``ray start --block``: a head (``head_port`` None) or a node joining it, with ports of its own (both run on
+    this machine) and one CPU; it stays the parent of every Ray process of its node."""
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    where = (
+        ["--head", "--port", str(env["TEST_RAY_PORT"])]
+        if head_port is None
+        else ["--address", f"127.0.0.1:{head_port}"]
+    )
+    ports = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port"]
+    ports += ["--runtime-env-agent-port", "--node-manager-port", "--object-manager-port"]
+    cmd = [ray_cli, "start", *where, "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1"]
+    cmd += ["--disable-usage-stats", "--temp-dir", str(temp)]
+    cmd += ["--include-dashboard=false"] if head_port is None else []
+    for flag in ports:
+        cmd += [flag, str(free_port())]
+    log = temp.parent / ("head.log" if head_port is None else "node.log")
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    keep_running(proc.pid)  # outlives each test by design: the leak check leaves its tree alone
+    return proc
+
+
+def wait_started(proc: subprocess.Popen, log: Path) -> None:
+    """Wait until ``ray start`` says its node runs (it has then joined the cluster)."""
+    deadline = time.monotonic() + 120
+    while b"Ray runtime started" not in (log.read_bytes() if log.exists() else b""):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"a Ray node did not start: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_installed, tmp_path_factory) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """A Ray head and a second node on 127.0.0.1 (one CPU each): (address, environment, kill-hook marker). Both
+    node processes and all below them are ended after the module's tests; no `ray stop` (which would end
+    every Ray process of the machine's user)."""
+    home = tmp_path_factory.mktemp("rayhome")
+    top = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths must fit in 107 characters
+    temp = top / "t"
+    marker = home / "killed-once"
+    port = free_port()
+    env = ray_env(home, TEST_RAY_PORT=str(port), STREAMBATCH_RAY_TEST_KILL=f"1:{marker}")
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(start_node(temp, env, None))
+        procs.append(start_node(temp, env, port))  # at once: it waits for the head's GCS to answer
+        for proc, log in zip(procs, ("head.log", "node.log")):
+            wait_started(proc, top / log)
+        yield f"127.0.0.1:{port}", env, marker
+    finally:
+        for p in reversed(procs):
+            kill_tree(p.pid)
+            p.wait()
+            LONG_LIVED.discard(p.pid)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def shardify(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """``shardify ARGS`` as its own process (a Ray driver), in the cluster's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "streambatch.cli", *args], env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+def same_output(a: Path, b: Path) -> None:
+    """Every file of the two folders byte for byte the same, once each write's random index id and creation
+    time (in index.json and the tables' Parquet metadata) are set to the first's."""
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    ja, jb = (json.loads((d / "index.json").read_text()) for d in (a, b))
+    ids = (ja["id"].encode(), jb["id"].encode())  # in the Parquet files too: see same_table
+    created = (ja["meta"]["created"].encode(), jb["meta"]["created"].encode())
+    assert ids[0] != ids[1]
+    for name in names:
+        if name.endswith(".parquet"):
+            same_table(a / name, b / name)
+            continue
+        data = (b / name).read_bytes().replace(ids[1], ids[0])
+        if name == "index.json":
+            data = data.replace(b'"created":"' + created[1], b'"created":"' + created[0])
+        assert data == (a / name).read_bytes(), name
+
+
+def same_table(a: Path, b: Path) -> None:
+    """Two Parquet tables of an index alike: the same rows, schema, row groups and sizes, and the same metadata
+    but the index id (Arrow also stores the schema, id included, base64-encoded: compared decoded)."""
+    import pyarrow.parquet as pq
+
+    fa, fb = pq.ParquetFile(a), pq.ParquetFile(b)
+    assert fa.metadata.num_row_groups == fb.metadata.num_row_groups and a.stat().st_size == b.stat().st_size
+    ta, tb = (f.read() for f in (fa, fb))
+    assert ta.replace_schema_metadata(None).equals(tb.replace_schema_metadata(None))
+    ma, mb = (dict(t.schema.metadata or {}) for t in (ta, tb))
+    assert ma.keys() == mb.keys() and len(ma) == 1, sorted(ma)  # the id alone, which differs between any two writes
+
+
+@pytest.fixture(scope="module")
+def audio(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("src") / "audio"
+    for i in range(31):
+        make_audio(d / f"spk{i % 3}" / f"u{i:03d}.{['wav', 'flac'][i % 2]}", 0.03 + 0.01 * (i % 5), seed=i)
+        if i % 3 == 0:
+            (d / f"spk{i % 3}" / f"u{i:03d}.txt").write_text(f"words {i}\n")
+    return d
+
+
+WRITE = ["--max-count", "3", "--shuffle", "--seed", "7", "--no-progress"]
+
+
+def test_ray_write_with_a_killed_task_equals_a_single_process_write(tmp_path, cluster, audio):
+    address, env, marker = cluster
+    single, on_ray = tmp_path / "single", tmp_path / "ray"
+    assert main(["write", str(audio), str(single), *WRITE]) == 0
+    r = shardify(env, "write", str(audio), str(on_ray), *WRITE, "--engine", "ray", "--ray-address", address)
+    assert r.returncode == 0, r.stderr
+    assert "wrote 31 samples in 11 shards" in r.stdout
+    assert marker.exists(), "the kill hook did not run: no task was killed"
+    same_output(single, on_ray)
+    assert not [n for n in os.listdir(on_ray) if ".tmp" in n]  # the retry removed the killed attempt's leftovers
+
+
+def test_ray_index_of_tars_equals_a_local_index(tmp_path, cluster, audio):
+    address, env, _ = cluster
+    tars = tmp_path / "tars"
+    assert main(["write", str(audio), str(tars), *WRITE]) == 0
+    for name in os.listdir(tars):
+        if not name.endswith(".tar"):
+            shutil.rmtree(tars / name) if (tars / name).is_dir() else (tars / name).unlink()
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    assert main(["index", str(tars), "--out", str(local), "--no-progress"]) == 0
+    args = ["--engine", "ray", "--ray-address", address, "--tasks", str(TASKS), "--no-progress"]
+    r = shardify(env, "index", str(tars), "--out", str(on_ray), *args)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"indexed 31 samples in 11 tars", r.stdout), r.stdout
+    same_output(local, on_ray)
+
+
+def test_engine_options_need_the_ray_engine(capsys, audio, tmp_path):
+    """--ray-address and --tasks without --engine ray are refused; the write's help documents all three."""
+    assert main(["write", str(audio), str(tmp_path / "o"), "--tasks", "2"]) == 2
+    assert "options of --engine ray" in capsys.readouterr().err
+    assert main(["write", "--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in ("--engine", "--ray-address", "--tasks"):
+        assert flag in text
+
+
+NO_RAY = """
+import sys
+class NoRay:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+sys.meta_path.insert(0, NoRay())
+from streambatch.cli import main
+code = main(sys.argv[1:])
+print("ray" in sys.modules, code)
+"""
+
+
+def test_without_ray_the_package_works_and_the_ray_engine_names_the_extra(tmp_path, audio):
+    """Ray is an optional extra: without it the CLI starts and writes locally; --engine ray is a one-line error."""
+    run = [sys.executable, "-c", NO_RAY]
+    r = subprocess.run([*run, "write", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "False 0"
+    r = subprocess.run(
+        [*run, "write", str(audio), str(tmp_path / "o"), "--engine", "ray"], capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "False 2"
+    assert r.stderr.strip() == "shardify: error: the Ray engine needs Ray: pip install 'streambatch[ray]'"
+    assert not (tmp_path / "o").exists()
