@@ -4,7 +4,9 @@ published atomically with ``index.json`` last (see :mod:`streambatch.dataset.col
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import string
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,29 @@ from .storage import AtomicWriter, parent_url, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
+
+
+def source_date_epoch() -> int | None:
+    """``SOURCE_DATE_EPOCH`` (the reproducible-builds convention: seconds since 1970), or None when unset. When
+    set, an index records it as its ``created`` time and derives its id from it (:func:`write_id`), so the same
+    input gives byte-identical output from any engine or number of tasks."""
+    text = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        from ..errors import OptionError
+
+        raise OptionError(f"SOURCE_DATE_EPOCH={text!r}: expected whole seconds since 1970")
+    return int(text)
+
+
+def write_id(index_name: str) -> str:
+    """The id that ties an index's tables to its header: random, or with ``SOURCE_DATE_EPOCH`` set derived from
+    it and the index's name (a new input should come with a new ``SOURCE_DATE_EPOCH``, as its convention says)."""
+    epoch = source_date_epoch()
+    if epoch is None:
+        return uuid.uuid4().hex
+    return hashlib.sha256(f"streambatch index {epoch} {index_name}".encode()).hexdigest()[:32]
 
 
 def _arrow() -> tuple[Any, Any]:
@@ -130,7 +155,7 @@ class V2Writer:
         self.schema = sample_schema(length_type, self.extra, output_length)
         self.rows_per_file = rows_per_file or columnar.ROWS_PER_FILE
         self.rows_per_group = rows_per_group or columnar.ROWS_PER_GROUP
-        self.id = uuid.uuid4().hex
+        self.id = write_id(index_name)
         self.shards_name, self.samples_dir = table_names(index_name)
         self.num_shards = self.num_samples = 0
         self.total: float | int = 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dataset import storage
+from ..dataset.columnar_write import source_date_epoch
 from ..dataset.columns import ColumnError, merged_columns
 from ..dataset.format import (
     ERRORS_NAME,
@@ -232,8 +233,10 @@ def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict
 
 
 def utc_now() -> str:
-    """The ``created`` time of an index: UTC, to the second."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    """The ``created`` time of an index: UTC, to the second (``SOURCE_DATE_EPOCH`` when set: reproducible output)."""
+    epoch, utc = source_date_epoch(), datetime.timezone.utc
+    when = datetime.datetime.now(utc) if epoch is None else datetime.datetime.fromtimestamp(epoch, utc)
+    return when.isoformat(timespec="seconds")
 
 
 # ---- merging parts -----------------------------------------------------------------------------
