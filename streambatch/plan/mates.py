@@ -1,0 +1,63 @@
+"""Fresh batch-mates: the batches a window round emits trade members among near neighbours.
+
+A batch is a run of the length-sorted window, so two samples of neighbouring lengths that share a window (those
+of one shard always do) are batch-mates again in every epoch. Before a round's batches leave, runs that lie next
+to each other in the window are taken in seeded groups of :data:`GROUP` and, where the group's lengths are
+within :data:`SPREAD` of its longest and every run's size fits the budget at that longest length, their members
+are dealt out again at random (each run keeps its size and place in the emission order). The batch count stays
+the same, no batch goes over the budget, every sample still leaves once, and padding grows by at most the
+spread; the partners change from epoch to epoch as the batcher's seed does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .select import run_positions
+
+#: levels per doubling of length: runs whose longest samples share a level trade members (about 1 % apart)
+LEVELS = 64
+
+
+def mix_runs(
+    out: np.ndarray,
+    sizes: np.ndarray,
+    lens: np.ndarray,
+    capacity: Callable[[np.ndarray], np.ndarray],
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """The window positions ``out`` (batches of ``sizes``, flat in emission order; each batch ascending, so its
+    first position is its longest) with members traded inside groups of near runs; ``lens`` the window's
+    lengths by position, ``capacity`` the most samples a batch of each longest length may hold."""
+    nb = len(sizes)
+    if nb < 2:
+        return out
+    first = np.cumsum(sizes) - sizes
+    top = lens[out[first]]
+    group = level(top, rng.random())
+    order = np.lexsort((np.arange(nb), group))  # the batches grouped by level
+    g = group[order]
+    gstart = np.flatnonzero(np.diff(np.concatenate([[g[0] - 1], g])))
+    gtop = np.repeat(np.maximum.reduceat(top[order], gstart), np.diff(np.append(gstart, nb)))
+    fits = sizes[order] <= capacity(gtop)  # still within the budget with the group's longest sample
+    gid = np.cumsum(np.isin(np.arange(nb), gstart)) - 1
+    many = np.bincount(gid, weights=fits, minlength=len(gstart))[gid] >= 2
+    mb = order[fits & many]  # the batches that trade, grouped
+    if not len(mb):
+        return out
+    src = run_positions(first[mb], first[mb] + sizes[mb])
+    owner_group = np.repeat(gid[fits & many], sizes[mb])
+    pool = out[src][np.lexsort((rng.random(len(src)), owner_group))]  # shuffled within each group
+    owner = np.repeat(np.arange(len(mb)), sizes[mb])
+    new = out.copy()
+    new[src] = pool[np.lexsort((pool, owner))]  # each batch its size of its group's pool, ascending
+    return new
+
+
+def level(lengths: np.ndarray, phase: float) -> np.ndarray:
+    """Each length's level: :data:`LEVELS` per doubling, evenly spaced, shifted by ``phase`` (in [0, 1)) of a
+    level; from the float's exponent and a scaled mantissa (exact arithmetic, the same on every machine)."""
+    mantissa, exponent = np.frexp(np.asarray(lengths, dtype=np.float64))
+    return exponent.astype(np.int64) * (LEVELS + 1) + np.floor((2 * mantissa - 1) * LEVELS + phase).astype(np.int64)
