@@ -345,7 +345,11 @@ class BucketBatcher:
         """Window positions ``out`` of the round's batches with members traded among near runs (:mod:`.mates`)."""
         if self._mates is None or self.cost.packed:
             return out
-        return mix_runs(out, sizes, self._lens[: self.held], self._capacity, self._mates)
+        return mix_runs(out, sizes, self._lens[: self.held], self._capacity, self._mates, self._bucket)
+
+    def _bucket(self, lengths: np.ndarray) -> np.ndarray:
+        """The bucket of each length (as :meth:`_runs` cuts them; all 0 without boundaries)."""
+        return np.searchsorted(self.boundaries, lengths, side="left")
 
     def _final_round(self) -> tuple[np.ndarray, np.ndarray]:
         """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""
