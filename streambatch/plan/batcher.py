@@ -82,7 +82,7 @@ class BucketBatcher:
     @staticmethod
     def _trades(c: BatchingConfig) -> bool:
         """Whether batches trade members among near runs (:mod:`.mates`): padded, shuffled, one length budget."""
-        return c.shuffle and c.plan_version >= 2 and c.output_budget is None and c.batch_by is None
+        return c.shuffle and c.plan_version >= 2 and c.output_budget is None
 
     # ---- input ----------------------------------------------------------------------------------
     def _tensor_len(self, lengths: np.ndarray) -> np.ndarray:
@@ -345,11 +345,11 @@ class BucketBatcher:
         """Window positions ``out`` of the round's batches with members traded among near runs (:mod:`.mates`)."""
         if self._mates is None or self.cost.packed:
             return out
-        return mix_runs(out, sizes, self._lens[: self.held], self._capacity, self._mates, self._bucket)
-
-    def _bucket(self, lengths: np.ndarray) -> np.ndarray:
-        """The bucket of each length (as :meth:`_runs` cuts them; all 0 without boundaries)."""
-        return np.searchsorted(self.boundaries, lengths, side="left")
+        h = self.held
+        keys = None
+        if self.boundaries.size or self.grouped:  # what no batch crosses: a bucket (as :meth:`_runs` cuts), a key
+            keys = np.searchsorted(self.boundaries, self._lens[:h], side="left") * (1 << 32) + self._groups[:h]
+        return mix_runs(out, sizes, self._lens[:h], self._capacity, self._mates, keys)
 
     def _final_round(self) -> tuple[np.ndarray, np.ndarray]:
         """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""

@@ -27,20 +27,21 @@ def mix_runs(
     lens: np.ndarray,
     capacity: Callable[[np.ndarray], np.ndarray],
     rng: np.random.Generator,
-    bucket: Callable[[np.ndarray], np.ndarray] | None = None,
+    keys: np.ndarray | None = None,
 ) -> np.ndarray:
     """The window positions ``out`` (batches of ``sizes``, flat in emission order; each batch ascending, so its
     first position is its longest) with members traded inside groups of near runs; ``lens`` the window's
-    lengths by position, ``capacity`` the most samples a batch of each longest length may hold, ``bucket`` the
-    bucket of each length where batches keep to buckets (runs of two buckets never trade)."""
+    lengths by position, ``capacity`` the most samples a batch of each longest length may hold, ``keys`` (by
+    position) what a batch must keep to, its bucket and group key: runs of two keys never trade."""
     nb = len(sizes)
     if nb < 2:
         return out
     first = np.cumsum(sizes) - sizes
     top = lens[out[first]]
     group = level(top, rng.random())
-    if bucket is not None:
-        group = group * (1 << 20) + bucket(top)
+    if keys is not None:  # levels and keys as one label, in the order of (key, level)
+        _, key = np.unique(keys[out[first]], return_inverse=True)
+        group = key.astype(np.int64) * (int(group.max()) + 1) + group
     order = np.lexsort((np.arange(nb), group))  # the batches grouped by level
     g = group[order]
     gstart = np.flatnonzero(np.diff(np.concatenate([[g[0] - 1], g])))
