@@ -42,22 +42,25 @@ def mix_runs(
     if keys is not None:  # levels and keys as one label, in the order of (key, level)
         _, key = np.unique(keys[out[first]], return_inverse=True)
         group = key.astype(np.int64) * (int(group.max()) + 1) + group
-    order = np.lexsort((np.arange(nb), group))  # the batches grouped by level
+    order = np.argsort(group, kind="stable")  # the batches grouped by level
     g = group[order]
-    gstart = np.flatnonzero(np.diff(np.concatenate([[g[0] - 1], g])))
-    gtop = np.repeat(np.maximum.reduceat(top[order], gstart), np.diff(np.append(gstart, nb)))
-    fits = sizes[order] <= capacity(gtop)  # still within the budget with the group's longest sample
-    gid = np.cumsum(np.isin(np.arange(nb), gstart)) - 1
-    many = np.bincount(gid, weights=fits, minlength=len(gstart))[gid] >= 2
-    mb = order[fits & many]  # the batches that trade, grouped
+    new_group = np.empty(nb, dtype=bool)
+    new_group[0] = True
+    np.not_equal(g[1:], g[:-1], out=new_group[1:])
+    if new_group.all():  # no two batches share a level: nothing to trade
+        return out
+    gid = np.cumsum(new_group) - 1
+    gtop = np.maximum.reduceat(top[order], np.flatnonzero(new_group))
+    fits = sizes[order] <= capacity(gtop)[gid]  # still within the budget with the group's longest sample
+    many = np.bincount(gid[fits], minlength=len(gtop))[gid] >= 2
+    take = fits & many
+    mb = order[take]  # the batches that trade, grouped
     if not len(mb):
         return out
     src = run_positions(first[mb], first[mb] + sizes[mb])
-    owner_group = np.repeat(gid[fits & many], sizes[mb])
-    pool = out[src][np.lexsort((rng.random(len(src)), owner_group))]  # shuffled within each group
-    owner = np.repeat(np.arange(len(mb)), sizes[mb])
+    shuffle = np.argsort(np.repeat(gid[take], sizes[mb]) + rng.random(len(src)))  # within each group
     new = out.copy()
-    new[src] = pool[np.lexsort((pool, owner))]  # each batch its size of its group's pool, ascending
+    new[src] = out[src[shuffle]]  # each batch takes back its size of its group's shuffled pool
     return new
 
 
