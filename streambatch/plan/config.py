@@ -162,7 +162,7 @@ class BatchingConfig:
 
     def replace(self, **changes: Any) -> BatchingConfig:
         """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
+        return with_plan_version(dataclasses.replace(self, **changes), self.plan_version)
 
 
 def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:

@@ -1,12 +1,13 @@
-"""Fresh batch-mates: the batches a window round emits trade members among near neighbours.
+"""Fresh batch-mates: the batches a window round sends out trade members among batches of near length.
 
 A batch is a run of the length-sorted window, so two samples of neighbouring lengths that share a window (those
-of one shard always do) are batch-mates again in every epoch. Before a round's batches leave, runs that lie next
-to each other in the window are taken in seeded groups of :data:`GROUP` and, where the group's lengths are
-within :data:`SPREAD` of its longest and every run's size fits the budget at that longest length, their members
-are dealt out again at random (each run keeps its size and place in the emission order). The batch count stays
-the same, no batch goes over the budget, every sample still leaves once, and padding grows by at most the
-spread; the partners change from epoch to epoch as the batcher's seed does.
+of one shard always do) would be batch-mates again in every epoch. Before a round's batches leave, those whose
+longest samples share a length :func:`level` (:data:`LEVELS` per doubling, about 1 % apart, the edges shifted
+by a seeded random phase each round) pool their samples, the pool is shuffled, and each batch takes back as many
+as it had. A batch joins only if its size still fits the budget at the pool's longest length, and never with a
+batch of another bucket or ``batch_by`` key. So every batch keeps its size and place in the emission order and
+stays within the budget, every sample still leaves once, the batch count is that of the plain cut, and padding
+grows by at most a level; the partners change with the batcher's seed, that is with the epoch.
 """
 
 from __future__ import annotations
