@@ -61,8 +61,9 @@ class BucketBatcher:
         self.shuffle = c.shuffle
         self.pad_multiple = int(c.pad_to_multiple_of or 1)
         self.rng = np.random.default_rng(c.seed if seed is None else seed)
-        # batch-mates traded among near runs (:mod:`.mates`), from a stream of its own: the choices stay put
-        self._mates = self.rng.spawn(1)[0] if self._trades(c) else None
+        # batches trade members (:mod:`.mates`; padded, shuffled, one budget) from a generator of their own
+        trades = c.shuffle and c.plan_version >= 2 and c.output_budget is None
+        self._mates = self.rng.spawn(1)[0] if trades else None
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._out_dtype: type = np.int64  # batches as int32 positions when the whole stream is known to fit
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
@@ -78,11 +79,6 @@ class BucketBatcher:
         # lengths pushed so far: how common each length is in this stream (per group key with batch_by)
         self._seen: Any = GroupHistograms() if self.grouped else LengthHistogram()
         self._pushed = 0  # samples that entered the window
-
-    @staticmethod
-    def _trades(c: BatchingConfig) -> bool:
-        """Whether batches trade members among near runs (:mod:`.mates`): padded, shuffled, one length budget."""
-        return c.shuffle and c.plan_version >= 2 and c.output_budget is None
 
     # ---- input ----------------------------------------------------------------------------------
     def _tensor_len(self, lengths: np.ndarray) -> np.ndarray:
@@ -345,8 +341,7 @@ class BucketBatcher:
         """Window positions ``out`` of the round's batches with members traded among near runs (:mod:`.mates`)."""
         if self._mates is None or self.cost.packed:
             return out
-        h = self.held
-        keys = None
+        h, keys = self.held, None
         if self.boundaries.size or self.grouped:  # what no batch crosses: a bucket (as :meth:`_runs` cuts), a key
             keys = np.searchsorted(self.boundaries, self._lens[:h], side="left") * (1 << 32) + self._groups[:h]
         return mix_runs(out, sizes, self._lens[:h], self._capacity, self._mates, keys)
