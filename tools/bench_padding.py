@@ -10,6 +10,8 @@ Three parts, each printed as a plain table:
    (``plan_batches`` with the default window (sized from the lengths) and ``10_000``; more sizes on text). The fixed
    batch size is the oracle's mean batch size, so all rows have about the same number of batches. Order
    randomness: Pearson of batch position against longest sample, Spearman's rho against mean length.
+1b. **The text row over several seeds** (``--text-seeds``, default 5): batches / oracle and rho at the default
+   window on each seed, and the worst of them (targets <= 1.02x, |rho| <= 0.05 on every seed).
 2. **Planning speed**: ``plan_batches`` over 1 M LibriSpeech-like lengths (target >= 1 M lengths/s).
 3. **Streaming throughput, time to first batch, memory**: ``StreamBatchLoader`` against a plain
    ``webdataset.WebDataset`` pipeline over the same local shards, both decoding FLAC with soundfile and padding
@@ -159,6 +161,30 @@ def quality(n: int, seed: int, buffers: dict[str, list[int]]) -> tuple[str, list
     ]
     text = table(rows, header, "llrrrrrrrr")
     return text, summary
+
+
+def text_over_seeds(n: int, seeds: list[int]) -> tuple[str, str]:
+    """The text row (default window) on several seeds: batches / oracle and rho on each, and the worst of them."""
+    gen, budget, _ = DISTRIBUTIONS["text"]
+    rows, ratios, rhos = [], [], []
+    for seed in seeds:
+        lengths = gen(n, seed)
+        plan = list(plan_batches(lengths, budget, seed=seed))
+        ratio = len(plan) / len(sorted_oracle(lengths, budget))
+        rho = spearman_rho(plan, lengths)
+        ratios.append(ratio)
+        rhos.append(rho)
+        buf = BatchingConfig.make(budget, lengths).buffer_size
+        rows.append([str(seed), f"{buf:,}", f"{len(plan):,}", f"{ratio:.4f}", f"{rho:+.3f}"])
+    worst_ratio, worst_rho = max(ratios), max(rhos, key=abs)
+    ok = worst_ratio <= TARGET_RATIO and abs(worst_rho) <= TARGET_RHO
+    rows.append(["worst", "", "", f"{worst_ratio:.4f}", f"{worst_rho:+.3f}"])
+    verdict = (
+        f"text over {len(seeds)} seeds: worst batches/oracle = {worst_ratio:.4f}, worst rho = {worst_rho:+.3f} -> "
+        + ("PASS" if ok else "MISS")
+        + f" (targets <= {TARGET_RATIO:.2f}x, |rho| <= {TARGET_RHO})"
+    )
+    return table(rows, ["seed", "buffer (default)", "batches", "/oracle", "rho(pos,mean)"], "lrrrr"), verdict
 
 
 # ---- 2. planning speed ---------------------------------------------------------------------------
@@ -615,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--n", type=int, default=200_000, help="lengths per distribution (default 200,000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text-seeds", type=int, default=5, help="seeds the text row runs over (part 1b; default 5)")
     p.add_argument("--plan-n", type=int, default=1_000_000, help="lengths for the planning-speed test (default 1 M)")
     p.add_argument(
         "--stream-utterances",
@@ -686,6 +713,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary:
         print("  " + line)
     print(f"({time.perf_counter() - t0:.1f} s)")
+    print()
+    seeds = list(range(args.seed, args.seed + args.text_seeds))
+    print(f"1b. the text row (default window) on seeds {seeds[0]}..{seeds[-1]}, N = {args.n:,} each; the worst counts")
+    text, verdict = text_over_seeds(args.n, seeds)
+    print(text)
+    print("  " + verdict)
     print()
 
     print(

@@ -19,6 +19,7 @@ from ..errors import BudgetError, ShardifyError
 from ..plan.buckets import estimate_boundaries, suggest_budget
 from ..plan.config import parse_budget as parse_any_budget
 from ..plan.epoch import make_epoch_plan
+from ..plan.freshness import epoch_batches, pairs_kept
 from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
@@ -64,7 +65,8 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         "--plan",
         action="store_true",
         help="plan epoch 0 with --budget on --world-size ranks x --num-workers workers and show its steps "
-        "per rank, batch-size histogram, padding and budget use (--plot draws them)",
+        "per rank, batch-size histogram, padding and budget use, and how many batch-mate pairs meet again in the "
+        "next epoch (--plot draws them)",
     )
     i.add_argument("--world-size", type=positive_int, default=1, metavar="W", help="ranks for --plan (default 1)")
     i.add_argument(
@@ -340,7 +342,8 @@ def planned_epoch(
     index: Any, budget: float, world_size: int, num_workers: int, epoch: int = 0, **options: Any
 ) -> dict[str, Any]:
     """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
-    padding % and mean budget use over the batches (from the index lengths)."""
+    padding % and mean budget use over the batches (from the index lengths), and freshness: the share of the
+    epoch's batch-mate pairs that are batch-mates again in the next epoch (:mod:`~streambatch.plan.freshness`)."""
     lengths = index_lengths(index)
     # the loader's option building pulls in torch (its workers' collate options): only `--plan` needs it
     from ..loader.metrics import batch_figures, planned_batches
@@ -351,6 +354,8 @@ def planned_epoch(
         raise ShardifyError(f"a planned epoch takes one whole-number seed, not {config.seed!r}")
     layout = Layout(world_size, num_workers)
     plan = make_epoch_plan(lengths, config, epoch, layout, excluded=selection_of(index, epoch, config.seed))
+    after = make_epoch_plan(lengths, config, epoch + 1, layout, excluded=selection_of(index, epoch + 1, config.seed))
+    kept = pairs_kept(epoch_batches(plan), epoch_batches(after), lengths.num_samples)
     ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
     every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
     sizes = every["size"].astype(np.int64).tolist()
@@ -362,6 +367,7 @@ def planned_epoch(
         "steps": plan.steps,
         "samples_per_rank": [int(b["size"].sum()) for b in ranks],
         **batch_figures(every),
+        "pairs_kept_pct": 100 * kept,  # of this epoch's batch-mate pairs, batch-mates again in the next
         "left_out": plan.surplus_samples,
         "skipped": plan.skipped_samples,
         "batch_sizes": {
@@ -388,6 +394,7 @@ def print_planned(p: dict[str, Any], as_json: bool = False) -> None:
         f"{p['steps']:,} steps per rank, {p['batches']:,} batches"
     )
     print(f"padding    {pct(p['padding_pct'])}; budget used {pct(p['budget_utilisation_pct'])} per batch on average")
+    print(f"freshness  {p['pairs_kept_pct']:.1f}% of the batch-mate pairs meet again in the next epoch")
     print(
         f"samples    per rank {min(p['samples_per_rank']):,} to {max(p['samples_per_rank']):,}; "
         f"{p['left_out']:,} left out to equalise steps, {p['skipped']:,} skipped"

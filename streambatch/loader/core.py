@@ -450,6 +450,7 @@ class StreamBatchLoader:
             earlier_layouts=[run.state_dict() for run in resumed.layouts] if resumed else [],
             excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
             skip_steps=skip_state(self._skips, self.epoch),
+            plan_version=self.config.plan_version,
         )
 
     def load_state_dict(self, state: dict[str, Any], skip_steps: Iterable[int] = ()) -> None:
@@ -465,6 +466,7 @@ class StreamBatchLoader:
         saved = LoaderState.from_dict(state)
         to_saved_epoch(self, saved)  # a weight schedule: the epoch's weights, checked against the saved ones
         saved.check(self._own_state())
+        self.config = saved.keep_plan_version(self.config)
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         n = self.index.num_samples if self.index is not None else 0

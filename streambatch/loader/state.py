@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.config import BatchingConfig
+from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
 from ..plan.layout import Layout
 from ..plan.resume import EarlierRun, Resumed
@@ -54,6 +54,9 @@ class LoaderState:
     skip_steps: list[list[int]] = field(default_factory=list)
     """Steps of ``epoch`` a resume skips, as ``[[a, b], ...]`` ranges of step numbers from the epoch's start
     (``load_state_dict(state, skip_steps=...)``): a later resume from this state skips them too."""
+    plan_version: int = PLAN_VERSION
+    """The batching rule the epoch was planned by (:attr:`~streambatch.plan.config.BatchingConfig.plan_version`); a
+    state saved before it was recorded was planned by rule 1, and a loader resuming it keeps that rule."""
     recorded: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     """The keys the saved dict held (all for a state this version made): an absent one is not checked."""
 
@@ -101,6 +104,10 @@ class LoaderState:
         # between epochs the options may change; within one they decide what was seen
         if self.batches_consumed and self.batching is not None and mine.batching is not None:
             _check_batching(self.batching, mine.batching)
+
+    def keep_plan_version(self, config: BatchingConfig) -> BatchingConfig:
+        """``config`` planning by the rule this state's epochs were planned by (1 for a state that does not say)."""
+        return with_plan_version(config, int(self.plan_version) if self.knows("plan_version") else 1)
 
     def layout(self, current: Layout) -> Layout | None:
         """The layout the state was saved on (what an older state did not record taken from ``current``), or None

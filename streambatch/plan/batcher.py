@@ -18,6 +18,7 @@ from .batchplan import BatchPlan, sort_batches, sorted_oracle  # noqa: F401 - so
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
 from .groups import GroupHistograms, group_ends, group_runs
+from .mates import mix_runs
 from .outputs import bound_reach
 from .packed import pack_by_sum
 from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
@@ -60,6 +61,9 @@ class BucketBatcher:
         self.shuffle = c.shuffle
         self.pad_multiple = int(c.pad_to_multiple_of or 1)
         self.rng = np.random.default_rng(c.seed if seed is None else seed)
+        # batches trade members (:mod:`.mates`; padded, shuffled, one budget) from a generator of their own
+        trades = c.shuffle and c.plan_version >= 2 and c.output_budget is None
+        self._mates = self.rng.spawn(1)[0] if trades else None
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._out_dtype: type = np.int64  # batches as int32 positions when the whole stream is known to fit
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
@@ -330,7 +334,17 @@ class BucketBatcher:
             return self._final_round()
         if self.cost.packed:
             return self._emit(*self._greedy_choice(np.arange(self.held), self.refill))
-        return self._emit(*self._tightest_choice())
+        out, sizes = self._tightest_choice()
+        return self._emit(self._traded(out, sizes), sizes)
+
+    def _traded(self, out: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Window positions ``out`` of the round's batches with members traded among near runs (:mod:`.mates`)."""
+        if self._mates is None or self.cost.packed:
+            return out
+        h, keys = self.held, None
+        if self.boundaries.size or self.grouped:  # what no batch crosses: a bucket (as :meth:`_runs` cuts), a key
+            keys = np.searchsorted(self.boundaries, self._lens[:h], side="left") * (1 << 32) + self._groups[:h]
+        return mix_runs(out, sizes, self._lens[:h], self._capacity, self._mates, keys)
 
     def _final_round(self) -> tuple[np.ndarray, np.ndarray]:
         """End of stream: the whole window cut greedily, every batch emitted (``drop_last``: complete ones)."""
@@ -344,8 +358,9 @@ class BucketBatcher:
             keep = full[chosen]
             self.dropped.extend(ids[members(chosen[~keep])].tolist())
             chosen = chosen[keep]
+        out = self._traded(members(chosen), sizes[chosen])
         self.held = self._nsorted = 0
-        return ids[members(chosen)].astype(self._out_dtype), sizes[chosen]
+        return ids[out].astype(self._out_dtype), sizes[chosen]
 
     def _tightest_choice(self) -> tuple[np.ndarray, np.ndarray]:
         """Window positions of the batches to emit (flat, in emission order) and their sizes: the tightest

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from ..errors import OptionError, bool_option, choice_option, int_option, number
 from .buckets import DEFAULT_BUFFER, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
+
+#: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
+PLAN_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class BatchingConfig:
     """``"dataset"``: every batch holds samples of one dataset of a mixture (:data:`BATCH_BY`); None: any."""
     cost: CostModel = field(default_factory=PaddedCost)
     """What a batch costs against the budget (:mod:`~streambatch.plan.cost`)."""
+
+    #: the batching rule's version (not an option): 2 trades batch-mates among near runs (:mod:`.mates`), 1 does
+    #: not; a checkpoint saved before version 2 resumes with 1 (:func:`with_plan_version`)
+    plan_version: ClassVar[int] = PLAN_VERSION
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
@@ -155,7 +162,7 @@ class BatchingConfig:
 
     def replace(self, **changes: Any) -> BatchingConfig:
         """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
+        return with_plan_version(dataclasses.replace(self, **changes), self.plan_version)
 
 
 def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:
@@ -214,6 +221,14 @@ BUCKET_SPACINGS = ("quantile", "exponential")
 FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))
 #: every keyword :meth:`BatchingConfig.make` understands besides ``budget`` and ``lengths``
 OPTIONS = FIELDS + ("num_buckets", "bucket_spacing", "cost", "quadratic_factor", "packed")
+
+
+def with_plan_version(config: BatchingConfig, version: int) -> BatchingConfig:
+    """``config`` planning by the batching rule of ``version`` (1 or 2: an earlier checkpoint's epochs)."""
+    if version not in (1, PLAN_VERSION):
+        raise OptionError(f"plan_version {version!r}: this version plans by rules 1 and {PLAN_VERSION} only")
+    object.__setattr__(config, "plan_version", version)  # not a field: the options stay as they were
+    return config
 
 
 def slot_seed(seed: Any, epoch: int, slot: int) -> list[int]:

@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Freshness of batches from epoch to epoch: streambatch against lhotse's DynamicBucketingSampler on the same lengths.
+
+Of the batch-mate pairs of epoch 0 (two samples one batch holds), the share that are batch-mates again in epoch 1
+(``streambatch.plan.freshness.pairs_kept``), beside the batch count against the globally sorted greedy oracle
+(``sorted_oracle``) and the padding. LibriSpeech-like lengths (``streambatch.synthetic.librispeech_like``, budget
+200 s at 16 kHz) in shards of 500 in id order, on one rank with 4 workers, at 20k and 100k lengths. Everything is
+planned, nothing is read: streambatch's rows are ``make_epoch_plan`` (today's rule, and rule 1 of the versions
+before batch-mates were traded, ``plan_version=1``); lhotse's are its sampler over a ``CutSet`` of ``MonoCut``s with
+the same durations and no audio, one sampler per worker over that worker's shards (the shards in a seeded order
+per epoch, dealt round robin, as a sharded iterable dataset streams them), ``max_duration=200``, ``shuffle=True``,
+``set_epoch(e)``; with its default buffer (20,000 cuts) and with streambatch's window (``buffer_size`` = 2,000).
+
+Usage: ``python tools/bench_freshness.py [--sizes 20000,100000] [--seed 0] [--no-lhotse]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_common import machine, table  # noqa: E402
+
+from streambatch.plan.batcher import sorted_oracle  # noqa: E402
+from streambatch.plan.config import BatchingConfig, with_plan_version  # noqa: E402
+from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
+from streambatch.plan.freshness import epoch_batches, pairs_kept  # noqa: E402
+from streambatch.plan.layout import Layout  # noqa: E402
+from streambatch.synthetic import SAMPLE_RATE, librispeech_like  # noqa: E402
+
+SHARD = 500
+WORKERS = 4
+BUDGET_S = 200.0
+TARGET_RATIO = 1.02
+
+
+def streambatch_epochs(lengths: np.ndarray, seed: int, version: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Epochs 0 and 1 planned by streambatch (batches of sample ids) under batching rule ``version``."""
+    shards = [lengths[i : i + SHARD] for i in range(0, len(lengths), SHARD)]
+    cfg = with_plan_version(BatchingConfig.make(BUDGET_S * SAMPLE_RATE, lengths, seed=seed), version)
+    layout = Layout(1, WORKERS)
+    e0, e1 = (epoch_batches(make_epoch_plan(shards, cfg, e, layout)) for e in (0, 1))
+    return e0, e1
+
+
+def lhotse_epoch(lengths: np.ndarray, seed: int, epoch: int, buffer_size: int) -> list[np.ndarray]:
+    """One epoch of lhotse's DynamicBucketingSampler, one sampler per worker over the worker's shards."""
+    from lhotse import CutSet, MonoCut
+    from lhotse.dataset import DynamicBucketingSampler
+
+    order = np.random.default_rng([seed, epoch]).permutation(len(lengths) // SHARD)
+    out: list[np.ndarray] = []
+    for w in range(WORKERS):
+        ids = np.concatenate([np.arange(s * SHARD, (s + 1) * SHARD) for s in order[w::WORKERS]])
+        cuts = CutSet.from_cuts(
+            MonoCut(id=str(i), start=0.0, duration=float(lengths[i]) / SAMPLE_RATE, channel=0) for i in ids.tolist()
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an eagerly read CutSet: the same batches as a lazy one, faster
+            sampler = DynamicBucketingSampler(
+                cuts, max_duration=BUDGET_S, shuffle=True, seed=seed, buffer_size=buffer_size
+            )
+            sampler.set_epoch(epoch)
+            out += [np.array([int(c.id) for c in batch], dtype=np.int64) for batch in sampler]
+    return out
+
+
+def row(label: str, e0: list[np.ndarray], e1: list[np.ndarray], lengths: np.ndarray, oracle: int, t: float) -> list:
+    n = len(lengths)
+    padded = sum(len(b) * int(lengths[b].max()) for b in e0)
+    assert len(np.unique(np.concatenate(e0))) == n, label  # every sample once
+    return [
+        f"{n:,}",
+        label,
+        f"{100 * pairs_kept(e0, e1, n):.2f}",
+        f"{len(e0):,}",
+        f"{len(e0) / oracle:.4f}",
+        f"{100 * (1 - lengths.sum() / padded):.2f}",
+        f"{t:.1f}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="20000,100000", help="numbers of lengths (default 20000,100000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-lhotse", action="store_true", help="streambatch rows only")
+    args = p.parse_args(argv)
+    print(f"streambatch bench_freshness  ({machine()})")
+    print(
+        f"LibriSpeech-like lengths, budget {BUDGET_S:g} s, shards of {SHARD}, 1 rank x {WORKERS} workers, "
+        f"seed {args.seed}"
+    )
+    rows, verdicts = [], []
+    for n in [int(x) for x in args.sizes.split(",")]:
+        lengths = librispeech_like(n, args.seed)
+        oracle = len(sorted_oracle(lengths, BUDGET_S * SAMPLE_RATE))
+        found = {}
+        for label, version in (("streambatch", 2), ("streambatch rule 1 (before)", 1)):
+            t0 = time.perf_counter()
+            e0, e1 = streambatch_epochs(lengths, args.seed, version)
+            rows.append(row(label, e0, e1, lengths, oracle, time.perf_counter() - t0))
+            found[label] = (pairs_kept(e0, e1, n), len(e0) / oracle)
+        if not args.no_lhotse:
+            for label, buf in (("lhotse (buffer 20,000)", 20_000), ("lhotse (buffer 2,000)", 2_000)):
+                t0 = time.perf_counter()
+                e0, e1 = (lhotse_epoch(lengths, args.seed, e, buf) for e in (0, 1))
+                rows.append(row(label, e0, e1, lengths, oracle, time.perf_counter() - t0))
+                found[label] = (pairs_kept(e0, e1, n), len(e0) / oracle)
+        kept, ratio = found["streambatch"]
+        for other in [k for k in found if k.startswith("lhotse")]:
+            ok = kept <= found[other][0] and ratio <= TARGET_RATIO
+            verdicts.append(
+                f"{n:>7,}: streambatch keeps {100 * kept:.2f}% at {ratio:.4f}x oracle; "
+                f"{other} {100 * found[other][0]:.2f}% at {found[other][1]:.4f}x -> {'PASS' if ok else 'MISS'} "
+                f"(pairs kept <= lhotse's, <= {TARGET_RATIO}x)"
+            )
+        rows.append([""] * 7)
+    rows.pop()
+    header = ["lengths", "sampler", "pairs kept %", "batches", "/oracle", "padding %", "s (2 epochs)"]
+    print(table(rows, header, "llrrrrr"))
+    print("pairs kept % = of epoch 0's batch-mate pairs, the share that are batch-mates again in epoch 1.")
+    print("/oracle = batches of epoch 0 / batches of sorted_oracle (all lengths sorted, cut greedily).")
+    for line in verdicts:
+        print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
