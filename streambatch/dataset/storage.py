@@ -113,6 +113,7 @@ def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec
             cfg.setdefault("connect_timeout", timeout)
             cfg.setdefault("read_timeout", timeout)
         cfg.setdefault("retries", {"total_max_attempts": 1})
+        cfg.setdefault("max_pool_connections", 64)  # botocore's 10 would queue an adaptive read-ahead's requests
         opts["config_kwargs"] = cfg
         opts.pop("retries", None)
     elif protocol in ("http", "https") and timeout:
