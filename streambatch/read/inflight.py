@@ -63,12 +63,11 @@ class InFlight:
         now = time.monotonic()
         with self._lock:
             if self._last_take is not None:
-                busy = now - self._last_take - waited
-                if busy > 1e-4:
-                    self.rate = _avg(self.rate, nbytes / busy)
+                busy = max(now - self._last_take - waited, 1e-4)  # a chunk parsed at once: a rate, not 1/0
+                self.rate = _avg(self.rate, nbytes / busy)
+                if waited > 0.001:  # starved: the measured rate is the supply's, so ask for one more
+                    self._stalls = min(self._stalls + 1, self.bound)
             self._last_take = now
-            if waited > 0.001 and self.rate is not None:  # starved: the measured rate is the supply's
-                self._stalls = min(self._stalls + 1, self.bound)
             self._update()
 
     def need(self) -> float:
