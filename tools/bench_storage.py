@@ -86,6 +86,7 @@ def child(spec: dict) -> dict:
         "rss_before": before,
         "rss_peak": rss_mb(),
         "stats": loader.fault_stats(),
+        "storage_wait": loader.metrics().get("waited_on_storage_s", 0.0),
     }
 
 
@@ -219,19 +220,13 @@ def measure(configs: list[tuple[str, str, dict | None]], base: dict, read_ahead:
             ra_txt = "-" if so is None else ((f"on ({ra})" if ra else "off") + (f", fixed {fixed}" if fixed else ""))
             growth = f"{r['rss_peak'] - r['rss_before']:+.0f}"
             ratio = f"{sps / local_rate:.2f}x"
-            rows.append(
-                [
-                    name,
-                    ra_txt,
-                    f"{sps:,.0f}",
-                    f"{mbs:,.1f}",
-                    ratio,
-                    f"{r['rss_peak']:.0f}",
-                    growth,
-                    r["stats"]["retries"],
-                ]
+            wait = f"{r['storage_wait']:.2f}"
+            rows.append([name, ra_txt, f"{sps:,.0f}", f"{mbs:,.1f}", ratio, wait, f"{r['rss_peak']:.0f}", growth])
+            print(
+                f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)",
+                file=sys.stderr,
+                flush=True,
             )
-            print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio})", file=sys.stderr, flush=True)
     return rows
 
 
@@ -291,7 +286,16 @@ def main(argv: list[str] | None = None) -> None:
             if not a.only_100ms or "100" in name:
                 configs.append((name, url, options(ep)))
         runs = [measure(configs, base, a.read_ahead) for _ in range(a.runs)]
-        header = ["source", "read-ahead", "samples/s", "MB/s", "vs local", "peak RSS MB", "growth MB", "retries"]
+        header = [
+            "source",
+            "read-ahead",
+            "samples/s",
+            "MB/s",
+            "vs local",
+            "waited on storage s",
+            "peak RSS MB",
+            "growth MB",
+        ]
         print()
         print(
             f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
@@ -305,8 +309,9 @@ def main(argv: list[str] | None = None) -> None:
             summary = []
             for j, row in enumerate(runs[0]):
                 ratios = [float(r[j][4].rstrip("x")) for r in runs]
-                summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x"])
-            print(table(summary, ["source", "read-ahead", "vs local per run", "worst"]))
+                waits = " / ".join(r[j][5] for r in runs)
+                summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits])
+            print(table(summary, ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run"]))
     finally:
         for p in procs:
             p.terminate()
