@@ -5,9 +5,10 @@ request at a time delivers at most ``chunk / (latency + chunk / bandwidth)`` byt
 that takes ``rate`` bytes/s needs ``rate × duration / chunk`` requests in flight, where ``duration`` is how long
 one request takes in all. :class:`InFlight` measures both (the parser's rate while it was not waiting, each
 request's duration and size, as moving averages) and sets the target to twice that need, rounded up, between
-``read_concurrency`` (the start, before anything was measured) and ``max_read_concurrency`` (the bound). A
-parser that had to wait for a chunk raises the target by one more (a rate measured while starved is the
-supply's, not the demand's). The bytes the requests hold are bounded separately, by ``read_ahead``.
+``read_concurrency`` (the start, before anything was measured) and ``max_read_concurrency`` (the bound). Each
+time the parser had to wait for a chunk the target grows by one more (a rate measured while starved is the
+supply's, not the demand's), and each chunk that was there in time gives one back. The bytes the requests
+hold are bounded separately, by ``read_ahead``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class InFlight:
                 self.rate = _avg(self.rate, nbytes / busy)
                 if waited > 0.001:  # starved: the measured rate is the supply's, so ask for one more
                     self._stalls = min(self._stalls + 1, self.bound)
+                else:  # fed in time: give one back (extra requests cost the store, and CPU on a small machine)
+                    self._stalls = max(self._stalls - 1, 0)
             self._last_take = now
             self._update()
 
