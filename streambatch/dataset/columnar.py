@@ -30,9 +30,7 @@ SAMPLES_DIR = "index.samples"  # and ``NAME.samples/`` (part indexes of a ``--pa
 ROWS_PER_FILE = 1 << 20
 ROWS_PER_GROUP = 1 << 16
 WHOLE_READ_MAX = 16 << 20  # a shard table up to this size is fetched in one request
-#: a sample file up to this size is fetched whole, once per process (one request instead of one per column chunk
-#: of each row group, every epoch: 100 ms each from a cloud store); it then stays in memory with its open file
-SMALL_PART_MAX = 1 << 20
+SMALL_PART_MAX = 1 << 20  # a sample file up to this size: fetched whole once per process, not per column chunk
 ID_KEY = b"streambatch.index_id"
 LENGTH_TYPES = ("int64", "float64")
 _NUMPY_NAME = {"double": "float64"}  # the header names Arrow types
