@@ -1,7 +1,11 @@
 """Storage benchmark: the same shards from local disk, from an S3 server on loopback, and through a proxy
 that adds 20 ms or 100 ms to every request, with read-ahead on and off.
 
-    python tools/bench_storage.py [--samples 2000] [--decode audio|none] [--workers 0]
+    python tools/bench_storage.py [--samples 2000] [--decode audio|none] [--workers 0] [--runs 3] [--only-100ms]
+
+With ``--runs N`` every configuration runs N times, each run beside its own local-disk run, and a last table
+gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the adaptive read-ahead
+(the default, up to ``max_read_concurrency`` requests in flight) beside the fixed 4 in flight it replaced.
 
 Prints samples/s and MB/s of StreamBatchLoader over one epoch, the ratio to local disk, and the peak RSS of
 the process that iterates (each configuration runs in a fresh process; "growth" is the peak minus the RSS
@@ -62,6 +66,7 @@ def child(spec: dict) -> dict:
         budget=spec["budget"],
         storage_options=spec.get("storage_options"),
         read_ahead=spec["read_ahead"],
+        **({"max_read_concurrency": spec["max_in_flight"]} if spec.get("max_in_flight") else {}),
         decode=spec["decode"],
         num_workers=spec["workers"],
         seed=0,
@@ -81,6 +86,7 @@ def child(spec: dict) -> dict:
         "rss_before": before,
         "rss_peak": rss_mb(),
         "stats": loader.fault_stats(),
+        "storage_wait": loader.metrics().get("waited_on_storage_s", 0.0),
     }
 
 
@@ -190,6 +196,40 @@ def run_child(spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def read_aheads(name: str, remote: bool, read_ahead: str) -> list[tuple[str | int, int | None]]:
+    """(read_ahead, max_read_concurrency or None for the default) of each row of a source."""
+    if not remote:
+        return [(0, None)]
+    if name.endswith("+100 ms/request"):  # the adaptive read-ahead beside the fixed 4 in flight it replaced
+        return [(read_ahead, None), (read_ahead, 4), ("256M", None), (0, None)]
+    return [(read_ahead, None), (0, None)]
+
+
+def measure(configs: list[tuple[str, str, dict | None]], base: dict, read_ahead: str) -> list[list]:
+    """One run of every configuration, each in a fresh process; rows with the ratio to this run's local disk."""
+    rows: list[list] = []
+    local_rate = None
+    for name, source, so in configs:
+        for ra, fixed in read_aheads(name, so is not None, read_ahead):
+            spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed)
+            r = run_child(spec)
+            sps = r["samples"] / r["seconds"]
+            mbs = r["bytes"] / 2**20 / r["seconds"]
+            if local_rate is None:
+                local_rate = sps
+            ra_txt = "-" if so is None else ((f"on ({ra})" if ra else "off") + (f", fixed {fixed}" if fixed else ""))
+            growth = f"{r['rss_peak'] - r['rss_before']:+.0f}"
+            ratio = f"{sps / local_rate:.2f}x"
+            wait = f"{r['storage_wait']:.2f}"
+            rows.append([name, ra_txt, f"{sps:,.0f}", f"{mbs:,.1f}", ratio, wait, f"{r['rss_peak']:.0f}", growth])
+            print(
+                f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2000, help="utterances in the synthetic corpus")
@@ -203,6 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     ap.add_argument("--read-ahead", default="64M", help="the read-ahead limit of the 'on' rows")
     ap.add_argument("--buffer-size", type=int, default=300, help="the loader's buffer_size (samples held)")
+    ap.add_argument("--runs", type=int, default=1, help="runs of every configuration, each against its own local run")
+    ap.add_argument(
+        "--only-100ms", action="store_true", help="local disk and the +100 ms rows only (the adaptive read-ahead's)"
+    )
     ap.add_argument("--work", default=os.path.join("/tmp", "streambatch-bench-storage"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -239,44 +283,35 @@ def main(argv: list[str] | None = None) -> None:
         base = dict(budget=budget, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
         configs = [("local disk", local, None)]
         for name, ep in (("S3 loopback", endpoint), ("S3 +20 ms/request", url20), ("S3 +100 ms/request", url100)):
-            configs.append((name, url, options(ep)))
-        rows = []
-        local_rate = None
-        for name, source, so in configs:
-            ras = [a.read_ahead, 0] if so is not None else [0]
-            if name.endswith("+100 ms/request"):
-                ras = [a.read_ahead, "16M", "256M", 0]  # memory follows the limit
-            for ra in ras:
-                spec = dict(base, source=source, storage_options=so, read_ahead=ra)
-                r = run_child(spec)
-                sps = r["samples"] / r["seconds"]
-                mbs = r["bytes"] / 2**20 / r["seconds"]
-                if local_rate is None:
-                    local_rate = sps
-                ra_txt = "-" if so is None else (f"on ({ra})" if ra else "off")
-                rows.append(
-                    [
-                        name,
-                        ra_txt,
-                        f"{sps:,.0f}",
-                        f"{mbs:,.1f}",
-                        f"{sps / local_rate:.2f}x",
-                        f"{r['rss_peak']:.0f}",
-                        f"{r['rss_peak'] - r['rss_before']:+.0f}",
-                        r["stats"]["retries"],
-                    ]
-                )
-                print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s", file=sys.stderr, flush=True)
+            if not a.only_100ms or "100" in name:
+                configs.append((name, url, options(ep)))
+        runs = [measure(configs, base, a.read_ahead) for _ in range(a.runs)]
+        header = [
+            "source",
+            "read-ahead",
+            "samples/s",
+            "MB/s",
+            "vs local",
+            "waited on storage s",
+            "peak RSS MB",
+            "growth MB",
+        ]
         print()
         print(
             f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
-            f"chunk_size 8M, read_concurrency 4; {machine()}"
+            f"chunk_size 8M, read_concurrency 4 (adaptive up to max_read_concurrency 16 unless 'fixed'); {machine()}"
         )
-        print(
-            table(
-                rows, ["source", "read-ahead", "samples/s", "MB/s", "vs local", "peak RSS MB", "growth MB", "retries"]
-            )
-        )
+        for i, rows in enumerate(runs):
+            print(f"\nrun {i + 1} of {len(runs)}:")
+            print(table(rows, header))
+        if len(runs) > 1:
+            print("\nvs local disk, each run (local measured in the same run), and the worst:")
+            summary = []
+            for j, row in enumerate(runs[0]):
+                ratios = [float(r[j][4].rstrip("x")) for r in runs]
+                waits = " / ".join(r[j][5] for r in runs)
+                summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits])
+            print(table(summary, ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run"]))
     finally:
         for p in procs:
             p.terminate()

@@ -30,6 +30,7 @@ SAMPLES_DIR = "index.samples"  # and ``NAME.samples/`` (part indexes of a ``--pa
 ROWS_PER_FILE = 1 << 20
 ROWS_PER_GROUP = 1 << 16
 WHOLE_READ_MAX = 16 << 20  # a shard table up to this size is fetched in one request
+SMALL_PART_MAX = 1 << 20  # a sample file up to this size: fetched whole once per process, not per column chunk
 ID_KEY = b"streambatch.index_id"
 LENGTH_TYPES = ("int64", "float64")
 _NUMPY_NAME = {"double": "float64"}  # the header names Arrow types
@@ -333,7 +334,7 @@ class ColumnarIndex:
             pf = self._files.get(part)
         if pf is None:
             entry = self.parts[part]
-            pf = self._open(entry["path"], entry)
+            pf = self._open(entry["path"], entry, whole=int(entry["bytes"]) <= SMALL_PART_MAX)
             if pf.metadata.num_row_groups != int(entry["row_groups"]):
                 raise IndexFormatError(
                     f"{table_url(self.root, entry['path'])}: {pf.metadata.num_row_groups} row "

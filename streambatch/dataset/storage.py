@@ -113,6 +113,7 @@ def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec
             cfg.setdefault("connect_timeout", timeout)
             cfg.setdefault("read_timeout", timeout)
         cfg.setdefault("retries", {"total_max_attempts": 1})
+        cfg.setdefault("max_pool_connections", 64)  # botocore's 10 would queue an adaptive read-ahead's requests
         opts["config_kwargs"] = cfg
         opts.pop("retries", None)
     elif protocol in ("http", "https") and timeout:
@@ -127,6 +128,11 @@ def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec
     fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
     if protocol in ("s3", "s3a") and not own_retries:
         fs.retries = 1  # s3fs's own retry loop: one attempt, ours does the rest
+    if protocol in ("s3", "s3a") and hasattr(fs, "connect"):
+        try:  # the client now (tenths of a second of CPU), under the caller's lock: one per process, never two
+            fs.connect()
+        except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL
+            pass
     return fs
 
 

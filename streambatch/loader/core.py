@@ -71,8 +71,8 @@ class StreamBatchLoader:
     ``packed``.
 
     Reading (:class:`~streambatch.read.reader.ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
-    ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``, ``cache_size``,
-    ``shard_roots``.
+    ``max_read_concurrency``, ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``,
+    ``cache_size``, ``shard_roots``.
 
     Per sample (:class:`~streambatch.loader.options.SampleOptions`): ``decode``, ``transform``,
     ``speed_perturb``, ``features``.
@@ -122,6 +122,7 @@ class StreamBatchLoader:
         chunk_size: int | str = "8M",
         read_ahead: int | str = "64M",
         read_concurrency: int = 4,
+        max_read_concurrency: int = 16,
         retries: int = 8,
         backoff: float = 0.25,
         timeout: float = 60.0,

@@ -20,6 +20,7 @@ from ..dataset.format import Digest, HashingReader, sha256_problem
 from ..dataset.storage import is_local, local_path
 from ..errors import ShardReadError
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
+from .inflight import InFlight
 from .ranges import Count, RangeReader, check_size
 from .retry import RetryPolicy
 
@@ -216,8 +217,9 @@ class _Cached:
 # ---- strategy 3b: remote ranges, read ahead in the background ---------------------------------------------
 class _ReadAhead:
     """A background thread that walks ahead through a worker's jobs, prepares each and keeps up to
-    ``read_ahead`` bytes of its chunks requested or waiting (``read_concurrency`` requests at a time), so the
-    latency of one request hides behind the parsing of the bytes before it."""
+    ``read_ahead`` bytes of its chunks requested or waiting, so the latency of one request hides behind the
+    parsing of the bytes before it. How many requests are in flight at once adapts to the measured latency
+    (:class:`~.inflight.InFlight`: from ``read_concurrency`` up to ``max_read_concurrency``)."""
 
     def __init__(
         self,
@@ -239,6 +241,8 @@ class _ReadAhead:
         self.stop = stop
         self._cond = threading.Condition()
         self._outstanding = 0  # bytes of chunks requested and not yet taken by the parser
+        self.peak_outstanding = 0
+        self.in_flight = InFlight(opts.read_concurrency, opts.max_read_concurrency)
         self._consumer_at = 0
         self._thread = threading.Thread(target=self._run, name="streambatch-read-ahead", daemon=True)
         self._thread.start()
@@ -270,22 +274,39 @@ class _ReadAhead:
             return not self.stop.is_set()
 
     def _request_chunks(self, job: Job) -> None:
-        """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding."""
+        """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding or the in-flight
+        target is reached."""
         assert job.size is not None
         for off, n in _job_chunks(job, self.chunk_size, ramp=job.ordinal == 0):
             with self._cond:
                 while (
                     not self.stop.is_set()
                     and not job.cancelled
-                    and self._outstanding > 0
-                    and self._outstanding + n > self.limit
+                    and ((self._outstanding > 0 and self._outstanding + n > self.limit) or not self.in_flight.room())
                 ):
                     self._cond.wait(0.5)
                 if self.stop.is_set() or job.cancelled:
                     break
                 self._outstanding += n
-                job.chunks.append((self.pool.submit(self.ranges.read, job.url, off, off + n, job.expected_size), n))
+                self.peak_outstanding = max(self.peak_outstanding, self._outstanding)
+                self.in_flight.started()
+                fut = self.pool.submit(self._timed_read, job, off, n)
+                fut.add_done_callback(self._ended)
+                job.chunks.append((fut, n))
                 self._cond.notify_all()
+
+    def _timed_read(self, job: Job, off: int, n: int) -> bytes:
+        """One chunk's range request (in a pool thread), its duration measured for the in-flight target."""
+        t0 = time.monotonic()
+        data = self.ranges.read(job.url, off, off + n, job.expected_size)
+        self.in_flight.measured(n, time.monotonic() - t0)
+        return data
+
+    def _ended(self, _fut: Future) -> None:
+        """A request finished, failed or was cancelled: room for the next."""
+        with self._cond:
+            self.in_flight.ended()
+            self._cond.notify_all()
 
     # ---- the parser's side ------------------------------------------------------------------------------
     def _wait(self, what: str, cond: Callable[[], bool], url: str) -> None:
@@ -310,13 +331,16 @@ class _ReadAhead:
 
     def take(self, job: Job) -> bytes | None:
         """The job's next chunk (None at its end)."""
+        t0 = time.monotonic()
         with self._cond:
             self._wait("data", lambda: bool(job.chunks) or job.all_submitted or job.cancelled, job.url)
             if not job.chunks:
                 return None
             fut, n = job.chunks.popleft()
         try:
-            return fut.result(timeout=self.policy.worst_case)
+            data = fut.result(timeout=self.policy.worst_case)
+            self.in_flight.took(n, time.monotonic() - t0)
+            return data
         except TimeoutError:  # the request outlived every retry's bound: a fetch error like the others
             raise ShardReadError(
                 f"{job.url}: no data after {self.policy.worst_case:.0f}s (read-ahead stalled)"
@@ -372,7 +396,8 @@ class Fetcher:
         self.background = bool(remote) and (opts.read_ahead > 0)
         self._pool: ThreadPoolExecutor | None = None
         if self.background or (use_cache and opts.read_concurrency > 1):
-            self._pool = ThreadPoolExecutor(max_workers=opts.read_concurrency, thread_name_prefix="streambatch-fetch")
+            threads = max(opts.read_concurrency, opts.max_read_concurrency if self.background else 1)
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streambatch-fetch")
         self.cache = _Cached(opts, self.ranges, self._pool, self._count) if use_cache else None
         self.read_ahead: _ReadAhead | None = None
         if self.background:

@@ -11,17 +11,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..dataset.format import size_problem
-from ..dataset.storage import object_size, reading_filesystem, stream_range
+from ..dataset.storage import is_local, object_size, reading_filesystem, stream_range
 from ..errors import ShardReadError
 from .retry import RetryPolicy, call_with_retry, is_transient
 
 log = logging.getLogger("streambatch")
 
 Count = Callable[..., None]  # count(name, n=1): add to a fault counter
+
+
+def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -> None:
+    """Make this process's reading filesystem for the first shard's store (its S3 client costs tenths of a
+    second of CPU) on a thread, while the epoch is planned, so the first range request does not wait for it."""
+    if not urls or is_local(urls[0]):
+        return
+    threading.Thread(
+        target=_warm, args=(urls[0], storage_options, timeout), name="streambatch-warm-up", daemon=True
+    ).start()
+
+
+def _warm(url: str, storage_options: dict | None, timeout: float) -> None:
+    try:
+        reading_filesystem(url, storage_options, timeout)
+    except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL
+        pass
 
 
 def check_size(url: str, size: int, expected: int | None, verify: str) -> None:

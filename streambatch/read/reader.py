@@ -37,7 +37,13 @@ class ReadOptions:
     read_ahead: int = 64 << 20
     """Bytes each worker may hold in requested-but-unparsed chunks; 0 reads on demand."""
     read_concurrency: int = 4
-    """Range requests in flight at once per worker (with read-ahead)."""
+    """Range requests in flight at once per worker when reading starts (with read-ahead; the read-ahead then
+    adapts the count to the measured latency, up to ``max_read_concurrency``), and while a shard downloads
+    into the cache."""
+    max_read_concurrency: int = 16
+    """The most range requests one worker's read-ahead keeps in flight as it adapts to the store's latency
+    (:mod:`~streambatch.read.inflight`); a node has at most this many per worker process of each rank on it.
+    The bytes they hold stay within ``read_ahead``."""
     retries: int = 8
     """Retries per request after the first try (:class:`~.retry.RetryPolicy`)."""
     backoff: float = 0.25
@@ -72,6 +78,7 @@ class ReadOptions:
         if self.chunk_size <= 0:
             raise OptionError(f"chunk_size must be positive, got {self.chunk_size}")
         int_option("read_concurrency", self.read_concurrency, 1)
+        int_option("max_read_concurrency", self.max_read_concurrency, 1)
         int_option("retries", self.retries, 0)
         number_option("backoff", self.backoff, 0)
         number_option("timeout", self.timeout, positive=True)

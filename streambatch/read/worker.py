@@ -30,6 +30,7 @@ from .collate import Decode, collate, split_micro_batches
 from .direct import DirectShards, can_read_direct
 from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
+from .ranges import warm_up
 from .reader import ReadOptions, read_pieces
 from .ring import BatchRing
 from .skip import skip_left_out
@@ -175,6 +176,7 @@ def stream_slot(
     """The one place the read stages are composed, for one (rank, worker) slot; ``place`` (a worker's
     :class:`~streambatch.read.ring.RingWriter`) makes each batch in a reused shared-memory buffer; ``skip``: ranges
     of the slot's batch numbers a resume skips (each yielded as a :class:`~streambatch.plan.skips.SkippedBatch`)."""
+    warm_up(ctx.urls, ctx.storage_options, ctx.read.timeout)  # the store's client made while the slot is planned
     opts = ctx.collate
     if opts.per_sample is not None:  # per-sample randomness follows the epoch
         opts = dataclasses.replace(opts, per_sample=opts.per_sample.for_epoch(epoch))

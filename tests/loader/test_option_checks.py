@@ -77,6 +77,8 @@ BAD = [
     ("read_ahead", NAN, {}),
     ("read_concurrency", 0, {}),
     ("read_concurrency", 1.5, {}),
+    ("max_read_concurrency", 0, {}),
+    ("max_read_concurrency", "16", {}),
     ("retries", -1, {}),
     ("retries", "3", {}),
     ("backoff", -1, {}),
