@@ -181,11 +181,13 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
             yield name, data
 
 
-def buffer_members(buf: bytes, url: str) -> Iterator[tuple[str, bytes]]:
+def buffer_members(buf: bytes, url: str, most: int | None = None) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in ``buf``, whole tar records (one sample's members, read where the
-    index says they are); the same checks as :func:`iter_members`, without a stream to read through."""
+    index says they are); the same checks as :func:`iter_members`, without a stream to read through. ``most``:
+    :func:`~.limits.max_member_bytes` as the caller read it once (a reader calls this once per sample; the
+    environment is then not looked up per sample)."""
     names = _Names(url)
-    most = limits.max_member_bytes()
+    most = limits.max_member_bytes() if most is None else most
     pos, end = 0, len(buf)
     while pos < end:
         header = buf[pos : pos + 512]

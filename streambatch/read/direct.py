@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.format import sha256_problem
+from ..dataset.limits import max_member_bytes
 from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.mixture import AnyIndex
 from ..dataset.storage import is_local
@@ -63,6 +64,7 @@ class _Shard:
         self.fd = os.open(self.local, os.O_RDONLY)
         self.stat = os.fstat(self.fd)
         self.file_size = self.stat.st_size
+        self.most = max_member_bytes()  # the member-size limit, read once per shard rather than per sample
         self.pread = waiting_on_storage(os.pread, count)  # a positioned read is time waited on storage
 
     def read(self, i: int) -> dict[str, Any]:
@@ -77,7 +79,7 @@ class _Shard:
         buf = self.pread(self.fd, n, off)
         if len(buf) < n:
             raise ShardReadError(f"{url}: not a readable tar shard (sample {i} ends early: truncated)")
-        got = list(group_samples(buffer_members(buf, url), url, self.job.shard, self.members.suffixes))
+        got = list(group_samples(buffer_members(buf, url, self.most), url, self.job.shard, self.members.suffixes))
         if len(got) != 1:
             raise RuntimeError(f"{url}: bytes {off}-{off + n - 1} hold {len(got)} samples, not sample {i}; {_MISMATCH}")
         if self.members.rows is not None:  # one of the segments its member group holds
