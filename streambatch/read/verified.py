@@ -35,6 +35,15 @@ _memo: dict[tuple, str] = {}
 _memo_lock = threading.Lock()
 
 
+def _new_lock() -> None:
+    """A forked child (a DataLoader worker) starts with a free lock, even if a hashing thread held it."""
+    global _memo_lock
+    _memo_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
+
 def file_key(path: str, st: os.stat_result) -> tuple:
     """What identifies one version of a file's bytes: its absolute path, device, inode, size, mtime and ctime."""
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
