@@ -111,7 +111,7 @@ class _Names:
 
     def record(self, kind: bytes, size: int) -> None:
         """Refuse a long-name or pax record larger than :data:`~.limits.MAX_NAME_RECORD_BYTES` (it holds a name)."""
-        if kind in (b"L", b"x", b"g") and size > limits.MAX_NAME_RECORD_BYTES:
+        if size > limits.MAX_NAME_RECORD_BYTES and kind in (b"L", b"x", b"g"):  # the size first: one compare
             raise ShardReadError(
                 f"{self.url}: not a readable tar shard (a name record of {size} bytes, "
                 f"more than {limits.MAX_NAME_RECORD_BYTES})"
