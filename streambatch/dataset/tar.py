@@ -111,7 +111,7 @@ class _Names:
 
     def record(self, kind: bytes, size: int) -> None:
         """Refuse a long-name or pax record larger than :data:`~.limits.MAX_NAME_RECORD_BYTES` (it holds a name)."""
-        if size > limits.MAX_NAME_RECORD_BYTES and kind in (b"L", b"x", b"g"):  # the size first: one compare
+        if kind in (b"L", b"x", b"g") and size > limits.MAX_NAME_RECORD_BYTES:
             raise ShardReadError(
                 f"{self.url}: not a readable tar shard (a name record of {size} bytes, "
                 f"more than {limits.MAX_NAME_RECORD_BYTES})"
@@ -164,7 +164,8 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
         if header.count(0) == 512:  # end of archive
             return
         kind, size = _header(header, url)
-        names.record(kind, size)
+        if size > limits.MAX_NAME_RECORD_BYTES:  # (most members are far smaller: no call for them)
+            names.record(kind, size)
         if size > most:
             data: bytes = _oversize(size, most)
             got = _skip(read, size)
@@ -194,7 +195,8 @@ def buffer_members(buf: bytes, url: str, most: int | None = None) -> Iterator[tu
         if len(header) < 512:
             raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
         kind, size = _header(header, url)
-        names.record(kind, size)
+        if size > limits.MAX_NAME_RECORD_BYTES:  # (most members are far smaller: no call for them)
+            names.record(kind, size)
         pos += 512
         if pos + size > end:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
@@ -236,22 +238,26 @@ def group_samples(
     """Group consecutive members with the same key (:func:`split_name`) into samples; parse the ``json`` member."""
     cur: dict[str, Any] | None = None
     index = 0
+    oversize = False  # a member of the current sample was read past (checked only for empty members)
     for name, data in members:
         key, ext = split_name(name, suffixes)
         if cur is None or key != cur["__key__"]:
             if cur is not None:
-                yield _finish(cur, url)
+                yield _finish(cur, url, oversize)
                 index += 1
             cur = {"__key__": key, "__url__": url, "__shard__": shard, "__index__": index}
+            oversize = False
         cur[ext] = data
+        oversize = oversize or (not data and isinstance(data, Oversize))
     if cur is not None:
-        yield _finish(cur, url)
+        yield _finish(cur, url, oversize)
 
 
-def _finish(sample: dict[str, Any], url: str) -> dict[str, Any]:
+def _finish(sample: dict[str, Any], url: str, oversize: bool = True) -> dict[str, Any]:
     """Parse the sample's ``.json``; a sample over a limit (an oversize member, JSON nested too deep) is marked
-    ``__bad__`` with the reason (the loader counts it as a bad sample); an invalid ``.json`` fails the shard."""
-    for ext, data in sample.items():
+    ``__bad__`` with the reason (the loader counts it as a bad sample); an invalid ``.json`` fails the shard.
+    ``oversize``: whether an :class:`Oversize` member may be among its members (else they are not looked at)."""
+    for ext, data in sample.items() if oversize else ():
         if isinstance(data, Oversize):
             sample["__bad__"] = f"{sample['__key__']}.{ext}: {data.reason}"
             sample.pop("json", None)
