@@ -164,7 +164,8 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
         if header.count(0) == 512:  # end of archive
             return
         kind, size = _header(header, url)
-        names.record(kind, size)
+        if size > limits.MAX_NAME_RECORD_BYTES:  # (most members are far smaller: no call for them)
+            names.record(kind, size)
         if size > most:
             data: bytes = _oversize(size, most)
             got = _skip(read, size)
@@ -181,18 +182,21 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
             yield name, data
 
 
-def buffer_members(buf: bytes, url: str) -> Iterator[tuple[str, bytes]]:
+def buffer_members(buf: bytes, url: str, most: int | None = None) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in ``buf``, whole tar records (one sample's members, read where the
-    index says they are); the same checks as :func:`iter_members`, without a stream to read through."""
+    index says they are); the same checks as :func:`iter_members`, without a stream to read through. ``most``:
+    :func:`~.limits.max_member_bytes` as the caller read it once (a reader calls this once per sample; the
+    environment is then not looked up per sample)."""
     names = _Names(url)
-    most = limits.max_member_bytes()
+    most = limits.max_member_bytes() if most is None else most
     pos, end = 0, len(buf)
     while pos < end:
         header = buf[pos : pos + 512]
         if len(header) < 512:
             raise ShardReadError(f"{url}: not a readable tar shard (truncated header)")
         kind, size = _header(header, url)
-        names.record(kind, size)
+        if size > limits.MAX_NAME_RECORD_BYTES:  # (most members are far smaller: no call for them)
+            names.record(kind, size)
         pos += 512
         if pos + size > end:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
@@ -234,22 +238,26 @@ def group_samples(
     """Group consecutive members with the same key (:func:`split_name`) into samples; parse the ``json`` member."""
     cur: dict[str, Any] | None = None
     index = 0
+    oversize = False  # a member of the current sample was read past (checked only for empty members)
     for name, data in members:
         key, ext = split_name(name, suffixes)
         if cur is None or key != cur["__key__"]:
             if cur is not None:
-                yield _finish(cur, url)
+                yield _finish(cur, url, oversize)
                 index += 1
             cur = {"__key__": key, "__url__": url, "__shard__": shard, "__index__": index}
+            oversize = False
         cur[ext] = data
+        oversize = oversize or (not data and isinstance(data, Oversize))
     if cur is not None:
-        yield _finish(cur, url)
+        yield _finish(cur, url, oversize)
 
 
-def _finish(sample: dict[str, Any], url: str) -> dict[str, Any]:
+def _finish(sample: dict[str, Any], url: str, oversize: bool = True) -> dict[str, Any]:
     """Parse the sample's ``.json``; a sample over a limit (an oversize member, JSON nested too deep) is marked
-    ``__bad__`` with the reason (the loader counts it as a bad sample); an invalid ``.json`` fails the shard."""
-    for ext, data in sample.items():
+    ``__bad__`` with the reason (the loader counts it as a bad sample); an invalid ``.json`` fails the shard.
+    ``oversize``: whether an :class:`Oversize` member may be among its members (else they are not looked at)."""
+    for ext, data in sample.items() if oversize else ():
         if isinstance(data, Oversize):
             sample["__bad__"] = f"{sample['__key__']}.{ext}: {data.reason}"
             sample.pop("json", None)

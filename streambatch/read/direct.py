@@ -6,14 +6,14 @@ between batches (memory: one batch of compressed bytes, not a window of them), a
 own samples, not the whole stream up to the last of them. The checks are a stream's: each shard's size
 before its first byte is used, every member header's checksum (:func:`~streambatch.dataset.tar.buffer_members`),
 the json length against the index, and with ``verify="sha256"`` the file's hash, computed by a background
-thread once the shard is opened (a mismatch marks the shard bad from then on: like a stream, which knows the
-hash only at the shard's end, samples emitted before stay emitted).
+thread once the shard is opened, unless this node already hashed this version of the file (:mod:`.verified`).
+A mismatch marks the shard bad from then on: like a stream, which knows the hash only at the shard's end,
+samples emitted before stay emitted.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.format import sha256_problem
+from ..dataset.limits import max_member_bytes
 from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.mixture import AnyIndex
 from ..dataset.storage import is_local
@@ -31,6 +32,7 @@ from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .fetch import Job, _prepare_local
 from .ranges import Count
+from .verified import changed_since, hash_file, recorded_sha256
 
 #: open shard files (and their offset arrays) a worker keeps; a batch's samples come from a window of shards
 OPEN_SHARDS = 64
@@ -42,15 +44,6 @@ def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: AnyInde
     if index is None or not pieces or not all(is_local(urls[p.shard]) for p in pieces):
         return False
     return index.sample_offsets(pieces[0].shard) is not None
-
-
-def _file_sha256(path: str) -> str:
-    """The file's sha256, read a MiB at a time (hashing releases the GIL; ``hashlib.file_digest`` is 3.11+)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _Shard:
@@ -69,7 +62,9 @@ class _Shard:
         self.offsets, self.sizes = spans
         self.members = members  # the key rule, and the rows of member groups that hold several samples
         self.fd = os.open(self.local, os.O_RDONLY)
-        self.file_size = os.fstat(self.fd).st_size
+        self.stat = os.fstat(self.fd)
+        self.file_size = self.stat.st_size
+        self.most = max_member_bytes()  # the member-size limit, read once per shard rather than per sample
         self.pread = waiting_on_storage(os.pread, count)  # a positioned read is time waited on storage
 
     def read(self, i: int) -> dict[str, Any]:
@@ -84,7 +79,7 @@ class _Shard:
         buf = self.pread(self.fd, n, off)
         if len(buf) < n:
             raise ShardReadError(f"{url}: not a readable tar shard (sample {i} ends early: truncated)")
-        got = list(group_samples(buffer_members(buf, url), url, self.job.shard, self.members.suffixes))
+        got = list(group_samples(buffer_members(buf, url, self.most), url, self.job.shard, self.members.suffixes))
         if len(got) != 1:
             raise RuntimeError(f"{url}: bytes {off}-{off + n - 1} hold {len(got)} samples, not sample {i}; {_MISMATCH}")
         if self.members.rows is not None:  # one of the segments its member group holds
@@ -119,6 +114,7 @@ class DirectShards:
         self.bad: set[int] = set()
         self.hashing: dict[int, Future] = {}
         self.hashed: set[int] = set()
+        self.reused: dict[int, tuple[str, os.stat_result]] = {}  # hash taken from the node record (verified.py)
         self._pool: ThreadPoolExecutor | None = None
 
     def sample(self, shard: int, i: int) -> dict[str, Any] | None:
@@ -147,10 +143,12 @@ class DirectShards:
         if len(self.open) >= OPEN_SHARDS:
             self.open.popitem(last=False)[1].close()
         self.open[s] = sh
-        self._start_hash(sh.job, sh.local)
+        self._start_hash(sh)
         return sh
 
-    def _start_hash(self, job: Job, local: str) -> None:
+    def _start_hash(self, sh: _Shard) -> None:
+        """Hash the shard in the background, unless this node already hashed this version of the file."""
+        job = sh.job
         if (
             self.opts.verify != "sha256"
             or not job.expected_sha
@@ -158,13 +156,28 @@ class DirectShards:
             or job.shard not in self.hash_at_end
         ):
             return
+        self.hashed.add(job.shard)
+        if recorded_sha256(sh.local, sh.stat, self.opts.cache_dir) == job.expected_sha:
+            self.reused[job.shard] = (sh.local, sh.stat)
+            self._count("sha256_reused")
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streambatch-sha256")
-        self.hashed.add(job.shard)
-        self.hashing[job.shard] = self._pool.submit(_file_sha256, local)
+        self._count("sha256_hashed")
+        self.hashing[job.shard] = self._pool.submit(hash_file, sh.local, self.opts.cache_dir)
+
+    def _count(self, name: str) -> None:
+        if self.faults is not None:
+            self.faults.add(name)
 
     def check_hashes(self, wait: bool = False) -> None:
-        """Count the shards whose hash came out wrong (all of them still pending, with ``wait``)."""
+        """Count the shards whose hash came out wrong (all of them still pending, with ``wait``); with ``wait``,
+        also those vouched for by the node record whose file changed while it was read."""
+        if wait:
+            for s, (path, before) in list(self.reused.items()):
+                del self.reused[s]
+                if changed_since(path, before):
+                    self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: the file changed while it was read"))
         for s, fut in list(self.hashing.items()):
             if not (wait or fut.done()):
                 continue

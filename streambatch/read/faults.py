@@ -35,6 +35,8 @@ FAULT_FIELDS = (
     STORAGE_WAIT,
     "skipped_steps",  # steps a resume skipped (load_state_dict(skip_steps=...)), and their samples
     "skipped_samples",
+    "sha256_hashed",  # shards a reader hashed whole (verify="sha256"), and those whose hash this node
+    "sha256_reused",  # had already computed for the same file version (read/verified.py): not read again
 )
 
 T = TypeVar("T")

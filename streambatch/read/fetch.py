@@ -9,6 +9,7 @@ Size is checked against the index before any byte is used, the sha256 once the s
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .inflight import InFlight
 from .ranges import Count, RangeReader, check_size
 from .retry import RetryPolicy
+from .verified import changed_since, recorded_sha256, remember_sha256
 
 
 class Job:
@@ -35,6 +37,8 @@ class Job:
         self.size: int | None = None
         self.local: str | None = None  # read this local file (a local shard, or the cached copy)
         self.verified = False  # the cached copy was checked in full when it was downloaded
+        self.stat: os.stat_result | None = None  # a local file's stat when it was prepared (read/verified.py)
+        self.reused = False  # a local file whose sha256 this node already computed for this version of it
         self.error: BaseException | None = None
         self.ready = False
         self.chunks: collections.deque[tuple[Future, int]] = collections.deque()
@@ -134,7 +138,8 @@ def _prepare_local(job: Job, verify: str) -> str:
     """A local shard: check it is there with the index's size, and read the file itself (its path, returned)."""
     p = local_path(job.url)
     try:
-        size = os.path.getsize(p)
+        job.stat = os.stat(p)
+        size = job.stat.st_size
     except FileNotFoundError as e:
         raise ShardReadError(f"{job.url}: shard not found") from e
     except OSError as e:
@@ -412,6 +417,8 @@ class Fetcher:
         """Size check, or the cached copy: whatever must happen before the job's first byte is read."""
         if is_local(job.url):
             _prepare_local(job, self.opts.verify)
+            if self._wants_sha(job) and job.stat is not None:
+                job.reused = recorded_sha256(job.local or "", job.stat, self.opts.cache_dir) == job.expected_sha
         elif self.cache is not None:
             self.cache.prepare(job)
         elif job.expected_size is not None:
@@ -426,9 +433,13 @@ class Fetcher:
         prepared and for each of its chunks counts as waiting on storage; read-ahead done in time does not."""
         count = self._count if self.faults is not None else None
         waiting_on_storage(self._ready, count)(job)
-        sha = self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified and job.byte_range is None
+        sha = self._wants_sha(job) and not job.reused
         next_chunk, close = self._chunk_source(job)
         return ChunkStream(waiting_on_storage(next_chunk, count), sha, close)
+
+    def _wants_sha(self, job: Job) -> bool:
+        """Whether the job's bytes must match the index's sha256 (a cached copy was checked when downloaded)."""
+        return self.opts.verify == "sha256" and bool(job.expected_sha) and not job.verified and job.byte_range is None
 
     def _ready(self, job: Job) -> None:
         """Wait for the read-ahead to prepare ``job``, or prepare it here."""
@@ -466,8 +477,24 @@ class Fetcher:
         if want is not None and stream.delivered != want:
             raise ShardReadError(f"{job.url}: read {stream.delivered} bytes, expected {want}")
         problem = sha256_problem(stream.digest.hexdigest(), job.expected_sha) if stream.digest is not None else None
+        if stream.digest is not None:
+            self._count("sha256_hashed")
+        if job.stat is not None and job.local is not None and self._wants_sha(job):
+            problem = problem or self._local_checked(job, stream)
         if problem:
             raise ChecksumMismatch(f"{job.url}: {problem}")
+
+    def _local_checked(self, job: Job, stream: ChunkStream) -> str | None:
+        """A local file read whole: remember its hash for this version of the file, or (hash taken from the
+        node record) make sure the file did not change while it was read."""
+        assert job.stat is not None and job.local is not None
+        if job.reused:
+            self._count("sha256_reused")
+            return "the file changed while it was read" if changed_since(job.local, job.stat) else None
+        if stream.digest is not None:
+            with contextlib.suppress(OSError):
+                remember_sha256(job.local, job.stat, os.stat(job.local), stream.digest.hexdigest(), self.opts.cache_dir)
+        return None
 
     def finish(self, job: Job) -> None:
         """The parser is done with ``job``: drop whatever is still queued for it."""

@@ -52,7 +52,8 @@ class ReadOptions:
     """Seconds a request may take to connect or go without data before it counts as failed."""
     verify: str = "sha256"
     """What is checked against the index (:data:`VERIFY`): ``"sha256"`` (size before reading, checksum once the
-    shard is read), ``"size"`` or ``"none"``."""
+    shard is read; a local file's checksum once per node and file version, :mod:`~streambatch.read.verified`),
+    ``"size"`` or ``"none"``."""
     max_bad_shards: int = 2
     """Bad shards tolerated per rank and epoch (all its workers together); one more raises."""
     cache_dir: str | None = None

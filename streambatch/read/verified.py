@@ -1,0 +1,176 @@
+"""A local shard's sha256, computed once per node: the record of files already hashed.
+
+With ``verify="sha256"`` every byte of a local shard used to be hashed again every epoch. A file's hash is now
+remembered, keyed by what changes when its bytes change: its device, inode, size, mtime and ctime (in
+nanoseconds; ctime cannot be set back by a user, so restoring the mtime after a write still changes the key). A
+later pass, process or rank of the node that finds the same key takes the remembered digest instead of reading
+the file again; a file whose key changed is hashed again.
+
+Two levels: a dict in the process (epoch 2 of a worker costs a ``stat``), and a small file per shard in a folder
+of this user's, shared by the node's processes: ``streambatch-verified-<uid>`` under ``cache_dir`` when the
+reader has one, else under ``$XDG_RUNTIME_DIR`` or the temporary folder (``STREAMBATCH_VERIFY_RECORD`` names
+another folder; ``off`` turns the node record off). Each entry is written whole under a temporary name and
+renamed into place, so concurrent writers never leave half an entry. The folder is trusted only when it is
+ours: a real directory (not a link) owned by this user with no access for anyone else; otherwise, and for any
+entry that cannot be read, parsed, or that names another key, the file is simply hashed again. Deleting the
+folder clears the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import threading
+import uuid
+
+#: environment variable: the folder of the node record (``off``: no node record, only the in-process one)
+RECORD_ENV = "STREAMBATCH_VERIFY_RECORD"
+_MAX_ENTRY = 4096  # bytes: an entry is ~300; anything larger is not ours
+
+_memo: dict[tuple, str] = {}
+_memo_lock = threading.Lock()
+
+
+def _new_lock() -> None:
+    """A forked child (a DataLoader worker) starts with a free lock, even if a hashing thread held it."""
+    global _memo_lock
+    _memo_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
+
+def file_key(path: str, st: os.stat_result) -> tuple:
+    """What identifies one version of a file's bytes: its absolute path, device, inode, size, mtime and ctime."""
+    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def record_dir(cache_dir: str | None = None) -> str | None:
+    """The folder of this user's node record (None: turned off)."""
+    where = os.environ.get(RECORD_ENV, "").strip()
+    if where.lower() == "off":
+        return None
+    if not where:
+        if cache_dir:
+            where = os.path.abspath(os.path.expanduser(cache_dir))
+        else:
+            where = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        where = os.path.join(where, f"streambatch-verified-{os.getuid()}")
+    return os.path.abspath(os.path.expanduser(where))
+
+
+def _ours(folder: str, make: bool) -> bool:
+    """Whether ``folder`` is a directory of this user's that nobody else can write or read (made if ``make``)."""
+    if make:
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def _entry(folder: str, key: tuple) -> str:
+    return os.path.join(folder, hashlib.sha1(key[0].encode("utf-8", "surrogateescape")).hexdigest() + ".json")
+
+
+def _read_entry(path: str) -> dict | None:
+    """An entry's content, or None for anything not a small regular file of ours holding a JSON object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > _MAX_ENTRY:
+            return None
+        data = os.read(fd, _MAX_ENTRY + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        got = json.loads(data)
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None
+
+
+def recorded_sha256(path: str, st: os.stat_result, cache_dir: str | None = None) -> str | None:
+    """The sha256 this node computed for exactly this version of ``path`` (``st``: its stat), or None."""
+    key = file_key(path, st)
+    with _memo_lock:
+        got = _memo.get(key)
+    if got is not None:
+        return got
+    folder = record_dir(cache_dir)
+    if folder is None or not _ours(folder, make=False):
+        return None
+    entry = _read_entry(_entry(folder, key))
+    if entry is None or entry.get("key") != list(key):
+        return None
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        return None
+    with _memo_lock:
+        _memo[key] = digest
+    return digest
+
+
+def remember_sha256(
+    path: str, before: os.stat_result, after: os.stat_result, digest: str, cache_dir: str | None = None
+) -> None:
+    """Record that ``path`` hashed to ``digest``, if the file did not change while it was read (``before`` and
+    ``after``: its stat then); a record that cannot be written is skipped (the file is hashed again next time)."""
+    key = file_key(path, before)
+    if key != file_key(path, after):
+        return
+    with _memo_lock:
+        _memo[key] = digest
+    folder = record_dir(cache_dir)
+    if folder is None or not _ours(folder, make=True):
+        return
+    final = _entry(folder, key)
+    tmp = f"{final}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": list(key), "sha256": digest}, f)
+        os.replace(tmp, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def hash_file(path: str, cache_dir: str | None = None) -> str:
+    """The sha256 of the file ``path``, read a MiB at a time (hashing releases the GIL), remembered for this
+    version of the file when it did not change while read."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        before = os.fstat(f.fileno())
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+        after = os.fstat(f.fileno())
+    digest = h.hexdigest()
+    remember_sha256(path, before, after, digest, cache_dir)
+    return digest
+
+
+def changed_since(path: str, before: os.stat_result) -> bool:
+    """Whether ``path`` is no longer the version ``before`` describes (or is gone): bytes vouched for by the
+    record were read while it changed."""
+    try:
+        return file_key(path, os.stat(path)) != file_key(path, before)
+    except OSError:
+        return True
+
+
+def forget_in_process() -> None:
+    """Drop the in-process record (tests: a new process's view of the node record)."""
+    with _memo_lock:
+        _memo.clear()
