@@ -4,11 +4,14 @@ default import mode), so the test modules in the feature folders import it and t
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Collection
@@ -23,6 +26,12 @@ SR = 16000
 #: the tests' folder and the repository's root
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+#: the record of shards hashed on this node (streambatch/read/verified.py) goes to this test run's own folder, not
+#: the user's: the subprocesses a test starts inherit it, and it goes when the run ends
+_RECORD = tempfile.mkdtemp(prefix="streambatch-tests-verified-")
+os.environ.setdefault("STREAMBATCH_VERIFY_RECORD", _RECORD)
+atexit.register(shutil.rmtree, _RECORD, True)
 
 
 def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, seed: int = 0) -> int:

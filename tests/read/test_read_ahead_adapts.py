@@ -12,7 +12,7 @@ from faultproxy import Rule
 
 from streambatch import ShardIndex
 from streambatch.plan.shards import Piece
-from streambatch.read import fetch, ranges
+from streambatch.read import ranges, readahead
 from streambatch.read.reader import ReadOptions, read_pieces
 
 pytest_plugins = ["conftest_s3"]
@@ -43,14 +43,14 @@ def counted(monkeypatch):
     """The overlap counter, and every read-ahead the test makes (for its own peaks)."""
     overlap = Overlap(ranges.stream_range)
     monkeypatch.setattr(ranges, "stream_range", overlap)
-    made: list[fetch._ReadAhead] = []
-    init = fetch._ReadAhead.__init__
+    made: list[readahead.ReadAhead] = []
+    init = readahead.ReadAhead.__init__
 
     def keep(self, *args, **kw):
         init(self, *args, **kw)
         made.append(self)
 
-    monkeypatch.setattr(fetch._ReadAhead, "__init__", keep)
+    monkeypatch.setattr(readahead.ReadAhead, "__init__", keep)
     return overlap, made
 
 
