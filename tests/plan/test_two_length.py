@@ -56,7 +56,9 @@ def test_an_output_budget_costs_batches_only_where_it_binds():
     outputs = np.maximum(1, (lengths / 16_000 * 15 * rng.lognormal(0, 0.3, 20_000)).astype(int))
     alone = plan_batches(lengths, 3_200_000, seed=1)
     loose = plan_batches(lengths, 3_200_000, output_lengths=outputs, output_budget=1e9, seed=1)
-    assert [b.tolist() for b in loose] == [b.tolist() for b in alone]
+    # the same batches in size and place (batch-mates are traded only without an output budget: plan/mates.py)
+    assert [len(b) for b in loose] == [len(b) for b in alone]
+    assert sorted(np.concatenate(loose).tolist()) == sorted(np.concatenate(alone).tolist())
     tight = plan_batches(lengths, 3_200_000, output_lengths=outputs, output_budget=2_500, seed=1)
     assert len(tight) > len(alone)
 
