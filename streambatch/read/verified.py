@@ -27,6 +27,8 @@ import tempfile
 import threading
 import uuid
 
+from ..dataset.limits import loads
+
 #: environment variable: the folder of the node record (``off``: no node record, only the in-process one)
 RECORD_ENV = "STREAMBATCH_VERIFY_RECORD"
 _MAX_ENTRY = 4096  # bytes: an entry is ~300; anything larger is not ours
@@ -95,8 +97,8 @@ def _read_entry(path: str) -> dict | None:
     finally:
         os.close(fd)
     try:
-        got = json.loads(data)
-    except ValueError:
+        got = loads(data)  # the one parser for JSON we did not just write: a nested forgery is refused, not a crash
+    except (ValueError, UnicodeDecodeError):
         return None
     return got if isinstance(got, dict) else None
 

@@ -100,7 +100,8 @@ def test_a_record_not_ours_or_not_for_this_file_is_not_trusted(ds, tmp_path):
     assert _recorded(path, st) == digest
     with open(entry) as f:
         good = f.read()
-    for text in ("{not json", "[1, 2]", good.replace(str(st.st_ino), str(st.st_ino + 1)), "x" * 5000):
+    nested = "[" * 2000 + "]" * 2000  # small enough to be read, too deep for json.loads: not a crash
+    for text in ("{not json", "[1, 2]", good.replace(str(st.st_ino), str(st.st_ino + 1)), "x" * 5000, nested):
         with open(entry, "w") as f:
             f.write(text)
         assert _recorded(path, st) is None
