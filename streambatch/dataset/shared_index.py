@@ -137,7 +137,7 @@ class NodeCopies:
             return None
         try:
             with open(self._stamp_path(url), "rb") as f:
-                stamp = json.loads(f.read())
+                stamp = limits.loads(f.read(1 << 16))  # a stamp is ~200 bytes; the cache folder may be shared
         except (OSError, ValueError):
             return None
         ok = isinstance(stamp, dict) and stamp.get("url") == url and stamp.get("job") == job
