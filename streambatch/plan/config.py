@@ -20,7 +20,10 @@ from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 #: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
-PLAN_VERSION = 2
+PLAN_VERSION = 3
+
+#: the most shards a worker may stream at once (``interleave``): each is an open file or request stream
+MAX_INTERLEAVE = 64
 
 
 @dataclass(frozen=True)
@@ -66,9 +69,15 @@ class BatchingConfig:
     """``"dataset"``: every batch holds samples of one dataset of a mixture (:data:`BATCH_BY`); None: any."""
     cost: CostModel = field(default_factory=PaddedCost)
     """What a batch costs against the budget (:mod:`~streambatch.plan.cost`)."""
+    interleave: int = 8
+    """Each worker streams this many of its shards at once, their samples merged in a seeded random order that
+    changes with the epoch (each shard's own in tar order), so one shard's samples meet other shards' in its
+    window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
+    index only (at most :data:`MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
 
-    #: the batching rule's version (not an option): 2 trades batch-mates among near runs (:mod:`.mates`), 1 does
-    #: not; a checkpoint saved before version 2 resumes with 1 (:func:`with_plan_version`)
+    #: the batching rule's version (not an option): 3 streams ``interleave`` shards at once per worker, 2 trades
+    #: batch-mates among near runs (:mod:`.mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
+    #: was saved with (:func:`with_plan_version`)
     plan_version: ClassVar[int] = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -85,6 +94,10 @@ class BatchingConfig:
         _optional(int_option, "refill", self.refill, 0)
         _optional(int_option, "max_batch_size", self.max_batch_size, 1)
         int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1)
+        if int_option("interleave", self.interleave, 1) > MAX_INTERLEAVE:
+            raise OptionError(
+                f"interleave={self.interleave} would keep that many shards open per worker; at most {MAX_INTERLEAVE}"
+            )
         number_option("min_length", self.min_length, 0)
         _optional(number_option, "max_length", self.max_length, None, True)
         for name in ("drop_last", "strict", "shuffle"):
@@ -102,6 +115,12 @@ class BatchingConfig:
         if self.bucket_boundaries is not None:
             edges = np.asarray(sorted(_boundaries(self.bucket_boundaries)), dtype=np.float64)
             object.__setattr__(self, "bucket_boundaries", edges)
+
+    @property
+    def streams(self) -> int:
+        """Shards a worker's planned stream merges at once: ``interleave``, or 1 under an older rule or without
+        shuffling."""
+        return self.interleave if self.shuffle and self.plan_version >= 3 else 1
 
     @property
     def epoch_seed(self) -> int:
@@ -224,9 +243,10 @@ OPTIONS = FIELDS + ("num_buckets", "bucket_spacing", "cost", "quadratic_factor",
 
 
 def with_plan_version(config: BatchingConfig, version: int) -> BatchingConfig:
-    """``config`` planning by the batching rule of ``version`` (1 or 2: an earlier checkpoint's epochs)."""
-    if version not in (1, PLAN_VERSION):
-        raise OptionError(f"plan_version {version!r}: this version plans by rules 1 and {PLAN_VERSION} only")
+    """``config`` planning by the batching rule of ``version`` (1 to :data:`PLAN_VERSION`: an earlier checkpoint's
+    epochs)."""
+    if isinstance(version, bool) or version not in range(1, PLAN_VERSION + 1):
+        raise OptionError(f"plan_version {version!r}: this version plans by rules 1 to {PLAN_VERSION} only")
     object.__setattr__(config, "plan_version", version)  # not a field: the options stay as they were
     return config
 

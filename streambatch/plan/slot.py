@@ -23,7 +23,10 @@ from .shards import Piece, epoch_rng
 @dataclass
 class SlotPlan:
     """One slot's epoch: pieces to stream, the global ids of its samples in stream order, and its batches
-    (arrays of stream positions). ``repeat[i]`` marks batch ``i`` as a repeat of batch ``i - 1`` (pad)."""
+    (arrays of stream positions). ``repeat[i]`` marks batch ``i`` as a repeat of batch ``i - 1`` (pad).
+
+    Stream positions run over the pieces in turn (each in tar order); ``order``, where several pieces stream at
+    once (``interleave``), lists the positions in the order their samples arrive (:func:`arrival_order`)."""
 
     pieces: list[Piece]
     gids: np.ndarray
@@ -33,6 +36,7 @@ class SlotPlan:
     dropped: int = 0
     samples: int = -1  # of a counted plan (:meth:`counted`), whose ``gids`` are gone
     lengths: np.ndarray | None = None  # by stream position, when planned with ``keep_lengths``
+    order: np.ndarray | None = None  # stream positions by arrival; None: they arrive in position order
 
     @property
     def num_samples(self) -> int:
@@ -121,6 +125,37 @@ def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None, 
     return np.repeat(groups[[p.shard for p in pieces]], kept) if pieces else np.zeros(0, dtype=np.int64)
 
 
+def kept_counts(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | None) -> np.ndarray:
+    """How many of each piece's samples the slot streams (those not excluded)."""
+    if excluded is None:
+        return np.array([p.count for p in pieces], dtype=np.int64)
+    return np.array([p.count - int(piece_excluded(p, offsets, excluded).sum()) for p in pieces], dtype=np.int64)
+
+
+def arrival_order(kept: np.ndarray, streams: int, rng: np.random.Generator) -> np.ndarray:
+    """Stream positions in the order their samples arrive when the pieces (``kept`` samples each) stream
+    ``streams`` at a time: consecutive groups of that many pieces, each group's samples merged in a seeded
+    random order (a uniformly random interleaving; each piece's own in tar order), group after group."""
+    starts = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
+    out = np.empty(int(starts[-1]), dtype=np.int32 if starts[-1] < 2**31 else np.int64)
+    for g in range(0, len(kept), streams):
+        lo, hi = int(starts[g]), int(starts[min(g + streams, len(kept))])
+        which = rng.permutation(np.repeat(np.arange(len(kept[g : g + streams]), dtype=np.uint8), kept[g : g + streams]))
+        out[lo:hi][np.argsort(which, kind="stable")] = np.arange(lo, hi, dtype=out.dtype)
+    return out
+
+
+def slot_order(
+    pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | None, config: BatchingConfig, epoch: int, slot: int
+) -> np.ndarray | None:
+    """The arrival order of a slot's stream positions this epoch (:func:`arrival_order`, seeded by the epoch and
+    slot), or None where they arrive in position order (one stream, or a single piece)."""
+    if config.streams <= 1 or len(pieces) <= 1:
+        return None
+    kept = kept_counts(pieces, offsets, excluded)
+    return arrival_order(kept, config.streams, epoch_rng(config.epoch_seed, epoch, slot, 2))
+
+
 def plan_slot(
     pieces: list[Piece],
     lengths: Any,
@@ -139,23 +174,36 @@ def plan_slot(
     ``counted``: only the batch sizes (:meth:`SlotPlan.counted`), planned without listing the samples' ids."""
     outs = stream_outputs(pieces, lengths, excluded) if config.output_budget is not None else None
     keys = stream_groups(pieces, lengths, excluded, config.batch_by) if config.batch_by is not None else None
+    order = slot_order(pieces, offsets, excluded, config, epoch, slot)
     if counted and hasattr(lengths, "shard"):
         lens = stream_lengths(pieces, lengths, excluded)
-        return SlotPlan.counted(pieces, len(lens), BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs, keys))
+        bp = _batched(lens, outs, keys, order, BucketBatcher.for_slot(config, epoch, slot))
+        return SlotPlan.counted(pieces, len(lens), bp)
     gids = slot_stream(pieces, offsets, excluded)
     lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
-    bp = BucketBatcher.for_slot(config, epoch, slot).plan(lens, outs, keys)
+    bp = _batched(lens, outs, keys, order, BucketBatcher.for_slot(config, epoch, slot))
     if counted:
         return SlotPlan.counted(pieces, len(gids), bp)
+    batches = list(bp) if order is None else [order[b] for b in bp]  # arrival ranks back to stream positions
     return SlotPlan(
         pieces,
         gids,
-        list(bp),
+        batches,
         [False] * len(bp),
         len(bp.skipped),
         len(bp.dropped),
         lengths=lens if keep_lengths else None,
+        order=order,
     )
+
+
+def _batched(
+    lens: np.ndarray, outs: np.ndarray | None, keys: np.ndarray | None, order: np.ndarray | None, batcher: BucketBatcher
+) -> Any:
+    """The batcher run over the stream as it arrives (``order``: positions by arrival), batches as arrival ranks."""
+    if order is None:
+        return batcher.plan(lens, outs, keys)
+    return batcher.plan(lens[order], None if outs is None else outs[order], None if keys is None else keys[order])
 
 
 def cut_largest(sizes: np.ndarray) -> tuple[np.ndarray, int]:
@@ -202,7 +250,7 @@ def apply_adjust(
         repeat.insert(0, repeat.pop(h))
     if adj.take >= 0:
         batches, repeat = batches[: adj.take], repeat[: adj.take]
-    return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped)
+    return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
 
 
 def _padded(

@@ -87,6 +87,15 @@ def positioned(
             yield Invalid(*spans[s.ordinal], s.url)
 
 
+def arrival_ranks(order: np.ndarray | None) -> np.ndarray | None:
+    """Each stream position's place in the arrival order (the inverse of a slot plan's ``order``); None for None."""
+    if order is None:
+        return None
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order), dtype=order.dtype)
+    return rank
+
+
 class Reservoir:
     """The last few samples a worker emitted, to re-draw samples lost with a bad shard."""
 
@@ -137,7 +146,8 @@ class _Executor:
         self.held: dict[int, dict[str, Any]] = {}
         self.lost: set[int] = set()
         self.pool = Reservoir(reservoir)
-        self.upto = -1
+        self.upto = -1  # the latest arrival rank seen (the stream position, where they arrive in order)
+        self.rank = arrival_ranks(plan.order)
 
     def count(self, name: str, n: int = 1) -> None:
         if self.faults is not None and n:
@@ -160,7 +170,7 @@ class _Executor:
             self.pool.discard(item.url)
             return None
         pos, gid, sample = item
-        self.upto = max(self.upto, pos)
+        self.upto = max(self.upto, pos if self.rank is None else int(self.rank[pos]))
         return self.accept(pos, sample)
 
     def accept(self, pos: int, sample: dict[str, Any] | None) -> int | None:
@@ -189,8 +199,8 @@ class _Executor:
 
     def gather(self, b: np.ndarray, unformed: int) -> None:
         """Read the stream until every sample of batch ``b`` has arrived (``unformed``: batches still due)."""
-        pos = int(b.max())
-        while self.upto < pos:
+        last = int(b.max()) if self.rank is None else int(self.rank[b].max())
+        while self.upto < last:
             if self.pull() is _END:
                 raise RuntimeError(f"the stream ended with {unformed} planned batches unformed; {_MISMATCH}")
 

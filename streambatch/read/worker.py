@@ -30,6 +30,7 @@ from .collate import Decode, collate, split_micro_batches
 from .direct import DirectShards, can_read_direct
 from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
+from .lanes import interleaved, lane_options
 from .ranges import warm_up
 from .reader import ReadOptions, read_pieces
 from .ring import BatchRing
@@ -231,19 +232,17 @@ def _planned_batches(
         needed = skip_left_out(
             pieces_needed(part, start, offsets, excluded), index, offsets, excluded, ctx.read.chunk_size
         )
-        samples = read_pieces(
-            ctx.urls,
-            [p for p, _ in needed],
-            ctx.storage_options,
-            ctx.read,
-            index.shards,
-            faults,
-            markers=True,
-            index=index,
-        )
-        return execute_plan(
-            positioned(samples, needed, offsets, excluded), part, start, by_pos, faults, ctx.read.reservoir, index_pos
-        )
+        streams = cfg.streams if part.order is not None else 1
+        opts = lane_options(ctx.read, streams)
+
+        def read(pieces: list[Piece]) -> Iterator[Any]:
+            return read_pieces(ctx.urls, pieces, ctx.storage_options, opts, index.shards, faults, True, index)
+
+        if part.order is None:
+            samples = positioned(read([p for p, _ in needed]), needed, offsets, excluded)
+        else:  # several shards at once, in lanes, merged in the planned order
+            samples = interleaved(needed, part, offsets, excluded, streams, read)
+        return execute_plan(samples, part, start, by_pos, faults, ctx.read.reservoir, index_pos)
 
     runs = batch_runs(first, len(plan.batches), skip)
     for i, (lo, hi, kept) in enumerate(runs):
@@ -253,9 +252,9 @@ def _planned_batches(
         if adj.hardest and lo == 0:
             # hardest_first: the most expensive batch is read ahead of the stream, so it comes first without
             # holding everything the stream delivers before it
-            yield from run(SlotPlan(plan.pieces, plan.gids, plan.batches[:1], [False]), 0, last=False)
+            yield from run(dataclasses.replace(plan, batches=plan.batches[:1], repeat=[False]), 0, last=False)
             lo = 1
-        part = plan if hi == len(plan.batches) else SlotPlan(plan.pieces, plan.gids, plan.batches[:hi], plan.repeat)
+        part = plan if hi == len(plan.batches) else dataclasses.replace(plan, batches=plan.batches[:hi])
         yield from run(part, lo, last=i == len(runs) - 1)
     if not runs or not runs[-1][2]:
         yield from run(plan, len(plan.batches))  # nothing left to read: the end of the slot's reading

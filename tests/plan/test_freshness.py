@@ -68,7 +68,7 @@ def test_batch_mates_meet_again_less_often_at_the_same_batch_count():
     shards = [lengths[i : i + 500] for i in range(0, len(lengths), 500)]
     budget = 200 * SAMPLE_RATE
     kept = {}
-    for version in (1, 2):
+    for version in (1, 2, 3):
         cfg = with_plan_version(BatchingConfig.make(budget, lengths, seed=0), version)
         e0, e1 = (epoch_batches(make_epoch_plan(shards, cfg, e, Layout(1, 4))) for e in (0, 1))
         assert sorted(np.concatenate(e0).tolist()) == list(range(len(lengths)))
@@ -76,6 +76,9 @@ def test_batch_mates_meet_again_less_often_at_the_same_batch_count():
         kept[version] = (pairs_kept(e0, e1, len(lengths)), len(e0))
     assert kept[2][1] == kept[1][1]
     assert kept[2][0] < 0.75 * kept[1][0]
+    # rule 3 interleaves 8 shards per worker: other shards' samples share each window, at about the same count
+    assert kept[3][0] < 0.9 * kept[2][0]
+    assert kept[3][1] <= 1.002 * kept[2][1]
 
 
 def _brute_kept(first, second):
@@ -97,9 +100,10 @@ def test_pairs_kept_counts_the_pairs_that_meet_again(seed):
 
 def test_an_old_checkpoint_keeps_rule_1_and_a_new_one_records_its_rule():
     cfg = BatchingConfig(budget=1000.0)
-    assert cfg.plan_version == PLAN_VERSION == 2
+    assert cfg.plan_version == PLAN_VERSION == 3
     assert LoaderState.from_dict({"epoch": 3}).keep_plan_version(cfg).plan_version == 1
     assert LoaderState.from_dict({"epoch": 3, "plan_version": 2}).keep_plan_version(cfg).plan_version == 2
+    assert LoaderState.from_dict({"epoch": 3, "plan_version": 3}).keep_plan_version(cfg).plan_version == 3
     assert LoaderState.current(epoch=0).to_dict()["plan_version"] == PLAN_VERSION
     with pytest.raises(OptionError, match="plan_version 7"):
         LoaderState.from_dict({"epoch": 3, "plan_version": 7}).keep_plan_version(cfg)

@@ -83,7 +83,10 @@ def test_a_shard_changed_in_place_is_hashed_again_and_counted_bad(ds, read_mode)
     assert bad == [path] and hashed >= 1
     verified.forget_in_process()
     _, hashed, _, bad = _pass(StreamBatchLoader(ds, budget=BUDGET, seed=3, num_workers=2))
-    assert bad == [path] and hashed >= 1  # a wrong hash never vouches for the file
+    assert bad == [path]  # a wrong hash never vouches for the file
+    # (read by position, the hash is known before a sample is used; a stream of interleaved shards may reach the
+    # changed sample, which no longer decodes, before the shard's end, where its hash is known)
+    assert hashed >= 1 or read_mode == "streamed"
 
 
 def _recorded(path, st):

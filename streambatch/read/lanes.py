@@ -1,0 +1,120 @@
+"""Several shards streamed at once: the read side of a slot plan that interleaves its pieces (``interleave``).
+
+The plan merges each group of ``interleave`` consecutive pieces in a seeded order
+(:func:`~streambatch.plan.slot.arrival_order`). A worker reads such a slot in *lanes*: lane ``i`` streams the
+``i``-th piece of every group, one after another, with its own share of the worker's read-ahead and requests in
+flight (:func:`lane_options`), so the worker's totals stay within its read options. :func:`interleaved` pulls
+from the lanes in the planned arrival order; each lane's samples keep their stream positions, faults and
+checksum spans (:func:`~.execute.positioned`), so the executor sees the same items it would see from one stream,
+only in the planned order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..plan.lengths import Mask
+from ..plan.shards import Piece
+from ..plan.slot import SlotPlan, kept_counts
+from .execute import Invalid, positioned
+from .reader import ReadOptions
+
+#: the smallest range request a lane makes when it divides the worker's read-ahead
+MIN_LANE_CHUNK = 1 << 20
+_MISMATCH = "the index does not match the shards (check with `shardify verify`)"
+
+
+def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
+    """One lane's share of a worker's read options: ``read_ahead`` and the requests in flight divided among the
+    lanes (at least one each), and chunks small enough that a lane's share holds a few of them."""
+    if lanes <= 1:
+        return opts
+    share = opts.read_ahead // lanes
+    chunk = min(opts.chunk_size, max(MIN_LANE_CHUNK, share // 4)) if share else opts.chunk_size
+    return dataclasses.replace(
+        opts,
+        read_ahead=share,
+        chunk_size=chunk,
+        read_concurrency=max(1, opts.read_concurrency // lanes),
+        max_read_concurrency=max(1, opts.max_read_concurrency // lanes),
+    )
+
+
+def interleaved(
+    needed: Sequence[tuple[Piece, int]],
+    plan: SlotPlan,
+    offsets: np.ndarray,
+    excluded: Mask | None,
+    streams: int,
+    read: Callable[[list[Piece]], Iterator[Any]],
+) -> Iterator[Any]:
+    """Stage: the positioned samples of the ``needed`` pieces (piece or byte span, its first stream position) in
+    the plan's arrival order, read in lanes (``read`` streams a lane's pieces, faults as markers); checksum spans
+    that fail come as :class:`~.execute.Invalid` where their lane delivers them."""
+    assert plan.order is not None  # an interleaved plan
+    starts = np.concatenate([[0], np.cumsum(kept_counts(plan.pieces, offsets, excluded))]).astype(np.int64)
+    lane_of = _lanes(needed, starts, streams)
+    left = {lane: _positions(entries, starts) for lane, entries in lane_of.items()}
+    lanes = {
+        lane: positioned(read([p for p, _ in entries]), entries, offsets, excluded) for lane, entries in lane_of.items()
+    }
+    try:
+        for pos, lane in _arrivals(needed, plan.order, starts, streams):
+            item = next(lanes[lane], None)
+            while isinstance(item, Invalid):
+                yield item
+                item = next(lanes[lane], None)
+            if item is None or item[0] != pos:
+                raise RuntimeError(f"a shard's samples did not arrive as planned at stream position {pos}; {_MISMATCH}")
+            yield item
+            left[lane] -= 1
+            if not left[lane]:  # the lane's last sample: read its shard to the end (checked), as a stream moves on
+                yield from _rest(lanes[lane], pos)
+    finally:
+        for stream in lanes.values():
+            stream.close()
+
+
+def _rest(lane: Iterator[Any], pos: int) -> Iterator[Invalid]:
+    """What a lane still gives after its last sample: the spans whose checksum failed once read to the end."""
+    for item in lane:
+        if not isinstance(item, Invalid):
+            raise RuntimeError(f"a shard gave more samples than planned after stream position {pos}; {_MISMATCH}")
+        yield item
+
+
+def _positions(entries: Sequence[tuple[Piece, int]], starts: np.ndarray) -> int:
+    """The stream positions a lane delivers: every kept sample of the plan pieces its entries belong to."""
+    pieces = {_plan_piece(starts, pos) for _, pos in entries}
+    return int(sum(int(starts[i + 1] - starts[i]) for i in pieces))
+
+
+def _lanes(needed: Sequence[tuple[Piece, int]], starts: np.ndarray, streams: int) -> dict[int, list[tuple[Piece, int]]]:
+    """The needed pieces by lane: the place of a piece's plan piece in its group of ``streams``."""
+    out: dict[int, list[tuple[Piece, int]]] = {}
+    for piece, pos in needed:
+        out.setdefault(_plan_piece(starts, pos) % streams, []).append((piece, pos))
+    return out
+
+
+def _plan_piece(starts: np.ndarray, pos: int) -> int:
+    """The plan piece holding stream position ``pos`` (``starts``: each plan piece's first position)."""
+    return int(np.searchsorted(starts, pos, side="right")) - 1
+
+
+def _arrivals(
+    needed: Sequence[tuple[Piece, int]], order: np.ndarray, starts: np.ndarray, streams: int, chunk: int = 4096
+) -> Iterator[tuple[int, int]]:
+    """(stream position, lane) of every sample of the needed pieces, in arrival order, a chunk at a time."""
+    read = np.zeros(len(starts) - 1, dtype=bool)
+    for _, pos in needed:
+        read[_plan_piece(starts, pos)] = True
+    for a in range(0, len(order), chunk):
+        pos = order[a : a + chunk].astype(np.int64)
+        piece = np.searchsorted(starts, pos, side="right") - 1
+        keep = read[piece]
+        yield from zip(pos[keep].tolist(), (piece[keep] % streams).tolist())
