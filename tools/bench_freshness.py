@@ -5,11 +5,15 @@ Of the batch-mate pairs of epoch 0 (two samples one batch holds), the share that
 (``streambatch.plan.freshness.pairs_kept``), beside the batch count against the globally sorted greedy oracle
 (``sorted_oracle``) and the padding. LibriSpeech-like lengths (``streambatch.synthetic.librispeech_like``, budget
 200 s at 16 kHz) in shards of 500 in id order, on one rank with 4 workers, at 20k and 100k lengths. Everything is
-planned, nothing is read: streambatch's rows are ``make_epoch_plan`` (today's rule, and rule 1 of the versions
-before batch-mates were traded, ``plan_version=1``); lhotse's are its sampler over a ``CutSet`` of ``MonoCut``s with
-the same durations and no audio, one sampler per worker over that worker's shards (the shards in a seeded order
-per epoch, dealt round robin, as a sharded iterable dataset streams them), ``max_duration=200``, ``shuffle=True``,
-``set_epoch(e)``; with its default buffer (20,000 cuts) and with streambatch's window (``buffer_size`` = 2,000).
+planned, nothing is read: streambatch's rows are ``make_epoch_plan`` (today's rule 3: 8 shards interleaved per
+worker and batch-mates traded; rule 2: traded only, one shard after another; rule 1: neither); lhotse's are its
+sampler over a ``CutSet`` of ``MonoCut``s with the same durations and no audio, one sampler per worker over that
+worker's shards (the shards in a seeded order per epoch, dealt round robin, as a sharded iterable dataset streams
+them), ``max_duration=200``, ``shuffle=True``, ``set_epoch(e)``; with its default buffer (20,000 cuts) and with
+streambatch's window (``buffer_size`` = 2,000).
+
+A second table splits epoch 0's pairs by the size of the batch that holds them: a batch of ``k`` holds
+``k (k - 1) / 2`` pairs, so the few large batches of short samples weigh most in the share kept.
 
 Usage: ``python tools/bench_freshness.py [--sizes 20000,100000] [--seed 0] [--no-lhotse]``.
 """
@@ -30,7 +34,7 @@ from _bench_common import machine, table  # noqa: E402
 from streambatch.plan.batcher import sorted_oracle  # noqa: E402
 from streambatch.plan.config import BatchingConfig, with_plan_version  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
-from streambatch.plan.freshness import epoch_batches, pairs_kept  # noqa: E402
+from streambatch.plan.freshness import batch_labels, epoch_batches, pairs, pairs_kept  # noqa: E402
 from streambatch.plan.layout import Layout  # noqa: E402
 from streambatch.synthetic import SAMPLE_RATE, librispeech_like  # noqa: E402
 
@@ -86,6 +90,27 @@ def row(label: str, e0: list[np.ndarray], e1: list[np.ndarray], lengths: np.ndar
     ]
 
 
+SIZE_BINS = [(2, 15), (15, 30), (30, 60), (60, 10_000)]
+
+
+def size_rows(n: int, epochs: dict[str, tuple[list[np.ndarray], list[np.ndarray]]]) -> list[list[str]]:
+    """Per sampler: epoch 0's pairs split by batch size (:data:`SIZE_BINS`), each bin's share of them and the
+    share of its pairs kept in epoch 1."""
+    out = []
+    for label, (e0, e1) in epochs.items():
+        second = batch_labels(e1, n)
+        k = np.array([len(b) for b in e0])
+        total = (k * (k - 1) // 2).astype(np.float64)
+        kept = np.array([pairs(second[b]) for b in e0], dtype=np.float64)
+        cells = []
+        for lo, hi in SIZE_BINS:
+            m = (k >= lo) & (k < hi)
+            share = 100 * total[m].sum() / total.sum()
+            cells.append(f"{share:.1f} / {100 * kept[m].sum() / total[m].sum():.1f}" if total[m].sum() else "-")
+        out.append([f"{n:,}", label, *cells])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="20000,100000", help="numbers of lengths (default 20000,100000)")
@@ -97,22 +122,29 @@ def main(argv: list[str] | None = None) -> int:
         f"LibriSpeech-like lengths, budget {BUDGET_S:g} s, shards of {SHARD}, 1 rank x {WORKERS} workers, "
         f"seed {args.seed}"
     )
-    rows, verdicts = [], []
+    rows, verdicts, by_size = [], [], []
     for n in [int(x) for x in args.sizes.split(",")]:
         lengths = librispeech_like(n, args.seed)
         oracle = len(sorted_oracle(lengths, BUDGET_S * SAMPLE_RATE))
-        found = {}
-        for label, version in (("streambatch", 2), ("streambatch rule 1 (before)", 1)):
+        found, sizes = {}, {}
+        for label, version in (
+            ("streambatch", 3),
+            ("streambatch rule 2 (one shard at a time)", 2),
+            ("streambatch rule 1 (no trades)", 1),
+        ):
             t0 = time.perf_counter()
             e0, e1 = streambatch_epochs(lengths, args.seed, version)
             rows.append(row(label, e0, e1, lengths, oracle, time.perf_counter() - t0))
             found[label] = (pairs_kept(e0, e1, n), len(e0) / oracle)
+            sizes[label] = (e0, e1)
         if not args.no_lhotse:
             for label, buf in (("lhotse (buffer 20,000)", 20_000), ("lhotse (buffer 2,000)", 2_000)):
                 t0 = time.perf_counter()
                 e0, e1 = (lhotse_epoch(lengths, args.seed, e, buf) for e in (0, 1))
                 rows.append(row(label, e0, e1, lengths, oracle, time.perf_counter() - t0))
                 found[label] = (pairs_kept(e0, e1, n), len(e0) / oracle)
+                sizes[label] = (e0, e1)
+        by_size += size_rows(n, {k: v for k, v in sizes.items() if "rule" not in k})
         kept, ratio = found["streambatch"]
         for other in [k for k in found if k.startswith("lhotse")]:
             ok = kept <= found[other][0] and ratio <= TARGET_RATIO
@@ -129,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     print("/oracle = batches of epoch 0 / batches of sorted_oracle (all lengths sorted, cut greedily).")
     for line in verdicts:
         print("  " + line)
+    print()
+    print("epoch 0's pairs by the size of the batch holding them: share of all pairs, and the share kept in epoch 1")
+    bins = [f"size {lo}-{hi - 1}" for lo, hi in SIZE_BINS]
+    print(table(by_size, ["lengths", "sampler", *bins], "ll" + "r" * len(SIZE_BINS)))
+    print("each cell: % of epoch 0's pairs in batches of that size / % of those pairs kept; '-' no such batch")
     return 0
 
 

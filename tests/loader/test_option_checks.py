@@ -30,6 +30,9 @@ BAD = [
     ("buffer_size", 0, {}),
     ("buffer_size", 10**12, {}),  # its window's arrays would take terabytes
     ("refill", -1, {}),
+    ("interleave", 0, {}),
+    ("interleave", 65, {}),  # that many open shards per worker
+    ("interleave", 2.5, {}),
     ("refill", 2.5, {}),
     ("bucket_boundaries", [10, NAN], {}),
     ("bucket_boundaries", "abc", {}),
