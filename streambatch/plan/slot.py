@@ -135,12 +135,14 @@ def kept_counts(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | N
 def arrival_order(kept: np.ndarray, streams: int, rng: np.random.Generator) -> np.ndarray:
     """Stream positions in the order their samples arrive when the pieces (``kept`` samples each) stream
     ``streams`` at a time: consecutive groups of that many pieces, each group's samples merged in a seeded
-    random order (a uniformly random interleaving; each piece's own in tar order), group after group."""
+    random order (each piece's own in tar order), group after group. The merge draws a 16-bit key per sample
+    and stable-sorts by it (radix sorts, linear), so ties keep the pieces' order: near enough to uniform."""
     starts = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
     out = np.empty(int(starts[-1]), dtype=np.int32 if starts[-1] < 2**31 else np.int64)
     for g in range(0, len(kept), streams):
         lo, hi = int(starts[g]), int(starts[min(g + streams, len(kept))])
-        which = rng.permutation(np.repeat(np.arange(len(kept[g : g + streams]), dtype=np.uint8), kept[g : g + streams]))
+        piece = np.repeat(np.arange(len(kept[g : g + streams]), dtype=np.uint8), kept[g : g + streams])
+        which = piece[np.argsort(rng.integers(0, 1 << 16, hi - lo, dtype=np.uint16), kind="stable")]
         out[lo:hi][np.argsort(which, kind="stable")] = np.arange(lo, hi, dtype=out.dtype)
     return out
 
