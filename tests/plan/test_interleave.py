@@ -21,9 +21,7 @@ from streambatch.synthetic import SAMPLE_RATE, librispeech_like
 
 @settings(max_examples=200, deadline=None)
 @given(
-    kept=st.lists(st.integers(0, 40), min_size=1, max_size=20),
-    streams=st.integers(1, 9),
-    seed=st.integers(0, 2**16),
+    kept=st.lists(st.integers(0, 40), min_size=1, max_size=20), streams=st.integers(1, 9), seed=st.integers(0, 2**16)
 )
 def test_arrival_is_a_merge_of_each_group_keeping_tar_order(kept, streams, seed):
     kept = np.asarray(kept, dtype=np.int64)
