@@ -8,7 +8,7 @@ so every worker still yields its planned number of batches and the ranks stay in
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ class Invalid:
 
 def positioned(
     samples: Iterator[Any], pieces: list[tuple[Piece, int]], offsets: np.ndarray, excluded: Mask | None
-) -> Iterator[tuple[int, int, dict[str, Any] | None] | Invalid]:
+) -> Generator[tuple[int, int, dict[str, Any] | None] | Invalid, None, None]:
     """Stage: attach each streamed sample's position in the slot's stream and its global id; drop excluded ones.
 
     Where a piece's shard went bad (a :class:`ShardFault` in the stream), each of its samples that did not

@@ -12,7 +12,7 @@ only in the planned order.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ def interleaved(
     starts = np.concatenate([[0], np.cumsum(kept_counts(plan.pieces, offsets, excluded))]).astype(np.int64)
     lane_of = _lanes(needed, starts, streams)
     left = {lane: _positions(entries, starts) for lane, entries in lane_of.items()}
-    lanes = {
+    lanes: dict[int, Generator[Any, None, None]] = {
         lane: positioned(read([p for p, _ in entries]), entries, offsets, excluded) for lane, entries in lane_of.items()
     }
     try:
@@ -111,10 +111,10 @@ def _arrivals(
 ) -> Iterator[tuple[int, int]]:
     """(stream position, lane) of every sample of the needed pieces, in arrival order, a chunk at a time."""
     read = np.zeros(len(starts) - 1, dtype=bool)
-    for _, pos in needed:
-        read[_plan_piece(starts, pos)] = True
+    for _, first in needed:
+        read[_plan_piece(starts, first)] = True
     for a in range(0, len(order), chunk):
-        pos = order[a : a + chunk].astype(np.int64)
-        piece = np.searchsorted(starts, pos, side="right") - 1
+        at = order[a : a + chunk].astype(np.int64)
+        piece = np.searchsorted(starts, at, side="right") - 1
         keep = read[piece]
-        yield from zip(pos[keep].tolist(), (piece[keep] % streams).tolist())
+        yield from zip(at[keep].tolist(), (piece[keep] % streams).tolist())
