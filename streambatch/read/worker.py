@@ -238,6 +238,7 @@ def _planned_batches(
         def read(pieces: list[Piece]) -> Iterator[Any]:
             return read_pieces(ctx.urls, pieces, ctx.storage_options, opts, index.shards, faults, True, index)
 
+        samples: Iterator[Any]
         if part.order is None:
             samples = positioned(read([p for p, _ in needed]), needed, offsets, excluded)
         else:  # several shards at once, in lanes, merged in the planned order
