@@ -194,7 +194,7 @@ def _equalised(raw: Sequence[SlotPlan], adjust: Sequence[Adjust], start: int, mo
     """The rank's equalisation as :class:`RankEqualised` (``moved``: the index of the start worker's batch that
     hardest-first moved to the front, -1 for none)."""
     slots = []
-    for w, (s, a) in enumerate(zip(raw, adjust)):
+    for s, a in zip(raw, adjust):
         sizes = np.fromiter((len(b) for b in s.batches), dtype=np.int64, count=len(s.batches))
         cut = split_rule(sizes, a.split) if a.split else (0, 0)
         hardest = moved if a.hardest else -1
@@ -285,7 +285,9 @@ class RankSchedule:
     dropped: int = 0
     planned_samples: int = 0
     equalised: RankEqualised | None = None
-    """This rank's equalisation (every rank's goes into a checkpoint: :func:`equalised_ranks`)."""
+    """This rank's equalisation."""
+    every_rank: tuple[RankEqualised, ...] = ()
+    """Every rank's (what a checkpoint holds: :func:`every_rank`), once the ranks have shared them."""
 
     def worker_counts(self) -> list[int]:
         return [a.take for a in self.adjust]
@@ -310,7 +312,22 @@ class RankSchedule:
             plan.dropped_samples,
             sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)),
             plan.equalised[rank] if plan.equalised else None,
+            tuple(plan.equalised),
         )
+
+
+def share_equalised(sched: RankSchedule, gather: Callable[[list[int]], list[list[int]]]) -> RankSchedule:
+    """``sched`` with every rank's equalisation, shared through ``gather`` (an all_gather of a few integers per
+    worker): a checkpoint holds them all, so a resume on another layout need not re-plan the old ranks in full."""
+    if sched.equalised is None:
+        return sched
+    rows = gather(sched.equalised.to_ints())
+    return dataclasses.replace(sched, every_rank=tuple(RankEqualised.of_ints(r) for r in rows))
+
+
+def every_rank(sched: RankSchedule) -> list[list[int]] | None:
+    """Every rank's equalisation as a checkpoint stores it (lists of integers), or None where not shared."""
+    return [r.to_ints() for r in sched.every_rank] if sched.every_rank else None
 
 
 def rank_raw_slots(

@@ -175,7 +175,9 @@ class Consumed(LazyMask):
         done = per_worker([s.take for s in eq.slots], run.consumed, eq.start)
         if not any(done):
             return
-        dealt = plan_slots(self.lengths, run.layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, slots)
+        dealt = plan_slots(
+            self.lengths, run.layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, slots
+        )
         for w, k in enumerate(done):
             if k:
                 self._mark(self._slot_prefix(dealt[slots[w]], slots[w], eq.slots[w], k))

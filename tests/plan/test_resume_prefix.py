@@ -104,3 +104,27 @@ def test_cut_largest_sizes_never_grow():
         cuts.append(int(sizes.max()))
         sizes, _ = cut_largest(sizes)
     assert cuts == sorted(cuts, reverse=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases(), st.integers(1, 4), st.integers(1, 3), st.floats(0, 1))
+def test_a_chain_of_resumes_marks_from_yielded_batches_exactly(case, world, workers, fraction):
+    """Two layouts before this one: the second's plan left out what the first consumed, and so must its
+    prefix (the first layout's lazy mask is its ``prior``)."""
+    shard_lengths, config, layout, first_fraction = case
+    n = sum(len(x) for x in shard_lengths)
+    second = Layout(world, workers, layout.even_batches, layout.hardest_first)
+    try:
+        one = make_epoch_plan(shard_lengths, config, 1, layout)
+        k1 = int(one.steps * first_fraction)
+        mask = np.zeros(n, dtype=bool)
+        mask[consumed_ids(one, k1)] = True
+        two = make_epoch_plan(shard_lengths, config, 1, second, mask)
+    except ValueError:
+        return
+    k2 = int(two.steps * fraction)
+    mask[consumed_ids(two, k2)] = True
+    lengths = Lengths.of(shard_lengths)
+    prior = Consumed(lengths, config, 1, EarlierRun(layout, one.steps, k1, tuple(one.equalised)))
+    lazy = Consumed(lengths, config, 1, EarlierRun(second, two.steps, k2, tuple(two.equalised)), prior)
+    assert np.array_equal(lazy[np.arange(n)], mask)
