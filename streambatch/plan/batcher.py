@@ -190,13 +190,9 @@ class BucketBatcher:
         batches as positions (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its
         positions only). The stream's length is known here: pushing the same lengths into a batcher made with
         ``stream_length=len(lengths)`` forms the same batches."""
-        flats: list[np.ndarray] = []
-        sizes: list[np.ndarray] = []
-        for flat, k in self.rounds(lengths, outputs, groups):
-            flats.append(flat)
-            sizes.append(k)
-        flat = np.concatenate(flats) if flats else np.zeros(0, dtype=self._out_dtype)
-        counts = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        rounds = list(self.rounds(lengths, outputs, groups))
+        flat = np.concatenate([f for f, _ in rounds]) if rounds else np.zeros(0, dtype=self._out_dtype)
+        counts = np.concatenate([k for _, k in rounds]) if rounds else np.zeros(0, dtype=np.int64)
         if self.config.batch_order != "random" and len(counts) > 1:
             flat, counts = sort_batches(flat, counts, np.asarray(lengths), self.config.batch_order == "descending")
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -205,9 +201,7 @@ class BucketBatcher:
     def rounds(
         self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """:meth:`plan`'s batches round by round, in stream order (before any ``batch_order`` sort): each round's
-        batches flat (positions) and their sizes. A caller that needs only the first batches (a resume marking
-        what an earlier layout consumed) stops early and pays only for the stream those batches took."""
+        """:meth:`plan`'s batches round by round, unsorted (flat positions, sizes): a resume stops early."""
         n = len(lengths)
         if self.grouped and groups is None:
             raise ValueError(f"batch_by={self.config.batch_by!r} needs each sample's group key (groups=)")
