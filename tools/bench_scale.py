@@ -83,19 +83,24 @@ def plan_global(index, world: int, workers: int, rank: int) -> dict:
 
 def resume_local(index, world: int, workers: int, rank: int) -> dict:
     """One rank of ``world`` resuming an epoch that ran on ``2 × world`` ranks until half its steps: the rank
-    re-plans the old ranks that held its shards. The old step count (a checkpoint holds it) is stood in for by
-    one old rank's own count, computed first and not timed (its memory is in the peak)."""
-    from streambatch.plan.epoch import RankSummary, plan_rank_local, rank_raw_slots
+    marks what the old ranks that held its shards consumed. The checkpoint's part — the old step count and every
+    old rank's equalisation — is stood in for by the old ranks around this one planned from batch counts first
+    (not timed; the old step count is old rank ``2 × rank``'s own). ``--no-equalised``: a checkpoint of the
+    previous version, which holds no equalisation (the old ranks are re-planned in full)."""
+    from streambatch.plan.epoch import plan_rank_local
     from streambatch.plan.layout import Layout
     from streambatch.plan.lengths import index_lengths
     from streambatch.plan.resume import EarlierRun, Resumed
 
     t0 = time.perf_counter()
     lengths, config = index_lengths(index), _config()
-    old_steps = RankSummary.of(rank_raw_slots(lengths, config, 0, 2 * rank, Layout(2 * world, workers))).batches
-    setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds the old step count
+    old_layout = Layout(2 * world, workers, "split")
+    old_steps, equalised = _checkpoint_of(lengths, config, old_layout, 2 * rank)
+    setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds all this
     lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
-    done = Resumed(0, (EarlierRun(Layout(2 * world, workers, "split"), old_steps, old_steps // 2),))
+    if os.environ.get("BENCH_NO_EQUALISED"):
+        equalised = ()
+    done = Resumed(0, (EarlierRun(old_layout, old_steps, old_steps // 2, equalised),))
     sched = plan_rank_local(
         lengths,
         config,
@@ -106,6 +111,21 @@ def resume_local(index, world: int, workers: int, rank: int) -> dict:
         done.consumed(lengths, config),
     )
     return {"batches": sched.steps, "lengths_read": lengths.loaded, "setup_s": setup}
+
+
+def _checkpoint_of(lengths, config, layout, rank: int) -> tuple[int, tuple]:
+    """What a checkpoint saved on ``layout`` holds for the bench: the step count (old rank ``rank``'s own) and the
+    equalisation of ranks ``rank - 1 … rank + 2`` (those that can hold the resuming rank's shards), from batch
+    counts; the rest are stood in for by the first of them (never asked about)."""
+    from streambatch.plan.epoch import RankSummary, plan_rank, rank_raw_slots
+
+    def counted(r):
+        return rank_raw_slots(lengths, config, 0, r, layout, counted=True)
+
+    steps = RankSummary.of(counted(rank)).batches
+    near = range(max(0, rank - 1), min(layout.world_size, rank + 3))
+    eq = {r: plan_rank(counted(r), steps, layout, config, 0, r, lengths).equalised for r in near}
+    return steps, tuple(eq.get(r, eq[near[0]]) for r in range(layout.world_size))
 
 
 def stats(index, world: int, workers: int, rank: int) -> dict:

@@ -16,7 +16,7 @@ from ..dataset.mixture import MixedIndex
 from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError
 from ..plan.budget import parse_budget
-from ..plan.epoch import EpochPlan, RankSchedule, make_epoch_plan
+from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
 from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
@@ -198,6 +198,7 @@ class StreamBatchLoader:
         self._schedules: dict[int, RankSchedule] = {}
         self._resumed: Resumed | None = None  # the layouts this epoch ran on before a resume on another one
         self._saved_steps: int | None = None  # the steps of a restored epoch, until it is planned here
+        self._saved_equalised: list[list[int]] | None = None  # and its ranks' equalisation
         self._state = SharedEpochState(self.num_workers)
         self._fault_counts, self._bad_shards = fault_tensors(self.num_workers, len(self.urls))
         self._dataloader: DataLoader | None = None
@@ -397,7 +398,7 @@ class StreamBatchLoader:
             )
         log.info(metrics_line(self.metrics()))
         self._consumed = 0
-        self._resumed, self._saved_steps = None, None
+        self._resumed, self._saved_steps, self._saved_equalised = None, None, None
         self.set_epoch(epoch + 1)  # a finished pass moves on: state_dict() now points at the next epoch
 
     def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterable[Any]:
@@ -453,6 +454,7 @@ class StreamBatchLoader:
             excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
             skip_steps=skip_state(self._skips, self.epoch),
             plan_version=self.config.plan_version,
+            equalised=every_rank(sched) if sched is not None else self._saved_equalised,
         )
 
     def load_state_dict(self, state: dict[str, Any], skip_steps: Iterable[int] = ()) -> None:
@@ -473,6 +475,7 @@ class StreamBatchLoader:
         self._dataloader = None  # workers must see the new plan
         n = self.index.num_samples if self.index is not None else 0
         self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
+        self._saved_equalised = saved.equalised_on(self.layout)
         if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
             log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
         self._skips = resume_skips(self, saved, skip_steps)

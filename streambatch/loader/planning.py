@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..errors import EmptyEpochError
-from ..plan.epoch import RankSchedule, plan_rank_local
+from ..plan.epoch import RankSchedule, plan_rank_local, share_equalised
 from .messages import empty_epoch_message, plan_line
 
 log = logging.getLogger("streambatch")
@@ -25,6 +25,7 @@ def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
         excluded = loader._excluded_in(epoch, lengths)
         agree = loader.data_parallel.gather  # one all_gather over the data-parallel ranks
         sched = plan_rank_local(lengths, loader.config, epoch, loader.rank, loader.layout, agree, excluded)
+        sched = share_equalised(sched, agree)  # a second all_gather: every rank's equalisation, for the checkpoint
     else:
         sched = RankSchedule.of(loader._whole_plan(epoch, lengths), loader.rank)
     log.info(plan_line(sched, loader.layout, loader.rank, local, lengths.loaded, time.perf_counter() - t0))

@@ -14,7 +14,7 @@ import numpy as np
 from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
 from ..plan.layout import Layout
-from ..plan.resume import EarlierRun, Resumed
+from ..plan.resume import EarlierRun, Resumed, equalised_of
 
 
 @dataclass
@@ -54,6 +54,10 @@ class LoaderState:
     skip_steps: list[list[int]] = field(default_factory=list)
     """Steps of ``epoch`` a resume skips, as ``[[a, b], ...]`` ranges of step numbers from the epoch's start
     (``load_state_dict(state, skip_steps=...)``): a later resume from this state skips them too."""
+    equalised: list[list[int]] | None = None
+    """Every rank's equalisation of ``epoch`` on this layout (:meth:`RankEqualised.to_ints`, once planned): a resume on
+    another layout then batches each old rank only as far as it consumed. A state without it (an older version)
+    still resumes, re-planning the old ranks in full."""
     plan_version: int = PLAN_VERSION
     """The batching rule the epoch was planned by (:attr:`~streambatch.plan.config.BatchingConfig.plan_version`); a
     state saved before it was recorded was planned by rule 1, and a loader resuming it keeps that rule."""
@@ -135,10 +139,16 @@ class LoaderState:
                 raise ValueError("loader state: saved mid-epoch without its layout (world_size, num_workers)")
             before = Resumed(self.epoch, tuple(runs), base)
             steps = self.steps if self.steps is not None else plan_steps(old, before)
-            runs.append(EarlierRun(old, int(steps), consumed))
+            known = equalised_of(self.equalised, old) if self.steps is not None else ()
+            runs.append(EarlierRun(old, int(steps), consumed, known))
             consumed = 0
         resumed = Resumed(self.epoch, tuple(runs), base) if runs or base is not None else None
         return resumed, consumed, self.steps if old == layout else None
+
+    def equalised_on(self, layout: Layout) -> list[list[int]] | None:
+        """The saved equalisation where the state was saved on ``layout`` (a later checkpoint of the same epoch
+        carries it on until the epoch is planned again), else None."""
+        return self.equalised if self.layout(layout) == layout else None
 
 
 def batching_record(config: BatchingConfig) -> dict[str, Any]:

@@ -190,6 +190,18 @@ class BucketBatcher:
         batches as positions (int32 where they fit), gathered flat a chunk at a time (a rank's plan costs its
         positions only). The stream's length is known here: pushing the same lengths into a batcher made with
         ``stream_length=len(lengths)`` forms the same batches."""
+        rounds = list(self.rounds(lengths, outputs, groups))
+        flat = np.concatenate([f for f, _ in rounds]) if rounds else np.zeros(0, dtype=self._out_dtype)
+        counts = np.concatenate([k for _, k in rounds]) if rounds else np.zeros(0, dtype=np.int64)
+        if self.config.batch_order != "random" and len(counts) > 1:
+            flat, counts = sort_batches(flat, counts, np.asarray(lengths), self.config.batch_order == "descending")
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds)
+
+    def rounds(
+        self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`plan`'s batches round by round, unsorted (flat positions, sizes): a resume stops early."""
         n = len(lengths)
         if self.grouped and groups is None:
             raise ValueError(f"batch_by={self.config.batch_by!r} needs each sample's group key (groups=)")
@@ -197,26 +209,14 @@ class BucketBatcher:
             self.stream_length = n
         if n < 2**31:
             self._out_dtype = np.int32
-        flats: list[np.ndarray] = []
-        sizes: list[np.ndarray] = []
         step = max(self.buffer_size, 1 << 16)  # in chunks: the same batches, a chunk's temporaries at a time
         for a in range(0, n, step):
             b = min(n, a + step)
             outs = None if outputs is None else np.asarray(outputs[a:b])
             keys = None if groups is None else np.asarray(groups[a:b])
-            for flat, k in self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b]), outs, keys):
-                flats.append(flat)
-                sizes.append(k)
+            yield from self._push_many_flat(np.arange(a, b), np.asarray(lengths[a:b]), outs, keys)
         if self.held:
-            flat, k = self._round_flat(final=True)
-            flats.append(flat)
-            sizes.append(k)
-        flat = np.concatenate(flats) if flats else np.zeros(0, dtype=self._out_dtype)
-        counts = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
-        if self.config.batch_order != "random" and len(counts) > 1:
-            flat, counts = sort_batches(flat, counts, np.asarray(lengths), self.config.batch_order == "descending")
-        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds)
+            yield self._round_flat(final=True)
 
     # ---- packing --------------------------------------------------------------------------------
     def _sort_window(self) -> None:

@@ -7,6 +7,7 @@ consumed. Equalising needs only two numbers per rank (:class:`RankSummary`); the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ class EpochPlan:
     skipped_samples: int = 0
     dropped_samples: int = 0
     datasets: dict | None = None  # a mixture's per-dataset samples, length, hours and share (loader.plan())
+    equalised: list[RankEqualised] = field(default_factory=list)  # per rank (what a checkpoint holds)
 
     def rank_slots(self, rank: int) -> range:
         return range(rank * self.num_workers, (rank + 1) * self.num_workers)
@@ -74,6 +76,63 @@ class RankSummary:
         return cls(sum(len(s.batches) for s in slots), sum(len(b) - 1 for s in slots for b in s.batches))
 
 
+@dataclass(frozen=True)
+class SlotEqualised:
+    """How one slot's batches were equalised, in a few integers: enough to list the first batches it yielded from
+    the first batches its batcher formed, without batching the whole slot again (:mod:`.resume`)."""
+
+    batches: int = 0
+    """Batches after the splits (what the pad picks are drawn from)."""
+    cut_size: int = 0
+    """The size of the last batch split (:func:`split_rule`); every larger batch or half was split too."""
+    cut_ties: int = 0
+    """How many batches or halves of exactly ``cut_size`` were split: the first ones in stream order (0: none)."""
+    pad: int = 0
+    """Repeated batches (:attr:`Adjust.pad`)."""
+    hardest: int = -1
+    """The batch moved to the front (its index after splits and repeats), or -1."""
+    take: int = 0
+    """Batches the slot yields (:attr:`Adjust.take`)."""
+
+
+@dataclass(frozen=True)
+class RankEqualised:
+    """One rank's equalisation: the worker its round starts with and each slot's :class:`SlotEqualised`. A
+    checkpoint holds every rank's, so a resume on another layout learns what an old rank consumed from the
+    batches it consumed alone."""
+
+    start: int
+    slots: tuple[SlotEqualised, ...]
+
+    def to_ints(self) -> list[int]:
+        """Flat integers (what an all_gather carries and a checkpoint stores)."""
+        return [self.start] + [getattr(s, f) for s in self.slots for f in _SLOT_FIELDS]
+
+    @classmethod
+    def of_ints(cls, values: Sequence[int]) -> RankEqualised:
+        """Inverse of :meth:`to_ints`."""
+        k = len(_SLOT_FIELDS)
+        if not values or (len(values) - 1) % k:
+            raise ValueError(f"loader state: an equalisation of {len(values)} integers is not 1 + {k} per worker")
+        rows = [values[i : i + k] for i in range(1, len(values), k)]
+        return cls(int(values[0]), tuple(SlotEqualised(*(int(v) for v in row)) for row in rows))
+
+
+_SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(SlotEqualised))
+
+
+def split_rule(sizes: np.ndarray, times: int) -> tuple[int, int]:
+    """The ``times`` cuts of :func:`cut_largest` on batch ``sizes`` as two numbers: the size of the last cut and
+    how many cuts had that size. Cuts never grow, so every batch or half larger than it is cut, and of those of
+    exactly that size the first ones in stream order; (0, 0) for no cut."""
+    last, ties = 0, 0
+    for _ in range(times):
+        n = int(sizes.max())
+        sizes, _ = cut_largest(sizes)
+        last, ties = n, (ties + 1 if n == last else 1)
+    return last, ties
+
+
 @dataclass
 class RankPlan:
     """One rank's equalised slots, with the first worker of its round and its counts."""
@@ -84,6 +143,7 @@ class RankPlan:
     surplus: int = 0
     repeated: int = 0
     splits: int = 0
+    equalised: RankEqualised | None = None
 
 
 def agreed_steps(summaries: Sequence[RankSummary], even_batches: str) -> int:
@@ -109,11 +169,13 @@ def plan_rank(
         _pad_counts(raw, need, adjust, rank, lengths.num_samples)
     first = rank * nw
     slots = [apply_adjust(raw[w], adjust[w], config.epoch_seed, epoch, first + w) for w in range(nw)]
-    start = 0
+    start, moved = 0, -1
     if layout.hardest_first and steps:
         start = _hardest_worker(slots, lengths, config)
         adjust[start].hardest = True
         s = slots[start]
+        if s.batches:
+            moved = hardest_batch(s.batches, s.repeat, lengths[s.gids], config.cost)
         slots[start] = apply_adjust(
             s, Adjust(hardest=True), config.epoch_seed, epoch, first + start, lengths[s.gids], config.cost
         )
@@ -124,7 +186,20 @@ def plan_rank(
         adjust[w].take = t
         slots[w] = s = apply_adjust(s, Adjust(take=t), config.epoch_seed, epoch, first + w)
         out.repeated += int(sum(len(b) for b, rep in zip(s.batches, s.repeat) if rep))
+    out.equalised = _equalised(raw, adjust, start, moved)
     return out
+
+
+def _equalised(raw: Sequence[SlotPlan], adjust: Sequence[Adjust], start: int, moved: int) -> RankEqualised:
+    """The rank's equalisation as :class:`RankEqualised` (``moved``: the index of the start worker's batch that
+    hardest-first moved to the front, -1 for none)."""
+    slots = []
+    for s, a in zip(raw, adjust):
+        sizes = np.fromiter((len(b) for b in s.batches), dtype=np.int64, count=len(s.batches))
+        cut = split_rule(sizes, a.split) if a.split else (0, 0)
+        hardest = moved if a.hardest else -1
+        slots.append(SlotEqualised(len(s.batches) + a.split, *cut, a.pad, hardest, a.take))
+    return RankEqualised(start, tuple(slots))
 
 
 def _split_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust]) -> int:
@@ -190,6 +265,7 @@ def make_epoch_plan(
         split_batches=sum(rp.splits for rp in ranks),
         skipped_samples=sum(s.skipped for s in raw),
         dropped_samples=sum(s.dropped for s in raw),
+        equalised=[rp.equalised for rp in ranks if rp.equalised is not None],
     )
 
 
@@ -208,6 +284,10 @@ class RankSchedule:
     skipped: int = 0
     dropped: int = 0
     planned_samples: int = 0
+    equalised: RankEqualised | None = None
+    """This rank's equalisation."""
+    every_rank: tuple[RankEqualised, ...] = ()
+    """Every rank's (what a checkpoint holds: :func:`every_rank`), once the ranks have shared them."""
 
     def worker_counts(self) -> list[int]:
         return [a.take for a in self.adjust]
@@ -231,7 +311,23 @@ class RankSchedule:
             plan.skipped_samples,
             plan.dropped_samples,
             sum(len(plan.slots[s].gids) for s in plan.rank_slots(rank)),
+            plan.equalised[rank] if plan.equalised else None,
+            tuple(plan.equalised),
         )
+
+
+def share_equalised(sched: RankSchedule, gather: Callable[[list[int]], list[list[int]]]) -> RankSchedule:
+    """``sched`` with every rank's equalisation, shared through ``gather`` (an all_gather of a few integers per
+    worker): a checkpoint holds them all, so a resume on another layout need not re-plan the old ranks in full."""
+    if sched.equalised is None:
+        return sched
+    rows = gather(sched.equalised.to_ints())
+    return dataclasses.replace(sched, every_rank=tuple(RankEqualised.of_ints(r) for r in rows))
+
+
+def every_rank(sched: RankSchedule) -> list[list[int]] | None:
+    """Every rank's equalisation as a checkpoint stores it (lists of integers), or None where not shared."""
+    return [r.to_ints() for r in sched.every_rank] if sched.every_rank else None
 
 
 def rank_raw_slots(
@@ -279,6 +375,7 @@ def plan_rank_local(
         sum(s.skipped for s in raw),
         sum(s.dropped for s in raw),
         sum(s.num_samples for s in raw),
+        rp.equalised,
     )
 
 

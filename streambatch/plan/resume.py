@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from .batcher import BucketBatcher
 from .config import BatchingConfig
-from .epoch import plan_rank, rank_raw_slots
+from .epoch import RankEqualised, SlotEqualised, plan_rank, rank_raw_slots
 from .layout import Layout
 from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
-from .shards import Deal
-from .slot import per_worker
+from .shards import Deal, Piece, epoch_rng, plan_slots
+from .slot import per_worker, slot_stream, stream_groups, stream_lengths, stream_outputs
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,46 @@ class EarlierRun:
     """The batches per rank that layout agreed on for the epoch."""
     consumed: int
     """The batches every rank had consumed when the state was saved."""
+    equalised: tuple[RankEqualised, ...] = ()
+    """Every old rank's equalisation (a state saved before this was recorded has none): with it, a resume
+    batches an old rank's slots only as far as the batches it consumed, not in full."""
 
     def state_dict(self) -> dict[str, Any]:
-        """As a checkpoint holds it: the layout's fields, ``steps`` and ``consumed``, flat."""
-        return {**dataclasses.asdict(self.layout), "steps": self.steps, "consumed": self.consumed}
+        """As a checkpoint holds it: the layout's fields, ``steps``, ``consumed`` and (when known) ``equalised``
+        as one list of integers per rank, flat."""
+        out = {**dataclasses.asdict(self.layout), "steps": self.steps, "consumed": self.consumed}
+        if self.equalised:
+            out["equalised"] = [r.to_ints() for r in self.equalised]
+        return out
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> EarlierRun:
+        """An earlier run as :meth:`state_dict` (or an older version, without ``equalised``) saved it."""
         names = [f.name for f in dataclasses.fields(Layout)] + ["steps", "consumed"]
         missing = [n for n in names if n not in state]
         if missing:
             raise ValueError(f"loader state: an earlier layout lacks {', '.join(missing)}")
         layout = Layout(**{f.name: state[f.name] for f in dataclasses.fields(Layout)})
-        return cls(layout, int(state["steps"]), int(state["consumed"]))
+        ranks = equalised_of(state.get("equalised"), layout)
+        return cls(layout, int(state["steps"]), int(state["consumed"]), ranks)
+
+    def rank(self, rank: int) -> RankEqualised | None:
+        """The old rank's equalisation, where the checkpoint holds it."""
+        return self.equalised[rank] if rank < len(self.equalised) else None
+
+
+def equalised_of(rows: Any, layout: Layout) -> tuple[RankEqualised, ...]:
+    """Every rank's equalisation from a checkpoint's lists of integers (none: an older state); rows that do
+    not fit ``layout`` are refused rather than trusted."""
+    if not rows:
+        return ()
+    ranks = tuple(RankEqualised.of_ints([int(v) for v in row]) for row in rows)
+    if len(ranks) != layout.world_size or any(len(r.slots) != layout.num_workers for r in ranks):
+        raise ValueError(
+            f"loader state: an equalisation of {len(ranks)} ranks does not fit {layout.world_size} ranks x "
+            f"{layout.num_workers} workers"
+        )
+    return ranks
 
 
 @dataclass(frozen=True)
@@ -117,11 +145,20 @@ class Consumed(LazyMask):
         return self._deal.slot_of(int(self._position[shard]))
 
     def _consume_rank(self, rank: int) -> None:
-        """Re-plan one old rank as it ran (its slots, equalised to the old step count) and mark the samples
-        of its first ``consumed`` batches."""
+        """Mark the samples of the old rank's first ``consumed`` batches: from the batches its slots formed up to
+        them where the checkpoint holds the rank's equalisation, else by re-planning the rank as it ran."""
         if rank in self._ranks:
             return
         self._ranks.add(rank)
+        eq = self.run.rank(rank)
+        if eq is not None and self.config.batch_order == "random":
+            self._consume_prefix(rank, eq)
+        else:
+            self._replan_rank(rank)
+
+    def _replan_rank(self, rank: int) -> None:
+        """Re-plan one old rank as it ran (its slots, equalised to the old step count) and mark the samples
+        of its first ``consumed`` batches (a state without the rank's equalisation: O(the rank's samples))."""
         run, cfg = self.run, self.config
         raw = rank_raw_slots(self.lengths, cfg, self.epoch, rank, run.layout, self.prior)
         rp = plan_rank(raw, run.steps, run.layout, cfg, self.epoch, rank, self.lengths)
@@ -130,11 +167,94 @@ class Consumed(LazyMask):
         if taken:
             self._mark(np.concatenate(taken))
 
+    def _consume_prefix(self, rank: int, eq: RankEqualised) -> None:
+        """Mark the old rank's consumed samples knowing its equalisation: each slot's batcher runs only until
+        the batches the slot yielded before the save are formed (:class:`PrefixOf`)."""
+        run, cfg = self.run, self.config
+        slots = run.layout.rank_slots(rank)
+        done = per_worker([s.take for s in eq.slots], run.consumed, eq.start)
+        if not any(done):
+            return
+        dealt = plan_slots(
+            self.lengths, run.layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, slots
+        )
+        for w, k in enumerate(done):
+            if k:
+                self._mark(self._slot_prefix(dealt[slots[w]], slots[w], eq.slots[w], k))
+
+    def _slot_prefix(self, pieces: list[Piece], slot: int, eq: SlotEqualised, k: int) -> np.ndarray:
+        """Global ids of the samples of one old slot's first ``k`` batches, batching its stream no further."""
+        cfg, lengths, prior = self.config, self.lengths, self.prior
+        lens = stream_lengths(pieces, lengths, prior)
+        outs = stream_outputs(pieces, lengths, prior) if cfg.output_budget is not None else None
+        keys = stream_groups(pieces, lengths, prior, cfg.batch_by) if cfg.batch_by is not None else None
+        prefix = PrefixOf(eq, k, epoch_rng(cfg.epoch_seed, self.epoch, slot, 1))
+        for flat, sizes in BucketBatcher.for_slot(cfg, self.epoch, slot).rounds(lens, outs, keys):
+            if prefix.add(flat, sizes):
+                break
+        return slot_stream(pieces, lengths.offsets, prior)[prefix.positions()]
+
     def _mark(self, gids: np.ndarray) -> None:
         offsets = self.lengths.offsets
         for s, sel in by_shard(gids, offsets):
             mask = self._marks.setdefault(s, np.zeros(int(self.lengths.counts[s]), dtype=bool))
             mask[gids[sel] - offsets[s]] = True
+
+
+class PrefixOf:
+    """The stream positions of the samples in a slot's first ``k`` yielded batches, from its batcher's batches
+    in the order they form: each is split as :func:`~streambatch.plan.epoch.split_rule` recorded, repeats
+    follow the seeded pad picks (they add no sample), and the batch hardest-first moved to the front counts as
+    yielded. Exact against :func:`~streambatch.plan.slot.apply_adjust` (tested on random plans)."""
+
+    def __init__(self, eq: SlotEqualised, k: int, pad_rng: np.random.Generator):
+        self.eq = eq
+        moved = eq.hardest >= 0 and k >= 1
+        # entries (batches after splits and repeats, before the move) whose samples were yielded
+        self.upto = k - 1 if moved and eq.hardest >= k - 1 else k
+        self.extra = eq.hardest if moved and eq.hardest >= k - 1 else -1
+        self.needed = max(self.upto, self.extra + 1)
+        self.repeats = np.zeros(max(eq.batches, 0), dtype=np.int64)
+        if eq.pad and eq.batches:
+            picks = pad_rng.choice(eq.batches, size=eq.pad, replace=eq.pad > eq.batches)
+            self.repeats = np.bincount(picks, minlength=eq.batches)
+        self.entry, self.piece, self.ties = 0, 0, 0  # entries and pieces seen; ties of the cut size met
+        self.taken: list[np.ndarray] = []
+
+    def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
+        """Take one round's batches (positions flat, sizes); True once every yielded batch is formed."""
+        starts = np.cumsum(sizes) - sizes
+        for a, n in zip(starts.tolist(), sizes.tolist()):
+            for piece in self._pieces(flat[a : a + n]):
+                self._entry(piece)
+                if self.entry >= self.needed:
+                    return True
+        return self.entry >= self.needed
+
+    def _pieces(self, batch: np.ndarray) -> list[np.ndarray]:
+        """One batch as the split rule leaves it: halved while larger than the cut size, or of that size and
+        among the first ``cut_ties`` such (depth first: the order of the pieces in the slot)."""
+        t = self.eq.cut_size
+        n = len(batch)
+        if not self.eq.cut_ties or n < t:
+            return [batch]
+        if n == t:
+            self.ties += 1
+            if self.ties > self.eq.cut_ties:
+                return [batch]
+        h = n // 2
+        return self._pieces(batch[:h]) + self._pieces(batch[h:])
+
+    def _entry(self, piece: np.ndarray) -> None:
+        """One batch after the splits, with its repeats: taken if among the yielded entries."""
+        copies = 1 + (int(self.repeats[self.piece]) if self.piece < len(self.repeats) else 0)
+        first, self.entry, self.piece = self.entry, self.entry + copies, self.piece + 1
+        if first < self.upto or any(e == self.extra for e in range(first, self.entry)):
+            self.taken.append(piece)
+
+    def positions(self) -> np.ndarray:
+        """Stream positions of the yielded batches' samples."""
+        return np.concatenate(self.taken).astype(np.int64) if self.taken else np.zeros(0, dtype=np.int64)
 
 
 def excluded_in(

@@ -1,0 +1,130 @@
+"""A resume that knows the old ranks' equalisation (a checkpoint of this version) batches each old slot only
+as far as the batches it yielded: the samples it marks consumed must be exactly those of the full re-plan (the
+older states' path) and of the global plan's oracle, on random layouts, options and resumes."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streambatch.plan.config import BatchingConfig
+from streambatch.plan.epoch import RankEqualised, consumed_ids, make_epoch_plan, split_rule
+from streambatch.plan.layout import Layout
+from streambatch.plan.lengths import Lengths
+from streambatch.plan.resume import Consumed, EarlierRun
+from streambatch.plan.slot import cut_largest, halve_largest
+
+
+@st.composite
+def cases(draw):
+    num_shards = draw(st.integers(1, 10))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    shard_lengths = [rng.integers(1, 400, int(rng.integers(0, 80))) for _ in range(num_shards)]
+    config = BatchingConfig(
+        budget=float(draw(st.sampled_from([400, 1_000, 3_000]))),
+        buffer_size=draw(st.integers(1, 80)),
+        seed=draw(st.integers(0, 3)),
+        max_batch_size=draw(st.sampled_from([None, 3, 16])),
+    )
+    layout = Layout(
+        draw(st.integers(1, 5)),
+        draw(st.integers(1, 3)),
+        draw(st.sampled_from(["split", "drop", "pad"])),
+        draw(st.booleans()),
+    )
+    return shard_lengths, config, layout, draw(st.floats(0, 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_marking_from_the_yielded_batches_equals_the_full_replan(case):
+    shard_lengths, config, layout, fraction = case
+    n = sum(len(x) for x in shard_lengths)
+    try:
+        old = make_epoch_plan(shard_lengths, config, 1, layout)
+    except ValueError:
+        return  # a rank with no data to pad with: both planners refuse
+    k = int(old.steps * fraction)
+    assert len(old.equalised) == layout.world_size
+    fast = Consumed(Lengths.of(shard_lengths), config, 1, EarlierRun(layout, old.steps, k, tuple(old.equalised)))
+    slow = Consumed(Lengths.of(shard_lengths), config, 1, EarlierRun(layout, old.steps, k))
+    oracle = np.zeros(n, dtype=bool)
+    oracle[consumed_ids(old, k)] = True
+    assert np.array_equal(fast[np.arange(n)], oracle)
+    assert np.array_equal(slow[np.arange(n)], oracle)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(0, 60))
+def test_the_split_rule_in_two_numbers_cuts_as_halve_largest(sizes, times):
+    """Cut by the recorded (size, ties), batch by batch in stream order, the pieces are halve_largest's."""
+    sizes_arr = np.array(sizes)
+    times = min(times, int((sizes_arr - 1).sum()))  # no more cuts than the batches can take (as the planner)
+    batches = [np.arange(n) + 1000 * i for i, n in enumerate(sizes)]
+    want = list(batches)
+    halve_largest(want, times)
+    size, ties = split_rule(sizes_arr, times)
+    from streambatch.plan.epoch import SlotEqualised
+    from streambatch.plan.resume import PrefixOf
+
+    eq = SlotEqualised(batches=len(want), cut_size=size, cut_ties=ties, take=len(want))
+    prefix = PrefixOf(eq, len(want), np.random.default_rng(0))
+    got = [p for b in batches for p in prefix._pieces(b)]
+    assert [list(x) for x in got] == [list(x) for x in want]
+
+
+def test_an_equalisation_round_trips_through_integers_and_a_checkpoint():
+    old = make_epoch_plan([np.arange(1, 200) for _ in range(6)], BatchingConfig(budget=900.0), 0, Layout(3, 2))
+    for eq in old.equalised:
+        assert RankEqualised.of_ints(eq.to_ints()) == eq
+    run = EarlierRun(Layout(3, 2), old.steps, old.steps // 2, tuple(old.equalised))
+    back = EarlierRun.from_state(run.state_dict())
+    assert back == run and back.rank(2) == old.equalised[2]
+    older = run.state_dict()
+    del older["equalised"]  # as a checkpoint of the previous version holds an earlier layout
+    assert EarlierRun.from_state(older) == EarlierRun(Layout(3, 2), old.steps, old.steps // 2)
+
+
+def test_an_equalisation_that_does_not_fit_the_layout_is_refused():
+    import pytest
+
+    old = make_epoch_plan([np.arange(1, 200) for _ in range(6)], BatchingConfig(budget=900.0), 0, Layout(3, 2))
+    state = EarlierRun(Layout(3, 2), old.steps, 1, tuple(old.equalised)).state_dict()
+    state["equalised"] = state["equalised"][:2]
+    with pytest.raises(ValueError, match="does not fit"):
+        EarlierRun.from_state(state)
+
+
+def test_cut_largest_sizes_never_grow():
+    """What split_rule rests on: the size cut each time never grows."""
+    sizes = np.array([7, 3, 9, 9, 2])
+    cuts = []
+    for _ in range(12):
+        cuts.append(int(sizes.max()))
+        sizes, _ = cut_largest(sizes)
+    assert cuts == sorted(cuts, reverse=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases(), st.integers(1, 4), st.integers(1, 3), st.floats(0, 1))
+def test_a_chain_of_resumes_marks_from_yielded_batches_exactly(case, world, workers, fraction):
+    """Two layouts before this one: the second's plan left out what the first consumed, and so must its
+    prefix (the first layout's lazy mask is its ``prior``)."""
+    shard_lengths, config, layout, first_fraction = case
+    n = sum(len(x) for x in shard_lengths)
+    second = Layout(world, workers, layout.even_batches, layout.hardest_first)
+    try:
+        one = make_epoch_plan(shard_lengths, config, 1, layout)
+        k1 = int(one.steps * first_fraction)
+        mask = np.zeros(n, dtype=bool)
+        mask[consumed_ids(one, k1)] = True
+        two = make_epoch_plan(shard_lengths, config, 1, second, mask)
+    except ValueError:
+        return
+    k2 = int(two.steps * fraction)
+    mask[consumed_ids(two, k2)] = True
+    lengths = Lengths.of(shard_lengths)
+    prior = Consumed(lengths, config, 1, EarlierRun(layout, one.steps, k1, tuple(one.equalised)))
+    lazy = Consumed(lengths, config, 1, EarlierRun(second, two.steps, k2, tuple(two.equalised)), prior)
+    assert np.array_equal(lazy[np.arange(n)], mask)
