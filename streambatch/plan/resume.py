@@ -21,7 +21,7 @@ from .layout import Layout
 from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
 from .shards import Deal, Piece, epoch_rng, plan_slots
-from .slot import per_worker, slot_stream, stream_groups, stream_lengths, stream_outputs
+from .slot import per_worker, slot_order, slot_stream, stream_groups, stream_lengths, stream_outputs
 
 
 @dataclass(frozen=True)
@@ -188,11 +188,17 @@ class Consumed(LazyMask):
         lens = stream_lengths(pieces, lengths, prior)
         outs = stream_outputs(pieces, lengths, prior) if cfg.output_budget is not None else None
         keys = stream_groups(pieces, lengths, prior, cfg.batch_by) if cfg.batch_by is not None else None
+        order = slot_order(pieces, lengths.offsets, prior, cfg, self.epoch, slot)
+        if order is not None:  # interleaved shards: the batcher saw the stream as it arrived
+            lens = lens[order]
+            outs = None if outs is None else outs[order]
+            keys = None if keys is None else keys[order]
         prefix = PrefixOf(eq, k, epoch_rng(cfg.epoch_seed, self.epoch, slot, 1))
         for flat, sizes in BucketBatcher.for_slot(cfg, self.epoch, slot).rounds(lens, outs, keys):
             if prefix.add(flat, sizes):
                 break
-        return slot_stream(pieces, lengths.offsets, prior)[prefix.positions()]
+        taken = prefix.positions() if order is None else order[prefix.positions()]
+        return slot_stream(pieces, lengths.offsets, prior)[taken]
 
     def _mark(self, gids: np.ndarray) -> None:
         offsets = self.lengths.offsets
