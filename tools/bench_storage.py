@@ -16,7 +16,8 @@ With ``--runs N`` every configuration runs N times, each run beside its own loca
 gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the adaptive read-ahead
 (the default, up to ``max_read_concurrency`` requests in flight) beside the fixed 4 in flight it replaced.
 
-Prints samples/s and MB/s of StreamBatchLoader over one epoch, the ratio to local disk, the CPU seconds of the
+Prints samples/s and MB/s of StreamBatchLoader over one epoch, the ratio to local disk, the seconds to the
+first batch (an epoch's start: the sample table's and the first shards' round trips), the CPU seconds of the
 loader's process and of the server processes during that row, and the peak RSS of the process that iterates
 (each configuration runs in a fresh process; "growth" is the peak minus the RSS before the first batch). torch
 runs one intra-op thread (``torch.set_num_threads(1)``), as loader workers should on a small machine. Every
@@ -109,14 +110,16 @@ def child(spec: dict) -> dict:
     total_bytes = sum(int(s.bytes) for s in index.shards)
     before = current_rss_mb()
     cpu0, t0 = own_cpu_s(), time.perf_counter()
-    n = 0
+    n, first = 0, None
     for b in loader:
         n += len(b["keys"])
+        first = time.perf_counter() - t0 if first is None else first
     dt = time.perf_counter() - t0
     return {
         "samples": n,
         "bytes": total_bytes,
         "seconds": dt,
+        "first": first or 0.0,
         "cpu": own_cpu_s() - cpu0,
         "rss_before": before,
         "rss_peak": rss_mb(),
@@ -324,7 +327,8 @@ def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
             server = f"{server_cpu:.2f}" if pids else "-"
             rows.append(
                 [name, ra_txt, f"{sps:,.0f}", f"{r['bytes'] / 2**20 / r['seconds']:,.1f}", ratio, wait]
-                + [f"{r['cpu']:.2f}", server, f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}"]
+                + [f"{r['first']:.2f}", f"{r['cpu']:.2f}", server]
+                + [f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}"]
             )
             print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)", file=sys.stderr)
     return rows
@@ -337,6 +341,7 @@ HEADER = [
     "MB/s",
     "vs local",
     "waited on storage s",
+    "first batch s",
     "loader CPU s",
     "server CPU s",
     "peak RSS MB",
@@ -360,9 +365,10 @@ def report(runs: list[list[list]], a: argparse.Namespace) -> None:
     summary = []
     for j, row in enumerate(runs[0]):
         ratios = [float(r[j][4].rstrip("x")) for r in runs]
-        waits = " / ".join(r[j][5] for r in runs)
-        summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits])
-    print(table(summary, ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run"]))
+        waits, firsts = (" / ".join(r[j][k] for r in runs) for k in (5, 6))
+        summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits, firsts])
+    head = ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run", "first batch s per run"]
+    print(table(summary, head))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
