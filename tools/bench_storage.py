@@ -1,17 +1,27 @@
-"""Storage benchmark: the same shards from local disk, from an S3 server on loopback, and through a proxy
-that adds 20 ms or 100 ms to every request, with read-ahead on and off.
+"""Storage benchmark: the same shards from local disk and from S3 servers on loopback that answer every request
+0, 20 or 100 ms late, with read-ahead on and off.
 
     python tools/bench_storage.py [--samples 2000] [--decode audio|none] [--workers 0] [--runs 3] [--only-100ms]
+                                  [--server lite|moto|both]
+
+Two S3 servers, each in its own process on 127.0.0.1 (``--server`` picks, both by default):
+
+* ``lite`` (tools/_s3_lite.py): a read-only S3 endpoint over the shard folder that sleeps the latency before
+  every answer and sends bodies with ``sendfile``, so it costs almost no CPU, like a remote store whose CPU is
+  not the training node's. This is the fair stand-in on a small machine.
+* ``moto`` (``pip install -e .[test]``, pure Python) with tests/faultproxy.py in front adding the latency (a
+  second Python process that copies every byte): both spend CPU on the same cores as the loader.
 
 With ``--runs N`` every configuration runs N times, each run beside its own local-disk run, and a last table
 gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the adaptive read-ahead
 (the default, up to ``max_read_concurrency`` requests in flight) beside the fixed 4 in flight it replaced.
 
-Prints samples/s and MB/s of StreamBatchLoader over one epoch, the ratio to local disk, and the peak RSS of
-the process that iterates (each configuration runs in a fresh process; "growth" is the peak minus the RSS
-before the first batch). The S3 server is moto (``pip install -e .[test]``) in its own process, the latency
-proxy is tests/faultproxy.py, also in its own process; everything stays on 127.0.0.1. torch runs one
-intra-op thread (``torch.set_num_threads(1)``), as loader workers should on a small machine.
+Prints samples/s and MB/s of StreamBatchLoader over one epoch, the ratio to local disk, the seconds to the
+first batch (an epoch's start: the sample table's and the first shards' round trips), the CPU seconds of the
+loader's process and of the server processes during that row, and the peak RSS of the process that iterates
+(each configuration runs in a fresh process; "growth" is the peak minus the RSS before the first batch). torch
+runs one intra-op thread (``torch.set_num_threads(1)``), as loader workers should on a small machine. Every
+server the benchmark starts is stopped when it ends, also on an error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,12 +31,14 @@ import functools
 import json
 import os
 import resource
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,6 +50,10 @@ from _bench_common import machine, table  # noqa: E402
 from streambatch.procs import set_parent_death_signal  # noqa: E402
 
 BUCKET = "bench"
+#: seconds a server may take to come up
+START_TIMEOUT = 30.0
+#: latencies (seconds added per request) of the S3 rows, and their names
+LATENCIES = ((0.0, "loopback"), (0.02, "+20 ms/request"), (0.1, "+100 ms/request"))
 
 
 def rss_mb() -> float:
@@ -50,8 +66,25 @@ def rss_mb() -> float:
 
 
 def current_rss_mb() -> float:
+    """The RSS of this process now."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def own_cpu_s() -> float:
+    """CPU seconds (user + system, all threads) this process has used so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far (Linux; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def child(spec: dict) -> dict:
@@ -72,17 +105,22 @@ def child(spec: dict) -> dict:
         seed=0,
         buffer_size=spec["buffer_size"],
     )
-    total_bytes = sum(s.bytes for s in loader.index.shards)
+    index = loader.index
+    assert index is not None, "a loader over an indexed dataset has its index"
+    total_bytes = sum(int(s.bytes) for s in index.shards)
     before = current_rss_mb()
-    t0 = time.perf_counter()
-    n = 0
+    cpu0, t0 = own_cpu_s(), time.perf_counter()
+    n, first = 0, None
     for b in loader:
         n += len(b["keys"])
+        first = time.perf_counter() - t0 if first is None else first
     dt = time.perf_counter() - t0
     return {
         "samples": n,
         "bytes": total_bytes,
         "seconds": dt,
+        "first": first or 0.0,
+        "cpu": own_cpu_s() - cpu0,
         "rss_before": before,
         "rss_peak": rss_mb(),
         "stats": loader.fault_stats(),
@@ -91,12 +129,14 @@ def child(spec: dict) -> dict:
 
 
 def free_port() -> int:
+    """A port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
+    """Wait until ``url`` answers (any HTTP status); raise if the server exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -104,9 +144,11 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
         try:
             urllib.request.urlopen(url, timeout=1).read()
             return
-        except Exception:
+        except urllib.error.HTTPError:
+            return
+        except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout}s")
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f}s")
 
 
 #: Linux: a server gets SIGTERM when the process that started it dies, even by SIGKILL (set in the child before
@@ -114,62 +156,71 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
 _die_with_parent = functools.partial(set_parent_death_signal, signal.SIGTERM)
 
 
-def start_moto(log: str) -> tuple[subprocess.Popen, str]:
+def spawn(procs: list[subprocess.Popen], args: list[str], **kw: object) -> subprocess.Popen:
+    """Start a server process and put it in ``procs`` at once, so it is stopped whatever happens next."""
+    proc = subprocess.Popen([sys.executable, *args], preexec_fn=_die_with_parent, **kw)  # type: ignore[call-overload]
+    procs.append(proc)
+    return proc
+
+
+def start_moto(procs: list[subprocess.Popen], log: str) -> tuple[int, str]:
+    """moto's S3 server: (its pid, its URL)."""
     port = free_port()
-    env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
+    main_of_moto = "import sys; from moto.server import main; main(sys.argv[1:])"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from moto.server import main; main(sys.argv[1:])",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                str(port),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            preexec_fn=_die_with_parent,
-        )
+        proc = spawn(procs, ["-c", main_of_moto, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc)
-    return proc, url
+    return proc.pid, url
 
 
-def start_proxy(upstream: str, latency: float) -> tuple[subprocess.Popen, str]:
+def start_proxy(procs: list[subprocess.Popen], upstream: str, latency: float) -> tuple[int, str]:
+    """tests/faultproxy.py in front of ``upstream``, adding ``latency`` seconds: (its pid, its URL)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(ROOT, "tests", "faultproxy.py"),
-            "--upstream",
-            upstream,
-            "--port",
-            str(port),
-            "--latency",
-            str(latency),
-        ],
-        stdout=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,
-    )
+    proxy = os.path.join(ROOT, "tests", "faultproxy.py")
+    args = [proxy, "--upstream", upstream, "--port", str(port), "--latency", str(latency)]
+    proc = spawn(procs, args, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    wait_http(url + "/", proc)
+    return proc.pid, url
+
+
+def start_lite(procs: list[subprocess.Popen], root: str, latency: float) -> tuple[int, str]:
+    """tools/_s3_lite.py serving ``root`` as bucket BUCKET, ``latency`` seconds per answer: (its pid, its URL,
+    which it prints once it listens)."""
+    args = [os.path.join(HERE, "_s3_lite.py"), "--root", root, "--bucket", BUCKET, "--latency", str(latency)]
+    proc = spawn(procs, args, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    if not line.startswith("http://"):
+        raise RuntimeError(f"the lite S3 server did not start (exit status {proc.poll()}, said {line!r})")
+    wait_http(line + "/", proc)
+    return proc.pid, line
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Stop every server: SIGTERM, then SIGKILL to one that has not ended 10 s later."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, url
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("the proxy did not start")
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def options(endpoint: str) -> dict:
+    """s3fs's storage options for a loopback server (which checks no signature)."""
     return {"key": "bench", "secret": "bench", "client_kwargs": {"endpoint_url": endpoint}}
 
 
 def make_data(work: str, samples: int, sample_rate: int) -> str:
+    """The shards (written once per size and rate, kept in ``work`` for the next run)."""
     from streambatch.synthetic import write_audio_corpus
     from streambatch.write.writer import write_shards
 
@@ -184,7 +235,56 @@ def make_data(work: str, samples: int, sample_rate: int) -> str:
     return ds
 
 
+def self_check(url: str, endpoint: str, local: str) -> None:
+    """The lite server must give s3fs, unmodified, the files' own bytes: the index whole, a listing, and a
+    range of the first shard (a wrong server would make every lite row meaningless)."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options(endpoint), skip_instance_cache=True)
+    path = url[len("s3://") :]
+    with open(os.path.join(local, "index.json"), "rb") as f:
+        if fs.cat_file(path + "/index.json") != f.read():
+            raise RuntimeError(f"{endpoint}: index.json differs from the local file")
+    names = sorted(os.path.basename(p) for p in fs.ls(path))
+    shard = next((n for n in names if n.endswith(".tar")), None)
+    if shard is None or names != sorted(os.listdir(local)):
+        raise RuntimeError(f"{endpoint}: the listing of {url} is not the folder's ({names[:5]} ...)")
+    with open(os.path.join(local, shard), "rb") as f:
+        f.seek(1000)
+        if fs.cat_file(f"{path}/{shard}", start=1000, end=70_000) != f.read(69_000):
+            raise RuntimeError(f"{endpoint}: a range of {shard} differs from the local file")
+
+
+def moto_sources(procs: list[subprocess.Popen], work: str, local: str, latencies: list[tuple]) -> list[tuple]:
+    """moto with the shards uploaded, and one latency proxy per latency: (name, url, options, server pids)."""
+    import s3fs
+
+    moto, endpoint = start_moto(procs, os.path.join(work, "moto.log"))
+    fs = s3fs.S3FileSystem(**options(endpoint), skip_instance_cache=True)
+    fs.mkdir(BUCKET)
+    fs.put(local + "/", f"{BUCKET}/ds/", recursive=True)
+    out = []
+    for latency, name in latencies:
+        proxy, ep = start_proxy(procs, endpoint, latency) if latency else (None, endpoint)
+        pids = [moto] + ([proxy] if proxy else [])
+        out.append((f"S3 moto {name}", f"s3://{BUCKET}/ds", options(ep), pids))
+    return out
+
+
+def lite_sources(procs: list[subprocess.Popen], local: str, latencies: list[tuple]) -> list[tuple]:
+    """One lite server per latency over the shard folder, each checked: (name, url, options, server pids)."""
+    root, name_of_ds = os.path.split(local)
+    url = f"s3://{BUCKET}/{name_of_ds}"
+    out = []
+    for latency, name in latencies:
+        pid, endpoint = start_lite(procs, root, latency)
+        self_check(url, endpoint, local)
+        out.append((f"S3 lite {name}", url, options(endpoint), [pid]))
+    return out
+
+
 def run_child(spec: dict) -> dict:
+    """One configuration in a fresh process (its result is the last line it prints)."""
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
         capture_output=True,
@@ -205,33 +305,75 @@ def read_aheads(name: str, remote: bool, read_ahead: str) -> list[tuple[str | in
     return [(read_ahead, None), (0, None)]
 
 
-def measure(configs: list[tuple[str, str, dict | None]], base: dict, read_ahead: str) -> list[list]:
+def measure_row(spec: dict, server_pids: list[int]) -> tuple[dict, float]:
+    """One configuration's result, and the CPU seconds its servers used while it ran."""
+    before = sum(cpu_s(p) for p in server_pids)
+    r = run_child(spec)
+    return r, sum(cpu_s(p) for p in server_pids) - before
+
+
+def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
     """One run of every configuration, each in a fresh process; rows with the ratio to this run's local disk."""
     rows: list[list] = []
     local_rate = None
-    for name, source, so in configs:
+    for name, source, so, pids in sources:
         for ra, fixed in read_aheads(name, so is not None, read_ahead):
             spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed)
-            r = run_child(spec)
+            r, server_cpu = measure_row(spec, pids)
             sps = r["samples"] / r["seconds"]
-            mbs = r["bytes"] / 2**20 / r["seconds"]
-            if local_rate is None:
-                local_rate = sps
+            local_rate = local_rate or sps
             ra_txt = "-" if so is None else ((f"on ({ra})" if ra else "off") + (f", fixed {fixed}" if fixed else ""))
-            growth = f"{r['rss_peak'] - r['rss_before']:+.0f}"
-            ratio = f"{sps / local_rate:.2f}x"
-            wait = f"{r['storage_wait']:.2f}"
-            rows.append([name, ra_txt, f"{sps:,.0f}", f"{mbs:,.1f}", ratio, wait, f"{r['rss_peak']:.0f}", growth])
-            print(
-                f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)",
-                file=sys.stderr,
-                flush=True,
+            ratio, wait = f"{sps / local_rate:.2f}x", f"{r['storage_wait']:.2f}"
+            server = f"{server_cpu:.2f}" if pids else "-"
+            rows.append(
+                [name, ra_txt, f"{sps:,.0f}", f"{r['bytes'] / 2**20 / r['seconds']:,.1f}", ratio, wait]
+                + [f"{r['first']:.2f}", f"{r['cpu']:.2f}", server]
+                + [f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}"]
             )
+            print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)", file=sys.stderr)
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+HEADER = [
+    "source",
+    "read-ahead",
+    "samples/s",
+    "MB/s",
+    "vs local",
+    "waited on storage s",
+    "first batch s",
+    "loader CPU s",
+    "server CPU s",
+    "peak RSS MB",
+    "growth MB",
+]
+
+
+def report(runs: list[list[list]], a: argparse.Namespace) -> None:
+    """Each run's table, then (several runs) each row's ratio per run and the worst."""
+    print()
+    print(
+        f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
+        f"chunk_size 8M, read_concurrency 4 (adaptive up to max_read_concurrency 16 unless 'fixed'); {machine()}"
+    )
+    for i, rows in enumerate(runs):
+        print(f"\nrun {i + 1} of {len(runs)}:")
+        print(table(rows, HEADER))
+    if len(runs) < 2:
+        return
+    print("\nvs local disk, each run (local measured in the same run), and the worst:")
+    summary = []
+    for j, row in enumerate(runs[0]):
+        ratios = [float(r[j][4].rstrip("x")) for r in runs]
+        waits, firsts = (" / ".join(r[j][k] for r in runs) for k in (5, 6))
+        summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits, firsts])
+    head = ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run", "first batch s per run"]
+    print(table(summary, head))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--samples", type=int, default=2000, help="utterances in the synthetic corpus")
     ap.add_argument("--sample-rate", type=int, default=16000)
     ap.add_argument(
@@ -247,9 +389,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--only-100ms", action="store_true", help="local disk and the +100 ms rows only (the adaptive read-ahead's)"
     )
+    ap.add_argument(
+        "--server",
+        default="both",
+        choices=["lite", "moto", "both"],
+        help="lite: tools/_s3_lite.py (latency inside, sendfile); moto: moto behind the latency proxy",
+    )
     ap.add_argument("--work", default=os.path.join("/tmp", "streambatch-bench-storage"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Make the data, start the servers, measure every row ``--runs`` times, print the tables, stop the servers."""
+    a = parse_args(argv)
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return
@@ -260,66 +413,21 @@ def main(argv: list[str] | None = None) -> None:
     from streambatch import ShardIndex
 
     ix = ShardIndex.load(local)
-    total = sum(s.bytes for s in ix.shards)
-    print(
-        f"data: {ix.num_samples} utterances, {ix.num_shards} shards, {total / 2**20:.1f} MiB "
-        f"(made in {time.perf_counter() - t0:.0f}s)",
-        flush=True,
-    )
-    procs = []
+    total = sum(s.bytes for s in ix.shards) / 2**20
+    made = time.perf_counter() - t0
+    print(f"data: {ix.num_samples} utterances, {ix.num_shards} shards, {total:.1f} MiB (made in {made:.0f}s)")
+    latencies = [x for x in LATENCIES if not a.only_100ms or x[0] == 0.1]
+    base = dict(budget=60 * a.sample_rate, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
+    procs: list[subprocess.Popen] = []
     try:
-        moto, endpoint = start_moto(os.path.join(a.work, "moto.log"))
-        procs.append(moto)
-        import s3fs
-
-        fs = s3fs.S3FileSystem(**options(endpoint))
-        fs.mkdir(BUCKET)
-        fs.put(local + "/", f"{BUCKET}/ds/", recursive=True)
-        url = f"s3://{BUCKET}/ds"
-        p20, url20 = start_proxy(endpoint, 0.02)
-        p100, url100 = start_proxy(endpoint, 0.1)
-        procs += [p20, p100]
-        budget = 60 * a.sample_rate  # one minute of audio per batch
-        base = dict(budget=budget, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
-        configs = [("local disk", local, None)]
-        for name, ep in (("S3 loopback", endpoint), ("S3 +20 ms/request", url20), ("S3 +100 ms/request", url100)):
-            if not a.only_100ms or "100" in name:
-                configs.append((name, url, options(ep)))
-        runs = [measure(configs, base, a.read_ahead) for _ in range(a.runs)]
-        header = [
-            "source",
-            "read-ahead",
-            "samples/s",
-            "MB/s",
-            "vs local",
-            "waited on storage s",
-            "peak RSS MB",
-            "growth MB",
-        ]
-        print()
-        print(
-            f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
-            f"chunk_size 8M, read_concurrency 4 (adaptive up to max_read_concurrency 16 unless 'fixed'); {machine()}"
-        )
-        for i, rows in enumerate(runs):
-            print(f"\nrun {i + 1} of {len(runs)}:")
-            print(table(rows, header))
-        if len(runs) > 1:
-            print("\nvs local disk, each run (local measured in the same run), and the worst:")
-            summary = []
-            for j, row in enumerate(runs[0]):
-                ratios = [float(r[j][4].rstrip("x")) for r in runs]
-                waits = " / ".join(r[j][5] for r in runs)
-                summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits])
-            print(table(summary, ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run"]))
+        sources: list[tuple] = [("local disk", local, None, [])]
+        if a.server in ("lite", "both"):
+            sources += lite_sources(procs, local, latencies)
+        if a.server in ("moto", "both"):
+            sources += moto_sources(procs, a.work, local, latencies)
+        report([measure(sources, base, a.read_ahead) for _ in range(a.runs)], a)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 if __name__ == "__main__":

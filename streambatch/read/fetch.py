@@ -27,13 +27,21 @@ from .verified import changed_since, recorded_sha256, remember_sha256
 class ChunkStream:
     """A read-only file object over a sequence of chunks, hashing what it delivers."""
 
-    def __init__(self, next_chunk: Callable[[], bytes | None], sha: bool, close: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        next_chunk: Callable[[], bytes | None],
+        sha: bool,
+        close: Callable[[], None] | None = None,
+        hashed: Digest | None = None,
+    ):
+        """``hashed``: the digest someone else feeds with the same bytes (the read-ahead's), used instead."""
         self._next = next_chunk
         self._buf = memoryview(b"")
         self._off = 0
         self._eof = False
         self.delivered = 0
-        self.digest = Digest() if sha else None
+        self.digest = hashed if hashed is not None else (Digest() if sha else None)
+        self._hashing = hashed is None and sha
         self._close = close
 
     def readable(self) -> bool:
@@ -46,7 +54,7 @@ class ChunkStream:
         if not data:
             self._eof = True
             return False
-        if self.digest is not None:
+        if self._hashing and self.digest is not None:
             self.digest.update(data)
         self._buf, self._off = memoryview(data), 0
         return True
@@ -198,7 +206,9 @@ class Fetcher:
         self.read_ahead: ReadAhead | None = None
         if self.background:
             assert self._pool is not None
-            self.read_ahead = ReadAhead(jobs, self._prepare, self.ranges, self._pool, opts, use_cache, self._stop)
+            self.read_ahead = ReadAhead(
+                jobs, self._prepare, self.ranges, self._pool, opts, use_cache, self._stop, self._wants_sha
+            )
 
     def _count(self, name: str, n: int = 1) -> None:
         if self.faults is not None:
@@ -226,7 +236,8 @@ class Fetcher:
         waiting_on_storage(self._ready, count)(job)
         sha = self._wants_sha(job) and not job.reused
         next_chunk, close = self._chunk_source(job)
-        return ChunkStream(waiting_on_storage(next_chunk, count), sha, close)
+        hashed = job.digest if job.local is None and self.read_ahead is not None else None
+        return ChunkStream(waiting_on_storage(next_chunk, count), sha, close, hashed if sha else None)
 
     def _wants_sha(self, job: Job) -> bool:
         """Whether the job's bytes must match the index's sha256 (a cached copy was checked when downloaded)."""

@@ -38,16 +38,19 @@ class InFlight:
         self._lock = threading.Lock()
         self._last_take: float | None = None
 
-    def room(self) -> bool:
-        """Whether one more request may start now."""
-        return self.now < self.target
+    def room(self, shared: int = 0) -> bool:
+        """Whether one more request may start now; ``shared``: requests in flight that do not take a place of
+        their own (they share one with another request), never beyond ``bound``."""
+        return self.now < min(self.bound, self.target + shared)
 
     def started(self) -> None:
+        """A request was submitted."""
         with self._lock:
             self.now += 1
             self.peak = max(self.peak, self.now)
 
     def ended(self) -> None:
+        """A request finished, failed or was cancelled."""
         with self._lock:
             self.now -= 1
 

@@ -5,6 +5,7 @@ latency of one request hides behind the parsing of the bytes before it (:class:`
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..dataset.format import Digest
 from ..errors import ShardReadError
 from .inflight import InFlight
 from .ranges import RangeReader
@@ -35,6 +37,29 @@ class Job:
         self.chunks: collections.deque[tuple[Future, int]] = collections.deque()
         self.all_submitted = False
         self.cancelled = False
+        self.digest: Digest | None = None  # the read-ahead hashes the chunks as they arrive (see InOrder)
+        self.in_order: InOrder | None = None
+
+
+class InOrder:
+    """Feeds a job's chunks to its :class:`Digest` in order, in the request threads as each chunk arrives, so the
+    parser's thread does not hash (sha256 lets go of the GIL: on another core it costs the parser nothing). A
+    chunk that arrives early waits here for the ones before it; each request returns only after this, so once
+    the parser has taken every chunk, every chunk was hashed."""
+
+    def __init__(self, digest: Digest):
+        self.digest = digest
+        self._next = 0  # the number of the next chunk to hash
+        self._early: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    def arrived(self, number: int, data: bytes) -> None:
+        """Chunk ``number`` arrived: hash it, and the early ones it was holding up."""
+        with self._lock:
+            self._early[number] = data
+            while self._next in self._early:
+                self.digest.update(self._early.pop(self._next))
+                self._next += 1
 
 
 def job_chunks(job: Job, chunk_size: int, ramp: bool = False) -> Iterator[tuple[int, int]]:
@@ -57,6 +82,14 @@ def chunk_ranges(size: int, chunk_size: int, ramp: bool = False) -> Iterator[tup
         n = min(chunk_size, n * 2)
 
 
+def ramp_pieces(chunk_size: int) -> int:
+    """How many of :func:`chunk_ranges`'s first requests the ramp cuts smaller than ``chunk_size``."""
+    n, k = max(1, chunk_size // 8), 0
+    while n < chunk_size:
+        n, k = n * 2, k + 1
+    return k
+
+
 class ReadAhead:
     """A background thread that walks ahead through a worker's jobs, prepares each and keeps up to
     ``read_ahead`` bytes of its chunks requested or waiting, so the latency of one request hides behind the
@@ -72,8 +105,10 @@ class ReadAhead:
         opts: Any,
         cached: bool,
         stop: threading.Event,
+        hashes: Callable[[Job], bool] = lambda job: False,
     ):
         self.jobs = jobs
+        self.hashes = hashes  # whether a prepared job's bytes are hashed (then here, as they arrive)
         self.prepare = prepare
         self.ranges = ranges
         self.pool = pool
@@ -85,6 +120,7 @@ class ReadAhead:
         self._outstanding = 0  # bytes of chunks requested and not yet taken by the parser
         self.peak_outstanding = 0
         self.in_flight = InFlight(opts.read_concurrency, opts.max_read_concurrency)
+        self._ramp_in_flight = 0  # requests of the ramp's pieces in flight (see _room)
         self._consumer_at = 0
         self._thread = threading.Thread(target=self._run, name="streambatch-read-ahead", daemon=True)
         self._thread.start()
@@ -102,6 +138,9 @@ class ReadAhead:
                 job.ready = True
                 self._cond.notify_all()
             if job.error is None and job.local is None:
+                if self.hashes(job):
+                    job.digest = Digest()
+                    job.in_order = InOrder(job.digest)
                 self._request_chunks(job)
             with self._cond:
                 job.all_submitted = True
@@ -119,35 +158,53 @@ class ReadAhead:
         """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding or the in-flight
         target is reached."""
         assert job.size is not None
-        for off, n in job_chunks(job, self.chunk_size, ramp=job.ordinal == 0):
+        ramped = ramp_pieces(self.chunk_size) if job.ordinal == 0 else 0
+        for i, (off, n) in enumerate(job_chunks(job, self.chunk_size, ramp=job.ordinal == 0)):
+            ramp = i < ramped  # a piece of the first chunk, cut smaller
             with self._cond:
                 while (
                     not self.stop.is_set()
                     and not job.cancelled
-                    and ((self._outstanding > 0 and self._outstanding + n > self.limit) or not self.in_flight.room())
+                    and ((self._outstanding > 0 and self._outstanding + n > self.limit) or not self._room(ramp))
                 ):
                     self._cond.wait(0.5)
                 if self.stop.is_set() or job.cancelled:
                     break
-                self._outstanding += n
-                self.peak_outstanding = max(self.peak_outstanding, self._outstanding)
-                self.in_flight.started()
-                fut = self.pool.submit(self._timed_read, job, off, n)
-                fut.add_done_callback(self._ended)
-                job.chunks.append((fut, n))
-                self._cond.notify_all()
+                self._submit(job, i, off, n, ramp)
 
-    def _timed_read(self, job: Job, off: int, n: int) -> bytes:
-        """One chunk's range request (in a pool thread), its duration measured for the in-flight target."""
+    def _room(self, ramp: bool) -> bool:
+        """Whether a request may start. The start's smaller pieces of the first chunk (:func:`chunk_ranges`'s
+        ramp) stand for one chunk, so together they take one place of the in-flight target: the next shards'
+        requests start at once too, as they would without the ramp (one round trip sooner)."""
+        r = self._ramp_in_flight
+        return self.in_flight.room(r if ramp and r else max(0, r - 1))
+
+    def _submit(self, job: Job, number: int, off: int, n: int, ramp: bool) -> None:
+        """Request ``number`` of the job to the pool (called holding the condition)."""
+        self._outstanding += n
+        self.peak_outstanding = max(self.peak_outstanding, self._outstanding)
+        self.in_flight.started()
+        self._ramp_in_flight += ramp
+        fut = self.pool.submit(self._timed_read, job, number, off, n)
+        fut.add_done_callback(functools.partial(self._ended, ramp))
+        job.chunks.append((fut, n))
+        self._cond.notify_all()
+
+    def _timed_read(self, job: Job, number: int, off: int, n: int) -> bytes:
+        """One chunk's range request (in a pool thread), its duration measured for the in-flight target, and
+        hashed in order where the job is hashed."""
         t0 = time.monotonic()
         data = self.ranges.read(job.url, off, off + n, job.expected_size)
         self.in_flight.measured(n, time.monotonic() - t0)
+        if job.in_order is not None:
+            job.in_order.arrived(number, data)
         return data
 
-    def _ended(self, _fut: Future) -> None:
+    def _ended(self, ramp: bool, _fut: Future) -> None:
         """A request finished, failed or was cancelled: room for the next."""
         with self._cond:
             self.in_flight.ended()
+            self._ramp_in_flight -= ramp
             self._cond.notify_all()
 
     # ---- the parser's side ------------------------------------------------------------------------------
