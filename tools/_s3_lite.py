@@ -38,6 +38,9 @@ class LiteS3(ThreadingHTTPServer):
     """The server: ``root`` is the bucket's content, ``latency`` the seconds before every answer."""
 
     daemon_threads = True
+    #: the listen backlog: socketserver's default of 5 drops the SYNs of a sixth client connecting at once, which
+    #: then retries after the kernel's 1 s timeout (a worker opening 8 shard streams together would wait for it)
+    request_queue_size = 128
     allow_reuse_address = True
 
     def __init__(self, root: str, bucket: str, latency: float, port: int = 0):

@@ -104,6 +104,7 @@ def child(spec: dict) -> dict:
         num_workers=spec["workers"],
         seed=0,
         buffer_size=spec["buffer_size"],
+        interleave=spec["interleave"],
     )
     index = loader.index
     assert index is not None, "a loader over an indexed dataset has its index"
@@ -354,6 +355,7 @@ def report(runs: list[list[list]], a: argparse.Namespace) -> None:
     print()
     print(
         f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
+        f"interleave={a.interleave}, "
         f"chunk_size 8M, read_concurrency 4 (adaptive up to max_read_concurrency 16 unless 'fixed'); {machine()}"
     )
     for i, rows in enumerate(runs):
@@ -385,6 +387,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     ap.add_argument("--read-ahead", default="64M", help="the read-ahead limit of the 'on' rows")
     ap.add_argument("--buffer-size", type=int, default=300, help="the loader's buffer_size (samples held)")
+    ap.add_argument("--interleave", type=int, default=8, help="shards a worker streams at once")
     ap.add_argument("--runs", type=int, default=1, help="runs of every configuration, each against its own local run")
     ap.add_argument(
         "--only-100ms", action="store_true", help="local disk and the +100 ms rows only (the adaptive read-ahead's)"
@@ -418,6 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"data: {ix.num_samples} utterances, {ix.num_shards} shards, {total:.1f} MiB (made in {made:.0f}s)")
     latencies = [x for x in LATENCIES if not a.only_100ms or x[0] == 0.1]
     base = dict(budget=60 * a.sample_rate, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
+    base["interleave"] = a.interleave
     procs: list[subprocess.Popen] = []
     try:
         sources: list[tuple] = [("local disk", local, None, [])]

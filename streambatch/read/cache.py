@@ -20,7 +20,7 @@ from ..dataset.node_files import cache_name, file_lock
 
 log = logging.getLogger("streambatch")
 
-_TMP = re.compile(r"^\.(?P<name>.+)\.tmp-[0-9a-f]+-[0-9a-f]+$")
+_TMP = re.compile(r"^\.(?P<name>.+)\.tmp-[0-9a-f]+-[0-9a-f]+(?:-(?P<size>[0-9a-f]+))?$")
 
 
 class ShardCache:
@@ -75,11 +75,12 @@ class ShardCache:
             if p is not None:
                 return p, False
             self._remove_tmp(name)  # we hold the lock: any temporary file of this shard is a dead writer's
+            declared = f"-{size:x}" if size is not None else ""  # its size reserved: see make_room
+            tmp = os.path.join(self.objects, f".{name}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}{declared}")
             if size is not None and self.max_bytes is not None:
                 if size > self.max_bytes:
                     raise ValueError(f"{url}: {size} bytes do not fit a cache of {self.max_bytes} bytes")
-                self.make_room(size)
-            tmp = os.path.join(self.objects, f".{name}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}")
+                self.make_room(size, tmp)
             try:
                 download(tmp)
                 final = os.path.join(self.objects, name)
@@ -129,18 +130,16 @@ class ShardCache:
     def usage(self) -> int:
         return sum(e[1] for e in self.entries())
 
-    def make_room(self, need: int) -> None:
-        """Evict least recently used shards until ``need`` more bytes fit (in progress downloads count)."""
+    def make_room(self, need: int, reserve: str | None = None) -> None:
+        """Evict least recently used shards until ``need`` more bytes fit. Downloads in progress count at their
+        declared size (in their temporary file's name), not at what they hold so far, and ``reserve`` (the
+        caller's temporary file) is created before the lock is let go: downloads that start together (a
+        worker's interleaved shards, other processes) each see the others' room taken."""
         if self.max_bytes is None:
             return
         with self._flock(os.path.join(self.root, ".evict.lock")):
             entries = self.entries()
-            pending = 0
-            for f in os.listdir(self.objects):
-                if _TMP.match(f):
-                    with contextlib.suppress(FileNotFoundError):
-                        pending += os.stat(os.path.join(self.objects, f)).st_size
-            total = sum(e[1] for e in entries) + pending
+            total = sum(e[1] for e in entries) + self._pending()
             for p, n, _ in entries:
                 if total + need <= self.max_bytes:
                     break
@@ -148,3 +147,16 @@ class ShardCache:
                     os.remove(p)
                     total -= n
                     log.debug("streambatch cache: evicted %s (%d bytes)", p, n)
+            if reserve is not None:
+                open(reserve, "wb").close()
+
+    def _pending(self) -> int:
+        """Bytes of the downloads in progress: each at least its declared size."""
+        pending = 0
+        for f in os.listdir(self.objects):
+            m = _TMP.match(f)
+            if m:
+                with contextlib.suppress(FileNotFoundError):
+                    held = os.stat(os.path.join(self.objects, f)).st_size
+                    pending += max(held, int(m.group("size") or "0", 16))
+        return pending

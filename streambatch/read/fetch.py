@@ -189,7 +189,9 @@ class _Cached:
 class Fetcher:
     """Delivers the bytes of a worker's jobs (one per piece), in order; see the module doc."""
 
-    def __init__(self, jobs: list[Job], storage_options: dict | None, opts: Any, faults: FaultLog | None):
+    def __init__(
+        self, jobs: list[Job], storage_options: dict | None, opts: Any, faults: FaultLog | None, ramp: bool = True
+    ):
         self.jobs = jobs
         self.opts = opts  # the reader's ReadOptions
         self.faults = faults
@@ -207,7 +209,7 @@ class Fetcher:
         if self.background:
             assert self._pool is not None
             self.read_ahead = ReadAhead(
-                jobs, self._prepare, self.ranges, self._pool, opts, use_cache, self._stop, self._wants_sha
+                jobs, self._prepare, self.ranges, self._pool, opts, use_cache, self._stop, self._wants_sha, ramp
             )
 
     def _count(self, name: str, n: int = 1) -> None:

@@ -21,7 +21,7 @@ from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, kept_counts
 from .execute import Invalid, positioned
-from .reader import ReadOptions
+from .reader import OpenedPieces, ReadOptions
 
 #: the smallest range request a lane makes when it divides the worker's read-ahead
 MIN_LANE_CHUNK = 1 << 20
@@ -29,18 +29,19 @@ _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 
 
 def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
-    """One lane's share of a worker's read options: ``read_ahead`` and the requests in flight divided among the
-    lanes (at least one each), and chunks small enough that a lane's share holds a few of them."""
+    """One lane's share of a worker's read options: ``read_ahead`` and ``max_read_concurrency`` divided among the
+    lanes (at least one request each, from the start), and chunks small enough that a lane's share holds a few."""
     if lanes <= 1:
         return opts
     share = opts.read_ahead // lanes
     chunk = min(opts.chunk_size, max(MIN_LANE_CHUNK, share // 4)) if share else opts.chunk_size
+    most = max(1, opts.max_read_concurrency // lanes)
     return dataclasses.replace(
         opts,
         read_ahead=share,
         chunk_size=chunk,
-        read_concurrency=max(1, opts.read_concurrency // lanes),
-        max_read_concurrency=max(1, opts.max_read_concurrency // lanes),
+        read_concurrency=most,  # a lane starts at its share: each lane pays the first round trips on its own
+        max_read_concurrency=most,
     )
 
 
@@ -50,19 +51,22 @@ def interleaved(
     offsets: np.ndarray,
     excluded: Mask | None,
     streams: int,
-    read: Callable[[list[Piece]], Iterator[Any]],
+    open_lane: Callable[[list[Piece]], OpenedPieces],
 ) -> Iterator[Any]:
     """Stage: the positioned samples of the ``needed`` pieces (piece or byte span, its first stream position) in
-    the plan's arrival order, read in lanes (``read`` streams a lane's pieces, faults as markers); checksum spans
-    that fail come as :class:`~.execute.Invalid` where their lane delivers them."""
+    the plan's arrival order, read in lanes (``open_lane`` starts streaming a lane's pieces, faults as markers: all
+    lanes request their first bytes at once); checksum spans that fail come as :class:`~.execute.Invalid` where
+    their lane delivers them."""
     assert plan.order is not None  # an interleaved plan
     starts = np.concatenate([[0], np.cumsum(kept_counts(plan.pieces, offsets, excluded))]).astype(np.int64)
     lane_of = _lanes(needed, starts, streams)
     left = {lane: _positions(entries, starts) for lane, entries in lane_of.items()}
-    lanes: dict[int, Generator[Any, None, None]] = {
-        lane: positioned(read([p for p, _ in entries]), entries, offsets, excluded) for lane, entries in lane_of.items()
-    }
+    opened: list[OpenedPieces] = []
+    lanes: dict[int, Generator[Any, None, None]] = {}
     try:
+        for lane, entries in lane_of.items():
+            opened.append(open_lane([p for p, _ in entries]))
+            lanes[lane] = positioned(opened[-1], entries, offsets, excluded)
         for pos, lane in _arrivals(needed, plan.order, starts, streams):
             item = next(lanes[lane], None)
             while isinstance(item, Invalid):
@@ -77,6 +81,8 @@ def interleaved(
     finally:
         for stream in lanes.values():
             stream.close()
+        for source in opened:
+            source.close()
 
 
 def _rest(lane: Iterator[Any], pos: int) -> Iterator[Invalid]:

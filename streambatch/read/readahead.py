@@ -106,9 +106,11 @@ class ReadAhead:
         cached: bool,
         stop: threading.Event,
         hashes: Callable[[Job], bool] = lambda job: False,
+        ramp: bool = True,
     ):
         self.jobs = jobs
         self.hashes = hashes  # whether a prepared job's bytes are hashed (then here, as they arrive)
+        self.ramp = ramp  # the first job's first chunk requested in smaller pieces (not for a lane: read/lanes.py)
         self.prepare = prepare
         self.ranges = ranges
         self.pool = pool
@@ -158,8 +160,9 @@ class ReadAhead:
         """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding or the in-flight
         target is reached."""
         assert job.size is not None
-        ramped = ramp_pieces(self.chunk_size) if job.ordinal == 0 else 0
-        for i, (off, n) in enumerate(job_chunks(job, self.chunk_size, ramp=job.ordinal == 0)):
+        first = self.ramp and job.ordinal == 0
+        ramped = ramp_pieces(self.chunk_size) if first else 0
+        for i, (off, n) in enumerate(job_chunks(job, self.chunk_size, ramp=first)):
             ramp = i < ramped  # a piece of the first chunk, cut smaller
             with self._cond:
                 while (

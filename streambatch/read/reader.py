@@ -9,7 +9,7 @@ from :mod:`.fetch`, the tar parsing from :mod:`streambatch.dataset.tar`; a bad s
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -154,33 +154,71 @@ def read_pieces(
     (``__bad__``: over a limit of :mod:`streambatch.dataset.limits`) is counted lost and left out, or with
     ``markers`` left in the stream, where its planned position is.
     """
-    opts = options or ReadOptions()
-    pieces = list(pieces)
-    jobs = _jobs(urls, pieces, shards)
-    fetcher = Fetcher(jobs, storage_options, opts, faults)
+    opened = OpenedPieces(urls, pieces, storage_options, options, shards, faults, markers, index)
     try:
-        for job, piece in zip(jobs, pieces):
-            delivered = 0
-            try:
-                members = index.shard_members(piece.shard) if index is not None else PLAIN
-                for sample in _piece_samples(fetcher, job, piece, members):
-                    if "__bad__" in sample and not markers:  # with markers, the plan's executor counts it
-                        bad_sample(faults, sample)
-                        continue
-                    yield sample
-                    delivered += 1
-            except ShardReadError as e:
-                if faults is None:
-                    raise
-                faults.bad_shard(piece.shard, job.url, str(e))
-                if markers:
-                    yield ShardFault(
-                        job.ordinal, piece.shard, job.url, str(e), delivered, invalidate=isinstance(e, ChecksumMismatch)
-                    )
-            finally:
-                fetcher.finish(job)
+        yield from opened
     finally:
-        fetcher.close()
+        opened.close()
+
+
+class OpenedPieces:
+    """:func:`read_pieces`'s stream with its fetcher started at once: its read-ahead requests the first chunks
+    before the first sample is asked for (several streams of one worker then wait for their first bytes together,
+    not one after another). :meth:`close` stops the fetcher, whether or not a sample was taken. ``ramp``: the first
+    chunk requested in smaller pieces, so parsing starts sooner (a lane's chunks are small already)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        pieces: Iterable[Piece],
+        storage_options: dict | None = None,
+        options: ReadOptions | None = None,
+        shards: Sequence[Any] | None = None,
+        faults: FaultLog | None = None,
+        markers: bool = False,
+        index: Any = None,
+        ramp: bool = True,
+    ):
+        pieces = list(pieces)
+        jobs = _jobs(urls, pieces, shards)
+        self.fetcher = Fetcher(jobs, storage_options, options or ReadOptions(), faults, ramp)
+        self._samples = _samples(self.fetcher, jobs, pieces, faults, markers, index)
+
+    def __iter__(self) -> OpenedPieces:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._samples)
+
+    def close(self) -> None:
+        self._samples.close()
+        self.fetcher.close()
+
+
+def _samples(
+    fetcher: Fetcher, jobs: list[Job], pieces: list[Piece], faults: FaultLog | None, markers: bool, index: Any
+) -> Generator[Any, None, None]:
+    """The samples of each job's piece in turn, through ``fetcher``; bad shards as :func:`read_pieces` says."""
+    for job, piece in zip(jobs, pieces):
+        delivered = 0
+        try:
+            members = index.shard_members(piece.shard) if index is not None else PLAIN
+            for sample in _piece_samples(fetcher, job, piece, members):
+                if "__bad__" in sample and not markers:  # with markers, the plan's executor counts it
+                    bad_sample(faults, sample)
+                    continue
+                yield sample
+                delivered += 1
+        except ShardReadError as e:
+            if faults is None:
+                raise
+            faults.bad_shard(piece.shard, job.url, str(e))
+            if markers:
+                yield ShardFault(
+                    job.ordinal, piece.shard, job.url, str(e), delivered, invalidate=isinstance(e, ChecksumMismatch)
+                )
+        finally:
+            fetcher.finish(job)
 
 
 def read_shard(

@@ -32,7 +32,7 @@ from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .faults import FAULT_FIELDS, FaultLog
 from .lanes import interleaved, lane_options
 from .ranges import warm_up
-from .reader import ReadOptions, read_pieces
+from .reader import OpenedPieces, ReadOptions, read_pieces
 from .ring import BatchRing
 from .skip import skip_left_out
 from .table_text import TableText
@@ -233,16 +233,13 @@ def _planned_batches(
             pieces_needed(part, start, offsets, excluded), index, offsets, excluded, ctx.read.chunk_size
         )
         streams = cfg.streams if part.order is not None else 1
-        opts = lane_options(ctx.read, streams)
-
-        def read(pieces: list[Piece]) -> Iterator[Any]:
-            return read_pieces(ctx.urls, pieces, ctx.storage_options, opts, index.shards, faults, True, index)
-
+        args = (ctx.storage_options, lane_options(ctx.read, streams), index.shards, faults, True, index)
         samples: Iterator[Any]
         if part.order is None:
-            samples = positioned(read([p for p, _ in needed]), needed, offsets, excluded)
-        else:  # several shards at once, in lanes, merged in the planned order
-            samples = interleaved(needed, part, offsets, excluded, streams, read)
+            samples = positioned(read_pieces(ctx.urls, [p for p, _ in needed], *args), needed, offsets, excluded)
+        else:  # several shards at once, in lanes (each started at once), merged in the planned order
+            lane = lambda ps: OpenedPieces(ctx.urls, ps, *args, ramp=False)  # noqa: E731
+            samples = interleaved(needed, part, offsets, excluded, streams, lane)
         return execute_plan(samples, part, start, by_pos, faults, ctx.read.reservoir, index_pos)
 
     runs = batch_runs(first, len(plan.batches), skip)

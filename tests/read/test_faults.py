@@ -345,12 +345,39 @@ def test_cache_lru_eviction_keeps_the_limit(s3_data, tmp_path, local_batches):
     ix = ShardIndex.load(s3_data.local)
     limit = int(max(s.bytes for s in ix.shards) * 2.5)
     cache = str(tmp_path / "cache")
-    loader = StreamBatchLoader(
-        s3_data.url, storage_options=s3_data.options, budget=BUDGET, seed=7, cache_dir=cache, cache_size=limit, **FAST
-    )
-    same(run(loader), local_batches[0])
+    opts = dict(storage_options=s3_data.options, budget=BUDGET, seed=7, cache_dir=cache, cache_size=limit, **FAST)
+    # one stream per worker: the limit holds beyond the shards a worker reads at once (interleave of them)
+    loader = StreamBatchLoader(s3_data.url, interleave=1, **opts)
+    same(run(loader), [b for b in StreamBatchLoader(s3_data.local, budget=BUDGET, seed=7, interleave=1)])
     c = ShardCache(cache, limit)
     assert 0 < c.usage() <= limit and len(c.entries()) < ix.num_shards
+
+
+def test_downloads_in_progress_count_at_their_full_size(tmp_path):
+    """Two downloads at once: the second makes room for the first one's whole size, not for the few bytes it has
+    written so far, so the cache keeps its limit once both are done."""
+    import threading
+
+    c = ShardCache(str(tmp_path / "c"), 1300)
+    c.get("s3://b/old.tar", 600, lambda tmp: open(tmp, "wb").write(b"o" * 600))
+    started, go_on = threading.Event(), threading.Event()
+
+    def slow(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"s" * 10)
+            f.flush()
+            started.set()
+            go_on.wait(10)
+            f.write(b"s" * 590)
+
+    t = threading.Thread(target=c.get, args=("s3://b/slow.tar", 600, slow))
+    t.start()
+    assert started.wait(10)
+    c.get("s3://b/new.tar", 300, lambda tmp: open(tmp, "wb").write(b"n" * 300))
+    go_on.set()
+    t.join(10)
+    assert c.usage() <= 1300
+    assert c.lookup("s3://b/old.tar", 600) is None  # the least recently used made room
 
 
 def test_cache_cleans_up_after_killed_downloads(tmp_path):
