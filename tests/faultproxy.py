@@ -102,6 +102,14 @@ def times_read(requests: list[tuple[str, str, str | None, int]], size: int) -> i
     return least or 0
 
 
+class _Server(ThreadingHTTPServer):
+    """The proxy's listener: a backlog of 128 (socketserver's default of 5 drops the SYN of a sixth client that
+    connects at once, which then waits the kernel's 1 s retry: a worker streaming 8 shards at once would)."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+
 class FaultProxy:
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0):
         u = urlsplit(upstream)
@@ -111,8 +119,7 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.keep_log = True
         handler = type("Handler", (_Handler,), {"proxy": self})
-        self.server = ThreadingHTTPServer((host, port), handler)
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), handler)
         self.thread: threading.Thread | None = None
 
     @property
