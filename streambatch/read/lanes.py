@@ -30,11 +30,12 @@ _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 
 def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
     """One lane's share of a worker's read options: ``read_ahead`` and ``max_read_concurrency`` divided among the
-    lanes (at least one request each, from the start), and chunks small enough that a lane's share holds a few."""
+    lanes (at least one request each, from the start), and chunks of at most half a lane's share, so a lane keeps
+    one arriving while the parser reads the other (smaller chunks cost more requests, each some CPU)."""
     if lanes <= 1:
         return opts
     share = opts.read_ahead // lanes
-    chunk = min(opts.chunk_size, max(MIN_LANE_CHUNK, share // 4)) if share else opts.chunk_size
+    chunk = min(opts.chunk_size, max(MIN_LANE_CHUNK, share // 2)) if share else opts.chunk_size
     most = max(1, opts.max_read_concurrency // lanes)
     return dataclasses.replace(
         opts,
