@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import IndexError_, IndexFormatError  # noqa: F401  (IndexError_: the old name, still importable here)
-from .storage import join_url, open_random
+from .storage import join_url, open_random, read_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -243,18 +243,21 @@ class ColumnarIndex:
         import pyarrow as pa
 
         url = self.tables.get(rel) or table_url(self.root, rel)
+        want = int(entry["bytes"])
         try:
-            f = open_random(url, self.storage_options)
+            if whole and want <= WHOLE_READ_MAX:  # one read of at most one byte more than the header says
+                data = read_prefix(url, want + 1, self.storage_options)
+                size, f = len(data), pa.BufferReader(data)
+            else:
+                f = open_random(url, self.storage_options)
+                size = f.seek(0, 2)
+                f.seek(0)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise IndexFormatError(f"{url}: missing ({e})") from e
-        size = f.seek(0, 2)
-        f.seek(0)
-        if size != int(entry["bytes"]):
+        if size != want:
             f.close()
-            raise IndexFormatError(f"{url}: {size} bytes, the index says {entry['bytes']} (truncated or replaced)")
-        if whole and size <= WHOLE_READ_MAX:
-            with f:
-                f = pa.BufferReader(f.read())
+            found = f"more than {want} bytes" if size > want else f"{size} bytes"
+            raise IndexFormatError(f"{url}: {found}, the index says {want} (truncated or replaced)")
         try:
             pf = ParquetTable(f)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged footer

@@ -232,3 +232,12 @@ def check_own_row_groups(logs, proxies, ix: ShardIndex, spans: list[tuple[int, i
             assert touched <= mine, (r, rng, touched, mine)
             data.append(touched)
         assert data, f"rank {r} read no sample-table row group"
+
+
+def test_a_small_table_costs_one_request(dataset, proxy):
+    """The shard table and a small sample file are each read in one ranged GET, with no size request before it
+    (the header knows their sizes): a round trip less, twice, at the start of every loader on an object store."""
+    ix = ShardIndex.load(dataset, opts(proxy.url))
+    assert ix.shard_lengths([0])[0].tolist()
+    for name in (TABLE, PART):
+        assert [r[0] for r in requests_for(proxy, name)] == ["GET"], name

@@ -300,6 +300,16 @@ def test_truncated_tables_are_named(v2_folder):
         ShardIndex.load(str(v2_folder))
 
 
+def test_a_table_grown_past_its_size_is_named_without_reading_it_all(v2_folder):
+    """A small table is read in one request of at most one byte more than the header says: one that grew (a
+    replaced file, a hostile one of any size) is refused, and no more of it is read."""
+    table = v2_folder / "index.shards.parquet"
+    with open(table, "ab") as f:
+        f.write(b"\0" * (1 << 20))
+    with pytest.raises(IndexFormatError, match=r"index\.shards\.parquet: more than \d+ bytes, the index says"):
+        ShardIndex.load(str(v2_folder))
+
+
 def test_tampered_pages_are_named(v2_folder):
     part = v2_folder / "index.samples" / "part-00000.parquet"
     flip(part, length_page(part))
