@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import IndexError_, IndexFormatError  # noqa: F401  (IndexError_: the old name, still importable here)
-from .storage import join_url, open_random, read_prefix
+from .storage import join_url, open_sized
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -240,18 +240,11 @@ class ColumnarIndex:
     def _open(self, rel: str, entry: dict[str, Any], whole: bool = False) -> Any:
         """A verified :class:`ParquetTable`: size as the header says, footer readable, the same write id, the row
         count. ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
-        import pyarrow as pa
 
         url = self.tables.get(rel) or table_url(self.root, rel)
         want = int(entry["bytes"])
-        try:
-            if whole and want <= WHOLE_READ_MAX:  # one read of at most one byte more than the header says
-                data = read_prefix(url, want + 1, self.storage_options)
-                size, f = len(data), pa.BufferReader(data)
-            else:
-                f = open_random(url, self.storage_options)
-                size = f.seek(0, 2)
-                f.seek(0)
+        try:  # a small table in one read of at most one byte more than the header says
+            f, size = open_sized(url, want, self.storage_options, whole and want <= WHOLE_READ_MAX)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise IndexFormatError(f"{url}: missing ({e})") from e
         if size != want:

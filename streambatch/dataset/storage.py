@@ -7,6 +7,7 @@ Every module that touches storage goes through here, so local folders, ``file://
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 import posixpath
@@ -353,6 +354,19 @@ def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> by
             return f.read(limit)
     fs, path = filesystem(url, storage_options)
     return bytes(fs.cat_file(path, start=0, end=limit))
+
+
+def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:
+    """A random-access file over ``url`` and its size, to check against the ``want`` bytes an index says. ``whole``:
+    its first ``want + 1`` bytes read at once (:func:`read_prefix`) and served from memory, so a larger object is
+    seen as larger without reading the rest."""
+    if whole:
+        data = read_prefix(url, want + 1, storage_options)
+        return io.BytesIO(data), len(data)
+    f = open_random(url, storage_options)
+    size = f.seek(0, 2)
+    f.seek(0)
+    return f, size
 
 
 def open_random(url: str, storage_options: dict | None = None) -> IO[bytes]:
