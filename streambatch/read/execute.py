@@ -8,6 +8,7 @@ so every worker still yields its planned number of batches and the ranks stay in
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -147,7 +148,11 @@ class _Executor:
         self.lost: set[int] = set()
         self.pool = Reservoir(reservoir)
         self.upto = -1  # the latest arrival rank seen (the stream position, where they arrive in order)
-        self.rank = arrival_ranks(plan.order)
+
+    @functools.cached_property
+    def rank(self) -> np.ndarray | None:
+        """Each stream position's arrival rank (a streamed, interleaved plan; reads by position never ask)."""
+        return arrival_ranks(self.plan.order)
 
     def count(self, name: str, n: int = 1) -> None:
         if self.faults is not None and n:

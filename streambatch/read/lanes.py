@@ -20,12 +20,11 @@ import numpy as np
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, kept_counts
-from .execute import Invalid, positioned
+from .execute import _MISMATCH, Invalid, positioned
 from .reader import OpenedPieces, ReadOptions
 
 #: the smallest range request a lane makes when it divides the worker's read-ahead
 MIN_LANE_CHUNK = 1 << 20
-_MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 
 
 def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
