@@ -16,8 +16,10 @@ With ``--runs N`` every configuration runs N times, each run beside its own loca
 gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the adaptive read-ahead
 (the default, up to ``max_read_concurrency`` requests in flight) beside the fixed 4 in flight it replaced.
 
-Prints samples/s and MB/s of StreamBatchLoader over one epoch, the ratio to local disk, the seconds to the
-first batch (an epoch's start: the sample table's and the first shards' round trips), the CPU seconds of the
+Prints samples/s and MB/s of StreamBatchLoader over one epoch (timed from the start of its iteration), the ratio
+to local disk, the seconds the loader took to build (the index's header and shard table; its sample files and
+S3 client are started then, in the background) and from the iteration's start to the first batch (planning, the
+first shards' round trips, what the build's background work had left), the CPU seconds of the
 loader's process and of the server processes during that row, and the peak RSS of the process that iterates
 (each configuration runs in a fresh process; "growth" is the peak minus the RSS before the first batch). torch
 runs one intra-op thread (``torch.set_num_threads(1)``), as loader workers should on a small machine. Every
@@ -94,6 +96,7 @@ def child(spec: dict) -> dict:
     torch.set_num_threads(1)
     from streambatch import StreamBatchLoader
 
+    t_build = time.perf_counter()
     loader = StreamBatchLoader(
         spec["source"],
         budget=spec["budget"],
@@ -106,6 +109,7 @@ def child(spec: dict) -> dict:
         buffer_size=spec["buffer_size"],
         interleave=spec["interleave"],
     )
+    built = time.perf_counter() - t_build
     index = loader.index
     assert index is not None, "a loader over an indexed dataset has its index"
     total_bytes = sum(int(s.bytes) for s in index.shards)
@@ -121,6 +125,7 @@ def child(spec: dict) -> dict:
         "bytes": total_bytes,
         "seconds": dt,
         "first": first or 0.0,
+        "build": built,
         "cpu": own_cpu_s() - cpu0,
         "rss_before": before,
         "rss_peak": rss_mb(),
@@ -328,7 +333,7 @@ def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
             server = f"{server_cpu:.2f}" if pids else "-"
             rows.append(
                 [name, ra_txt, f"{sps:,.0f}", f"{r['bytes'] / 2**20 / r['seconds']:,.1f}", ratio, wait]
-                + [f"{r['first']:.2f}", f"{r['cpu']:.2f}", server]
+                + [f"{r['build']:.2f}", f"{r['first']:.2f}", f"{r['cpu']:.2f}", server]
                 + [f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}"]
             )
             print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)", file=sys.stderr)
@@ -342,6 +347,7 @@ HEADER = [
     "MB/s",
     "vs local",
     "waited on storage s",
+    "build s",
     "first batch s",
     "loader CPU s",
     "server CPU s",
@@ -367,9 +373,11 @@ def report(runs: list[list[list]], a: argparse.Namespace) -> None:
     summary = []
     for j, row in enumerate(runs[0]):
         ratios = [float(r[j][4].rstrip("x")) for r in runs]
-        waits, firsts = (" / ".join(r[j][k] for r in runs) for k in (5, 6))
-        summary.append([row[0], row[1], " / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits, firsts])
-    head = ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run", "first batch s per run"]
+        waits, builds, firsts = (" / ".join(r[j][k] for r in runs) for k in (5, 6, 7))
+        per_run = [" / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits, builds, firsts]
+        summary.append([row[0], row[1], *per_run])
+    head = ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run", "build s per run"]
+    head.append("first batch s per run")
     print(table(summary, head))
 
 

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import IndexError_, IndexFormatError  # noqa: F401  (IndexError_: the old name, still importable here)
-from .storage import join_url, open_sized
+from .parquet_table import ParquetTable, column_numpy
+from .prefetch import PartPrefetch, asked
+from .storage import is_local, join_url, open_sized
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -35,45 +37,6 @@ ID_KEY = b"streambatch.index_id"
 LENGTH_TYPES = ("int64", "float64")
 _NUMPY_NAME = {"double": "float64"}  # the header names Arrow types
 _LOCK = threading.Lock()  # guards the indexes' caches and open files (held for dict updates only)
-
-
-def column_numpy(col: Any) -> np.ndarray:
-    """A numeric Arrow column (chunked or not) as numpy, read from its buffers where it has no nulls. Arrow's own
-    ``to_numpy`` imports pandas when pandas is installed: ~0.3 s and ~50 MB more in every reading process."""
-    import pyarrow.types as pt
-
-    chunks = col.chunks if hasattr(col, "chunks") else [col]
-    parts = []
-    for ch in chunks:
-        if ch.null_count or not (pt.is_integer(ch.type) or pt.is_floating(ch.type)):
-            return col.to_numpy()
-        dt = np.dtype(ch.type.to_pandas_dtype())
-        parts.append(np.frombuffer(ch.buffers()[1], dtype=dt, count=len(ch), offset=ch.offset * dt.itemsize))
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate(parts) if parts else np.zeros(0, np.dtype(col.type.to_pandas_dtype()))
-
-
-class ParquetTable:
-    """One Parquet table file open for reading row groups by column name, checksums verified.
-
-    pyarrow.parquet.ParquetFile wraps the same reader but imports pyarrow's filesystem modules (the S3, GCS,
-    Azure and HDFS bindings: ~4 MB resident in every training process) and allocates from Arrow's default
-    pool (mimalloc: a ~4 MB arena that stays). The index is read once per process in small row groups, where
-    neither pays off, so this opens pyarrow's reader directly on the system allocator."""
-
-    def __init__(self, source: Any):
-        import pyarrow as pa
-        from pyarrow._parquet import ParquetReader
-
-        self._reader = ParquetReader(memory_pool=pa.system_memory_pool())
-        self._reader.open(source, page_checksum_verification=True, pre_buffer=False)
-        self.metadata = self._reader.metadata
-
-    def read_row_group(self, rg: int, columns: Sequence[str]) -> pa.Table:
-        """Row group ``rg``, the ``columns`` named (a name the table lacks is a KeyError), one thread."""
-        indices = [self._reader.column_name_idx(c) for c in columns]
-        return self._reader.read_row_group(rg, column_indices=indices, use_threads=False)
 
 
 def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_length: bool = False) -> pa.Schema:
@@ -219,18 +182,22 @@ class ColumnarIndex:
         self._values: tuple[int, dict[str, Any]] | None = None  # the row group's columns shard_values read last
         self._files: dict[int, Any] = {}
         self._pid = os.getpid()
+        self._prefetch: PartPrefetch | None = None
+        self._shard_file: tuple[int, Any] | None = None  # (pid, the shard table read whole): read once, not twice
+        if asked():  # a loader is being built: its first plan's lengths, fetched beside the shard table
+            self.prefetch()
         self.columns = ShardColumns(self._read_shard_table(ShardColumns.PLAN), self._read_rest)
         self._index_groups()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            **self.__dict__,
-            "_files": {},
-            "_cache": {},
-            "_last": None,
-            "_spans": None,
-            "_values": None,
-        }  # open files and cached row groups stay here
+    def __getstate__(self) -> dict[str, Any]:  # open files and cached row groups stay here
+        none = dict.fromkeys(("_last", "_spans", "_values", "_shard_file"))
+        return {**self.__dict__, "_files": {}, "_cache": {}, **none}
+
+    def prefetch(self) -> None:
+        """Open the sample files ahead, in the background, where :class:`.prefetch.PartPrefetch` finds it worth it."""
+        sizes, remote = [int(e["bytes"]) for e in self.parts], not is_local(self.root)
+        if self._prefetch is None and (wanted := PartPrefetch.wanted(sizes, SMALL_PART_MAX, remote)):
+            self._prefetch = PartPrefetch(wanted, self._part_file)
 
     def table_files(self) -> list[tuple[str, int]]:
         """(path relative to the index's folder, bytes) of every table file the header names."""
@@ -272,8 +239,11 @@ class ColumnarIndex:
         at a time: numbers into numpy arrays, strings kept as Arrow chunks (no second copy while converting)."""
         import pyarrow as pa
 
-        rel = str(self.shard_entry["path"])
-        pf, url = self._open(rel, self.shard_entry, whole=True), table_url(self.root, rel)
+        rel, held = str(self.shard_entry["path"]), self._shard_file
+        self._shard_file, url = None, table_url(self.root, rel)
+        pf = held[1] if held is not None and held[0] == os.getpid() else self._open(rel, self.shard_entry, whole=True)
+        if held is None and names is not None and int(self.shard_entry["bytes"]) <= WHOLE_READ_MAX:
+            self._shard_file = (os.getpid(), pf)  # in memory: kept for the other columns' read
         schema, n = shard_schema(self.length_type), pf.metadata.num_rows
         names = list(names) if names is not None else [f for f in schema.names if f not in ShardColumns.PLAN]
         texts = [k for k in ("url", "sha256", "keys_sha1") if k in names]
@@ -322,6 +292,12 @@ class ColumnarIndex:
             raise IndexFormatError(f"{where}: part/row_group columns do not match the {len(self.parts)} sample files")
 
     def _file(self, part: int) -> Any:
+        """The open sample file ``part``, once the files opened ahead (:meth:`prefetch`) are open."""
+        if self._prefetch is not None:
+            self._prefetch.wait()
+        return self._part_file(part)
+
+    def _part_file(self, part: int) -> Any:
         """The open sample file ``part`` (footer read once per process: a forked worker opens its own, as
         processes sharing one file offset would read each other's bytes)."""
         with _LOCK:

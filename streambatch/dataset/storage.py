@@ -21,6 +21,7 @@ from typing import IO, Any, TypeVar
 import fsspec
 
 from ..errors import MissingCredentials, OptionError
+from . import s3_direct
 
 
 def is_local(url: str) -> bool:
@@ -153,6 +154,11 @@ def stream_range(
     ``timeout`` bounds the whole request (async back-ends)."""
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     coro: Callable[..., Coroutine[Any, Any, int | None]]
+    if protocol in ("s3", "s3a") and s3_direct.reader_for(fs) is not None:
+        try:  # a presigned URL over urllib3: a fifth of the CPU per byte (dataset/s3_direct.py)
+            return s3_direct.presigned_range(fs, path, start, end, sink, _silence(fs, timeout))
+        except s3_direct.Refused:
+            pass  # this filesystem reads through s3fs from now on
     if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
         coro = _s3_range
     elif protocol in ("http", "https") and hasattr(fs, "set_session"):
@@ -165,12 +171,9 @@ def stream_range(
     return sync(fs.loop, coro, fs, path, start, end, sink, timeout=timeout)
 
 
-def _total(content_range: str | None) -> int | None:
-    """The size after the slash of ``bytes a-b/SIZE``."""
-    if not content_range or "/" not in content_range:
-        return None
-    tail = content_range.rsplit("/", 1)[1].strip()
-    return int(tail) if tail.isdigit() else None
+def _silence(fs: Any, timeout: float | None) -> float | None:
+    """Seconds a presigned read may wait for a byte: the reading filesystem's read timeout, else ``timeout``."""
+    return (getattr(fs, "config_kwargs", None) or {}).get("read_timeout") or timeout
 
 
 _STREAM_PIECE = 1 << 18
@@ -180,7 +183,7 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, sink: list[bytes])
     bucket, key, version = fs.split_path(path)
     kw = {"VersionId": version} if version else {}
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
-    total = _total(resp.get("ContentRange"))
+    total = s3_direct.range_total(resp.get("ContentRange"))
     body = resp["Body"]
     left = end - start
     try:
@@ -223,7 +226,7 @@ async def _http_range(fs: Any, url: str, start: int, end: int, sink: list[bytes]
             raise FileNotFoundError(url)
         r.raise_for_status()
         skip = start if r.status == 200 else 0  # a server that ignores Range sends the whole object
-        total = _total(r.headers.get("Content-Range")) if r.status == 206 else r.content_length
+        total = s3_direct.range_total(r.headers.get("Content-Range")) if r.status == 206 else r.content_length
         left = end - start
         try:
             async for piece in r.content.iter_chunked(_STREAM_PIECE):

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex
+from ..dataset.prefetch import lengths_ahead
 from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError
 from ..plan.budget import parse_budget
@@ -23,6 +24,7 @@ from ..plan.perturb import planned_lengths
 from ..plan.resume import Resumed, excluded_in
 from ..plan.slot import Adjust, per_worker
 from ..read.collate import Decode
+from ..read.ranges import warm_up
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .mesh import data_parallel
@@ -171,8 +173,11 @@ class StreamBatchLoader:
         self.index: Index | None
         self.urls: Sequence[str]
         roots, limit, node = self.read_options.shard_roots, int(self.run.max_plan_bytes), self.read_options.cache_dir
-        opened = open_scheduled(source, weights, index, storage_options, roots, limit, node)  # weights: maybe per epoch
+        with lengths_ahead():  # the first epoch's lengths are fetched while the index and loader are built
+            opened = open_scheduled(source, weights, index, storage_options, roots, limit, node)  # weights: per epoch?
         self.index, self.urls, self.name, self.weight_schedule = opened
+        if self.run.num_workers == 0:  # this process reads: its store client is made while the loader is built
+            warm_up(self.urls, storage_options, self.read_options.timeout)
 
     def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""

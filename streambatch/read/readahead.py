@@ -184,11 +184,15 @@ class ReadAhead:
 
     def _submit(self, job: Job, number: int, off: int, n: int, ramp: bool) -> None:
         """Request ``number`` of the job to the pool (called holding the condition)."""
+        try:
+            fut = self.pool.submit(self._timed_read, job, number, off, n)
+        except RuntimeError:  # the pool is shut down (the fetcher closed, or the interpreter exits): reading is over
+            self.stop.set()
+            return
         self._outstanding += n
         self.peak_outstanding = max(self.peak_outstanding, self._outstanding)
         self.in_flight.started()
         self._ramp_in_flight += ramp
-        fut = self.pool.submit(self._timed_read, job, number, off, n)
         fut.add_done_callback(functools.partial(self._ended, ramp))
         job.chunks.append((fut, n))
         self._cond.notify_all()
@@ -237,6 +241,8 @@ class ReadAhead:
         with self._cond:
             self._wait("data", lambda: bool(job.chunks) or job.all_submitted or job.cancelled, job.url)
             if not job.chunks:
+                if self.stop.is_set() and not job.cancelled:  # cut short, not ended: never a shard's clean end
+                    raise ShardReadError(f"{job.url}: reading stopped")
                 return None
             fut, n = job.chunks.popleft()
         try:

@@ -241,3 +241,34 @@ def test_a_small_table_costs_one_request(dataset, proxy):
     assert ix.shard_lengths([0])[0].tolist()
     for name in (TABLE, PART):
         assert [r[0] for r in requests_for(proxy, name)] == ["GET"], name
+
+
+def test_a_loader_reads_each_index_table_once(dataset, proxy):
+    """Building a loader and running its epoch reads the shard table and the sample file once each: the shard
+    table's planning columns and its other columns (URLs, checksums) come from one GET, not two round trips."""
+    from streambatch import StreamBatchLoader
+
+    loader = StreamBatchLoader(dataset, budget=BUDGET, storage_options=opts(proxy.url), seed=0)
+    assert sum(len(b["keys"]) for b in loader) == 80
+    for name in (TABLE, PART):
+        assert [r[0] for r in requests_for(proxy, name)] == ["GET"], name
+
+
+def test_a_loader_fetches_the_first_plans_lengths_while_it_is_built(dataset, proxy):
+    """A loader over a small remote index asks for its sample file while it is being built, beside the shard
+    table, so the first epoch's planning does not wait a round trip for it; opening the index alone (as the
+    command line does) reads no sample file until lengths are asked for."""
+    import time
+
+    from streambatch import StreamBatchLoader
+
+    ShardIndex.load(dataset, opts(proxy.url))
+    assert not requests_for(proxy, PART)
+    loader = StreamBatchLoader(dataset, budget=BUDGET, storage_options=opts(proxy.url), seed=0)
+    deadline = time.monotonic() + 30
+    while not requests_for(proxy, PART) and time.monotonic() < deadline:  # sent in the background
+        time.sleep(0.05)
+    assert [r[0] for r in requests_for(proxy, PART)] == ["GET"]
+    proxy.reset()
+    assert sum(len(b["keys"]) for b in loader) == 80
+    assert not requests_for(proxy, PART) and not requests_for(proxy, TABLE)

@@ -90,3 +90,32 @@ def test_the_ramp_never_passes_max_read_concurrency():
     assert got == list(objects.values())
     assert len(early) == 2, early
     assert ra.in_flight.peak <= 2
+
+
+def test_a_shut_pool_ends_the_read_ahead_quietly(monkeypatch):
+    """When the request pool is already shut down (the fetcher closed, or the interpreter ends a program that left
+    its epoch early and shuts every pool), the read-ahead thread stops reading: no exception escapes the thread
+    (it would print a traceback as the program exits), and the parser is told reading stopped."""
+    import pytest
+
+    from streambatch.errors import ShardReadError
+
+    escaped: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_value))
+    objects = {"s3://b/shard-0.tar": b"x" * (4 * CHUNK)}
+    jobs = [Job(0, "s3://b/shard-0.tar", 0, 4 * CHUNK, None)]
+    ranges = HeldRanges(objects)
+    ranges.release.set()
+    pool = ThreadPoolExecutor(max_workers=2)
+    pool.shutdown()
+
+    def prepare(job: Job) -> None:
+        job.size = job.expected_size
+
+    opts = ReadOptions(chunk_size=CHUNK, read_ahead="1M")
+    ra = ReadAhead(jobs, prepare, ranges, pool, opts, False, threading.Event(), ramp=False)  # type: ignore[arg-type]
+    ra._thread.join(10)
+    assert not ra._thread.is_alive() and escaped == []
+    with pytest.raises(ShardReadError, match="reading stopped"):
+        ra.opened(jobs[0])
+        ra.take(jobs[0])

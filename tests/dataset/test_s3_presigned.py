@@ -1,0 +1,105 @@
+"""Shard range reads over presigned URLs (dataset/s3_direct.py), against the real S3-compatible server behind the
+request-logging fault proxy: the same batches as local disk, a refused URL signed again or handed to s3fs, and
+the storage options that keep the s3fs path."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from faultproxy import Rule
+
+from streambatch import StreamBatchLoader
+from streambatch.dataset import s3_direct
+
+pytest_plugins = ["conftest_s3"]
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+SR = 8000
+BUDGET = 12 * SR
+
+
+@pytest.fixture(autouse=True)
+def fresh_readers():
+    """Each test starts with no presigned reader made (a refusal switches a filesystem off for its process)."""
+    s3_direct._READERS.clear()
+    yield
+    s3_direct._READERS.clear()
+
+
+def keys_of(loader) -> list:
+    return [b["keys"] for b in loader]
+
+
+def shard_gets(proxy) -> list:
+    return [r for r in proxy.requests if r[0] == "GET" and ".tar" in r[1].split("?")[0]]
+
+
+def presigned(request) -> bool:
+    return "Signature=" in request[1].partition("?")[2]  # query authentication (SigV2 or SigV4)
+
+
+def read(s3_data, **kw):
+    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=2, **kw)
+    return loader, keys_of(loader)
+
+
+def test_shards_are_read_over_presigned_urls(s3_data, proxy):
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
+    loader, got = read(s3_data, chunk_size="16K")
+    assert got == local
+    gets = shard_gets(proxy)
+    assert gets and all(presigned(r) for r in gets), gets[:3]
+    assert loader.fault_stats()["bad_shards"] == 0
+
+
+def test_a_refused_url_is_signed_again_once(s3_data, proxy):
+    """One 403 (temporary credentials that ended before the URL): the URL is signed again and the read goes on
+    over presigned URLs."""
+    proxy.rules.append(Rule("error", match="Signature=", status=403, limit=1))
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
+    loader, got = read(s3_data)
+    assert got == local and loader.fault_stats()["bad_shards"] == 0
+    gets = shard_gets(proxy)
+    assert gets[0][3] == 403 and all(presigned(r) for r in gets)
+
+
+def test_urls_the_store_refuses_hand_the_reads_to_s3fs(s3_data, proxy, caplog):
+    """A store that refuses every presigned URL (403 twice): the reads go through s3fs from then on, with the
+    same batches, and the switch is logged once."""
+    proxy.rules.append(Rule("error", match="Signature=", status=403))
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
+    with caplog.at_level(logging.INFO, logger="streambatch"):
+        loader, got = read(s3_data)
+    assert got == local and loader.fault_stats()["bad_shards"] == 0
+    gets = shard_gets(proxy)
+    assert gets[0][3] == 403 and presigned(gets[0])  # refused (each URL once, then once more signed again)
+    assert not any(presigned(r) for r in gets[-3:]) and all(r[3] in (200, 206) for r in gets if not presigned(r))
+    assert sum("reading through s3fs from now on" in m for m in caplog.messages) == 1
+
+
+def test_throttling_is_retried_over_presigned_urls(s3_data, proxy):
+    proxy.rules.append(Rule("error", match="Signature=", every=3, status=503))
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
+    loader, got = read(s3_data, chunk_size="16K")
+    assert got == local
+    stats = loader.fault_stats()
+    assert stats["bad_shards"] == 0 and stats["retries"] > 0
+    assert all(presigned(r) for r in shard_gets(proxy))
+
+
+def test_options_beyond_a_plain_get_keep_the_s3fs_path(s3_data, monkeypatch):
+    import s3fs
+
+    def fs(**kw):
+        return s3fs.S3FileSystem(**s3_data.options, skip_instance_cache=True, **kw)
+
+    assert s3_direct.usable(fs())
+    assert not s3_direct.usable(fs(requester_pays=True))
+    assert not s3_direct.usable(fs(s3_additional_kwargs={"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k"}))
+    assert not s3_direct.usable(fs(config_kwargs={"proxies": {"https": "http://127.0.0.1:9"}}))
+    monkeypatch.setenv("STREAMBATCH_S3_PRESIGNED", "0")
+    assert not s3_direct.usable(fs())
+    monkeypatch.delenv("STREAMBATCH_S3_PRESIGNED")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    assert not s3_direct.usable(fs())
