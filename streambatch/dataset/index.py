@@ -27,7 +27,7 @@ from .columns import merged_columns
 from .index_header import check_header
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
-from .storage import join_url, open_url, parent_url, write_bytes_atomic
+from .storage import join_url, parent_url, read_whole, write_bytes_atomic
 from .trust import Roots
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexFormatError", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
@@ -71,8 +71,7 @@ class ShardIndex:
         with :class:`~streambatch.errors.UntrustedURL` before anything opens it."""
         url = _index_url(url)
         try:
-            with open_url(url, "rb", storage_options) as f:
-                raw = f.read()
+            raw = read_whole(url, storage_options)  # one GET: no size request before it
         except FileNotFoundError as e:
             raise FileNotFoundError(f"no dataset index at {url}") from e
         return cls.from_raw(raw, url, storage_options, shard_roots)

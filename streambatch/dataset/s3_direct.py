@@ -26,6 +26,7 @@ import re
 import threading
 import time
 import weakref
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from ..errors import StreamBatchError
@@ -93,12 +94,16 @@ class PresignedReader:
             self._urls[path] = (url, now)
         return url
 
-    def read(self, path: str, start: int, end: int, sink: list[bytes], timeout: float | None) -> int | None:
-        """Append bytes ``[start, end)`` of ``path`` to ``sink`` as they arrive; the object's size from
-        ``Content-Range`` (None if not told). Raises :class:`Refused` when the s3fs path should take over."""
+    def read(
+        self, path: str, start: int, end: int, sink: list[bytes], timeout: float | None, heard: list
+    ) -> int | None:
+        """Append bytes ``[start, end)`` of ``path`` to ``sink`` as they arrive, and to ``heard`` the version the
+        answer names (:func:`object_version`) once its headers are in; the object's size (None if not told).
+        Raises :class:`Refused` when the s3fs path should take over."""
         for fresh in (False, True):
             resp = self._get(self.url(path, fresh), start, end, timeout)
             if resp.status in (200, 206):
+                heard.append(header_version(resp.headers))
                 return _body(resp, start, end, sink)
             error = _error(resp, path)
             if resp.status == 404:
@@ -123,7 +128,7 @@ class Refused(StreamBatchError):
 
 
 def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
-    """Read the answer's body into ``sink``; the object size after the slash of ``Content-Range``."""
+    """Read the answer's body into ``sink``; the object's size (``Content-Range``)."""
     left, ok = end - start, False
     try:
         while left > 0:  # what arrived before a break is in ``sink``: the retry resumes after it
@@ -139,6 +144,29 @@ def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
         else:  # a broken body: the connection is not reused
             resp.close()
     return range_total(resp.headers.get("Content-Range"))
+
+
+def object_version(etag: Any, modified: float | None, version_id: Any = None) -> str | None:
+    """One version of an object's bytes as its store names it: ``ETAG@SECONDS[#VERSIONID]`` (the ETag and the
+    Last-Modified time change on every write); None without both."""
+    if not etag or modified is None:
+        return None
+    return f"{str(etag).strip()}@{int(modified)}" + (f"#{version_id}" if version_id else "")
+
+
+def same_bytes(a: str | None, b: str | None) -> bool:
+    """Whether two answers' versions name the same bytes: their ETags (what the path that answered adds beside it
+    may be written differently by s3fs and by a presigned answer)."""
+    return (a or "").partition("@")[0] == (b or "").partition("@")[0]
+
+
+def header_version(headers: Any) -> str | None:
+    """:func:`object_version` of an HTTP answer's ``ETag``, ``Last-Modified`` and ``x-amz-version-id``."""
+    try:
+        modified = parsedate_to_datetime(headers.get("Last-Modified") or "").timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return object_version(headers.get("ETag"), modified, headers.get("x-amz-version-id"))
 
 
 def range_total(content_range: str | None) -> int | None:
@@ -196,13 +224,15 @@ def reader_for(fs: Any) -> PresignedReader | None:
     return r if r.enabled else None
 
 
-def presigned_range(fs: Any, path: str, start: int, end: int, sink: list[bytes], timeout: float | None) -> int | None:
+def presigned_range(
+    fs: Any, path: str, start: int, end: int, sink: list[bytes], timeout: float | None, heard: list
+) -> int | None:
     """Bytes ``[start, end)`` of ``path`` into ``sink`` over a presigned URL; raises :class:`Refused` (and
     switches that filesystem to the s3fs path) when the store refuses the URL."""
     r = reader_for(fs)
     assert r is not None, "called only where reader_for found a reader"
     try:
-        return r.read(path, start, end, sink, timeout)
+        return r.read(path, start, end, sink, timeout, heard)
     except Refused:
         with _READERS_LOCK:
             was, r.enabled = r.enabled, False

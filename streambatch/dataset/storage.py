@@ -138,25 +138,29 @@ def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec
     return fs
 
 
-def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of an object (fewer if it ends sooner)."""
-    return fs.cat_file(path, start=start, end=end)
-
-
 def stream_range(
-    fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, sink: list[bytes], timeout: float | None = None
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    start: int,
+    end: int,
+    sink: list[bytes],
+    timeout: float | None = None,
+    heard: list | None = None,
 ) -> int | None:
     """Append the bytes ``[start, end)`` of an object to ``sink`` as they arrive; returns the object's whole
-    size when the answer tells it (``Content-Range``), else None.
+    size when the answer tells it (``Content-Range``), else None. ``heard`` gets the version of the object the
+    answer names (:func:`~.s3_direct.object_version`, None if it names none) as soon as its headers are in, so it
+    is known for the bytes of an answer that breaks too.
 
     If the request breaks, what arrived before the break is already in ``sink``, so a retry can ask for the
     rest only. S3 (s3fs) and HTTP(S) stream the response body; other back-ends fetch the range whole.
     ``timeout`` bounds the whole request (async back-ends)."""
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     coro: Callable[..., Coroutine[Any, Any, int | None]]
+    heard = [] if heard is None else heard
     if protocol in ("s3", "s3a") and s3_direct.reader_for(fs) is not None:
         try:  # a presigned URL over urllib3: a fifth of the CPU per byte (dataset/s3_direct.py)
-            return s3_direct.presigned_range(fs, path, start, end, sink, _silence(fs, timeout))
+            return s3_direct.presigned_range(fs, path, start, end, sink, _silence(fs, timeout), heard)
         except s3_direct.Refused:
             pass  # this filesystem reads through s3fs from now on
     if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
@@ -165,10 +169,11 @@ def stream_range(
         coro = _http_range
     else:
         sink.append(fs.cat_file(path, start=start, end=end))
+        heard.append(None)
         return None
     from fsspec.asyn import sync
 
-    return sync(fs.loop, coro, fs, path, start, end, sink, timeout=timeout)
+    return sync(fs.loop, coro, fs, path, start, end, sink, heard, timeout=timeout)
 
 
 def _silence(fs: Any, timeout: float | None) -> float | None:
@@ -179,10 +184,13 @@ def _silence(fs: Any, timeout: float | None) -> float | None:
 _STREAM_PIECE = 1 << 18
 
 
-async def _s3_range(fs: Any, path: str, start: int, end: int, sink: list[bytes]) -> int | None:
+async def _s3_range(fs: Any, path: str, start: int, end: int, sink: list[bytes], heard: list) -> int | None:
     bucket, key, version = fs.split_path(path)
     kw = {"VersionId": version} if version else {}
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
+    modified = resp.get("LastModified")
+    seconds = modified.timestamp() if modified else None
+    heard.append(s3_direct.object_version(resp.get("ETag"), seconds, resp.get("VersionId")))
     total = s3_direct.range_total(resp.get("ContentRange"))
     body = resp["Body"]
     left = end - start
@@ -216,7 +224,7 @@ def _salvage(content: Any, sink: list[bytes], left: int) -> None:
         pass
 
 
-async def _http_range(fs: Any, url: str, start: int, end: int, sink: list[bytes]) -> int | None:
+async def _http_range(fs: Any, url: str, start: int, end: int, sink: list[bytes], heard: list) -> int | None:
     session = await fs.set_session()
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
@@ -227,6 +235,7 @@ async def _http_range(fs: Any, url: str, start: int, end: int, sink: list[bytes]
         r.raise_for_status()
         skip = start if r.status == 200 else 0  # a server that ignores Range sends the whole object
         total = s3_direct.range_total(r.headers.get("Content-Range")) if r.status == 206 else r.content_length
+        heard.append(s3_direct.header_version(r.headers))
         left = end - start
         try:
             async for piece in r.content.iter_chunked(_STREAM_PIECE):
@@ -346,6 +355,16 @@ def size(url: str, storage_options: dict | None = None) -> int:
         return os.path.getsize(local_path(url))
     fs, path = filesystem(url, storage_options)
     return int(fs.size(path))
+
+
+@_credentials_named
+def read_whole(url: str, storage_options: dict | None = None) -> bytes:
+    """The whole of ``url`` in one read: for an object store one GET, with no size request before it."""
+    if is_local(url):
+        with open(local_path(url), "rb") as f:
+            return f.read()
+    fs, path = filesystem(url, storage_options)
+    return bytes(fs.cat_file(path))
 
 
 @_credentials_named

@@ -20,8 +20,8 @@ from ..dataset.storage import is_local, local_path
 from ..errors import ShardReadError
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .ranges import Count, RangeReader, check_size
-from .readahead import Job, ReadAhead, job_chunks
-from .verified import changed_since, recorded_sha256, remember_sha256
+from .readahead import InOrder, Job, ReadAhead, job_chunks
+from .verified import changed_since, object_key, recorded_sha256, remember, remember_sha256
 
 
 class ChunkStream:
@@ -280,11 +280,15 @@ class Fetcher:
         want = job.byte_range[1] - job.byte_range[0] if job.byte_range is not None else job.size
         if want is not None and stream.delivered != want:
             raise ShardReadError(f"{job.url}: read {stream.delivered} bytes, expected {want}")
-        problem = sha256_problem(stream.digest.hexdigest(), job.expected_sha) if stream.digest is not None else None
-        if stream.digest is not None:
+        order = job.in_order if job.local is None else None  # a remote shard hashed as it arrived, or not again
+        hashed = stream.digest is not None and not (order is not None and order.reused)
+        problem = sha256_problem(stream.digest.hexdigest(), job.expected_sha) if hashed and stream.digest else None
+        if hashed:
             self._count("sha256_hashed")
         if job.stat is not None and job.local is not None and self._wants_sha(job):
             problem = problem or self._local_checked(job, stream)
+        if order is not None:
+            problem = problem or self._remote_checked(job, stream, order)
         if problem:
             raise ChecksumMismatch(f"{job.url}: {problem}")
 
@@ -298,6 +302,19 @@ class Fetcher:
         if stream.digest is not None:
             with contextlib.suppress(OSError):
                 remember_sha256(job.local, job.stat, os.stat(job.local), stream.digest.hexdigest(), self.opts.cache_dir)
+        return None
+
+    def _remote_checked(self, job: Job, stream: ChunkStream, order: InOrder) -> str | None:
+        """A remote shard read whole: remember its hash for the version its answers named, or (that version was
+        hashed on this node before) make sure every answer named it."""
+        if order.changed:
+            return "the object changed while it was read (another version answered)"
+        if order.reused:
+            self._count("sha256_reused")
+        elif stream.digest is not None and order.version is not None and job.size is not None:
+            digest = stream.digest.hexdigest()
+            if digest == job.expected_sha:
+                remember(object_key(job.url, job.size, order.version), digest, self.opts.cache_dir)
         return None
 
     def finish(self, job: Job) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..dataset.format import size_problem
+from ..dataset.s3_direct import same_bytes
 from ..dataset.storage import is_local, object_size, reading_filesystem, stream_range
 from ..errors import ShardReadError
 from .retry import RetryPolicy, call_with_retry, is_transient
@@ -46,6 +47,15 @@ def check_size(url: str, size: int, expected: int | None, verify: str) -> None:
     problem = size_problem(size, expected) if verify != "none" else None
     if problem:
         raise ShardReadError(f"{url}: {problem}")
+
+
+def _same_object(url: str, versions: list[str | None], heard: list[str | None]) -> None:
+    """Add the versions an answer named to those of the read's earlier answers; refuse bytes of two objects (one
+    rewritten between two answers of a read: a break and its resumption) as a :class:`ShardReadError`."""
+    for v in heard:
+        if versions and None not in (versions[0], v) and not same_bytes(versions[0], v):
+            raise ShardReadError(f"{url}: the object changed while it was read (another version answered)")
+        versions.append(v)
 
 
 class RangeReader:
@@ -92,19 +102,29 @@ class RangeReader:
         """:meth:`fetch`, checking each answer's object size with ``expected`` unless ``verify`` is "none"."""
         return self.fetch(url, start, end, expected if self.verify != "none" else None)
 
-    def fetch(self, url: str, start: int, end: int, expected_size: int | None = None) -> bytes:
+    def read_versioned(self, url: str, start: int, end: int, expected: int | None) -> tuple[bytes, str | None]:
+        """:meth:`read`, and the version of the object the bytes are of (None where an answer did not name one)."""
+        versions: list[str | None] = []
+        data = self.fetch(url, start, end, expected if self.verify != "none" else None, versions)
+        return data, versions[0] if versions and all(v is not None for v in versions) else None
+
+    def fetch(
+        self, url: str, start: int, end: int, expected_size: int | None = None, versions: list | None = None
+    ) -> bytes:
         """Bytes ``[start, end)`` of ``url``. A request that breaks with a transient error is retried from the
         first byte not yet received (progress resets the retry count). With ``expected_size`` (the
-        index's), an answer that shows another object size is a bad shard."""
+        index's), an answer that shows another object size is a bad shard; answers that name different
+        versions of the object (it was rewritten between two of them) are too. ``versions`` gets each answer's."""
         fs, path = self._fs(url)
         timeout = self.policy.request_limit if self.policy.timeout else None
         parts: list[bytes] = []
         pos, attempt = start, 0
+        seen: list[str | None] = [] if versions is None else versions
         while pos < end:
             if self.stop.is_set():
                 raise ShardReadError(f"{url}: reading stopped")
             sink: list[bytes] = []
-            err = self._request(fs, path, url, pos, end, sink, timeout, expected_size)
+            err = self._request(fs, path, url, pos, end, sink, timeout, expected_size, seen)
             got = sum(len(x) for x in sink)
             if got:
                 parts.extend(sink)
@@ -130,18 +150,23 @@ class RangeReader:
         sink: list[bytes],
         timeout: float | None,
         expected_size: int | None,
+        versions: list[str | None],
     ) -> BaseException | None:
-        """One range request into ``sink``: the transient error it broke with (None if it did not); a
-        permanent error or a wrong object size raises :class:`ShardReadError`."""
+        """One range request into ``sink`` (its answer's version appended to ``versions``): the transient error it
+        broke with (None if it did not); a permanent error, a wrong object size or an object rewritten since an
+        earlier answer raises :class:`ShardReadError`."""
+        heard: list[str | None] = []
         try:
-            total = stream_range(fs, path, pos, end, sink, timeout)
+            total = stream_range(fs, path, pos, end, sink, timeout, heard)
         except Exception as e:  # noqa: BLE001 - classified below
+            _same_object(url, versions, heard)
             if not is_transient(e):
                 hint = ""
                 if expected_size is not None and "range" in str(e).lower():
                     hint = f" (the object is shorter than the {expected_size} bytes the index says)"
                 raise ShardReadError(f"{url}: bytes {pos}-{end - 1}: {type(e).__name__}: {e}{hint}") from e
             return e
+        _same_object(url, versions, heard)
         problem = size_problem(total, expected_size) if total is not None else None
         if problem:
             raise ShardReadError(f"{url}: {problem}")

@@ -14,10 +14,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..dataset.format import Digest
+from ..dataset.s3_direct import same_bytes as _same
 from ..errors import ShardReadError
 from .inflight import InFlight
 from .ranges import RangeReader
 from .retry import RetryPolicy
+from .verified import hashed_on_node
 
 
 class Job:
@@ -47,15 +49,29 @@ class InOrder:
     chunk that arrives early waits here for the ones before it; each request returns only after this, so once
     the parser has taken every chunk, every chunk was hashed."""
 
-    def __init__(self, digest: Digest):
+    def __init__(self, digest: Digest, hashed_before: Callable[[str], bool] | None = None):
+        """``hashed_before(version)``: whether this node already hashed that version of the object to the index's
+        sha256 (:func:`~.verified.object_key`); then nothing is hashed (:attr:`reused`)."""
         self.digest = digest
+        self._hashed_before = hashed_before
         self._next = 0  # the number of the next chunk to hash
         self._early: dict[int, bytes] = {}
         self._lock = threading.Lock()
+        self._first = True
+        self.version: str | None = None  # the version the first answer named
+        self.reused = False  # that version was hashed on this node before: its bytes are not hashed again
+        self.changed = False  # a later answer named other bytes (or, reused, none to vouch for them)
 
-    def arrived(self, number: int, data: bytes) -> None:
-        """Chunk ``number`` arrived: hash it, and the early ones it was holding up."""
+    def arrived(self, number: int, data: bytes, version: str | None = None) -> None:
+        """Chunk ``number`` arrived (an answer naming ``version``): hash it, and the early ones it was holding up."""
         with self._lock:
+            if self._first:
+                self._first, self.version = False, version
+                self.reused = version is not None and self._hashed_before is not None and self._hashed_before(version)
+            elif (self.reused or None not in (version, self.version)) and not _same(self.version, version):
+                self.changed = True
+            if self.reused:
+                return
             self._early[number] = data
             while self._next in self._early:
                 self.digest.update(self._early.pop(self._next))
@@ -117,6 +133,7 @@ class ReadAhead:
         self.chunk_size, self.limit = opts.chunk_size, opts.read_ahead
         self.policy: RetryPolicy = opts.retry
         self.cached = cached
+        self.cache_dir: str | None = getattr(opts, "cache_dir", None)  # where the node record of hashes lives
         self.stop = stop
         self._cond = threading.Condition()
         self._outstanding = 0  # bytes of chunks requested and not yet taken by the parser
@@ -142,7 +159,10 @@ class ReadAhead:
             if job.error is None and job.local is None:
                 if self.hashes(job):
                     job.digest = Digest()
-                    job.in_order = InOrder(job.digest)
+                    hashed_before = functools.partial(
+                        hashed_on_node, job.url, job.size, job.expected_sha, self.cache_dir
+                    )
+                    job.in_order = InOrder(job.digest, hashed_before)
                 self._request_chunks(job)
             with self._cond:
                 job.all_submitted = True
@@ -201,10 +221,10 @@ class ReadAhead:
         """One chunk's range request (in a pool thread), its duration measured for the in-flight target, and
         hashed in order where the job is hashed."""
         t0 = time.monotonic()
-        data = self.ranges.read(job.url, off, off + n, job.expected_size)
+        data, version = self.ranges.read_versioned(job.url, off, off + n, job.expected_size)
         self.in_flight.measured(n, time.monotonic() - t0)
         if job.in_order is not None:
-            job.in_order.arrived(number, data)
+            job.in_order.arrived(number, data, version)
         return data
 
     def _ended(self, ramp: bool, _fut: Future) -> None:

@@ -1,10 +1,12 @@
-"""A local shard's sha256, computed once per node: the record of files already hashed.
+"""A shard's sha256, computed once per node: the record of files (and remote objects) already hashed.
 
 With ``verify="sha256"`` every byte of a local shard used to be hashed again every epoch. A file's hash is now
 remembered, keyed by what changes when its bytes change: its device, inode, size, mtime and ctime (in
 nanoseconds; ctime cannot be set back by a user, so restoring the mtime after a write still changes the key). A
 later pass, process or rank of the node that finds the same key takes the remembered digest instead of reading
-the file again; a file whose key changed is hashed again.
+the file again; a file whose key changed is hashed again. A remote shard streamed without a cache is keyed by its
+URL, size and the version every range answer names (:func:`object_key`): its bytes are fetched every pass anyway,
+but hashed only while no answer names a version this node has hashed.
 
 Two levels: a dict in the process (epoch 2 of a worker costs a ``stat``), and a small file per shard in a folder
 of this user's, shared by the node's processes: ``streambatch-verified-<uid>`` under ``cache_dir`` when the
@@ -103,9 +105,24 @@ def _read_entry(path: str) -> dict | None:
     return got if isinstance(got, dict) else None
 
 
+def object_key(url: str, size: int, version: str) -> tuple:
+    """What identifies one version of a remote object's bytes: its URL, size and the version its store answered
+    with (ETag and Last-Modified, both set by the store on every write, and a version id where it keeps them)."""
+    return (url, int(size), version)
+
+
+def hashed_on_node(url: str, size: int | None, sha256: str | None, cache_dir: str | None, version: str) -> bool:
+    """Whether this node hashed ``version`` of the remote object ``url`` of ``size`` bytes to ``sha256``."""
+    return size is not None and bool(sha256) and recorded(object_key(url, size, version), cache_dir) == sha256
+
+
 def recorded_sha256(path: str, st: os.stat_result, cache_dir: str | None = None) -> str | None:
     """The sha256 this node computed for exactly this version of ``path`` (``st``: its stat), or None."""
-    key = file_key(path, st)
+    return recorded(file_key(path, st), cache_dir)
+
+
+def recorded(key: tuple, cache_dir: str | None = None) -> str | None:
+    """The sha256 recorded for ``key`` (:func:`file_key` or :func:`object_key`), or None."""
     with _memo_lock:
         got = _memo.get(key)
     if got is not None:
@@ -130,8 +147,13 @@ def remember_sha256(
     """Record that ``path`` hashed to ``digest``, if the file did not change while it was read (``before`` and
     ``after``: its stat then); a record that cannot be written is skipped (the file is hashed again next time)."""
     key = file_key(path, before)
-    if key != file_key(path, after):
-        return
+    if key == file_key(path, after):
+        remember(key, digest, cache_dir)
+
+
+def remember(key: tuple, digest: str, cache_dir: str | None = None) -> None:
+    """Record that the version ``key`` names hashed to ``digest`` (in the process, and in the node record when it
+    can be written)."""
     with _memo_lock:
         _memo[key] = digest
     folder = record_dir(cache_dir)

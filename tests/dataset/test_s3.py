@@ -137,4 +137,3 @@ def test_killed_write_leaves_no_index(s3_data, monkeypatch):
     local = {s.url: s.bytes for s in ShardIndex.load(s3_data.local).shards}
     for n in names:  # every object there is whole (the local write of the same input has the same sizes)
         assert storage.size(f"{out}/{n}", s3_data.options) == local[n]
-

@@ -2,7 +2,8 @@
 not in the parser's thread (sha256 lets go of the GIL, so on another core it costs the parser nothing); the
 check still holds: the same samples as from local disk, and one changed byte is still a checksum failure.
 
-The range requests are served from the local files (``RangeReader.read`` patched), so no server is needed."""
+The range requests are served from the local files (``RangeReader.read`` and ``read_versioned`` patched), so no
+server is needed."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def remote(shards, monkeypatch):
         return update(self, data)
 
     monkeypatch.setattr(RangeReader, "read", read)
+    monkeypatch.setattr(RangeReader, "read_versioned", lambda self, *a: (read(self, *a), None))  # (no version)
     monkeypatch.setattr(fmt.Digest, "update", watched)
     return urls, ix, flip, hashed_in
 

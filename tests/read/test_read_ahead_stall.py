@@ -64,6 +64,7 @@ def stalled_remote(shards, monkeypatch):
             return f.read(end - start)
 
     monkeypatch.setattr(RangeReader, "read", read)
+    monkeypatch.setattr(RangeReader, "read_versioned", lambda self, *a: (read(self, *a), None))  # (no version)
     return urls, ix
 
 
