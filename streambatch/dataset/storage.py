@@ -364,7 +364,8 @@ def read_whole(url: str, storage_options: dict | None = None) -> bytes:
         with open(local_path(url), "rb") as f:
             return f.read()
     fs, path = filesystem(url, storage_options)
-    return bytes(fs.cat_file(path))
+    s3 = set(fs.protocol if isinstance(fs.protocol, (tuple, list)) else [fs.protocol]) & {"s3", "s3a"}
+    return bytes(fs.cat_file(path, **({"max_concurrency": 1} if s3 else {})))  # s3fs: no size request to split it
 
 
 @_credentials_named

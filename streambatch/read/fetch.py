@@ -72,6 +72,11 @@ class ChunkStream:
             data = self._read_all()
             self.delivered += len(data)
             return data
+        off, buf = self._off, self._buf
+        if off + n <= len(buf):  # within the chunk at hand: most tar headers and members
+            self._off = off + n
+            self.delivered += n
+            return buf[off : off + n].tobytes()
         out = []
         want = n
         while want > 0:

@@ -244,13 +244,14 @@ def test_a_small_table_costs_one_request(dataset, proxy):
 
 
 def test_a_loader_reads_each_index_table_once(dataset, proxy):
-    """Building a loader and running its epoch reads the shard table and the sample file once each: the shard
-    table's planning columns and its other columns (URLs, checksums) come from one GET, not two round trips."""
+    """Building a loader and running its epoch reads the index header, the shard table and the sample file in one
+    GET each: no size request before the header, and the shard table's planning columns and its other columns
+    (URLs, checksums) from the same bytes, not two round trips."""
     from streambatch import StreamBatchLoader
 
     loader = StreamBatchLoader(dataset, budget=BUDGET, storage_options=opts(proxy.url), seed=0)
     assert sum(len(b["keys"]) for b in loader) == 80
-    for name in (TABLE, PART):
+    for name in (INDEX, TABLE, PART):
         assert [r[0] for r in requests_for(proxy, name)] == ["GET"], name
 
 
