@@ -90,6 +90,18 @@ class ChunkStream:
         self.delivered += len(data)
         return data
 
+    def skip(self, n: int) -> int:
+        """Pass over ``n`` bytes without copying them (a tar member's padding); how many there were."""
+        done = 0
+        while done < n:
+            if self._off >= len(self._buf) and not self._fill():
+                break
+            take = min(n - done, len(self._buf) - self._off)
+            self._off += take
+            done += take
+        self.delivered += done
+        return done
+
     def drain(self) -> None:
         """Read to the end (for the checksum)."""
         self.delivered += len(self._buf) - self._off
