@@ -64,16 +64,18 @@ def test_a_refused_url_is_signed_again_once(s3_data, proxy):
     assert gets[0][3] == 403 and all(presigned(r) for r in gets)
 
 
-def test_urls_the_store_refuses_hand_the_reads_to_s3fs(s3_data, proxy, caplog):
-    """A store that refuses every presigned URL (403 twice): the reads go through s3fs from then on, with the
-    same batches, and the switch is logged once."""
-    proxy.rules.append(Rule("error", match="Signature=", status=403))
+@pytest.mark.parametrize("status", [403, 301])
+def test_urls_the_store_refuses_hand_the_reads_to_s3fs(s3_data, proxy, caplog, status):
+    """A store that refuses every presigned URL (403 even when signed again; 301, a region redirect s3fs follows
+    and urllib3 is not asked to): the reads go through s3fs from then on, with the same batches, and the switch is
+    logged once."""
+    proxy.rules.append(Rule("error", match="Signature=", status=status))
     local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
     with caplog.at_level(logging.INFO, logger="streambatch"):
         loader, got = read(s3_data)
     assert got == local and loader.fault_stats()["bad_shards"] == 0
     gets = shard_gets(proxy)
-    assert gets[0][3] == 403 and presigned(gets[0])  # refused (each URL once, then once more signed again)
+    assert gets[0][3] == status and presigned(gets[0])  # refused
     assert not any(presigned(r) for r in gets[-3:]) and all(r[3] in (200, 206) for r in gets if not presigned(r))
     assert sum("reading through s3fs from now on" in m for m in caplog.messages) == 1
 
