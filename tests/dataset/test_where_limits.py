@@ -140,7 +140,9 @@ PROBE = textwrap.dedent(
         except OptionError as err:
             out[expr] = str(err)
     mib = lambda who: resource.getrusage(who).ru_maxrss / 1024
-    out["rss"] = [mib(resource.RUSAGE_SELF), mib(resource.RUSAGE_CHILDREN)]
+    # this process's own peak (VmHWM): ru_maxrss of RUSAGE_SELF starts from the parent's peak at fork+exec
+    own = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+    out["rss"] = [own, mib(resource.RUSAGE_CHILDREN)]
     print(json.dumps(out))
     """
 )
