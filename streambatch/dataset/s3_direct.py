@@ -117,8 +117,10 @@ class PresignedReader:
         raise Refused(path)
 
     def _get(self, url: str, start: int, end: int, timeout: float | None) -> Any:
+        """The GET; it may wait for a byte as long as the filesystem's read timeout, else ``timeout``."""
         import urllib3
 
+        timeout = (getattr(self.fs, "config_kwargs", None) or {}).get("read_timeout") or timeout
         t = urllib3.Timeout(connect=timeout, read=timeout) if timeout else urllib3.Timeout(connect=60.0, read=60.0)
         headers = {"Range": f"bytes={start}-{end - 1}"}
         return self.pool.request("GET", url, headers=headers, preload_content=False, timeout=t, redirect=False)
@@ -227,12 +229,10 @@ def reader_for(fs: Any) -> PresignedReader | None:
 
 
 def presigned_range(
-    fs: Any, path: str, start: int, end: int, sink: list[bytes], timeout: float | None, heard: list
+    r: PresignedReader, path: str, start: int, end: int, sink: list[bytes], timeout: float | None, heard: list
 ) -> int | None:
-    """Bytes ``[start, end)`` of ``path`` into ``sink`` over a presigned URL; raises :class:`Refused` (and
-    switches that filesystem to the s3fs path) when the store refuses the URL."""
-    r = reader_for(fs)
-    assert r is not None, "called only where reader_for found a reader"
+    """Bytes ``[start, end)`` of ``path`` into ``sink`` over a presigned URL of ``r`` (:func:`reader_for`); raises
+    :class:`Refused` (and switches that filesystem to the s3fs path) when the store refuses the URL."""
     try:
         return r.read(path, start, end, sink, timeout, heard)
     except Refused:
