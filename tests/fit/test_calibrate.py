@@ -132,7 +132,11 @@ def test_plan_with_the_calibrated_cost_never_exceeds_the_limit(which, linear_cal
     }[which]
     plan = plan_batches(lengths, cal["budget"], cost=str(path), buffer_size=2_000, seed=3)
     assert plan.num_samples == len(lengths)  # the calibrated budget takes the dataset's longest sample
-    sim = np.array([cal["fit"]["a"] + mem(len(b), float(lengths[b].max())) for b in plan])
+    # What the step truly allocates for each planned batch. The fitted intercept ``a`` is not added: this step
+    # holds nothing besides its buffer, so ``a`` is the forked child's measuring offset (copy-on-write pages,
+    # the heap), which on a loaded machine comes out near +0.9 MiB while the slopes come out 2 % low, and
+    # adding it to the true bytes counted the offset twice (a CI run failed at 1.0006× with the truth at 0.982×).
+    sim = np.array([mem(len(b), float(lengths[b].max())) for b in plan])
     assert sim.max() <= LIMIT
     assert np.median(sim) >= 0.8 * LIMIT  # and batches still fill the memory
 
