@@ -132,22 +132,58 @@ class Refused(StreamBatchError):
 
 
 def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
-    """Read the answer's body into ``sink``; the object's size (``Content-Range``)."""
-    left, ok = end - start, False
+    """Read the answer's body into ``sink``; the object's size (``Content-Range``).
+
+    The bytes go from the socket straight into one buffer of the range's size (the underlying
+    :class:`http.client.HTTPResponse`'s ``readinto``): no piece is copied again to join them, which is copying done
+    holding the GIL while the training loop waits for it. Where that is not at hand, ``read1`` pieces are joined."""
+    fp = getattr(resp, "_fp", None)
+    into = getattr(fp, "readinto", None)
+    ok = False
     try:
-        while left > 0:  # what arrived before a break is in ``sink``: the retry resumes after it
-            piece = resp.read1(min(PIECE, left))
-            if not piece:
-                break
-            sink.append(piece)
-            left -= len(piece)
+        if into is not None and not resp.headers.get("Content-Encoding"):
+            _read_into(fp, end - start, sink)
+        else:
+            _read_pieces(resp, end - start, sink)
         ok = True
     finally:
-        if ok:
+        if ok and (fp is None or fp.isclosed()):  # the whole answer was read: the connection is reused
             resp.release_conn()
-        else:  # a broken body: the connection is not reused
+        else:  # a broken body, or one longer than the range asked for: the connection is not reused
             resp.close()
     return range_total(resp.headers.get("Content-Range"))
+
+
+def _read_into(fp: Any, size: int, sink: list[bytes]) -> None:
+    """``size`` bytes of ``fp`` (an :class:`http.client.HTTPResponse`) into one buffer, a piece per call; what
+    arrived before a break goes to ``sink`` too. An answer cut before its ``Content-Length`` raises (transient)."""
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    try:
+        while got < size:
+            n = fp.readinto(view[got : got + PIECE])
+            if not n:
+                if getattr(fp, "length", None):  # http.client ends a cut answer quietly: it is a broken request
+                    raise ConnectionResetError(f"the answer ended {fp.length} bytes before its Content-Length")
+                break
+            got += n
+    finally:
+        if got == size:
+            sink.append(buf)  # type: ignore[arg-type] # bytes-like: every reader of a chunk takes a buffer
+        elif got:  # the retry resumes after these
+            sink.append(bytes(view[:got]))
+        view.release()
+
+
+def _read_pieces(resp: Any, size: int, sink: list[bytes]) -> None:
+    """``size`` bytes as ``read1`` delivers them (decoded as urllib3 decodes), each piece to ``sink`` at once."""
+    left = size
+    while left > 0:
+        piece = resp.read1(min(PIECE, left))
+        if not piece:
+            break
+        sink.append(piece)
+        left -= len(piece)
 
 
 def object_version(etag: Any, modified: float | None, version_id: Any = None) -> str | None:
