@@ -105,3 +105,62 @@ def test_options_beyond_a_plain_get_keep_the_s3fs_path(s3_data, monkeypatch):
     monkeypatch.delenv("STREAMBATCH_S3_PRESIGNED")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     assert not s3_direct.usable(fs())
+
+
+class _Odd:
+    """A loopback HTTP server that ignores ``Range``: ``/long`` answers 200 bytes where 10 were asked for, ``/cut``
+    declares 200 bytes and closes the connection after 50."""
+
+    BODY = bytes(range(200))
+
+    def __enter__(self):
+        import http.server
+        import threading
+
+        body = self.BODY
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self.send_response(206)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
+                self.end_headers()
+                if self.path == "/cut":
+                    self.wfile.write(body[:50])
+                    self.wfile.flush()
+                    self.close_connection = True
+                else:
+                    self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_body_is_read_into_one_buffer_and_an_odd_answer_is_not_reused():
+    """The bytes asked for, in one piece; an answer longer than the range does not leave its rest on a pooled
+    connection for the next request to read as its own; an answer cut before its Content-Length raises a transient
+    error with what arrived already in the sink (a retry resumes after it)."""
+    import urllib3
+
+    from streambatch.read.retry import is_transient
+
+    pool = urllib3.PoolManager(maxsize=1, retries=False)
+    with _Odd() as url:
+        for _ in range(3):  # each answer is 190 bytes longer than asked for: the next must start afresh
+            sink: list = []
+            total = s3_direct._body(pool.request("GET", f"{url}/long", preload_content=False), 0, 10, sink)
+            assert len(sink) == 1 and bytes(sink[0]) == _Odd.BODY[:10] and total == 200
+        sink = []
+        with pytest.raises(Exception) as e:  # noqa: B017 - which class is the HTTP stack's; that it is transient is ours
+            s3_direct._body(pool.request("GET", f"{url}/cut", preload_content=False), 0, 200, sink)
+        assert is_transient(e.value) and b"".join(sink) == _Odd.BODY[:50]
