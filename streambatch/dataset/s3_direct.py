@@ -70,6 +70,27 @@ def usable(fs: Any) -> bool:
     return not config.get("proxies") and set(client) <= _MAPPED_CLIENT_KWARGS
 
 
+def signs_for(fs: Any, options: dict) -> bool:
+    """Whether range reads of ``fs`` (a reading filesystem made from the caller's storage ``options``) go over
+    presigned URLs (:func:`usable`). Then the URLs are signed by the filesystem of ``options`` themselves, fsspec's
+    instance that already read the index (its S3 client costs 50-100 ms of CPU to make: not twice per process), and
+    ``fs``'s own client is made only if a read falls back to s3fs."""
+    if not usable(fs):
+        return False
+    fs.streambatch_signing_options = dict(options)
+    return True
+
+
+def _signer(fs: Any) -> Any:
+    """The filesystem that signs ``fs``'s URLs (:func:`signs_for`), its client made now; ``fs`` itself otherwise."""
+    options = getattr(fs, "streambatch_signing_options", None)
+    if options is None:
+        return fs
+    signer = type(fs)(**options)  # fsspec's instance cache: the filesystem the index was read with
+    signer.connect()
+    return signer
+
+
 class PresignedReader:
     """Range GETs of one s3fs filesystem's objects over presigned URLs (one per process, with its pool)."""
 
@@ -77,6 +98,7 @@ class PresignedReader:
         import urllib3
 
         self.fs = fs
+        self.signer = _signer(fs)
         self.enabled = True
         self._urls: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -91,7 +113,7 @@ class PresignedReader:
             known = self._urls.get(path)
         if known is not None and not fresh and now - known[1] < RESIGN_AFTER:
             return known[0]
-        url = str(self.fs.url(path, expires=EXPIRES))
+        url = str(self.signer.url(path, expires=EXPIRES))
         with self._lock:
             self._urls[path] = (url, now)
         return url

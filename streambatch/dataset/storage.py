@@ -108,7 +108,7 @@ def reading_filesystem(
 
 
 def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec.AbstractFileSystem:
-    own_retries = "retries" in opts
+    own_retries, given = "retries" in opts, dict(opts)
     if protocol in ("s3", "s3a"):
         cfg = dict(opts.get("config_kwargs") or {})
         if timeout:
@@ -130,7 +130,7 @@ def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec
     fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
     if protocol in ("s3", "s3a") and not own_retries:
         fs.retries = 1  # s3fs's own retry loop: one attempt, ours does the rest
-    if protocol in ("s3", "s3a") and hasattr(fs, "connect"):
+    if protocol in ("s3", "s3a") and hasattr(fs, "connect") and not s3_direct.signs_for(fs, given):
         try:  # the client now (tenths of a second of CPU), under the caller's lock: one per process, never two
             fs.connect()
         except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL

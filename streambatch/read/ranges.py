@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..dataset.format import size_problem
-from ..dataset.s3_direct import same_bytes
+from ..dataset.s3_direct import reader_for, same_bytes
 from ..dataset.storage import is_local, object_size, reading_filesystem, stream_range
 from ..errors import ShardReadError
 from .retry import RetryPolicy, call_with_retry, is_transient
@@ -37,7 +37,9 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
 
 def _warm(url: str, storage_options: dict | None, timeout: float) -> None:
     try:
-        reading_filesystem(url, storage_options, timeout)
+        fs, _ = reading_filesystem(url, storage_options, timeout)
+        if hasattr(fs, "streambatch_signing_options"):  # presigned range reads: make the client that signs them
+            reader_for(fs)
     except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL
         pass
 

@@ -64,6 +64,24 @@ def test_a_refused_url_is_signed_again_once(s3_data, proxy):
     assert gets[0][3] == 403 and all(presigned(r) for r in gets)
 
 
+def test_urls_are_signed_by_the_filesystem_that_read_the_index(s3_data, proxy):
+    """One S3 client per process: the range requests' URLs are signed by fsspec's filesystem of the storage
+    options (the one that read the index), and the reading filesystem (retries and timeouts of its own) never makes
+    its client while nothing falls back to s3fs."""
+    import fsspec
+
+    from streambatch.dataset import storage
+
+    storage._READ_FS.clear()  # this test's own reading filesystem, not one an earlier test made read through s3fs
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
+    loader, got = read(s3_data)
+    assert got == local and all(presigned(r) for r in shard_gets(proxy))
+    reading = [fs for fs in storage._READ_FS.values() if fs.protocol[0] == "s3"]
+    assert reading and all(fs._s3 is None for fs in reading)  # no client of its own
+    signer = fsspec.filesystem("s3", **s3_data.proxied)
+    assert all(s3_direct._READERS[fs].signer is signer for fs in reading)
+
+
 @pytest.mark.parametrize("status", [403, 301])
 def test_urls_the_store_refuses_hand_the_reads_to_s3fs(s3_data, proxy, caplog, status):
     """A store that refuses every presigned URL (403 even when signed again; 301, a region redirect s3fs follows
