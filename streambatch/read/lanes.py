@@ -28,9 +28,10 @@ MIN_LANE_CHUNK = 1 << 20
 
 
 def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
-    """One lane's share of a worker's read options: ``read_ahead`` and ``max_read_concurrency`` divided among the
-    lanes (at least one request each, from the start), and chunks of at most half a lane's share, so a lane keeps
-    one arriving while the parser reads the other (smaller chunks cost more requests, each some CPU)."""
+    """One lane's share of a worker's read options: ``read_ahead``, ``read_concurrency`` (the requests in flight at
+    the start) and ``max_read_concurrency`` divided among the lanes (at least one request each), and chunks of at
+    most half a lane's share, so a lane keeps one arriving while the parser reads the other (smaller chunks cost
+    more requests, each some CPU)."""
     if lanes <= 1:
         return opts
     share = opts.read_ahead // lanes
@@ -40,7 +41,7 @@ def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
         opts,
         read_ahead=share,
         chunk_size=chunk,
-        read_concurrency=most,  # a lane starts at its share: each lane pays the first round trips on its own
+        read_concurrency=max(1, opts.read_concurrency // lanes),  # the lane's in-flight target grows when it waits
         max_read_concurrency=most,
     )
 

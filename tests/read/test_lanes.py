@@ -91,12 +91,13 @@ def test_a_bad_shard_in_one_lane_costs_that_shard_only(ds, streamed, tmp_path):
 
 @pytest.mark.parametrize("lanes", [1, 2, 8, 64])
 def test_lanes_share_the_workers_read_ahead_and_requests(lanes):
-    """The lanes of one worker together hold at most its read-ahead and keep at most its requests in flight (one
-    each at least), each with chunks its share holds two of."""
+    """The lanes of one worker together hold at most its read-ahead, start with at most its starting requests in
+    flight and keep at most its requests in flight (one each at least), each with chunks its share holds two of."""
     opts = ReadOptions(read_ahead="64M", chunk_size="8M", read_concurrency=4, max_read_concurrency=16)
     one = lane_options(opts, lanes)
     assert one.read_ahead * lanes <= opts.read_ahead
     assert one.max_read_concurrency == max(1, 16 // lanes) and one.read_concurrency <= one.max_read_concurrency
+    assert one.read_concurrency * lanes <= max(opts.read_concurrency, lanes)
     assert one.chunk_size <= opts.chunk_size
     if lanes > 1:
         assert one.chunk_size <= max(one.read_ahead // 2, 1 << 20)
