@@ -26,8 +26,8 @@ Count = Callable[..., None]  # count(name, n=1): add to a fault counter
 
 
 def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -> None:
-    """Make this process's reading filesystem for the first shard's store (its S3 client costs tenths of a
-    second of CPU) on a thread, while the epoch is planned, so the first range request does not wait for it."""
+    """Make this process's reading filesystem for the first shard's store, and the S3 client that signs its range
+    requests' URLs (50-100 ms of CPU), on a thread while the epoch is planned, so the first request does not wait."""
     if not urls or is_local(urls[0]):
         return
     threading.Thread(
