@@ -36,8 +36,8 @@ log = logging.getLogger("streambatch")
 
 #: seconds a presigned URL is valid for, and the age at which it is signed again
 EXPIRES, RESIGN_AFTER = 3600, 1800
-#: the most bytes one read of the body returns (``read1``: what arrived, often less); small pieces keep the peak
-#: memory of a chunk that is joined from them near the chunk's own size
+#: the most bytes one read of the body asks for: what arrived before a break that raises is kept up to the last
+#: piece (the retry resumes after it), and ``read1``'s pieces, joined afterwards, stay small beside the chunk
 PIECE = 1 << 18
 #: client_kwargs this module knows how to honour (anything else keeps the s3fs path)
 _MAPPED_CLIENT_KWARGS = {"endpoint_url", "region_name", "verify", "aws_access_key_id", "aws_secret_access_key"}
@@ -160,10 +160,9 @@ def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
     :class:`http.client.HTTPResponse`'s ``readinto``): no piece is copied again to join them, which is copying done
     holding the GIL while the training loop waits for it. Where that is not at hand, ``read1`` pieces are joined."""
     fp = getattr(resp, "_fp", None)
-    into = getattr(fp, "readinto", None)
     ok = False
     try:
-        if into is not None and not resp.headers.get("Content-Encoding"):
+        if hasattr(fp, "readinto") and not resp.headers.get("Content-Encoding"):
             _read_into(fp, end - start, sink)
         else:
             _read_pieces(resp, end - start, sink)
