@@ -81,6 +81,11 @@ def signs_for(fs: Any, options: dict) -> bool:
     return True
 
 
+def signed_elsewhere(fs: Any) -> bool:
+    """Whether ``fs``'s range reads are signed by another filesystem (:func:`signs_for` said so)."""
+    return hasattr(fs, "streambatch_signing_options")
+
+
 def _signer(fs: Any) -> Any:
     """The filesystem that signs ``fs``'s URLs (:func:`signs_for`), its client made now; ``fs`` itself otherwise."""
     options = getattr(fs, "streambatch_signing_options", None)

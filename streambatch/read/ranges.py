@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..dataset.format import size_problem
-from ..dataset.s3_direct import reader_for, same_bytes
+from ..dataset.s3_direct import reader_for, same_bytes, signed_elsewhere
 from ..dataset.storage import is_local, object_size, reading_filesystem, stream_range
 from ..errors import ShardReadError
 from .retry import RetryPolicy, call_with_retry, is_transient
@@ -38,7 +38,7 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
 def _warm(url: str, storage_options: dict | None, timeout: float) -> None:
     try:
         fs, _ = reading_filesystem(url, storage_options, timeout)
-        if hasattr(fs, "streambatch_signing_options"):  # presigned range reads: make the client that signs them
+        if signed_elsewhere(fs):  # presigned range reads: make the client that signs them now
             reader_for(fs)
     except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL
         pass
@@ -102,13 +102,17 @@ class RangeReader:
 
     def read(self, url: str, start: int, end: int, expected: int | None) -> bytes:
         """:meth:`fetch`, checking each answer's object size with ``expected`` unless ``verify`` is "none"."""
-        return self.fetch(url, start, end, expected if self.verify != "none" else None)
+        return self.fetch(url, start, end, self._checked(expected))
 
     def read_versioned(self, url: str, start: int, end: int, expected: int | None) -> tuple[bytes, str | None]:
         """:meth:`read`, and the version of the object the bytes are of (None where an answer did not name one)."""
         versions: list[str | None] = []
-        data = self.fetch(url, start, end, expected if self.verify != "none" else None, versions)
+        data = self.fetch(url, start, end, self._checked(expected), versions)
         return data, versions[0] if versions and all(v is not None for v in versions) else None
+
+    def _checked(self, expected: int | None) -> int | None:
+        """The object size answers are checked against: the index's, unless ``verify`` is "none"."""
+        return expected if self.verify != "none" else None
 
     def fetch(
         self, url: str, start: int, end: int, expected_size: int | None = None, versions: list | None = None
