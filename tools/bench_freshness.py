@@ -12,6 +12,10 @@ worker's shards (the shards in a seeded order per epoch, dealt round robin, as a
 them), ``max_duration=200``, ``shuffle=True``, ``set_epoch(e)``; with its default buffer (20,000 cuts) and with
 streambatch's window (``buffer_size`` = 2,000).
 
+A third table is a bound, not a sampler: each worker's batches of at least ``k`` samples (the short samples, whose
+large batches weigh most) pooled over the worker's whole epoch and cut again in a random order, which no
+streaming window can do. It shows what mixing lengths in those batches costs in batches for the pairs it frees.
+
 A second table splits epoch 0's pairs by the size of the batch that holds them: a batch of ``k`` holds
 ``k (k - 1) / 2`` pairs, so the few large batches of short samples weigh most in the share kept.
 
@@ -53,6 +57,36 @@ def streambatch_epochs(lengths: np.ndarray, seed: int, version: int) -> tuple[li
     return e0, e1
 
 
+def random_cut(ids: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """``ids`` in a random order, cut greedily where the next sample would take the batch over the budget."""
+    out: list[np.ndarray] = []
+    batch: list[int] = []
+    longest = 0
+    for i in rng.permutation(ids).tolist():
+        widest = max(longest, int(lengths[i]))
+        if batch and widest * (len(batch) + 1) > BUDGET_S * SAMPLE_RATE:
+            out.append(np.array(batch, dtype=np.int64))
+            batch, widest = [], int(lengths[i])
+        batch.append(i)
+        longest = widest
+    return out + ([np.array(batch, dtype=np.int64)] if batch else [])
+
+
+def pooled_epoch(lengths: np.ndarray, seed: int, epoch: int, k: int) -> list[np.ndarray]:
+    """The bound: streambatch's epoch with each worker's batches of ``k`` or more samples pooled over the whole
+    epoch and cut again in a random order (the other batches as they were)."""
+    shards = [lengths[i : i + SHARD] for i in range(0, len(lengths), SHARD)]
+    cfg = with_plan_version(BatchingConfig.make(BUDGET_S * SAMPLE_RATE, lengths, seed=seed), 3)
+    rng = np.random.default_rng([seed, epoch, k])
+    out: list[np.ndarray] = []
+    for sp in make_epoch_plan(shards, cfg, epoch, Layout(1, WORKERS)).slots:
+        batches = [sp.gids[b] for b, rep in zip(sp.batches, sp.repeat) if not rep]
+        large = [b for b in batches if len(b) >= k]
+        out += [b for b in batches if len(b) < k]
+        out += random_cut(np.concatenate(large), lengths, rng) if large else []
+    return out
+
+
 def lhotse_epoch(lengths: np.ndarray, seed: int, epoch: int, buffer_size: int) -> list[np.ndarray]:
     """One epoch of lhotse's DynamicBucketingSampler, one sampler per worker over the worker's shards."""
     from lhotse import CutSet, MonoCut
@@ -91,6 +125,8 @@ def row(label: str, e0: list[np.ndarray], e1: list[np.ndarray], lengths: np.ndar
 
 
 SIZE_BINS = [(2, 15), (15, 30), (30, 60), (60, 10_000)]
+#: the smallest batch size pooled in each row of the bound
+POOLED_FROM = (40, 30, 20)
 
 
 def size_rows(n: int, epochs: dict[str, tuple[list[np.ndarray], list[np.ndarray]]]) -> list[list[str]]:
@@ -122,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         f"LibriSpeech-like lengths, budget {BUDGET_S:g} s, shards of {SHARD}, 1 rank x {WORKERS} workers, "
         f"seed {args.seed}"
     )
-    rows, verdicts, by_size = [], [], []
+    rows, verdicts, by_size, bound = [], [], [], []
     for n in [int(x) for x in args.sizes.split(",")]:
         lengths = librispeech_like(n, args.seed)
         oracle = len(sorted_oracle(lengths, BUDGET_S * SAMPLE_RATE))
@@ -145,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                 found[label] = (pairs_kept(e0, e1, n), len(e0) / oracle)
                 sizes[label] = (e0, e1)
         by_size += size_rows(n, {k: v for k, v in sizes.items() if "rule" not in k})
+        for k in POOLED_FROM:
+            t0 = time.perf_counter()
+            e0, e1 = (pooled_epoch(lengths, args.seed, e, k) for e in (0, 1))
+            bound.append(
+                row(f"batches of {k}+ pooled per worker epoch", e0, e1, lengths, oracle, time.perf_counter() - t0)
+            )
+        bound.append([""] * 7)
         kept, ratio = found["streambatch"]
         for other in [k for k in found if k.startswith("lhotse")]:
             ok = kept <= found[other][0] and ratio <= TARGET_RATIO
@@ -166,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     bins = [f"size {lo}-{hi - 1}" for lo, hi in SIZE_BINS]
     print(table(by_size, ["lengths", "sampler", *bins], "ll" + "r" * len(SIZE_BINS)))
     print("each cell: % of epoch 0's pairs in batches of that size / % of those pairs kept; '-' no such batch")
+    print()
+    print("a bound, not a sampler: each worker's large batches pooled over its whole epoch, cut again at random")
+    print(table(bound[:-1], header, "llrrrrr"))
     return 0
 
 
