@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, s
 from .collate import Decode, collate, split_micro_batches
 from .direct import DirectShards, can_read_direct
 from .execute import execute_direct, execute_plan, pieces_needed, positioned
+from .exits import closed_at_exit
 from .faults import FAULT_FIELDS, FaultLog
 from .lanes import interleaved, lane_options
 from .ranges import warm_up
@@ -141,6 +142,9 @@ class EpochStream(IterableDataset):
         self.ctx = ctx
 
     def __iter__(self) -> Iterator[Any]:
+        return closed_at_exit(self._stream())
+
+    def _stream(self) -> Generator[Any, None, None]:
         ctx = self.ctx
         physical, _ = worker_info()
         st = ctx.state.read()

@@ -4,6 +4,8 @@ shardify write to s3:// → verify → stream gives exactly the batches the same
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -137,3 +139,30 @@ def test_killed_write_leaves_no_index(s3_data, monkeypatch):
     local = {s.url: s.bytes for s in ShardIndex.load(s3_data.local).shards}
     for n in names:  # every object there is whole (the local write of the same input has the same sizes)
         assert storage.size(f"{out}/{n}", s3_data.options) == local[n]
+
+
+EARLY_EXIT = """
+import sys
+from streambatch import StreamBatchLoader
+from streambatch.read import fetch, reader, worker  # names a script may hold: they change the teardown order
+
+url, endpoint = sys.argv[1], sys.argv[2]
+options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+loader = StreamBatchLoader(url, storage_options=options, budget=%d, buffer_size=30, seed=3, chunk_size="16K")
+batches = iter(loader)  # held to the end, as a script's global: it is closed while the modules are torn down
+batch = next(batches)  # and exit with the pass open: its readers stand mid-shard
+print(len(batch["keys"]))
+"""
+
+
+def test_a_script_that_stops_early_exits_quietly(s3_data, tmp_path):
+    """A script that takes one batch and exits while its shards are half read: the streams close before the
+    interpreter tears its modules down, so nothing is printed but the script's own output."""
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_EXIT % BUDGET)
+    done = subprocess.run(
+        [sys.executable, str(script), s3_data.url, s3_data.endpoint], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 0
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
