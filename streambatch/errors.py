@@ -78,6 +78,11 @@ class UntrustedURL(ShardifyError, ValueError):
     allowed (``shard_roots`` / ``--shard-root``): refused before it is opened; the message names it and the option."""
 
 
+class UnknownStorage(ShardifyError, ValueError):
+    """A URL whose scheme no installed fsspec back-end serves (``foo://``, or ``gs://`` without gcsfs); the message
+    names the URL and what to install, if anything."""
+
+
 class OutputError(ShardifyError):
     """An output file that could not be written for want of space (disk or quota full, a file size limit); the
     message names the file, and nothing was left under its name."""
@@ -158,16 +163,19 @@ class CalibrationError(StreamBatchError, RuntimeError):
 
 
 # ---- option checks: each option's value is checked once, where its group is built, by one of these -------------
-def int_option(name: str, value: Any, minimum: int | None = None) -> int:
-    """``value`` as an int once it is a whole number (not a bool, a float or a string) of at least ``minimum``,
-    else an :class:`OptionError` naming the option."""
+def int_option(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int once it is a whole number (not a bool, a float or a string) from ``minimum`` to
+    ``maximum``, else an :class:`OptionError` naming the option."""
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise OptionError(f"{name} must be a whole number, got {value!r}")
-    if minimum is not None and value < minimum:
+    n = int(value)
+    if minimum is not None and n < minimum:
         raise OptionError(f"{name} must be at least {minimum}, got {value!r}")
-    return int(value)
+    if maximum is not None and n > maximum:
+        raise OptionError(f"{name} must be at most {maximum:,}, got {value!r}")
+    return n
 
 
 def number_option(name: str, value: Any, minimum: float | None = None, positive: bool = False) -> float:

@@ -1,6 +1,8 @@
 """The unit a dataset's lengths count: :class:`Unit`, parsed once where a unit enters (an index header, ``--unit``,
 an option) and compared as a value everywhere after.
 
+Sizes in bytes are read here too (:func:`parse_bytes`: ``"64M"``, ``"8MiB"``), one way for every option that takes one.
+
 A leaf module beside :mod:`.errors`: the index (``dataset/``), the planner (``plan/``), the writer and the
 calibration all name units, and none of them should import another to do it.
 """
@@ -8,11 +10,13 @@ calibration all name units, and none of them should import another to do it.
 from __future__ import annotations
 
 import enum
+import math
+import re
 from collections.abc import Iterable
 
 from .errors import OptionError
 
-__all__ = ["Unit", "resampled_count"]
+__all__ = ["Unit", "parse_bytes", "resampled_count"]
 
 
 class Unit(str, enum.Enum):
@@ -85,3 +89,26 @@ def resampled_count(frames: int, rate: int, target: int) -> int:
     """``round(frames * target / rate)`` in exact integer arithmetic (halves round up): the samples ``frames``
     frames at ``rate`` Hz are at ``target`` Hz."""
     return frames if rate == target else (2 * frames * target + rate) // (2 * rate)
+
+
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*", re.I)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
+    """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed. A number
+    must be whole (``64e6`` is, ``1.5`` is not); anything else is an :class:`OptionError` naming ``what``."""
+    if size is None:
+        return None
+    if isinstance(size, (int, float)) and not isinstance(size, bool):
+        if isinstance(size, float) and not (math.isfinite(size) and float(size).is_integer()):
+            raise OptionError(f"{what} must be a whole number of bytes or a size like 64M, got {size!r}")
+        n = int(size)
+    else:
+        m = _SIZE.fullmatch(str(size))
+        if not m:
+            raise OptionError(f"{what}: cannot read {size!r} as a size; write e.g. 64M, 8MiB, 2G or a number of bytes")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 0:
+        raise OptionError(f"{what} must not be negative, got {size!r}")
+    return n

@@ -175,7 +175,7 @@ class PeakMemory:
 def cap_device_memory(device: torch.device, size: str | None) -> float:
     """The memory the run may use, in bytes: on CUDA the device's, or ``size`` of it (enforced by the caching
     allocator: allocating past it raises an out-of-memory error, as a smaller GPU would); on CPU ``size``."""
-    from streambatch.dataset.storage import parse_bytes
+    from streambatch.units import parse_bytes
 
     cap = parse_bytes(size, "memory") if size else None
     if device.type != "cuda":

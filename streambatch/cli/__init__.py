@@ -5,7 +5,9 @@ code); :func:`build_parser` builds the parser from them and :func:`main` turns e
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
 with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
-output folder, no index, a path denied or of the wrong kind, missing storage credentials).
+output folder, no index, a path denied or of the wrong kind, missing storage credentials, an unknown storage
+scheme), and every error the package raises on purpose about the data or the storage (a bad shard or index,
+unreadable audio, retries exhausted: :class:`~streambatch.errors.StreamBatchError`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..errors import NO_SPACE_ERRNOS, InputErrors, ShardifyError
+from ..errors import NO_SPACE_ERRNOS, InputErrors, StreamBatchError
 from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
-from .args import PROG
+from .args import PROG, os_error_text
 
 #: the subcommands, in the order ``shardify --help`` lists them
 COMMANDS = (write, index, merge, stage, inspect, verify, export, upgrade, demo, calibrate)
@@ -42,14 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_arguments(p)
         p.set_defaults(func=command.run)
     return parser
-
-
-def os_error_text(e: OSError) -> str:
-    """``PATH: problem`` for an OS error (both paths for a rename), without the exception's class."""
-    if e.filename is None:
-        return str(e)
-    names = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 is not None else "")
-    return f"{names}: {(e.strerror or type(e).__name__).lower()}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,7 +74,7 @@ def _failed(e: Exception) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         print(f"{PROG}: fix them, or pass --on-error skip to write the rest", file=sys.stderr)
         return 2
-    if isinstance(e, ShardifyError):
+    if isinstance(e, StreamBatchError):  # raised on purpose, its message says what and where
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if isinstance(e, BrokenPipeError):  # output piped into head & co.

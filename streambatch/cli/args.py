@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -14,6 +15,8 @@ from ..errors import ShardifyError
 from ..units import Unit
 
 PROG = "shardify"
+#: the highest ``--sample-rate`` (libsndfile keeps a rate in a C int)
+MAX_SAMPLE_RATE = 2**31 - 1
 
 T = TypeVar("T")
 
@@ -28,14 +31,40 @@ def at_least_one(s: str) -> int:
     return _whole_number(s, "must be at least 1")
 
 
-def _whole_number(s: str, problem: str) -> int:
+def non_negative(s: str) -> int:
+    """A whole number of at least 0 (an argparse type: a seed, a step)."""
+    return _whole_number(s, "must be 0 or more", minimum=0)
+
+
+def at_most(maximum: int, why: str) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``maximum`` (``why``: the reason for the bound, for the
+    message)."""
+
+    def parse(s: str) -> int:
+        n = positive_int(s)
+        if n > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,} ({why}): {s!r}")
+        return n
+
+    parse.__name__ = "whole number"  # argparse names the type by it in its messages
+    return parse
+
+
+def _whole_number(s: str, problem: str, minimum: int = 1) -> int:
     try:
         n = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {s!r}") from None
-    if n <= 0:
+    if n < minimum:
         raise argparse.ArgumentTypeError(f"{problem}: {s!r}")
     return n
+
+
+def plot_path(s: str) -> str:
+    """A file to save a plot as (an argparse type): not a folder, and written at the very name given."""
+    if os.path.isdir(s):
+        raise argparse.ArgumentTypeError(f"{s} is a folder; name the file, e.g. {os.path.join(s, 'lengths.png')}")
+    return s
 
 
 def size(s: str) -> int:
@@ -60,6 +89,14 @@ def _argument(parse: Callable[[str], T], s: str) -> T:
         return parse(s)
     except ShardifyError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def os_error_text(e: OSError) -> str:
+    """``PATH: problem`` for an OS error (both paths for a rename), without the exception's class."""
+    if e.filename is None:
+        return str(e)
+    names = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 is not None else "")
+    return f"{names}: {(e.strerror or type(e).__name__).lower()}"
 
 
 def storage_option(s: str) -> tuple[str, Any]:
@@ -93,7 +130,10 @@ def storage_options_from(pairs: Sequence[tuple[str, Any]] | None) -> dict | None
 SHARED: dict[str, tuple[str, dict[str, Any]]] = {
     "out": ("out", {"metavar": "OUT", "help": "dataset folder or URL (or its index.json)"}),
     "unit": ("--unit", {"choices": (Unit.SAMPLES.value, Unit.SECONDS.value, Unit.TOKENS.value)}),
-    "sample_rate": ("--sample-rate", {"type": positive_int, "metavar": "R"}),
+    "sample_rate": (
+        "--sample-rate",
+        {"type": at_most(MAX_SAMPLE_RATE, "a C int, as libsndfile keeps it"), "metavar": "R"},
+    ),
     "workers": ("--workers", {"type": positive_int, "default": 1, "metavar": "N"}),
     "on_error": ("--on-error", {"choices": ("fail", "skip"), "default": "fail"}),
     "overwrite": ("--overwrite", {"action": "store_true"}),

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import argparse
 
-from .args import positive_int
+from .args import at_most, non_negative
 
 HELP = "write a small synthetic dataset and show streambatch on it"
 DESCRIPTION = "Write a small synthetic speech dataset to OUT and run streambatch on it."
+#: the most utterances the demo writes (a demo: shardify write takes a corpus of any size)
+MAX_UTTERANCES = 100_000
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
     """The arguments of ``shardify demo`` (read back by :func:`run`)."""
     d.add_argument("out", metavar="OUT", help="folder for the demo dataset")
     d.add_argument(
-        "--num-utterances", type=positive_int, default=2400, metavar="N", help="synthetic utterances (default 2400)"
+        "--num-utterances",
+        type=at_most(MAX_UTTERANCES, "a demo; shardify write takes a real corpus of any size"),
+        default=2400,
+        metavar="N",
+        help=f"synthetic utterances (default 2400, at most {MAX_UTTERANCES:,})",
     )
-    d.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    d.add_argument("--seed", type=non_negative, default=0, help="random seed (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

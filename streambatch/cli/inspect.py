@@ -16,14 +16,25 @@ from ..dataset.describe import hours_text, number_text
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..errors import BudgetError, ShardifyError
-from ..plan.buckets import estimate_boundaries, suggest_budget
+from ..plan.buckets import MAX_BUCKETS, estimate_boundaries, suggest_budget
 from ..plan.config import parse_budget as parse_any_budget
 from ..plan.epoch import make_epoch_plan
 from ..plan.freshness import epoch_batches, pairs_kept
 from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
-from .args import SHARED, add_shared, add_storage, opened, positive_int, shard_roots, storage_options
+from .args import (
+    SHARED,
+    add_shared,
+    add_storage,
+    at_most,
+    non_negative,
+    opened,
+    plot_path,
+    positive_int,
+    shard_roots,
+    storage_options,
+)
 
 #: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
 Dataset = ShardIndex | MixedIndex
@@ -49,7 +60,7 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
     )
     i.add_argument(
         "--num-buckets",
-        type=positive_int,
+        type=at_most(MAX_BUCKETS, "the boundaries snap to where a batch's capacity changes"),
         metavar="K",
         help="number of buckets for the boundaries (default: chosen from the lengths)",
     )
@@ -59,7 +70,9 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         help="summarise only the samples this SQL expression over the sample table's columns keeps, "
         "e.g. \"language = 'de' AND snr > 10\" (needs duckdb: pip install 'streambatch[filters]')",
     )
-    i.add_argument("--plot", metavar="FILE.png", help="save a length histogram (needs matplotlib)")
+    i.add_argument(
+        "--plot", type=plot_path, metavar="FILE.png", help="save a length histogram as a PNG file (needs matplotlib)"
+    )
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.add_argument(
         "--plan",
@@ -93,17 +106,6 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
     )
     add_shared(i, "shard_root")
     add_storage(i)
-
-
-def non_negative(s: str) -> int:
-    """A whole number of at least 0 (an argparse type)."""
-    try:
-        n = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {s!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {s!r}")
-    return n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -331,7 +333,7 @@ def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[
     try:
         draw(fig, list(axes[0]))
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, format="png")  # at the very name given (matplotlib adds ".png" to a bare one)
     finally:
         plt.close(fig)
     return path

@@ -10,7 +10,7 @@ from typing import Any
 from ..dataset.columns import left_out_note
 from ..dataset.describe import total_text, unit_text
 from ..dataset.limits import DEFAULT_MAX_COLUMNS
-from .args import PROG, add_engine, add_shared, add_storage, engine, positive_int, shared_keywords, size
+from .args import PROG, add_engine, add_shared, add_storage, engine, non_negative, positive_int, shared_keywords, size
 
 SOURCE_HELP = (
     "Hugging Face datasets: hf:NAME[:SPLIT] or hf:NAME:CONFIG:SPLIT (from the hub, needs a network), or "
@@ -28,7 +28,8 @@ DESCRIPTION = (
     "Audio lengths are read from file headers (an MP3 is decoded to count its frames); the original audio "
     'bytes are stored as they are. Each sample is KEY.json ({"length": N, "sample_rate", "duration", "text", '
     "other fields}) then KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing "
-    "written)."
+    "written). An output that does not fit (disk or quota full) is exit 2 naming the file; the whole shards "
+    "written before it stay, listed by no index: make room and run the same command with --resume to finish."
 )
 
 
@@ -99,7 +100,7 @@ def _add_sharding(w: argparse.ArgumentParser) -> None:
         "default 1G). A single bigger sample gets a shard of its own",
     )
     w.add_argument("--shuffle", action="store_true", help="shuffle the sample order before sharding")
-    w.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
+    w.add_argument("--seed", type=non_negative, default=0, help="seed of --shuffle (default 0)")
 
 
 def _add_run(w: argparse.ArgumentParser) -> None:

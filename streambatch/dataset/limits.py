@@ -4,8 +4,8 @@ sample's ``.json``); these bounds keep a hostile or broken one from exhausting t
 
 Each limit has a default that no real dataset comes near, and an environment variable that raises it (read
 when the limit is used, so it reaches DataLoader workers too): ``STREAMBATCH_MAX_JSON_DEPTH``,
-``STREAMBATCH_MAX_MEMBER_BYTES``, ``STREAMBATCH_MAX_LINE_BYTES``, ``STREAMBATCH_FILTER_MEMORY`` (sizes like ``16G``)
-and ``STREAMBATCH_FILTER_SECONDS``. :func:`loads` is the one
+``STREAMBATCH_MAX_MEMBER_BYTES``, ``STREAMBATCH_MAX_LINE_BYTES``, ``STREAMBATCH_MAX_LENGTH``,
+``STREAMBATCH_FILTER_MEMORY`` (sizes like ``16G``) and ``STREAMBATCH_FILTER_SECONDS``. :func:`loads` is the one
 JSON parser for untrusted text: every manifest reader, ``shardify index`` and the loader's ``.json`` members go
 through it.
 """
@@ -27,6 +27,9 @@ MAX_MEMBER_BYTES = 4 << 30
 MAX_NAME_RECORD_BYTES = 1 << 20
 #: the longest line of a JSON-lines manifest, in bytes (a gzipped one can inflate one line without end)
 MAX_LINE_BYTES = 64 << 20
+#: the largest length an index may give one sample, in its unit (2⁴⁰: 265 days of audio at 48 kHz; a shard of 2²³
+#: samples this long still sums in int64)
+MAX_LENGTH = 1 << 40
 #: metadata columns ``shardify index`` stores when ``--columns`` is not given (the first scalar fields seen)
 DEFAULT_MAX_COLUMNS = 64
 #: scalar fields kept per adopted sample to choose columns from (the first ones in the ``.json``)
@@ -41,6 +44,7 @@ FILTER_SECONDS = 60.0
 _DEPTH_ENV = "STREAMBATCH_MAX_JSON_DEPTH"
 _MEMBER_ENV = "STREAMBATCH_MAX_MEMBER_BYTES"
 _LINE_ENV = "STREAMBATCH_MAX_LINE_BYTES"
+LENGTH_ENV = "STREAMBATCH_MAX_LENGTH"
 FILTER_MEMORY_ENV = "STREAMBATCH_FILTER_MEMORY"
 FILTER_SECONDS_ENV = "STREAMBATCH_FILTER_SECONDS"
 
@@ -57,7 +61,7 @@ def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    from .storage import parse_bytes
+    from ..units import parse_bytes
 
     try:
         value = parse_bytes(text, name)
@@ -81,6 +85,11 @@ def max_member_bytes() -> int:
 def max_line_bytes() -> int:
     """The longest manifest line read: :data:`MAX_LINE_BYTES`, or ``STREAMBATCH_MAX_LINE_BYTES``."""
     return _env_int(_LINE_ENV, MAX_LINE_BYTES)
+
+
+def max_length() -> int:
+    """The largest length an index may give a sample: :data:`MAX_LENGTH`, or ``STREAMBATCH_MAX_LENGTH``."""
+    return _env_int(LENGTH_ENV, MAX_LENGTH)
 
 
 def filter_memory() -> int:

@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from ..errors import OptionError, number_option
+from ..errors import IndexFormatError, OptionError, number_option
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
@@ -47,10 +47,10 @@ def mixture_sources(source: Any, weights: Any = None, shard_roots: Sequence[str]
         items = [(_name(str(u)), str(u)) for u in source]
     elif isinstance(source, str) and _is_mixture_file(source):
         if weights is not None:
-            raise ValueError(f"{source}: a mixture file holds its weights; do not pass weights= as well")
+            raise OptionError(f"{source}: a mixture file holds its weights; do not pass weights= as well")
         return load_mixture(source, shard_roots)
     elif weights is not None:
-        raise ValueError("weights= needs several datasets: a {name: folder} mapping or a list of folders")
+        raise OptionError("weights= needs several datasets: a {name: folder} mapping or a list of folders")
     else:
         return None
     return _sources(items, weights)
@@ -61,7 +61,7 @@ def _sources(items: list[tuple[str, str]], weights: Any) -> list[Source]:
     names = [n for n, _ in items]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(
+        raise OptionError(
             f"dataset names must differ; {', '.join(dup)} appears more than once (use a {{name: folder}} mapping)"
         )
     w = weights_by_name(weights, names)
@@ -104,8 +104,9 @@ def _is_mixture_file(source: str) -> bool:
 
 def _read_spec(url: str) -> dict:
     with storage.open_url(url, "rb") as f:
-        text = f.read().decode("utf-8")
+        data = f.read()
     try:
+        text = data.decode("utf-8")
         if url.endswith(MIXTURE_SUFFIXES):
             import yaml
 
@@ -113,7 +114,8 @@ def _read_spec(url: str) -> dict:
         else:
             spec = json.loads(text)
     except Exception as e:  # noqa: BLE001 - any parse error is the file's problem, said in one line
-        raise ValueError(f"{url}: not a readable mixture file ({type(e).__name__}: {e})") from None
+        said = " ".join(str(e).split())  # a YAML error spans lines: one line here
+        raise IndexFormatError(f"{url}: not a readable mixture file ({type(e).__name__}: {said})") from None
     return spec if isinstance(spec, dict) else {}
 
 
@@ -126,13 +128,13 @@ def load_mixture(url: str, shard_roots: Sequence[str] = ()) -> list[Source]:
     if isinstance(spec, Mapping):
         spec = [{"name": k, **(v if isinstance(v, Mapping) else {"path": v})} for k, v in spec.items()]
     if not isinstance(spec, list) or not spec:
-        raise ValueError(f"{url}: a mixture file needs a non-empty 'datasets' list or mapping")
+        raise IndexFormatError(f"{url}: a mixture file needs a non-empty 'datasets' list or mapping")
     base = storage.parent_url(url)
     roots = Roots(base or ".", shard_roots, url)
     out = []
     for i, d in enumerate(spec):
         if not isinstance(d, Mapping) or "path" not in d:
-            raise ValueError(f"{url}: dataset {i + 1} needs a 'path'")
+            raise IndexFormatError(f"{url}: dataset {i + 1} needs a 'path'")
         path = str(d["path"])
         if "://" not in path and not os.path.isabs(path):
             path = storage.join_url(base, path)
@@ -359,7 +361,7 @@ def _check_units(sources: Sequence[Source], indexes: Sequence[ShardIndex]) -> No
     a, ia = sources[0], indexes[0]
     for s, ix in zip(sources[1:], indexes[1:]):
         if (ix.unit, ix.sample_rate) != (ia.unit, ia.sample_rate):
-            raise ValueError(
+            raise IndexFormatError(
                 f"datasets {a.name!r} ({ia.unit}" + (f" @ {ia.sample_rate} Hz" if ia.sample_rate else "") + f") and "
                 f"{s.name!r} ({ix.unit}" + (f" @ {ix.sample_rate} Hz" if ix.sample_rate else "") + ") have different "
                 "length units: a mixture's lengths must be comparable (write them with the same unit and rate)"

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import functools
 import io
-import math
 import os
 import posixpath
-import re
 import shutil
 import threading
 import uuid
@@ -20,7 +18,7 @@ from typing import IO, Any, TypeVar
 
 import fsspec
 
-from ..errors import MissingCredentials, OptionError
+from ..errors import MissingCredentials, UnknownStorage
 from . import s3_direct
 
 
@@ -46,31 +44,27 @@ def parent_url(url: str) -> str:
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path inside it."""
+    filesystem_class(url)
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return fs, path
 
 
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*", re.I)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+def filesystem_class(url: str) -> type[fsspec.AbstractFileSystem]:
+    """fsspec's filesystem class for ``url``'s scheme (the outermost, in a chained ``a::b://...`` URL, each of whose
+    schemes is checked); a scheme fsspec does not know, or whose back-end is not installed, is an
+    :class:`UnknownStorage` naming the URL."""
+    *outer, last = url.split("::")
+    classes = [_scheme_class(url, p) for p in [*outer, fsspec.core.split_protocol(last)[0] or "file"]]
+    return classes[0]
 
 
-def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
-    """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed. A number
-    must be whole (``64e6`` is, ``1.5`` is not); anything else is an :class:`OptionError` naming ``what``."""
-    if size is None:
-        return None
-    if isinstance(size, (int, float)) and not isinstance(size, bool):
-        if isinstance(size, float) and not (math.isfinite(size) and float(size).is_integer()):
-            raise OptionError(f"{what} must be a whole number of bytes or a size like 64M, got {size!r}")
-        n = int(size)
-    else:
-        m = _SIZE.fullmatch(str(size))
-        if not m:
-            raise OptionError(f"{what}: cannot read {size!r} as a size; write e.g. 64M, 8MiB, 2G or a number of bytes")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n < 0:
-        raise OptionError(f"{what} must not be negative, got {size!r}")
-    return n
+def _scheme_class(url: str, protocol: str) -> type[fsspec.AbstractFileSystem]:
+    try:
+        return fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise UnknownStorage(f"{url}: unknown storage scheme {protocol!r} (no fsspec back-end has it)") from None
+    except ImportError as e:  # a known scheme whose package is missing: fsspec says which to install
+        raise UnknownStorage(f"{url}: {protocol}:// storage needs a package that is not installed ({e})") from None
 
 
 # ---- filesystems for reading shards ----------------------------------------------------------------
@@ -96,7 +90,7 @@ def reading_filesystem(
         fs, path = fsspec.core.url_to_fs(url, **opts)
         return fs, path
     protocol = fsspec.core.split_protocol(url)[0] or "file"
-    cls = fsspec.get_filesystem_class(protocol)
+    cls = filesystem_class(url)
     path = cls._strip_protocol(url)
     key = (os.getpid(), protocol, repr(sorted(opts.items(), key=lambda kv: kv[0])), timeout, _aws_env())
     with _READ_FS_LOCK:
@@ -465,10 +459,14 @@ class AtomicWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.publish()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.publish()
+        except BaseException:  # no room to finish, a folder in the way: nothing is left under either name
+            self.abort()
+            raise
 
 
 def put_file_atomic(local_src: str, url: str, storage_options: dict | None = None) -> None:

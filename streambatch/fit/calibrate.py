@@ -15,19 +15,23 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError, int_option, number_option, output_fits
 from ..plan.cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
-from ..units import Unit
-from .memory import CalibrationError, DeviceMeasure, Trial, device_measure
+from ..units import Unit, parse_bytes
+from .memory import CalibrationError, DeviceMeasure, Trial, device_measure, resolve_device
 from .search import QUADRATIC_THRESHOLD, budget_from_fit, fit_memory_model, predict_max_batch, search_max_batch
 
 log = logging.getLogger("streambatch.calibrate")
 
 CALIBRATION_VERSION = 1
+
+#: the largest ``max_batch_size``: batch sizes are counted in 32-bit integers by many kernels
+MAX_BATCH_SIZE = 2**31 - 1
 
 
 # ---- synthetic batches --------------------------------------------------------------------------------
@@ -109,12 +113,99 @@ def _probes(
     sample_rate = sample_rate or ds_rate
     if lengths is None:
         if ds_lengths is None:
-            raise ValueError("calibrate needs a dataset (source) or probe lengths")
+            raise OptionError("calibrate needs a dataset (source) or probe lengths")
         lengths = probe_lengths(ds_lengths, integer=unit.whole)
-    probes = sorted({float(x) for x in lengths if x > 0}, reverse=True)
-    if not probes:
-        raise ValueError("no positive probe lengths")
-    return probes, unit, sample_rate
+    return sorted(set(lengths), reverse=True), unit, sample_rate
+
+
+# ---- the options, checked before anything runs ---------------------------------------------------------
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What a calibration measures and writes, every option checked (:func:`calibration_options`): the probe
+    lengths (longest first), the unit and sample rate, the ``torch.device``, the memory limit in bytes (None:
+    ``memory_fraction`` of the memory), the search's cap and precision, the budget's margin and the output."""
+
+    probes: list[float]
+    unit: Unit
+    sample_rate: int | None
+    device: Any
+    memory_limit: int | None
+    memory_fraction: float
+    max_batch_size: int
+    rel_tol: float
+    margin: float
+    out: str | None
+
+
+def calibration_options(
+    source: Any = None,
+    *,
+    device: Any = "cpu",
+    memory_fraction: float = 0.9,
+    memory_limit: int | str | None = None,
+    lengths: Sequence[float] | None = None,
+    max_batch_size: int = 4096,
+    unit: Unit | str | None = None,
+    sample_rate: int | None = None,
+    out: str | os.PathLike | None = None,
+    rel_tol: float = 0.01,
+    margin: float = 0.02,
+    flag: Callable[[str], str] = str,
+) -> CalibrationOptions:
+    """:func:`calibrate`'s options checked, before any step runs (arguments as there): an :class:`OptionError`
+    names the first bad one as ``flag(keyword)`` (the CLI passes its ``--option`` names); the dataset's index
+    is read last (its errors: ``FileNotFoundError``, ``IndexFormatError``). The ranges: ``memory_fraction``
+    in (0, 1], ``memory_limit`` above 0 bytes, ``max_batch_size`` from 1 to :data:`MAX_BATCH_SIZE`,
+    ``rel_tol`` in [0, 0.5) (0: exact to one sample), ``margin`` in [0, 1), lengths finite and positive."""
+    fraction = _number_in(flag("memory_fraction"), memory_fraction, 0, 1, closed=(False, True))
+    limit = parse_bytes(memory_limit, flag("memory_limit"))
+    if limit == 0:
+        raise OptionError(f"{flag('memory_limit')} must be more than 0 bytes, got {memory_limit!r}")
+    cap = int_option(flag("max_batch_size"), max_batch_size, 1, MAX_BATCH_SIZE)
+    tol = _number_in(flag("rel_tol"), rel_tol, 0, 0.5, closed=(True, False))
+    margin = _number_in(flag("margin"), margin, 0, 1, closed=(True, False))
+    if lengths is not None:
+        lengths = [number_option(flag("lengths"), x, positive=True) for x in lengths]
+        if not lengths:
+            raise OptionError(f"{flag('lengths')} names no length")
+    dev = resolve_device(device, flag("device"))
+    target = check_output(out, flag("out"))
+    probes, unit, rate = _probes(source, lengths, unit, sample_rate)
+    return CalibrationOptions(probes, unit, rate, dev, limit, fraction, cap, tol, margin, target)
+
+
+def _number_in(name: str, value: Any, low: float, high: float, closed: tuple[bool, bool]) -> float:
+    """``value`` once it is a finite number from ``low`` to ``high`` (each end included when ``closed``)."""
+    x = number_option(name, value)
+    if not ((low <= x if closed[0] else low < x) and (x <= high if closed[1] else x < high)):
+        interval = f"{'[' if closed[0] else '('}{low:g}, {high:g}{']' if closed[1] else ')'}"
+        raise OptionError(f"{name} must be in {interval}, got {value!r}")
+    return x
+
+
+def check_output(out: str | os.PathLike | None, name: str = "out") -> str | None:
+    """``out`` as a path or URL once a file can be written there: a local one must not be a folder nor lie
+    under a file, and its nearest existing folder must be writable; else an :class:`OptionError`."""
+    if out is None:
+        return None
+    from ..dataset.storage import is_local, local_path
+
+    url = os.fspath(out)
+    if not is_local(url):
+        return url
+    path = local_path(url)
+    if not path:
+        raise OptionError(f"{name} is empty: name the JSON file to write")
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise OptionError(f"{name} {url!r} is a folder: name the JSON file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OptionError(f"{name} {url!r}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionError(f"{name} {url!r}: cannot write in {folder} (permission denied)")
+    return url
 
 
 # ---- the steps of a calibration -----------------------------------------------------------------------
@@ -222,41 +313,86 @@ def calibrate(
     ``cpu_threads``: torch threads in the CPU trials; by default unchanged when this process has a single
     thread, else 1 — OpenMP (torch's CPU thread pool) hangs in a forked child once the parent has used it,
     so CPU trials of a process that already ran parallel torch code are single-threaded (the per-thread
-    scratch memory of multi-threaded kernels is then not measured). Returns the calibration as a dict
-    (what ``out`` receives).
+    scratch memory of multi-threaded kernels is then not measured). Every option is checked before the first
+    trial (:func:`calibration_options`, which gives the ranges), ``out`` included. Returns the calibration as a
+    dict (what ``out`` receives).
     """
-    probes, unit, sample_rate = _probes(source, lengths, unit, sample_rate)
+    options = calibration_options(
+        source,
+        device=device,
+        memory_fraction=memory_fraction,
+        memory_limit=memory_limit,
+        lengths=lengths,
+        max_batch_size=max_batch_size,
+        unit=unit,
+        sample_rate=sample_rate,
+        out=out,
+        rel_tol=rel_tol,
+        margin=margin,
+    )
+    result = measure_and_fit(
+        step_fn,
+        options,
+        make_batch=make_batch,
+        warmup=warmup,
+        trial_timeout=trial_timeout,
+        quadratic_threshold=quadratic_threshold,
+        cpu_threads=cpu_threads,
+    )
+    if options.out is not None:
+        write_calibration(result, options.out)
+    return result
+
+
+def measure_and_fit(
+    step_fn: Callable[[Any], Any],
+    options: CalibrationOptions,
+    *,
+    make_batch: Callable[[int, float], Any] | None = None,
+    warmup: bool = True,
+    trial_timeout: float | None = 600.0,
+    quadratic_threshold: float = QUADRATIC_THRESHOLD,
+    cpu_threads: int | None = None,
+) -> dict[str, Any]:
+    """:func:`calibrate` once its ``options`` are checked (:func:`calibration_options`): run the trials, fit
+    the model and return the calibration; ``options.out`` is not written (:func:`write_calibration` does)."""
+    o = options
     setup = device_measure(
         step_fn,
-        make_batch or default_make_batch(unit, sample_rate),
-        device,
-        memory_limit,
-        memory_fraction=memory_fraction,
+        make_batch or default_make_batch(o.unit, o.sample_rate),
+        o.device,
+        o.memory_limit,
+        memory_fraction=o.memory_fraction,
         trial_timeout=trial_timeout,
         cpu_threads=cpu_threads,
-        warmup_length=min(probes) if warmup else None,
+        warmup_length=min(o.probes) if warmup else None,
     )
     t0 = time.perf_counter()
-    trials, per_length = _search_lengths(setup.measure, probes, setup.limit, max_batch_size, rel_tol)
+    trials, per_length = _search_lengths(setup.measure, o.probes, setup.limit, o.max_batch_size, o.rel_tol)
     fit = fit_memory_model(trials, setup.limit)
     model = budget_from_fit(
         fit,
         setup.limit,
-        max(probes),
+        max(o.probes),
         per_length,
-        margin=margin,
+        margin=o.margin,
         quadratic_threshold=quadratic_threshold,
-        integer=unit.whole,
+        integer=o.unit.whole,
     )
-    _add_admitted(per_length, fit, model, setup.limit, max_batch_size)
-    result = _record(model, fit, trials, per_length, setup, unit, sample_rate, max_batch_size, margin)
-    result["memory_fraction"] = memory_fraction if memory_limit is None else None
+    _add_admitted(per_length, fit, model, setup.limit, o.max_batch_size)
+    result = _record(model, fit, trials, per_length, setup, o.unit, o.sample_rate, o.max_batch_size, o.margin)
+    result["memory_fraction"] = o.memory_fraction if o.memory_limit is None else None
     result["seconds"] = round(time.perf_counter() - t0, 3)
-    if out is not None:
-        from ..dataset.storage import write_bytes_atomic
-
-        write_bytes_atomic(os.fspath(out), (json.dumps(result, indent=1) + "\n").encode())
     return result
+
+
+def write_calibration(result: dict[str, Any], out: str) -> None:
+    """Write the calibration JSON to ``out`` (a path or URL) whole or not at all; a disk or quota that is full
+    is an :class:`~streambatch.errors.OutputError` naming ``out``."""
+    from ..dataset.storage import write_bytes_atomic
+
+    with output_fits(out, "the calibration"):
+        write_bytes_atomic(out, (json.dumps(result, indent=1) + "\n").encode())
 
 
 def _record(

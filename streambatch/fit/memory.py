@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CalibrationError
+from ..errors import CalibrationError, OptionError
 
 log = logging.getLogger("streambatch.calibrate")
 
@@ -335,19 +335,33 @@ class DeviceMeasure:
     cpu_threads: int | None = None
 
 
-def _resolve_device(device: Any):
+def resolve_device(device: Any, name: str = "device") -> Any:
+    """``device`` as the ``torch.device`` calibration runs on: the CPU or a CUDA device this machine has
+    (``cuda``: the current one); anything else is an :class:`OptionError` naming ``name`` and the value."""
     import torch
 
-    dev = torch.device(device) if not isinstance(device, torch.device) else device
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    try:
+        dev = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise OptionError(f"{name} {device!r} is not a device: use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise OptionError(f"{name} {device!r}: calibration runs on cpu or cuda devices")
+    if not torch.cuda.is_available():
+        raise OptionError(f"{name} {device!r}: CUDA is not available on this machine")
+    if dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    count = torch.cuda.device_count()
+    if dev.index >= count:
+        raise OptionError(f"{name} {device!r}: this machine has {count} CUDA device{'s' if count != 1 else ''}")
     return dev
 
 
 def device_measure(
     step_fn: Callable[[Any], Any],
     make_batch: Callable[[int, float], Any],
-    device: Any,
+    dev: Any,
     memory_limit: int | str | None,
     *,
     memory_fraction: float,
@@ -355,14 +369,14 @@ def device_measure(
     cpu_threads: int | None,
     warmup_length: float | None,
 ) -> DeviceMeasure:
-    """The measurer for ``device`` and the limit its trials must fit in (see :func:`calibrate`).
+    """The measurer for ``dev`` (a ``torch.device`` :func:`resolve_device` checked) and the limit its trials must
+    fit in (see :func:`calibrate`).
 
     On CUDA one warm-up step at ``warmup_length`` (when not None) runs first: cuBLAS workspaces, lazily
     created optimizer state. On CPU, ``cpu_threads`` defaults to 1 once this process has other threads.
     """
-    from ..dataset.storage import parse_bytes
+    from ..units import parse_bytes
 
-    dev = _resolve_device(device)
     given = parse_bytes(memory_limit, "memory_limit")
     if dev.type == "cuda":
         import torch
@@ -374,8 +388,6 @@ def device_measure(
         if warmup_length is not None:
             measure(1, warmup_length)
         return DeviceMeasure(measure, limit, device_name)
-    if dev.type != "cpu":
-        raise ValueError(f"calibrate runs on 'cpu' or 'cuda' devices, not {dev}")
     avail = available_memory()
     limit = float(given if given is not None else memory_fraction * avail)
     if given is None:

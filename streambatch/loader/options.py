@@ -32,6 +32,7 @@ from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
+from ..units import parse_bytes
 from .mesh import check_data_parallel
 
 #: what the loader plans from: one dataset's index, or a mixture's datasets as one
@@ -150,7 +151,7 @@ class RunOptions:
             bool_option(name, getattr(self, name))
         if self.max_plan_bytes is None:
             raise OptionError("max_plan_bytes must be a size like 64G or a number of bytes, got None")
-        object.__setattr__(self, "max_plan_bytes", storage.parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
+        object.__setattr__(self, "max_plan_bytes", parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
         if self.worker_init_fn is not None and not callable(self.worker_init_fn):
             raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
 

@@ -9,6 +9,10 @@ import numpy as np
 from ..units import Unit
 from .stats import LengthStats
 
+#: the most buckets :func:`estimate_boundaries` is asked for: its boundaries snap to the batch capacity thresholds
+#: ``budget / k``, of which it weighs 4,097 (more buckets than that cannot be told apart)
+MAX_BUCKETS = 4096
+
 
 def estimate_boundaries(
     lengths: np.ndarray | LengthStats, budget: float, num_buckets: int | None = None, spacing: str = "quantile"
@@ -37,7 +41,7 @@ def estimate_boundaries(
     if num_buckets == 1:
         return np.zeros(0)
     # Candidate edges: capacity thresholds budget/k inside the data range (at most a few thousand).
-    ks = np.arange(kmin, min(kmax, kmin + 4096) + 1, dtype=np.float64)
+    ks = np.arange(kmin, min(kmax, kmin + MAX_BUCKETS) + 1, dtype=np.float64)
     edges = np.sort(budget / ks)
     edges = edges[(edges > lo) & (edges < hi)]
     # Equal-count targets; snap each to the capacity threshold just above it, so buckets stay whole classes.

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import OptionError, bool_option, choice_option, int_option, number_option
-from .buckets import DEFAULT_BUFFER, default_buffer_size, estimate_boundaries
+from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
@@ -145,10 +145,11 @@ class BatchingConfig:
         **options: Any,
     ) -> BatchingConfig:
         """A config from user-facing options: ``cost`` by name, callable or calibration file (whose budget
-        is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries estimated from
-        ``lengths``, spaced by ``bucket_spacing`` (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window
-        is sized from the mean length (``mean_length``, else that of ``lengths``) and the mean stored bytes of a
-        sample (``sample_bytes``, where known): :func:`default_buffer_size`. ``options`` are the other fields;
+        is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries (1 to
+        :data:`~streambatch.plan.buckets.MAX_BUCKETS`) estimated from ``lengths``, spaced by ``bucket_spacing``
+        (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window is sized from the mean length
+        (``mean_length``, else that of ``lengths``) and the mean stored bytes of a sample (``sample_bytes``,
+        where known): :func:`default_buffer_size`. ``options`` are the other fields;
         an unknown name is a clear ``TypeError``."""
         unknown = sorted(set(options) - set(FIELDS))
         if unknown:
@@ -160,7 +161,7 @@ class BatchingConfig:
             budget = calibrated
         budget = parse_budget(budget)  # a number; a string without the dataset's unit only as a plain number
         choice_option("bucket_spacing", bucket_spacing, BUCKET_SPACINGS)
-        _optional(int_option, "num_buckets", num_buckets, 1)
+        _optional(int_option, "num_buckets", num_buckets, 1, MAX_BUCKETS)
         if bucket_spacing != "quantile" and not num_buckets:
             raise ValueError(
                 f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..dataset.members import PLAIN, ShardMembers
-from ..dataset.storage import parse_bytes
 from ..dataset.tar import group_samples, iter_members
 from ..dataset.trust import shard_roots_option
 from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
 from ..plan.shards import Piece
+from ..units import parse_bytes
 from .faults import ChecksumMismatch, FaultLog, ShardFault, bad_sample
 from .fetch import Fetcher, Job
 from .retry import RetryPolicy

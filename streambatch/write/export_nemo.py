@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.members import SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import group_samples, iter_members
-from ..errors import ShardifyError
+from ..errors import ShardifyError, output_fits
 from .lock import holds_lock, is_lock_file
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
@@ -114,36 +115,71 @@ def export_nemo(
         raise ShardifyError("--links makes symbolic links: the dataset and --out must both be local folders")
     writers: list[storage.AtomicWriter] = []
     try:
-        whole = storage.AtomicWriter(result.manifest, storage_options)
-        writers.append(whole)
-        for shard, url in _shards(urls, progress):
-            part = storage.AtomicWriter(
-                storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options
-            )
-            writers.append(part)
-            for entry in shard_entries(index, shard, url, storage_options, empty_text, result):
-                line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
-                whole.file.write(line)
-                part.file.write(line)
-            part.finish()
-        paths = (json.dumps(tars, indent=1) + "\n").encode("utf-8")
-        writers.append(storage.AtomicWriter(storage.join_url(out, PATHS_NAME), storage_options))
-        writers[-1].file.write(paths)
-        for w in writers:
-            w.finish()
+        _write_manifests(index, urls, out, result, writers, storage_options, empty_text, progress)
         if links:
             result.links = _make_links(where, tars, overwrite)
     except BaseException:
-        for w in writers:
-            w.abort()
-        if storage.is_local(out):
-            with contextlib.suppress(OSError):  # only when empty: the folder this run made
-                os.rmdir(os.path.join(storage.local_path(out), SHARDED_DIR))
+        _abort(writers, out)
         raise
     for w in writers[1:] + writers[:1]:  # the whole manifest last: it says the export is complete
         w.publish()
     _remove_stale(out, len(urls), storage_options, links)
     return result
+
+
+def _write_manifests(
+    index: ShardIndex,
+    urls: list[str],
+    out: str,
+    result: NemoExport,
+    writers: list[storage.AtomicWriter],
+    storage_options: dict | None,
+    empty_text: bool,
+    progress: bool,
+) -> None:
+    """Write every manifest under a temporary name, reading each tar (``urls``) once: finished, not yet published
+    (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away)."""
+    whole = _opened(result.manifest, storage_options, writers)
+    for shard, url in _shards(urls, progress):
+        part = _opened(storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options, writers)
+        for entry in shard_entries(index, shard, url, storage_options, empty_text, result):
+            line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+            _written(whole, line)
+            _written(part, line)
+        _written(part, b"", finish=True)
+    paths = _opened(storage.join_url(out, PATHS_NAME), storage_options, writers)
+    _written(paths, (json.dumps(result.tar_paths, indent=1) + "\n").encode("utf-8"), finish=True)
+    _written(whole, b"", finish=True)
+
+
+#: what an output that does not fit says it was writing (:func:`~streambatch.errors.output_fits`)
+_WRITING = "NeMo's manifests (none of them is kept)"
+
+
+def _opened(url: str, storage_options: dict | None, writers: list[storage.AtomicWriter]) -> storage.AtomicWriter:
+    """A new manifest writer for ``url``, appended to ``writers``; no space for it names ``url``."""
+    with output_fits(url, _WRITING):
+        w = storage.AtomicWriter(url, storage_options)
+    writers.append(w)
+    return w
+
+
+def _written(w: storage.AtomicWriter, data: bytes, finish: bool = False) -> None:
+    """Append ``data`` to the manifest ``w`` (then flush and sync it with ``finish``); no space names its file."""
+    with output_fits(w.url, _WRITING):
+        if data:
+            w.file.write(data)
+        if finish:
+            w.finish()
+
+
+def _abort(writers: list[storage.AtomicWriter], out: str) -> None:
+    """After an error: throw every manifest away, and the ``sharded_manifests`` folder if this run made it (empty)."""
+    for w in writers:
+        w.abort()
+    if storage.is_local(out):
+        with contextlib.suppress(OSError):  # only when empty: the folder this run made
+            os.rmdir(os.path.join(storage.local_path(out), SHARDED_DIR))
 
 
 def _absolute(url: str) -> str:
@@ -276,12 +312,17 @@ def _check_out(out: str, storage_options: dict | None, overwrite: bool) -> None:
 
 def _make_links(out: str, urls: list[str], overwrite: bool) -> str:
     """``out/audio/audio_N.tar`` -> tar ``N`` (symbolic links, made in a temporary folder then renamed into place):
-    the names NeMo's lhotse loader takes shard ids from."""
+    the names NeMo's lhotse loader takes shard ids from. No space for them names the folder, and leaves none."""
     final = os.path.join(storage.local_path(out), LINKS_DIR)
     tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
-    os.makedirs(tmp)
-    for i, u in enumerate(urls):
-        os.symlink(os.path.abspath(storage.local_path(u)), os.path.join(tmp, LINK_NAME.format(i)))
+    try:
+        with output_fits(final, "the links to the tars (no manifest and no link is kept)"):
+            os.makedirs(tmp)
+            for i, u in enumerate(urls):
+                os.symlink(os.path.abspath(storage.local_path(u)), os.path.join(tmp, LINK_NAME.format(i)))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if overwrite and os.path.isdir(final):
         old = f"{final}.old-{uuid.uuid4().hex[:8]}"
         os.replace(final, old)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dataset import storage
+from ..dataset.columnar import table_names
 from ..dataset.columnar_write import source_date_epoch
 from ..dataset.columns import ColumnError, merged_columns
 from ..dataset.format import (
@@ -29,7 +30,7 @@ from ..dataset.format import (
     PART_SHARD_NAME,
     SHARD_NAME,
 )
-from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
+from ..dataset.index import INDEX_NAME, VERSION, ShardIndex, ShardInfo
 from ..errors import ShardifyError, output_fits
 from ..units import Unit
 from .lock import holds_lock, is_lock_file
@@ -232,6 +233,24 @@ def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict
         remove_quiet(url, storage_options)
 
 
+def save_index(index: ShardIndex, url: str, storage_options: dict | None, version: int = VERSION) -> None:
+    """``index.save`` to ``url``. When that fails (no space for its tables or its header), nothing of this save is
+    left in a local folder: not the tables it published, not an empty sample-table folder, not a temporary file
+    (tables there before it stay)."""
+    if not storage.is_local(url):
+        index.save(url, storage_options, version=version)
+        return
+    folder, name = os.path.split(storage.local_path(url))
+    made = [m for m in (name, *table_names(name)) if not os.path.lexists(os.path.join(folder, m))]
+    try:
+        index.save(url, storage_options, version=version)
+    except BaseException:
+        if name not in made or not os.path.exists(os.path.join(folder, name)):  # else: written whole, then stopped
+            for m in made + fnmatch.filter(os.listdir(folder or "."), f"{name}.tmp-*"):
+                remove_quiet(os.path.join(folder, m), None)
+        raise
+
+
 def utc_now() -> str:
     """The ``created`` time of an index: UTC, to the second (``SOURCE_DATE_EPOCH`` when set: reproducible output)."""
     epoch, utc = source_date_epoch(), datetime.timezone.utc
@@ -279,7 +298,7 @@ def merge_parts(
         storage_options,
         remove_stale=True,
     )
-    merged.save(storage.join_url(out, INDEX_NAME), storage_options)
+    save_index(merged, storage.join_url(out, INDEX_NAME), storage_options)
     return merged
 
 
@@ -303,8 +322,45 @@ def _load_parts(
             raise ShardifyError(f"{url}: {e}") from None
         if not isinstance(ix.meta.get("part"), dict):
             raise ShardifyError(f"{url} is not a part index (written by `shardify write --part I/N`)")
+        _check_part_fields(url, ix.meta["part"])
         loaded.append((url, ix))
     return loaded
+
+
+def _is_whole(value: Any, low: int, high: int | None = None) -> bool:
+    """Whether ``value`` is an int (not a bool) from ``low`` to ``high`` (no upper bound when None)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high)
+
+
+def _part_field_problem(url: str, pm: dict[str, Any]) -> tuple[str, str] | None:
+    """The first field of a part index's ``meta.part`` that is not as ``write --part`` writes it (of the wrong type,
+    out of range, a part number other than its file name's): (field, what it should be); None when all are."""
+    count: Any = pm.get("count")
+    index, num, span = pm.get("index"), pm.get("num_records"), pm.get("records")
+    named = _PART_FILE_RE.match(url.rstrip("/").rsplit("/", 1)[-1])
+    if not _is_whole(count, 1):
+        return "count", "a whole number of parts, at least 1"
+    if not _is_whole(index, 0, count - 1):
+        return "index", f"a whole number from 0 to {count - 1} (part I of N = {count}, counted from 0)"
+    if named is not None and named.group(2) is not None and int(named.group(2)) != index:
+        return "index", f"{int(named.group(2))}, the part its file is named for"
+    if not _is_whole(num, 0):
+        return "num_records", "a whole number of records, at least 0"
+    if not (isinstance(span, list) and len(span) == 2 and _is_whole(span[0], 0, num) and _is_whole(span[1], 0, num)):
+        return "records", f"[first, end]: two whole numbers from 0 to num_records ({num})"
+    return None
+
+
+def _check_part_fields(url: str, pm: dict[str, Any]) -> None:
+    """Refuse a part index whose ``meta.part`` is malformed, naming the file and the field."""
+    problem = _part_field_problem(url, pm)
+    if problem is not None:
+        field, expected = problem
+        got = f"is {pm[field]!r}" if field in pm else "is missing"
+        raise ShardifyError(
+            f"{url}: malformed part index: meta.part.{field} {got}, expected {expected}; "
+            "write that part again with `shardify write SRC OUT --part I/N --overwrite`"
+        )
 
 
 def _all_parts(out: str, loaded: list[tuple[str, ShardIndex]]) -> list[tuple[str, ShardIndex]]:

@@ -10,8 +10,11 @@ JSON that does not parse, a ``{data_root}`` placeholder without ``data_root``) r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+import re
+from collections.abc import Generator
 from typing import Any
 
 from ..dataset import limits
@@ -33,6 +36,8 @@ from .records import (
 )
 
 KINDS = ("folder", "manifest", "speechbrain", "text", "hf", "lhotse", "kaldi")
+#: how a JSON document's first line starts: ``[``, or ``{`` alone or followed by a first key whose value is an object
+_DOCUMENT_START = re.compile(r'\[|\{\s*(?:"(?:[^"\\]|\\.)*"\s*:\s*)?(?:\{|$)')
 
 
 def detect_kind(src: str) -> str:
@@ -65,23 +70,65 @@ def detect_kind(src: str) -> str:
 
 
 def _first_json_line(src: str) -> Any:
+    """The first JSON value of a JSON-lines file: its first non-empty line's or, when that line is malformed, the
+    first later line's that parses (the malformed one is reported as a bad line when the file is read). None when
+    the first line opens a JSON document instead (:func:`_opens_document`). A malformed first line and no line that
+    parses is an error naming the first line."""
+    with contextlib.closing(_text_lines(src)) as lines:
+        n, line = next(lines, (0, ""))
+        if not n:
+            raise ShardifyError(f"{src}: the file is empty")
+        try:
+            return limits.loads(line)
+        except ValueError as e:  # not JSON, or over a limit
+            if _opens_document(src, line):
+                return None
+            problem = getattr(e, "msg", str(e))
+        for _, later in lines:
+            with contextlib.suppress(ValueError):
+                return limits.loads(later)
+    raise ShardifyError(
+        f"{src}:{n}: not a valid JSON line ({problem}); a JSON-lines manifest (NeMo style) holds one JSON object "
+        "per line"
+    )
+
+
+def _text_lines(src: str) -> Generator[tuple[int, str], None, None]:
+    """The non-empty lines of ``src`` (stripped) with their numbers. The first one too long or not UTF-8 is an
+    error; such a line later is passed over (reading the file reports it)."""
     with open_lines(src) as f:
+        first = True
         for n, raw in numbered_lines(f):
-            if raw is None:
-                raise ShardifyError(f"{src}:{n}: {limits.line_too_long(limits.max_line_bytes())}")
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as e:
-                raise ShardifyError(
-                    f"{src}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                    "manifests must be UTF-8 (re-save it as UTF-8, e.g. with iconv)"
-                ) from None
+            line, problem = _decoded(raw)
+            if problem is not None:
+                if first:
+                    raise ShardifyError(f"{src}:{n}: {problem}")
+                continue
             if line:
-                try:
-                    return limits.loads(line)
-                except ValueError:  # not JSON, or over a limit: not a JSON-lines manifest by its first line
-                    return None
-    raise ShardifyError(f"{src}: the file is empty")
+                first = False
+                yield n, line
+
+
+def _decoded(raw: bytes | None) -> tuple[str, str | None]:
+    """A line as stripped text, or what keeps it from being one (too long, not UTF-8)."""
+    if raw is None:
+        return "", limits.line_too_long(limits.max_line_bytes())
+    try:
+        return raw.decode("utf-8").strip(), None
+    except UnicodeDecodeError as e:
+        return "", (
+            f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+            "manifests must be UTF-8 (re-save it as UTF-8, e.g. with iconv)"
+        )
+
+
+def _opens_document(src: str, line: str) -> bool:
+    """Whether a first line that is not JSON by itself opens a JSON document (``[``, ``{`` alone or ``{"id": {``:
+    a pretty-printed or one-line SpeechBrain manifest) rather than being a malformed JSON line (``{"audio_filepath":
+    "a.wav", ...`` cut short). A file named ``.jsonl`` or ``.ndjson`` holds JSON lines."""
+    if src.lower().removesuffix(".gz").endswith((".jsonl", ".ndjson")):
+        return False
+    return _DOCUMENT_START.match(line) is not None
 
 
 # ---- reading -----------------------------------------------------------------------------------

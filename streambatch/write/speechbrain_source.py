@@ -71,7 +71,8 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
         return line
 
     def fail(pos: int, msg: str) -> ShardifyError:
-        return ShardifyError(f"{source}:{line_at(pos)}: not a valid SpeechBrain JSON manifest ({msg})")
+        at = min(pos, len(text.rstrip()))  # a document cut short: its last line, not the empty one after it
+        return ShardifyError(f"{source}:{line_at(at)}: not a valid SpeechBrain JSON manifest ({msg})")
 
     def decode(at: int) -> tuple[Any, int]:
         """The JSON value at ``at`` and where it ends, under the depth limit."""

@@ -9,9 +9,10 @@ last. Parts, ``--resume`` and what OUT may hold are in ``parts.py``; ``verify.py
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,8 @@ from tqdm import tqdm
 from ..dataset import storage
 from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
-from ..errors import InputErrors, InputProblem, ShardifyError
-from ..units import Unit
+from ..errors import InputErrors, InputProblem, OutputError, ShardifyError
+from ..units import Unit, parse_bytes
 from .engines import Engine
 from .lock import holds_lock
 from .parts import (
@@ -32,6 +33,7 @@ from .parts import (
     parse_part,
     part_range,
     prepare_resume,
+    save_index,
     utc_now,
     write_errors,
 )
@@ -47,7 +49,7 @@ DEFAULT_MAX_SIZE = "1G"
 def parse_size(size: int | str) -> int:
     """Bytes from ``123456``, ``"500M"``, ``"2G"``, ``"1.5GiB"`` (K, M, G, T are powers of 1024); positive."""
     try:
-        n = storage.parse_bytes(int(size) if isinstance(size, np.integer) else size, "size")
+        n = parse_bytes(int(size) if isinstance(size, np.integer) else size, "size")
     except ValueError as e:
         raise ShardifyError(str(e)) from None
     if not n or n <= 0:
@@ -129,19 +131,36 @@ def write_shards(
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
     chosen, left_out = _columns(samples, columns, index_version)
     tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, overwrite, resume, storage_options)
-    infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
-    write_errors(
-        storage.join_url(out, scope.errors_name), [p.to_json() for p in problems], storage_options, remove_stale=resume
-    )
-    meta = {
-        **_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems)),
-        **text.meta(),
-        **_part_meta(part, span, num_records, on_error),
-        **({"columns_left_out": len(left_out)} if left_out else {}),
-    }
-    index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
-    index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
+    with _shards_kept_when_out_of_space(out, scope, storage_options):
+        infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
+        errors_url = storage.join_url(out, scope.errors_name)
+        write_errors(errors_url, [p.to_json() for p in problems], storage_options, remove_stale=resume)
+        meta = {
+            **_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, len(problems)),
+            **text.meta(),
+            **_part_meta(part, span, num_records, on_error),
+            **({"columns_left_out": len(left_out)} if left_out else {}),
+        }
+        index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
+        save_index(index, storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
+
+
+@contextlib.contextmanager
+def _shards_kept_when_out_of_space(out: str, scope: Scope, storage_options: dict | None) -> Iterator[None]:
+    """Run the block that writes the shards and the index; an output that does not fit (:class:`OutputError`) also
+    says what it leaves: the whole shards written so far stay for ``--resume`` (as after any interrupted write)."""
+    try:
+        yield
+    except OutputError as e:
+        kept = [m for m in storage.listdir(out, storage_options) if scope.is_shard(m)]
+        if not kept:
+            raise
+        these = f"the {len(kept)} whole shards" if len(kept) > 1 else "the whole shard"
+        raise OutputError(
+            f"{e}; {these} written so far stay (no index lists them): make room, then run the same command with "
+            "--resume to finish"
+        ) from None
 
 
 def _shard_tasks(
