@@ -17,7 +17,7 @@ from ..plan.stats import json_number
 from . import columnar
 from .columnar import FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, sample_schema, shard_schema, table_names, table_url
 from .columns import arrow_column
-from .storage import AtomicWriter, parent_url, write_bytes_atomic
+from .storage import AtomicWriter, is_local, local_path, parent_url, remove, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -270,9 +270,22 @@ class V2Writer:
         return tables
 
     def abort(self) -> None:
-        """Throw away every table file of this write (after an error)."""
+        """Throw away every table file of this write (after an error), and the sample-table folder it made."""
         for f in self.files:
             f.abort()
+        self._drop_empty_folder()
+
+    def unpublish(self) -> None:
+        """Remove the tables :meth:`close` published (their header could not be written after them)."""
+        for f in self.files:
+            with contextlib.suppress(Exception):  # cleaning up after another error: that one is the one to see
+                remove(f.out.url, self.so)
+        self._drop_empty_folder()
+
+    def _drop_empty_folder(self) -> None:
+        if is_local(self.root):
+            with contextlib.suppress(OSError):  # not empty (tables from before), or never made
+                os.rmdir(local_path(table_url(self.root, self.samples_dir)))
 
 
 def write_v2(
@@ -320,5 +333,9 @@ def write_v2(
         "columns": {f.name: str(f.type) for f in w.schema},
         "tables": tables,
     }
-    write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
+    try:
+        write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
+    except BaseException:  # no header, no tables: nothing of this write is left
+        w.unpublish()
+        raise
     return out

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dataset import storage
-from ..dataset.columnar import table_names
 from ..dataset.columnar_write import source_date_epoch
 from ..dataset.columns import ColumnError, merged_columns
 from ..dataset.format import (
@@ -30,7 +29,7 @@ from ..dataset.format import (
     PART_SHARD_NAME,
     SHARD_NAME,
 )
-from ..dataset.index import INDEX_NAME, VERSION, ShardIndex, ShardInfo
+from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError, output_fits
 from ..units import Unit
 from .lock import holds_lock, is_lock_file
@@ -233,24 +232,6 @@ def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict
         remove_quiet(url, storage_options)
 
 
-def save_index(index: ShardIndex, url: str, storage_options: dict | None, version: int = VERSION) -> None:
-    """``index.save`` to ``url``. When that fails (no space for its tables or its header), nothing of this save is
-    left in a local folder: not the tables it published, not an empty sample-table folder, not a temporary file
-    (tables there before it stay)."""
-    if not storage.is_local(url):
-        index.save(url, storage_options, version=version)
-        return
-    folder, name = os.path.split(storage.local_path(url))
-    made = [m for m in (name, *table_names(name)) if not os.path.lexists(os.path.join(folder, m))]
-    try:
-        index.save(url, storage_options, version=version)
-    except BaseException:
-        if name not in made or not os.path.exists(os.path.join(folder, name)):  # else: written whole, then stopped
-            for m in made + fnmatch.filter(os.listdir(folder or "."), f"{name}.tmp-*"):
-                remove_quiet(os.path.join(folder, m), None)
-        raise
-
-
 def utc_now() -> str:
     """The ``created`` time of an index: UTC, to the second (``SOURCE_DATE_EPOCH`` when set: reproducible output)."""
     epoch, utc = source_date_epoch(), datetime.timezone.utc
@@ -298,7 +279,7 @@ def merge_parts(
         storage_options,
         remove_stale=True,
     )
-    save_index(merged, storage.join_url(out, INDEX_NAME), storage_options)
+    merged.save(storage.join_url(out, INDEX_NAME), storage_options)
     return merged
 
 

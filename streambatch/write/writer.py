@@ -33,7 +33,6 @@ from .parts import (
     parse_part,
     part_range,
     prepare_resume,
-    save_index,
     utc_now,
     write_errors,
 )
@@ -142,7 +141,7 @@ def write_shards(
             **({"columns_left_out": len(left_out)} if left_out else {}),
         }
         index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
-        save_index(index, storage.join_url(out, scope.index_name), storage_options, version=index_version)
+        index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
 
 

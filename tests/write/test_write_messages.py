@@ -219,3 +219,17 @@ def test_export_of_a_shard_unreadable_midway_leaves_nothing(tmp_path, capsys):
     code, err, _ = shardify(capsys, "export", str(ds), "--format", "nemo-tarred", "--out", str(dest))
     assert code == 2 and len(err) == 1 and f"{ds / 'shard-000002.tar'}: " in err[0], err
     assert not dest.exists()
+
+
+@pytest.mark.parametrize("failing", [("index.json",), ("index.samples",)])
+def test_upgrade_out_of_space_leaves_the_version_1_index_alone(tmp_path, capsys, monkeypatch, failing):
+    """An upgrade that cannot finish leaves the folder as it was: the version 1 index, and no table, empty
+    sample-table folder or temporary file beside it."""
+    src, out = clips(tmp_path), tmp_path / "out"
+    code, err, _ = shardify(capsys, "write", str(src), str(out), "--max-count", "1", "--index-version", "1")
+    assert code == 0, err
+    before = contents(out)
+    no_space_for(monkeypatch, *failing)
+    code, err, _ = shardify(capsys, "upgrade", str(out), "--no-progress")
+    assert code == 2 and len(err) == 1 and "no space left on device" in err[0], err
+    assert contents(out) == before
