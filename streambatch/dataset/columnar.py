@@ -3,12 +3,14 @@
 ``index.shards.parquet`` has one row per shard; the per-sample table (shard, key, length, offset, size) is
 split into ``index.samples/part-NNNNN.parquet`` files of whole shards, one row group per group of whole
 shards, so a DDP rank reads the header, the shard table and only the row groups of the shards it streams.
-Page checksums, byte sizes, row counts and a per-write id are checked on every read: a damaged table is an
-:class:`IndexFormatError` naming the file. pyarrow is imported on first use (version 1 indexes never need it).
+Page checksums, byte sizes, row counts and a per-write id are checked on every read, and the values read
+(:mod:`.index_values`): a damaged or lying table is an :class:`IndexFormatError` naming the file. pyarrow is
+imported on first use (version 1 indexes never need it).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import IndexError_, IndexFormatError  # noqa: F401  (IndexError_: the old name, still importable here)
+from .index_values import Rows, check_group, check_shard_totals
 from .parquet_table import ParquetTable, column_numpy
 from .prefetch import PartPrefetch, asked
 from .storage import is_local, join_url, open_sized
@@ -59,6 +62,12 @@ def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_
 
 #: the sample table's own columns (the rest are metadata columns)
 BASE_COLUMNS = ("shard", "key", "length", "offset", "size", "output_length")
+
+
+@functools.lru_cache(maxsize=8)
+def own_types(length_type: str, output_length: bool) -> dict[str, Any]:
+    """The Arrow type of each of the sample table's own columns (what a row group read is checked against)."""
+    return {f.name: f.type for f in sample_schema(length_type, None, output_length)}
 
 
 def shard_schema(length_type: str) -> pa.Schema:
@@ -277,6 +286,7 @@ class ColumnarIndex:
                 f"{where}: {n} shards of {samples} samples, the index says "
                 f"{self.header.get('num_shards')} of {self.header.get('num_samples')}"
             )
+        check_shard_totals(c.count, c.total_length, self.header, where)
         if not np.array_equal(c.first, np.cumsum(c.count) - c.count):
             raise IndexFormatError(f"{where}: column 'first' is not the running count of samples")
         change = np.flatnonzero((np.diff(c.part) != 0) | (np.diff(c.row_group) != 0)) + 1
@@ -326,15 +336,20 @@ class ColumnarIndex:
         rows, want = pf.metadata.row_group(rg).num_rows, int(self.group_rows[g])
         if rows != want:
             raise IndexFormatError(f"{url}: row group {rg} has {rows} rows, the shard table says {want}")
+        # a key is checked only where its sample is planned (length above 0): shardify index keeps the key of a
+        # sample it left out (length 0) as the tar has it, unsafe or not
+        extra = ["length"] if "key" in columns and "length" not in columns else []
         try:
-            t = pf.read_row_group(rg, ["shard", *columns])
+            t = pf.read_row_group(rg, ["shard", *columns, *extra])
         except Exception as e:  # noqa: BLE001 - checksum, decompression, decoding: all mean a damaged file
             raise IndexFormatError(f"{url}: row group {rg} cannot be read ({e})") from e
         a, b = int(self.group_start[g]), int(self.group_stop[g])
         expected = np.repeat(np.arange(a, b, dtype=np.int32), self.columns.count[a:b])
         if not np.array_equal(column_numpy(t.column("shard")), expected):
             raise IndexFormatError(f"{url}: row group {rg} does not hold shards {a}..{b - 1} as the shard table says")
-        return t
+        c, types = self.columns, own_types(self.length_type, self.has_output_lengths)
+        check_group(t, Rows(url, rg, a, c.count[a:b], c.total_length[a:b], types, lambda: c.bytes[a:b]))
+        return t.drop_columns(extra) if extra else t
 
     def _group_lengths(self, g: int, keep: bool = True) -> np.ndarray:
         with _LOCK:

@@ -25,6 +25,7 @@ from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
 from .columns import merged_columns
 from .index_header import check_header
+from .index_values import check_v1
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
 from .storage import join_url, parent_url, read_whole, write_bytes_atomic
@@ -133,6 +134,7 @@ class ShardIndex:
                 shards = [ShardInfo.from_json(s) for s in d["shards"]]
             except (KeyError, TypeError, ValueError) as e:
                 raise IndexFormatError(f"{source}: malformed shard entry ({e!r})") from e
+            check_v1(shards, source)
         roots = Roots(root, shard_roots, source) if root else None
         meta = dict(d.get("meta") or {})
         return cls(shards=shards, unit=unit, sample_rate=d.get("sample_rate"), root=root, meta=meta, roots=roots)

@@ -222,7 +222,7 @@ def test_sample_offsets_and_keys_when_the_writer_knows_them(tmp_path):
         s = ShardInfo(
             f"s{i}.tar",
             n,
-            10,
+            n * 1024 + 1024,  # the samples' byte ranges end inside the shard (the index is refused otherwise)
             np.arange(1, n + 1),
             keys=[f"k{i}{j}" for j in range(n)],
             offsets=np.arange(n) * 1024,

@@ -277,17 +277,23 @@ def scan_tars(
 
 
 def _layout(layout: str, scans: Sequence[ShardScan]) -> str:
-    """``auto``: audio when any sample has an audio member, else text when any has text; else an error."""
+    """``auto``: audio when any sample has an audio member, else text when any has a text member (by the members'
+    names: a member that does not read is reported as the sample's problem, not as an unknown layout); else the
+    first problem found, or an error naming the members seen."""
     if layout != "auto":
         return layout
     samples = [s for scan in scans for s in scan.samples]
     if any(s.audio is not None for s in samples):
         return "audio"
-    if any(s.tokens >= 0 for s in samples):
+    if any(s.tokens >= 0 or {"txt", "input_ids.npy"} & set(s.exts) for s in samples):
         return "text"
     first = next((scan for scan in scans if scan.samples), None)
     if first is None:
         raise ShardifyError(f"no readable samples in the tars ({scans[0].url}: {scans[0].fatal or 'empty'})")
+    bad = next((InputProblem(scan.url, scan.fatal) for scan in scans if scan.fatal), None)
+    bad = bad or next((InputProblem(c.url, s.problem) for c in scans for s in c.samples if s.problem), None)
+    if bad is not None:
+        raise ShardifyError(f"{bad}; nothing was written")
     s = first.samples[0]
     raise ShardifyError(
         f"unknown layout: {first.url} sample {s.key!r} has members "

@@ -18,6 +18,8 @@ def sample_length(
     it must agree with the audio header."""
     if s.problem is not None:
         return s.problem
+    if entry is not None and entry.problem is not None:
+        return f"{entry.where}: {entry.member!r}: {entry.problem}"
     if layout == "text":
         if s.length is not None:
             whole = s.length > 0 and s.length == int(s.length)

@@ -17,7 +17,7 @@ from typing import Any
 from ...dataset import limits, storage
 from ...errors import ShardifyError
 from ..probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
-from .scan import ShardScan
+from .scan import ShardScan, finite_number
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
 SHARDED_DIR = "sharded_manifests"
@@ -27,8 +27,8 @@ _TAR_NUMBER = re.compile(r"(\d+)\.tar$")
 @dataclass(frozen=True)
 class Entry:
     """One manifest line: the member it names, its tar (``shard_id``; None when not given), its duration and
-    text, where it is (``FILE:LINE``), and all its fields (for ``--columns`` and ``--output-length
-    column:FIELD``)."""
+    text, where it is (``FILE:LINE``), all its fields (for ``--columns`` and ``--output-length
+    column:FIELD``), and what is wrong with it (None: nothing; the sample it names is not indexed)."""
 
     member: str
     shard: int | None
@@ -36,6 +36,7 @@ class Entry:
     text: str | None
     where: str
     fields: dict[str, Any] = field(default_factory=dict, compare=False)
+    problem: str | None = None
 
 
 def find_manifests(src: str, storage_options: dict | None = None) -> list[str]:
@@ -77,15 +78,20 @@ def json_line(line: str, where: str) -> dict[str, Any]:
 
 
 def _entry(d: dict[str, Any], where: str) -> Entry:
+    """The entry of a manifest line; a ``duration`` that is not a finite number is the entry's problem (as
+    ``shardify write`` reports it), not a duration left unchecked."""
     shard = d.get("shard_id")
     duration = d.get("duration")
+    seconds = finite_number(duration)
+    problem = f"'duration' is not a number: {duration!r}"[:120] if duration is not None and seconds is None else None
     return Entry(
         d["audio_filepath"],
-        int(shard) if isinstance(shard, (int, float)) else None,
-        float(duration) if isinstance(duration, (int, float)) else None,
+        int(number) if (number := finite_number(shard)) is not None else None,
+        seconds,
         d["text"] if isinstance(d.get("text"), str) else None,
         where,
         d,
+        problem,
     )
 
 

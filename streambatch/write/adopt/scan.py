@@ -10,6 +10,7 @@ parsed, text is counted in whitespace tokens (or ``input_ids.npy`` entries).
 from __future__ import annotations
 
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,24 +116,16 @@ _FATAL = "\0"
 
 
 def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
-    """One sample's members (extension → bytes) as a :class:`SampleScan`."""
+    """One sample's members (extension → bytes) as a :class:`SampleScan`. Its audio member is known from the names
+    alone, so a sample whose ``.json`` or text is bad still shows the layout, and its problem names the member."""
     s = SampleScan(key, tuple(members))
+    s.audio = next((e for e in AUDIO_EXTENSIONS if e in members), None)
     s.problem = _over_limits(key, members)
     if s.problem is not None:
         return s
-    try:
-        meta = limits.loads(members["json"]) if "json" in members else {}
-    except limits.LimitExceeded as e:  # the loader counts it as a bad sample
-        s.problem = f"{key}.json: {e}"
+    meta = _json(key, members, s)
+    if meta is None:
         return s
-    except (ValueError, UnicodeDecodeError) as e:  # the loader gives up the tar on an invalid .json
-        s.problem = f"{_FATAL}invalid JSON ({e})"
-        return s
-    if not isinstance(meta, dict):
-        s.problem = f"{key}.json: not a JSON object"
-        return s
-    s.length, s.duration = _number(meta.get("length")), _number(meta.get("duration"))
-    s.audio = next((e for e in AUDIO_EXTENSIONS if e in members), None)
     if s.audio is not None:
         got = audio_header(members[s.audio])
         if isinstance(got, str):
@@ -141,11 +134,52 @@ def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
             s.rate, s.frames = got
     s.tokens = _tokens(members, meta)
     if s.tokens == -2:
-        s.problem = s.problem or f"{key}: its text is not UTF-8 or its input_ids.npy is not a 1-D array"
+        s.problem = s.problem or _text_problem(key, members)
     elif s.audio is not None:  # a transcript (short); a text sample's document is not carried
         s.text = members["txt"].decode("utf-8") if "txt" in members else _str(meta.get("text"))
     s.meta = kept_fields(meta)
     return s
+
+
+def _json(key: str, members: dict[str, bytes], s: SampleScan) -> dict[str, Any] | None:
+    """The sample's ``.json`` as a dict (``{}``: none), its ``length`` and ``duration`` set on ``s``; None (and
+    ``s.problem``) where it is not valid JSON, not an object, or declares a length or duration that is not a number
+    (the loader checks the ``length`` against the index: one it cannot compare fails the run)."""
+    try:
+        meta = limits.loads(members["json"]) if "json" in members else {}
+    except limits.LimitExceeded as e:  # the loader counts it as a bad sample
+        s.problem = f"{key}.json: {e}"
+        return None
+    except (ValueError, UnicodeDecodeError) as e:  # the loader gives up the tar on an invalid .json
+        s.problem = f"{_FATAL}invalid JSON ({e})"
+        return None
+    if not isinstance(meta, dict):
+        s.problem = f"{key}.json: not a JSON object (a {type(meta).__name__})"
+        return None
+    for name in ("length", "duration"):
+        value = meta.get(name)
+        if value is not None and finite_number(value) is None:
+            s.problem = f"{key}.json: {name} {_shown(value)} is not a finite number"
+            return None
+    s.length, s.duration = finite_number(meta.get("length")), finite_number(meta.get("duration"))
+    return meta
+
+
+def _text_problem(key: str, members: dict[str, bytes]) -> str:
+    """Why the sample's text member cannot be counted (:func:`_tokens` gave -2), naming the member."""
+    if "input_ids.npy" in members:
+        return f"{key}.input_ids.npy: not a 1-D array of token ids"
+    try:
+        members["txt"].decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"{key}.txt: not UTF-8 text ({e.reason} at byte {e.start})"
+    return f"{key}.txt: text that cannot be read"
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it (cut at 40 characters)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _over_limits(key: str, members: dict[str, bytes]) -> str | None:
@@ -175,8 +209,15 @@ def _str(x: Any) -> str | None:
     return x if isinstance(x, str) else None
 
 
-def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+def finite_number(x: Any) -> float | None:
+    """``x`` as a float where it is a finite real number (not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _tokens(members: dict[str, bytes], meta: dict[str, Any]) -> int:
