@@ -10,11 +10,10 @@ group, the row, the column and what is wrong.
 
 The rules: a length (and an output length) is a number from 0 to :func:`~.limits.max_length` (0: a sample the loader
 never plans, as ``shardify index`` records one it cannot use), finite, never null; the lengths of each shard add up
-to the shard table's ``total_length``, and those to the header's; a string column is UTF-8; a planned sample's key is one
-the loader could have read from a tar (:func:`~.limits.key_problem`; a left-out one keeps its tar's key), or null
-for a whole shard (its keys unknown); an offset
-and a size are not negative and end inside the shard's bytes (or are null: unknown); a segment starts at frame 0 or
-later.
+to the shard table's ``total_length``, and those to the header's; a string column is UTF-8; a planned sample's key
+is one the loader could have read from a tar (:func:`~.limits.key_problem`; a left-out one keeps its tar's key), or
+null for a whole shard (its keys unknown); an offset and a size are not negative and end inside the shard's bytes
+(or are null: unknown); a segment starts at frame 0 or later.
 
 Cost (measured on 10⁸ and 10⁹ samples, 1000 a shard): opening an index adds ~1.6 ms at 10⁶ shards (the shard
 totals); streaming every length ~10 % (a min, a max and a per-shard sum of each row group, ~1.4 ns a sample);

@@ -273,4 +273,7 @@ def _finish(sample: dict[str, Any], url: str, oversize: bool = True) -> dict[str
             del sample["json"]
         except (ValueError, UnicodeDecodeError) as e:
             raise ShardReadError(f"{url}: sample {sample['__key__']!r} has an invalid .json ({e})") from e
+        if "json" in sample and not isinstance(sample["json"], dict):  # valid JSON, but no sample's metadata
+            sample["__bad__"] = f"{sample['__key__']}.json: not a JSON object (a {type(sample['json']).__name__})"
+            del sample["json"]
     return sample

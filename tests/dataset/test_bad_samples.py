@@ -66,14 +66,21 @@ def epoch(source, **kw) -> tuple[collections.Counter, dict, int, int]:
     return seen, loader.fault_stats(), steps, planned
 
 
+#: a .json the loader cannot take a sample's metadata from, of SIZE bytes: nested too deep, or valid JSON that is
+#: not an object
+BAD_JSONS = {"deep": b"[" * DEEP + b"]" * DEEP, "array": b"[" + b" " * (SIZE - 2) + b"]"}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_JSONS))
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_deep_json_in_an_indexed_shard_is_a_bad_sample(tmp_path, num_workers):
-    """The index was made while the sample was fine; its .json is then replaced by one nested 200,000 deep, of
-    the same size (so the index's byte offsets still hold): the loader counts one bad sample and goes on."""
+def test_deep_json_in_an_indexed_shard_is_a_bad_sample(tmp_path, num_workers, bad):
+    """The index was made while the sample was fine; its .json is then replaced by one nested 200,000 deep (or by
+    an array), of the same size (so the index's byte offsets still hold): the loader counts one bad sample and
+    goes on."""
     src = tmp_path / "ds"
     keys = dataset(src)
     index_tars(str(src), progress=False)
-    dataset(src, bad_json=b"[" * DEEP + b"]" * DEEP)
+    dataset(src, bad_json=BAD_JSONS[bad])
     seen, faults, steps, planned = epoch(str(src), verify="size", num_workers=num_workers)
     assert steps == planned  # the epoch ends where planned, not early
     assert faults["lost_samples"] == 1 and faults["bad_shards"] == 0
@@ -81,9 +88,10 @@ def test_deep_json_in_an_indexed_shard_is_a_bad_sample(tmp_path, num_workers):
     assert sum(seen.values()) - len(seen) == faults["redrawn_samples"]  # re-draws are the only repeats
 
 
-def test_deep_json_without_an_index_is_a_bad_sample(tmp_path):
+@pytest.mark.parametrize("bad", sorted(BAD_JSONS))
+def test_deep_json_without_an_index_is_a_bad_sample(tmp_path, bad):
     src = tmp_path / "ds"
-    keys = dataset(src, bad_json=b"[" * DEEP + b"]" * DEEP)
+    keys = dataset(src, bad_json=BAD_JSONS[bad])
     for p in src.glob("*.tar"):  # without an index, lengths come from each .json
         members = []
         with tarfile.open(p) as tar:
