@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ EXTRA = "pip install 'streambatch[ray]'"
 KILL_HOOK = "STREAMBATCH_RAY_TEST_KILL"
 #: Ray's retries of a task whose worker died (a killed process, a lost node)
 MAX_RETRIES = 3
+#: seconds to wait for a cluster address to accept a connection before Ray is asked to join it
+CONNECT_TIMEOUT = 10.0
 
 T = TypeVar("T")
 
@@ -51,6 +54,22 @@ def import_ray() -> Any:
     except ImportError:
         raise ShardifyError(f"the Ray engine needs Ray: {EXTRA}") from None
     return ray
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) cluster address something listens at, else a :class:`ShardifyError`
+    naming it: Ray itself retries an address that does not answer for minutes, printing warnings. ``auto``,
+    ``local`` and None (a local instance) are Ray's to find."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ShardifyError(f"Ray address {address!r}: expected HOST:PORT, ray://HOST:PORT, auto or local")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        reason = (e.strerror or str(e) or type(e).__name__).lower()
+        raise ShardifyError(f"Ray address {address}: no Ray cluster answers there ({reason})") from None
 
 
 class RayEngine:
@@ -73,6 +92,7 @@ class RayEngine:
         self.tasks, self.max_retries = tasks, max_retries
         self._started = False
         if not self.ray.is_initialized():
+            check_reachable(self.address)
             self.ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             self._started = True
 

@@ -189,6 +189,16 @@ def test_engine_options_need_the_ray_engine(capsys, audio, tmp_path):
         assert flag in text
 
 
+def test_a_ray_address_nothing_answers_at_is_one_line(ray_installed, capsys, audio, tmp_path):
+    """Ray retries an address that does not answer for minutes, printing warnings: the write says it at once."""
+    address = f"127.0.0.1:{free_port()}"  # free: nothing listens there
+    out = tmp_path / "o"
+    code = main(["write", str(audio), str(out), "--engine", "ray", "--ray-address", address, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert f"Ray address {address}: no Ray cluster answers there" in err and not out.exists()
+
+
 NO_RAY = """
 import sys
 class NoRay:
