@@ -23,6 +23,7 @@ from .errors import (
     StreamBatchError,
     TooManyBadShards,
     TruncatedAudio,
+    UnknownStorage,
     UntrustedURL,
 )
 from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
@@ -73,6 +74,7 @@ __all__ = [
     "EmptyEpochError",
     "MissingCredentials",
     "UntrustedURL",
+    "UnknownStorage",
     "OutputError",
     "ShardReadError",
     "ChecksumMismatch",
