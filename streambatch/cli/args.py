@@ -60,10 +60,19 @@ def _whole_number(s: str, problem: str, minimum: int = 1) -> int:
     return n
 
 
+#: the suffixes ``--plot`` takes: the formats matplotlib's default backend writes
+PLOT_FORMATS = ("png", "svg", "svgz", "pdf", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf", "raw", "rgba")
+
+
 def plot_path(s: str) -> str:
-    """A file to save a plot as (an argparse type): not a folder, and written at the very name given."""
+    """A file to save a plot as (an argparse type): not a folder, a suffix naming a format matplotlib writes (or
+    none: PNG), written at the very name given."""
     if os.path.isdir(s):
         raise argparse.ArgumentTypeError(f"{s} is a folder; name the file, e.g. {os.path.join(s, 'lengths.png')}")
+    name = os.path.basename(s)
+    suffix = name.rpartition(".")[2].lower() if "." in name else ""
+    if suffix and suffix not in PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(f"{s}: a plot is written as {', '.join(PLOT_FORMATS)}, not .{suffix}")
     return s
 
 

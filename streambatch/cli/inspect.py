@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,11 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         "e.g. \"language = 'de' AND snr > 10\" (needs duckdb: pip install 'streambatch[filters]')",
     )
     i.add_argument(
-        "--plot", type=plot_path, metavar="FILE.png", help="save a length histogram as a PNG file (needs matplotlib)"
+        "--plot",
+        type=plot_path,
+        metavar="FILE.png",
+        help="save a length histogram (needs matplotlib); the suffix picks the format (.png, .svg, .pdf, ...), PNG "
+        "without one",
     )
     i.add_argument("--json", action="store_true", help="print the summary as JSON")
     i.add_argument(
@@ -333,10 +338,17 @@ def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[
     try:
         draw(fig, list(axes[0]))
         fig.tight_layout()
-        fig.savefig(path, dpi=100, format="png")  # at the very name given (matplotlib adds ".png" to a bare one)
+        fig.savefig(path, dpi=100, format=_plot_format(path))
     finally:
         plt.close(fig)
     return path
+
+
+def _plot_format(path: str) -> str:
+    """The format ``path``'s suffix names (:func:`~.args.plot_path` checked it); PNG for a bare name, which
+    matplotlib would save as ``NAME.png``: the file goes at the very name given."""
+    name = os.path.basename(path)
+    return name.rpartition(".")[2].lower() if "." in name else "png"
 
 
 # ---- a planned epoch (--plan) ------------------------------------------------------------------

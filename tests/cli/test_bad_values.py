@@ -81,6 +81,7 @@ def test_a_corrupt_shard_met_by_export_is_an_input_error(capsys, dataset, tmp_pa
         (["demo", "{tmp}/d", "--num-utterances", "99999999999999999999"], "--num-utterances"),
         (["inspect", "{ds}", "--num-buckets", "1000000000"], "--num-buckets"),
         (["inspect", "{ds}", "--plot", "{tmp}"], "is a folder"),
+        (["inspect", "{ds}", "--plot", "{tmp}/lengths.xyz"], "not .xyz"),
     ],
 )
 def test_out_of_range_values_are_usage_errors(capsys, tmp_path, audio_folder, dataset, argv, needle):
@@ -105,6 +106,8 @@ def test_a_plot_is_written_at_the_name_given(capsys, dataset, tmp_path):
     assert code == 0, err
     assert f"plot       {bare}" in out
     assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "lengths.png").exists()
+    svg = tmp_path / "lengths.svg"  # a suffix picks the format
+    assert run(capsys, "inspect", dataset, "--plot", svg)[0] == 0 and b"<svg" in svg.read_bytes()[:500]
 
 
 @pytest.mark.parametrize(
