@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import OptionError
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
@@ -39,7 +41,7 @@ def process_info(rank: int | None = None, world_size: int | None = None) -> Proc
     else:
         r, w, src = _detect()
     if not 0 <= r < w:
-        raise ValueError(f"rank {r} is outside world_size {w} (from {src})")
+        raise OptionError(f"rank {r} is outside world_size {w} (from {src})")
     return ProcessInfo(rank=r, world_size=w, local_rank=local, source=src)
 
 

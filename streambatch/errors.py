@@ -109,6 +109,11 @@ class OptionError(ShardifyError, ValueError):
     """An option with a value of the wrong type or out of its range; the message names the option."""
 
 
+class StateError(StreamBatchError, ValueError):
+    """A ``state_dict`` that is not one, or that another loader saved (another dataset, seed, mixture, filter, or
+    batching options mid-epoch): refused before anything is planned; the message says what differs."""
+
+
 class BudgetError(OptionError):
     """A batch budget that is not a positive finite number (or duration), or that no sample fits."""
 

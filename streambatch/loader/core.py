@@ -15,7 +15,7 @@ from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex
 from ..dataset.prefetch import lengths_ahead
 from ..dataset.where import left_out, open_filter
-from ..errors import EmptyEpochError
+from ..errors import EmptyEpochError, OptionError, int_option
 from ..plan.budget import parse_budget
 from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
 from ..plan.layout import Layout
@@ -192,7 +192,7 @@ class StreamBatchLoader:
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
         check_sendable(worker_callables(sample, run, self.config), run, self.filter is not None)
         if ix is None and self.world_size > 1 and not run.batches_per_epoch:
-            raise ValueError(
+            raise OptionError(
                 f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
                 "ranks would step unevenly (a DDP hang): write an index (`shardify write`), or pass "
                 "batches_per_epoch=N to give every rank exactly N batches per epoch"
@@ -242,7 +242,8 @@ class StreamBatchLoader:
         """Choose the epoch (shard and batch order follow ``(seed, epoch)``). After a full pass the loader
         moves to the next epoch by itself, so calling this is optional; calling it with the epoch a restored
         state is in keeps the resume point."""
-        if int(epoch) != self.epoch:
+        epoch = int_option("epoch", epoch, 0)
+        if epoch != self.epoch:
             self._consumed = 0
         self.epoch = int(epoch)
         follow(self, self.epoch)  # a weight schedule: the mixture of this epoch's weights

@@ -17,6 +17,7 @@ from typing import Any
 from ..dataset.mixture import AnyIndex, dataset_names
 from ..dataset.schedule import WeightSchedule
 from ..dataset.source import ShardURLs, open_source
+from ..errors import OptionError, StateError
 from ..read.worker import fault_tensors
 
 #: the loader's attributes that depend on how the mixture is laid out (what :func:`at_epoch` puts back)
@@ -81,7 +82,7 @@ def epoch_index(loader: Any, epoch: int) -> Any:
     epoch (``schedule(epoch)`` of another epoch: set the epoch first)."""
     schedule: WeightSchedule | None = loader.weight_schedule
     if schedule is not None and schedule.index_for(epoch).state() != loader.index.state():
-        raise ValueError(
+        raise OptionError(
             f"the mixture's weights follow a schedule and this loader is at epoch {loader.epoch}: call "
             f"set_epoch({epoch}) before planning epoch {epoch}"
         )
@@ -98,7 +99,7 @@ def to_saved_epoch(loader: Any, saved: Any) -> None:
     now = {row[0]: row[1] for row in loader.index.state()}
     then = {row[0]: row[1] for row in saved.mixture or [] if isinstance(row, (list, tuple)) and len(row) >= 2}
     what = f"the weights {now}" if now != then else "the same weights after other weights before it"
-    raise ValueError(
+    raise StateError(
         f"state was saved at epoch {saved.epoch} with weights {then} (mixture {saved.mixture}); this loader's weight "
         f"schedule gives epoch {saved.epoch} {what} (mixture {loader.index.state()}): resume with the schedule the "
         "state was saved with"

@@ -256,7 +256,7 @@ def _calibrated(
         return options, budget
     calib = cost if isinstance(cost, dict) else read_calibration(str(cost), lambda p: storage.open_url(p, "rb"))
     if indexed and calib.get("unit") not in (None, unit):
-        raise ValueError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
+        raise OptionError(f"{cost}: calibrated for lengths in {calib['unit']!r}, but this dataset's unit is {unit!r}")
     model, calibrated_budget = calibration_cost(calib, str(cost) if isinstance(cost, str) else "<dict>")
     options = {**options, "cost": model}
     if options.get("max_batch_size") is None and calib.get("max_batch_size"):
@@ -296,17 +296,17 @@ def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[Lengt
         return None, None
     which = ", ".join(o.active)
     if index is None:
-        raise ValueError(f"{which} need an index: each sample's randomness and planned length follow its global id")
+        raise OptionError(f"{which} need an index: each sample's randomness and planned length follow its global id")
     if o.decode == "none":
-        raise ValueError(f"{which} work on decoded samples; decode='none' keeps them raw")
+        raise OptionError(f"{which} work on decoded samples; decode='none' keeps them raw")
     if speed is not None or features is not None:
         if index.unit != "samples" or not index.sample_rate:
-            raise ValueError(
+            raise OptionError(
                 f"speed_perturb and features need audio lengths in samples with a sample rate; this "
                 f"index counts {index.unit}" + ("" if index.sample_rate else " without a sample rate")
             )
         if o.decode not in ("auto", "audio"):
-            raise ValueError(f"speed_perturb and features work on decoded audio; decode={o.decode!r}")
+            raise OptionError(f"speed_perturb and features work on decoded audio; decode={o.decode!r}")
     if speed is not None:
         require_soxr()
     frames = features if plans_in_frames(features) else None

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from ..errors import EmptyEpochError
+from ..errors import EmptyEpochError, OptionError
 from ..plan.epoch import RankSchedule, plan_rank_local, share_equalised
 from .messages import empty_epoch_message, plan_line
 
@@ -38,7 +38,7 @@ def rank_local(loader: Any) -> bool:
     """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""
     possible = loader.data_parallel.can_agree()
     if loader.planning == "local" and not possible:
-        raise ValueError(
+        raise OptionError(
             f"planning='local' needs an initialised torch.distributed group of rank {loader.rank} in "
             f"{loader.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
         )

@@ -5,12 +5,13 @@ epoch ran on. States saved by earlier versions load: a key they lack is simply n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError, StateError, int_option
 from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
 from ..plan.layout import Layout
@@ -75,10 +76,17 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
-        """A state from its dict form, as this or an earlier version saved it."""
+        """A state from its dict form, as this or an earlier version saved it; anything else (not a mapping, no
+        epoch, a position that is not a whole number from 0) is a :class:`StateError`."""
+        if not isinstance(state, Mapping) or "epoch" not in state:
+            raise StateError(f"not a loader state_dict (a mapping with an 'epoch'): {_shown(state)}")
         known = [k for k in cls.names() if k in state]
         out = cls(**{k: state[k] for k in known}, recorded=frozenset(known))
-        out.epoch, out.batches_consumed = int(out.epoch), int(out.batches_consumed or 0)
+        try:
+            out.epoch = int_option("epoch", out.epoch, 0)
+            out.batches_consumed = int_option("batches_consumed", out.batches_consumed or 0, 0)
+        except OptionError as e:
+            raise StateError(f"loader state: {e}") from None
         out.earlier_layouts = list(out.earlier_layouts or [])
         return out
 
@@ -94,17 +102,17 @@ class LoaderState:
         """Refuse a state that does not belong to the loader whose own state is ``mine``: another seed, dataset
         size, mixture or filter; mid-epoch, other batching options or no index to plan the epoch's batches."""
         if self.knows("seed") and self.seed != mine.seed:
-            raise ValueError(f"state was saved with seed {self.seed}, this loader has seed {mine.seed}")
+            raise StateError(f"state was saved with seed {self.seed}, this loader has seed {mine.seed}")
         if mine.num_samples is not None and self.num_samples not in (None, mine.num_samples):
-            raise ValueError(
+            raise StateError(
                 f"state was saved for a dataset of {self.num_samples} samples, this one has {mine.num_samples}"
             )
         if self.knows("mixture") and self.mixture != mine.mixture:
-            raise ValueError(f"state was saved for the mixture {self.mixture}, this loader reads {mine.mixture}")
+            raise StateError(f"state was saved for the mixture {self.mixture}, this loader reads {mine.mixture}")
         if self.knows("where") and self.where != mine.where:
-            raise ValueError(f"state was saved with where={self.where!r}, this loader has where={mine.where!r}")
+            raise StateError(f"state was saved with where={self.where!r}, this loader has where={mine.where!r}")
         if mine.num_samples is None and self.batches_consumed:
-            raise ValueError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
+            raise StateError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
         # between epochs the options may change; within one they decide what was seen
         if self.batches_consumed and self.batching is not None and mine.batching is not None:
             _check_batching(self.batching, mine.batching)
@@ -136,7 +144,7 @@ class LoaderState:
         consumed = self.batches_consumed
         if consumed and old != layout:
             if old is None:
-                raise ValueError("loader state: saved mid-epoch without its layout (world_size, num_workers)")
+                raise StateError("loader state: saved mid-epoch without its layout (world_size, num_workers)")
             before = Resumed(self.epoch, tuple(runs), base)
             steps = self.steps if self.steps is not None else plan_steps(old, before)
             known = equalised_of(self.equalised, old) if self.steps is not None else ()
@@ -172,7 +180,7 @@ def _check_batching(saved: dict[str, Any], mine: dict[str, Any]) -> None:
     differ = [k for k in saved if k in mine and saved[k] != mine[k]]
     if differ:
         said = ", ".join(f"{k}={saved[k]!r} (now {mine[k]!r})" for k in differ)
-        raise ValueError(
+        raise StateError(
             f"state was saved mid-epoch with other batching options: {said}; resume with the same "
             "options, or from the end of an epoch"
         )
@@ -193,3 +201,9 @@ def unpack_mask(packed: str, n: int) -> np.ndarray:
 
     bits = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype=np.uint8)
     return np.unpackbits(bits)[:n].astype(bool)
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it (cut at 60 characters)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..errors import choice_option, int_option, number_option
 from ..units import Unit
 from .stats import LengthStats
 
@@ -27,6 +28,10 @@ def estimate_boundaries(
     shortest to the longest length (each bucket as many times longer than the last). The default ``num_buckets`` is
     :func:`default_num_buckets`.
     """
+    number_option("budget", budget, positive=True)
+    if num_buckets is not None:
+        int_option("num_buckets", num_buckets, 1, MAX_BUCKETS)
+    choice_option("spacing", spacing, ("quantile", "exponential"))
     lengths = LengthStats.of(lengths).within(0, budget)
     if lengths.count == 0:
         return np.zeros(0)

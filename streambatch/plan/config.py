@@ -163,12 +163,12 @@ class BatchingConfig:
         choice_option("bucket_spacing", bucket_spacing, BUCKET_SPACINGS)
         _optional(int_option, "num_buckets", num_buckets, 1, MAX_BUCKETS)
         if bucket_spacing != "quantile" and not num_buckets:
-            raise ValueError(
+            raise OptionError(
                 f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"
             )
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
-                raise ValueError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
+                raise OptionError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
             options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
         if options.get("buffer_size") is None:
             options["buffer_size"] = _auto_buffer(
@@ -199,12 +199,12 @@ def _boundaries(edges: Any) -> list[float]:
 
 
 def _check_seed(seed: Any) -> None:
-    """A seed is a whole number, or a sequence of them (``plan_batches``: a slot's seed)."""
+    """A seed is a whole number from 0, or a sequence of them (``plan_batches``: a slot's seed)."""
     if isinstance(seed, Sequence) and not isinstance(seed, str):
         for s in seed:
-            int_option("seed", s)
+            int_option("seed", s, 0)
     else:
-        int_option("seed", seed)
+        int_option("seed", seed, 0)
 
 
 def _mean(lengths: Any) -> float | None:

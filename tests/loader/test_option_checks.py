@@ -39,6 +39,8 @@ BAD = [
     ("bucket_boundaries", [10, "20"], {}),
     ("num_buckets", 0, {}),
     ("num_buckets", 2.5, {}),
+    ("num_buckets", 5000, {}),  # more than the boundaries can tell apart (MAX_BUCKETS)
+    ("bucket_spacing", "exponential", {}),  # spaces boundaries that num_buckets asks for: none
     ("bucket_spacing", "linear", {}),
     ("max_batch_size", 0, {}),
     ("max_batch_size", True, {}),
@@ -55,6 +57,7 @@ BAD = [
     ("strict", 0, {}),
     ("shuffle", "True", {}),
     ("seed", 1.5, {}),
+    ("seed", -1, {}),
     ("seed", True, {}),
     ("seed", "1", {}),
     ("pad_to_multiple_of", 0, {}),
@@ -109,6 +112,7 @@ BAD = [
     ("features", 3, {}),
     # the run: RunOptions
     ("rank", -1, {}),
+    ("rank", 3, {"world_size": 2}),
     ("rank", 1.5, {}),
     ("rank", True, {}),
     ("world_size", 0, {}),
