@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..dataset import storage
 from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
-from ..errors import InputErrors, InputProblem, OutputError, ShardifyError
+from ..errors import InputErrors, InputProblem, OutputError, ShardifyError, bool_option, int_option
 from ..units import Unit, parse_bytes
 from .engines import Engine
 from .lock import holds_lock
@@ -107,7 +107,18 @@ def write_shards(
     transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`; default here).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
-    _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version)
+    _check_options(
+        kind,
+        max_count,
+        workers,
+        on_error,
+        resume,
+        overwrite,
+        index_version,
+        shuffle=shuffle,
+        seed=seed,
+        sample_rate=sample_rate,
+    )
     part = parse_part(part)
     scope = Scope(part)
     max_bytes = parse_size(max_size)
@@ -237,19 +248,34 @@ def _columns(
     return bounded(chosen) if names is None else (chosen, [])
 
 
+#: the most worker processes a write starts (each holds a pool slot and its pipes)
+MAX_WORKERS = 1024
+
+
 def _check_options(
-    kind: str | None, max_count: int, workers: int, on_error: str, resume: bool, overwrite: bool, index_version: int = 2
+    kind: str | None,
+    max_count: int,
+    workers: int,
+    on_error: str,
+    resume: bool,
+    overwrite: bool,
+    index_version: int = 2,
+    **values: Any,
 ) -> None:
+    """The write's options, each checked before anything is read (``values``: ``shuffle``, ``seed``,
+    ``sample_rate``); a bad one is an :class:`~streambatch.errors.OptionError` naming it."""
     if index_version not in (1, 2):
         raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
     if on_error not in ("fail", "skip"):
         raise ShardifyError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
     if kind is not None and kind not in KINDS:
         raise ShardifyError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if int(max_count) <= 0:
-        raise ShardifyError("max_count must be positive")
-    if int(workers) <= 0:
-        raise ShardifyError("workers must be positive")
+    int_option("max_count", max_count, 1)
+    int_option("workers", workers, 1, MAX_WORKERS)
+    int_option("seed", values["seed"], 0)
+    bool_option("shuffle", values["shuffle"])
+    if values["sample_rate"] is not None:
+        int_option("sample_rate", values["sample_rate"], 1, 2**31 - 1)
     if resume and overwrite:
         raise ShardifyError("--resume keeps what is in OUT and --overwrite replaces it: pass one of them")
 

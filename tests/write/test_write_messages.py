@@ -15,6 +15,7 @@ import pytest
 import soundfile as sf
 from conftest import TESTS
 
+from streambatch import OptionError, write_shards
 from streambatch.cli import main
 
 AUDIO = TESTS / "data" / "real" / "audio"
@@ -233,3 +234,23 @@ def test_upgrade_out_of_space_leaves_the_version_1_index_alone(tmp_path, capsys,
     code, err, _ = shardify(capsys, "upgrade", str(out), "--no-progress")
     assert code == 2 and len(err) == 1 and "no space left on device" in err[0], err
     assert contents(out) == before
+
+
+@pytest.mark.parametrize(
+    "option,value,said",
+    [
+        ("seed", -1, "seed must be at least 0"),
+        ("seed", "x", "seed must be a whole number"),
+        ("workers", "2", "workers must be a whole number"),
+        ("workers", 1.7, "workers must be a whole number"),
+        ("workers", 10**6, "workers must be at most 1,024"),
+        ("max_count", 2.5, "max_count must be a whole number"),
+        ("shuffle", "no", "shuffle must be True or False"),
+        ("sample_rate", "16k", "sample_rate must be a whole number"),
+    ],
+)
+def test_write_shards_names_a_bad_option_before_reading(tmp_path, option, value, said):
+    out = tmp_path / "out"
+    with pytest.raises(OptionError, match=said):
+        write_shards(str(clips(tmp_path)), str(out), progress=False, **{option: value})
+    assert not out.exists()
