@@ -23,11 +23,15 @@ class ProcessInfo:
 
 
 def _env_int(name: str) -> int | None:
+    """The whole number the launcher put in ``name`` (None when unset or empty). Anything else is an
+    :class:`OptionError` naming it: read as unset, every rank of a job would take the same data."""
     v = os.environ.get(name)
-    try:
-        return int(v) if v not in (None, "") else None
-    except ValueError:
+    if v is None or not v.strip():
         return None
+    try:
+        return int(v)
+    except ValueError:
+        raise OptionError(f"the environment variable {name}={v!r} is not a whole number") from None
 
 
 def process_info(rank: int | None = None, world_size: int | None = None) -> ProcessInfo:

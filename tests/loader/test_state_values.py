@@ -72,3 +72,11 @@ def test_estimate_boundaries_checks_its_arguments(kw, named):
     args = {"lengths": np.array([1, 2, 3, 100]), "budget": 1000, "num_buckets": 2, **kw}
     with pytest.raises(OptionError, match=named):
         estimate_boundaries(**args)
+
+
+def test_a_launcher_variable_that_is_not_a_number_is_named(ds, monkeypatch):
+    """Read as unset, it would make every rank rank 0 of 1: each would take the whole dataset."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(OptionError, match="WORLD_SIZE='abc' is not a whole number"):
+        StreamBatchLoader(ds, 1000)
