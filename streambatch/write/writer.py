@@ -107,18 +107,7 @@ def write_shards(
     transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`; default here).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
-    _check_options(
-        kind,
-        max_count,
-        workers,
-        on_error,
-        resume,
-        overwrite,
-        index_version,
-        shuffle=shuffle,
-        seed=seed,
-        sample_rate=sample_rate,
-    )
+    _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version, shuffle, seed, sample_rate)
     part = parse_part(part)
     scope = Scope(part)
     max_bytes = parse_size(max_size)
@@ -259,11 +248,13 @@ def _check_options(
     on_error: str,
     resume: bool,
     overwrite: bool,
-    index_version: int = 2,
-    **values: Any,
+    index_version: int,
+    shuffle: bool,
+    seed: int,
+    sample_rate: int | None,
 ) -> None:
-    """The write's options, each checked before anything is read (``values``: ``shuffle``, ``seed``,
-    ``sample_rate``); a bad one is an :class:`~streambatch.errors.OptionError` naming it."""
+    """The write's options, each checked before anything is read; a bad one names itself (an
+    :class:`~streambatch.errors.OptionError` for a value of the wrong type or range)."""
     if index_version not in (1, 2):
         raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
     if on_error not in ("fail", "skip"):
@@ -272,10 +263,10 @@ def _check_options(
         raise ShardifyError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
     int_option("max_count", max_count, 1)
     int_option("workers", workers, 1, MAX_WORKERS)
-    int_option("seed", values["seed"], 0)
-    bool_option("shuffle", values["shuffle"])
-    if values["sample_rate"] is not None:
-        int_option("sample_rate", values["sample_rate"], 1, 2**31 - 1)
+    int_option("seed", seed, 0)
+    bool_option("shuffle", shuffle)
+    if sample_rate is not None:
+        int_option("sample_rate", sample_rate, 1, 2**31 - 1)
     if resume and overwrite:
         raise ShardifyError("--resume keeps what is in OUT and --overwrite replaces it: pass one of them")
 
