@@ -168,6 +168,13 @@ class CalibrationError(StreamBatchError, RuntimeError):
 
 
 # ---- option checks: each option's value is checked once, where its group is built, by one of these -------------
+def shown(value: Any, most: int = 60) -> str:
+    """``value`` as a message shows it: its ``repr``, cut after ``most`` characters (a data file's or a caller's
+    value can be any size)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def int_option(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     """``value`` as an int once it is a whole number (not a bool, a float or a string) from ``minimum`` to
     ``maximum``, else an :class:`OptionError` naming the option."""

@@ -69,11 +69,16 @@ def plot_path(s: str) -> str:
     none: PNG), written at the very name given."""
     if os.path.isdir(s):
         raise argparse.ArgumentTypeError(f"{s} is a folder; name the file, e.g. {os.path.join(s, 'lengths.png')}")
-    name = os.path.basename(s)
-    suffix = name.rpartition(".")[2].lower() if "." in name else ""
+    suffix = plot_suffix(s)
     if suffix and suffix not in PLOT_FORMATS:
         raise argparse.ArgumentTypeError(f"{s}: a plot is written as {', '.join(PLOT_FORMATS)}, not .{suffix}")
     return s
+
+
+def plot_suffix(path: str) -> str:
+    """The suffix of ``path``'s file name, lower case, without its dot ("" for none): the plot's format."""
+    name = os.path.basename(path)
+    return name.rpartition(".")[2].lower() if "." in name else ""
 
 
 def size(s: str) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from .args import (
     non_negative,
     opened,
     plot_path,
+    plot_suffix,
     positive_int,
     shard_roots,
     storage_options,
@@ -338,17 +338,12 @@ def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[
     try:
         draw(fig, list(axes[0]))
         fig.tight_layout()
-        fig.savefig(path, dpi=100, format=_plot_format(path))
+        # the format the suffix names (plot_path checked it); PNG for a bare name, which matplotlib would save as
+        # NAME.png: the file goes at the very name given
+        fig.savefig(path, dpi=100, format=plot_suffix(path) or "png")
     finally:
         plt.close(fig)
     return path
-
-
-def _plot_format(path: str) -> str:
-    """The format ``path``'s suffix names (:func:`~.args.plot_path` checked it); PNG for a bare name, which
-    matplotlib would save as ``NAME.png``: the file goes at the very name given."""
-    name = os.path.basename(path)
-    return name.rpartition(".")[2].lower() if "." in name else "png"
 
 
 # ---- a planned epoch (--plan) ------------------------------------------------------------------

@@ -87,8 +87,7 @@ def reading_filesystem(
     ``storage_options`` set them."""
     opts = dict(storage_options or {})
     if "::" in url:  # chained URLs (simplecache::s3://...): let fsspec build the chain
-        fs, path = fsspec.core.url_to_fs(url, **opts)
-        return fs, path
+        return filesystem(url, opts)
     protocol = fsspec.core.split_protocol(url)[0] or "file"
     cls = filesystem_class(url)
     path = cls._strip_protocol(url)

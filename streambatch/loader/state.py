@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, StateError, int_option
+from ..errors import OptionError, StateError, int_option, shown
 from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
 from ..plan.layout import Layout
@@ -79,7 +79,7 @@ class LoaderState:
         """A state from its dict form, as this or an earlier version saved it; anything else (not a mapping, no
         epoch, a position that is not a whole number from 0) is a :class:`StateError`."""
         if not isinstance(state, Mapping) or "epoch" not in state:
-            raise StateError(f"not a loader state_dict (a mapping with an 'epoch'): {_shown(state)}")
+            raise StateError(f"not a loader state_dict (a mapping with an 'epoch'): {shown(state)}")
         known = [k for k in cls.names() if k in state]
         out = cls(**{k: state[k] for k in known}, recorded=frozenset(known))
         try:
@@ -201,9 +201,3 @@ def unpack_mask(packed: str, n: int) -> np.ndarray:
 
     bits = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype=np.uint8)
     return np.unpackbits(bits)[:n].astype(bool)
-
-
-def _shown(value: Any) -> str:
-    """A value as a message shows it (cut at 60 characters)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:60] + "..."

@@ -21,7 +21,7 @@ from ...dataset import limits, storage
 from ...dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ...dataset.format import HashingReader
 from ...dataset.tar import Oversize, iter_members, split_name
-from ...errors import ShardReadError
+from ...errors import ShardReadError, shown
 
 
 @dataclass
@@ -159,7 +159,7 @@ def _json(key: str, members: dict[str, bytes], s: SampleScan) -> dict[str, Any] 
     for name in ("length", "duration"):
         value = meta.get(name)
         if value is not None and finite_number(value) is None:
-            s.problem = f"{key}.json: {name} {_shown(value)} is not a finite number"
+            s.problem = f"{key}.json: {name} {shown(value, 40)} is not a finite number"
             return None
     s.length, s.duration = finite_number(meta.get("length")), finite_number(meta.get("duration"))
     return meta
@@ -174,12 +174,6 @@ def _text_problem(key: str, members: dict[str, bytes]) -> str:
     except UnicodeDecodeError as e:
         return f"{key}.txt: not UTF-8 text ({e.reason} at byte {e.start})"
     return f"{key}.txt: text that cannot be read"
-
-
-def _shown(value: Any) -> str:
-    """A value as a message shows it (cut at 40 characters)."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _over_limits(key: str, members: dict[str, bytes]) -> str | None:
