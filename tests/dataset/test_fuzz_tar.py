@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
 import tempfile
 
@@ -78,6 +79,13 @@ def size_claims(draw, base: bytes) -> bytes:
 
 
 _FILE = os.path.join(tempfile.mkdtemp(prefix="fuzz-tar-"), "fuzz.tar")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_the_fuzz_file():
+    """The one file every streamed case goes through (hypothesis runs many cases per test) goes with the module."""
+    yield
+    shutil.rmtree(os.path.dirname(_FILE), ignore_errors=True)
 
 
 def stream_all(data: bytes) -> list:
