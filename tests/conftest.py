@@ -32,6 +32,11 @@ REPO = TESTS.parent
 _RECORD = tempfile.mkdtemp(prefix="streambatch-tests-verified-")
 os.environ.setdefault("STREAMBATCH_VERIFY_RECORD", _RECORD)
 atexit.register(shutil.rmtree, _RECORD, True)
+#: the temporary files of the processes a test starts (torchrun's torchelastic_* logs, multiprocessing's pymp-*,
+#: which a killed rank never removes) go to this run's own folder, removed when the run ends
+_CHILD_TMP = tempfile.mkdtemp(prefix="streambatch-tests-tmp-")
+os.environ["TMPDIR"] = _CHILD_TMP
+atexit.register(shutil.rmtree, _CHILD_TMP, True)
 
 
 def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, seed: int = 0) -> int:
