@@ -90,6 +90,10 @@ def _probe_one(args: tuple[Any, dict | None]) -> tuple[int, int, int] | str:
     return probe_file(*args)
 
 
+#: the most worker processes a write or an index of existing tars starts (each holds a pool slot and its pipes)
+MAX_WORKERS = 1024
+
+
 def process_pool(workers: int, remote: bool) -> cf.ProcessPoolExecutor:
     """Worker processes for probing and writing; fresh (spawned) ones when they do remote I/O. They end when
     this process dies, even by SIGKILL (no stranded worker holding a caller's pipes)."""

@@ -36,7 +36,7 @@ from .parts import (
     utc_now,
     write_errors,
 )
-from .probe import check_unit, measured, probe_slice, process_pool
+from .probe import MAX_WORKERS, check_unit, measured, probe_slice, process_pool
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
 from .tarwrite import Sample, ShardTask, existing_shard, plan_shards, write_shard
 from .tokenize import TextOptions
@@ -235,10 +235,6 @@ def _columns(
     except ColumnError as e:
         raise ShardifyError(str(e)) from None
     return bounded(chosen) if names is None else (chosen, [])
-
-
-#: the most worker processes a write starts (each holds a pool slot and its pipes)
-MAX_WORKERS = 1024
 
 
 def _check_options(

@@ -17,6 +17,7 @@ from conftest import TESTS
 
 from streambatch import OptionError, write_shards
 from streambatch.cli import main
+from streambatch.write.adopt.index import index_tars
 
 AUDIO = TESTS / "data" / "real" / "audio"
 #: real 16 kHz recordings, each given a transcript (NeMo's manifests need one)
@@ -254,3 +255,23 @@ def test_write_shards_names_a_bad_option_before_reading(tmp_path, option, value,
     with pytest.raises(OptionError, match=said):
         write_shards(str(clips(tmp_path)), str(out), progress=False, **{option: value})
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "option,value,said",
+    [
+        ("workers", 10**6, "workers must be at most 1,024"),
+        ("workers", 1.7, "workers must be a whole number"),
+        ("workers", 0, "workers must be at least 1"),
+        ("layout", "wav", "layout must be one of"),
+        ("on_error", "ignore", "on_error must be one of"),
+    ],
+)
+def test_index_tars_names_a_bad_option_before_reading(tmp_path, option, value, said):
+    """``index_tars`` takes ``workers`` within the bound ``write_shards`` has (a million would start a million
+    processes), and refuses a bad value before any tar is read or anything written."""
+    src = tmp_path / "tars"
+    src.mkdir()
+    with pytest.raises(OptionError, match=said):
+        index_tars(str(src), progress=False, **{option: value})
+    assert list(src.iterdir()) == []

@@ -35,11 +35,11 @@ from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
-from ...errors import InputProblem, ShardifyError
+from ...errors import InputProblem, ShardifyError, choice_option, int_option
 from ..engines import Engine
 from ..lock import holds_lock
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
-from ..probe import check_unit, process_pool
+from ..probe import MAX_WORKERS, check_unit, process_pool
 from ..records import entry_segment
 from ..segments import Segment
 from .fields import SampleExtras
@@ -212,12 +212,10 @@ def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> b
 
 
 def _check_options(layout: str, workers: int, on_error: str) -> None:
-    if layout not in LAYOUTS:
-        raise ShardifyError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
-    if on_error not in ("fail", "skip"):
-        raise ShardifyError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
-    if int(workers) <= 0:
-        raise ShardifyError("workers must be positive")
+    """The options, each checked before a tar is read, as :func:`~..writer.write_shards` checks its own."""
+    choice_option("layout", layout, LAYOUTS)
+    choice_option("on_error", on_error, ("fail", "skip"))
+    int_option("workers", workers, 1, MAX_WORKERS)
 
 
 def _check_out(out: str, scope: Scope, overwrite: bool, storage_options: dict | None) -> None:
