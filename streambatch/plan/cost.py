@@ -13,7 +13,7 @@ Every model answers one question for the batcher: for each length, how many samp
 
 from __future__ import annotations
 
-import json
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +21,14 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import OptionError, number_option
+from ..errors import IndexFormatError, OptionError, int_option, number_option, shown
 from .stats import LengthStats
 
 CALIBRATION_FORMAT = "streambatch-calibration"
+#: the cost models a calibration file may name
+CALIBRATED_COSTS = ("padded", "quadratic")
+#: where a calibration given as a dict (``cost={...}``) came from, in messages
+GIVEN_DICT = "<dict>"
 
 
 class CostModel:
@@ -80,8 +84,7 @@ class QuadraticCost(CostModel):
     name = "quadratic"
 
     def __post_init__(self) -> None:
-        if not self.factor or self.factor <= 0:
-            raise ValueError(f"quadratic cost needs a positive quadratic_factor, got {self.factor!r}")
+        self.factor = number_option("quadratic_factor", self.factor, positive=True)
 
     def cost(self, n, max_len):
         return n * (max_len + max_len * max_len / self.factor)
@@ -104,16 +107,25 @@ def _whole(ratio: np.ndarray, most: int) -> np.ndarray:
 
 
 class CallableCost(CostModel):
-    """A user function ``cost(n, max_len)``; called with numpy arrays when it accepts them."""
+    """A user function ``cost(n, max_len)`` returning a finite number of at least 0; called with numpy arrays
+    when it accepts them. Its signature is checked, and it is called once on ``(1, 1.0)``, where it is built, so a
+    function of the wrong shape fails there (an :class:`~streambatch.errors.OptionError`), not in a worker."""
 
     name = "callable"
 
     def __init__(self, fn: Callable[[Any, Any], float]):
+        _check_signature(fn)
         self.fn = fn
         self._vectorised: bool | None = None
+        self.value(1, 1.0)
 
     def cost(self, n, max_len):
         return self.fn(n, max_len)
+
+    def value(self, n: int, max_len: float) -> float:
+        """``cost(n, max_len)`` as a float, checked: an :class:`OptionError` naming what the function returned
+        when that is not a finite number of at least 0 (the function's own errors pass through as they are)."""
+        return _cost_value(self.fn(n, max_len), n, max_len)
 
     def _cost_vec(self, n: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         if self._vectorised is None:
@@ -122,18 +134,57 @@ class CallableCost(CostModel):
                 self._vectorised = out.shape == np.broadcast(n, lengths).shape
             except Exception:
                 self._vectorised = False
-        if self._vectorised:
-            return np.asarray(self.fn(n, lengths), dtype=np.float64)
-        return np.array([float(self.fn(int(a), float(b))) for a, b in zip(n.ravel(), lengths.ravel())]).reshape(n.shape)
+        if not self._vectorised:
+            return np.array([self.value(int(a), float(b)) for a, b in zip(n.ravel(), lengths.ravel())]).reshape(n.shape)
+        out = np.asarray(self.fn(n, lengths), dtype=np.float64)
+        bad = ~(np.isfinite(out) & (out >= 0))
+        if bad.any():
+            i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            a, b = np.broadcast_arrays(n, lengths)
+            _cost_value(out[i], int(a[i]), float(b[i]))  # raises, naming that value
+        return out
 
     def check_monotone(self, lengths: Any, max_n: int = 64) -> None:
-        """Raise if the function decreases in ``n`` or in length on a grid over the data's lengths (an array
-        or a :class:`~streambatch.plan.stats.LengthStats`)."""
+        """Raise an :class:`OptionError` if the function decreases in ``n`` or in length on a grid over the data's
+        lengths (an array or a :class:`~streambatch.plan.stats.LengthStats`), or returns anything but a finite
+        number of at least 0 there."""
         ls = np.unique(LengthStats.of(lengths).quantile(np.linspace(0, 1, 9)))
         ns = np.unique(np.geomspace(1, max_n, 8).astype(int))
-        grid = np.array([[float(self.fn(int(n), float(x))) for x in ls] for n in ns])
+        grid = np.array([[self.value(int(n), float(x)) for x in ls] for n in ns])
         if (np.diff(grid, axis=0) < 0).any() or (np.diff(grid, axis=1) < 0).any():
-            raise ValueError("cost(n, max_len) must be non-decreasing in both n and max_len")
+            raise OptionError("cost: cost(n, max_len) must be non-decreasing in both n and max_len")
+
+
+def _check_signature(fn: Callable[..., Any]) -> None:
+    """Refuse a cost function that cannot be called as ``fn(n, max_len)`` (where its signature can be read)."""
+    if isinstance(fn, type) and issubclass(fn, CostModel):
+        raise OptionError(f"cost={fn.__name__} is a class: pass an instance, {fn.__name__}()")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or extension without one: its first call says
+        return
+    try:
+        signature.bind(1, 1.0)
+    except TypeError as e:
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        raise OptionError(
+            f"cost must be a function cost(n, max_len) -> number of two positional arguments; {name}{signature} "
+            f"cannot be called so ({e})"
+        ) from None
+
+
+def _cost_value(value: Any, n: int, max_len: float) -> float:
+    """What a cost function returned, as a float once it is a finite number of at least 0, else an OptionError."""
+    try:
+        x = math.nan if isinstance(value, (str, bytes, bool, np.bool_)) else float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not (math.isfinite(x) and x >= 0):
+        raise OptionError(
+            f"cost must return a finite number of at least 0; cost({n}, {max_len:g}) returned "
+            + shown(value.item() if isinstance(value, np.generic) else value)
+        )
+    return x
 
 
 class PackedCost(CostModel):
@@ -158,7 +209,7 @@ def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) ->
     if callable(cost):
         return CallableCost(cost), None
     if isinstance(cost, dict):
-        return calibration_cost(cost, "<dict>")
+        return calibration_cost(cost, GIVEN_DICT)
     if cost in (None, "padded"):
         return PaddedCost(), None
     if cost == "quadratic":
@@ -178,28 +229,69 @@ def is_calibration_path(cost: Any) -> bool:
 
 
 def read_calibration(path: str, opener: Callable[[str], IO[bytes]] | None = None) -> dict[str, Any]:
-    """A calibration file's contents. ``opener``: how to open ``path`` (the loader passes its storage layer, so
-    the file may live in object storage); a local file by default."""
+    """A calibration file's contents, checked (:func:`check_calibration`). ``opener``: how to open ``path`` (the
+    loader passes its storage layer, so the file may live in object storage); a local file by default. No file
+    there is an :class:`OptionError` (``cost`` names a file that is not there); a file that is not a calibration
+    is an :class:`IndexFormatError` naming it."""
+    from ..dataset.limits import loads
+
     try:
         with opener(path) if opener is not None else open(path, "rb") as f:
-            return json.load(f)
+            raw = f.read()
     except FileNotFoundError:
-        raise FileNotFoundError(f"no calibration file at {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a calibration file ({e})") from None
+        raise OptionError(
+            f"cost: no calibration file at {path} (write one with `shardify calibrate ... --out {path}`)"
+        ) from None
+    except IsADirectoryError:
+        raise OptionError(f"cost: {path} is a folder, not a calibration file written by `shardify calibrate`") from None
+    try:
+        d = loads(raw)
+    except ValueError as e:  # not JSON, not UTF-8, or nested too deep
+        said = " ".join(str(e).split())
+        raise IndexFormatError(f"{path}: not a calibration file written by `shardify calibrate` ({said})") from None
+    return check_calibration(d, path)
+
+
+def check_calibration(d: Any, source: str) -> dict[str, Any]:
+    """``d`` once it is a calibration as ``shardify calibrate`` writes it: a JSON object whose ``format`` (when
+    given) is :data:`CALIBRATION_FORMAT`, ``cost`` one of :data:`CALIBRATED_COSTS`, ``quadratic_factor`` (for
+    ``"quadratic"``) and ``budget`` (when not null) finite numbers above 0, ``unit`` (when not null) a
+    :class:`~streambatch.units.Unit` name and ``max_batch_size`` (when not null) a whole number of at least 1.
+    What is wrong is one line naming ``source``: an :class:`IndexFormatError` for a file (the file is what is
+    wrong, as for an index), an :class:`OptionError` for a dict given as ``cost`` (``source`` :data:`GIVEN_DICT`)."""
+    from ..units import Unit
+
+    given = source == GIVEN_DICT
+    where, error = ("cost", OptionError) if given else (source, IndexFormatError)
+    if not isinstance(d, dict):
+        raise error(f"{where}: not a calibration (a JSON object written by `shardify calibrate`), got {shown(d)}")
+    if d.get("format", CALIBRATION_FORMAT) != CALIBRATION_FORMAT:
+        raise error(f"{where}: not a {CALIBRATION_FORMAT} file (format={shown(d.get('format'))})")
+    try:
+        kind = d.get("cost", "padded")
+        if kind not in CALIBRATED_COSTS:
+            raise OptionError(f"cost must be one of {', '.join(map(repr, CALIBRATED_COSTS))}, got {shown(kind)}")
+        if kind == "quadratic":
+            number_option("quadratic_factor", d.get("quadratic_factor"), positive=True)
+        if d.get("budget") is not None:
+            number_option("budget", d["budget"], positive=True)
+        if d.get("unit") is not None:
+            Unit.parse(d["unit"])
+        if d.get("max_batch_size") is not None:
+            int_option("max_batch_size", d["max_batch_size"], 1)
+    except OptionError as e:
+        raise error(f"{where}: not a valid calibration: {e}") from None
+    return d
 
 
 def calibration_cost(d: dict[str, Any], source: str) -> tuple[CostModel, float | None]:
-    """The cost model and budget a calibration (``source``: where it came from, for messages) describes."""
-    if d.get("format", CALIBRATION_FORMAT) != CALIBRATION_FORMAT:
-        raise ValueError(f"{source}: not a {CALIBRATION_FORMAT} file")
-    kind = d.get("cost", "padded")
-    budget = d.get("budget")
-    if kind == "padded":
-        return PaddedCost(), budget
-    if kind == "quadratic":
+    """The cost model and budget a calibration (``source``: where it came from, for messages; :data:`GIVEN_DICT`
+    for a dict given as ``cost``) describes, checked by :func:`check_calibration`."""
+    d = check_calibration(d, source)
+    budget = None if d.get("budget") is None else float(d["budget"])
+    if d.get("cost", "padded") == "quadratic":
         return QuadraticCost(float(d["quadratic_factor"])), budget
-    raise ValueError(f"{source}: unknown cost {kind!r}")
+    return PaddedCost(), budget
 
 
 def max_length_alone(model: CostModel, budget: float) -> float:
