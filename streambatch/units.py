@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 from collections.abc import Iterable
 
 from .errors import OptionError
 
-__all__ = ["Unit", "parse_bytes", "resampled_count"]
+__all__ = ["Unit", "parse_bytes", "resampled_count", "same_length"]
 
 
 class Unit(str, enum.Enum):
@@ -83,6 +84,19 @@ class Unit(str, enum.Enum):
         if self is Unit.SECONDS:
             return frames / rate
         raise OptionError(f"audio is measured in samples or seconds, not {self.value}")
+
+
+#: how far a sample's ``.json`` length may stray from its index's (relative, at least 1 unit × this): the rounding
+#: of a tool that wrote seconds to six places, not a different sample
+LENGTH_TOLERANCE = 1e-6
+
+
+def same_length(found: object, said: float) -> bool:
+    """Whether a ``.json`` length (any JSON value) is the index's ``said``, within :data:`LENGTH_TOLERANCE`: the
+    one rule ``shardify index`` adopts a ``.json`` length by and the loader checks a streamed sample by."""
+    if isinstance(found, bool) or not isinstance(found, numbers.Real):
+        return False
+    return abs(float(found) - float(said)) <= LENGTH_TOLERANCE * max(1.0, abs(float(said)))
 
 
 def resampled_count(frames: int, rate: int, target: int) -> int:

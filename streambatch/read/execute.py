@@ -18,6 +18,7 @@ import numpy as np
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, piece_excluded
+from ..units import same_length
 from .direct import DirectShards
 from .faults import FaultLog, ShardFault, bad_sample
 
@@ -192,12 +193,14 @@ class _Executor:
             return None
         if sample.get("json") is None:  # a tar indexed in place (`shardify index`): its length is the index's
             sample["json"] = {"length": self.index_lengths[pos].item()}
-        got = (sample.get("json") or {}).get("length")
-        if got is not None and got != self.index_lengths[pos]:
-            raise RuntimeError(
-                f"{sample['__url__']}: sample {sample['__key__']!r} has length {got} but the index says "
-                f"{self.index_lengths[pos]}; {_MISMATCH}"
-            )
+        meta, said = sample.get("json") or {}, self.index_lengths[pos].item()
+        if "length" in meta:  # within the tolerance `shardify index` adopted it by; the batch gets the planned one
+            if not same_length(meta["length"], said):
+                raise RuntimeError(
+                    f"{sample['__url__']}: sample {sample['__key__']!r} has length {meta['length']} but the index "
+                    f"says {said}; {_MISMATCH}"
+                )
+            meta["length"] = said
         sample["__id__"] = int(self.plan.gids[pos])  # per-sample randomness is seeded by it (read/transforms.py)
         self.held[pos] = sample
         return pos

@@ -30,7 +30,7 @@ from ..dataset.index_check import table_problems
 from ..dataset.members import PLAIN, SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import iter_members, split_name
 from ..errors import IndexFormatError, ShardReadError
-from ..units import Unit
+from ..units import Unit, same_length
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class _SampleChecks:
         length = s.get("length")
         if "json" in s["exts"] and not s.get("bad_json") and i < self.info.count and (written or length is not None):
             want = self.info.lengths[i]
-            if length is None or not _same_length(length, want):
+            if length is None or not same_length(length, want):
                 self.bad.append(f"{where}: .json length {length!r}, the index says {_num(want)}")
         for ext, data in s.get("audio", []):
             want = self.info.lengths[i] if i < self.info.count else None
@@ -130,7 +130,7 @@ def _decode_problem(
     if want is None:
         return None
     got = check.unit.audio_length(frames, sr, check.sample_rate)
-    if _same_length(got, want):
+    if same_length(got, want):
         return None
     return f"decodes to {frames} frames at {sr} Hz (length {_num(got)}), the index says {_num(want)}"
 
@@ -180,13 +180,6 @@ def verify_shard(
     if len(checks.bad) > max_listed:
         problems.append(f"... and {len(checks.bad) - max_listed} more sample problems")
     return problems + checks.undecodable
-
-
-def _same_length(a: Any, b: float) -> bool:
-    try:
-        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
-    except (TypeError, ValueError):
-        return False
 
 
 def _num(x: Any) -> Any:

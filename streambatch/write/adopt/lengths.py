@@ -4,7 +4,7 @@ could not use it."""
 from __future__ import annotations
 
 from ...dataset.audio import AUDIO_EXTENSIONS
-from ...units import Unit
+from ...units import Unit, same_length
 from ..segments import Segment
 from .nemo import Entry, duration_problem
 from .scan import SampleScan
@@ -32,7 +32,7 @@ def sample_length(
     header = Unit.parse(unit).audio_length(s.frames, s.rate, rate)
     if unit == "samples" and header <= 0:
         return f"{s.key}.{s.audio}: {s.frames} frames at {s.rate} Hz is 0 samples at {rate} Hz"
-    if s.length is not None and abs(s.length - header) > 1e-6 * max(1.0, header):
+    if s.length is not None and not same_length(s.length, header):
         return (
             f"{s.key}.json: length {s.length:g} but the audio header gives {header:g} {unit} ({s.frames} frames "
             f"at {s.rate} Hz); the loader checks the .json length (is --unit right?)"
