@@ -190,19 +190,37 @@ def int_option(name: str, value: Any, minimum: int | None = None, maximum: int |
     return n
 
 
-def number_option(name: str, value: Any, minimum: float | None = None, positive: bool = False) -> float:
+def number_option(
+    name: str,
+    value: Any,
+    minimum: float | None = None,
+    positive: bool = False,
+    maximum: float | None = None,
+    below: float | None = None,
+) -> float:
     """``value`` as a float once it is a finite real number (not a bool or a string), at least ``minimum`` or
-    (``positive``) above 0, else an :class:`OptionError` naming the option."""
+    (``positive``) above 0, and at most ``maximum`` or (``below``) less than ``below``, else an
+    :class:`OptionError` naming the option (with both ends bounded it gives the interval, like ``(0, 1]``)."""
     import math
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise OptionError(f"{name} must be a finite number, got {value!r}")
+    low_ok = not (positive and value <= 0) and not (minimum is not None and value < minimum)
+    high_ok = not (maximum is not None and value > maximum) and not (below is not None and value >= below)
+    if low_ok and high_ok:
+        return float(value)
+    lower = "(0" if positive else None if minimum is None else f"[{minimum:g}"
+    upper = None if maximum is None and below is None else f"{maximum:g}]" if maximum is not None else f"{below:g})"
+    if lower and upper:
+        raise OptionError(f"{name} must be in {lower}, {upper}, got {value!r}")
     if positive and value <= 0:
         raise OptionError(f"{name} must be positive, got {value!r}")
     if minimum is not None and value < minimum:
         raise OptionError(f"{name} must be at least {minimum}, got {value!r}")
-    return float(value)
+    if maximum is not None and value > maximum:
+        raise OptionError(f"{name} must be at most {maximum:g}, got {value!r}")
+    raise OptionError(f"{name} must be below {below:g}, got {value!r}")
 
 
 def bool_option(name: str, value: Any) -> bool:

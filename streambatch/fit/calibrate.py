@@ -157,13 +157,13 @@ def calibration_options(
     is read last (its errors: ``FileNotFoundError``, ``IndexFormatError``). The ranges: ``memory_fraction``
     in (0, 1], ``memory_limit`` above 0 bytes, ``max_batch_size`` from 1 to :data:`MAX_BATCH_SIZE`,
     ``rel_tol`` in [0, 0.5) (0: exact to one sample), ``margin`` in [0, 1), lengths finite and positive."""
-    fraction = _number_in(flag("memory_fraction"), memory_fraction, 0, 1, closed=(False, True))
+    fraction = number_option(flag("memory_fraction"), memory_fraction, positive=True, maximum=1)
     limit = parse_bytes(memory_limit, flag("memory_limit"))
     if limit == 0:
         raise OptionError(f"{flag('memory_limit')} must be more than 0 bytes, got {memory_limit!r}")
     cap = int_option(flag("max_batch_size"), max_batch_size, 1, MAX_BATCH_SIZE)
-    tol = _number_in(flag("rel_tol"), rel_tol, 0, 0.5, closed=(True, False))
-    margin = _number_in(flag("margin"), margin, 0, 1, closed=(True, False))
+    tol = number_option(flag("rel_tol"), rel_tol, 0, below=0.5)
+    margin = number_option(flag("margin"), margin, 0, below=1)
     if lengths is not None:
         lengths = [number_option(flag("lengths"), x, positive=True) for x in lengths]
         if not lengths:
@@ -172,15 +172,6 @@ def calibration_options(
     target = check_output(out, flag("out"))
     probes, unit, rate = _probes(source, lengths, unit, sample_rate)
     return CalibrationOptions(probes, unit, rate, dev, limit, fraction, cap, tol, margin, target)
-
-
-def _number_in(name: str, value: Any, low: float, high: float, closed: tuple[bool, bool]) -> float:
-    """``value`` once it is a finite number from ``low`` to ``high`` (each end included when ``closed``)."""
-    x = number_option(name, value)
-    if not ((low <= x if closed[0] else low < x) and (x <= high if closed[1] else x < high)):
-        interval = f"{'[' if closed[0] else '('}{low:g}, {high:g}{']' if closed[1] else ')'}"
-        raise OptionError(f"{name} must be in {interval}, got {value!r}")
-    return x
 
 
 def check_output(out: str | os.PathLike | None, name: str = "out") -> str | None:

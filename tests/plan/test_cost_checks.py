@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +152,31 @@ def test_a_callable_that_raises_keeps_its_exception_and_raises_at_build(ds):
 def test_a_good_callable_still_batches(ds):
     loader = StreamBatchLoader(ds, 2000, cost=lambda n, m: n * m + n)
     assert sum(len(b["lengths"]) for b in loader) == 30
+
+
+def test_calibrate_ranges_are_checked_by_the_shared_number_option():
+    """``calibrate``'s two-sided ranges (``memory_fraction`` in (0, 1], ``rel_tol`` in [0, 0.5), ``margin`` in
+    [0, 1)) are ``number_option``'s, which names the interval."""
+    from streambatch.errors import number_option
+    from streambatch.fit.calibrate import calibration_options
+
+    assert number_option("x", 1, positive=True, maximum=1) == 1.0
+    assert number_option("x", 0, 0, below=0.5) == 0.0
+    for value, kw, interval in [
+        (0, {"positive": True, "maximum": 1}, "(0, 1]"),
+        (1.5, {"positive": True, "maximum": 1}, "(0, 1]"),
+        (0.5, {"minimum": 0, "below": 0.5}, "[0, 0.5)"),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(f"x must be in {interval}, got {value}")):
+            number_option("x", value, **kw)
+    with pytest.raises(OptionError, match="must be below 3"):
+        number_option("x", 3, below=3)
+    with pytest.raises(OptionError, match="must be at most 3"):
+        number_option("x", 4, maximum=3)
+    for option, value, interval in [
+        ("memory_fraction", 0, "(0, 1]"),
+        ("rel_tol", 0.5, "[0, 0.5)"),
+        ("margin", 1, "[0, 1)"),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(f"{option} must be in {interval}")):
+            calibration_options(lengths=[10], unit="tokens", **{option: value})
