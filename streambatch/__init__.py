@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # imported lazily below; named here for type checkers, IDEs a
     from .loader.options import RunOptions, SampleOptions
     from .loader.state import LoaderState
     from .read.reader import ReadOptions
+    from .write.adopt.index import index_tars
     from .write.writer import write_shards
 
 __version__ = "0.1.0"
@@ -61,6 +62,7 @@ __all__ = [
     "plan_batches",
     "suggest_budget",
     "write_shards",
+    "index_tars",
     "calibrate",
     "OOMGuard",
     "run_with_oom_split",
@@ -99,6 +101,7 @@ _LAZY = {
     "RunOptions": ".loader.options",
     "LoaderState": ".loader.state",
     "write_shards": ".write.writer",
+    "index_tars": ".write.adopt.index",
     "calibrate": ".fit.calibrate",
     "OOMGuard": ".fit.oom",
     "run_with_oom_split": ".fit.oom",

@@ -151,7 +151,10 @@ def index_tars(
     ``output_length``: ``chars``, ``tokens:TOKENIZER`` (of each transcript) or ``column:FIELD`` (an integer field
     of the manifest entry or ``.json``); ``columns``: the fields stored as metadata columns (default: every
     scalar field but the transcript; a NeMo dataset's transcripts are always stored, as ``text``). ``engine``: where
-    the tars are scanned (default: this process and its ``workers``; :class:`~..ray_engine.RayEngine`: Ray tasks).
+    the tars are scanned (default: this process and its ``workers``, 1 to 1,024 processes;
+    :class:`~..ray_engine.RayEngine`: Ray tasks). ``unit`` and ``sample_rate``: what the lengths count (default:
+    samples at the tars' rate for audio, tokens for text). ``overwrite`` replaces an earlier index (never a tar);
+    ``storage_options`` go to fsspec for a remote ``src`` or ``out``.
     """
     src, out = str(src).rstrip("/") or "/", str(out or src).rstrip("/") or "/"
     _check_options(layout, workers, on_error)
