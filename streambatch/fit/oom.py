@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError, choice_option, int_option, shown
 from .memory import free_memory, is_oom
 
 log = logging.getLogger("streambatch.calibrate")
+#: what a piece's ``loss_weight`` may be the share of: its samples, or its real frames (``lengths``/``cu_seqlens``)
+WEIGHT_BY = ("samples", "frames")
 
 
 # ---- cutting a batch -----------------------------------------------------------------------------------
@@ -43,7 +46,7 @@ def batch_size_of(batch: Any) -> int:
     for v in values:
         if isinstance(v, (list, tuple)):
             return len(v)
-    raise ValueError("cannot tell the batch size: no tensor, array or list in the batch")
+    raise OptionError(f"cannot tell the batch size of {shown(batch)}: no tensor, array or list in it")
 
 
 def _is_array(v: Any) -> bool:
@@ -61,13 +64,12 @@ def split_batch(batch: Any, sizes: Sequence[int], *, weight_by: str = "samples")
     ``loss_weight`` = the share times the batch's own ``loss_weight`` (a loader micro-batch's), tuples and
     bare tensors only the share. Pieces keep the batch's padded length.
     """
+    choice_option("weight_by", weight_by, WEIGHT_BY)
     n = batch_size_of(batch)
     if sum(sizes) != n:
-        raise ValueError(f"piece sizes {list(sizes)} do not add up to the batch size {n}")
+        raise OptionError(f"piece sizes {list(sizes)} do not add up to the batch size {n}")
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     frames = _frames(batch, n) if weight_by == "frames" else None
-    if weight_by not in ("samples", "frames"):
-        raise ValueError(f"weight_by must be 'samples' or 'frames', not {weight_by!r}")
     out = []
     for i in range(len(sizes)):
         s, e = int(bounds[i]), int(bounds[i + 1])
@@ -172,6 +174,38 @@ def _attempt(step_fn: Callable[[Any], Any], b: Any, device: Any = None) -> tuple
     return False, None, err
 
 
+@dataclass(frozen=True)
+class SplitOptions:
+    """How :func:`run_with_oom_split` splits a batch that runs out of memory; each value checked once, here (an
+    :class:`~streambatch.errors.OptionError` naming it), so :class:`OOMGuard` refuses a bad one when it is built."""
+
+    min_size: int = 1
+    """The smallest piece, in samples: a piece this small that still runs out of memory re-raises."""
+    reset: Callable[[], Any] | None = None
+    """Called before a batch restarts in more pieces (zeroes the gradients); None: failed pieces are retried."""
+    weight_by: str = "samples"
+    """What a piece's ``loss_weight`` is the share of (:data:`WEIGHT_BY`)."""
+    device: Any = None
+    """The device whose cached memory is freed after an out-of-memory; None: the current one."""
+    logger: logging.Logger | None = None
+    """Where splits are logged (warning); None: the ``streambatch.calibrate`` logger."""
+
+    def __post_init__(self) -> None:
+        int_option("min_size", self.min_size, 1)
+        choice_option("weight_by", self.weight_by, WEIGHT_BY)
+        if self.reset is not None and not callable(self.reset):
+            raise OptionError(f"reset must be a callable taking no argument (or None), got {shown(self.reset)}")
+        if self.logger is not None and not isinstance(self.logger, logging.Logger):
+            raise OptionError(f"logger must be a logging.Logger (or None), got {shown(self.logger)}")
+
+
+def _step(step_fn: Any) -> Callable[[Any], Any]:
+    """``step_fn`` once it is a callable, else an OptionError."""
+    if not callable(step_fn):
+        raise OptionError(f"step_fn must be a callable step_fn(batch), got {shown(step_fn)}")
+    return step_fn
+
+
 def run_with_oom_split(
     step_fn: Callable[[Any], Any],
     batch: Any,
@@ -196,12 +230,17 @@ def run_with_oom_split(
     this batch) every out-of-memory resets the gradients and restarts the whole batch cut into twice as
     many pieces, which is exact. A piece of ``min_size`` samples that still runs out of memory re-raises.
     """
-    logger = logger or log
+    o = SplitOptions(min_size, reset, weight_by, device, logger)
+    return _run_split(_step(step_fn), batch, o)
+
+
+def _run_split(step_fn: Callable[[Any], Any], batch: Any, o: SplitOptions) -> SplitResult:
+    """:func:`run_with_oom_split` with its options checked."""
     n = batch_size_of(batch)
-    attempt = functools.partial(_attempt, step_fn, device=device)
-    if reset is None:
-        return _run_halving(attempt, batch, n, min_size, weight_by, logger)
-    return _run_restarting(attempt, batch, n, min_size, reset, weight_by, logger)
+    attempt = functools.partial(_attempt, step_fn, device=o.device)
+    if o.reset is None:
+        return _run_halving(attempt, batch, n, o.min_size, o.weight_by, o.logger or log)
+    return _run_restarting(attempt, batch, n, o.min_size, o.reset, o.weight_by, o.logger or log)
 
 
 def _run_halving(
@@ -281,14 +320,14 @@ class OOMGuard:
     """
 
     def __init__(self, step_fn: Callable[[Any], Any], **kwargs: Any):
-        self.step_fn = step_fn
-        self.kwargs = kwargs
+        self.step_fn = _step(step_fn)
+        self.options = SplitOptions(**kwargs)  # an unknown name is a TypeError, a bad value an OptionError, now
         self.calls = self.ooms = self.splits = self.split_batches = 0
         self.last: SplitResult | None = None
 
     def __call__(self, batch: Any) -> Any:
         self.calls += 1
-        res = run_with_oom_split(self.step_fn, batch, **self.kwargs)
+        res = _run_split(self.step_fn, batch, self.options)
         self.ooms += res.ooms
         self.splits += res.splits
         self.split_batches += bool(res.splits)
