@@ -5,17 +5,23 @@ epoch ran on. States saved by earlier versions load: a key they lack is simply n
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, StateError, int_option, shown
+from ..errors import StateError, shown
 from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
-from ..plan.layout import Layout
-from ..plan.resume import EarlierRun, Resumed, equalised_of
+from ..plan.layout import EVEN_BATCHES, Layout
+from ..plan.resume import MAX_COUNT, EarlierRun, Resumed, equalised_of, state_count
+
+#: the largest epoch number (``set_epoch``, a checkpoint's ``epoch``): 2³¹ - 1, as 32-bit epoch counters hold;
+#: a loader's shared state holds it in 64 bits, and no run reaches it
+MAX_EPOCH = 2**31 - 1
 
 
 @dataclass
@@ -24,7 +30,7 @@ class LoaderState:
     Small: no per-sample data, whatever the dataset's size."""
 
     epoch: int = 0
-    """The epoch the next pass yields (after a finished pass, the next one)."""
+    """The epoch the next pass yields (after a finished pass, the next one); at most :data:`MAX_EPOCH`."""
     batches_consumed: int = 0
     """Batches of ``epoch`` this rank already yielded."""
     steps: int | None = None
@@ -54,7 +60,8 @@ class LoaderState:
     """A packed mask of consumed samples, from the oldest state format (:func:`pack_mask`)."""
     skip_steps: list[list[int]] = field(default_factory=list)
     """Steps of ``epoch`` a resume skips, as ``[[a, b], ...]`` ranges of step numbers from the epoch's start
-    (``load_state_dict(state, skip_steps=...)``): a later resume from this state skips them too."""
+    (``load_state_dict(state, skip_steps=...)``): a later resume from this state skips them too. Step numbers are
+    at most :data:`~streambatch.plan.resume.MAX_COUNT`."""
     equalised: list[list[int]] | None = None
     """Every rank's equalisation of ``epoch`` on this layout (:meth:`RankEqualised.to_ints`, once planned): a resume on
     another layout then batches each old rank only as far as it consumed. A state without it (an older version)
@@ -76,19 +83,71 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
-        """A state from its dict form, as this or an earlier version saved it; anything else (not a mapping, no
-        epoch, a position that is not a whole number from 0) is a :class:`StateError`."""
+        """A state from its dict form, as this or an earlier version saved it. Every field it holds is checked here,
+        once, before the loader changes: anything else (not a mapping, no epoch, a field of the wrong type or out
+        of range, lists of the wrong shape) is a :class:`StateError` naming the field and its value."""
         if not isinstance(state, Mapping) or "epoch" not in state:
             raise StateError(f"not a loader state_dict (a mapping with an 'epoch'): {shown(state)}")
         known = [k for k in cls.names() if k in state]
         out = cls(**{k: state[k] for k in known}, recorded=frozenset(known))
-        try:
-            out.epoch = int_option("epoch", out.epoch, 0)
-            out.batches_consumed = int_option("batches_consumed", out.batches_consumed or 0, 0)
-        except OptionError as e:
-            raise StateError(f"loader state: {e}") from None
-        out.earlier_layouts = list(out.earlier_layouts or [])
+        out._check_position()
+        out._check_layout()
+        out._check_resume()
         return out
+
+    def _check_position(self) -> None:
+        """The epoch, the batches of it consumed and its steps: whole numbers in range (consumed at most steps)."""
+        self.epoch = state_count("epoch", self.epoch, 0, MAX_EPOCH)
+        self.steps = None if self.steps is None else state_count("steps", self.steps)
+        most = MAX_COUNT if self.steps is None else self.steps
+        consumed = 0 if self.batches_consumed is None else self.batches_consumed
+        self.batches_consumed = state_count("batches_consumed", consumed, 0, most)
+        if self.knows("plan_version"):  # which versions this one plans by: keep_plan_version
+            self.plan_version = state_count("plan_version", self.plan_version, 1)
+        seeds = self.seed if isinstance(self.seed, (list, tuple)) else [self.seed]
+        if not seeds or not all(_is_count(s) for s in seeds):
+            raise StateError(f"loader state: seed must be a whole number from 0 or a list of them: {shown(self.seed)}")
+
+    def _check_layout(self) -> None:
+        """The layout's fields (each None in a state that did not record it) and what the state was saved for."""
+        if self.world_size is not None:
+            self.world_size = state_count("world_size", self.world_size, 1)
+        if self.num_workers is not None:
+            self.num_workers = state_count("num_workers", self.num_workers, 1)
+        if self.even_batches is not None and self.even_batches not in EVEN_BATCHES:
+            said = shown(self.even_batches)
+            raise StateError(f"loader state: even_batches must be one of {', '.join(EVEN_BATCHES)}, got {said}")
+        if self.hardest_first is not None and not isinstance(self.hardest_first, (bool, np.bool_)):
+            raise StateError(f"loader state: hardest_first must be True or False, got {shown(self.hardest_first)}")
+        if self.num_samples is not None:
+            self.num_samples = state_count("num_samples", self.num_samples)
+        if self.mixture is not None and not _is_mixture(self.mixture):
+            raise StateError(
+                "loader state: mixture must be None or a list of [name, weight, samples] rows (a weight schedule adds "
+                f"where the epoch begins), got {shown(self.mixture)}"
+            )
+        if self.where is not None and not isinstance(self.where, str):
+            raise StateError(f"loader state: where must be None or the filter expression, got {shown(self.where)}")
+        if self.batching is not None and (
+            not isinstance(self.batching, Mapping) or not all(isinstance(k, str) for k in self.batching)
+        ):
+            raise StateError(f"loader state: batching must be a mapping of option names, got {shown(self.batching)}")
+
+    def _check_resume(self) -> None:
+        """What a resume plans around: the earlier layouts, the packed mask of the oldest format, the skipped
+        steps and the ranks' equalisation, each checked whole (a resume trusts them)."""
+        layouts = self.earlier_layouts if self.earlier_layouts is not None else []
+        if not isinstance(layouts, (list, tuple)):
+            raise StateError(f"loader state: earlier_layouts must be a list of layouts, got {shown(layouts)}")
+        runs = [EarlierRun.from_state(d, f"earlier_layouts[{i}]") for i, d in enumerate(layouts)]
+        self.earlier_layouts = [run.state_dict() for run in runs]
+        if self.excluded is not None:
+            unpack_mask(self.excluded, self.num_samples)
+        self.skip_steps = _skip_ranges(self.skip_steps)
+        if self.equalised is not None and self.world_size is not None and self.num_workers is not None:
+            equalised_of(self.equalised, Layout(self.world_size, self.num_workers), self.steps)
+        elif self.equalised is not None and not isinstance(self.equalised, (list, tuple)):
+            raise StateError(f"loader state: equalised must be None or a list per rank, got {shown(self.equalised)}")
 
     @classmethod
     def current(cls, **values: Any) -> LoaderState:
@@ -194,10 +253,56 @@ def pack_mask(mask: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(np.packbits(mask).tobytes())).decode("ascii")
 
 
-def unpack_mask(packed: str, n: int) -> np.ndarray:
-    """Inverse of :func:`pack_mask` for ``n`` samples."""
+def unpack_mask(packed: Any, n: int | None) -> np.ndarray:
+    """Inverse of :func:`pack_mask` for ``n`` samples (None: as many as it holds); text that is not a packed
+    mask, or one of fewer than ``n`` samples, is a :class:`StateError` naming ``excluded`` (its key)."""
     import base64
+    import binascii
     import zlib
 
-    bits = np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype=np.uint8)
-    return np.unpackbits(bits)[:n].astype(bool)
+    most = None if n is None else (n + 7) // 8
+    try:
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.b64decode(packed, validate=True), most or 0)
+        short = most is not None and (len(raw) < most or inflate.unconsumed_tail or not inflate.eof)
+    except (TypeError, binascii.Error, zlib.error):
+        short = True
+    if short:
+        said = "a packed mask of consumed samples" + ("" if n is None else f" ({n} samples)")
+        raise StateError(f"loader state: excluded must be {said}, got {shown(packed)}")
+    return np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:n].astype(bool)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
+
+
+def _is_mixture(rows: Any) -> bool:
+    """Whether ``rows`` is a mixture's state: ``[name, weight, samples]`` rows, or with a fourth (its start)."""
+    if not isinstance(rows, (list, tuple)):
+        return False
+    for row in rows:
+        if not isinstance(row, (list, tuple)) or len(row) not in (3, 4) or not isinstance(row[0], str):
+            return False
+        weight = row[1]
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight < 0:
+            return False
+        if not all(_is_count(v) for v in row[2:]):
+            return False
+    return True
+
+
+def _skip_ranges(value: Any) -> list[list[int]]:
+    """The checkpoint's skipped steps (None or none: no skip), ``[[a, b], ...]`` with ``0 <= a < b``."""
+    if value is None:
+        return []
+    ok = isinstance(value, (list, tuple)) and all(
+        isinstance(r, (list, tuple)) and len(r) == 2 and all(map(_is_count, r)) and r[0] < r[1] <= MAX_COUNT
+        for r in value
+    )
+    if not ok:
+        raise StateError(
+            f"loader state: skip_steps must be a list of [first, end] step ranges of whole numbers, 0 <= first < end "
+            f"<= {MAX_COUNT:,}, got {shown(value)}"
+        )
+    return [[int(a), int(b)] for a, b in value]

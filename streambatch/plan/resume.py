@@ -9,15 +9,18 @@ samples' shards, so a rank resuming on another world size reads O(N / world) len
 from __future__ import annotations
 
 import dataclasses
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError, StateError, shown
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .epoch import RankEqualised, SlotEqualised, plan_rank, rank_raw_slots
-from .layout import Layout
+from .layout import EVEN_BATCHES, Layout
 from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
 from .shards import Deal, Piece, epoch_rng, plan_slots
@@ -47,33 +50,89 @@ class EarlierRun:
         return out
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> EarlierRun:
-        """An earlier run as :meth:`state_dict` (or an older version, without ``equalised``) saved it."""
+    def from_state(cls, state: Any, name: str = "an earlier layout") -> EarlierRun:
+        """An earlier run as :meth:`state_dict` (or an older version, without ``equalised``) saved it; anything
+        else (not a mapping, a key missing, a value of the wrong type or out of range) is a :class:`StateError`
+        naming ``name`` (the checkpoint's key) and the value."""
         names = [f.name for f in dataclasses.fields(Layout)] + ["steps", "consumed"]
+        if not isinstance(state, Mapping):
+            raise StateError(f"loader state: {name} must be a mapping of {', '.join(names)}, got {shown(state)}")
         missing = [n for n in names if n not in state]
         if missing:
-            raise ValueError(f"loader state: an earlier layout lacks {', '.join(missing)}")
-        layout = Layout(**{f.name: state[f.name] for f in dataclasses.fields(Layout)})
-        ranks = equalised_of(state.get("equalised"), layout)
-        return cls(layout, int(state["steps"]), int(state["consumed"]), ranks)
+            raise StateError(f"loader state: {name} lacks {', '.join(missing)}: {shown(state)}")
+        layout = state_layout(name, state)
+        steps = state_count(f"{name}.steps", state["steps"])
+        consumed = state_count(f"{name}.consumed", state["consumed"], 0, steps)
+        return cls(layout, steps, consumed, equalised_of(state.get("equalised"), layout, steps, f"{name}.equalised"))
 
     def rank(self, rank: int) -> RankEqualised | None:
         """The old rank's equalisation, where the checkpoint holds it."""
         return self.equalised[rank] if rank < len(self.equalised) else None
 
 
-def equalised_of(rows: Any, layout: Layout) -> tuple[RankEqualised, ...]:
-    """Every rank's equalisation from a checkpoint's lists of integers (none: an older state); rows that do
-    not fit ``layout`` are refused rather than trusted."""
-    if not rows:
+def equalised_of(
+    rows: Any, layout: Layout, steps: int | None = None, name: str = "equalised"
+) -> tuple[RankEqualised, ...]:
+    """Every rank's equalisation from a checkpoint's lists of integers (None or none: an older state). Rows that
+    do not fit ``layout`` (one list of ``1 + 6 × num_workers`` whole numbers per rank), or whose numbers are out of
+    range (a worker number from 0, counts from 0, ``pad`` and ``take`` at most ``steps``), are a
+    :class:`StateError` naming ``name`` rather than trusted."""
+    if rows is None or (isinstance(rows, (list, tuple)) and not rows):
         return ()
-    ranks = tuple(RankEqualised.of_ints([int(v) for v in row]) for row in rows)
-    if len(ranks) != layout.world_size or any(len(r.slots) != layout.num_workers for r in ranks):
-        raise ValueError(
-            f"loader state: an equalisation of {len(ranks)} ranks does not fit {layout.world_size} ranks x "
-            f"{layout.num_workers} workers"
+    width = 1 + len(_SLOT_FIELDS) * layout.num_workers
+    if (
+        not isinstance(rows, (list, tuple))
+        or len(rows) != layout.world_size
+        or any(not isinstance(r, (list, tuple)) or len(r) != width or not all(map(_whole, r)) for r in rows)
+    ):
+        raise StateError(
+            f"loader state: {name} {shown(rows)} does not fit {layout.world_size} ranks x {layout.num_workers} "
+            f"workers (one list of {width} whole numbers per rank)"
         )
+    ranks = tuple(RankEqualised.of_ints([int(v) for v in row]) for row in rows)
+    for r, rank in enumerate(ranks):
+        state_count(f"{name}[{r}] start", rank.start, 0, layout.num_workers - 1)
+        for s in rank.slots:
+            for f in _SLOT_FIELDS:
+                most = steps if f in ("pad", "take") and steps is not None else MAX_COUNT
+                state_count(f"{name}[{r}] {f}", getattr(s, f), -1 if f == "hardest" else 0, most)
     return ranks
+
+
+_SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(SlotEqualised))
+
+#: the largest count a checkpoint may hold (steps, batches, a step number): no epoch has 10¹² steps (each batch
+#: holds a sample, and the largest datasets hold some 10⁹), so a larger one is garbage, not a plan
+MAX_COUNT = 10**12
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def state_count(name: str, value: Any, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
+    """A checkpoint's whole number from ``minimum`` to ``maximum``, else a :class:`StateError` naming it."""
+    if not _whole(value):
+        raise StateError(f"loader state: {name} must be a whole number, got {shown(value)}")
+    if value < minimum:
+        raise StateError(f"loader state: {name} must be at least {minimum}, got {shown(value)}")
+    if value > maximum:
+        raise StateError(f"loader state: {name} must be at most {maximum:,}, got {shown(value)}")
+    return int(value)
+
+
+def state_layout(name: str, state: Mapping[str, Any]) -> Layout:
+    """The :class:`Layout` a checkpoint's mapping names (its four keys), else a :class:`StateError` naming it."""
+    world = state_count(f"{name}.world_size", state["world_size"], 1)
+    workers = state_count(f"{name}.num_workers", state["num_workers"], 1)
+    try:
+        return Layout(world, workers, state["even_batches"], state["hardest_first"])
+    except OptionError:
+        said = f"even_batches={shown(state['even_batches'])}, hardest_first={shown(state['hardest_first'])}"
+        raise StateError(
+            f"loader state: {name} must have even_batches one of {', '.join(EVEN_BATCHES)} and hardest_first True "
+            f"or False, got {said}"
+        ) from None
 
 
 @dataclass(frozen=True)
