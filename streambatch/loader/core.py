@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -18,7 +19,6 @@ from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError, OptionError, int_option
 from ..plan.budget import parse_budget
 from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
-from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
 from ..plan.resume import Resumed, excluded_in
@@ -32,8 +32,8 @@ from .messages import check_shortest_fits, mixture_report, resume_line, unindexe
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
 from .mixing import at_epoch, epoch_index, follow, open_scheduled, to_saved_epoch
 from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
-from .planning import plan_schedule
-from .state import LoaderState, batching_record, pack_mask
+from .planning import between_passes, epoch_arg, old_steps, plan_schedule
+from .state import MAX_EPOCH, LoaderState, batching_record, pack_mask
 from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
 from .workers import check_sendable, make_dataloader, progress_bar
 
@@ -52,9 +52,9 @@ class StreamBatchLoader:
     What to read:
 
     * ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file, a
-      brace-expanded shard pattern or a list of shard URLs (without an index, lengths come from each sample's
-      ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}`` mapping, a list of
-      folders, or a mixture file.
+      brace-expanded shard pattern or a list of shard URLs (10⁷ at most; without an index, lengths come from each
+      sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}`` mapping, a
+      list of folders, or a mixture file.
     * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
       ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
     * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
@@ -241,9 +241,11 @@ class StreamBatchLoader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (shard and batch order follow ``(seed, epoch)``). After a full pass the loader
         moves to the next epoch by itself, so calling this is optional; calling it with the epoch a restored
-        state is in keeps the resume point."""
-        epoch = int_option("epoch", epoch, 0)
+        state is in keeps the resume point. Another epoch during a pass (an iterator partly consumed) is a
+        :class:`~streambatch.errors.StateError`: call it before ``iter(loader)``."""
+        epoch = int_option("epoch", epoch, 0, MAX_EPOCH)
         if epoch != self.epoch:
+            between_passes(self, f"set_epoch({epoch})")
             self._consumed = 0
         self.epoch = int(epoch)
         follow(self, self.epoch)  # a weight schedule: the mixture of this epoch's weights
@@ -253,7 +255,7 @@ class StreamBatchLoader:
         inspection and tests. Iteration and ``len()`` use :meth:`schedule`."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
-        e = self.epoch if epoch is None else int(epoch)
+        e = epoch_arg(self, epoch)
         with at_epoch(self, e):
             lengths = self._lengths(e)
             plan = self._whole_plan(e, lengths)
@@ -280,7 +282,7 @@ class StreamBatchLoader:
         (every rank must call it, as every DDP step does); else the whole epoch is planned on this rank, O(N)."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
-        e = self.epoch if epoch is None else int(epoch)
+        e = epoch_arg(self, epoch)
         if e not in self._schedules:
             self._schedules = {e: plan_schedule(self, e)}
         return self._schedules[e]
@@ -472,7 +474,9 @@ class StreamBatchLoader:
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
         yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
         out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
-        steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (:mod:`~streambatch.loader.steps`)."""
+        steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (:mod:`~streambatch.loader.steps`). Between
+        passes only: during one (an iterator partly consumed) it is a :class:`~streambatch.errors.StateError`."""
+        between_passes(self, "load_state_dict()")
         saved = LoaderState.from_dict(state)
         to_saved_epoch(self, saved)  # a weight schedule: the epoch's weights, checked against the saved ones
         saved.check(self._own_state())
@@ -480,15 +484,8 @@ class StreamBatchLoader:
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         n = self.index.num_samples if self.index is not None else 0
-        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
+        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, partial(old_steps, self))
         self._saved_equalised = saved.equalised_on(self.layout)
         if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
             log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
         self._skips = resume_skips(self, saved, skip_steps)
-
-    def _old_steps(self, layout: Layout, before: Resumed) -> int:
-        """The steps an old layout planned for this epoch (a state saved before it recorded them): O(N), once."""
-        lengths = self._lengths(self.epoch)
-        selection = left_out(self.index, self.filter, self.epoch, self._seed, lengths.offsets)
-        excluded = before.consumed(lengths, self.config, selection)
-        return make_epoch_plan(lengths, self.config, self.epoch, layout, excluded).steps

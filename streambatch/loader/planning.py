@@ -7,9 +7,13 @@ import logging
 import time
 from typing import Any
 
-from ..errors import EmptyEpochError, OptionError
-from ..plan.epoch import RankSchedule, plan_rank_local, share_equalised
+from ..dataset.where import left_out
+from ..errors import EmptyEpochError, OptionError, StateError, int_option
+from ..plan.epoch import RankSchedule, make_epoch_plan, plan_rank_local, share_equalised
+from ..plan.layout import Layout
+from ..plan.resume import Resumed
 from .messages import empty_epoch_message, plan_line
+from .state import MAX_EPOCH
 
 log = logging.getLogger("streambatch")
 
@@ -43,3 +47,26 @@ def rank_local(loader: Any) -> bool:
             f"{loader.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
         )
     return loader.planning != "global" and possible
+
+
+def epoch_arg(loader: Any, epoch: Any) -> int:
+    """The epoch a planning call names (None: the loader's current one), else an :class:`OptionError` naming it."""
+    return loader.epoch if epoch is None else int_option("epoch", epoch, 0, MAX_EPOCH)
+
+
+def between_passes(loader: Any, call: str) -> None:
+    """Refuse ``call`` (a move to another epoch or resume point) while a pass is under way: its iterator would go
+    on yielding the old epoch's batches while ``state_dict()`` named the new place (lost or repeated samples)."""
+    if loader._open_passes:
+        raise StateError(
+            f"{call} during a pass of epoch {loader.epoch} ({loader._consumed} batches of it yielded): call it "
+            "before iter(loader), once the pass has ended (or close its iterator)"
+        )
+
+
+def old_steps(loader: Any, layout: Layout, before: Resumed) -> int:
+    """The steps an old layout planned for the loader's epoch (a state saved before it recorded them): O(N), once."""
+    e = loader.epoch
+    lengths = loader._lengths(e)
+    selection = left_out(loader.index, loader.filter, e, loader._seed, lengths.offsets)
+    return make_epoch_plan(lengths, loader.config, e, layout, before.consumed(lengths, loader.config, selection)).steps

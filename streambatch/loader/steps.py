@@ -20,11 +20,12 @@ import numpy as np
 from ..dataset.members import shard_keys
 from ..dataset.mixture import MixedIndex
 from ..dataset.where import left_out
-from ..errors import OptionError
+from ..errors import OptionError, int_option
 from ..plan.epoch import EpochPlan, make_epoch_plan, plan_rank, rank_raw_slots
 from ..plan.resume import Resumed
 from ..plan.skips import SkippedBatch, SkippedSteps, merged, step_ranges
 from ..plan.slot import interleave
+from .planning import epoch_arg
 from .state import LoaderState
 
 log = logging.getLogger("streambatch")
@@ -84,17 +85,20 @@ def step_samples(loader: Any, step: int, rank: int | None = None, epoch: int | N
     """The samples of global step ``step`` of ``epoch`` (default: the current one), from the plan alone (no shard
     is read): every rank's batch, or only ``rank``'s. Steps count from the epoch's start, as ``len()`` and
     ``consumed`` do; after a resume on another layout, the steps before it are those the earlier layouts ran.
-    Plans the whole epoch, O(N), once per epoch (like :meth:`plan`); needs an index. A step outside the epoch
-    or a rank outside the job is an :class:`~streambatch.errors.OptionError`."""
+    Plans the whole epoch, O(N), once per epoch (like :meth:`plan`); needs an index. A step, rank or epoch that
+    is not a whole number from 0, a step outside the epoch or a rank outside the job is an
+    :class:`~streambatch.errors.OptionError` naming it."""
     if loader.index is None:
         raise TypeError("step_samples needs an index (index.json): without one the steps are not planned")
-    e = loader.epoch if epoch is None else int(epoch)
-    plan, first = _plan_of_step(loader, e, int(step))
-    if rank is not None and not 0 <= int(rank) < plan.world_size:
+    step = int_option("step", step, 0)
+    rank = None if rank is None else int_option("rank", rank, 0)
+    e = epoch_arg(loader, epoch)
+    plan, first = _plan_of_step(loader, e, step)
+    if rank is not None and rank >= plan.world_size:
         raise OptionError(f"rank={rank}: step {step} of epoch {e} ran on {plan.world_size} ranks")
-    ranks = range(plan.world_size) if rank is None else [int(rank)]
+    ranks = range(plan.world_size) if rank is None else [rank]
     offsets = loader._lengths(e).offsets
-    return StepSamples(e, int(step), {r: _batch(loader, plan, r, int(step) - first, offsets) for r in ranks})
+    return StepSamples(e, step, {r: _batch(loader, plan, r, step - first, offsets) for r in ranks})
 
 
 #: each loader's last planned epoch: (epoch, the resume it was planned after, layout number, plan)
