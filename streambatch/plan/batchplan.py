@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections import abc
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError, shown
+from .config import BatchingConfig
 from .select import run_positions
 
 
@@ -97,3 +100,48 @@ def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None
         out.append(order[start : start + k])
         start += k
     return out
+
+
+def plan_inputs(
+    lengths: Any, budget: Any, config: Any, options: dict[str, Any], output_lengths: Any, groups: Any
+) -> tuple[BatchingConfig, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """:func:`~streambatch.plan.batcher.plan_batches`' arguments checked where they come in: the config (given, or
+    made from ``budget`` and the options), ``lengths`` and ``output_lengths`` as 1-D arrays of finite numbers from
+    0, ``groups`` as 1-D whole numbers, one per sample. Anything else is an :class:`OptionError` naming the
+    argument, rather than a numpy error from deep inside the batcher."""
+    lens = stream_array("lengths", lengths)
+    outs = None if output_lengths is None else stream_array("output_lengths", output_lengths, len(lens))
+    keys = None if groups is None else stream_array("groups", groups, len(lens), whole=True)
+    if config is None:
+        config = BatchingConfig.make(budget, lens, **options)
+    elif not isinstance(config, BatchingConfig):
+        raise OptionError(f"config must be a BatchingConfig (BatchingConfig.make(...)), got {shown(config)}")
+    elif budget is not None or options:
+        said = ", ".join(["budget"] * (budget is not None) + sorted(options))
+        raise OptionError(f"plan_batches: pass either config= or the batching options, not both (also gave {said})")
+    if config.output_budget is not None and outs is None:
+        raise OptionError(f"output_budget={config.output_budget:g} needs output_lengths (each sample's second length)")
+    if config.batch_by is not None and keys is None:
+        raise OptionError(f"batch_by={config.batch_by!r} needs groups (each sample's group key, a whole number)")
+    return config, lens, outs, keys
+
+
+def stream_array(name: str, values: Any, n: int | None = None, whole: bool = False) -> np.ndarray:
+    """``values`` as a 1-D numeric array (of ``n`` entries when given) of finite numbers from 0 (``whole``: whole
+    numbers, any sign: group keys), else an :class:`OptionError` naming ``name``."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError):  # ragged nesting
+        array = np.asarray(None)
+    kind = "whole numbers" if whole else "finite numbers from 0"
+    types = (np.integer,) if whole else (np.integer, np.floating)
+    if array.ndim != 1 or not any(np.issubdtype(array.dtype, t) for t in types):
+        got = f"an array of shape {array.shape}, {array.dtype}" if isinstance(values, np.ndarray) else shown(values)
+        raise OptionError(f"{name} must be a 1-D array or list of {kind}, got {got}")
+    if n is not None and len(array) != n:
+        raise OptionError(f"{name} must give one value per sample: {len(array):,} values for {n:,} lengths")
+    if not whole:
+        bad = array[~(np.isfinite(array) & (array >= 0))]
+        if len(bad):
+            raise OptionError(f"{name} must be {kind}, got {shown(bad[0].item())} among them")
+    return array
