@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import braceexpand
 
+from ..errors import OptionError, shown
 from . import storage
 from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
@@ -29,13 +31,80 @@ class ShardURLs(Sequence[str]):
         return self.shard_index.shard_url(i)
 
 
+#: the most shard URLs a brace pattern (or a list of them) may expand to: 10⁷, a hundred times the shards of the
+#: largest datasets (10⁵ shards of a few GB each); the names are counted before any is made, so a pattern like
+#: ``shard-{000000000..999999999}.tar`` (10⁹ names, some 100 GB of strings) is refused at once, not expanded
+MAX_SHARD_URLS = 10**7
+
+
 def expand_urls(source: str | Sequence[str]) -> list[str]:
-    """Brace-expand a shard pattern (or each of a list of them) into URLs."""
-    items = [source] if isinstance(source, str) else list(source)
+    """Brace-expand a shard pattern (or each of a list of them) into URLs. More than :data:`MAX_SHARD_URLS` in
+    all is an :class:`~streambatch.errors.OptionError` naming the pattern and its count, raised before expanding."""
+    items = [str(item) for item in ([source] if isinstance(source, str) else list(source))]
+    counts = [brace_count(item) for item in items]
+    if sum(counts) > MAX_SHARD_URLS:
+        n, item = max(zip(counts, items))
+        what = f"{n:,} shard URLs" if len(items) == 1 else f"{n:,} shard URLs ({sum(counts):,} in all)"
+        raise OptionError(
+            f"source: the pattern {shown(item, 200)} expands to {what}, more than the {MAX_SHARD_URLS:,} a loader "
+            "takes: check its braces (e.g. {000000..000999} for 1,000 shards)"
+        )
     out: list[str] = []
     for item in items:
-        out.extend(braceexpand.braceexpand(str(item)))
+        out.extend(braceexpand.braceexpand(item))
     return out
+
+
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")  # braceexpand's own, to count alike
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+
+
+def brace_count(pattern: str) -> int:
+    """How many strings ``braceexpand(pattern)`` yields, counted from the pattern alone (its grammar: ranges
+    multiply, comma lists add, a backslash escapes), in time linear in the pattern's length times its nesting."""
+    count, start, pos, depth = 1, 0, 0, 0
+    while pos < len(pattern):
+        c = pattern[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            start = pos if depth == 0 else start
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                count *= _expression_count(pattern[start + 1 : pos])
+                start = pos + 1
+        pos += 1
+    return count
+
+
+def _expression_count(expr: str) -> int:
+    """The strings one ``{...}`` yields: a numeric or letter range, a comma list, else the braces kept."""
+    if m := _INT_RANGE.match(expr):
+        a, b, step = int(m[1]), int(m[2]), (int(m[3]) or 1) if m[3] else 1
+        return len(range(a, b + 1, step) if a < b else range(a, b - 1, -step))
+    if m := _CHAR_RANGE.match(expr):
+        return len(list(braceexpand.braceexpand("{" + expr + "}")))  # letters: 52 at most
+    parts: list[str] = []
+    start, pos, depth = 0, 0, 0
+    while pos < len(expr):
+        c = expr[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(expr[start:pos])
+            start = pos + 1
+        pos += 1
+    if depth != 0 or not parts:  # not a list: the braces stay, their inside is expanded
+        return brace_count(expr)
+    return sum(brace_count(p) for p in [*parts, expr[start:]])
 
 
 def resolve_source(
