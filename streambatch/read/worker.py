@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import numbers
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from torch.utils.data import IterableDataset
 from ..dataset.mixture import AnyIndex, DatasetNames
 from ..dataset.where import PlanFilter, left_out
 from ..dist import worker_info
-from ..errors import EmptyEpochError
+from ..errors import EmptyEpochError, shown
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
@@ -329,24 +331,27 @@ def _output_of(config: BatchingConfig) -> Any:
 
 def json_output_length(sample: dict[str, Any]) -> float:
     """A sample's output length from its ``.json`` (two-length budgets without an index)."""
-    meta = sample.get("json")
-    if not isinstance(meta, dict) or "output_length" not in meta:
-        raise ValueError(
-            f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no 'output_length' in its "
-            ".json; output_budget needs shards written with `shardify write --output-length`"
-        )
-    return meta["output_length"]
+    return _json_number(
+        sample, "output_length", "output_budget needs shards written with `shardify write --output-length`"
+    )
 
 
 def json_length(sample: dict[str, Any]) -> float:
     """A sample's length from its ``.json`` (the online path)."""
+    return _json_number(sample, "length", "write the shards with `shardify write` (length-annotated) or give an index")
+
+
+def _json_number(sample: dict[str, Any], field: str, hint: str) -> float:
+    """The ``field`` of a sample's ``.json`` once it is a length (a finite number, at least 0), else a ValueError
+    naming the sample: the shard is data, and a length batches are cut by must be one."""
     meta = sample.get("json")
-    if not isinstance(meta, dict) or "length" not in meta:
-        raise ValueError(
-            f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no .json with a 'length'; "
-            "write the shards with `shardify write` (length-annotated) or give an index"
-        )
-    return meta["length"]
+    where = f"{sample.get('__url__')}: sample {sample.get('__key__')!r}"
+    if not isinstance(meta, dict) or field not in meta:
+        raise ValueError(f"{where} has no {field!r} in its .json; {hint}")
+    value = meta[field]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < math.inf:
+        raise ValueError(f"{where}: its .json {field} {shown(value)} is not a length (a finite number ≥ 0)")
+    return value
 
 
 def finish_batch(samples: list[dict[str, Any]], opts: CollateOptions) -> dict[str, Any] | list[dict[str, Any]]:
