@@ -351,7 +351,7 @@ def _json_number(sample: dict[str, Any], field: str, hint: str) -> float:
     value = meta[field]
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < math.inf:
         raise ValueError(f"{where}: its .json {field} {shown(value)} is not a length (a finite number ≥ 0)")
-    return value
+    return float(value)
 
 
 def finish_batch(samples: list[dict[str, Any]], opts: CollateOptions) -> dict[str, Any] | list[dict[str, Any]]:
