@@ -206,19 +206,20 @@ def number_option(
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise OptionError(f"{name} must be a finite number, got {value!r}")
-    low_ok = not (positive and value <= 0) and not (minimum is not None and value < minimum)
-    high_ok = not (maximum is not None and value > maximum) and not (below is not None and value >= below)
+    x = float(value)
+    low_ok = not (positive and x <= 0) and not (minimum is not None and x < minimum)
+    high_ok = not (maximum is not None and x > maximum) and not (below is not None and x >= below)
     if low_ok and high_ok:
-        return float(value)
+        return x
     lower = "(0" if positive else None if minimum is None else f"[{minimum:g}"
     upper = None if maximum is None and below is None else f"{maximum:g}]" if maximum is not None else f"{below:g})"
     if lower and upper:
         raise OptionError(f"{name} must be in {lower}, {upper}, got {value!r}")
-    if positive and value <= 0:
+    if positive and x <= 0:
         raise OptionError(f"{name} must be positive, got {value!r}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and x < minimum:
         raise OptionError(f"{name} must be at least {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
+    if maximum is not None and x > maximum:
         raise OptionError(f"{name} must be at most {maximum:g}, got {value!r}")
     raise OptionError(f"{name} must be below {below:g}, got {value!r}")
 

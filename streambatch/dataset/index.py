@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from .index_header import check_header
 from .index_values import check_v1
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
-from .storage import join_url, parent_url, read_whole, write_bytes_atomic
+from .storage import join_url, local_path, parent_url, read_whole, write_bytes_atomic
 from .trust import Roots
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexFormatError", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]
@@ -69,12 +70,17 @@ class ShardIndex:
         """Read an index (version 1 or 2) from a path or fsspec URL: the dataset folder or the index file.
         Version 2 reads the header and the shard table; lengths load when asked for. Its shard URLs resolve only
         inside the index's folder, or under one of ``shard_roots`` (the user's; :mod:`.trust`): another is refused
-        with :class:`~streambatch.errors.UntrustedURL` before anything opens it."""
-        url = _index_url(url)
+        with :class:`~streambatch.errors.UntrustedURL` before anything opens it. Nothing at ``url`` (no folder, or a
+        folder without ``index.json``) is a ``FileNotFoundError``, as for the loader; a path that is there but is no
+        index (a file, ``index.json`` a folder) an :class:`IndexFormatError`; ``url`` empty or not a path an
+        :class:`~streambatch.errors.OptionError`."""
+        url = _index_url(_location(url))
         try:
             raw = read_whole(url, storage_options)  # one GET: no size request before it
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"no dataset index at {url}") from e
+            raise FileNotFoundError(f"no dataset index at {url}: {EXPECTED}") from e
+        except (NotADirectoryError, IsADirectoryError) as e:
+            raise IndexFormatError(_not_an_index(url, e)) from None
         return cls.from_raw(raw, url, storage_options, shard_roots)
 
     @classmethod
@@ -399,6 +405,32 @@ def _absolute(url: str, root: str | None) -> str:
 def _index_url(url: str) -> str:
     url = str(url)
     return url if url.endswith(".json") else join_url(url, INDEX_NAME)
+
+
+#: what :meth:`ShardIndex.load` reads, for its messages
+EXPECTED = (
+    f"expected a dataset folder written by `shardify write` or `shardify index` (holding {INDEX_NAME}), "
+    f"or its {INDEX_NAME}"
+)
+
+
+def _location(url: Any) -> str:
+    """``url`` as text once it is a path (``str`` or ``os.PathLike``) or URL that is not empty."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise OptionError(f"a dataset index is read from a folder, file or URL, got {url!r}: {EXPECTED}")
+    return url
+
+
+def _not_an_index(url: str, e: OSError) -> str:
+    """Why the local ``url`` is no index: it is a folder, or a path along it is a file (``/dev/null``, a shard)."""
+    if isinstance(e, IsADirectoryError):
+        return f"{url} is a folder, not an index file: {EXPECTED}"
+    path = os.path.dirname(local_path(url))
+    while path and not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return f"{url}: not a dataset index, {path or url} is a file, not a folder: {EXPECTED}"
 
 
 def upgrade(url: str, storage_options: dict | None = None, progress: bool = True) -> str:

@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from ..errors import IndexFormatError, OptionError, number_option
+from ..errors import IndexFormatError, OptionError, number_option, shown
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
@@ -40,11 +40,19 @@ class Source:
 def mixture_sources(source: Any, weights: Any = None, shard_roots: Sequence[str] = ()) -> list[Source] | None:
     """The datasets a loader ``source`` names, or None for a single dataset: a ``{name: url}`` mapping, a
     list of dataset folders (with ``weights``), or a mixture file (``.yaml``/``.yml``, or ``.json`` holding
-    ``datasets``; :func:`load_mixture`, whose datasets must lie beside it or under ``shard_roots``)."""
+    ``datasets``; :func:`load_mixture`, whose datasets must lie beside it or under ``shard_roots``). A mixture names
+    at least one dataset, by a non-empty string, at a path or URL: else an :class:`OptionError`."""
+    if isinstance(source, Mapping) and not source:
+        raise OptionError("source is an empty mapping: a mixture needs at least one dataset ({name: folder})")
     if isinstance(source, Mapping):
-        items = [(str(k), str(v)) for k, v in source.items()]
+        items = [(_dataset_name(k), _dataset_url(f"source[{k!r}]", v)) for k, v in source.items()]
+    elif isinstance(source, (list, tuple)) and not source:
+        raise OptionError(
+            f"source is an empty {type(source).__name__}: a mixture needs at least one dataset "
+            "(and a list of shard URLs at least one URL)"
+        )
     elif isinstance(source, (list, tuple)) and weights is not None:
-        items = [(_name(str(u)), str(u)) for u in source]
+        items = [(_name(u), u) for u in (_dataset_url(f"source[{i}]", v) for i, v in enumerate(source))]
     elif isinstance(source, str) and _is_mixture_file(source):
         if weights is not None:
             raise OptionError(f"{source}: a mixture file holds its weights; do not pass weights= as well")
@@ -57,7 +65,9 @@ def mixture_sources(source: Any, weights: Any = None, shard_roots: Sequence[str]
 
 
 def _sources(items: list[tuple[str, str]], weights: Any) -> list[Source]:
-    """``(name, url)`` pairs with their weights as sources; the names must differ."""
+    """``(name, url)`` pairs with their weights as sources; there is at least one, and the names differ."""
+    if not items:
+        raise OptionError("a mixture needs at least one dataset, got none")
     names = [n for n, _ in items]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -72,23 +82,43 @@ def _name(url: str) -> str:
     return os.path.basename(url.rstrip("/")) or url
 
 
+def _dataset_name(name: Any) -> str:
+    """A mixture's dataset name (a key of the ``{name: folder}`` mapping): text that is not empty, as
+    ``batch["dataset"]`` and ``weights`` name it."""
+    if not isinstance(name, str) or not name:
+        raise OptionError(f"a mixture's dataset names must be non-empty strings, got {name!r}")
+    return name
+
+
+def _dataset_url(option: str, url: Any) -> str:
+    """A mixture's dataset folder or index file: a path (text or ``os.PathLike``) or URL that is not empty."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise OptionError(f"{option} must be a dataset folder, index file or URL, got {url!r}")
+    return url
+
+
 def weights_by_name(weights: Any, names: list[str]) -> dict[str, float]:
     """Each dataset's weight from ``weights`` as the user gave them (a ``{name: weight}`` mapping, a dataset not
-    named weighing 1, or a list of numbers in the datasets' order), checked: an :class:`OptionError` naming it."""
+    named weighing 1, or a list of numbers in the datasets' order), checked: finite numbers of at least 0, not all
+    0 (an epoch would take no sample), else an :class:`OptionError` naming the weight."""
     if weights is None:
         return {n: 1.0 for n in names}
     if isinstance(weights, Mapping):
-        unknown = sorted(set(weights) - set(names))
+        unknown = sorted(map(str, set(weights) - set(names)))
         if unknown:
-            raise OptionError(
-                f"weights name unknown datasets: {', '.join(map(str, unknown))} (datasets: {', '.join(names)})"
-            )
-        return {n: _weight(f"weights[{n!r}]", weights.get(n, 1.0)) for n in names}
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+            raise OptionError(f"weights name unknown datasets: {', '.join(unknown)} (datasets: {', '.join(names)})")
+        out = {n: _weight(f"weights[{n!r}]", weights.get(n, 1.0)) for n in names}
+    elif isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise OptionError(f"weights must be a {{name: weight}} mapping or a list of numbers, got {weights!r}")
-    if len(weights) != len(names):
+    elif len(weights) != len(names):
         raise OptionError(f"{len(weights)} weights for {len(names)} datasets")
-    return {n: _weight(f"weights[{i}]", w) for i, (n, w) in enumerate(zip(names, weights))}
+    else:
+        out = {n: _weight(f"weights[{i}]", w) for i, (n, w) in enumerate(zip(names, weights))}
+    if names and not any(out.values()):
+        raise OptionError(f"weights are all 0, got {shown(weights)}: at least one dataset needs a weight above 0")
+    return out
 
 
 def _weight(name: str, value: Any) -> float:
