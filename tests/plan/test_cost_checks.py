@@ -99,7 +99,9 @@ def test_a_quadratic_factor_that_is_not_a_positive_number_is_refused():
             QuadraticCost(factor)
 
 
-@pytest.mark.parametrize("fn", [lambda n: n, lambda: 1, lambda n, m, k: n, lambda *, n, m: n], ids=str)
+@pytest.mark.parametrize(
+    "fn", [lambda n: n, lambda: 1, lambda n, m, k: n, lambda *, n, m: n], ids=["one", "none", "three", "keywords"]
+)
 def test_a_callable_of_the_wrong_arity_is_refused_where_it_is_given(ds, fn):
     with pytest.raises(OptionError) as e:
         StreamBatchLoader(ds, 2000, cost=fn)
