@@ -15,6 +15,7 @@ arguments into them.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
-from ..errors import OptionError, bool_option, choice_option, int_option
+from ..errors import OptionError, bool_option, choice_option, int_option, shown
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.config import BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
@@ -33,7 +34,7 @@ from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
 from ..units import parse_bytes
-from .mesh import check_data_parallel
+from .mesh import check_data_parallel, check_slots
 
 #: what the loader plans from: one dataset's index, or a mixture's datasets as one
 Index = ShardIndex | MixedIndex
@@ -44,6 +45,27 @@ PLANNING = ("auto", "local", "global")
 LOSS_WEIGHT_BY = ("samples", "frames")
 #: what ``decode`` may name (else a callable ``sample -> array``)
 DECODE = ("auto", "audio", "text", "none")
+#: the most DataLoader workers per rank (``num_workers``): each a process, each a slot of every rank's plan
+MAX_WORKERS = 1024
+#: the most batches a worker prepares ahead (``prefetch_factor``): each held in memory until the loop takes it
+MAX_PREFETCH_FACTOR = 64
+
+
+def check_arity(name: str, fn: Callable[..., Any], expected: str, positional: int) -> None:
+    """``fn`` (the option ``name``) callable with ``positional`` arguments, as the workers call it (``expected``),
+    else an :class:`OptionError` now rather than one in a worker at the first batch. Defaults and ``*args`` count;
+    a callable whose signature cannot be read (some builtins) is taken as it is."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(positional))
+    except TypeError:
+        raise OptionError(
+            f"{name}={shown(fn)} takes {signature}, but it is called as {expected}: give a callable with "
+            f"{positional} positional argument{'s' if positional != 1 else ''}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -70,10 +92,16 @@ class SampleOptions:
 
         if not callable(self.decode):
             choice_option("decode", self.decode, DECODE)
+        else:
+            check_arity("decode", self.decode, "fn(sample) -> array", 1)
         if self.transform is not None and not callable(self.transform):
             raise OptionError(f"transform must be a callable fn(sample, rng) -> sample, got {self.transform!r}")
+        if self.transform is not None:
+            check_arity("transform", self.transform, "fn(sample, rng) -> sample", 2)
         object.__setattr__(self, "speed", SpeedPerturb.make(self.speed_perturb))
         object.__setattr__(self, "feature_fn", resolve_features(self.features))
+        if callable(self.features):
+            check_arity("features", self.features, "fn(waveform, sample_rate) -> [frames, dim]", 2)
 
     @property
     def active(self) -> list[str]:
@@ -89,7 +117,10 @@ class RunOptions:
     rank: int | None = None
     """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
     world_size: int | None = None
-    """Ranks in the job; None: detected as ``rank`` is, else 1."""
+    """Ranks in the job; None: detected as ``rank`` is, else 1. At most
+    :data:`~streambatch.loader.mesh.MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
+    :data:`~streambatch.loader.mesh.MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
+    every slot, and a whole-epoch plan plans each one (about 0.1 ms and a few KiB per slot)."""
     dp_rank: int | None = None
     """With tensor, context or pipeline parallelism: this process's data-parallel rank (``0 <= dp_rank <
     dp_size``), given with ``dp_size``. The processes of one rank (its peers) get bit-identical batches, the
@@ -104,7 +135,8 @@ class RunOptions:
     """A torch ``DeviceMesh`` instead of ``dp_rank``/``dp_size``: its dimension named ``"dp"`` (or a 1-D
     mesh's only one) gives the data-parallel rank and size, and its process group agrees the step count."""
     num_workers: int = 0
-    """DataLoader worker processes per rank (0: read in the training process)."""
+    """DataLoader worker processes per rank (0: read in the training process); at most :data:`MAX_WORKERS`
+    (1,024): each is a process, and each is a slot every rank's plan deals the epoch over."""
     even_batches: str = "split"
     """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
     :class:`~streambatch.plan.layout.Layout`)."""
@@ -120,7 +152,10 @@ class RunOptions:
     loss_weight_by: str = "samples"
     """What a micro-batch's loss weight counts (:data:`LOSS_WEIGHT_BY`)."""
     prefetch_factor: int | None = None
-    """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2)."""
+    """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2), with workers only
+    (``num_workers`` ≥ 1; the DataLoader refuses it without). At most :data:`MAX_PREFETCH_FACTOR` (64): each
+    worker holds that many formed batches in memory (each up to the budget's padded tensor), and a pass starts
+    by queueing ``num_workers × prefetch_factor`` requests."""
     persistent_workers: bool = False
     """Keep the workers between epochs (as in ``DataLoader``)."""
     pin_memory: bool = False
@@ -136,17 +171,23 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.rank is not None:
             int_option("rank", self.rank, 0)
+        int_option("num_workers", self.num_workers, 0, MAX_WORKERS)
         if self.world_size is not None:
-            int_option("world_size", self.world_size, 1)
+            check_slots(int_option("world_size", self.world_size, 1), self.num_workers)
         check_data_parallel(self)
-        int_option("num_workers", self.num_workers, 0)
         choice_option("planning", self.planning, PLANNING)
         if self.batches_per_epoch is not None:
             int_option("batches_per_epoch", self.batches_per_epoch, 1)
         int_option("micro_batches", self.micro_batches, 1)
         choice_option("loss_weight_by", self.loss_weight_by, LOSS_WEIGHT_BY)
         if self.prefetch_factor is not None:
-            int_option("prefetch_factor", self.prefetch_factor, 1)
+            int_option("prefetch_factor", self.prefetch_factor, 1, MAX_PREFETCH_FACTOR)
+            if self.num_workers == 0:
+                raise OptionError(
+                    f"prefetch_factor={self.prefetch_factor!r} is the batches each worker prepares ahead, and "
+                    "num_workers=0 starts none (the DataLoader refuses it too): give num_workers >= 1 or leave "
+                    "prefetch_factor=None"
+                )
         for name in ("persistent_workers", "pin_memory", "progress"):
             bool_option(name, getattr(self, name))
         if self.max_plan_bytes is None:
@@ -154,9 +195,13 @@ class RunOptions:
         object.__setattr__(self, "max_plan_bytes", parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
         if self.worker_init_fn is not None and not callable(self.worker_init_fn):
             raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
+        if self.worker_init_fn is not None:
+            check_arity("worker_init_fn", self.worker_init_fn, "fn(worker_id)", 1)
 
     def layout(self, world_size: int) -> Layout:
-        """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given)."""
+        """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given; bounded
+        as a given one is)."""
+        check_slots(world_size, self.num_workers)
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
 
 
@@ -292,6 +337,11 @@ def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[Lengt
     from ..read.transforms import SampleOps, require_soxr
 
     speed, features = o.speed, o.feature_fn
+    if o.decode == "audio" and index is not None and index.unit == "tokens":
+        raise OptionError(
+            f"decode='audio' reads audio members, and this dataset's lengths count {index.unit} (text): "
+            "use decode='auto' or 'text'"
+        )
     if not o.active:
         return None, None
     which = ", ".join(o.active)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import OptionError, bool_option, choice_option, int_option, number_option
+from ..errors import OptionError, bool_option, choice_option, int_option, number_option, shown
 from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
@@ -46,7 +46,9 @@ class BatchingConfig:
     """The window of samples each worker's batches are formed from (it bounds memory); None: sized from the
     lengths by :meth:`make` (:func:`~streambatch.plan.buckets.default_buffer_size`), else the floor."""
     refill: int | None = None
-    """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``."""
+    """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``. At
+    most ``buffer_size`` where both are given (:meth:`make` refuses more); with the window sized by :meth:`make`,
+    a larger refill empties the whole window each time."""
     min_length: float = 0
     """Shorter samples are never emitted (counted as skipped)."""
     max_length: float | None = None
@@ -60,7 +62,8 @@ class BatchingConfig:
     seed: int | Sequence[int] = 0
     """The seed of every random choice (with the epoch): the same on every rank."""
     pad_to_multiple_of: int | None = None
-    """Pad ``T`` up to a multiple of this; the budget holds for the padded tensor."""
+    """Pad ``T`` up to a multiple of this; the budget holds for the padded tensor, so one sample padded to this
+    length must fit the budget (else no batch could form: refused)."""
     batch_order: str = "random"
     """The order a worker's batches leave in (:data:`BATCH_ORDERS`): seeded random, or sorted by longest sample."""
     output_budget: float | None = None
@@ -104,6 +107,7 @@ class BatchingConfig:
             bool_option(name, getattr(self, name))
         _check_seed(self.seed)
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
+        _check_pad_fits(self)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
@@ -166,6 +170,7 @@ class BatchingConfig:
             raise OptionError(
                 f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"
             )
+        _check_together(options, num_buckets, cost, quadratic_factor)
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise OptionError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
@@ -183,6 +188,44 @@ class BatchingConfig:
     def replace(self, **changes: Any) -> BatchingConfig:
         """A copy with some fields changed."""
         return with_plan_version(dataclasses.replace(self, **changes), self.plan_version)
+
+
+def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadratic_factor: Any) -> None:
+    """Options :meth:`make` would otherwise ignore beside another: ``num_buckets`` beside ``bucket_boundaries``,
+    ``quadratic_factor`` without ``cost="quadratic"``, ``refill`` above a ``buffer_size`` given with it."""
+    if num_buckets is not None and options.get("bucket_boundaries") is not None:
+        raise OptionError(
+            f"num_buckets={num_buckets!r} estimates bucket boundaries and bucket_boundaries gives them: "
+            "pass one of the two"
+        )
+    if quadratic_factor is not None and not (isinstance(cost, str) and cost == "quadratic"):
+        raise OptionError(
+            f"quadratic_factor={quadratic_factor!r} is used only with cost='quadratic', got cost={shown(cost)}: "
+            "give cost='quadratic' or leave quadratic_factor=None"
+        )
+    refill, window = options.get("refill"), options.get("buffer_size")
+    if refill is not None and window is not None:
+        if int_option("refill", refill, 0) > int_option("buffer_size", window, 1):
+            raise OptionError(
+                f"refill={refill!r} is more than buffer_size={window!r}, the window the samples leave: at most "
+                "buffer_size (or leave buffer_size=None to size the window from the lengths)"
+            )
+
+
+def _check_pad_fits(config: BatchingConfig) -> None:
+    """With ``pad_to_multiple_of`` every batch is padded to at least that length: one sample so padded must fit the
+    budget, else an :class:`OptionError` naming ``pad_to_multiple_of`` (not the shortest sample it pads)."""
+    m = config.pad_to_multiple_of
+    if not m or m <= 1:
+        return
+    padded = np.array([float(m)])
+    fits = m <= config.budget if config.cost.packed else config.cost.capacity(padded, config.budget, 1)[0] >= 1
+    if not fits:
+        raise OptionError(
+            f"pad_to_multiple_of={m!r} pads every batch to a length of at least {m:,}, and one sample of that "
+            f"length costs more than the budget {config.budget:,g} ({config.cost.name} cost): use a smaller "
+            "pad_to_multiple_of or a larger budget"
+        )
 
 
 def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:

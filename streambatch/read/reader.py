@@ -25,6 +25,8 @@ from .retry import RetryPolicy
 from .skip import Span
 
 VERIFY = ("sha256", "size", "none")
+#: the most range requests a worker keeps in flight (``max_read_concurrency``): each a thread and a connection
+MAX_READ_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,12 @@ class ReadOptions:
     read_concurrency: int = 4
     """Range requests in flight at once per worker when reading starts (with read-ahead; the read-ahead then
     adapts the count to the measured latency, up to ``max_read_concurrency``), and while a shard downloads
-    into the cache."""
+    into the cache. At most ``max_read_concurrency``: raising it above 16 means raising that too."""
     max_read_concurrency: int = 16
     """The most range requests one worker's read-ahead keeps in flight as it adapts to the store's latency
     (:mod:`~streambatch.read.inflight`); a node has at most this many per worker process of each rank on it.
-    The bytes they hold stay within ``read_ahead``."""
+    The bytes they hold stay within ``read_ahead``. At most :data:`MAX_READ_CONCURRENCY` (256): each request in
+    flight is a thread of the worker's fetch pool and a connection to the store."""
     retries: int = 8
     """Retries per request after the first try (:class:`~.retry.RetryPolicy`)."""
     backoff: float = 0.25
@@ -59,7 +62,8 @@ class ReadOptions:
     cache_dir: str | None = None
     """A node-local shard cache (:mod:`streambatch.read.cache`): each shard downloaded once per node; None: none."""
     cache_size: int | None = None
-    """The cache's limit in bytes, least recently used shards evicted first; None: no limit."""
+    """The cache's limit in bytes, least recently used shards evicted first; None: no limit. Only with
+    ``cache_dir`` (without a cache there is nothing to limit)."""
     shard_roots: Sequence[str] = ()
     """Folders or URL prefixes (``"/data/tars"``, ``"s3://bucket/raw/"``) that an index's shard URLs (and a mixture
     file's datasets) may point into besides the dataset's own folder or prefix. An index is data: by default a URL
@@ -78,8 +82,7 @@ class ReadOptions:
                 raise OptionError(str(e)) from None
         if self.chunk_size <= 0:
             raise OptionError(f"chunk_size must be positive, got {self.chunk_size}")
-        int_option("read_concurrency", self.read_concurrency, 1)
-        int_option("max_read_concurrency", self.max_read_concurrency, 1)
+        _check_concurrency(self.read_concurrency, self.max_read_concurrency)
         int_option("retries", self.retries, 0)
         number_option("backoff", self.backoff, 0)
         number_option("timeout", self.timeout, positive=True)
@@ -88,11 +91,28 @@ class ReadOptions:
         object.__setattr__(self, "shard_roots", shard_roots_option(self.shard_roots))
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise OptionError(f"cache_dir must be a folder or None, got {self.cache_dir!r}")
+        if self.cache_size is not None and self.cache_dir is None:
+            raise OptionError(
+                f"cache_size={self.cache_size} limits the shard cache in cache_dir, and cache_dir=None makes none: "
+                "give cache_dir too, or leave cache_size=None"
+            )
 
     @property
     def retry(self) -> RetryPolicy:
         """How each request is retried."""
         return RetryPolicy(retries=self.retries, backoff=self.backoff, timeout=self.timeout)
+
+
+def _check_concurrency(start: Any, most: Any) -> None:
+    """``read_concurrency`` and ``max_read_concurrency``: whole numbers from 1, the bound at most
+    :data:`MAX_READ_CONCURRENCY`, the start within the bound (the read-ahead would silently start at the bound)."""
+    int_option("read_concurrency", start, 1, MAX_READ_CONCURRENCY)
+    int_option("max_read_concurrency", most, 1, MAX_READ_CONCURRENCY)
+    if start > most:
+        raise OptionError(
+            f"read_concurrency={start} is above max_read_concurrency={most}, the most requests a worker keeps in "
+            f"flight: raise max_read_concurrency to at least {start} too"
+        )
 
 
 def _piece_samples(fetcher: Fetcher, job: Job, piece: Piece, members: ShardMembers = PLAIN) -> Iterator[dict[str, Any]]:
