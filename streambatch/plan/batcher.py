@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SampleTooLongError
-from .batchplan import BatchPlan, sort_batches, sorted_oracle  # noqa: F401 - sorted_oracle: the reference, public here
+from .batchplan import BatchPlan, plan_inputs, sort_batches, sorted_oracle  # noqa: F401 - sorted_oracle: the reference, public here
 from .config import BatchingConfig, slot_seed
 from .cost import PaddedCost
 from .groups import GroupHistograms, group_ends, group_runs
@@ -489,12 +489,5 @@ def plan_batches(
     ``output_lengths`` with ``output_budget``: every batch also holds ``n × max output length ≤ output_budget``.
     ``groups`` with ``batch_by``: each sample's group key (integers); no batch holds two keys.
     """
-    lengths = np.asarray(lengths)
-    if config is None:
-        config = BatchingConfig.make(budget, lengths, **options)
-    elif budget is not None or options:
-        raise TypeError("pass either config= or the batching options, not both")
-    if config.output_budget is not None and output_lengths is None:
-        raise ValueError("output_budget needs output_lengths (each sample's second length)")
-    outs = None if output_lengths is None else np.asarray(output_lengths)
-    return BucketBatcher(config).plan(lengths, outs, None if groups is None else np.asarray(groups))
+    config, lens, outs, keys = plan_inputs(lengths, budget, config, options, output_lengths, groups)
+    return BucketBatcher(config).plan(lens, outs, keys)

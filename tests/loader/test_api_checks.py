@@ -14,10 +14,9 @@ import pytest
 from braceexpand import braceexpand
 from conftest import text_dataset
 
-from streambatch import BatchingConfig, Layout, OptionError, StateError, StreamBatchLoader
+from streambatch import BatchingConfig, Layout, OptionError, StateError, StreamBatchLoader, plan_batches
 from streambatch.dataset.source import MAX_SHARD_URLS, brace_count, expand_urls
 from streambatch.loader.state import pack_mask
-from streambatch.plan.batchplan import plan_inputs
 from streambatch.plan.epoch import make_epoch_plan
 from streambatch.plan.resume import equalised_of
 
@@ -199,16 +198,18 @@ L3 = [10, 20, 30]
     ],
 )
 def test_plan_batches_arguments_are_checked_at_the_entry_point(kw, named):
-    args = {"lengths": L3, "budget": 100, "config": None, "options": {}, "output_lengths": None, "groups": None, **kw}
+    args = {"lengths": L3, "budget": 100, "config": None, "output_lengths": None, "groups": None, **kw}
+    options = args.pop("options", {})
     with pytest.raises(OptionError, match=f"^{named}") as got:
-        plan_inputs(**args)
+        plan_batches(**args, **options)
     assert "\n" not in str(got.value)
 
 
 def test_plan_batches_inputs_that_are_fine_pass_through():
-    config, lengths, outs, keys = plan_inputs([10, 20.5, 0], 100, None, {}, None, [1, 1, 2])
-    assert config.budget == 100 and lengths.tolist() == [10, 20.5, 0] and outs is None and keys.tolist() == [1, 1, 2]
-    assert len(plan_inputs([], 100, None, {}, None, None)[1]) == 0
+    plan = plan_batches([10, 20.5, 5, 40], 100, groups=[1, 1, 2, 2], batch_by="dataset")
+    assert sorted(plan.flat.tolist()) == [0, 1, 2, 3]  # every sample once
+    assert all(len({[1, 1, 2, 2][i] for i in b}) == 1 for b in plan)  # no batch holds two groups
+    assert len(plan_batches([], 100)) == 0
 
 
 # ---- 3. set_epoch (and load_state_dict) during a pass ---------------------------------------------------------------
