@@ -14,6 +14,7 @@ Every model answers one question for the batcher: for each length, how many samp
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -228,26 +229,30 @@ def is_calibration_path(cost: Any) -> bool:
     return isinstance(cost, str) and cost.endswith(".json")
 
 
+#: the most bytes a calibration file may hold (``shardify calibrate`` writes well under 1 KB): it is data
+MAX_CALIBRATION_BYTES = 1 << 20
+
+
 def read_calibration(path: str, opener: Callable[[str], IO[bytes]] | None = None) -> dict[str, Any]:
     """A calibration file's contents, checked (:func:`check_calibration`). ``opener``: how to open ``path`` (the
     loader passes its storage layer, so the file may live in object storage); a local file by default. No file
     there is an :class:`OptionError` (``cost`` names a file that is not there); a file that is not a calibration
     is an :class:`IndexFormatError` naming it."""
-    from ..dataset.limits import loads
-
     try:
         with opener(path) if opener is not None else open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_CALIBRATION_BYTES + 1)
     except FileNotFoundError:
         raise OptionError(
             f"cost: no calibration file at {path} (write one with `shardify calibrate ... --out {path}`)"
         ) from None
     except IsADirectoryError:
         raise OptionError(f"cost: {path} is a folder, not a calibration file written by `shardify calibrate`") from None
+    if len(raw) > MAX_CALIBRATION_BYTES:
+        raise IndexFormatError(f"{path}: more than {MAX_CALIBRATION_BYTES:,} bytes, not a calibration file")
     try:
-        d = loads(raw)
-    except ValueError as e:  # not JSON, not UTF-8, or nested too deep
-        said = " ".join(str(e).split())
+        d = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past the parser's stack
+        said = " ".join(str(e).split()) if isinstance(e, ValueError) else "nested too deep"
         raise IndexFormatError(f"{path}: not a calibration file written by `shardify calibrate` ({said})") from None
     return check_calibration(d, path)
 

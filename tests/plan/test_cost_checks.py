@@ -74,6 +74,18 @@ def test_a_file_that_is_not_a_calibration_is_an_index_format_error(ds, tmp_path,
         one_line(e, str(path), word)
 
 
+@pytest.mark.parametrize(
+    "text, word", [("[" * 100_000, "nested too deep"), (" " * (2 << 20) + "{}", "more than 1,048,576 bytes")]
+)
+def test_a_calibration_file_nested_too_deep_or_too_large_is_refused(tmp_path, text, word):
+    """The file is data: a nesting that overflows the parser or a file of megabytes is one line naming it."""
+    path = tmp_path / "calib.json"
+    path.write_text(text)
+    with pytest.raises(IndexFormatError, match=word) as e:
+        resolve_cost(str(path))
+    one_line(e, str(path), word)
+
+
 @pytest.mark.parametrize("text, word", BAD_FILES[3:])
 def test_a_calibration_dict_is_checked_as_the_file_is(text, word):
     with pytest.raises(OptionError) as e:
