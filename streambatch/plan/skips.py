@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import OptionError
+from ..errors import OptionError, int_option, shown
 from .slot import per_worker
 
 
@@ -58,11 +58,11 @@ class SkippedSteps:
 def step_ranges(steps: Iterable[int] | range) -> list[tuple[int, int]]:
     """Step numbers (a ``range`` or any whole numbers) as sorted, disjoint ``[a, b)`` ranges."""
     if isinstance(steps, range) and steps.step == 1:
+        int_option("skip_steps", steps.start, 0)
         return [(steps.start, steps.stop)] if steps.stop > steps.start else []
-    try:
-        numbers = sorted({int(s) for s in steps})
-    except (TypeError, ValueError):
-        raise OptionError(f"skip_steps={steps!r}: give step numbers, e.g. range(1200, 1300)") from None
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+        raise OptionError(f"skip_steps={shown(steps)}: give step numbers, e.g. range(1200, 1300)")
+    numbers = sorted({int_option("skip_steps", s, 0) for s in steps})  # 3.5 or "3" is no step number
     return merged([(s, s + 1) for s in numbers])
 
 

@@ -160,6 +160,23 @@ def test_skip_steps_already_consumed_or_beyond_the_epoch_are_refused(ds):
         loader(ds, 0).load_state_dict(state, skip_steps=range(5, n + 1))
 
 
+@pytest.mark.parametrize(
+    "steps, said",
+    [
+        ([3.5], "skip_steps must be a whole number, got 3.5"),
+        (["4"], "skip_steps must be a whole number"),
+        ([-1], "skip_steps must be at least 0"),
+        (range(-2, 3), "skip_steps must be at least 0"),
+        (7, "give step numbers"),
+    ],
+)
+def test_skip_steps_that_are_not_step_numbers_are_refused(ds, steps, said):
+    """A step number is a whole number from 0: 3.5 is not step 3 (it was taken as 3), "4" not step 4."""
+    _, state = run_to(loader(ds, 0), 1)
+    with pytest.raises(OptionError, match=said):
+        loader(ds, 0).load_state_dict(state, skip_steps=steps)
+
+
 def test_steps_before_a_resume_on_another_layout_are_named_as_they_ran(ds):
     """Saved at step 3 on 2 ranks, resumed on 1: steps 0-2 are the 2-rank plan's, the rest the new layout's."""
     old = [[x["keys"] for x in loader(ds, r, num_workers=2)] for r in range(WORLD)]
