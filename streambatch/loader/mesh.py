@@ -16,17 +16,10 @@ from typing import Any
 
 from ..dist import all_gather_ints, process_group_matches, process_info
 from ..errors import OptionError, int_option
+from ..plan.layout import check_slots
 
 #: the name of a DeviceMesh's data-parallel dimension
 DP_DIM = "dp"
-#: the most data-parallel ranks a plan takes (``world_size``, ``dp_size``, a mesh's or the job's): 64 times the
-#: 1,000+ ranks the project targets. Every rank deals the epoch over every (rank, worker) slot, and a whole-epoch
-#: plan (no process group, ``planning="global"``, a resume on another layout) plans each slot: about 0.1 ms and a
-#: few KiB per slot, so 65,536 ranks take seconds; a billion would take days and terabytes
-MAX_WORLD_SIZE = 1 << 16
-#: the most (rank, worker) slots a plan takes: ``world_size × max(1, num_workers)``, each planned, dealt and held
-#: as above (262,144 slots: about half a minute and half a GiB for a whole-epoch plan)
-MAX_SLOTS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -138,21 +131,3 @@ def check_data_parallel(run: Any) -> None:
     check_slots(size, run.num_workers, "dp_size")
     if int_option("dp_rank", run.dp_rank, 0) >= size:
         raise OptionError(f"dp_rank must be below dp_size={size}, got {run.dp_rank!r}")
-
-
-def check_slots(world_size: int, num_workers: int, source: str = "world_size") -> None:
-    """``world_size`` ranks (given as ``source``: the option, or where it was detected) within
-    :data:`MAX_WORLD_SIZE`, and their (rank, worker) slots within :data:`MAX_SLOTS`, else an :class:`OptionError`
-    naming both options (each slot is dealt and planned; see :data:`MAX_SLOTS`)."""
-    if world_size > MAX_WORLD_SIZE:
-        raise OptionError(
-            f"{source}={world_size} ranks: at most {MAX_WORLD_SIZE:,} (every rank plans the epoch over every "
-            "rank's slots)"
-        )
-    slots = world_size * max(1, num_workers)
-    if slots > MAX_SLOTS:
-        raise OptionError(
-            f"{source}={world_size} with num_workers={num_workers} makes {slots:,} (rank, worker) slots, "
-            f"at most {MAX_SLOTS:,}: each slot is dealt and planned (about 0.1 ms and a few KiB each for a "
-            "whole-epoch plan); use fewer workers per rank"
-        )

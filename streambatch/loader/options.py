@@ -28,13 +28,13 @@ from ..errors import OptionError, bool_option, choice_option, int_option, shown
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.config import BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
-from ..plan.layout import Layout
+from ..plan.layout import Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
 from ..units import parse_bytes
-from .mesh import check_data_parallel, check_slots
+from .mesh import check_data_parallel
 
 #: what the loader plans from: one dataset's index, or a mixture's datasets as one
 Index = ShardIndex | MixedIndex
@@ -118,8 +118,8 @@ class RunOptions:
     """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
     world_size: int | None = None
     """Ranks in the job; None: detected as ``rank`` is, else 1. At most
-    :data:`~streambatch.loader.mesh.MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
-    :data:`~streambatch.loader.mesh.MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
+    :data:`~streambatch.plan.layout.MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
+    :data:`~streambatch.plan.layout.MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
     every slot, and a whole-epoch plan plans each one (about 0.1 ms and a few KiB per slot)."""
     dp_rank: int | None = None
     """With tensor, context or pipeline parallelism: this process's data-parallel rank (``0 <= dp_rank <

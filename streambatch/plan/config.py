@@ -46,9 +46,8 @@ class BatchingConfig:
     """The window of samples each worker's batches are formed from (it bounds memory); None: sized from the
     lengths by :meth:`make` (:func:`~streambatch.plan.buckets.default_buffer_size`), else the floor."""
     refill: int | None = None
-    """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``. At
-    most ``buffer_size`` where both are given (:meth:`make` refuses more); with the window sized by :meth:`make`,
-    a larger refill empties the whole window each time."""
+    """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``. A refill
+    of ``buffer_size`` or more cuts the whole window into batches each time."""
     min_length: float = 0
     """Shorter samples are never emitted (counted as skipped)."""
     max_length: float | None = None
@@ -192,7 +191,7 @@ class BatchingConfig:
 
 def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadratic_factor: Any) -> None:
     """Options :meth:`make` would otherwise ignore beside another: ``num_buckets`` beside ``bucket_boundaries``,
-    ``quadratic_factor`` without ``cost="quadratic"``, ``refill`` above a ``buffer_size`` given with it."""
+    ``quadratic_factor`` without ``cost="quadratic"``."""
     if num_buckets is not None and options.get("bucket_boundaries") is not None:
         raise OptionError(
             f"num_buckets={num_buckets!r} estimates bucket boundaries and bucket_boundaries gives them: "
@@ -203,13 +202,6 @@ def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadra
             f"quadratic_factor={quadratic_factor!r} is used only with cost='quadratic', got cost={shown(cost)}: "
             "give cost='quadratic' or leave quadratic_factor=None"
         )
-    refill, window = options.get("refill"), options.get("buffer_size")
-    if refill is not None and window is not None:
-        if int_option("refill", refill, 0) > int_option("buffer_size", window, 1):
-            raise OptionError(
-                f"refill={refill!r} is more than buffer_size={window!r}, the window the samples leave: at most "
-                "buffer_size (or leave buffer_size=None to size the window from the lengths)"
-            )
 
 
 def _check_pad_fits(config: BatchingConfig) -> None:

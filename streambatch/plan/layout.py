@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import bool_option, choice_option, int_option
+from ..errors import OptionError, bool_option, choice_option, int_option
 
 #: how ranks get equal steps: split batches of the ranks short of the longest, drop the surplus, or repeat batches
 EVEN_BATCHES = ("split", "drop", "pad")
+#: the most data-parallel ranks a plan takes (``world_size``, ``dp_size``, a mesh's or the job's): 64 times the
+#: 1,000+ ranks the project targets. Every rank deals the epoch over every (rank, worker) slot, and a whole-epoch
+#: plan (no process group, ``planning="global"``, a resume on another layout) plans each slot: about 0.1 ms and a
+#: few KiB per slot, so 65,536 ranks take seconds; a billion would take days and terabytes
+MAX_WORLD_SIZE = 1 << 16
+#: the most (rank, worker) slots a plan takes: ``world_size × max(1, num_workers)``, each planned, dealt and held
+#: as above (262,144 slots: about half a minute and half a GiB for a whole-epoch plan)
+MAX_SLOTS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,7 @@ class Layout:
     def __post_init__(self) -> None:
         int_option("world_size", self.world_size, 1)
         int_option("num_workers", self.num_workers, 1)
+        check_slots(self.world_size, self.num_workers)
         choice_option("even_batches", self.even_batches, EVEN_BATCHES)
         object.__setattr__(self, "hardest_first", bool_option("hardest_first", self.hardest_first))
 
@@ -42,3 +51,21 @@ class Layout:
     def rank_slots(self, rank: int) -> range:
         """The slots of ``rank``: its workers'."""
         return range(rank * self.num_workers, (rank + 1) * self.num_workers)
+
+
+def check_slots(world_size: int, num_workers: int, source: str = "world_size") -> None:
+    """``world_size`` ranks (given as ``source``: the option, or where it was detected) within
+    :data:`MAX_WORLD_SIZE`, and their (rank, worker) slots within :data:`MAX_SLOTS`, else an :class:`OptionError`
+    naming both options (each slot is dealt and planned; see :data:`MAX_SLOTS`)."""
+    if world_size > MAX_WORLD_SIZE:
+        raise OptionError(
+            f"{source}={world_size} ranks: at most {MAX_WORLD_SIZE:,} (every rank plans the epoch over every "
+            "rank's slots)"
+        )
+    slots = world_size * max(1, num_workers)
+    if slots > MAX_SLOTS:
+        raise OptionError(
+            f"{source}={world_size} with num_workers={num_workers} makes {slots:,} (rank, worker) slots, "
+            f"at most {MAX_SLOTS:,}: each slot is dealt and planned (about 0.1 ms and a few KiB each for a "
+            "whole-epoch plan); use fewer workers per rank"
+        )

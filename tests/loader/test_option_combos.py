@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from conftest import text_dataset
 
-from streambatch import OptionError, StreamBatchLoader
-from streambatch.loader.mesh import MAX_SLOTS, MAX_WORLD_SIZE
+from streambatch import Layout, OptionError, StreamBatchLoader
+from streambatch.cli import main
 from streambatch.loader.options import MAX_PREFETCH_FACTOR, MAX_WORKERS, RunOptions, SampleOptions
 from streambatch.plan.config import BatchingConfig
+from streambatch.plan.layout import MAX_SLOTS, MAX_WORLD_SIZE
 from streambatch.read.reader import MAX_READ_CONCURRENCY, ReadOptions
 
 BUDGET = 1000  # tokens; the documents are 1 to 119 tokens long
@@ -73,6 +74,17 @@ def test_a_detected_world_size_is_bounded_as_a_given_one(ds, monkeypatch):
     refused(ds, "world_size")
 
 
+def test_a_layout_holds_the_same_bounds_as_the_loader(ds, capsys):
+    """A ``Layout`` built elsewhere (``shardify inspect --plan --world-size``, a saved state's) is bounded too."""
+    with pytest.raises(OptionError, match="world_size=1000000000 ranks: at most 65,536"):
+        Layout(10**9)
+    with pytest.raises(OptionError, match="num_workers=8 makes 524,288"):
+        Layout(MAX_WORLD_SIZE, 8)
+    assert main(["inspect", ds, "--plan", "--world-size", str(10**9), "--budget", str(BUDGET)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "world_size=1000000000" in err[0], err
+
+
 # ---- 2. combinations that were accepted and one option silently ignored ------------------------------------------
 @pytest.mark.parametrize(
     ("options", "names"),
@@ -82,7 +94,6 @@ def test_a_detected_world_size_is_bounded_as_a_given_one(ds, monkeypatch):
         ({"quadratic_factor": 0.5, "cost": "padded"}, ("quadratic_factor", "cost")),
         ({"cache_size": "1G"}, ("cache_size", "cache_dir")),
         ({"prefetch_factor": 4}, ("prefetch_factor", "num_workers")),
-        ({"buffer_size": 100, "refill": 1000}, ("refill", "buffer_size")),
         ({"read_concurrency": 32, "max_read_concurrency": 4}, ("read_concurrency", "max_read_concurrency")),
     ],
 )
@@ -103,7 +114,8 @@ def test_the_combinations_given_rightly_still_work(ds, tmp_path):
         {"cost": "quadratic", "quadratic_factor": 500.0},
         {"cache_size": "1G", "cache_dir": str(tmp_path / "cache")},
         {"buffer_size": 100, "refill": 100},
-        {"refill": 10**6},  # the window is sized from the lengths: refill is not compared with it (it empties it)
+        {"buffer_size": 100, "refill": 1000},  # a refill of the window or more cuts all of it
+        {"refill": 10**6},
     ]
     for options in good:
         assert len(StreamBatchLoader(ds, BUDGET, **options)) > 0, options
@@ -116,8 +128,6 @@ def test_batching_config_make_refuses_the_same_combinations():
         BatchingConfig.make(BUDGET, lengths, num_buckets=3, bucket_boundaries=[10, 50])
     with pytest.raises(OptionError, match="quadratic_factor.*cost='quadratic'"):
         BatchingConfig.make(BUDGET, lengths, quadratic_factor=100.0)
-    with pytest.raises(OptionError, match="refill=50 is more than buffer_size=20"):
-        BatchingConfig.make(BUDGET, lengths, buffer_size=20, refill=50)
 
 
 # ---- 3. a padding multiple beyond the budget is named as such --------------------------------------------------
