@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import OptionError, shown
 from .config import BatchingConfig
 from .select import run_positions
+from .stats import stream_array
 
 
 class BatchPlan(abc.Sequence):
@@ -124,24 +125,3 @@ def plan_inputs(
     if config.batch_by is not None and keys is None:
         raise OptionError(f"batch_by={config.batch_by!r} needs groups (each sample's group key, a whole number)")
     return config, lens, outs, keys
-
-
-def stream_array(name: str, values: Any, n: int | None = None, whole: bool = False) -> np.ndarray:
-    """``values`` as a 1-D numeric array (of ``n`` entries when given) of finite numbers from 0 (``whole``: whole
-    numbers, any sign: group keys), else an :class:`OptionError` naming ``name``."""
-    try:
-        array = np.asarray(values)
-    except (TypeError, ValueError):  # ragged nesting
-        array = np.asarray(None)
-    kind = "whole numbers" if whole else "finite numbers from 0"
-    types = (np.integer,) if whole else (np.integer, np.floating)
-    if array.ndim != 1 or not any(np.issubdtype(array.dtype, t) for t in types):
-        got = f"an array of shape {array.shape}, {array.dtype}" if isinstance(values, np.ndarray) else shown(values)
-        raise OptionError(f"{name} must be a 1-D array or list of {kind}, got {got}")
-    if n is not None and len(array) != n:
-        raise OptionError(f"{name} must give one value per sample: {len(array):,} values for {n:,} lengths")
-    if not whole:
-        bad = array[~(np.isfinite(array) & (array >= 0))]
-        if len(bad):
-            raise OptionError(f"{name} must be {kind}, got {shown(bad[0].item())} among them")
-    return array

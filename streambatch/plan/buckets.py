@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from ..errors import choice_option, int_option, number_option
 from ..units import Unit
-from .stats import LengthStats
+from .stats import LengthStats, stream_array
 
 #: the most buckets :func:`estimate_boundaries` is asked for: its boundaries snap to the batch capacity thresholds
 #: ``budget / k``, of which it weighs 4,097 (more buckets than that cannot be told apart)
@@ -32,7 +33,7 @@ def estimate_boundaries(
     if num_buckets is not None:
         int_option("num_buckets", num_buckets, 1, MAX_BUCKETS)
     choice_option("spacing", spacing, ("quantile", "exponential"))
-    lengths = LengthStats.of(lengths).within(0, budget)
+    lengths = _stats("lengths", lengths).within(0, budget)
     if lengths.count == 0:
         return np.zeros(0)
     lo, hi = lengths.min, lengths.max
@@ -79,7 +80,7 @@ def default_num_buckets(lengths: np.ndarray | LengthStats, budget: float) -> int
     """Buckets when none are asked for: more where the batch capacity spreads wider (8 to 64), but no more
     than leave each bucket :data:`MIN_BATCHES_PER_BUCKET` full batches of median samples (60 samples of
     which 32 fill a batch get one bucket)."""
-    lengths = LengthStats.of(lengths).within(0, budget)
+    lengths = _stats("lengths", lengths).within(0, budget)
     if lengths.count == 0 or lengths.min <= 0:
         return 1
     kmax, kmin = int(budget // lengths.min), max(1, int(budget // lengths.max))
@@ -88,12 +89,20 @@ def default_num_buckets(lengths: np.ndarray | LengthStats, budget: float) -> int
     return max(1, min(by_spread, lengths.count // (MIN_BATCHES_PER_BUCKET * per_batch)))
 
 
+def _stats(name: str, lengths: Any) -> LengthStats:
+    """A public function's ``lengths`` as statistics: a :class:`LengthStats` as it is, else checked as a 1-D
+    array of finite lengths from 0 (an :class:`~streambatch.errors.OptionError` naming ``name``)."""
+    return lengths if isinstance(lengths, LengthStats) else LengthStats.of(stream_array(name, lengths))
+
+
 def suggest_budget(
     lengths: np.ndarray | LengthStats, unit: Unit | str = Unit.SAMPLES, sample_rate: int | None = None
 ) -> float:
     """A starting budget: room for about 32 median samples, and never less than the longest sample (whole
     seconds of audio where lengths are audio)."""
-    lengths = LengthStats.of(lengths)
+    lengths = _stats("lengths", lengths)
+    if sample_rate is not None:
+        int_option("sample_rate", sample_rate, 1)
     if lengths.count == 0:
         return 0.0
     b = max(lengths.percentile(50) * 32, lengths.max)

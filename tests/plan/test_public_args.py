@@ -1,0 +1,43 @@
+"""The planner's public helpers check what they are given where it comes in: lengths that are not a 1-D array of
+finite lengths from 0 are an OptionError naming ``lengths`` (was a numpy error, or a budget of NaN)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streambatch import OptionError, estimate_boundaries, suggest_budget
+from streambatch.plan.stats import LengthStats
+
+BAD = [
+    ("abc", "lengths must be a 1-D array"),
+    (np.ones((3, 3)), "lengths must be a 1-D array"),
+    (np.array([1.0, np.nan]), "finite numbers from 0, got nan"),
+    (np.array([-5.0, 3.0]), "finite numbers from 0, got -5.0"),
+    ([1.0, np.inf], "finite numbers from 0, got inf"),
+]
+
+
+@pytest.mark.parametrize("lengths, said", BAD)
+def test_suggest_budget_names_bad_lengths(lengths, said):
+    with pytest.raises(OptionError, match=said):
+        suggest_budget(lengths)
+
+
+@pytest.mark.parametrize("lengths, said", BAD)
+def test_estimate_boundaries_names_bad_lengths(lengths, said):
+    with pytest.raises(OptionError, match=said):
+        estimate_boundaries(lengths, 1000.0, 4)
+
+
+def test_suggest_budget_takes_a_sample_rate_from_1():
+    with pytest.raises(OptionError, match="sample_rate must be at least 1"):
+        suggest_budget(np.array([16000.0, 32000.0]), sample_rate=-1)
+
+
+def test_good_lengths_and_statistics_still_pass():
+    lengths = np.array([100.0, 200.0, 300.0])
+    assert suggest_budget(lengths) == suggest_budget(LengthStats.of(lengths)) == 6400.0
+    assert suggest_budget([]) == 0.0
+    as_list = [10, 20, 30, 40]  # whole numbers in a list are lengths too
+    assert list(estimate_boundaries(as_list, 100.0, 2)) == list(estimate_boundaries(np.array(as_list, float), 100.0, 2))
