@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SampleTooLongError
+from ..errors import OptionError, SampleTooLongError, int_option, shown
 from .batchplan import BatchPlan, plan_inputs, sort_batches, sorted_oracle  # noqa: F401 - sorted_oracle: the reference, public here
-from .config import BatchingConfig, slot_seed
+from .config import BatchingConfig, check_seed, slot_seed
 from .cost import PaddedCost
 from .groups import GroupHistograms, group_ends, group_runs
 from .mates import mix_runs
@@ -43,8 +43,13 @@ class BucketBatcher:
     def __init__(
         self, config: BatchingConfig, seed: int | Sequence[int] | None = None, stream_length: int | None = None
     ):
+        if not isinstance(config, BatchingConfig):
+            raise OptionError(f"config must be a BatchingConfig (BatchingConfig.make(...)), got {shown(config)}")
+        if seed is not None:
+            check_seed(seed)
         c = config
-        self.stream_length = stream_length  # samples the stream will bring, where known (plan() knows it)
+        # samples the stream will bring, where known (plan() knows it)
+        self.stream_length = None if stream_length is None else int_option("stream_length", stream_length, 0)
         self.config = c
         self.budget = float(c.budget)
         self.boundaries = c.bucket_boundaries if c.bucket_boundaries is not None else np.zeros(0)

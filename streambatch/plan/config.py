@@ -84,6 +84,11 @@ class BatchingConfig:
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
+        if not isinstance(self.cost, CostModel):  # a name, callable or file goes through make()
+            raise OptionError(
+                f"cost must be a cost model here, got {shown(self.cost)}: give a name, callable or calibration "
+                "file to BatchingConfig.make(budget, cost=...)"
+            )
         if self.buffer_size is None:  # nothing known of the lengths here: the floor (make() sizes it from them)
             object.__setattr__(self, "buffer_size", DEFAULT_BUFFER)
         window = int_option("buffer_size", self.buffer_size, 1)
@@ -104,7 +109,7 @@ class BatchingConfig:
         _optional(number_option, "max_length", self.max_length, None, True)
         for name in ("drop_last", "strict", "shuffle"):
             bool_option(name, getattr(self, name))
-        _check_seed(self.seed)
+        check_seed(self.seed)
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
         _check_pad_fits(self)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
@@ -233,8 +238,9 @@ def _boundaries(edges: Any) -> list[float]:
     return [number_option("bucket_boundaries", b, 0) for b in edges]
 
 
-def _check_seed(seed: Any) -> None:
-    """A seed is a whole number from 0, or a sequence of them (``plan_batches``: a slot's seed)."""
+def check_seed(seed: Any) -> None:
+    """A seed is a whole number from 0, or a sequence of them (``plan_batches``: a slot's seed); else an
+    :class:`OptionError` naming ``seed``."""
     if isinstance(seed, Sequence) and not isinstance(seed, str):
         for s in seed:
             int_option("seed", s, 0)

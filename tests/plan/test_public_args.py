@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streambatch import OptionError, estimate_boundaries, suggest_budget
+from streambatch import BatchingConfig, BucketBatcher, OptionError, estimate_boundaries, suggest_budget
 from streambatch.plan.stats import LengthStats
 
 BAD = [
@@ -41,3 +41,24 @@ def test_good_lengths_and_statistics_still_pass():
     assert suggest_budget([]) == 0.0
     as_list = [10, 20, 30, 40]  # whole numbers in a list are lengths too
     assert list(estimate_boundaries(as_list, 100.0, 2)) == list(estimate_boundaries(np.array(as_list, float), 100.0, 2))
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("config",), "config must be a BatchingConfig"),
+        ((BatchingConfig(budget=100), "abc"), "seed must be a whole number"),
+        ((BatchingConfig(budget=100), -1), "seed must be at least 0"),
+        ((BatchingConfig(budget=100), 0, -5), "stream_length must be at least 0"),
+    ],
+)
+def test_a_bucket_batcher_checks_what_it_is_built_with(args, said):
+    with pytest.raises(OptionError, match=said):
+        BucketBatcher(*args)
+
+
+def test_a_batching_config_built_directly_takes_a_cost_model():
+    """``cost="quadratic"`` is make()'s spelling; built directly, a name is refused instead of failing mid-plan."""
+    with pytest.raises(OptionError, match="cost must be a cost model here, got 'x'.*BatchingConfig.make"):
+        BatchingConfig(budget=100, cost="x")
+    assert BatchingConfig.make(100, cost="quadratic", quadratic_factor=50.0).cost.name == "quadratic"
