@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -127,6 +128,11 @@ def resolve_source(
         return source.allow(shard_roots), ShardURLs(source)
     if isinstance(source, (list, tuple)):
         return None, expand_urls(source)
+    if not isinstance(source, (str, os.PathLike)) or not str(source):
+        raise OptionError(
+            f"source must be a dataset folder or URL, an index file, a shard pattern or a list of shard URLs, "
+            f"got {shown(source)}"
+        )
     source = str(source)
     if source.endswith(".json"):
         ix = load_index(source, storage_options, shard_roots, cache_dir)

@@ -97,6 +97,8 @@ def test_nothing_there_is_a_file_not_found_error_as_for_the_loader(tmp_path):
 @pytest.mark.parametrize("url", ["", 5, None], ids=repr)
 def test_an_empty_or_non_path_argument_is_an_option_error(url):
     refused(OptionError, lambda: ShardIndex.load(url), repr(url), "shardify write")
+    # the loader's source too: '' read ./index.json from the working folder, 5 and None looked for "5/", "None/"
+    refused(OptionError, lambda: StreamBatchLoader(url, BUDGET), "source must be a dataset folder", repr(url))
 
 
 def test_an_index_still_loads_from_its_folder_its_file_or_a_path(mix):
