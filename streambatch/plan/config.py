@@ -152,8 +152,9 @@ class BatchingConfig:
         sample_bytes: float | None = None,
         **options: Any,
     ) -> BatchingConfig:
-        """A config from user-facing options: ``cost`` by name, callable or calibration file (whose budget
-        is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries (1 to
+        """A config from user-facing options: ``cost`` by name (``quadratic_factor`` only with ``"quadratic"``),
+        callable ``cost(n, max_len)`` returning a finite number ≥ 0 (called once on ``(1, 1.0)`` here) or
+        calibration file (whose budget is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries (1 to
         :data:`~streambatch.plan.buckets.MAX_BUCKETS`) estimated from ``lengths``, spaced by ``bucket_spacing``
         (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window is sized from the mean length
         (``mean_length``, else that of ``lengths``) and the mean stored bytes of a sample (``sample_bytes``,
