@@ -22,6 +22,10 @@ from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 #: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
 PLAN_VERSION = 3
 
+#: the largest seed: every random stream is keyed by the seed's low 32 bits (:func:`slot_seed`), so a larger one
+#: would repeat a smaller one's plans without saying so
+MAX_SEED = 2**32 - 1
+
 #: the most shards a worker may stream at once (``interleave``): each is an open file or request stream
 MAX_INTERLEAVE = 64
 
@@ -59,7 +63,7 @@ class BatchingConfig:
     shuffle: bool = True
     """Shard order and batch order follow ``(seed, epoch)``; False keeps the index's order."""
     seed: int | Sequence[int] = 0
-    """The seed of every random choice (with the epoch): the same on every rank."""
+    """The seed of every random choice (with the epoch): the same on every rank; 0 to :data:`MAX_SEED`."""
     pad_to_multiple_of: int | None = None
     """Pad ``T`` up to a multiple of this; the budget holds for the padded tensor, so one sample padded to this
     length must fit the budget (else no batch could form: refused)."""
@@ -154,8 +158,9 @@ class BatchingConfig:
     ) -> BatchingConfig:
         """A config from user-facing options: ``cost`` by name (``quadratic_factor`` only with ``"quadratic"``),
         callable ``cost(n, max_len)`` returning a finite number ≥ 0 (called once on ``(1, 1.0)`` here) or
-        calibration file (whose budget is used when ``budget`` is None), ``packed`` batches, and ``num_buckets`` boundaries (1 to
-        :data:`~streambatch.plan.buckets.MAX_BUCKETS`) estimated from ``lengths``, spaced by ``bucket_spacing``
+        calibration file (whose budget is used when ``budget`` is None), ``packed`` batches (with no other
+        ``cost`` and no buckets), and ``num_buckets`` boundaries (1 to :data:`~streambatch.plan.buckets.MAX_BUCKETS`)
+        estimated from ``lengths``, spaced by ``bucket_spacing``
         (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window is sized from the mean length
         (``mean_length``, else that of ``lengths``) and the mean stored bytes of a sample (``sample_bytes``,
         where known): :func:`default_buffer_size`. ``options`` are the other fields;
@@ -175,7 +180,7 @@ class BatchingConfig:
             raise OptionError(
                 f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"
             )
-        _check_together(options, num_buckets, cost, quadratic_factor)
+        _check_together(options, num_buckets, cost, quadratic_factor, packed)
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise OptionError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
@@ -195,9 +200,19 @@ class BatchingConfig:
         return with_plan_version(dataclasses.replace(self, **changes), self.plan_version)
 
 
-def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadratic_factor: Any) -> None:
+def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadratic_factor: Any, packed: bool) -> None:
     """Options :meth:`make` would otherwise ignore beside another: ``num_buckets`` beside ``bucket_boundaries``,
-    ``quadratic_factor`` without ``cost="quadratic"``."""
+    ``quadratic_factor`` without ``cost="quadratic"``, a ``cost`` or buckets beside ``packed`` (packed batches are
+    cut by the sum of their lengths, in no bucket)."""
+    if packed and (cost is not None and not (isinstance(cost, str) and cost == "padded")):
+        raise OptionError(
+            f"packed=True costs a batch by the sum of its lengths, so cost={shown(cost)} would be ignored: pass one"
+        )
+    if packed and (num_buckets is not None or len(options.get("bucket_boundaries") or ()) > 0):
+        raise OptionError(
+            "packed=True packs each window by the sum of lengths, in no bucket, so num_buckets and "
+            "bucket_boundaries would be ignored: leave them None"
+        )
     if num_buckets is not None and options.get("bucket_boundaries") is not None:
         raise OptionError(
             f"num_buckets={num_buckets!r} estimates bucket boundaries and bucket_boundaries gives them: "
@@ -246,7 +261,7 @@ def check_seed(seed: Any) -> None:
         for s in seed:
             int_option("seed", s, 0)
     else:
-        int_option("seed", seed, 0)
+        int_option("seed", seed, 0, MAX_SEED)
 
 
 def _mean(lengths: Any) -> float | None:

@@ -43,7 +43,9 @@ def streams(draw):
         packed=draw(st.booleans()),
         drop_last=draw(st.booleans()),
     )
-    if not opts["packed"] and draw(st.booleans()):
+    if opts["packed"]:
+        opts["num_buckets"] = None  # packed batches are cut by sum, in no bucket (refused beside packed=True)
+    elif draw(st.booleans()):
         opts["output_budget"] = float(rng.integers(300, 3_000))
     return lengths, keys, opts
 

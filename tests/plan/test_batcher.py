@@ -43,9 +43,9 @@ def streams(draw):
         seed=draw(st.integers(0, 1000)),
         pad_to_multiple_of=draw(st.sampled_from([None, None, 8])),
     )
-    if draw(st.booleans()):
-        opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 2000), max_size=5))))
     kind = draw(st.sampled_from(["padded", "padded", "quadratic", "callable", "packed"]))
+    if draw(st.booleans()) and kind != "packed":  # packed batches are cut by sum, in no bucket
+        opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 2000), max_size=5))))
     if kind == "quadratic":
         opts["cost"], opts["quadratic_factor"] = "quadratic", draw(st.sampled_from([50.0, 500.0]))
     elif kind == "callable":
@@ -82,9 +82,9 @@ def long_streams(draw):
         seed=draw(st.integers(0, 1000)),
         pad_to_multiple_of=draw(st.sampled_from([None, None, 8])),
     )
-    if draw(st.booleans()):
-        opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 500), max_size=4))))
     cost = draw(st.sampled_from(["padded", "padded", "quadratic", "packed"]))
+    if draw(st.booleans()) and cost != "packed":  # packed batches are cut by sum, in no bucket
+        opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 500), max_size=4))))
     if cost == "quadratic":
         opts["cost"], opts["quadratic_factor"] = "quadratic", 200.0
     elif cost == "packed":

@@ -62,3 +62,28 @@ def test_a_batching_config_built_directly_takes_a_cost_model():
     with pytest.raises(OptionError, match="cost must be a cost model here, got 'x'.*BatchingConfig.make"):
         BatchingConfig(budget=100, cost="x")
     assert BatchingConfig.make(100, cost="quadratic", quadratic_factor=50.0).cost.name == "quadratic"
+
+
+def test_a_seed_past_32_bits_is_refused_not_folded_onto_a_smaller_one():
+    """Every random stream is keyed by the seed's low 32 bits: 2**32 would plan exactly as 0 does."""
+    with pytest.raises(OptionError, match="seed must be at most 4,294,967,295"):
+        BatchingConfig.make(100, seed=2**32)
+    assert BatchingConfig.make(100, seed=2**32 - 1).epoch_seed == 2**32 - 1
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"cost": "quadratic", "quadratic_factor": 50.0}, "cost='quadratic' would be ignored"),
+        ({"cost": lambda n, m: n * m}, "would be ignored"),
+        ({"num_buckets": 4}, "num_buckets and bucket_boundaries would be ignored"),
+        ({"bucket_boundaries": [10.0]}, "num_buckets and bucket_boundaries would be ignored"),
+    ],
+)
+def test_options_packed_batches_would_ignore_are_refused(options, said):
+    """Packed batches are cut by the sum of their lengths, in no bucket: a cost model or buckets beside
+    ``packed=True`` did nothing."""
+    lengths = np.arange(1.0, 50.0)
+    with pytest.raises(OptionError, match=said):
+        BatchingConfig.make(100, lengths, packed=True, **options)
+    assert BatchingConfig.make(100, lengths, packed=True, cost="padded").cost.packed
