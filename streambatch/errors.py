@@ -78,6 +78,11 @@ class UntrustedURL(ShardifyError, ValueError):
     allowed (``shard_roots`` / ``--shard-root``): refused before it is opened; the message names it and the option."""
 
 
+class DatasetNotFound(ShardifyError, FileNotFoundError):
+    """Nothing at a dataset's folder or URL, or no ``index.json`` in it: the message names the place and what a
+    dataset is. Still a ``FileNotFoundError``, as it was before it had a name of its own."""
+
+
 class UnknownStorage(ShardifyError, ValueError):
     """A URL whose scheme no installed fsspec back-end serves (``foo://``, or ``gs://`` without gcsfs); the message
     names the URL and what to install, if anything."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, output_fits
+from ..errors import DatasetNotFound, OptionError, output_fits
 from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
 from . import limits
@@ -71,14 +71,14 @@ class ShardIndex:
         Version 2 reads the header and the shard table; lengths load when asked for. Its shard URLs resolve only
         inside the index's folder, or under one of ``shard_roots`` (the user's; :mod:`.trust`): another is refused
         with :class:`~streambatch.errors.UntrustedURL` before anything opens it. Nothing at ``url`` (no folder, or a
-        folder without ``index.json``) is a ``FileNotFoundError``, as for the loader; a path that is there but is no
-        index (a file, ``index.json`` a folder) an :class:`IndexFormatError`; ``url`` empty or not a path an
-        :class:`~streambatch.errors.OptionError`."""
+        folder without ``index.json``) is :class:`~streambatch.errors.DatasetNotFound` (a ``FileNotFoundError``), as
+        for the loader; a path that is there but is no index (a file, ``index.json`` a folder) an
+        :class:`IndexFormatError`; ``url`` empty or not a path an :class:`~streambatch.errors.OptionError`."""
         url = _index_url(_location(url))
         try:
             raw = read_whole(url, storage_options)  # one GET: no size request before it
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"no dataset index at {url}: {EXPECTED}") from e
+            raise DatasetNotFound(f"no dataset index at {url}: {EXPECTED}") from e
         except (NotADirectoryError, IsADirectoryError) as e:
             raise IndexFormatError(_not_an_index(url, e)) from None
         return cls.from_raw(raw, url, storage_options, shard_roots)

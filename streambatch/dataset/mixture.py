@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from ..errors import IndexFormatError, OptionError, number_option, shown
+from ..errors import DatasetNotFound, IndexFormatError, OptionError, number_option, shown
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
@@ -242,7 +242,7 @@ class MixedIndex:
         for s in sources:
             url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
             if not storage.exists(url, storage_options):
-                raise FileNotFoundError(
+                raise DatasetNotFound(
                     f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)"
                 )
             indexes.append(ShardIndex.load(url, storage_options, shard_roots))

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import IndexFormatError
+from ..errors import DatasetNotFound, IndexFormatError
 from . import limits
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
@@ -108,7 +108,7 @@ def remote_version(url: str, storage_options: dict | None = None) -> str:
     try:
         info = fs.info(path)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"no dataset index at {url}") from e
+        raise DatasetNotFound(f"no dataset index at {url}") from e
     return json.dumps([info.get("size"), *(str(info[k]) for k in VERSION_KEYS if info.get(k) is not None)])
 
 

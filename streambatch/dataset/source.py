@@ -9,7 +9,7 @@ from typing import Any
 
 import braceexpand
 
-from ..errors import OptionError, shown
+from ..errors import DatasetNotFound, OptionError, shown
 from . import storage
 from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
@@ -143,7 +143,7 @@ def resolve_source(
     try:  # no separate existence check: one request less per rank (and none with a node copy)
         ix = load_index(index_url, storage_options, shard_roots, cache_dir)
     except FileNotFoundError as e:
-        raise FileNotFoundError(
+        raise DatasetNotFound(
             f"{source}: no {INDEX_NAME} here. Pass a dataset folder written by `shardify write`, an index file, "
             f"a shard pattern like '{source}/shard-{{000000..000009}}.tar', or a list of shard URLs."
         ) from e

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import text_dataset
 
-from streambatch import IndexFormatError, OptionError, StreamBatchLoader
+from streambatch import DatasetNotFound, IndexFormatError, OptionError, StreamBatchError, StreamBatchLoader
 from streambatch.dataset.index import ShardIndex
 
 BUDGET = 2000
@@ -85,13 +85,14 @@ def test_an_index_json_that_is_a_folder_is_not_an_index(tmp_path):
         refused(IndexFormatError, lambda p=path: ShardIndex.load(p), str(tmp_path / "index.json"), "folder", "shardify")
 
 
-def test_nothing_there_is_a_file_not_found_error_as_for_the_loader(tmp_path):
-    """The loader says a missing dataset folder (or one without an index) with ``FileNotFoundError``; the index
-    reader says it the same way, now with what it expected."""
+def test_nothing_there_is_a_dataset_not_found_error_as_for_the_loader(tmp_path):
+    """A missing dataset folder (or one without an index) is the package's ``DatasetNotFound``, still a
+    ``FileNotFoundError``, from the index reader and the loader alike, saying what it expected."""
     for path in (tmp_path / "nope", tmp_path):
-        refused(FileNotFoundError, lambda p=path: ShardIndex.load(str(p)), str(path), "shardify write")
-        with pytest.raises(FileNotFoundError):
+        refused(DatasetNotFound, lambda p=path: ShardIndex.load(str(p)), str(path), "shardify write")
+        with pytest.raises(DatasetNotFound) as e:
             StreamBatchLoader(str(path), BUDGET)
+        assert isinstance(e.value, FileNotFoundError) and isinstance(e.value, StreamBatchError)
 
 
 @pytest.mark.parametrize("url", ["", 5, None], ids=repr)
