@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import EmptyEpochError, OptionError
 from ..plan.filter import LeftOut
 from ..plan.lengths import Mask
 from ..plan.mixing import any_of
@@ -126,7 +126,7 @@ def filter_columns(index: ShardIndex) -> dict[str, str]:
 def _table_reader(index: ShardIndex) -> ColumnarIndex:
     """The sample table of a version 2 index (a version 1 index has none to filter on)."""
     if not isinstance(index.shards, ShardList):
-        raise ValueError(
+        raise OptionError(
             "where= needs a version 2 index with metadata columns (this one is version 1): write the "
             "dataset again with `shardify write` (`shardify upgrade` keeps no metadata columns)"
         )
@@ -216,7 +216,7 @@ class PlanFilter:
         self.shares = [_share(t, ix.shard_table(("total_length",))["total_length"]) for (_, t), ix in zip(kept, ixs)]
         self.scale = self._scale()
         if self.kept == 0:
-            raise ValueError(f"where={self.expr!r} keeps none of the {self.total:,} samples")
+            raise EmptyEpochError(f"where={self.expr!r} keeps none of the {self.total:,} samples")
 
     def _scale(self) -> np.ndarray:
         """Per plan shard, the share of its length the filter keeps (a mixture's: per virtual shard)."""
@@ -258,7 +258,7 @@ def open_filter(index: AnyIndex | None, where: str | None) -> PlanFilter | None:
     if where is None:
         return None
     if index is None:
-        raise ValueError(
+        raise OptionError(
             f"where={where!r} needs a dataset index (index.json with metadata columns): write the "
             "dataset with `shardify write`, or load it by its folder"
         )

@@ -16,7 +16,7 @@ from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex
 from ..dataset.prefetch import lengths_ahead
 from ..dataset.where import left_out, open_filter
-from ..errors import EmptyEpochError, OptionError, int_option
+from ..errors import EmptyEpochError, int_option
 from ..plan.budget import parse_budget
 from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
 from ..plan.lengths import Lengths, index_lengths
@@ -31,7 +31,15 @@ from .mesh import data_parallel
 from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
 from .mixing import at_epoch, epoch_index, follow, open_scheduled, to_saved_epoch
-from .options import Index, batching_config, collate_options, option_groups, sample_plan, worker_callables
+from .options import (
+    Index,
+    batching_config,
+    check_epoch_length,
+    collate_options,
+    option_groups,
+    sample_plan,
+    worker_callables,
+)
 from .planning import between_passes, epoch_arg, old_steps, plan_schedule
 from .state import MAX_EPOCH, LoaderState, batching_record, pack_mask
 from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
@@ -191,12 +199,7 @@ class StreamBatchLoader:
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
         check_sendable(worker_callables(sample, run, self.config), run, self.filter is not None)
-        if ix is None and self.world_size > 1 and not run.batches_per_epoch:
-            raise OptionError(
-                f"without an index the ranks cannot know how many batches the data gives, so {self.world_size} "
-                "ranks would step unevenly (a DDP hang): write an index (`shardify write`), or pass "
-                "batches_per_epoch=N to give every rank exactly N batches per epoch"
-            )
+        check_epoch_length(run, ix, self.world_size)
         self._meter: EpochMeter | None = None
         self.epoch = 0
         self._consumed = 0  # batches of the current epoch already yielded (or restored)

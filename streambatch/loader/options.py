@@ -146,7 +146,8 @@ class RunOptions:
     """Who plans the epoch (:data:`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
     whole epoch on every rank; ``"local"`` requires the process group; ``"global"`` always the whole epoch."""
     batches_per_epoch: int | None = None
-    """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch)."""
+    """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch); with an index its
+    plan gives the length (refused beside it)."""
     micro_batches: int = 1
     """Yield each batch as this many micro-batches (a list of dicts with loss weights)."""
     loss_weight_by: str = "samples"
@@ -157,7 +158,7 @@ class RunOptions:
     worker holds that many formed batches in memory (each up to the budget's padded tensor), and a pass starts
     by queueing ``num_workers × prefetch_factor`` requests."""
     persistent_workers: bool = False
-    """Keep the workers between epochs (as in ``DataLoader``)."""
+    """Keep the workers between epochs (as in ``DataLoader``; only with ``num_workers``)."""
     pin_memory: bool = False
     """Batches in page-locked memory (as in ``DataLoader``)."""
     worker_init_fn: Callable[[int], Any] | None = None
@@ -190,6 +191,8 @@ class RunOptions:
                 )
         for name in ("persistent_workers", "pin_memory", "progress"):
             bool_option(name, getattr(self, name))
+        if self.persistent_workers and self.num_workers == 0:  # as the DataLoader refuses it
+            raise OptionError("persistent_workers=True keeps worker processes, and num_workers=0 starts none")
         if self.max_plan_bytes is None:
             raise OptionError("max_plan_bytes must be a size like 64G or a number of bytes, got None")
         object.__setattr__(self, "max_plan_bytes", parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
@@ -203,6 +206,22 @@ class RunOptions:
         as a given one is)."""
         check_slots(world_size, self.num_workers)
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
+
+
+def check_epoch_length(run: RunOptions, index: Index | None, world_size: int) -> None:
+    """Who says how long an epoch is: the index (its plan), or without one ``batches_per_epoch``, which several
+    ranks need (else they would step unevenly, a DDP hang); both at once would leave ``batches_per_epoch`` unused."""
+    if index is not None and run.batches_per_epoch is not None:
+        raise OptionError(
+            f"batches_per_epoch={run.batches_per_epoch} gives an epoch's length without an index, and this dataset "
+            "has one, whose plan gives it: leave batches_per_epoch=None"
+        )
+    if index is None and world_size > 1 and not run.batches_per_epoch:
+        raise OptionError(
+            f"without an index the ranks cannot know how many batches the data gives, so {world_size} "
+            "ranks would step unevenly (a DDP hang): write an index (`shardify write`), or pass "
+            "batches_per_epoch=N to give every rank exactly N batches per epoch"
+        )
 
 
 def worker_callables(sample: SampleOptions, run: RunOptions, config: BatchingConfig) -> dict[str, Any]:
@@ -272,6 +291,11 @@ def batching_config(
             f"batch_by={options['batch_by']!r} keeps every batch within one dataset of a mixture; this "
             "loader reads one dataset (name several: a {name: folder} mapping, a list of folders with "
             "weights=, or a mixture file), or leave batch_by=None"
+        )
+    if options.get("output_budget") is not None and index is not None and not index.has_output_lengths:
+        raise OptionError(
+            f"output_budget={options['output_budget']!r} needs each sample's output length, and this dataset's "
+            "index has none: write it with `shardify write --output-length chars|tokens:NAME`"
         )
     if index is None and options.get("batch_order", "random") != "random":
         raise OptionError(

@@ -105,6 +105,11 @@ class BatchingConfig:
         _optional(int_option, "refill", self.refill, 0)
         _optional(int_option, "max_batch_size", self.max_batch_size, 1)
         int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1)
+        if self.max_batch_size is not None and self.batch_size_multiple_of > self.max_batch_size:
+            raise OptionError(
+                f"batch_size_multiple_of={self.batch_size_multiple_of} is above max_batch_size={self.max_batch_size}: "
+                "no batch could be a multiple of it, so it would be ignored"
+            )
         if int_option("interleave", self.interleave, 1) > MAX_INTERLEAVE:
             raise OptionError(
                 f"interleave={self.interleave} would keep that many shards open per worker; at most {MAX_INTERLEAVE}"
@@ -185,7 +190,8 @@ class BatchingConfig:
             if lengths is None:
                 raise OptionError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
             options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
-        if options.get("buffer_size") is None:
+        if options.get("buffer_size") is None:  # sized by the batch cap: checked first
+            _optional(int_option, "max_batch_size", options.get("max_batch_size"), 1)
             options["buffer_size"] = _auto_buffer(
                 model,
                 budget,

@@ -8,12 +8,13 @@ import json
 import os
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from conftest import SR, make_audio, write_jsonl
 
-from streambatch import StreamBatchLoader
+from streambatch import EmptyEpochError, OptionError, StreamBatchLoader
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
 from streambatch.errors import ShardifyError
@@ -207,7 +208,9 @@ def test_resume_on_another_world_size_with_a_filter(dataset, manifest):
     ],
 )
 def test_bad_filters_are_one_clear_line(dataset, where, message):
-    with pytest.raises(ValueError) as e:
+    """A filter's mistakes are the package's errors (an OptionError; an EmptyEpochError when it keeps nothing),
+    both still ValueErrors."""
+    with pytest.raises(EmptyEpochError if "keeps none" in message else OptionError) as e:
         StreamBatchLoader(dataset, BUDGET, where=where)
     text = str(e.value)
     assert message in text and "\n" not in text
@@ -218,8 +221,10 @@ def test_bad_filters_are_one_clear_line(dataset, where, message):
 def test_a_filter_needs_a_columnar_index(manifest, tmp_path):
     out = str(tmp_path / "v1")
     write_shards(str(manifest[0]), out, max_count=30, progress=False, index_version=1)
-    with pytest.raises(ValueError, match="version 2 index"):
+    with pytest.raises(OptionError, match="version 2 index"):
         StreamBatchLoader(out, BUDGET, where="snr > 1")
+    with pytest.raises(OptionError, match="needs a dataset index"):  # shard URLs alone: no columns at all
+        StreamBatchLoader(sorted(str(p) for p in Path(out).glob("*.tar")), BUDGET, where="snr > 1")
 
 
 def test_mixture_filters_each_dataset(dataset, manifest, tmp_path):

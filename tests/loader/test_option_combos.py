@@ -95,10 +95,19 @@ def test_a_layout_holds_the_same_bounds_as_the_loader(ds, capsys):
         ({"cache_size": "1G"}, ("cache_size", "cache_dir")),
         ({"prefetch_factor": 4}, ("prefetch_factor", "num_workers")),
         ({"read_concurrency": 32, "max_read_concurrency": 4}, ("read_concurrency", "max_read_concurrency")),
+        ({"persistent_workers": True}, ("persistent_workers", "num_workers")),
+        ({"batch_size_multiple_of": 16, "max_batch_size": 8}, ("batch_size_multiple_of", "max_batch_size")),
+        ({"batches_per_epoch": 5}, ("batches_per_epoch", "index")),
+        ({"packed": True, "num_buckets": 4}, ("packed", "num_buckets")),
+        ({"output_budget": 50}, ("output_budget", "--output-length")),  # this index has no output lengths
     ],
 )
 def test_an_option_the_other_would_make_ignored_is_refused_naming_both(ds, options, names):
     refused(ds, *names, **options)
+
+
+def test_a_batch_cap_that_is_not_a_number_is_named_before_it_sizes_the_window(ds):
+    refused(ds, "max_batch_size", max_batch_size=float("nan"))
 
 
 def test_raising_read_concurrency_alone_says_to_raise_its_bound_too(ds):

@@ -43,6 +43,8 @@ def streams(draw):
         packed=draw(st.booleans()),
         drop_last=draw(st.booleans()),
     )
+    if opts["max_batch_size"] is not None:  # a multiple above the cap is refused (it could never hold)
+        opts["batch_size_multiple_of"] = min(opts["batch_size_multiple_of"], opts["max_batch_size"])
     if opts["packed"]:
         opts["num_buckets"] = None  # packed batches are cut by sum, in no bucket (refused beside packed=True)
     elif draw(st.booleans()):

@@ -43,6 +43,8 @@ def streams(draw):
         seed=draw(st.integers(0, 1000)),
         pad_to_multiple_of=draw(st.sampled_from([None, None, 8])),
     )
+    if opts["max_batch_size"] is not None:  # a multiple above the cap is refused (it could never hold)
+        opts["batch_size_multiple_of"] = min(opts["batch_size_multiple_of"], opts["max_batch_size"])
     kind = draw(st.sampled_from(["padded", "padded", "quadratic", "callable", "packed"]))
     if draw(st.booleans()) and kind != "packed":  # packed batches are cut by sum, in no bucket
         opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 2000), max_size=5))))
@@ -82,6 +84,8 @@ def long_streams(draw):
         seed=draw(st.integers(0, 1000)),
         pad_to_multiple_of=draw(st.sampled_from([None, None, 8])),
     )
+    if opts["max_batch_size"] is not None:  # a multiple above the cap is refused (it could never hold)
+        opts["batch_size_multiple_of"] = min(opts["batch_size_multiple_of"], opts["max_batch_size"])
     cost = draw(st.sampled_from(["padded", "padded", "quadratic", "packed"]))
     if draw(st.booleans()) and cost != "packed":  # packed batches are cut by sum, in no bucket
         opts["bucket_boundaries"] = sorted(set(draw(st.lists(st.floats(2, 500), max_size=4))))
