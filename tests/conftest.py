@@ -80,6 +80,13 @@ def text_dataset(root: Path, n: int, seed: int, max_tokens: int = 120, with_text
     return str(root / "shards")
 
 
+def text_mixture(root: Path, n: int) -> dict[str, str]:
+    """Two text datasets of ``n`` documents, ``a`` and ``b`` (seeds 1 and 2), under ``root``: {name: folder}."""
+    for name in "ab":
+        (root / name).mkdir()
+    return {"a": text_dataset(root / "a", n, seed=1), "b": text_dataset(root / "b", n, seed=2)}
+
+
 def write_jsonl(path: str | os.PathLike, rows: list, raw_lines: dict[int, str] | None = None) -> Path:
     """Write rows as JSON lines; ``raw_lines`` {position: text} inserts verbatim (e.g. broken) lines."""
     path = Path(path)

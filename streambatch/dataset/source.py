@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import braceexpand
@@ -63,22 +63,26 @@ _CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
 def brace_count(pattern: str) -> int:
     """How many strings ``braceexpand(pattern)`` yields, counted from the pattern alone (its grammar: ranges
     multiply, comma lists add, a backslash escapes), in time linear in the pattern's length times its nesting."""
-    count, start, pos, depth = 1, 0, 0, 0
-    while pos < len(pattern):
-        c = pattern[pos]
+    count, start = 1, 0
+    for pos, c, depth in _scan(pattern):
+        if c == "{" and depth == 0:
+            start = pos
+        elif c == "}" and depth == 1:
+            count *= _expression_count(pattern[start + 1 : pos])
+    return count
+
+
+def _scan(text: str) -> Iterator[tuple[int, str, int]]:
+    """``(position, character, brace depth before it)`` of each character of ``text`` but escaped ones."""
+    pos, depth = 0, 0
+    while pos < len(text):
+        c = text[pos]
         if c == "\\":
             pos += 2
             continue
-        if c == "{":
-            start = pos if depth == 0 else start
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                count *= _expression_count(pattern[start + 1 : pos])
-                start = pos + 1
+        yield pos, c, depth
+        depth += (c == "{") - (c == "}")
         pos += 1
-    return count
 
 
 def _expression_count(expr: str) -> int:
@@ -88,24 +92,13 @@ def _expression_count(expr: str) -> int:
         return len(range(a, b + 1, step) if a < b else range(a, b - 1, -step))
     if m := _CHAR_RANGE.match(expr):
         return len(list(braceexpand.braceexpand("{" + expr + "}")))  # letters: 52 at most
-    parts: list[str] = []
-    start, pos, depth = 0, 0, 0
-    while pos < len(expr):
-        c = expr[pos]
-        if c == "\\":
-            pos += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(expr[start:pos])
-            start = pos + 1
-        pos += 1
-    if depth != 0 or not parts:  # not a list: the braces stay, their inside is expanded
+    marks = list(_scan(expr))
+    commas = [pos for pos, c, depth in marks if c == "," and depth == 0]
+    balanced = sum((c == "{") - (c == "}") for _, c, _ in marks) == 0
+    if not balanced or not commas:  # not a list: the braces stay, their inside is expanded
         return brace_count(expr)
-    return sum(brace_count(p) for p in [*parts, expr[start:]])
+    bounds = [-1, *commas, len(expr)]
+    return sum(brace_count(expr[a + 1 : b]) for a, b in zip(bounds, bounds[1:]))
 
 
 def resolve_source(

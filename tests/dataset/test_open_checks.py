@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import text_dataset
+from conftest import text_mixture
 
 from streambatch import DatasetNotFound, IndexFormatError, OptionError, StreamBatchError, StreamBatchLoader
 from streambatch.dataset.index import ShardIndex
@@ -19,10 +19,7 @@ BUDGET = 2000
 
 @pytest.fixture(scope="module")
 def mix(tmp_path_factory):
-    root = tmp_path_factory.mktemp("open")
-    (root / "a").mkdir()
-    (root / "b").mkdir()
-    return {"a": text_dataset(root / "a", 20, seed=1), "b": text_dataset(root / "b", 20, seed=2)}
+    return text_mixture(tmp_path_factory.mktemp("open"), 20)
 
 
 def refused(error: type[Exception], build, *words: str) -> str:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import text_dataset
+from conftest import text_dataset, text_mixture
 
 from streambatch import OptionError, StreamBatchLoader
 from streambatch.loader.options import RunOptions, SampleOptions, init_fields
@@ -164,10 +164,7 @@ def ds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mix(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mixture")
-    (root / "a").mkdir()
-    (root / "b").mkdir()
-    return {"a": text_dataset(root / "a", 30, seed=1), "b": text_dataset(root / "b", 30, seed=2)}
+    return text_mixture(tmp_path_factory.mktemp("mixture"), 30)
 
 
 def shown(value) -> list[str]:
