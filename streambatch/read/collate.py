@@ -21,6 +21,7 @@ from ..dataset.audio import decode as decode_audio
 from ..dataset.members import SEGMENT_FIELD
 from ..units import resampled_count
 from .ring import slot_tensor
+from .transforms import as_payload
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}
@@ -77,8 +78,7 @@ def _resample(wav: np.ndarray, sr: int, target: int) -> np.ndarray:
 def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | None = None) -> torch.Tensor | None:
     """The payload tensor of one sample for the given decode mode (None for ``"none"``)."""
     if callable(decode):
-        out = decode(sample)
-        return out if isinstance(out, torch.Tensor) else torch.as_tensor(np.asarray(out))
+        return as_payload(decode(sample), "decode", decode, sample.get("__key__"))
     if decode == "audio":
         ext = audio_ext(sample)
         if ext is None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import shown
 from ..plan.perturb import SpeedPerturb, perturbed_samples, sample_rng
 
 Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
@@ -38,6 +39,20 @@ def speed_resample(wav: torch.Tensor, factor: float, sample_rate: int) -> torch.
     soxr = require_soxr()
     out = soxr.resample(np.ascontiguousarray(wav.numpy(), dtype=np.float32), sample_rate * factor, sample_rate)
     return torch.from_numpy(np.ascontiguousarray(out[: int(perturbed_samples(wav.shape[0], factor))]))
+
+
+def as_payload(value: Any, option: str, fn: Any, key: Any) -> torch.Tensor:
+    """What a user's ``option`` callable returned for sample ``key``, as a tensor: a clear ``TypeError`` naming the
+    callable and the value when it is not an array of numbers (not torch's "can't convert np.ndarray")."""
+    if isinstance(value, torch.Tensor):
+        return value
+    array = np.asarray(value)
+    if array.dtype.kind not in "biufc":
+        raise TypeError(
+            f"{option} {name_of(fn)} returned {shown(value)} for sample {key!r}: an array or tensor of numbers "
+            f"[T, ...] is needed"
+        )
+    return torch.as_tensor(array)
 
 
 def name_of(fn: Any) -> str:
@@ -102,15 +117,14 @@ class SampleOps:
         got = fn({**sample, name: payload, "__id__": gid}, rng)
         if not isinstance(got, dict) or name not in got:
             raise TypeError(f"transform {name_of(fn)} must return the sample dict with its {name!r}")
-        out = got[name] if isinstance(got[name], torch.Tensor) else torch.as_tensor(np.asarray(got[name]))
+        out = as_payload(got[name], "transform", fn, sample["__key__"])
         if out.shape[0] > payload.shape[0]:
             raise _too_long("transform", fn, sample["__key__"], out.shape[0], payload.shape[0], "steps")
         return out
 
     def _features(self, sample: dict[str, Any], wav: torch.Tensor) -> torch.Tensor:
         """Features of the waveform; no more frames than the plan counted, where it counts frames."""
-        feats = self.features(wav, self.sample_rate)
-        feats = feats if isinstance(feats, torch.Tensor) else torch.as_tensor(np.asarray(feats))
+        feats = as_payload(self.features(wav, self.sample_rate), "features", self.features, sample["__key__"])
         counter = getattr(self.features, "num_frames", None)
         if callable(counter):
             planned = int(counter(np.int64(wav.shape[0]), self.sample_rate))
