@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, overload
 
-from ..errors import ColumnError
+from ..errors import ColumnError, OptionError, shown
 from .limits import DEFAULT_MAX_COLUMNS
 
 #: the sample table's own columns: a field of the same name cannot be a metadata column
@@ -104,7 +104,12 @@ def parse_columns(text: str | Sequence[str] | None) -> list[str] | None:
     """``--columns``: a comma-separated list (``""`` for none); None keeps the default choice."""
     if text is None:
         return None
-    items = text.split(",") if isinstance(text, str) else list(text)
+    items = text.split(",") if isinstance(text, str) else text
+    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
+        raise OptionError(f"columns must be field names, as a list or 'a,b' (\"\" for none), got {shown(text)}")
+    items = list(items)
+    if not all(isinstance(s, str) for s in items):
+        raise OptionError(f"columns must be field names (text), got {shown(text)}")
     return [s.strip() for s in items if s.strip()]
 
 

@@ -190,8 +190,9 @@ class BatchingConfig:
             if lengths is None:
                 raise OptionError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
             options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
-        if options.get("buffer_size") is None:  # sized by the batch cap: checked first
+        if options.get("buffer_size") is None:  # sized by these: checked first
             _optional(int_option, "max_batch_size", options.get("max_batch_size"), 1)
+            _optional(number_option, "mean_length", mean_length, 0)
             options["buffer_size"] = _auto_buffer(
                 model,
                 budget,

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..dataset import storage
 from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
-from ..errors import InputErrors, InputProblem, OutputError, ShardifyError, bool_option, int_option
+from ..errors import InputErrors, InputProblem, OptionError, OutputError, ShardifyError, bool_option, int_option, shown
 from ..units import Unit, parse_bytes
 from .engines import Engine
 from .lock import holds_lock
@@ -108,8 +108,8 @@ def write_shards(
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version, shuffle, seed, sample_rate)
-    part = parse_part(part)
-    scope = Scope(part)
+    columns = _checked_columns(columns, stats)
+    scope = Scope(part := parse_part(part))
     max_bytes = parse_size(max_size)
     kind = kind or detect_kind(src)
     medium = source_medium(src, kind)
@@ -265,6 +265,13 @@ def _check_options(
         int_option("sample_rate", sample_rate, 1, 2**31 - 1)
     if resume and overwrite:
         raise ShardifyError("--resume keeps what is in OUT and --overwrite replaces it: pass one of them")
+
+
+def _checked_columns(columns: str | Sequence[str] | None, stats: Any) -> list[str] | None:
+    """``columns`` parsed and ``stats`` checked before anything is read, as :func:`_check_options` does the rest."""
+    if stats is not None and not isinstance(stats, dict):
+        raise OptionError(f"stats must be a dict the write fills in (or None), got {shown(stats)}")
+    return parse_columns(columns)
 
 
 def _in_write_order(

@@ -87,3 +87,8 @@ def test_options_packed_batches_would_ignore_are_refused(options, said):
     with pytest.raises(OptionError, match=said):
         BatchingConfig.make(100, lengths, packed=True, **options)
     assert BatchingConfig.make(100, lengths, packed=True, cost="padded").cost.packed
+
+
+def test_make_names_a_mean_length_that_is_not_a_number():
+    with pytest.raises(OptionError, match="mean_length must be"):
+        BatchingConfig.make(1000, mean_length="x")

@@ -275,3 +275,18 @@ def test_index_tars_names_a_bad_option_before_reading(tmp_path, option, value, s
     with pytest.raises(OptionError, match=said):
         index_tars(str(src), progress=False, **{option: value})
     assert list(src.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "option,value,said",
+    [
+        ("columns", 5, "columns must be field names"),
+        ("columns", [1, 2], r"columns must be field names \(text\)"),
+        ("stats", 5, "stats must be a dict"),
+    ],
+)
+def test_write_shards_names_bad_columns_or_stats_before_reading(tmp_path, option, value, said):
+    out = tmp_path / "out"
+    with pytest.raises(OptionError, match=said):
+        write_shards(str(clips(tmp_path)), str(out), progress=False, **{option: value})
+    assert not out.exists()
