@@ -82,7 +82,8 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--plan",
         action="store_true",
-        help="plan epoch 0 with --budget on --world-size ranks x --num-workers workers and show its steps "
+        help="plan --epoch (default 0) with --budget and --seed on --world-size ranks x --num-workers workers "
+        "(--even-batches) and show its steps "
         "per rank, batch-size histogram, padding and budget use, and how many batch-mate pairs meet again in the "
         "next epoch (--plot draws them)",
     )
@@ -101,13 +102,15 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         help="print the samples of step K of --epoch on each rank (one line per rank), as the loader with --budget, "
         "--seed, --world-size, --num-workers, --even-batches, --num-buckets and --where plans it (no shard is read)",
     )
-    i.add_argument("--epoch", type=non_negative, default=0, metavar="E", help="epoch for --step (default 0)")
-    i.add_argument("--seed", type=non_negative, default=0, metavar="S", help="the loader's seed for --step (default 0)")
+    i.add_argument("--epoch", type=non_negative, default=0, metavar="E", help="epoch for --step and --plan (default 0)")
+    i.add_argument(
+        "--seed", type=non_negative, default=0, metavar="S", help="the loader's seed for --step and --plan (default 0)"
+    )
     i.add_argument(
         "--even-batches",
         choices=EVEN_BATCHES,
         default="split",
-        help="how the ranks get equal steps, for --step (the loader's even_batches; default split)",
+        help="how the ranks get equal steps, for --step and --plan (the loader's even_batches; default split)",
     )
     add_shared(i, "shard_root")
     add_storage(i)
@@ -140,8 +143,12 @@ def _check_tables(index: Dataset) -> None:
 def _inspect_plan(index: Dataset, args: argparse.Namespace) -> int:
     if not args.budget:
         raise ShardifyError("--plan needs --budget (`shardify inspect DS` suggests one)")
-    options = {"num_buckets": args.num_buckets} if args.num_buckets else {}
-    p = planned_epoch(index, parse_budget(args.budget, index), args.world_size, args.num_workers, **options)
+    if args.where is not None:
+        raise ShardifyError("--where filters the summary and --step; --plan plans every sample: drop one of them")
+    options = {"num_buckets": args.num_buckets, "seed": args.seed} if args.num_buckets else {"seed": args.seed}
+    budget = parse_budget(args.budget, index)
+    layout = Layout(args.world_size, args.num_workers, args.even_batches)
+    p = planned_epoch(index, budget, layout.world_size, layout.num_workers, args.epoch, layout.even_batches, **options)
     if args.plot:
         p["plot"] = plot_planned(p, args.plot)
     print_planned(p, args.json)
@@ -348,7 +355,13 @@ def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[
 
 # ---- a planned epoch (--plan) ------------------------------------------------------------------
 def planned_epoch(
-    index: Any, budget: float, world_size: int, num_workers: int, epoch: int = 0, **options: Any
+    index: Any,
+    budget: float,
+    world_size: int,
+    num_workers: int,
+    epoch: int = 0,
+    even_batches: str = "split",
+    **options: Any,
 ) -> dict[str, Any]:
     """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
     padding % and mean budget use over the batches (from the index lengths), and freshness: the share of the
@@ -361,7 +374,7 @@ def planned_epoch(
     config = batching_config(budget, index, dict(options))  # the loader's own: the same window, buckets, cost
     if not isinstance(config.seed, int):
         raise ShardifyError(f"a planned epoch takes one whole-number seed, not {config.seed!r}")
-    layout = Layout(world_size, num_workers)
+    layout = Layout(world_size, num_workers, even_batches)
     plan = make_epoch_plan(lengths, config, epoch, layout, excluded=selection_of(index, epoch, config.seed))
     after = make_epoch_plan(lengths, config, epoch + 1, layout, excluded=selection_of(index, epoch + 1, config.seed))
     kept = pairs_kept(epoch_batches(plan), epoch_batches(after), lengths.num_samples)

@@ -36,3 +36,18 @@ def test_inspect_plan_reports_the_pairs_kept_from_epoch_0_to_1(text_ds):
     table = _inspect(text_ds, "--num-workers", "2")
     assert table.returncode == 0, table.stderr
     assert f"freshness  {got:.1f}% of the batch-mate pairs meet again in the next epoch" in table.stdout
+
+
+def test_inspect_plan_plans_the_seed_epoch_and_even_batches_given(text_ds):
+    """``--seed``, ``--epoch`` and ``--even-batches`` shape the planned epoch as they shape the loader's (they were
+    taken for --step only, and silently left out of --plan); ``--where`` with ``--plan`` is refused, not ignored."""
+    opts = {"seed": 7, "world_size": 3, "even_batches": "pad"}
+    out = _inspect(text_ds, "--seed", "7", "--epoch", "2", "--world-size", "3", "--even-batches", "pad", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    loader = StreamBatchLoader(text_ds, budget=BUDGET, rank=0, **opts)
+    e2, e3 = epoch_batches(loader.plan(2)), epoch_batches(loader.plan(3))
+    assert got["pairs_kept_pct"] == pytest.approx(100 * pairs_kept(e2, e3, 300))
+    assert got["steps"] == loader.plan(2).steps
+    refused = _inspect(text_ds, "--where", "length > 3")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--where" in refused.stderr
