@@ -28,7 +28,7 @@ from ..errors import OptionError, bool_option, choice_option, int_option, shown
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.config import BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
-from ..plan.layout import Layout, check_slots
+from ..plan.layout import MAX_WORKERS, Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
@@ -45,8 +45,6 @@ PLANNING = ("auto", "local", "global")
 LOSS_WEIGHT_BY = ("samples", "frames")
 #: what ``decode`` may name (else a callable ``sample -> array``)
 DECODE = ("auto", "audio", "text", "none")
-#: the most DataLoader workers per rank (``num_workers``): each a process, each a slot of every rank's plan
-MAX_WORKERS = 1024
 #: the most batches a worker prepares ahead (``prefetch_factor``): each held in memory until the loop takes it
 MAX_PREFETCH_FACTOR = 64
 
@@ -135,8 +133,9 @@ class RunOptions:
     """A torch ``DeviceMesh`` instead of ``dp_rank``/``dp_size``: its dimension named ``"dp"`` (or a 1-D
     mesh's only one) gives the data-parallel rank and size, and its process group agrees the step count."""
     num_workers: int = 0
-    """DataLoader worker processes per rank (0: read in the training process); at most :data:`MAX_WORKERS`
-    (1,024): each is a process, and each is a slot every rank's plan deals the epoch over."""
+    """DataLoader worker processes per rank (0: read in the training process); at most
+    :data:`~streambatch.plan.layout.MAX_WORKERS` (1,024): each is a process, and each is a slot every rank's plan
+    deals the epoch over."""
     even_batches: str = "split"
     """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
     :class:`~streambatch.plan.layout.Layout`)."""

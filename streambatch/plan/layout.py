@@ -12,6 +12,8 @@ from ..errors import OptionError, bool_option, choice_option, int_option
 
 #: how ranks get equal steps: split batches of the ranks short of the longest, drop the surplus, or repeat batches
 EVEN_BATCHES = ("split", "drop", "pad")
+#: the most DataLoader workers per rank (``num_workers``): each a process, each a slot of every rank's plan
+MAX_WORKERS = 1024
 #: the most data-parallel ranks a plan takes (``world_size``, ``dp_size``, a mesh's or the job's): 64 times the
 #: 1,000+ ranks the project targets. Every rank deals the epoch over every (rank, worker) slot, and a whole-epoch
 #: plan (no process group, ``planning="global"``, a resume on another layout) plans each slot: about 0.1 ms and a
@@ -38,7 +40,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         int_option("world_size", self.world_size, 1)
-        int_option("num_workers", self.num_workers, 1)
+        int_option("num_workers", self.num_workers, 1, MAX_WORKERS)
         check_slots(self.world_size, self.num_workers)
         choice_option("even_batches", self.even_batches, EVEN_BATCHES)
         object.__setattr__(self, "hardest_first", bool_option("hardest_first", self.hardest_first))

@@ -80,6 +80,8 @@ def test_a_layout_holds_the_same_bounds_as_the_loader(ds, capsys):
         Layout(10**9)
     with pytest.raises(OptionError, match="num_workers=8 makes 524,288"):
         Layout(MAX_WORLD_SIZE, 8)
+    with pytest.raises(OptionError, match="num_workers must be at most 1,024"):
+        Layout(1, 2000)
     assert main(["inspect", ds, "--plan", "--world-size", str(10**9), "--budget", str(BUDGET)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "world_size=1000000000" in err[0], err
