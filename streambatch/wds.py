@@ -15,7 +15,7 @@ from typing import Any
 
 from .dataset.limits import LimitExceeded, loads
 from .dist import process_info, worker_info
-from .errors import OptionError
+from .errors import OptionError, int_option, shown
 from .plan.batcher import BucketBatcher, iter_batches
 from .plan.config import BatchingConfig, slot_seed
 from .read.collate import collate
@@ -59,9 +59,12 @@ class BudgetBatches:
         if options.get("batch_order", "random") != "random":
             raise OptionError("batch_order sorts a planned epoch's batches; the webdataset stage emits them as formed")
         self.config = BatchingConfig.make(budget, **options)
+        for name, fn in (("length", length), ("output_length", output_length)):
+            if fn is not None and not callable(fn):
+                raise OptionError(f"{name} must be a callable sample -> number (or None), got {shown(fn)}")
         self.length = length if length is not None else annotated_length
         self.output_length = output_length if output_length is not None else _annotated_output
-        self.epoch = int(epoch)
+        self.epoch = int_option("epoch", epoch, 0)
         self.skipped = 0
         """Samples this process's passes left out because they can never fit (a DataLoader worker counts its own)."""
         self.dropped = 0
@@ -70,7 +73,7 @@ class BudgetBatches:
 
     def set_epoch(self, epoch: int) -> None:
         """Seed the next passes' batch order with ``epoch`` (call it on the pipeline's stage before each epoch)."""
-        self.epoch = int(epoch)
+        self.epoch = int_option("epoch", epoch, 0)
         self._passes = 0
 
     def __call__(self, samples: Iterable[Sample]) -> Iterator[list[Sample]]:

@@ -345,7 +345,8 @@ def _json_number(sample: dict[str, Any], field: str, hint: str) -> float:
     """The ``field`` of a sample's ``.json`` once it is a length (a finite number, at least 0), else a ValueError
     naming the sample: the shard is data, and a length batches are cut by must be one."""
     meta = sample.get("json")
-    where = f"{sample.get('__url__')}: sample {sample.get('__key__')!r}"
+    url = sample.get("__url__")
+    where = f"{url}: sample {sample.get('__key__')!r}" if url else f"sample {sample.get('__key__')!r}"
     if not isinstance(meta, dict) or field not in meta:
         raise ValueError(f"{where} has no {field!r} in its .json; {hint}")
     value = meta[field]

@@ -137,3 +137,13 @@ def test_real_shards_through_webdataset_with_two_workers(tmp_path, monkeypatch):
         pipeline = _pipeline(shards, stage, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
         by_rank.append(_keys_and_check(pipeline, budget))
     assert sorted(by_rank[0] + by_rank[1]) == every and not set(by_rank[0]) & set(by_rank[1])
+
+
+def test_the_stage_checks_its_own_arguments_where_it_is_built():
+    with pytest.raises(OptionError, match="epoch must be at least 0"):
+        BudgetBatches(12, epoch=-1)
+    with pytest.raises(OptionError, match="length must be a callable"):
+        BudgetBatches(12, length="json.length")
+    stage = BudgetBatches(12)
+    with pytest.raises(OptionError, match="epoch must be a whole number"):
+        stage.set_epoch(1.5)
