@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, int_option, number_option, output_fits
+from ..errors import OptionError, bool_option, int_option, number_option, output_fits
 from ..plan.cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
 from ..units import Unit, parse_bytes
 from .memory import CalibrationError, DeviceMeasure, Trial, device_measure, resolve_device
@@ -335,6 +335,16 @@ def calibrate(
     return result
 
 
+def _check_trial_options(warmup: Any, timeout: Any, threshold: Any, threads: Any) -> None:
+    """How the trials run, checked before the first one (an OptionError naming the option)."""
+    bool_option("warmup", warmup)
+    if timeout is not None:
+        number_option("trial_timeout", timeout, positive=True)
+    number_option("quadratic_threshold", threshold, 0, maximum=1)
+    if threads is not None:
+        int_option("cpu_threads", threads, 1)
+
+
 def measure_and_fit(
     step_fn: Callable[[Any], Any],
     options: CalibrationOptions,
@@ -346,7 +356,10 @@ def measure_and_fit(
     cpu_threads: int | None = None,
 ) -> dict[str, Any]:
     """:func:`calibrate` once its ``options`` are checked (:func:`calibration_options`): run the trials, fit
-    the model and return the calibration; ``options.out`` is not written (:func:`write_calibration` does)."""
+    the model and return the calibration; ``options.out`` is not written (:func:`write_calibration` does). The
+    trial options are checked here, before the first trial: ``trial_timeout`` above 0 (or None),
+    ``quadratic_threshold`` in [0, 1], ``cpu_threads`` from 1 (or None), ``warmup`` True or False."""
+    _check_trial_options(warmup, trial_timeout, quadratic_threshold, cpu_threads)
     o = options
     setup = device_measure(
         step_fn,
