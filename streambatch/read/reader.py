@@ -37,7 +37,8 @@ class ReadOptions:
     chunk_size: int = 8 << 20
     """Bytes per range request (remote shards)."""
     read_ahead: int = 64 << 20
-    """Bytes each worker may hold in requested-but-unparsed chunks; 0 reads on demand."""
+    """Bytes each worker may hold in requested-but-unparsed chunks (one chunk is always let through, so a
+    read-ahead below ``chunk_size`` holds one ``chunk_size``); 0 reads on demand."""
     read_concurrency: int = 4
     """Range requests in flight at once per worker when reading starts (with read-ahead; the read-ahead then
     adapts the count to the measured latency, up to ``max_read_concurrency``), and while a shard downloads
@@ -91,6 +92,8 @@ class ReadOptions:
         object.__setattr__(self, "shard_roots", shard_roots_option(self.shard_roots))
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise OptionError(f"cache_dir must be a folder or None, got {self.cache_dir!r}")
+        if self.cache_dir is not None and os.path.isfile(self.cache_dir):
+            raise OptionError(f"cache_dir={self.cache_dir!r} is a file, not a folder for the shard cache")
         if self.cache_size is not None and self.cache_dir is None:
             raise OptionError(
                 f"cache_size={self.cache_size} limits the shard cache in cache_dir, and cache_dir=None makes none: "

@@ -108,6 +108,12 @@ def test_an_option_the_other_would_make_ignored_is_refused_naming_both(ds, optio
     refused(ds, *names, **options)
 
 
+def test_a_cache_dir_that_is_a_file_is_refused(ds, tmp_path):
+    path = tmp_path / "cache"
+    path.write_text("not a folder")
+    refused(ds, "cache_dir", "is a file", cache_dir=str(path))
+
+
 def test_a_batch_cap_that_is_not_a_number_is_named_before_it_sizes_the_window(ds):
     refused(ds, "max_batch_size", max_batch_size=float("nan"))
 
