@@ -238,6 +238,29 @@ def bool_option(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def callable_option(name: str, fn: Any, expected: str, positional: int) -> Any:
+    """``fn`` once it is a callable that takes ``positional`` arguments, as it will be called (``expected``, like
+    ``"fn(sample, rng) -> sample"``), else an :class:`OptionError` now rather than a ``TypeError`` at its first call
+    (in a worker, mid-epoch). Defaults and ``*args`` count; a callable whose signature cannot be read (some
+    builtins) is taken as it is."""
+    import inspect
+
+    if not callable(fn):
+        raise OptionError(f"{name} must be a callable {expected}, got {shown(fn)}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    try:
+        signature.bind(*range(positional))
+    except TypeError:
+        raise OptionError(
+            f"{name}={shown(fn)} takes {signature}, but it is called as {expected}: give a callable with "
+            f"{positional} positional argument{'s' if positional != 1 else ''}"
+        ) from None
+    return fn
+
+
 def choice_option(name: str, value: Any, choices: Sequence[Any]) -> Any:
     """``value`` once it is one of ``choices``, else an :class:`OptionError` listing them."""
     if not isinstance(value, (str, type(None))) or value not in choices:

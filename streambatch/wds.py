@@ -15,7 +15,7 @@ from typing import Any
 
 from .dataset.limits import LimitExceeded, loads
 from .dist import process_info, worker_info
-from .errors import OptionError, int_option, shown
+from .errors import OptionError, callable_option, int_option
 from .plan.batcher import BucketBatcher, iter_batches
 from .plan.config import BatchingConfig, slot_seed
 from .read.collate import collate
@@ -60,8 +60,8 @@ class BudgetBatches:
             raise OptionError("batch_order sorts a planned epoch's batches; the webdataset stage emits them as formed")
         self.config = BatchingConfig.make(budget, **options)
         for name, fn in (("length", length), ("output_length", output_length)):
-            if fn is not None and not callable(fn):
-                raise OptionError(f"{name} must be a callable sample -> number (or None), got {shown(fn)}")
+            if fn is not None:
+                callable_option(name, fn, f"{name}(sample) -> number", 1)
         self.length = length if length is not None else annotated_length
         self.output_length = output_length if output_length is not None else _annotated_output
         self.epoch = int_option("epoch", epoch, 0)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, choice_option, int_option, shown
+from ..errors import OptionError, callable_option, choice_option, int_option, shown
 from .memory import free_memory, is_oom
 
 log = logging.getLogger("streambatch.calibrate")
@@ -193,17 +193,15 @@ class SplitOptions:
     def __post_init__(self) -> None:
         int_option("min_size", self.min_size, 1)
         choice_option("weight_by", self.weight_by, WEIGHT_BY)
-        if self.reset is not None and not callable(self.reset):
-            raise OptionError(f"reset must be a callable taking no argument (or None), got {shown(self.reset)}")
+        if self.reset is not None:
+            callable_option("reset", self.reset, "reset()", 0)
         if self.logger is not None and not isinstance(self.logger, logging.Logger):
             raise OptionError(f"logger must be a logging.Logger (or None), got {shown(self.logger)}")
 
 
 def _step(step_fn: Any) -> Callable[[Any], Any]:
-    """``step_fn`` once it is a callable, else an OptionError."""
-    if not callable(step_fn):
-        raise OptionError(f"step_fn must be a callable step_fn(batch), got {shown(step_fn)}")
-    return step_fn
+    """``step_fn`` once it is a callable ``step_fn(batch)``, else an OptionError."""
+    return callable_option("step_fn", step_fn, "step_fn(batch)", 1)
 
 
 def run_with_oom_split(

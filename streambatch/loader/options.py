@@ -15,7 +15,6 @@ arguments into them.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
-from ..errors import OptionError, bool_option, choice_option, int_option, shown
+from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.config import BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
@@ -47,23 +46,6 @@ LOSS_WEIGHT_BY = ("samples", "frames")
 DECODE = ("auto", "audio", "text", "none")
 #: the most batches a worker prepares ahead (``prefetch_factor``): each held in memory until the loop takes it
 MAX_PREFETCH_FACTOR = 64
-
-
-def check_arity(name: str, fn: Callable[..., Any], expected: str, positional: int) -> None:
-    """``fn`` (the option ``name``) callable with ``positional`` arguments, as the workers call it (``expected``),
-    else an :class:`OptionError` now rather than one in a worker at the first batch. Defaults and ``*args`` count;
-    a callable whose signature cannot be read (some builtins) is taken as it is."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind(*range(positional))
-    except TypeError:
-        raise OptionError(
-            f"{name}={shown(fn)} takes {signature}, but it is called as {expected}: give a callable with "
-            f"{positional} positional argument{'s' if positional != 1 else ''}"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -91,15 +73,13 @@ class SampleOptions:
         if not callable(self.decode):
             choice_option("decode", self.decode, DECODE)
         else:
-            check_arity("decode", self.decode, "fn(sample) -> array", 1)
-        if self.transform is not None and not callable(self.transform):
-            raise OptionError(f"transform must be a callable fn(sample, rng) -> sample, got {self.transform!r}")
+            callable_option("decode", self.decode, "fn(sample) -> array", 1)
         if self.transform is not None:
-            check_arity("transform", self.transform, "fn(sample, rng) -> sample", 2)
+            callable_option("transform", self.transform, "fn(sample, rng) -> sample", 2)
         object.__setattr__(self, "speed", SpeedPerturb.make(self.speed_perturb))
         object.__setattr__(self, "feature_fn", resolve_features(self.features))
         if callable(self.features):
-            check_arity("features", self.features, "fn(waveform, sample_rate) -> [frames, dim]", 2)
+            callable_option("features", self.features, "fn(waveform, sample_rate) -> [frames, dim]", 2)
 
     @property
     def active(self) -> list[str]:
@@ -195,10 +175,8 @@ class RunOptions:
         if self.max_plan_bytes is None:
             raise OptionError("max_plan_bytes must be a size like 64G or a number of bytes, got None")
         object.__setattr__(self, "max_plan_bytes", parse_bytes(self.max_plan_bytes, "max_plan_bytes"))
-        if self.worker_init_fn is not None and not callable(self.worker_init_fn):
-            raise OptionError(f"worker_init_fn must be a callable fn(worker_id), got {self.worker_init_fn!r}")
         if self.worker_init_fn is not None:
-            check_arity("worker_init_fn", self.worker_init_fn, "fn(worker_id)", 1)
+            callable_option("worker_init_fn", self.worker_init_fn, "fn(worker_id)", 1)
 
     def layout(self, world_size: int) -> Layout:
         """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given; bounded

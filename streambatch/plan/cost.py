@@ -13,7 +13,6 @@ Every model answers one question for the batcher: for each length, how many samp
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import IndexFormatError, OptionError, int_option, number_option, shown
+from ..errors import IndexFormatError, OptionError, callable_option, int_option, number_option, shown
 from .stats import LengthStats
 
 CALIBRATION_FORMAT = "streambatch-calibration"
@@ -160,18 +159,7 @@ def _check_signature(fn: Callable[..., Any]) -> None:
     """Refuse a cost function that cannot be called as ``fn(n, max_len)`` (where its signature can be read)."""
     if isinstance(fn, type) and issubclass(fn, CostModel):
         raise OptionError(f"cost={fn.__name__} is a class: pass an instance, {fn.__name__}()")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or extension without one: its first call says
-        return
-    try:
-        signature.bind(1, 1.0)
-    except TypeError as e:
-        name = getattr(fn, "__qualname__", type(fn).__name__)
-        raise OptionError(
-            f"cost must be a function cost(n, max_len) -> number of two positional arguments; {name}{signature} "
-            f"cannot be called so ({e})"
-        ) from None
+    callable_option("cost", fn, "cost(n, max_len) -> number", 2)
 
 
 def _cost_value(value: Any, n: int, max_len: float) -> float:
