@@ -159,6 +159,10 @@ def open_source(
     ix: AnyIndex | None
     urls: Sequence[str]
     if sources is not None:
+        if index is not None:
+            raise OptionError(
+                "index= gives one dataset's index, and source names a mixture (each with its own): drop it"
+            )
         extra = {} if max_plan_bytes is None else {"max_plan_bytes": max_plan_bytes}
         ix = MixedIndex.open(sources, storage_options, shard_roots, **extra)
         urls, name = ShardURLs(ix), "mixture of " + ", ".join(ix.names)
@@ -168,5 +172,5 @@ def open_source(
     if ix is not None:
         ix.check_urls()  # a shard URL outside the roots stops the run here, before any read
     if not urls:
-        raise ValueError(f"{source}: no shards found")
+        raise OptionError(f"{shown(source, 200)}: no shards found")
     return ix, urls, name

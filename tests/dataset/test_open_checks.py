@@ -103,3 +103,7 @@ def test_an_index_still_loads_from_its_folder_its_file_or_a_path(mix):
     folder = mix["a"]
     for given in (folder, folder + "/index.json", Path(folder), "file://" + folder):
         assert ShardIndex.load(given).num_samples == 20
+
+
+def test_an_index_beside_a_mixture_is_refused_not_ignored(mix):
+    refused(OptionError, lambda: StreamBatchLoader(mix, BUDGET, index=mix["a"]), "index=", "mixture")
