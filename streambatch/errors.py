@@ -238,6 +238,17 @@ def bool_option(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def path_option(name: str, value: Any, what: str) -> str:
+    """``value`` as text once it is a path (text or ``os.PathLike``) or URL that is not empty, else an
+    :class:`OptionError`: ``{name} must be {what}, got ...``."""
+    import os
+
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text:
+        raise OptionError(f"{name} must be {what}, got {shown(value)}")
+    return text
+
+
 def callable_option(name: str, fn: Any, expected: str, positional: int) -> Any:
     """``fn`` once it is a callable that takes ``positional`` arguments, as it will be called (``expected``, like
     ``"fn(sample, rng) -> sample"``), else an :class:`OptionError` now rather than a ``TypeError`` at its first call

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DatasetNotFound, OptionError, output_fits
+from ..errors import DatasetNotFound, OptionError, output_fits, path_option
 from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
 from . import limits
@@ -74,7 +74,7 @@ class ShardIndex:
         folder without ``index.json``) is :class:`~streambatch.errors.DatasetNotFound` (a ``FileNotFoundError``), as
         for the loader; a path that is there but is no index (a file, ``index.json`` a folder) an
         :class:`IndexFormatError`; ``url`` empty or not a path an :class:`~streambatch.errors.OptionError`."""
-        url = _index_url(_location(url))
+        url = _index_url(path_option("url", url, f"a dataset folder, index file or URL ({EXPECTED})"))
         try:
             raw = read_whole(url, storage_options)  # one GET: no size request before it
         except FileNotFoundError as e:
@@ -412,15 +412,6 @@ EXPECTED = (
     f"expected a dataset folder written by `shardify write` or `shardify index` (holding {INDEX_NAME}), "
     f"or its {INDEX_NAME}"
 )
-
-
-def _location(url: Any) -> str:
-    """``url`` as text once it is a path (``str`` or ``os.PathLike``) or URL that is not empty."""
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if not isinstance(url, str) or not url:
-        raise OptionError(f"a dataset index is read from a folder, file or URL, got {url!r}: {EXPECTED}")
-    return url
 
 
 def _not_an_index(url: str, e: OSError) -> str:

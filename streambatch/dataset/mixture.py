@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from ..errors import DatasetNotFound, IndexFormatError, OptionError, number_option, shown
+from ..errors import DatasetNotFound, IndexFormatError, OptionError, number_option, path_option, shown
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
 from . import storage
@@ -45,14 +45,14 @@ def mixture_sources(source: Any, weights: Any = None, shard_roots: Sequence[str]
     if isinstance(source, Mapping) and not source:
         raise OptionError("source is an empty mapping: a mixture needs at least one dataset ({name: folder})")
     if isinstance(source, Mapping):
-        items = [(_dataset_name(k), _dataset_url(f"source[{k!r}]", v)) for k, v in source.items()]
+        items = [(_dataset_name(k), path_option(f"source[{k!r}]", v, DATASET)) for k, v in source.items()]
     elif isinstance(source, (list, tuple)) and not source:
         raise OptionError(
             f"source is an empty {type(source).__name__}: a mixture needs at least one dataset "
             "(and a list of shard URLs at least one URL)"
         )
     elif isinstance(source, (list, tuple)) and weights is not None:
-        items = [(_name(u), u) for u in (_dataset_url(f"source[{i}]", v) for i, v in enumerate(source))]
+        items = [(_name(u), u) for u in (path_option(f"source[{i}]", v, DATASET) for i, v in enumerate(source))]
     elif isinstance(source, str) and _is_mixture_file(source):
         if weights is not None:
             raise OptionError(f"{source}: a mixture file holds its weights; do not pass weights= as well")
@@ -82,21 +82,16 @@ def _name(url: str) -> str:
     return os.path.basename(url.rstrip("/")) or url
 
 
+#: what a mixture's dataset is, for messages
+DATASET = "a dataset folder, index file or URL"
+
+
 def _dataset_name(name: Any) -> str:
     """A mixture's dataset name (a key of the ``{name: folder}`` mapping): text that is not empty, as
     ``batch["dataset"]`` and ``weights`` name it."""
     if not isinstance(name, str) or not name:
         raise OptionError(f"a mixture's dataset names must be non-empty strings, got {name!r}")
     return name
-
-
-def _dataset_url(option: str, url: Any) -> str:
-    """A mixture's dataset folder or index file: a path (text or ``os.PathLike``) or URL that is not empty."""
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if not isinstance(url, str) or not url:
-        raise OptionError(f"{option} must be a dataset folder, index file or URL, got {url!r}")
-    return url
 
 
 def weights_by_name(weights: Any, names: list[str]) -> dict[str, float]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import braceexpand
 
-from ..errors import DatasetNotFound, OptionError, shown
+from ..errors import DatasetNotFound, OptionError, path_option, shown
 from . import storage
 from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
@@ -101,6 +100,10 @@ def _expression_count(expr: str) -> int:
     return sum(brace_count(expr[a + 1 : b]) for a, b in zip(bounds, bounds[1:]))
 
 
+#: what one dataset's ``source`` may be, for messages
+SOURCES = "a dataset folder or URL, an index file, a shard pattern or a list of shard URLs"
+
+
 def resolve_source(
     source: str | Sequence[str],
     index: str | ShardIndex | None,
@@ -121,12 +124,9 @@ def resolve_source(
         return source.allow(shard_roots), ShardURLs(source)
     if isinstance(source, (list, tuple)):
         return None, expand_urls(source)
-    if not isinstance(source, (str, os.PathLike)) or not str(source):
-        raise OptionError(
-            f"source must be a dataset folder or URL, an index file, a shard pattern or a list of shard URLs, "
-            f"got {shown(source)}"
-        )
-    source = str(source)
+    source = path_option(
+        "source", source, "a dataset folder or URL, an index file, a shard pattern or a list of shard URLs"
+    )
     if source.endswith(".json"):
         ix = load_index(source, storage_options, shard_roots, cache_dir)
         return ix, ShardURLs(ix)

@@ -179,9 +179,8 @@ class RunOptions:
             callable_option("worker_init_fn", self.worker_init_fn, "fn(worker_id)", 1)
 
     def layout(self, world_size: int) -> Layout:
-        """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given; bounded
-        as a given one is)."""
-        check_slots(world_size, self.num_workers)
+        """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given; the
+        :class:`Layout` bounds it as a given one is)."""
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
 
 
