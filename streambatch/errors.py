@@ -152,6 +152,17 @@ class IndexFormatError(StreamBatchError, ValueError):
 IndexError_ = IndexFormatError
 
 
+class IndexMismatch(StreamBatchError, RuntimeError):
+    """The shards do not hold what the index says (a sample's length, a shard's sample count or byte spans): the
+    index is stale or the shards changed after it was written. Found while reading; ``shardify verify`` finds every
+    such shard at once."""
+
+
+class SampleError(StreamBatchError, ValueError):
+    """A sample that cannot give what the batch asks of it: a ``.json`` member that is not JSON or holds no length
+    (without an index, batches are cut by that length), or no audio member to decode; the message names it."""
+
+
 class ColumnError(StreamBatchError, ValueError):
     """A metadata column that cannot be stored as asked (named but absent, not scalar, mixed kinds)."""
 

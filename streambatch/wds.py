@@ -15,7 +15,7 @@ from typing import Any
 
 from .dataset.limits import LimitExceeded, loads
 from .dist import process_info, worker_info
-from .errors import OptionError, callable_option, int_option
+from .errors import OptionError, SampleError, callable_option, int_option
 from .plan.batcher import BucketBatcher, iter_batches
 from .plan.config import BatchingConfig, slot_seed
 from .read.collate import collate
@@ -118,5 +118,5 @@ def _with_meta(sample: Sample) -> Sample:
     except (UnicodeDecodeError, ValueError) as e:
         if isinstance(e, LimitExceeded):
             raise
-        raise ValueError(f"{where}: its .json member is not JSON ({e})") from None
+        raise SampleError(f"{where}: its .json member is not JSON ({e})") from None
     return {**sample, "json": parsed}

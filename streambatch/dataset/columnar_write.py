@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import IndexFormatError, OptionError
 from ..plan.stats import json_number
 from . import columnar
 from .columnar import FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, sample_schema, shard_schema, table_names, table_url
@@ -60,7 +61,7 @@ def _digest(value: str | None, size: int, what: str) -> bytes | None:
     if value is None:
         return None
     if len(value) != 2 * size or not all(c in string.hexdigits for c in value):
-        raise ValueError(f"{what}: {value!r} is not a hex digest of {size} bytes")
+        raise IndexFormatError(f"{what}: {value!r} is not a hex digest of {size} bytes")
     return bytes.fromhex(value)
 
 
@@ -71,7 +72,7 @@ def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
         return arr.astype(np.float64)
     if arr.dtype.kind == "f":
         if arr.size and not np.all(arr == np.round(arr)):
-            raise ValueError(f"{what}: lengths are not whole numbers; write the index with float64 lengths")
+            raise IndexFormatError(f"{what}: lengths are not whole numbers; write the index with float64 lengths")
     return arr.astype(np.int64)
 
 
@@ -121,7 +122,7 @@ def _meta_column(group: list[tuple[Any, np.ndarray]], name: str, typ: str) -> pa
     arrays = [arrow_column((getattr(s, "columns", None) or {}).get(name), typ, len(x)) for s, x in group]
     for (s, x), a in zip(group, arrays):
         if len(a) != len(x):
-            raise ValueError(f"shard {s.url}: {len(a)} values of column {name!r} for {len(x)} samples")
+            raise IndexFormatError(f"shard {s.url}: {len(a)} values of column {name!r} for {len(x)} samples")
     return pa.concat_arrays(arrays) if arrays else pa.array([], pa.type_for_alias(typ))
 
 
@@ -148,7 +149,7 @@ class V2Writer:
         output_length: bool = False,
     ) -> None:
         if length_type not in LENGTH_TYPES:
-            raise ValueError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
+            raise OptionError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
         self.root, self.length_type, self.so = root, length_type, storage_options
         self.output_length = output_length
         self.extra = dict(columns or {})
@@ -176,7 +177,7 @@ class V2Writer:
         what = f"shard {self.num_shards} ({shard.url})"
         lengths = typed_lengths(shard.lengths, self.length_type, what)
         if len(lengths) != int(shard.count):
-            raise ValueError(f"{what}: count {shard.count} but {len(lengths)} lengths")
+            raise IndexFormatError(f"{what}: count {shard.count} but {len(lengths)} lengths")
         if self.group_rows and self.group_rows + len(lengths) > self.rows_per_group:
             self._flush_group()
         self.group.append((shard, lengths))

@@ -166,7 +166,7 @@ class ShardIndex:
         tables first and ``index.json`` last). Returns the index file's URL."""
         url = _index_url(url)
         if version not in (1, 2):
-            raise ValueError(f"index version must be 1 or 2, got {version!r}")
+            raise OptionError(f"index version must be 1 or 2, got {version!r}")
         with output_fits(url, "the index (its tables, then this file)"):
             if version == 2:
                 self._save_v2(url, storage_options, progress)
@@ -374,11 +374,11 @@ class ShardIndex:
     def merge(cls, indexes: Sequence[ShardIndex]) -> ShardIndex:
         """Concatenate the shards of several indexes (parts of one dataset, same unit and rate)."""
         if not indexes:
-            raise ValueError("nothing to merge")
+            raise OptionError("nothing to merge")
         first = indexes[0]
         for ix in indexes[1:]:
             if ix.unit != first.unit or ix.sample_rate != first.sample_rate:
-                raise ValueError(
+                raise OptionError(
                     f"cannot merge indexes with different units: {first.unit}@{first.sample_rate} "
                     f"and {ix.unit}@{ix.sample_rate}"
                 )

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import IndexFormatError
 from .audio import AUDIO_EXTENSIONS
 
 #: the index ``meta`` entry naming the member suffixes by which an adopted layout's names split into key and suffix
@@ -115,7 +116,7 @@ def shard_members(index: Any, shard: int) -> ShardMembers:
     spans = index.sample_offsets(shard)
     keys = shard_keys(index, shard)
     if spans is None or keys is None:
-        raise ValueError(f"{index.shard_url(shard)}: the index has segments but no byte offsets or keys for them")
+        raise IndexFormatError(f"{index.shard_url(shard)}: the index has segments but no byte offsets or keys for them")
     rows = ShardRows.build(spans[0], keys, index.shard_values(shard, SEGMENT_START) or [], frames)
     return ShardMembers(suffixes, rows)
 

@@ -59,7 +59,7 @@ def default_make_batch(
         n = int(n)
         if unit is Unit.SECONDS:
             if not sample_rate:
-                raise ValueError("unit 'seconds' needs a sample_rate to build audio batches")
+                raise OptionError("unit 'seconds' needs a sample_rate to build audio batches")
             t = int(round(length * sample_rate))
         else:
             t = int(math.ceil(length))

@@ -62,13 +62,13 @@ class DataParallel:
         by_rank: dict[int, list[int]] = {}
         for tag, *row in rows:
             if by_rank.setdefault(tag, row) != row:
-                raise RuntimeError(
+                raise OptionError(
                     f"the peers of data-parallel rank {tag} planned different epochs ({by_rank[tag]} and {row}): "
                     "give every process of a data-parallel group the same loader options"
                 )
         missing = [r for r in range(self.size) if r not in by_rank]
         if missing or len(by_rank) != self.size:
-            raise RuntimeError(
+            raise OptionError(
                 f"data-parallel ranks {missing or sorted(set(by_rank) - set(range(self.size)))} have no process "
                 f"(dp_size={self.size} over {len(rows)} processes): check dp_rank on every process"
             )

@@ -209,7 +209,7 @@ class BucketBatcher:
         """:meth:`plan`'s batches round by round, unsorted (flat positions, sizes): a resume stops early."""
         n = len(lengths)
         if self.grouped and groups is None:
-            raise ValueError(f"batch_by={self.config.batch_by!r} needs each sample's group key (groups=)")
+            raise OptionError(f"batch_by={self.config.batch_by!r} needs each sample's group key (groups=)")
         if self.stream_length is None:
             self.stream_length = n
         if n < 2**31:

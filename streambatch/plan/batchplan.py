@@ -39,7 +39,7 @@ class BatchPlan(abc.Sequence):
             flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
             bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         elif bounds is None:
-            raise ValueError("a BatchPlan given flat positions needs their batch bounds")
+            raise OptionError("a BatchPlan given flat positions needs their batch bounds")
         self.flat, self.bounds = flat, bounds
         self.skipped = np.asarray(skipped, dtype=np.int64)
         self.dropped = np.asarray(dropped, dtype=np.int64)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import EmptyEpochError, StateError
 from .config import BatchingConfig
 from .layout import Layout
 from .lengths import Lengths, Mask
@@ -113,7 +114,7 @@ class RankEqualised:
         """Inverse of :meth:`to_ints`."""
         k = len(_SLOT_FIELDS)
         if not values or (len(values) - 1) % k:
-            raise ValueError(f"loader state: an equalisation of {len(values)} integers is not 1 + {k} per worker")
+            raise StateError(f"loader state: an equalisation of {len(values)} integers is not 1 + {k} per worker")
         rows = [values[i : i + k] for i in range(1, len(values), k)]
         return cls(int(values[0]), tuple(SlotEqualised(*(int(v) for v in row)) for row in rows))
 
@@ -217,7 +218,7 @@ def _pad_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust], rank: 
     """Spread ``need`` repeated batches over the workers that have any, round robin."""
     have = [w for w, s in enumerate(raw) if s.batches]
     if not have:
-        raise ValueError(
+        raise EmptyEpochError(
             f"rank {rank} gets no data this epoch ({num_samples} samples over this layout); use fewer "
             "ranks/workers, a smaller budget, or even_batches='drop'"
         )

@@ -11,6 +11,8 @@ from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
+from ..errors import IndexFormatError, OptionError
+
 Loader = Callable[[Sequence[int]], Sequence[np.ndarray]]
 
 
@@ -83,7 +85,7 @@ class Lengths:
         if missing:
             for s, a in zip(missing, self._load(missing)):
                 if len(a) != self.counts[s]:
-                    raise ValueError(f"shard {s}: {len(a)} lengths, the shard table says {self.counts[s]}")
+                    raise IndexFormatError(f"shard {s}: {len(a)} lengths, the shard table says {self.counts[s]}")
                 self._arrays[s] = np.asarray(a)
 
     def shard(self, s: int) -> np.ndarray:
@@ -98,7 +100,7 @@ class Lengths:
         s = int(s)
         if s not in self._outputs:
             if self.load_outputs is None:
-                raise ValueError(
+                raise OptionError(
                     "output_budget needs each sample's output length: write the dataset with "
                     "`shardify write --output-length chars|tokens:NAME`"
                 )

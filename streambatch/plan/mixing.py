@@ -85,7 +85,7 @@ class DatasetDraw:
     @classmethod
     def of(cls, size: int, weight: float, seed: int, dataset: int, start: int | None = None) -> DatasetDraw:
         if not np.isfinite(weight) or weight < 0:
-            raise ValueError(f"dataset weight must be a finite number >= 0, got {weight}")
+            raise OptionError(f"dataset weight must be a finite number >= 0, got {weight}")
         return cls(int(size), int(round(weight * size)), int(seed), int(dataset), None if start is None else int(start))
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import OptionError
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .cost import CostModel
@@ -117,7 +118,7 @@ def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None, 
     :func:`stream_lengths`."""
     groups = getattr(lengths, "groups", None)
     if groups is None:
-        raise ValueError(
+        raise OptionError(
             f"batch_by={batch_by!r} groups the samples of a mixture by dataset; these lengths come "
             "from one dataset (give several datasets, or leave batch_by=None)"
         )

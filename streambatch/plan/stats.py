@@ -86,7 +86,7 @@ class LengthStats:
     def values(self) -> np.ndarray:
         """Every length (exact mode only)."""
         if self._chunks is None:
-            raise ValueError("the lengths were summarised into a histogram; use quantile() or histogram()")
+            raise OptionError("the lengths were summarised into a histogram; use quantile() or histogram()")
         return np.concatenate(self._chunks) if self._chunks else np.zeros(0)
 
     def quantile(self, q: Any) -> np.ndarray:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ..dataset.format import size_problem
 from ..dataset.node_files import cache_name, file_lock
+from ..errors import OptionError
 
 log = logging.getLogger("streambatch")
 
@@ -79,7 +80,9 @@ class ShardCache:
             tmp = os.path.join(self.objects, f".{name}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}{declared}")
             if size is not None and self.max_bytes is not None:
                 if size > self.max_bytes:
-                    raise ValueError(f"{url}: {size} bytes do not fit a cache of {self.max_bytes} bytes")
+                    raise OptionError(
+                        f"{url}: {size} bytes do not fit a cache of {self.max_bytes} bytes; raise cache_size"
+                    )
                 self.make_room(size, tmp)
             try:
                 download(tmp)

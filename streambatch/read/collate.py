@@ -19,6 +19,7 @@ import torch
 from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
 from ..dataset.audio import decode as decode_audio
 from ..dataset.members import SEGMENT_FIELD
+from ..errors import OptionError, SampleError
 from ..units import resampled_count
 from .ring import slot_tensor
 from .transforms import as_payload
@@ -82,7 +83,7 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
     if decode == "audio":
         ext = audio_ext(sample)
         if ext is None:
-            raise ValueError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
+            raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
         wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
         if sample_rate and sr != sample_rate:
             wav = _resample(wav, sr, sample_rate)
@@ -94,7 +95,7 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         return torch.from_numpy(np.load(io.BytesIO(ids)).astype(np.int64))
     if decode == "none":
         return None
-    raise ValueError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
+    raise OptionError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
 
 
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -27,7 +27,7 @@ from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.mixture import AnyIndex
 from ..dataset.storage import is_local
 from ..dataset.tar import buffer_members, group_samples
-from ..errors import ShardReadError
+from ..errors import IndexFormatError, IndexMismatch, ShardReadError
 from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .fetch import Job, _prepare_local
@@ -81,7 +81,8 @@ class _Shard:
             raise ShardReadError(f"{url}: not a readable tar shard (sample {i} ends early: truncated)")
         got = list(group_samples(buffer_members(buf, url, self.most), url, self.job.shard, self.members.suffixes))
         if len(got) != 1:
-            raise RuntimeError(f"{url}: bytes {off}-{off + n - 1} hold {len(got)} samples, not sample {i}; {_MISMATCH}")
+            held = f"{url}: bytes {off}-{off + n - 1} hold {len(got)} samples, not sample {i}"
+            raise IndexMismatch(f"{held}; {_MISMATCH}")
         if self.members.rows is not None:  # one of the segments its member group holds
             return self.members.rows.row(got[0], i)
         got[0]["__index__"] = i
@@ -136,7 +137,7 @@ class DirectShards:
         job = Job(0, self.urls[s], s, getattr(info, "bytes", None), getattr(info, "sha256", None))
         spans = self.index.sample_offsets(s)
         if spans is None:
-            raise RuntimeError(f"{job.url}: the index has no byte offsets for this shard but has them for others")
+            raise IndexFormatError(f"{job.url}: the index has no byte offsets for this shard but has them for others")
         count = self.faults.add if self.faults is not None else None
         members = self.index.shard_members(s)
         sh = waiting_on_storage(_Shard, count)(job, spans, self.opts.verify, count, members)  # opening it waits too

@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import IndexMismatch, TooManyBadShards
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, piece_excluded
 from ..units import same_length
-from .direct import DirectShards
+from .direct import _MISMATCH, DirectShards
 from .faults import FaultLog, ShardFault, bad_sample
 
 
@@ -65,9 +66,8 @@ def positioned(
         while i < piece.stop:
             s = next(it, None)
             if s is None:
-                raise RuntimeError(
-                    f"shard {piece.shard} ended at sample {i}, before its planned end {piece.stop}; "
-                    "the index does not match the shards (check with `shardify verify`)"
+                raise IndexMismatch(
+                    f"shard {piece.shard} ended at sample {i}, before its planned end {piece.stop}; {_MISMATCH}"
                 )
             if isinstance(s, ShardFault):
                 if s.ordinal < j:  # an earlier piece's checksum failed once it was read to the end
@@ -123,7 +123,6 @@ class Reservoir:
 
 
 _END = object()
-_MISMATCH = "the index does not match the shards (check with `shardify verify`)"
 
 
 class _Executor:
@@ -196,7 +195,7 @@ class _Executor:
         meta, said = sample.get("json") or {}, self.index_lengths[pos].item()
         if "length" in meta:  # within the tolerance `shardify index` adopted it by; the batch gets the planned one
             if not same_length(meta["length"], said):
-                raise RuntimeError(
+                raise IndexMismatch(
                     f"{sample['__url__']}: sample {sample['__key__']!r} has length {meta['length']} but the index "
                     f"says {said}; {_MISMATCH}"
                 )
@@ -210,7 +209,7 @@ class _Executor:
         last = int(b.max()) if self.rank is None else int(self.rank[b].max())
         while self.upto < last:
             if self.pull() is _END:
-                raise RuntimeError(f"the stream ended with {unformed} planned batches unformed; {_MISMATCH}")
+                raise IndexMismatch(f"the stream ended with {unformed} planned batches unformed; {_MISMATCH}")
 
     def form(self, b: np.ndarray) -> list[dict[str, Any]]:
         """The batch of positions ``b``, with lost samples re-drawn where they can be."""
@@ -245,7 +244,7 @@ class _Executor:
             while rep is None:  # nothing emitted yet: take the next planned sample that arrives
                 r = self.pull()
                 if r is _END:
-                    raise RuntimeError(
+                    raise TooManyBadShards(
                         "every sample of this worker's planned batches was lost with bad shards; "
                         "nothing is left to fill its batches (see the bad shards logged above)"
                     )

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import IndexMismatch
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import SlotPlan, kept_counts
@@ -74,7 +75,7 @@ def interleaved(
                 yield item
                 item = next(lanes[lane], None)
             if item is None or item[0] != pos:
-                raise RuntimeError(f"a shard's samples did not arrive as planned at stream position {pos}; {_MISMATCH}")
+                raise IndexMismatch(f"a shard's samples did not arrive as planned at position {pos}; {_MISMATCH}")
             yield item
             left[lane] -= 1
             if not left[lane]:  # the lane's last sample: read its shard to the end (checked), as a stream moves on
@@ -90,7 +91,7 @@ def _rest(lane: Iterator[Any], pos: int) -> Iterator[Invalid]:
     """What a lane still gives after its last sample: the spans whose checksum failed once read to the end."""
     for item in lane:
         if not isinstance(item, Invalid):
-            raise RuntimeError(f"a shard gave more samples than planned after stream position {pos}; {_MISMATCH}")
+            raise IndexMismatch(f"a shard gave more samples than planned after stream position {pos}; {_MISMATCH}")
         yield item
 
 

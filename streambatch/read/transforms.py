@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import shown
+from ..errors import OptionError, shown
 from ..plan.perturb import SpeedPerturb, perturbed_samples, sample_rng
 
 Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
@@ -62,8 +62,8 @@ def name_of(fn: Any) -> str:
     return f"{module}.{qual}" if qual and module else repr(fn)
 
 
-def _too_long(stage: str, fn: Any, key: str, got: int, planned: int, unit: str) -> ValueError:
-    return ValueError(
+def _too_long(stage: str, fn: Any, key: str, got: int, planned: int, unit: str) -> OptionError:
+    return OptionError(
         f"{stage} {name_of(fn)} made sample {key!r} {got} {unit} long, longer than the {planned} {unit} planned: "
         "the budget is planned on each sample's length, so a per-sample stage may shorten a sample, never lengthen it"
     )
@@ -90,13 +90,13 @@ class SampleOps:
         """The batch's payloads after the stages, the fields they add to the batch (``speed``), and the
         payload's name in the batch (``features`` once features are computed)."""
         if (self.speed is not None or self.features is not None) and name != "audio":
-            raise ValueError(f"speed_perturb and features need audio samples; this batch decodes {name!r}")
+            raise OptionError(f"speed_perturb and features need audio samples; this batch decodes {name!r}")
         gids = np.array([_gid(s) for s in samples], dtype=np.int64)
         repeats = [int(s.get("__repeat__", 0)) for s in samples]  # set where a dataset mixture repeats a sample
         factors = self.speed.factors_of(self.seed, self.epoch, gids, repeats) if self.speed is not None else None
         rate = self.sample_rate
         if factors is not None and rate is None:
-            raise ValueError("speed_perturb needs the dataset's sample rate (an index counting samples)")
+            raise OptionError("speed_perturb needs the dataset's sample rate (an index counting samples)")
         out = []
         for i, (s, p) in enumerate(zip(samples, payload)):
             if factors is not None and rate is not None:
@@ -136,5 +136,5 @@ class SampleOps:
 def _gid(sample: dict[str, Any]) -> int:
     """The sample's global id, which the executor attaches when its planned batch is formed."""
     if "__id__" not in sample:
-        raise RuntimeError(f"sample {sample.get('__key__')!r} carries no global id: per-sample stages need an index")
+        raise OptionError(f"sample {sample.get('__key__')!r} carries no global id: per-sample stages need an index")
     return int(sample["__id__"])

@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset
 from ..dataset.mixture import AnyIndex, DatasetNames
 from ..dataset.where import PlanFilter, left_out
 from ..dist import worker_info
-from ..errors import EmptyEpochError, shown
+from ..errors import EmptyEpochError, OptionError, SampleError, shown
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.lengths import Lengths, index_lengths
@@ -297,7 +297,7 @@ def _cycle_unindexed(
             slot
         ]
         if not pieces:
-            raise ValueError(
+            raise OptionError(
                 f"{len(ctx.urls)} shards cannot feed {ctx.num_slots} (rank, worker) slots without an index; "
                 "use fewer workers or ranks, more shards, or write an index with `shardify write`"
             )
@@ -342,16 +342,16 @@ def json_length(sample: dict[str, Any]) -> float:
 
 
 def _json_number(sample: dict[str, Any], field: str, hint: str) -> float:
-    """The ``field`` of a sample's ``.json`` once it is a length (a finite number, at least 0), else a ValueError
+    """The ``field`` of a sample's ``.json`` once it is a length (a finite number, at least 0), else a SampleError
     naming the sample: the shard is data, and a length batches are cut by must be one."""
     meta = sample.get("json")
     url = sample.get("__url__")
     where = f"{url}: sample {sample.get('__key__')!r}" if url else f"sample {sample.get('__key__')!r}"
     if not isinstance(meta, dict) or field not in meta:
-        raise ValueError(f"{where} has no {field!r} in its .json; {hint}")
+        raise SampleError(f"{where} has no {field!r} in its .json; {hint}")
     value = meta[field]
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < math.inf:
-        raise ValueError(f"{where}: its .json {field} {shown(value)} is not a length (a finite number ≥ 0)")
+        raise SampleError(f"{where}: its .json {field} {shown(value)} is not a length (a finite number ≥ 0)")
     return float(value)
 
 

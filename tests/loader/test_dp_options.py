@@ -66,11 +66,11 @@ def test_the_step_agreement_takes_one_row_per_data_parallel_rank(monkeypatch):
 
 def test_peers_that_planned_otherwise_are_an_error(monkeypatch):
     rows_gathered(monkeypatch, [[0, 5, 1], [0, 6, 1], [1, 4, 2], [1, 4, 2]])
-    with pytest.raises(RuntimeError, match="the peers of data-parallel rank 0 planned different epochs"):
+    with pytest.raises(OptionError, match="the peers of data-parallel rank 0 planned different epochs"):
         DataParallel(0, 2, "dp_rank", processes=4).gather([5, 1])
 
 
 def test_a_data_parallel_rank_without_a_process_is_an_error(monkeypatch):
     rows_gathered(monkeypatch, [[0, 5, 1], [0, 5, 1], [2, 4, 2], [2, 4, 2]])
-    with pytest.raises(RuntimeError, match=r"data-parallel ranks \[1\] have no process"):
+    with pytest.raises(OptionError, match=r"data-parallel ranks \[1\] have no process"):
         DataParallel(0, 3, "dp_rank", processes=6).gather([5, 1])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import audio_dataset, text_dataset
 
-from streambatch import ShardIndex, StreamBatchLoader, plan_batches
+from streambatch import IndexMismatch, ShardIndex, StreamBatchLoader, plan_batches
 
 SR = 8000
 BUDGET = 12 * SR  # 12 s of audio per batch
@@ -236,7 +236,7 @@ def test_stale_index_is_a_clear_error(audio_ds, tmp_path):
     ix = ShardIndex.load(str(copy))
     ix.shards[0].lengths = ix.shards[0].lengths + 1
     ix.save(str(copy))
-    with pytest.raises(RuntimeError, match="does not match"):
+    with pytest.raises(IndexMismatch, match="does not match"):
         run(StreamBatchLoader(str(copy), budget=BUDGET * 2))
 
 

@@ -17,7 +17,7 @@ from conftest import audio_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch.errors import OptionError, SampleTooLongError
+from streambatch.errors import OptionError, SampleError, SampleTooLongError
 from streambatch.plan.cost import resolve_cost
 from streambatch.wds import BudgetBatches, collate
 
@@ -88,9 +88,9 @@ def test_a_user_length_function_and_clear_errors():
     batches = list(BudgetBatches(12, length=lambda s: len(s["tokens"]))(iter(samples)))
     assert sorted(s["__key__"] for b in batches for s in b) == ["0", "1", "2", "3", "4"]
     assert all(len(b) * max(len(s["tokens"]) for s in b) <= 12 for b in batches)
-    with pytest.raises(ValueError, match="has no 'length' in its .json"):
+    with pytest.raises(SampleError, match="has no 'length' in its .json"):
         list(BudgetBatches(12)(iter(samples)))
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(SampleError, match="not JSON"):
         list(BudgetBatches(12)(iter([{"__key__": "x", "json": b"{oops"}])))
     for bad in (dict(batch_order="ascending"), dict(batch_by="dataset"), dict(num_buckets=4)):
         with pytest.raises(OptionError):
@@ -102,7 +102,7 @@ def test_a_json_length_that_is_not_one_names_the_sample(length):
     """A shard is data: a ``.json`` length the budget cannot be kept by (text, NaN, negative, infinite) is one
     error naming the sample and the value, not a numpy error or a batch cut by NaN."""
     samples = [{"__key__": "good", "json": {"length": 3}}, {"__key__": "bad", "json": {"length": length}}]
-    with pytest.raises(ValueError, match=r"sample 'bad': its .json length .* is not a length"):
+    with pytest.raises(SampleError, match=r"sample 'bad': its .json length .* is not a length"):
         list(BudgetBatches(12)(iter(samples)))
 
 
