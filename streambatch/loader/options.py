@@ -32,7 +32,7 @@ from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
-from ..units import parse_bytes
+from ..units import Unit, parse_bytes
 from .mesh import check_data_parallel
 
 #: what the loader plans from: one dataset's index, or a mixture's datasets as one
@@ -54,7 +54,8 @@ class SampleOptions:
 
     decode: Any = "auto"
     """``"auto"``, ``"audio"``, ``"text"``, ``"none"`` (raw samples in ``batch["samples"]``), or a callable
-    ``sample -> array [T, ...]``."""
+    ``sample -> array [T, ...]``. ``"audio"`` on a dataset counted in tokens, or ``"text"`` (token ids) on one
+    counted in audio, is refused: its shards hold no such member."""
     transform: Callable[..., Any] | None = None
     """``fn(sample, rng) -> sample`` on each sample, ``rng`` seeded from ``(seed, epoch, sample id)``."""
     speed_perturb: Any = None
@@ -330,6 +331,21 @@ def _stats(index: Index, length_plan: LengthPlan | None) -> Any:
     return stream_stats(length_plan.frames(x) for _, ix in datasets_of(index) for x in ix.iter_lengths())
 
 
+def check_decode_unit(decode: Any, unit: Unit) -> None:
+    """Refuse a decode mode that reads members this dataset's shards do not hold: audio of a text dataset, token
+    ids of an audio one (the batches would carry no payload)."""
+    if decode == "audio" and unit is Unit.TOKENS:
+        raise OptionError(
+            f"decode='audio' reads audio members, and this dataset's lengths count {unit} (text): "
+            "use decode='auto' or 'text'"
+        )
+    if decode == "text" and unit.is_audio:
+        raise OptionError(
+            f"decode='text' reads token ids (input_ids.npy), and this dataset's lengths count {unit} (audio): "
+            "use decode='auto', 'audio', 'none' or a callable"
+        )
+
+
 def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[LengthPlan | None, Any]:
     """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
@@ -337,11 +353,8 @@ def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[Lengt
     from ..read.transforms import SampleOps, require_soxr
 
     speed, features = o.speed, o.feature_fn
-    if o.decode == "audio" and index is not None and index.unit == "tokens":
-        raise OptionError(
-            f"decode='audio' reads audio members, and this dataset's lengths count {index.unit} (text): "
-            "use decode='auto' or 'text'"
-        )
+    if index is not None:
+        check_decode_unit(o.decode, Unit.parse(index.unit))
     if not o.active:
         return None, None
     which = ", ".join(o.active)

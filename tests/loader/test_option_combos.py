@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 import pytest
-from conftest import text_dataset
+from conftest import audio_dataset, text_dataset
 
 from streambatch import Layout, OptionError, StreamBatchLoader
 from streambatch.cli import main
@@ -199,3 +199,11 @@ def test_decode_audio_on_a_text_dataset_names_decode_and_the_unit(ds):
     message = refused(ds, "decode", decode="audio")
     assert "tokens" in message
     assert len(StreamBatchLoader(ds, BUDGET, decode="text")) > 0
+
+
+def test_decode_text_on_an_audio_dataset_names_decode_and_the_unit(tmp_path_factory):
+    """An audio dataset's shards hold no token ids: decode='text' would give batches without a payload."""
+    audio = audio_dataset(tmp_path_factory.mktemp("audio"), 6, corpus_seed=1)
+    message = refused(audio, "decode", budget="20s", decode="text")
+    assert "samples" in message
+    assert len(StreamBatchLoader(audio, "20s", decode="none")) > 0
