@@ -107,7 +107,8 @@ def output_fits(url: str, what: str = "it") -> Iterator[None]:
         if e.errno not in NO_SPACE_ERRNOS:
             raise
         problem = (e.strerror or str(e)).lower()
-        raise OutputError(f"{url}: {problem} while writing {what}; nothing was left under its name") from None
+        at = f" ({e.filename2})" if e.filename2 and str(e.filename2) != url else ""  # a rename into another name
+        raise OutputError(f"{url}: {problem} while writing {what}{at}; nothing was left under its name") from None
 
 
 class OptionError(ShardifyError, ValueError):

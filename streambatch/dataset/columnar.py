@@ -96,12 +96,15 @@ def table_url(root: str, rel: str) -> str:
     return join_url(root, *rel.split("/"))
 
 
-def table_names(index_name: str) -> tuple[str, str]:
+def table_names(index_name: str, alternate: bool = False) -> tuple[str, str]:
     """(shard table file, sample folder) of the index file ``index_name``: ``index.json`` has
     ``index.shards.parquet`` and ``index.samples/``; ``index.part-0003.json`` has ``index.part-0003.shards.parquet``
-    and ``index.part-0003.samples/``."""
+    and ``index.part-0003.samples/``. ``alternate``: the names a rewrite uses while the index in place holds the
+    usual ones (``index.1.shards.parquet``, ``index.1.samples/``); the header names its tables, so either loads."""
     stem = index_name[: -len(".json")] if index_name.endswith(".json") else index_name
-    if stem == INDEX_NAME[: -len(".json")]:
+    if alternate:
+        stem += ".1"
+    elif stem == INDEX_NAME[: -len(".json")]:
         return SHARDS_NAME, SAMPLES_DIR
     return f"{stem}.shards.parquet", f"{stem}.samples"
 

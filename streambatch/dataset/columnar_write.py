@@ -18,6 +18,7 @@ from ..plan.stats import json_number
 from . import columnar
 from .columnar import FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, sample_schema, shard_schema, table_names, table_url
 from .columns import arrow_column
+from .index_swap import clear_names, drop_tables, free_names, named_tables, swapped_in
 from .storage import AtomicWriter, is_local, local_path, parent_url, remove, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,7 +133,8 @@ class V2Writer:
     Groups of whole shards of about ``rows_per_group`` samples become row groups; about ``rows_per_file``
     samples (whole groups) make a sample file. :meth:`close` publishes the tables and returns the header's
     ``tables`` entry; nothing is visible under the final names before then (local storage). ``index_name``: the
-    header's file name, which names the tables (:func:`~.columnar.table_names`). ``output_length``: the sample
+    header's file name, which names the tables (:func:`~.columnar.table_names`; ``names``: other names for them, as
+    (shard table, sample folder)). ``output_length``: the sample
     table has an ``output_length`` column (each shard's ``output_lengths``). ``columns``: the metadata columns,
     ``{name: arrow type}``, whose values each shard brings in its ``columns`` dict (null where absent).
     """
@@ -147,6 +149,7 @@ class V2Writer:
         index_name: str = INDEX_NAME,
         columns: dict[str, str] | None = None,
         output_length: bool = False,
+        names: tuple[str, str] | None = None,
     ) -> None:
         if length_type not in LENGTH_TYPES:
             raise OptionError(f"length_type must be one of {LENGTH_TYPES}, got {length_type!r}")
@@ -157,7 +160,7 @@ class V2Writer:
         self.rows_per_file = rows_per_file or columnar.ROWS_PER_FILE
         self.rows_per_group = rows_per_group or columnar.ROWS_PER_GROUP
         self.id = write_id(index_name)
-        self.shards_name, self.samples_dir = table_names(index_name)
+        self.shards_name, self.samples_dir = names or table_names(index_name)
         self.num_shards = self.num_samples = 0
         self.total: float | int = 0
         self.bytes = 0
@@ -303,15 +306,21 @@ def write_v2(
     """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
     (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
     updated per shard; ``columns``: the metadata columns; ``output_length``: write the shards' output lengths.
-    Returns the header written."""
+    Returns the header written. An index in place stays whole until the header is replaced (:mod:`.index_swap`):
+    the tables go under names it does not use, and its own are removed after."""
+    root, index_name = parent_url(index_url), index_url.rstrip("/").rsplit("/", 1)[-1]
+    taken = named_tables(index_url, storage_options)
+    names = free_names(index_name, taken)
+    clear_names(root, names, storage_options)
     w = V2Writer(
-        parent_url(index_url),
+        root,
         length_type,
         storage_options,
         **sizes,
-        index_name=index_url.rstrip("/").rsplit("/", 1)[-1],
+        index_name=index_name,
         columns=columns,
         output_length=output_length,
+        names=names,
     )
     try:
         for shard in shards:
@@ -319,8 +328,9 @@ def write_v2(
             if progress is not None:
                 progress.update(1)
         tables = w.close()
-    except BaseException:
+    except BaseException:  # the tables' names are ones no header names: nothing of this write is left
         w.abort()
+        w.unpublish()
         raise
     out = {
         "format": FORMAT,
@@ -336,7 +346,9 @@ def write_v2(
     }
     try:
         write_bytes_atomic(index_url, json.dumps(out, separators=(",", ":")).encode(), storage_options)
-    except BaseException:  # no header, no tables: nothing of this write is left
-        w.unpublish()
+    except BaseException:  # before the swap: nothing of this write is left; after it, the new index is whole
+        if not swapped_in(index_url, w.id, w.shards_name, storage_options):
+            w.unpublish()
         raise
+    drop_tables(root, taken - {tables["shards"]["path"], *(p["path"] for p in tables["samples"])}, storage_options)
     return out

@@ -85,6 +85,8 @@ OUR_FILES = (
     "*.tmp*",
     "index.shards.parquet",
     "index.samples",
+    "index.1.shards.parquet",  # the tables of a rewritten index (dataset/index_swap.py)
+    "index.1.samples",
     "index.part-*.shards.parquet",
     "index.part-*.samples",
 )

@@ -167,7 +167,7 @@ class ShardIndex:
         url = _index_url(url)
         if version not in (1, 2):
             raise OptionError(f"index version must be 1 or 2, got {version!r}")
-        with output_fits(url, "the index (its tables, then this file)"):
+        with output_fits(url, "the index (its tables, then this file; an index already there is kept)"):
             if version == 2:
                 self._save_v2(url, storage_options, progress)
             else:
