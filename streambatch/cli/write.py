@@ -32,6 +32,25 @@ DESCRIPTION = (
     "written before it stay, listed by no index: make room and run the same command with --resume to finish."
 )
 
+OVERWRITE_HELP = (
+    "replace a dataset already in OUT (replaces only shard-*.tar, index.json, errors.jsonl, index.part-*.json, "
+    "errors.part-*.jsonl, their index.*.shards.parquet and index.*.samples/ tables, and *.tmp* files; with "
+    "--part: only that part's files, the merged index and parts numbered N or more). In a local OUT those files "
+    "are first moved (renamed) into OUT/.shardify-replaced and removed once the new dataset is complete; a write "
+    "that fails or is interrupted puts them back (the disk holds both meanwhile). After a kill -9 the next write "
+    "into OUT puts them back (another --overwrite keeps them aside and writes again). With --part only the "
+    "part's own files are kept aside (the merged index is removed). On object storage (s3://, ...) the old "
+    "files are removed first: a write that fails there leaves neither dataset"
+)
+RESUME_HELP = (
+    "finish an interrupted write of the same command: shards already in OUT whose bytes "
+    "are exactly what this run would write (size, then byte for byte) are kept, the others "
+    "written, then the index. A complete dataset in OUT is compared with this command by what its "
+    "index records (source, --max-count, --max-size, --shuffle, --seed, unit, sample rate, tokenizers): "
+    "this command's is left as it is (nothing to do; a changed source is not noticed: --overwrite writes "
+    "it again), another's is refused (exit 2; --overwrite replaces it). An empty OUT is written in full"
+)
+
 
 def add_arguments(w: argparse.ArgumentParser) -> None:
     """The arguments of ``shardify write`` (read back by :func:`run`)."""
@@ -114,21 +133,8 @@ def _add_run(w: argparse.ArgumentParser) -> None:
         "bad input (missing/unreadable audio, bad lines, duplicate keys): fail = write "
         "nothing and exit 2 (default); skip = write the rest and list them in OUT/errors.jsonl",
     )
-    add_shared(
-        w,
-        "overwrite",
-        "replace a dataset already in OUT (removes only shard-*.tar, index.json, "
-        "errors.jsonl, index.part-*.json, errors.part-*.jsonl, their index.*.shards.parquet and "
-        "index.*.samples/ tables, and *.tmp* files; with --part: "
-        "only that part's files, the merged index and parts numbered N or more)",
-    )
-    w.add_argument(
-        "--resume",
-        action="store_true",
-        help="finish an interrupted write of the same command: shards already in OUT whose bytes "
-        "are exactly what this run would write (size, then byte for byte) are kept, the others "
-        "written, then the index. Safe to use on every run (an empty OUT is written in full)",
-    )
+    add_shared(w, "overwrite", OVERWRITE_HELP)
+    w.add_argument("--resume", action="store_true", help=RESUME_HELP)
     add_shared(
         w,
         "part",
@@ -205,10 +211,11 @@ def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None
         print(f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {errors}", file=sys.stderr)
     if index.meta.get("columns_left_out"):
         print(f"{PROG}: {left_out_note(len(index.columns), index.meta['columns_left_out'])}", file=sys.stderr)
-    if args.resume and args.part is None and index.meta.get("parts"):
+    if args.resume and args.part is None and (index.meta.get("parts") or stats.get("complete")):
+        how = f", merged from {index.meta['parts']} parts" if index.meta.get("parts") else ""
         print(
-            f"{args.out} already holds this dataset, merged from {index.meta['parts']} parts: {index.num_samples} "
-            f"samples in {index.num_shards} shards ({total_text(index)}); nothing to write"
+            f"{args.out} already holds this dataset{how}: {index.num_samples} samples in {index.num_shards} "
+            f"shards ({total_text(index)}); already complete, nothing to do (--overwrite writes it again)"
         )
         return
     if args.resume:

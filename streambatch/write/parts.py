@@ -43,8 +43,10 @@ _SINGLE_FILE_RE = re.compile(
     r"^(?:shard-\d+\.tar|index(?:\.json|\.shards\.parquet|\.samples)|errors\.jsonl)"
     r"(?:\.tmp-.*)?$"
 )
-#: part index fields that every part of one run must share
-_PART_SAME = ("source", "kind", "shuffle", "seed", "max_count", "max_size", "tokenizer", "output_length")
+#: the name (or start of the name) of the folder in OUT where ``--overwrite`` keeps the dataset it replaces
+ASIDE_PREFIX = ".shardify-replaced"
+#: index fields that every part of one run must share, and that a ``--resume`` compares with the dataset in OUT
+SAME_RUN_FIELDS = ("source", "kind", "shuffle", "seed", "max_count", "max_size", "tokenizer", "output_length")
 
 
 # ---- parts and the files they make -------------------------------------------------------------
@@ -111,6 +113,25 @@ def _is_ours(name: str) -> bool:
     return any(fnmatch.fnmatch(name, pat) for pat in OUR_FILES)
 
 
+def is_aside(name: str) -> bool:
+    """Whether a name in OUT is a folder where a running (or killed) ``--overwrite`` keeps the dataset it replaces
+    (:mod:`.aside`), or one being discarded: not part of any dataset, handled before OUT is checked."""
+    return name.startswith(ASIDE_PREFIX)
+
+
+def replaced_names(names: Sequence[str], part: tuple[int, int] | None = None) -> list[str]:
+    """The names in a listing of OUT that ``--overwrite`` replaces, index files first (so no index ever lists a
+    removed shard): every file of streambatch's own; for a part, the merged index, the part's own files, the
+    whole-dataset files and parts numbered N or more (left by a run with more parts), not the other parts'."""
+    if part is None:
+        names = [m for m in names if _is_ours(m)]
+    else:
+        i, n = part
+        names = [m for m in names if _SINGLE_FILE_RE.match(m) or part_of(m) == i or (part_of(m) or 0) >= n]
+    first = (INDEX_NAME, ERRORS_NAME)
+    return sorted(names, key=lambda m: (m not in first, not m.endswith(".json")))
+
+
 def remove_quiet(url: str, storage_options: dict | None) -> None:
     """Remove a file (or an index's sample-table folder) another process (a concurrent part) may remove at
     the same time."""
@@ -133,7 +154,7 @@ def check_out(
         raise ShardifyError(f"{out} exists and is not a folder")
     if overwrite:
         return
-    names = [m for m in storage.listdir(out, storage_options) if not is_lock_file(m)]  # .lock: a write's own
+    names = [m for m in storage.listdir(out, storage_options) if not (is_lock_file(m) or is_aside(m))]
     if part is None:
         if names and not resume:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
@@ -165,17 +186,9 @@ def check_out(
 
 
 def clear_out(out: str, storage_options: dict | None = None, part: tuple[int, int] | None = None) -> None:
-    """Remove what a previous run wrote (index first, so no index ever lists a removed shard). For a part:
-    the merged index, the part's own files, the whole-dataset files and parts numbered N or more (left by a
-    run with more parts); other parts' files stay."""
-    names = storage.listdir(out, storage_options)
-    if part is None:
-        names = [n for n in names if _is_ours(n)]
-    else:
-        i, n = part
-        names = [m for m in names if _SINGLE_FILE_RE.match(m) or part_of(m) == i or (part_of(m) or 0) >= n]
-    first = (INDEX_NAME, ERRORS_NAME)
-    for m in sorted(names, key=lambda m: (m not in first, not m.endswith(".json"))):  # index files first
+    """Remove what a previous run wrote (:func:`replaced_names`, index first). ``--overwrite`` does this where it
+    cannot set the old dataset aside (object storage; :mod:`.aside`)."""
+    for m in replaced_names(storage.listdir(out, storage_options), part):
         remove_quiet(storage.join_url(out, m), storage_options)
 
 
@@ -188,37 +201,6 @@ def prepare_resume(out: str, scope: Scope, planned: set[str], storage_options: d
     for m in names:
         if m != scope.index_name and m != scope.errors_name and m not in planned:
             remove_quiet(storage.join_url(out, m), storage_options)
-
-
-def merged_before(
-    out: str, meta: dict[str, Any], unit: str, sample_rate: int | None, storage_options: dict | None
-) -> ShardIndex | None:
-    """For ``write --resume`` of a whole dataset: the dataset that ``shardify merge`` made in ``out`` from the
-    parts of this same command (the same source, options and unit as ``meta``, ``unit`` and ``sample_rate``),
-    with every shard it lists there; None when ``out`` holds no merged dataset. A merged dataset of another
-    command is an error: a resume does not replace it (``--overwrite`` does). Its shards are not re-read, as
-    their boundaries differ from a whole write's (``shardify verify`` re-reads them)."""
-    if INDEX_NAME not in storage.listdir(out, storage_options):
-        return None
-    try:
-        index = ShardIndex.load(storage.join_url(out, INDEX_NAME), storage_options)
-    except (ValueError, OSError):
-        return None  # a damaged index: the resume writes the dataset again, as after any interrupted write
-    if not index.meta.get("parts"):
-        return None
-    differ = [(k, index.meta.get(k), meta.get(k)) for k in _PART_SAME if index.meta.get(k) != meta.get(k)]
-    differ += [("unit", index.unit, unit)] if index.unit != unit else []
-    differ += (
-        [("sample_rate", index.sample_rate, sample_rate)] if sample_rate and index.sample_rate != sample_rate else []
-    )
-    if differ:
-        k, theirs, ours = differ[0]
-        raise ShardifyError(
-            f"{out} holds a dataset merged from {index.meta['parts']} parts of another command ({k}={theirs!r}, "
-            f"this command: {ours!r}); pass --overwrite to replace it"
-        )
-    _check_shards_there(index, out, storage_options)
-    return index
 
 
 def write_errors(url: str, rows: Sequence[dict[str, Any]], storage_options: dict | None, remove_stale: bool) -> None:
@@ -266,7 +248,7 @@ def merge_parts(
     ordered = _all_parts(out, _load_parts(out, parts, storage_options, shard_roots))
     _check_same_run(ordered)
     merged = _merged_index(out, ordered)
-    _check_shards_there(merged, out, storage_options)
+    check_shards_there(merged, out, storage_options)
     if verify:
         problems = verify_dataset(merged, storage_options, progress=progress)
         if problems:
@@ -377,7 +359,7 @@ def _check_same_run(ordered: list[tuple[str, ShardIndex]]) -> None:
     num_records = first.meta["part"]["num_records"]
     for url, ix in ordered:
         pm = ix.meta["part"]
-        for k in _PART_SAME:
+        for k in SAME_RUN_FIELDS:
             if ix.meta.get(k) != first.meta.get(k):
                 raise ShardifyError(
                     f"{url} was written with {k}={ix.meta.get(k)!r} but {first_url} with "
@@ -442,12 +424,21 @@ def _merged_shards(out: str, ordered: list[tuple[str, ShardIndex]]) -> list[Shar
     return shards
 
 
-def _check_shards_there(merged: ShardIndex, out: str, storage_options: dict | None) -> None:
+def missing_shard(index: ShardIndex, out: str, storage_options: dict | None) -> str | None:
+    """The URL of the first shard ``index`` lists that is not there (None when every one is)."""
     present = set(storage.listdir(out, storage_options))
-    for info, url in zip(merged.shards, merged.shard_urls()):
+    for info, url in zip(index.shards, index.shard_urls()):
         there = info.url in present if info.url == os.path.basename(info.url) else storage.exists(url, storage_options)
         if not there:
-            raise ShardifyError(f"{url} is listed by a part index but missing; run that part again with --resume")
+            return url
+    return None
+
+
+def check_shards_there(merged: ShardIndex, out: str, storage_options: dict | None) -> None:
+    """Refuse a merged index that lists a shard not there, naming it."""
+    url = missing_shard(merged, out, storage_options)
+    if url is not None:
+        raise ShardifyError(f"{url} is listed by a part index but missing; run that part again with --resume")
 
 
 def _merged_errors(out: str, ordered: list[tuple[str, ShardIndex]], storage_options: dict | None) -> list[dict]:

@@ -23,20 +23,12 @@ from ..dataset.columns import ColumnError, bounded, choose_columns, column_value
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import InputErrors, InputProblem, OptionError, OutputError, ShardifyError, bool_option, int_option, shown
 from ..units import Unit, parse_bytes
+from .aside import recover_replaced, replacing
 from .engines import Engine
 from .lock import holds_lock
-from .parts import (
-    Scope,
-    check_out,
-    clear_out,
-    merged_before,
-    parse_part,
-    part_range,
-    prepare_resume,
-    utc_now,
-    write_errors,
-)
+from .parts import Scope, check_out, parse_part, part_range, prepare_resume, utc_now, write_errors
 from .probe import MAX_WORKERS, check_unit, measured, probe_slice, process_pool
+from .rerun import complete_before
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
 from .tarwrite import Sample, ShardTask, existing_shard, plan_shards, write_shard
 from .tokenize import TextOptions
@@ -98,13 +90,15 @@ def write_shards(
 
     ``part=(i, n)`` (or ``"i/n"``) writes only part i of n (see ``parts.py``) and its ``index.part-IIII.json``;
     :func:`~streambatch.write.parts.merge_parts` then writes ``index.json``. ``resume=True`` keeps the complete
-    shards a previous (interrupted) run of the same command wrote and writes the rest. ``stats`` (if given)
-    receives ``kept`` and ``written`` shard counts. ``index_version``: 2 (Parquet tables with each sample's key and
-    byte range) or 1 (one JSON file, for older readers). ``tokenizer``: a text source's lengths are that
-    tokenizer's tokens (``input_ids`` stored); ``output_length``: ``chars`` or ``tokens:TOKENIZER``, each audio
-    sample's transcript length (see ``tokenize.py``). ``columns``: the ``.json`` fields stored as metadata columns
-    of the sample table, for filters (a list or ``"a,b"``; ``""`` for none); default: every scalar field but the
-    transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`; default here).
+    shards a previous (interrupted) run of the same command wrote and writes the rest; this command's complete
+    dataset is returned untouched, another's refused (:mod:`.rerun`). ``overwrite=True`` keeps a local old dataset
+    until the new one is complete (:mod:`.aside`). ``stats`` (if given) receives ``kept`` and ``written`` shard
+    counts (and ``complete``: 1 for a dataset found complete and left untouched). ``index_version``: 2 (Parquet
+    tables with each sample's key and byte range) or 1 (one JSON file, for older readers). ``tokenizer``: a text
+    source's lengths are its tokens (``input_ids`` stored); ``output_length``: ``chars`` or ``tokens:TOKENIZER``,
+    each audio sample's transcript length (``tokenize.py``). ``columns``: the ``.json`` fields stored as metadata
+    columns of the sample table, for filters (a list or ``"a,b"``; ``""``: none); default: every scalar field but
+    the transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`).
     """
     src, out = str(src), str(out).rstrip("/") or "/"
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version, shuffle, seed, sample_rate)
@@ -115,12 +109,10 @@ def write_shards(
     medium = source_medium(src, kind)
     unit = check_unit(medium, unit, sample_rate)
     text = TextOptions.load(tokenizer, output_length, medium)
-    if resume and part is None:
-        meta = {**_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, 0), **text.meta()}
-        merged = merged_before(out, meta, unit, sample_rate, storage_options)
-        if merged is not None:  # the parts of this command, already merged: nothing left to write
-            return _kept_whole(merged, stats)
-    check_out(out, overwrite, storage_options, part, resume)
+    meta = {**_index_meta(src, kind, shuffle, seed, int(max_count), max_bytes, 0), **text.meta()}
+    done = _what_out_holds(out, meta, unit, sample_rate, part, overwrite, resume, storage_options)
+    if done is not None:  # this command's dataset, complete: nothing left to write
+        return _kept_whole(done, stats)
     records, problems = read_source(src, kind, data_root)
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
@@ -129,8 +121,8 @@ def write_shards(
     samples, more, index_rate = measured(probed, medium, unit, sample_rate, on_error)
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
     chosen, left_out = _columns(samples, columns, index_version)
-    tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, overwrite, resume, storage_options)
-    with _shards_kept_when_out_of_space(out, scope, storage_options):
+    with _replacing(out, scope, overwrite, storage_options):
+        tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, resume, storage_options)
         infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
         errors_url = storage.join_url(out, scope.errors_name)
         write_errors(errors_url, [p.to_json() for p in problems], storage_options, remove_stale=resume)
@@ -143,6 +135,41 @@ def write_shards(
         index = ShardIndex(shards=infos, unit=unit, sample_rate=index_rate, root=out, meta=meta, columns=chosen)
         index.save(storage.join_url(out, scope.index_name), storage_options, version=index_version)
     return index
+
+
+def _what_out_holds(
+    out: str,
+    meta: dict[str, Any],
+    unit: Unit,
+    sample_rate: int | None,
+    part: tuple[int, int] | None,
+    overwrite: bool,
+    resume: bool,
+    storage_options: dict | None,
+) -> ShardIndex | None:
+    """Before the source is read (holding OUT's lock): what an ``--overwrite`` killed in OUT left is recovered
+    (:mod:`.aside`); a whole ``resume`` returns this command's dataset when it is there, complete (nothing to
+    write), and refuses another command's (:mod:`.rerun`); then OUT is checked for this write."""
+    recover_replaced(out, part, overwrite)
+    if resume and part is None:
+        done = complete_before(out, meta, unit, sample_rate, storage_options)
+        if done is not None:
+            return done
+    check_out(out, overwrite, storage_options, part, resume)
+    return None
+
+
+@contextlib.contextmanager
+def _replacing(out: str, scope: Scope, overwrite: bool, storage_options: dict | None) -> Iterator[None]:
+    """Run the block that writes the shards and the index. An ``overwrite`` of a local dataset keeps the old one
+    aside until the block is done, and puts it back if the block fails (:mod:`.aside`); otherwise the whole shards
+    of a write that runs out of space stay, for ``--resume``."""
+    with replacing(out, scope.part, overwrite, storage_options) as aside:
+        if aside:
+            yield
+        else:
+            with _shards_kept_when_out_of_space(out, scope, storage_options):
+                yield
 
 
 @contextlib.contextmanager
@@ -168,7 +195,6 @@ def _shard_tasks(
     max_bytes: int,
     scope: Scope,
     out: str,
-    overwrite: bool,
     resume: bool,
     storage_options: dict | None,
 ) -> list[ShardTask]:
@@ -176,18 +202,19 @@ def _shard_tasks(
     ``out`` made ready for them (stale files of an earlier write removed, a resumed write's kept)."""
     plan = plan_shards([s.tar_bytes for s in samples], max_count, max_bytes)
     names = [scope.shard_name(j) for j in range(len(plan))]
-    _prepare_out(out, overwrite, resume, scope, set(names), storage_options)
+    _prepare_out(out, resume, scope, set(names), storage_options)
     return [
         ShardTask(name, storage.join_url(out, name), samples[a:b], storage_options, resume=resume)
         for name, (a, b) in zip(names, plan)
     ]
 
 
-def _kept_whole(merged: ShardIndex, stats: dict[str, int] | None) -> ShardIndex:
-    """A resumed write whose parts were merged already: every shard kept, none written."""
+def _kept_whole(done: ShardIndex, stats: dict[str, int] | None) -> ShardIndex:
+    """A resumed write whose dataset is there, complete (written whole, or merged from parts): every shard kept,
+    none written, not a file touched (``stats["complete"]`` says so)."""
     if stats is not None:
-        stats.update(kept=merged.num_shards, written=0)
-    return merged
+        stats.update(kept=done.num_shards, written=0, complete=1)
+    return done
 
 
 def _write_tasks(
@@ -310,12 +337,9 @@ def _problems_to_report(
     return problems
 
 
-def _prepare_out(
-    out: str, overwrite: bool, resume: bool, scope: Scope, planned: set[str], storage_options: dict | None
-) -> None:
-    """Make OUT ready: cleared with ``overwrite``; with ``resume``, only planned shards left to check."""
-    if overwrite:
-        clear_out(out, storage_options, scope.part)
+def _prepare_out(out: str, resume: bool, scope: Scope, planned: set[str], storage_options: dict | None) -> None:
+    """Make OUT ready (what ``overwrite`` replaces is out of the way already: :mod:`.aside`); with ``resume``,
+    only planned shards left to check."""
     storage.makedirs(out, storage_options)
     if resume:
         prepare_resume(out, scope, planned, storage_options)

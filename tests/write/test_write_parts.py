@@ -204,10 +204,11 @@ def test_resume_keeps_complete_shards_and_rewrites_the_rest(tmp_path, folder):
         if not name.startswith("index."):
             assert (out / name).read_bytes() == (clean / name).read_bytes(), name
     assert index_json(out) == index_json(clean)
-    # resuming a finished write rewrites nothing but the index
-    stats = {}
+    # resuming a finished write touches nothing: not even its index
+    index_inode, stats = (out / "index.json").stat().st_ino, {}
     write_shards(str(folder), str(out), resume=True, stats=stats, workers=2, **KW)
-    assert stats == {"kept": 8, "written": 0}
+    assert stats == {"kept": 8, "written": 0, "complete": 1}
+    assert (out / "index.json").stat().st_ino == index_inode
 
 
 def _many_small_files(d: Path, n: int) -> Path:
@@ -294,7 +295,7 @@ def test_resume_after_merge_recognises_the_merged_dataset(tmp_path, folder, caps
     assert index_json(out) == expected and not list(out.glob("shard-0*.tar"))
     stats: dict = {}
     ix = write_shards(str(folder), str(out), resume=True, stats=stats, **KW)
-    assert stats == {"kept": ix.num_shards, "written": 0} and ix.meta["parts"] == 3
+    assert stats == {"kept": ix.num_shards, "written": 0, "complete": 1} and ix.meta["parts"] == 3
 
     assert main([*write[:-2], "6", "--no-progress", "--resume"]) == 2  # --seed 6
     assert "another command (seed=5, this command: 6)" in capsys.readouterr().err
