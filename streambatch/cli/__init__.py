@@ -15,10 +15,15 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import NO_SPACE_ERRNOS, InputErrors, StreamBatchError
+from ..write.lock import writers
 from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
 from .args import PROG, os_error_text
 
@@ -48,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardify`` with ``argv`` (default: the process's arguments); returns the exit code."""
+    program = argv is None  # the process's own run: nothing may change its exit code once the command is done
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -59,13 +65,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.func is calibrate.run:  # runs the user's step: its errors keep their full traceback
         return calibrate.run(args)
+    with _Signals(program) as signals:
+        return _run(args, signals)
+
+
+def _run(args: argparse.Namespace, signals: _Signals) -> int:
+    """Run the command; its exit code (errors and interrupts reported in one line)."""
     try:
-        return int(args.func(args))
-    except Exception as e:
-        return _failed(e)
+        code = int(args.func(args))
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return signals.stopped()
+    except Exception as e:
+        if signals.got is not None:  # the signal reached a worker first and broke the pool: it is still the cause
+            return signals.stopped()
+        return _failed(e)
+    signals.done = True
+    return code
+
+
+#: what a run ended by a signal says, and its exit code: Ctrl-C, or the SIGTERM of a scheduler (SLURM, Kubernetes)
+STOPPED: dict[int, tuple[str, int]] = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+#: seconds after the first signal during which another one is ignored (the cleanup it started runs: workers get
+#: 2 s to unwind); a signal after that ends the process at once, without cleaning up
+FORCE_AFTER = 5.0
+
+
+class _Signals:
+    """SIGINT and SIGTERM while a command runs: the first raises KeyboardInterrupt in the main thread (each
+    writer's cleanup runs: workers stopped, temporary files removed, the lock released); another within
+    :data:`FORCE_AFTER` seconds is ignored, a later one ends the process at once. Once the command's writes are
+    complete (its writer has released its lock after succeeding: only its report is left) or the command is done,
+    they are ignored; then the handlers set before come back (``program``: they stay ignored until the process
+    exits), so a late Ctrl-C cannot turn a finished run into a failure."""
+
+    def __init__(self, program: bool) -> None:
+        self.program, self.done = program, False
+        self.got: int | None = None  # the first signal
+        self.first_at = 0.0
+        self.before: dict[int, Any] = {}
+        self.finished = 0  # the writers of this process that had finished before the command
+
+    def __enter__(self) -> _Signals:
+        self.finished = writers()[1]
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOPPED:
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored (a background job): left ignored
+                    self.before[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done = True
+        for sig, before in self.before.items():
+            signal.signal(sig, signal.SIG_IGN if self.program else before)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        running, finished = writers()
+        if self.done or (not running and finished > self.finished):  # the command's writes are complete
+            return
+        if self.got is None:
+            self.got, self.first_at = signum, time.monotonic()
+            signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as Ctrl-C
+        if time.monotonic() - self.first_at > FORCE_AFTER:
+            os.write(2, f"{PROG}: {STOPPED[self.got][0]} again: exiting without cleaning up\n".encode())
+            os._exit(STOPPED[self.got][1])
+
+    def stopped(self) -> int:
+        """Say why the run stopped; its exit code (130 for Ctrl-C, 143 for SIGTERM)."""
+        what, code = STOPPED[self.got if self.got is not None else signal.SIGINT]
+        print(f"{PROG}: {what}", file=sys.stderr)
+        return code
 
 
 def _failed(e: Exception) -> int:

@@ -64,12 +64,30 @@ def is_lock_file(name: str) -> bool:
     return name == LOCK_NAME or fnmatch.fnmatch(name, PART_LOCK_GLOB)
 
 
+#: the OS errors of a folder that cannot be written: its lock file cannot be made there
+DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+#: ``unwritable(folder, error)``: the error to raise instead of ``error`` where the lock cannot be made in ``folder``
+Unwritable = Callable[[str, OSError], Exception]
+
+
+#: this process's writers holding a lock: how many run now, and how many have finished (succeeded, lock released)
+_WRITERS = {"running": 0, "finished": 0}
+
+
+def writers() -> tuple[int, int]:
+    """``(running, finished)``: how many of this process's writers hold their lock now, and how many have finished
+    (succeeded and released it). Once one has finished and none runs, what they wrote is complete: the CLI lets no
+    signal turn that success into a failure."""
+    return _WRITERS["running"], _WRITERS["finished"]
+
+
 def holds_lock(
-    where: Callable[[inspect.BoundArguments], Where | None], wait: bool = False
+    where: Callable[[inspect.BoundArguments], Where | None], wait: bool = False, unwritable: Unwritable | None = None
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Run the decorated writer holding the lock of the folder ``where(arguments)`` names: ``(folder, part,
     storage_options)``, or None to run without one (the writer refuses its arguments itself). ``wait``: wait for
-    a held lock (saying so once) instead of being refused."""
+    a held lock (saying so once) instead of being refused. ``unwritable``: the error to raise where the folder
+    cannot be written (the writer's own advice; default: the OS error, naming the lock file)."""
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         sig = inspect.signature(func)
@@ -81,7 +99,7 @@ def holds_lock(
             target = where(bound)
             if target is None:
                 return func(*args, **kwargs)
-            with output_lock(*target, wait=wait):
+            with output_lock(*target, wait=wait, unwritable=unwritable):
                 return func(*args, **kwargs)
 
         return locked
@@ -91,11 +109,16 @@ def holds_lock(
 
 @contextlib.contextmanager
 def output_lock(
-    folder: str, part: tuple[int, int] | None = None, storage_options: dict | None = None, wait: bool = False
+    folder: str,
+    part: tuple[int, int] | None = None,
+    storage_options: dict | None = None,
+    wait: bool = False,
+    unwritable: Unwritable | None = None,
 ) -> Iterator[None]:
     """Hold ``folder``'s lock: exclusive for a whole write, shared plus part ``I``'s own for ``part=(I, N)``.
     A local folder that does not exist is made (and removed again if it is left empty). ``wait``: wait for a
-    held lock instead of raising :class:`LockHeld`."""
+    held lock instead of raising :class:`LockHeld`; ``unwritable``: see :func:`holds_lock`. Releasing the lock
+    never replaces the writer's own error: a lock file that cannot be removed is a warning."""
     folder = str(folder).rstrip("/") or "/"
     path = storage.local_path(folder)
     if storage.is_local(folder) and os.path.exists(path) and not os.path.isdir(path):
@@ -103,23 +126,54 @@ def output_lock(
         return
     created = _make_folder(folder, storage_options)
     held: list[_Lock] = []
+    _WRITERS["running"] += 1
+    finished = False
     try:
-        whole = _lock_for(storage.join_url(folder, LOCK_NAME), storage_options)
-        _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options, wait=wait)
-        held.append(whole)
-        if part is None:
-            _no_running_parts(whole, folder, storage_options)
-        else:
-            own = _lock_for(storage.join_url(folder, PART_LOCK_NAME.format(part[0])), storage_options)
-            _acquire(own, shared=False, folder=folder, storage_options=storage_options)
-            held.append(own)
+        try:
+            _take(held, folder, part, storage_options, wait)
+        except OSError as e:
+            if unwritable is None or e.errno not in DENIED_ERRNOS:
+                raise
+            raise unwritable(folder, e) from None
         yield
+        finished = True
     finally:
-        for lock in reversed(held):
-            lock.release()
+        _release(held)
         if created:
             with contextlib.suppress(OSError):
                 os.rmdir(storage.local_path(folder))  # only when empty: the write failed before writing a file
+        _WRITERS["running"] -= 1
+        _WRITERS["finished"] += finished
+
+
+def _take(
+    held: list[_Lock], folder: str, part: tuple[int, int] | None, storage_options: dict | None, wait: bool
+) -> None:
+    """Take the folder's lock (and the part's), adding each to ``held`` once taken."""
+    whole = _lock_for(storage.join_url(folder, LOCK_NAME), storage_options)
+    _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options, wait=wait)
+    held.append(whole)
+    if part is None:
+        _no_running_parts(whole, folder, storage_options)
+    else:
+        own = _lock_for(storage.join_url(folder, PART_LOCK_NAME.format(part[0])), storage_options)
+        _acquire(own, shared=False, folder=folder, storage_options=storage_options)
+        held.append(own)
+
+
+def _release(held: list[_Lock]) -> None:
+    """Release the locks taken, last first; one whose file cannot be removed (the folder made read-only meanwhile)
+    is still released (its ``flock`` ends with its file descriptor) and is a warning, never an error: the error
+    of the write, if any, is the one to report."""
+    for lock in reversed(held):
+        try:
+            lock.release()
+        except OSError as e:
+            why = (e.strerror or type(e).__name__).lower()
+            print(
+                f"shardify: warning: could not remove the lock file {lock.url} ({why}); the next writer takes it over",
+                file=sys.stderr,
+            )
 
 
 def _make_folder(folder: str, storage_options: dict | None) -> bool:

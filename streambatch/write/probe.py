@@ -14,9 +14,12 @@ import io
 import multiprocessing
 import os
 import re
+import signal
 import sys
-from collections.abc import Iterator, Sequence
-from typing import IO, Any
+import time
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import wait as wait_for
+from typing import IO, Any, Literal, TypeVar
 
 from tqdm import tqdm
 
@@ -30,6 +33,7 @@ from .segments import as_segment
 from .sources import token_length
 from .tarwrite import Sample, audio_sample, text_sample
 
+T = TypeVar("T")
 #: the units a written dataset's lengths may count
 UNITS = (Unit.SAMPLES, Unit.SECONDS, Unit.TOKENS)
 
@@ -94,14 +98,91 @@ def _probe_one(args: tuple[Any, dict | None]) -> tuple[int, int, int] | str:
 MAX_WORKERS = 1024
 
 
-def process_pool(workers: int, remote: bool) -> cf.ProcessPoolExecutor:
+#: seconds the workers of an interrupted pool get to unwind the task they run (its ``finally`` blocks remove what it
+#: half wrote) before they are killed
+STOP_GRACE = 2.0
+#: the signals a worker leaves to the process that started it (blocked while it starts: see :meth:`Pool.submit`)
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+#: a worker's state: running a task, and told to stop
+_WORKER = {"busy": False, "stopped": False}
+
+
+def process_pool(workers: int, remote: bool) -> Pool:
     """Worker processes for probing and writing; fresh (spawned) ones when they do remote I/O. They end when
-    this process dies, even by SIGKILL (no stranded worker holding a caller's pipes)."""
+    this process dies, even by SIGKILL (no stranded worker holding a caller's pipes), and leave interrupts to it:
+    see :class:`Pool`."""
     # fsspec object-store filesystems are not fork-safe: start fresh processes for remote I/O
     ctx = multiprocessing.get_context("spawn") if remote else None
-    return cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)
-    )
+    return Pool(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
+
+
+class Pool(cf.ProcessPoolExecutor):
+    """A process pool whose workers ignore SIGINT (a terminal sends Ctrl-C to the whole process group: the parent
+    decides) and stop on SIGTERM. Leaving its ``with`` block on an interrupt (KeyboardInterrupt, SystemExit: any
+    exception that is not an ``Exception``) cancels the tasks not started and stops the workers without waiting
+    for their tasks (:meth:`stop`); on an error it cancels the tasks not started and waits for the running ones."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> cf.Future[T]:
+        # a worker is forked here: it starts with the stop signals blocked (so that none kills it with a traceback
+        # before its initializer has set its own handlers); a signal meanwhile waits here for the unblock
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            return super().submit(_in_worker, fn, *args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
+        if exc_type is None or issubclass(exc_type, Exception):
+            self.shutdown(wait=True, cancel_futures=exc_type is not None)
+        else:
+            self.stop()
+        return False
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Cancel the tasks not started and end the workers: SIGTERM (a worker unwinds its task, removing what it
+        half wrote, and exits), SIGKILL for those still running after ``grace`` seconds; never waits longer."""
+        procs = list((self._processes or {}).values())
+        self.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.terminate()
+        left, deadline = procs, time.monotonic() + grace
+        while left and (timeout := deadline - time.monotonic()) > 0:
+            ended = wait_for([p.sentinel for p in left], timeout)
+            left = [p for p in left if p.sentinel not in ended]
+        for p in left:
+            p.kill()
+        wait_for([p.sentinel for p in left], grace)
+
+
+def _worker_init(parent: int) -> None:
+    """A pool worker's initializer: end with ``parent`` (:func:`~streambatch.procs.die_with_parent`), ignore
+    SIGINT, and stop on SIGTERM (:func:`_stop_worker`)."""
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop_worker)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _stop_worker(signum: int, frame: Any) -> None:
+    """A worker's SIGTERM: interrupt the task it runs (its cleanup runs, then :func:`_in_worker` exits), or
+    exit at once when idle; quietly either way."""
+    if _WORKER["stopped"]:
+        return  # told again (the pool terminates the others once one has exited): the task is unwinding already
+    _WORKER["stopped"] = True
+    if not _WORKER["busy"]:
+        os._exit(128 + signum)
+    signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as Ctrl-C in a single process
+
+
+def _in_worker(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run one task in a worker; exit once it has unwound if the worker was told to stop meanwhile."""
+    _WORKER["busy"] = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _WORKER["busy"] = False
+        if _WORKER["stopped"]:
+            os._exit(128 + signal.SIGTERM)
 
 
 def probe_records(

@@ -20,6 +20,7 @@ the loader cannot read past (damaged, or an invalid ``.json``) is left out whole
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -122,7 +123,13 @@ def _output(a: Any) -> Any:
     return str(out or src), parse_part(a.arguments["part"]), a.arguments["storage_options"]
 
 
-@holds_lock(_output)
+def _unwritable(folder: str, e: OSError) -> ShardifyError:
+    """The error where the index's folder cannot be written (read-only storage): pass ``--out``."""
+    why = "read-only storage" if e.errno == errno.EROFS else f"cannot write the index there ({e.strerror or e})"
+    return ShardifyError(f"{folder}: {why}; pass --out DIR to put the index elsewhere (it points back at the tars)")
+
+
+@holds_lock(_output, unwritable=_unwritable)
 def index_tars(
     src: str,
     out: str | None = None,
@@ -459,15 +466,7 @@ def _save(index: ShardIndex, url: str, storage_options: dict | None) -> None:
     """Write the index; a folder that cannot be written (read-only storage) is one clear line."""
     try:
         index.save(url, storage_options)
-    except PermissionError as e:
-        raise ShardifyError(
-            f"{storage.parent_url(url)}: cannot write the index there ({e.strerror or e}); "
-            "pass --out DIR to put it elsewhere (it points back at the tars)"
-        ) from None
     except OSError as e:
-        if e.errno != 30:  # EROFS
+        if not isinstance(e, PermissionError) and e.errno != errno.EROFS:
             raise
-        raise ShardifyError(
-            f"{storage.parent_url(url)}: read-only storage; pass --out DIR to put the index "
-            "elsewhere (it points back at the tars)"
-        ) from None
+        raise _unwritable(storage.parent_url(url), e) from None
