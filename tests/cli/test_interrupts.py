@@ -109,22 +109,14 @@ def _interrupted(corpus: str, out: Path, signals: list[int], group: bool, worker
     return code, err
 
 
-def test_ctrl_c_with_workers_ends_promptly_in_one_line(corpus, tmp_path):
+@pytest.mark.parametrize("signals, runs", [(1, 6), (2, 2)], ids=["ctrl-c", "double-ctrl-c"])
+def test_ctrl_c_with_workers_ends_promptly_in_one_line(corpus, tmp_path, signals, runs):
     """A race (a worker interrupted while it takes its next task) hung the run now and then, or printed the
-    workers' tracebacks: the workers leave Ctrl-C to the parent, which stops them."""
-    for i in range(6):
+    workers' tracebacks: the workers leave Ctrl-C to the parent, which stops them. A second Ctrl-C while the
+    first one's cleanup runs does not cut it short (nor hang the exit)."""
+    for i in range(runs):
         out = tmp_path / f"out{i}"
-        code, err = _interrupted(corpus, out, [signal.SIGINT], group=True)
-        assert (code, err.strip()) == (130, "shardify: interrupted")
-        _only_whole_shards(out)
-    _finishes(corpus, out)
-
-
-def test_double_ctrl_c_ends_promptly_in_one_line(corpus, tmp_path):
-    """A second Ctrl-C while the first one's cleanup runs does not cut it short (nor hang the exit)."""
-    for i in range(2):
-        out = tmp_path / f"out{i}"
-        code, err = _interrupted(corpus, out, [signal.SIGINT, signal.SIGINT], group=True)
+        code, err = _interrupted(corpus, out, [signal.SIGINT] * signals, group=True)
         assert (code, err.strip()) == (130, "shardify: interrupted")
         _only_whole_shards(out)
     _finishes(corpus, out)
