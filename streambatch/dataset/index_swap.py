@@ -13,11 +13,11 @@ import re
 from . import limits
 from .columnar import beside_index, table_names, table_url
 from .storage import is_local, listdir, local_path, read_prefix, remove
+from .tempname import is_temporary
 
 #: the most of an index file in place read to learn which tables it names (a header of 10⁹ samples is ~1 MB)
 HEADER_READ = 64 << 20
-_PART = re.compile(r"part-\d{5}\.parquet(\.tmp-[0-9a-f]{8})?")
-_TMP = re.compile(r"\.tmp-[0-9a-f]{8}")
+_PART = re.compile(r"part-\d{5}\.parquet")
 
 
 def named_tables(index_url: str, storage_options: dict | None = None) -> set[str]:
@@ -48,10 +48,11 @@ def clear_names(root: str, names: tuple[str, str], storage_options: dict | None 
     shards, samples = names
     remove(table_url(root, shards), storage_options)
     for name in listdir(root, storage_options) if is_local(root) else []:
-        if name.startswith(shards) and _TMP.fullmatch(name[len(shards) :]):
+        if is_temporary(name, shards):
             remove(table_url(root, name))
     for name in listdir(table_url(root, samples), storage_options):
-        if _PART.fullmatch(name):
+        final = name.split(".tmp-", 1)[0]  # a sample file, or a killed writer's temporary one
+        if _PART.fullmatch(final) and (name == final or is_temporary(name, final)):
             remove(table_url(root, f"{samples}/{name}"), storage_options)
 
 

@@ -12,7 +12,6 @@ import os
 import posixpath
 import shutil
 import threading
-import uuid
 from collections.abc import Callable, Coroutine
 from typing import IO, Any, TypeVar
 
@@ -20,6 +19,7 @@ import fsspec
 
 from ..errors import MissingCredentials, UnknownStorage
 from . import s3_direct
+from .tempname import temporary_name
 
 
 def is_local(url: str) -> bool:
@@ -411,7 +411,7 @@ class AtomicWriter:
         if is_local(url):
             self.dst = local_path(url)
             os.makedirs(os.path.dirname(self.dst) or ".", exist_ok=True)
-            self.tmp = f"{self.dst}.tmp-{uuid.uuid4().hex[:8]}"
+            self.tmp = temporary_name(self.dst)
             self.file: IO[bytes] = open(self.tmp, "wb")
         else:
             fs, path = filesystem(url, storage_options)

@@ -30,7 +30,6 @@ from ..dataset import storage
 from ..errors import InputErrors, StreamBatchError
 from .parts import ASIDE_PREFIX, Scope, clear_out, remove_quiet, replaced_names
 
-ASIDE_NAME = ASIDE_PREFIX
 PART_ASIDE_NAME = ASIDE_PREFIX + "-part-{:04d}"
 #: the file in an aside folder saying that every replaced file is in it (the new write may have begun)
 _ALL_ASIDE = ".all-set-aside"
@@ -40,7 +39,7 @@ _DISCARDED = ".discarded"
 
 def aside_path(out: str, part: tuple[int, int] | None = None) -> str:
     """The local path of the folder where an ``--overwrite`` of ``out`` (of ``part``) keeps the dataset it replaces."""
-    name = ASIDE_NAME if part is None else PART_ASIDE_NAME.format(part[0])
+    name = ASIDE_PREFIX if part is None else PART_ASIDE_NAME.format(part[0])
     return os.path.join(storage.local_path(out), name)
 
 

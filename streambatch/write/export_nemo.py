@@ -39,6 +39,7 @@ from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.members import SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import group_samples, iter_members
+from ..dataset.tempname import temporary_name
 from ..errors import ShardifyError, output_fits
 from .lock import holds_lock, is_lock_file
 
@@ -314,7 +315,7 @@ def _make_links(out: str, urls: list[str], overwrite: bool) -> str:
     """``out/audio/audio_N.tar`` -> tar ``N`` (symbolic links, made in a temporary folder then renamed into place):
     the names NeMo's lhotse loader takes shard ids from. No space for them names the folder, and leaves none."""
     final = os.path.join(storage.local_path(out), LINKS_DIR)
-    tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temporary_name(final)
     try:
         with output_fits(final, "the links to the tars (no manifest and no link is kept)"):
             os.makedirs(tmp)

@@ -13,7 +13,6 @@ import json
 import os
 import tarfile
 import tempfile
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
@@ -23,6 +22,7 @@ import numpy as np
 from ..dataset import storage
 from ..dataset.format import Digest, keys_sha1, size_problem
 from ..dataset.index import ShardInfo
+from ..dataset.tempname import temporary_name
 from ..errors import ShardifyError, StreamBatchError, output_fits
 from .records import Record
 
@@ -223,7 +223,7 @@ def atomic_file(url: str, storage_options: dict | None = None, prefix: str = "sh
     if local:
         target = storage.local_path(url)
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = temporary_name(target)
     else:
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tar")
         os.close(fd)
