@@ -46,9 +46,10 @@ RESUME_HELP = (
     "finish an interrupted write of the same command: shards already in OUT whose bytes "
     "are exactly what this run would write (size, then byte for byte) are kept, the others "
     "written, then the index. A complete dataset in OUT is compared with this command by what its "
-    "index records (source, --max-count, --max-size, --shuffle, --seed, unit, sample rate, tokenizers): "
-    "this command's is left as it is (nothing to do; a changed source is not noticed: --overwrite writes "
-    "it again), another's is refused (exit 2; --overwrite replaces it). An empty OUT is written in full"
+    "index records (source, --max-count, --max-size, --shuffle, --seed, unit, sample rate, tokenizers; with "
+    "--part, the part's index and I/N): this command's is left as it is (nothing to do; a changed source is not "
+    "noticed: --overwrite writes it again), another's is refused (exit 2; --overwrite replaces it). An empty OUT "
+    "is written in full"
 )
 
 
@@ -211,10 +212,11 @@ def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None
         print(f"{PROG}: skipped {skipped} bad input{'s' if skipped != 1 else ''}, listed in {errors}", file=sys.stderr)
     if index.meta.get("columns_left_out"):
         print(f"{PROG}: {left_out_note(len(index.columns), index.meta['columns_left_out'])}", file=sys.stderr)
-    if args.resume and args.part is None and (index.meta.get("parts") or stats.get("complete")):
+    if args.resume and stats.get("complete"):
         how = f", merged from {index.meta['parts']} parts" if index.meta.get("parts") else ""
+        what = "this dataset" if args.part is None else "part {}/{} of this dataset".format(*args.part)
         print(
-            f"{args.out} already holds this dataset{how}: {index.num_samples} samples in {index.num_shards} "
+            f"{args.out} already holds {what}{how}: {index.num_samples} samples in {index.num_shards} "
             f"shards ({total_text(index)}); already complete, nothing to do (--overwrite writes it again)"
         )
         return

@@ -5,7 +5,8 @@ a complete dataset there (``index.json``) is compared with this command by what 
 that wrote it — the source, the sharding options, the tokenizers (:data:`~.parts.SAME_RUN_FIELDS`), the unit and
 sample rate, as ``shardify merge`` compares parts — and is either this command's, complete (nothing left to
 write: it is returned as it is, its files untouched), or another's (refused: ``--overwrite`` replaces it). With
-no readable index, the write is an interrupted one and the resume goes on (shards compared byte for byte).
+no readable index, the write is an interrupted one and the resume goes on (shards compared byte for byte). A
+``--part I/N --resume`` does the same with the part's own index (``index.part-I.json``), which also records I/N.
 """
 
 from __future__ import annotations
@@ -13,23 +14,29 @@ from __future__ import annotations
 from typing import Any
 
 from ..dataset import storage
-from ..dataset.index import INDEX_NAME, ShardIndex
+from ..dataset.index import ShardIndex
 from ..errors import ShardifyError
-from .parts import SAME_RUN_FIELDS, check_shards_there, missing_shard
+from .parts import SAME_RUN_FIELDS, Scope, check_shards_there, missing_shard
 
 
 def complete_before(
-    out: str, meta: dict[str, Any], unit: str, sample_rate: int | None, storage_options: dict | None
+    out: str,
+    meta: dict[str, Any],
+    unit: str,
+    sample_rate: int | None,
+    storage_options: dict | None,
+    part: tuple[int, int] | None = None,
 ) -> ShardIndex | None:
     """The dataset in ``out`` when it is this command's and complete (every shard it lists there): the one a whole
-    write made, or the one ``shardify merge`` made from this command's parts. None when there is nothing to keep
-    (no index, a damaged one, or this command's index with a shard missing: the resume writes what is missing).
-    A dataset of another command (``meta``, ``unit`` and ``sample_rate`` differ from its index's) is refused
-    with one line naming the first difference."""
-    index = _index_there(out, storage_options)
+    write made, or the one ``shardify merge`` made from this command's parts; with ``part``, that part's. None
+    when there is nothing to keep (no index, a damaged one, or this command's index with a shard missing: the
+    resume writes what is missing). A dataset of another command (``meta``, ``unit``, ``sample_rate`` or the part
+    differ from its index's) is refused with one line naming the first difference."""
+    scope = Scope(part)
+    index = _index_there(out, scope.index_name, storage_options)
     if index is None:
         return None
-    differ = _differences(index, meta, unit, sample_rate)
+    differ = _differences(index, meta, unit, sample_rate) + _part_differs(index, part)
     if differ:
         raise ShardifyError(_another_text(out, index, *differ[0]))
     if index.meta.get("parts"):  # shards of parts: not re-planned here; a missing one is that part's to write
@@ -38,12 +45,13 @@ def complete_before(
     return index if missing_shard(index, out, storage_options) is None else None
 
 
-def _index_there(out: str, storage_options: dict | None) -> ShardIndex | None:
-    """The index in ``out``; None when there is none or it cannot be read (as after an interrupted write)."""
-    if INDEX_NAME not in storage.listdir(out, storage_options):
+def _index_there(out: str, name: str, storage_options: dict | None) -> ShardIndex | None:
+    """The index ``name`` in ``out``; None when there is none or it cannot be read (as after an interrupted
+    write)."""
+    if name not in storage.listdir(out, storage_options):
         return None
     try:
-        return ShardIndex.load(storage.join_url(out, INDEX_NAME), storage_options)
+        return ShardIndex.load(storage.join_url(out, name), storage_options)
     except (ValueError, OSError):
         return None  # a damaged index: the resume writes the dataset again, as after any interrupted write
 
@@ -59,9 +67,20 @@ def _differences(
     return differ
 
 
+def _part_differs(index: ShardIndex, part: tuple[int, int] | None) -> list[tuple[str, Any, Any]]:
+    """("part", the part index's I/N, this command's) when a part index records another part than ``part``."""
+    if part is None:
+        return []
+    recorded = index.meta.get("part") or {}
+    theirs = (recorded.get("index"), recorded.get("count"))
+    return [] if theirs == tuple(part) else [("part", "{}/{}".format(*theirs), "{}/{}".format(*part))]
+
+
 def _another_text(out: str, index: ShardIndex, field: str, theirs: Any, ours: Any) -> str:
     """The refusal of a resume into a dataset another command wrote."""
     what = f"a dataset merged from {index.meta['parts']} parts" if index.meta.get("parts") else "a dataset"
+    if index.meta.get("part"):
+        what = f"part {index.meta['part'].get('index')}/{index.meta['part'].get('count')}"
     return (
         f"{out} holds {what} of another command ({field}={_shown(theirs)}, this command: {_shown(ours)}); "
         "--resume only finishes an interrupted write of the same command: pass --overwrite to replace it"

@@ -148,15 +148,15 @@ def _what_out_holds(
     storage_options: dict | None,
 ) -> ShardIndex | None:
     """Before the source is read (holding OUT's lock): what an ``--overwrite`` killed in OUT left is recovered
-    (:mod:`.aside`); a whole ``resume`` returns this command's dataset when it is there, complete (nothing to
-    write), and refuses another command's (:mod:`.rerun`); then OUT is checked for this write."""
+    (:mod:`.aside`); a ``resume`` returns this command's dataset (or part) when it is there, complete (nothing to
+    write), and refuses another command's (:mod:`.rerun`); OUT is checked for this write (a part's first)."""
     recover_replaced(out, part, overwrite)
-    if resume and part is None:
-        done = complete_before(out, meta, unit, sample_rate, storage_options)
-        if done is not None:
-            return done
-    check_out(out, overwrite, storage_options, part, resume)
-    return None
+    if part is not None:
+        check_out(out, overwrite, storage_options, part, resume)
+    done = complete_before(out, meta, unit, sample_rate, storage_options, part) if resume else None
+    if done is None and part is None:
+        check_out(out, overwrite, storage_options, part, resume)
+    return done
 
 
 @contextlib.contextmanager

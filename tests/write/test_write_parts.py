@@ -273,6 +273,28 @@ def test_resume_of_a_part(tmp_path, folder):
         write_shards(str(folder), str(out), part=(1, 3), resume=True, **KW)
 
 
+def test_resume_of_a_complete_part_touches_nothing(tmp_path, folder, capsys):
+    """`--part I/N --resume` of a part that is complete leaves its files as they are (an interrupt there could
+    otherwise leave the part without its index); a resume with other options, or of another part count, is
+    refused and leaves the part as it was."""
+    out = tmp_path / "out"
+    write = ["write", str(folder), str(out), "--max-count", "3", "--seed", "5", "--shuffle", "--no-progress"]
+    assert main([*write, "--part", "1/3"]) == 0
+    before = {name: (out / name).stat().st_mtime_ns for name in files_under(out)}
+    capsys.readouterr()
+    assert main([*write, "--part", "1/3", "--resume"]) == 0
+    assert "already holds part 1/3 of this dataset" in capsys.readouterr().out
+    assert {name: (out / name).stat().st_mtime_ns for name in files_under(out)} == before
+    assert main([*write[:-3], "6", "--shuffle", "--no-progress", "--part", "1/3", "--resume"]) == 2
+    assert "of another command (seed=5, this command: 6)" in capsys.readouterr().err
+    assert main([*write, "--part", "1/4", "--resume"]) == 2
+    assert "part 1/3 of another command (part='1/3', this command: '1/4')" in capsys.readouterr().err
+    assert {name: (out / name).stat().st_mtime_ns for name in files_under(out)} == before
+    next(out.glob("shard-p0001-*.tar")).unlink()  # a part with a shard missing is finished, as before
+    assert main([*write, "--part", "1/3", "--resume"]) == 0
+    assert "resumed: kept" in capsys.readouterr().out
+
+
 def test_resume_after_merge_recognises_the_merged_dataset(tmp_path, folder, capsys):
     """`shardify write SRC OUT --resume` (the documented safe-on-every-run command) after the parts were merged:
     the dataset is complete, so nothing is written or removed (exit 0, a message). A resume with other options, or
