@@ -41,7 +41,7 @@ from .options import (
     worker_callables,
 )
 from .planning import between_passes, epoch_arg, old_steps, plan_schedule
-from .state import MAX_EPOCH, LoaderState, batching_record, pack_mask
+from .state import MAX_EPOCH, LoaderState, batching_record, dataset_digest, pack_mask
 from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
 from .workers import check_sendable, make_dataloader, progress_bar
 
@@ -198,6 +198,7 @@ class StreamBatchLoader:
         self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
+        self._digest = dataset_digest(ix)  # what a checkpoint names the dataset by
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
         check_sendable(worker_callables(sample, run, self.config), run, self.filter is not None)
         check_epoch_length(run, ix, self.world_size)
@@ -461,7 +462,8 @@ class StreamBatchLoader:
             num_samples=self.index.num_samples if self.index is not None else None,
             mixture=self.index.state() if isinstance(self.index, MixedIndex) else None,
             where=self.filter.expr if self.filter is not None else None,
-            batching=batching_record(self.config),
+            dataset=self._digest,
+            batching=batching_record(self.config, self.length_plan),
             earlier_layouts=[run.state_dict() for run in resumed.layouts] if resumed else [],
             excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
             skip_steps=skip_state(self._skips, self.epoch),

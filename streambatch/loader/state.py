@@ -17,6 +17,7 @@ from ..errors import StateError, shown
 from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
 from ..plan.layout import EVEN_BATCHES, Layout
+from ..plan.perturb import LengthPlan
 from ..plan.resume import MAX_COUNT, EarlierRun, Resumed, equalised_of, state_count
 
 #: the largest epoch number (``set_epoch``, a checkpoint's ``epoch``): 2³¹ - 1, as 32-bit epoch counters hold;
@@ -52,6 +53,9 @@ class LoaderState:
     weight schedule the weights in force for ``epoch`` and where it begins in each dataset."""
     where: str | None = None
     """The filter expression, else None."""
+    dataset: str | None = None
+    """A digest of what the plan reads of the index (:func:`dataset_digest`): a state of another dataset of the
+    same size, or of this one re-sharded since, is refused."""
     batching: dict[str, Any] | None = None
     """The batching options as plain values (:func:`batching_record`): a mid-epoch resume with others is refused."""
     earlier_layouts: list[dict[str, Any]] = field(default_factory=list)
@@ -126,6 +130,8 @@ class LoaderState:
                 "loader state: mixture must be None or a list of [name, weight, samples] rows (a weight schedule adds "
                 f"where the epoch begins), got {shown(self.mixture)}"
             )
+        if self.dataset is not None and not isinstance(self.dataset, str):
+            raise StateError(f"loader state: dataset must be None or a digest (text), got {shown(self.dataset)}")
         if self.where is not None and not isinstance(self.where, str):
             raise StateError(f"loader state: where must be None or the filter expression, got {shown(self.where)}")
         if self.batching is not None and (
@@ -170,11 +176,23 @@ class LoaderState:
             raise StateError(f"state was saved for the mixture {self.mixture}, this loader reads {mine.mixture}")
         if self.knows("where") and self.where != mine.where:
             raise StateError(f"state was saved with where={self.where!r}, this loader has where={mine.where!r}")
+        if None not in (self.dataset, mine.dataset) and self.dataset != mine.dataset:
+            raise StateError(
+                "state was saved for another dataset of as many samples, or for this one before it was sharded "
+                "again (its shards' sample counts or lengths differ); to go on with this dataset from that "
+                f"state's epoch, call set_epoch({self.epoch}) instead of load_state_dict()"
+            )
         if mine.num_samples is None and self.batches_consumed:
             raise StateError("mid-epoch resumption needs an index (the epoch's batches must be planned)")
-        # between epochs the options may change; within one they decide what was seen
-        if self.batches_consumed and self.batching is not None and mine.batching is not None:
+        # between epochs the options may change; within one (or after a resume on another layout, even before
+        # this layout's first batch) they decide what was seen
+        if self.mid_epoch and self.batching is not None and mine.batching is not None:
             _check_batching(self.batching, mine.batching)
+
+    @property
+    def mid_epoch(self) -> bool:
+        """Whether some of the epoch's batches were consumed: on this layout, or on earlier ones."""
+        return bool(self.batches_consumed or self.earlier_layouts or self.excluded)
 
     def keep_plan_version(self, config: BatchingConfig) -> BatchingConfig:
         """``config`` planning by the rule this state's epochs were planned by (1 for a state that does not say)."""
@@ -218,10 +236,39 @@ class LoaderState:
         return self.equalised if self.layout(layout) == layout else None
 
 
-def batching_record(config: BatchingConfig) -> dict[str, Any]:
-    """Every field of the batching config as plain values (a checkpoint holds them so that a mid-epoch resume with
-    other options is refused rather than silently losing or repeating samples; a new field is recorded as well)."""
-    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+def batching_record(config: BatchingConfig, length_plan: LengthPlan | None = None) -> dict[str, Any]:
+    """Every field of the batching config as plain values, and how the planned lengths follow from the index's
+    (the speed factors and weights; the frame counts ``features`` gives a few lengths): a checkpoint holds them so
+    that a mid-epoch resume with other options is refused rather than silently losing or repeating samples (a
+    new field is recorded as well)."""
+    out = {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    speed = length_plan.speed if length_plan is not None else None
+    out["speed_perturb"] = None if speed is None else [_plain(speed.factors), _plain(speed.weights)]
+    frames = length_plan is not None and length_plan.in_frames
+    out["features_frames"] = _plain(list(length_plan.frames(_FRAME_PROBES))) if frames else None
+    return out
+
+
+#: lengths (in samples) whose frame counts stand for a ``features`` extractor's framing in a checkpoint
+_FRAME_PROBES = [400, 16_000, 160_000, 1_600_000]
+
+
+def dataset_digest(index: Any) -> str | None:
+    """A short digest of what an epoch's plan reads of the index: each shard's sample count and the total,
+    longest and shortest of its lengths, in order (a mixture: each dataset's). Another dataset, or this one
+    sharded again, differs; the same shards indexed again (``shardify upgrade``, ``index --overwrite``) or
+    copied elsewhere do not. None without an index."""
+    if index is None:
+        return None
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=12)
+    for ix in getattr(index, "indexes", [index]):
+        table = ix.shard_table(("count", "total_length", "max_length", "min_length"))
+        digest.update(np.asarray(table["count"], dtype=np.int64).tobytes())
+        for name in ("total_length", "max_length", "min_length"):  # float32: the same whichever way summed
+            digest.update(np.asarray(table[name], dtype=np.float64).astype(np.float32).tobytes())
+    return digest.hexdigest()
 
 
 def _plain(value: Any) -> Any:
