@@ -31,6 +31,10 @@ def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
         causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
         fixes.append("use drop_last=False or fewer ranks/workers")
     n = s.planned_samples if local else ix.num_samples
+    flt = loader.filter
+    if flt is not None:  # the filter first: it is what most often leaves too few
+        n = n if local else flt.kept
+        head += f" (where={flt.expr!r} keeps {flt.kept:,} of the dataset's {ix.num_samples:,} samples)"
     if s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
         causes.append(
             f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
@@ -121,6 +125,16 @@ def plan_line(s: RankSchedule, layout: Layout, rank: int, local: bool, loaded: i
         f"even_batches={layout.even_batches} on {scope}: {s.surplus} samples left out, {s.repeated} repeated, "
         f"{s.splits} batches split; {s.skipped} skipped (outside min_length/max_length/budget), {s.dropped} "
         "dropped (drop_last)"
+    )
+
+
+def split_repeat_line(s: RankSchedule, layout: Layout, local: bool) -> str:
+    """The warning of a ``split`` epoch that repeats samples: some rank had too few to split to the step count."""
+    scope = "this rank" if local else f"all {layout.world_size} ranks"
+    return (
+        f"epoch {s.epoch}: even_batches='split' could not give every rank {s.steps} batches by splitting (too few "
+        f"samples in some of the {layout.world_size} × {layout.num_workers} (rank, worker) slots), so {s.repeated} "
+        f"samples on {scope} are repeated to keep the ranks in step; use fewer ranks or workers to see each once"
     )
 
 

@@ -12,7 +12,7 @@ from ..errors import EmptyEpochError, OptionError, StateError, int_option
 from ..plan.epoch import RankSchedule, make_epoch_plan, plan_rank_local, share_equalised
 from ..plan.layout import Layout
 from ..plan.resume import Resumed
-from .messages import empty_epoch_message, plan_line
+from .messages import empty_epoch_message, plan_line, split_repeat_line
 from .state import MAX_EPOCH
 
 log = logging.getLogger("streambatch")
@@ -33,6 +33,8 @@ def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
     else:
         sched = RankSchedule.of(loader._whole_plan(epoch, lengths), loader.rank)
     log.info(plan_line(sched, loader.layout, loader.rank, local, lengths.loaded, time.perf_counter() - t0))
+    if sched.repeated and loader.layout.even_batches == "split":
+        log.warning(split_repeat_line(sched, loader.layout, local))
     if sched.steps == 0 and loader._earlier(epoch) == 0:
         raise EmptyEpochError(empty_epoch_message(loader, sched, local))
     return sched

@@ -244,8 +244,8 @@ def batching_record(config: BatchingConfig, length_plan: LengthPlan | None = Non
     out = {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
     speed = length_plan.speed if length_plan is not None else None
     out["speed_perturb"] = None if speed is None else [_plain(speed.factors), _plain(speed.weights)]
-    frames = length_plan is not None and length_plan.in_frames
-    out["features_frames"] = _plain(list(length_plan.frames(_FRAME_PROBES))) if frames else None
+    frames = length_plan.frames if length_plan is not None and length_plan.in_frames else None
+    out["features_frames"] = _plain(list(frames(_FRAME_PROBES))) if frames is not None else None
     return out
 
 

@@ -20,7 +20,7 @@ from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 #: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 
 #: the largest seed: every random stream is keyed by the seed's low 32 bits (:func:`slot_seed`), so a larger one
 #: would repeat a smaller one's plans without saying so
@@ -81,9 +81,10 @@ class BatchingConfig:
     window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
     index only (at most :data:`MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
 
-    #: the batching rule's version (not an option): 3 streams ``interleave`` shards at once per worker, 2 trades
-    #: batch-mates among near runs (:mod:`.mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
-    #: was saved with (:func:`with_plan_version`)
+    #: the batching rule's version (not an option): 4 has ``even_batches="split"`` repeat what splits cannot reach
+    #: (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades batch-mates among near runs
+    #: (:mod:`.mates`), 1 does neither; a checkpoint resumes its epoch by the rule it was saved with
+    #: (:func:`with_plan_version`)
     plan_version: ClassVar[int] = PLAN_VERSION
 
     def __post_init__(self) -> None:

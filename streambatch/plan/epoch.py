@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import EmptyEpochError, StateError
-from .config import BatchingConfig
+from .config import PLAN_VERSION, BatchingConfig
 from .layout import Layout
 from .lengths import Lengths, Mask
 from .shards import plan_slots
@@ -147,27 +147,31 @@ class RankPlan:
     equalised: RankEqualised | None = None
 
 
-def agreed_steps(summaries: Sequence[RankSummary], even_batches: str) -> int:
-    """Batches every rank yields: the longest rank's count (``split``: as far as splits can reach it;
-    ``pad``), or the shortest's (``drop``)."""
+def agreed_steps(summaries: Sequence[RankSummary], even_batches: str, plan_version: int = PLAN_VERSION) -> int:
+    """Batches every rank yields: the longest rank's count (``pad``; ``split``, none if a rank has no batch), or
+    the shortest's (``drop``). ``split`` by rules 1 to 3 went only as far as splits could reach, leaving the
+    longer ranks' other batches out (an epoch of a few samples per slot, a tight filter)."""
     counts = [s.batches for s in summaries]
-    if even_batches == "split":
+    if even_batches == "split" and plan_version < 4:
         return min(max(counts), min(s.batches + s.spare for s in summaries))
+    if even_batches == "split":
+        return max(counts) if min(counts) else 0
     return max(counts) if even_batches == "pad" else min(counts)
 
 
 def plan_rank(
     raw: Sequence[SlotPlan], steps: int, layout: Layout, config: BatchingConfig, epoch: int, rank: int, lengths: Lengths
 ) -> RankPlan:
-    """Equalise one rank's slots to ``steps`` batches: split or pad, then hardest first, then take."""
+    """Equalise one rank's slots to ``steps`` batches: split (repeating what splits cannot reach) or pad, then
+    hardest first, then take."""
     nw = len(raw)
     adjust = [Adjust() for _ in range(nw)]
     need = steps - sum(len(s.batches) for s in raw)
     splits = 0
     if layout.even_batches == "split" and need > 0:
-        splits = _split_counts(raw, need, adjust)
-    elif layout.even_batches == "pad" and need > 0:
-        _pad_counts(raw, need, adjust, rank, lengths.num_samples)
+        splits = _split_counts(raw, min(need, RankSummary.of(raw).spare), adjust)
+    if layout.even_batches in ("split", "pad") and need > splits:
+        _pad_counts(raw, need - splits, adjust, rank, lengths.num_samples)
     first = rank * nw
     slots = [apply_adjust(raw[w], adjust[w], config.epoch_seed, epoch, first + w) for w in range(nw)]
     start, moved = 0, -1
@@ -251,7 +255,7 @@ def make_epoch_plan(
     dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded=excluded)
     raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(layout.num_slots)]
     by_rank = [raw[s.start : s.stop] for s in map(layout.rank_slots, range(layout.world_size))]
-    steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], layout.even_batches)
+    steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], layout.even_batches, config.plan_version)
     ranks = [plan_rank(by_rank[r], steps, layout, config, epoch, r, lengths) for r in range(layout.world_size)]
     return EpochPlan(
         epoch=epoch,
@@ -363,7 +367,7 @@ def plan_rank_local(
     raw = rank_raw_slots(lengths, config, epoch, rank, layout, excluded, counted=not layout.hardest_first)
     mine = RankSummary.of(raw)
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
-    steps = agreed_steps(summaries, layout.even_batches)
+    steps = agreed_steps(summaries, layout.even_batches, config.plan_version)
     rp = plan_rank(raw, steps, layout, config, epoch, rank, lengths)
     return RankSchedule(
         epoch,

@@ -34,7 +34,8 @@ class Layout:
     """Slots per rank: its DataLoader workers (1 when the rank reads in its own process)."""
     even_batches: str = "split"
     """How every rank gets the same step count (:data:`EVEN_BATCHES`): ``"split"`` the largest batches of the
-    ranks short of the longest, ``"drop"`` the surplus (counted, rotating with the epoch), ``"pad"`` with repeats."""
+    ranks short of the longest (repeating some where too few samples are left to split), ``"drop"`` the surplus
+    (counted, rotating with the epoch), ``"pad"`` with repeats."""
     hardest_first: bool = False
     """Each rank's most expensive batch at step 1 (an out-of-memory shows at once, not hours in)."""
 

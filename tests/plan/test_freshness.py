@@ -100,10 +100,12 @@ def test_pairs_kept_counts_the_pairs_that_meet_again(seed):
 
 def test_an_old_checkpoint_keeps_rule_1_and_a_new_one_records_its_rule():
     cfg = BatchingConfig(budget=1000.0)
-    assert cfg.plan_version == PLAN_VERSION == 3
+    assert cfg.plan_version == PLAN_VERSION == 4
     assert LoaderState.from_dict({"epoch": 3}).keep_plan_version(cfg).plan_version == 1
-    assert LoaderState.from_dict({"epoch": 3, "plan_version": 2}).keep_plan_version(cfg).plan_version == 2
-    assert LoaderState.from_dict({"epoch": 3, "plan_version": 3}).keep_plan_version(cfg).plan_version == 3
+    for version in (2, 3, 4):
+        assert (
+            LoaderState.from_dict({"epoch": 3, "plan_version": version}).keep_plan_version(cfg).plan_version == version
+        )
     assert LoaderState.current(epoch=0).to_dict()["plan_version"] == PLAN_VERSION
     with pytest.raises(OptionError, match="plan_version 7"):
         LoaderState.from_dict({"epoch": 3, "plan_version": 7}).keep_plan_version(cfg)

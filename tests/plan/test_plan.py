@@ -45,14 +45,12 @@ def test_equal_steps_and_exactly_once(even, layout):
     for bs in per_rank:
         for g in bs:
             assert len(g) * lengths[g].max() <= BUDGET
-    if even == "pad":
-        assert len(np.unique(ids)) == n  # nothing lost; repeats are counted
-        assert len(ids) - n == plan.repeated_samples
+    if even in ("pad", "split"):
+        assert len(np.unique(ids)) == n  # nothing lost; repeats (split: what splits cannot reach) are counted
+        assert len(ids) - n == plan.repeated_samples and plan.surplus_samples == 0
     else:
         assert len(np.unique(ids)) == len(ids)  # never twice
         assert len(ids) + plan.surplus_samples == n  # all but the counted surplus
-    if even == "split":
-        assert plan.surplus_samples == 0
 
 
 def test_surplus_differs_between_epochs():
