@@ -380,6 +380,7 @@ class StreamBatchLoader:
         return fault_summary(self._fault_counts, self._bad_shards, self.urls)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        between_passes(self, "a second iter(loader)")  # two passes at once would yield the same batches twice
         epoch = self.epoch
         self._fault_counts.zero_()
         self._bad_shards.zero_()

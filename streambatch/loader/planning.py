@@ -62,7 +62,8 @@ def between_passes(loader: Any, call: str) -> None:
     if loader._open_passes:
         raise StateError(
             f"{call} during a pass of epoch {loader.epoch} ({loader._consumed} batches of it yielded): call it "
-            "before iter(loader), once the pass has ended (or close its iterator)"
+            "between passes, before iter(loader) or once the pass has ended (or its iterator is closed: it.close(), "
+            "or del it)"
         )
 
 

@@ -19,7 +19,7 @@ import torch
 from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
 from ..dataset.audio import decode as decode_audio
 from ..dataset.members import SEGMENT_FIELD
-from ..errors import OptionError, SampleError
+from ..errors import AudioError, OptionError, SampleError
 from ..units import resampled_count
 from .ring import slot_tensor
 from .transforms import as_payload
@@ -84,7 +84,10 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         ext = audio_ext(sample)
         if ext is None:
             raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
-        wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
+        try:
+            wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
+        except AudioError as e:  # which sample of which shard: the decoder cannot say
+            raise AudioError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: {e}") from e
         if sample_rate and sr != sample_rate:
             wav = _resample(wav, sr, sample_rate)
         return torch.from_numpy(wav)

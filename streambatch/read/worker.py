@@ -420,11 +420,10 @@ class CheckedBatches:
                 good.append(s)
             except Exception as e:  # noqa: BLE001
                 faults.add("lost_samples")
-                faults.bad_shard(
-                    int(s.get("__shard__", -1)),
-                    str(s.get("__url__")),
-                    f"sample {s.get('__key__')!r} cannot be decoded ({type(e).__name__}: {e})",
-                )
+                url, said = str(s.get("__url__")), str(e)
+                named = said.startswith(f"{url}: sample ")  # the decoder's error names the sample already
+                why = said[len(url) + 2 :] if named else f"sample {s.get('__key__')!r} cannot be decoded ({said})"
+                faults.bad_shard(int(s.get("__shard__", -1)), url, why)
         return good
 
 

@@ -47,3 +47,14 @@ def test_a_shard_larger_than_the_cache_names_cache_size(tmp_path):
     with pytest.raises(OptionError, match=r"s3://b/big\.tar: 600 bytes do not fit .*raise cache_size"):
         cache.get("s3://b/big.tar", 600, lambda tmp: open(tmp, "wb").write(b"o" * 600))
     assert not list((tmp_path / "c" / "objects").iterdir())  # nothing half-written left
+
+
+def test_audio_that_cannot_be_decoded_names_its_shard_and_sample(tmp_path):
+    """The decoder's own message ("cannot decode audio (Internal psf_fseek() failed.)") names neither; a batch
+    that fails as a whole (the first one, or with max_bad_shards=0) must say which sample of which shard."""
+    from streambatch import AudioError
+    from streambatch.read.collate import decode_sample
+
+    sample = {"__key__": "utt-7", "__url__": "/data/shard-000003.tar", "flac": b"fLaC" + bytes(200)}
+    with pytest.raises(AudioError, match=r"^/data/shard-000003\.tar: sample 'utt-7': cannot decode audio"):
+        decode_sample(sample, "audio")
