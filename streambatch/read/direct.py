@@ -6,9 +6,11 @@ between batches (memory: one batch of compressed bytes, not a window of them), a
 own samples, not the whole stream up to the last of them. The checks are a stream's: each shard's size
 before its first byte is used, every member header's checksum (:func:`~streambatch.dataset.tar.buffer_members`),
 the json length against the index, and with ``verify="sha256"`` the file's hash, computed by a background
-thread once the shard is opened, unless this node already hashed this version of the file (:mod:`.verified`).
-A mismatch marks the shard bad from then on: like a stream, which knows the hash only at the shard's end,
-samples emitted before stay emitted.
+thread once the shard is opened (from the descriptor the samples are read from), unless this node already hashed
+this version of the file (:mod:`.verified`). A mismatch marks the shard bad from then on: like a stream, which
+knows the hash only at the shard's end, samples emitted before stay emitted. So does a file written to while
+the slot reads it: the hash vouches for the version it was taken on, and a descriptor whose file is another
+version when the shard is closed or the pass ends makes the shard bad (the next pass hashes the new version).
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .fetch import Job, _prepare_local
 from .ranges import Count
-from .verified import changed_since, hash_file, recorded_sha256
+from .verified import Hashed, fd_changed, file_version, hash_open_file, recorded_sha256
 
 #: open shard files (and their offset arrays) a worker keeps; a batch's samples come from a window of shards
 OPEN_SHARDS = 64
 _MISMATCH = "the index does not match the shards (check with `shardify verify`)"
+CHANGED = "the file changed while it was read"
 
 
 def can_read_direct(urls: Sequence[str], pieces: Sequence[Piece], index: AnyIndex | None) -> bool:
@@ -96,7 +99,14 @@ class DirectShards:
     """The samples of a slot's local shards by (shard, position in the shard), read on demand.
 
     A bad shard (missing, wrong size, broken header, sha256 mismatch) is counted in ``faults`` once and every
-    later sample of it comes back as None (lost); without ``faults`` it raises :class:`ShardReadError`."""
+    later sample of it comes back as None (lost); without ``faults`` it raises :class:`ShardReadError`.
+
+    With ``verify="sha256"`` each shard the slot reads to its end is *vouched for* by its hash: the hash of the
+    very descriptor the samples are read from (taken by a background thread), or the node record's for the
+    version the file was when opened. The version is what :func:`~.verified.file_version` names (inode, size,
+    mtime, ctime): a descriptor of the shard whose file is another version when it is closed, when the pass ends
+    (:meth:`check_hashes` with ``wait``), or when the shard is opened again, was read while the file changed, and
+    the shard is counted bad."""
 
     def __init__(
         self,
@@ -113,9 +123,8 @@ class DirectShards:
         self.hash_at_end = {p.shard for p in pieces if p.stop >= int(counts[p.shard])}
         self.open: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
         self.bad: set[int] = set()
-        self.hashing: dict[int, Future] = {}
-        self.hashed: set[int] = set()
-        self.reused: dict[int, tuple[str, os.stat_result]] = {}  # hash taken from the node record (verified.py)
+        self.hashing: dict[int, Future[Hashed]] = {}
+        self.vouched: dict[int, os.stat_result] = {}  # the version of each shard its hash (or the record's) is of
         self._pool: ThreadPoolExecutor | None = None
 
     def sample(self, shard: int, i: int) -> dict[str, Any] | None:
@@ -133,6 +142,17 @@ class DirectShards:
         if sh is not None:
             self.open.move_to_end(s)
             return sh
+        sh = self._open_shard(s)
+        self.open[s] = sh
+        if len(self.open) > OPEN_SHARDS:
+            self._close_shard(self.open.popitem(last=False)[1])
+        if s in self.vouched and file_version(sh.stat) != file_version(self.vouched[s]):
+            raise ChecksumMismatch(f"{self.urls[s]}: {CHANGED} (opened again, it is another version)")
+        self._start_hash(sh)
+        return sh
+
+    def _open_shard(self, s: int) -> _Shard:
+        """Open shard ``s``: its size checked, its file open, its byte spans and member rule at hand."""
         info = self.shards[s]
         job = Job(0, self.urls[s], s, getattr(info, "bytes", None), getattr(info, "sha256", None))
         spans = self.index.sample_offsets(s)
@@ -140,57 +160,72 @@ class DirectShards:
             raise IndexFormatError(f"{job.url}: the index has no byte offsets for this shard but has them for others")
         count = self.faults.add if self.faults is not None else None
         members = self.index.shard_members(s)
-        sh = waiting_on_storage(_Shard, count)(job, spans, self.opts.verify, count, members)  # opening it waits too
-        if len(self.open) >= OPEN_SHARDS:
-            self.open.popitem(last=False)[1].close()
-        self.open[s] = sh
-        self._start_hash(sh)
-        return sh
+        return waiting_on_storage(_Shard, count)(job, spans, self.opts.verify, count, members)  # opening waits too
 
     def _start_hash(self, sh: _Shard) -> None:
-        """Hash the shard in the background, unless this node already hashed this version of the file."""
+        """Hash the shard's descriptor in the background, unless this node already hashed this version of the
+        file; either way the shard is vouched for as the version it was when opened."""
         job = sh.job
         if (
             self.opts.verify != "sha256"
             or not job.expected_sha
-            or job.shard in self.hashed
+            or job.shard in self.vouched
             or job.shard not in self.hash_at_end
         ):
             return
-        self.hashed.add(job.shard)
+        self.vouched[job.shard] = sh.stat
         if recorded_sha256(sh.local, sh.stat, self.opts.cache_dir) == job.expected_sha:
-            self.reused[job.shard] = (sh.local, sh.stat)
             self._count("sha256_reused")
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streambatch-sha256")
         self._count("sha256_hashed")
-        self.hashing[job.shard] = self._pool.submit(hash_file, sh.local, self.opts.cache_dir)
+        copy = os.dup(sh.fd)  # the same open file, kept open for the hash even if the shard is closed first
+        fut = self._pool.submit(hash_open_file, copy, sh.local, self.opts.cache_dir)
+        fut.add_done_callback(lambda _: os.close(copy))  # done, failed or cancelled
+        self.hashing[job.shard] = fut
 
     def _count(self, name: str) -> None:
         if self.faults is not None:
             self.faults.add(name)
 
     def check_hashes(self, wait: bool = False) -> None:
-        """Count the shards whose hash came out wrong (all of them still pending, with ``wait``); with ``wait``,
-        also those vouched for by the node record whose file changed while it was read."""
-        if wait:
-            for s, (path, before) in list(self.reused.items()):
-                del self.reused[s]
-                if changed_since(path, before):
-                    self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: the file changed while it was read"))
+        """Count the shards whose hash came out wrong (all of them still pending, with ``wait``); with ``wait``
+        (the end of the pass), also those whose file is no longer the version their hash is of."""
         for s, fut in list(self.hashing.items()):
-            if not (wait or fut.done()):
-                continue
-            del self.hashing[s]
-            try:
-                actual = fut.result()
-            except OSError as e:
-                self._bad_shard(s, ShardReadError(f"{self.urls[s]}: cannot read the shard to hash it ({e})"))
-                continue
-            problem = sha256_problem(actual, self.shards[s].sha256)
-            if problem:
-                self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: {problem}"))
+            if wait or fut.done():
+                del self.hashing[s]
+                self._check_hash(s, fut)
+        if wait:
+            for sh in self.open.values():
+                self._check_steady(sh)
+
+    def _check_hash(self, s: int, fut: Future[Hashed]) -> None:
+        """The background hash of shard ``s``: the index's sha256, of the version the shard was opened as."""
+        try:
+            got = fut.result()
+        except OSError as e:
+            self._bad_shard(s, ShardReadError(f"{self.urls[s]}: cannot read the shard to hash it ({e})"))
+            return
+        if not got.steady(self.vouched[s]):
+            self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: {CHANGED}"))
+            return
+        problem = sha256_problem(got.digest, self.shards[s].sha256)
+        if problem:
+            self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: {problem}"))
+
+    def _check_steady(self, sh: _Shard) -> None:
+        """Count the shard bad if its open file is no longer the version its hash vouches for."""
+        s = sh.job.shard
+        if s in self.vouched and s not in self.bad and fd_changed(sh.fd, self.vouched[s]):
+            self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: {CHANGED}"))
+
+    def _close_shard(self, sh: _Shard) -> None:
+        """Close a shard the slot may still come back to (checked first: its bytes were read as its version)."""
+        try:
+            self._check_steady(sh)
+        finally:
+            sh.close()
 
     def _bad_shard(self, s: int, error: ShardReadError) -> None:
         if self.faults is None:
@@ -200,6 +235,7 @@ class DirectShards:
             self.faults.bad_shard(s, self.urls[s], str(error))
 
     def close(self) -> None:
+        """Close every shard at once (a pass stopped early is not checked further), and stop hashing."""
         for sh in self.open.values():
             sh.close()
         self.open.clear()

@@ -204,6 +204,12 @@ class _Executor:
         self.held[pos] = sample
         return pos
 
+    def drain(self) -> None:
+        """Read the stream to its end once every batch is formed: the rest of the shards still open (samples no
+        batch needs, the tar's end) is read, so each is checked (size, sha256) as a shard read whole is."""
+        while self.pull() is not _END:
+            pass
+
     def gather(self, b: np.ndarray, unformed: int) -> None:
         """Read the stream until every sample of batch ``b`` has arrived (``unformed``: batches still due)."""
         last = int(b.max()) if self.rank is None else int(self.rank[b].max())
@@ -317,6 +323,7 @@ def execute_plan(
     faults: FaultLog | None = None,
     reservoir: int = 64,
     index_lengths: np.ndarray | None = None,
+    last: bool = True,
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
 
@@ -324,10 +331,15 @@ def execute_plan(
     ``index_lengths`` the index's where they differ (speed perturbation, feature frames). Batches
     ``plan.batches[first:]`` are yielded in plan order; a batch marked as a repeat is yielded again from the
     samples of the one before it. Samples no remaining batch needs are dropped on arrival; lost ones are re-drawn
-    from the last ``reservoir`` emitted (counted).
+    from the last ``reservoir`` emitted (counted). Once the last batch is taken and the next one asked for (the
+    pass ends normally), a ``last`` part of the slot's plan reads its stream to the end (:meth:`_Executor.drain`),
+    so the shards it still has open are checked in the pass that read them; a pass stopped early reads no more.
     """
     if plan.batches[first:]:
-        yield from _run(_Executor(samples, plan, first, lengths, faults, reservoir, index_lengths), plan, first)
+        ex = _Executor(samples, plan, first, lengths, faults, reservoir, index_lengths)
+        yield from _run(ex, plan, first)
+        if last:
+            ex.drain()
 
 
 def execute_direct(
@@ -343,8 +355,9 @@ def execute_direct(
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: :func:`execute_plan`'s batches, each sample read by position (``plan.gids`` → shard, place in the
     shard) when its batch is due; lost samples are re-drawn the same way. At the end of the ``last`` part of
-    the slot's plan, pending sha256 checks are waited for (a corrupt shard is always counted in the pass that
-    read it) and the shards closed; stopped early, they are closed at once."""
+    the slot's plan, pending sha256 checks are waited for and each open shard's file is checked to be the version
+    its hash is of (a corrupt shard, or one written to while it was read, is always counted in the pass that read
+    it), and the shards closed; stopped early, they are closed at once."""
     try:
         if plan.batches[first:]:
             ex = _DirectExecutor(shards, plan, first, lengths, offsets, faults, reservoir, index_lengths)

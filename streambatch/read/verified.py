@@ -28,6 +28,7 @@ import stat
 import tempfile
 import threading
 import uuid
+from typing import NamedTuple
 
 from ..dataset.limits import loads
 
@@ -50,7 +51,12 @@ os.register_at_fork(after_in_child=_new_lock)
 
 def file_key(path: str, st: os.stat_result) -> tuple:
     """What identifies one version of a file's bytes: its absolute path, device, inode, size, mtime and ctime."""
-    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (os.path.abspath(path), *file_version(st))
+
+
+def file_version(st: os.stat_result) -> tuple:
+    """One version of the file ``st`` describes, whatever its name: device, inode, size, mtime and ctime (ns)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def record_dir(cache_dir: str | None = None) -> str | None:
@@ -172,17 +178,40 @@ def remember(key: tuple, digest: str, cache_dir: str | None = None) -> None:
 
 
 def hash_file(path: str, cache_dir: str | None = None) -> str:
-    """The sha256 of the file ``path``, read a MiB at a time (hashing releases the GIL), remembered for this
-    version of the file when it did not change while read."""
+    """The sha256 of the file ``path`` (:func:`hash_open_file` of it, opened here)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return hash_open_file(fd, path, cache_dir).digest
+    finally:
+        os.close(fd)
+
+
+class Hashed(NamedTuple):
+    """The sha256 of an open file, and its stat before the first byte was read and after the last."""
+
+    digest: str
+    before: os.stat_result
+    after: os.stat_result
+
+    def steady(self, version: os.stat_result) -> bool:
+        """Whether the file was ``version`` (a stat of it) all the while it was hashed."""
+        return file_version(self.before) == file_version(self.after) == file_version(version)
+
+
+def hash_open_file(fd: int, path: str, cache_dir: str | None = None) -> Hashed:
+    """The sha256 of the open file ``fd`` (named ``path``), read by position a MiB at a time (the descriptor's
+    offset is left alone; hashing releases the GIL): the bytes a positioned read of ``fd`` returns, whatever
+    ``path`` names by then. Remembered for this version of the file when it did not change while read."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        before = os.fstat(f.fileno())
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-        after = os.fstat(f.fileno())
+    before = os.fstat(fd)
+    at = 0
+    while block := os.pread(fd, 1 << 20, at):
+        h.update(block)
+        at += len(block)
+    after = os.fstat(fd)
     digest = h.hexdigest()
     remember_sha256(path, before, after, digest, cache_dir)
-    return digest
+    return Hashed(digest, before, after)
 
 
 def changed_since(path: str, before: os.stat_result) -> bool:
@@ -190,6 +219,15 @@ def changed_since(path: str, before: os.stat_result) -> bool:
     record were read while it changed."""
     try:
         return file_key(path, os.stat(path)) != file_key(path, before)
+    except OSError:
+        return True
+
+
+def fd_changed(fd: int, version: os.stat_result) -> bool:
+    """Whether the open file ``fd`` is no longer the version ``version`` (a stat of it) describes: written to in
+    place (size, mtime or ctime moved), or it cannot be looked at any more."""
+    try:
+        return file_version(os.fstat(fd)) != file_version(version)
     except OSError:
         return True
 

@@ -246,7 +246,7 @@ def _planned_batches(
         else:  # several shards at once, in lanes (each started at once), merged in the planned order
             lane = lambda ps: OpenedPieces(ctx.urls, ps, *args, ramp=False)  # noqa: E731
             samples = interleaved(needed, part, offsets, excluded, streams, lane)
-        return execute_plan(samples, part, start, by_pos, faults, ctx.read.reservoir, index_pos)
+        return execute_plan(samples, part, start, by_pos, faults, ctx.read.reservoir, index_pos, last)
 
     runs = batch_runs(first, len(plan.batches), skip)
     for i, (lo, hi, kept) in enumerate(runs):
