@@ -280,6 +280,7 @@ class _DirectExecutor(_Executor):
         super().__init__(iter(()), plan, first, lengths, faults, reservoir, index_lengths)
         self.shards, self.offsets, self.first = shards, offsets, first
         self.k = 0  # the batch being formed (of plan.batches[first:])
+        self.discarded: set[int] = set()  # bad shards whose samples left the re-draw pool
 
     def fetch(self, pos: int) -> int | None:
         if pos in self.held or pos in self.lost:
@@ -290,9 +291,17 @@ class _DirectExecutor(_Executor):
 
     def gather(self, b: np.ndarray, unformed: int) -> None:
         self.shards.check_hashes()
+        self.discard_bad()
         for pos in b.tolist():
             self.fetch(pos)
         self.k += 1
+
+    def discard_bad(self) -> None:
+        """Take the samples of shards found bad since the last batch (a hash that came out wrong after their
+        samples were emitted) out of the re-draw pool, as a stream's end-of-shard check does."""
+        for s in self.shards.bad - self.discarded:
+            self.pool.discard(self.shards.urls[s])
+            self.discarded.add(s)
 
     def pull(self) -> Any:
         """The next sample a later batch needs that can be read (to fill a batch when nothing was emitted yet)."""

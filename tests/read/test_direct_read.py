@@ -72,3 +72,35 @@ def test_a_shard_that_changed_after_planning_is_counted_bad(ds, tmp_path):
     assert len(batches) == planned
     assert all(int(b["lengths"].max()) * len(b["keys"]) <= BUDGET for b in batches)
     assert loader.fault_stats()["bad_shard_urls"] == [path]
+
+
+def test_samples_of_a_shard_found_bad_later_are_not_redrawn():
+    """Read by position, a shard's hash may come out wrong after some of its samples were emitted; those must
+    leave the re-draw pool (a later lost sample is replaced by a good one), as they do from a stream."""
+    import numpy as np
+
+    from streambatch.plan.slot import SlotPlan
+    from streambatch.read.execute import _DirectExecutor
+
+    class Shards:  # two shards of two samples each; shard 0 turns out bad once its samples were emitted
+        urls = ["bad.tar", "good.tar"]
+        bad: set = set()
+
+        def check_hashes(self):
+            pass
+
+        def sample(self, shard, i):
+            if shard in self.bad or (shard, i) == (1, 1):  # (1, 1): lost, to be re-drawn
+                return None
+            return {"__key__": f"k{shard}{i}", "__url__": self.urls[shard]}
+
+    shards = Shards()
+    plan = SlotPlan([], np.arange(4), [np.array([0]), np.array([2]), np.array([3])])
+    lengths = np.array([6, 5, 4, 6])  # k00 fits the lost k11's place better than k10
+    ex = _DirectExecutor(shards, plan, 0, lengths.astype(float), np.array([0, 2, 4]), None, 8, lengths)
+    got = []
+    for b in plan.batches:
+        ex.gather(b, 0)
+        got.append([s["__key__"] for s in ex.form(b)])
+        shards.bad = {0}  # the hash of shard 0 came out wrong after its sample k00 was emitted
+    assert got == [["k00"], ["k10"], ["k10"]]  # the lost k11 is replaced by k10, never by k00
