@@ -4,7 +4,8 @@ It sits between an S3 client (s3fs, with ``endpoint_url`` = the proxy) and an S3
 every request, and on the requests that match its rules it misbehaves:
 
 * ``Rule("latency", seconds=0.1)``: answer every request that much later;
-* ``Rule("error", every=3, status=503)``: answer every 3rd matching GET with ``503 SlowDown``;
+* ``Rule("error", every=3, status=503)``: answer every 3rd matching GET with ``503 SlowDown`` (``code``: another
+  S3 error code, e.g. ``Rule("error", status=403, code="AccessDenied")``);
 * ``Rule("drop", drop_after=5000)``: send the headers and 5000 bytes of the body, then cut the connection
   (``reset=True``: with an RST); ``min_offset``: only requests whose Range starts at or after that byte;
 * ``Rule("truncate", match="shard-000002.tar", size=9000)``: the object looks truncated to 9000 bytes
@@ -45,6 +46,7 @@ class Rule:
     limit: int | None = None
     seconds: float = 0.0
     status: int = 503
+    code: str = "SlowDown"  # the S3 error code of an "error" answer
     drop_after: int = 0
     size: int = 0
     reset: bool = False
@@ -264,10 +266,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._cut()
                 return
             if r.action == "error":
+                said = "Please reduce your request rate." if r.code == "SlowDown" else r.code
                 msg = (
-                    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                    b"<Message>Please reduce your request rate.</Message></Error>"
-                )
+                    f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{r.code}</Code>'
+                    f"<Message>{said}</Message></Error>"
+                ).encode()
                 px._log(self.command, self.path, rng, r.status)
                 self._send(r.status, [("Content-Type", "application/xml")], msg)
                 return

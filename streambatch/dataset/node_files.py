@@ -1,6 +1,6 @@
-"""Files one node's processes share: the name a URL is kept under, and the lock that lets one process of the node
+"""Files one node's processes share: the name a URL is kept under, the lock that lets one process of the node
 fetch what the others then read (the shard cache, :mod:`streambatch.read.cache`; the node copies of an index,
-:mod:`.shared_index`)."""
+:mod:`.shared_index`), and the check that the cache folder can hold them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import fcntl
 import hashlib
 import os
 import re
+import uuid
 from collections.abc import Iterator
+
+from ..errors import NO_SPACE_ERRNOS, OptionError
 
 
 def cache_name(url: str) -> str:
@@ -39,3 +42,39 @@ def file_lock(path: str, blocking: bool = True) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def cache_folder(cache_dir: str, *parts: str) -> str:
+    """The folder ``cache_dir/parts...``, made if absent. A cache folder that cannot be written at all (read-only,
+    not this user's, a file in the way) is an :class:`OptionError` naming ``cache_dir`` and the OS's reason; one
+    whose disk is full just now raises the ``OSError`` (callers read around a full cache)."""
+    path = os.path.join(os.path.abspath(os.path.expanduser(cache_dir)), *parts)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        if e.errno in NO_SPACE_ERRNOS:
+            raise
+        raise unwritable(cache_dir, e) from None
+    return path
+
+
+def check_cache_dir(cache_dir: str) -> None:
+    """Before anything is read: ``cache_dir`` is made if absent and a file can be made in it, else an
+    :class:`OptionError` says why (a cache that cannot work is a setting to fix, not a run to start that would
+    fetch every shard on every rank, every epoch). A disk full just now passes: readers then read around it."""
+    try:
+        probe = os.path.join(cache_folder(cache_dir), f".write-test-{os.getpid():x}-{uuid.uuid4().hex[:8]}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+    except OSError as e:
+        if e.errno not in NO_SPACE_ERRNOS:
+            raise unwritable(cache_dir, e) from None
+
+
+def unwritable(cache_dir: str, e: OSError) -> OptionError:
+    """The error for a cache folder the OS will not let this process write."""
+    where = f" ({e.filename})" if e.filename and os.path.abspath(str(e.filename)) != os.path.abspath(cache_dir) else ""
+    return OptionError(
+        f"cache_dir={cache_dir!r} cannot be written: {e.strerror or e}{where}. Give a folder on a local disk this "
+        "user can write, or cache_dir=None to read without a node cache"
+    )

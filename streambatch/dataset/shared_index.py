@@ -15,7 +15,9 @@ A node copy is read exactly as the original is: its header by the same parser, i
 (size, checksums, the write id shared with the header, row counts), and its shard URLs resolved against the
 *original* index's folder and the user's ``shard_roots`` (:mod:`.trust`); a copy that fails a check is removed and
 the error raised. Sample-table row groups are not copied: each rank reads its own shards' row groups from the store,
-as without a cache. Only remote indexes are shared (a local path is read directly), as for the shard cache.
+as without a cache. Only remote indexes are shared (a local path is read directly), as for the shard cache. A
+``cache_dir`` that cannot be written is an :class:`~streambatch.errors.OptionError`; a disk too full for the copy
+just now makes the process read the index from the store, as without a cache (warned).
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import DatasetNotFound, IndexFormatError
+from ..errors import NO_SPACE_ERRNOS, DatasetNotFound, IndexFormatError
 from . import limits
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
-from .node_files import cache_name, file_lock
+from .node_files import cache_folder, cache_name, file_lock
 from .storage import filesystem, is_local
 
 log = logging.getLogger("streambatch")
@@ -58,7 +60,19 @@ def load_index(
     (:func:`load_shared`), else read directly (:meth:`ShardIndex.load`)."""
     if cache_dir is None or is_local(_index_url(str(url))):
         return ShardIndex.load(str(url), storage_options, shard_roots)
-    return load_shared(str(url), cache_dir, storage_options, shard_roots)
+    try:
+        return load_shared(str(url), cache_dir, storage_options, shard_roots)
+    except OSError as e:
+        if e.errno not in NO_SPACE_ERRNOS:  # the store's errors (no index, access denied) are the user's to see
+            raise
+        log.warning(
+            "streambatch: no room for the node copy of the index %s in cache_dir=%r (%s); this process reads it "
+            "from the store",
+            url,
+            cache_dir,
+            e.strerror or e,
+        )
+        return ShardIndex.load(str(url), storage_options, shard_roots)
 
 
 def load_shared(
@@ -117,10 +131,8 @@ class NodeCopies:
     stamp naming the version last checked and the job that checked it."""
 
     def __init__(self, cache_dir: str) -> None:
-        self.root = os.path.join(os.path.abspath(os.path.expanduser(cache_dir)), COPIES)
-        self.locks = os.path.join(os.path.dirname(self.root), "locks")
-        os.makedirs(self.root, exist_ok=True)
-        os.makedirs(self.locks, exist_ok=True)
+        self.root = cache_folder(cache_dir, COPIES)  # a cache_dir that cannot be written: an OptionError
+        self.locks = cache_folder(cache_dir, "locks")
 
     def lock(self, url: str) -> str:
         return os.path.join(self.locks, f"index-{cache_name(url)}.lock")

@@ -12,6 +12,7 @@ from ..errors import DatasetNotFound, OptionError, path_option, shown
 from . import storage
 from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
+from .node_files import check_cache_dir
 from .shared_index import load_index
 
 
@@ -154,7 +155,10 @@ def open_source(
 ) -> tuple[AnyIndex | None, Sequence[str], str]:
     """(index or None, shard URLs, a name for messages) for what the loader reads: one dataset or a mixture of
     several; every shard URL an index names is checked against its roots here, before anything is read. With a
-    ``cache_dir``, one dataset's remote index is read once per node (:mod:`.shared_index`)."""
+    ``cache_dir`` (one that cannot be written is an :class:`OptionError` here), one dataset's remote index is read
+    once per node (:mod:`.shared_index`)."""
+    if cache_dir is not None:
+        check_cache_dir(cache_dir)  # a cache that cannot work stops the build, not the reading later
     sources = mixture_sources(source, weights, shard_roots)
     ix: AnyIndex | None
     urls: Sequence[str]

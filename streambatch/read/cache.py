@@ -3,7 +3,9 @@
 A process that needs a shard takes that shard's ``flock``; unless another process finished it meanwhile it
 downloads it to a temporary name and, once checked, renames it into place, so readers (who open the final
 file directly) see nothing or the whole shard. Least recently used shards are evicted to keep ``max_bytes``.
-Locks die with their process; a killed writer's temporary files are removed by the next one (or a sweep).
+A shard is handed out as an open file (:meth:`ShardCache.open`), so one evicted before its reader gets to it is
+still read whole (the unlinked file lives until it is closed). Locks die with their process; a killed writer's
+temporary files are removed by the next one (or a sweep). Folders someone deleted are made again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable
+from typing import BinaryIO
 
 from ..dataset.format import size_problem
 from ..dataset.node_files import cache_name, file_lock
@@ -32,9 +35,18 @@ class ShardCache:
         self.max_bytes = max_bytes
         self.objects = os.path.join(self.root, "objects")
         self.locks = os.path.join(self.root, "locks")
+        self._make_folders()
+        self.sweep()
+
+    def _make_folders(self) -> None:
         os.makedirs(self.objects, exist_ok=True)
         os.makedirs(self.locks, exist_ok=True)
-        self.sweep()
+
+    def _folders_back(self) -> None:
+        """Make the cache's folders again if they are gone (someone cleared the cache while it was in use)."""
+        if not (os.path.isdir(self.objects) and os.path.isdir(self.locks)):
+            self._make_folders()
+            log.warning("streambatch cache %s: its folders were gone; made them again", self.root)
 
     # ---- locks -------------------------------------------------------------------------------------
     def _flock(self, path: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
@@ -48,33 +60,52 @@ class ShardCache:
         return os.path.join(self.objects, cache_name(url))
 
     def lookup(self, url: str, size: int | None = None) -> str | None:
-        """The cached file of ``url`` if it is there (and has ``size`` bytes); marks it used."""
+        """The path of the cached file of ``url`` if it is there (and has ``size`` bytes); marks it used. The file
+        may be evicted once this returns: a reader uses :meth:`cached` or :meth:`open`, which hand it out open."""
+        f = self.cached(url, size)
+        if f is None:
+            return None
+        f.close()
+        return self.path(url)
+
+    def cached(self, url: str, size: int | None = None) -> BinaryIO | None:
+        """The cached file of ``url`` opened for reading, if it is there (and has ``size`` bytes); marks it used."""
         p = self.path(url)
         try:
-            st = os.stat(p)
+            f = open(p, "rb")
         except FileNotFoundError:
             return None
-        problem = size_problem(st.st_size, size)
+        problem = size_problem(os.fstat(f.fileno()).st_size, size)
         if problem:
+            f.close()
             log.warning("streambatch cache: %s: %s; fetching it again", p, problem)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
             return None
-        with contextlib.suppress(FileNotFoundError):
-            os.utime(p)  # last use, for LRU
-        return p
+        with contextlib.suppress(OSError):
+            os.utime(p)  # last use, for LRU (not on a cache gone read-only: the copy is still good to read)
+        return f
 
     def get(self, url: str, size: int | None, download: Callable[[str], None]) -> tuple[str, bool]:
-        """(local path, whether this call downloaded it). ``download(tmp_path)`` must write the complete,
-        verified object to ``tmp_path`` or raise; it runs at most once per node at a time per URL."""
-        p = self.lookup(url, size)
-        if p is not None:
-            return p, False
+        """:meth:`open`, giving the path (the file may be evicted once this returns)."""
+        f, downloaded = self.open(url, size, download)
+        f.close()
+        return self.path(url), downloaded
+
+    def open(self, url: str, size: int | None, download: Callable[[str], None]) -> tuple[BinaryIO, bool]:
+        """(the cached copy of ``url``, open for reading, whether this call downloaded it); it is kept under
+        :meth:`path`. ``download(tmp_path)`` must write the complete, verified object to ``tmp_path`` or raise; it
+        runs at most once per node at a time per URL. The file is opened before anyone may evict it, so it stays
+        readable to its end whatever eviction does meanwhile (the disk then holds more than ``max_bytes``)."""
+        self._folders_back()
+        f = self.cached(url, size)
+        if f is not None:
+            return f, False
         name = cache_name(url)
         with self._flock(self._lock_path(name)):
-            p = self.lookup(url, size)  # another process finished it while we waited
-            if p is not None:
-                return p, False
+            f = self.cached(url, size)  # another process finished it while we waited
+            if f is not None:
+                return f, False
             self._remove_tmp(name)  # we hold the lock: any temporary file of this shard is a dead writer's
             declared = f"-{size:x}" if size is not None else ""  # its size reserved: see make_room
             tmp = os.path.join(self.objects, f".{name}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}{declared}")
@@ -84,14 +115,22 @@ class ShardCache:
                         f"{url}: {size} bytes do not fit a cache of {self.max_bytes} bytes; raise cache_size"
                     )
                 self.make_room(size, tmp)
+            return self._download(tmp, os.path.join(self.objects, name), download), True
+
+    def _download(self, tmp: str, final: str, download: Callable[[str], None]) -> BinaryIO:
+        """``download`` into ``tmp``, opened, then renamed to ``final`` (holding the shard's lock)."""
+        try:
+            download(tmp)
+            f = open(tmp, "rb")
             try:
-                download(tmp)
-                final = os.path.join(self.objects, name)
                 os.replace(tmp, final)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
-            return final, True
+            except BaseException:
+                f.close()
+                raise
+            return f
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
     # ---- housekeeping --------------------------------------------------------------------------------
     def _remove_tmp(self, name: str) -> None:

@@ -9,6 +9,7 @@ sample stream, where a shard went bad.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..errors import ChecksumMismatch, ShardReadError, TooManyBadShards  # noqa: F401  (importable from here too)
+from ..errors import ChecksumMismatch, IndexMismatch, RetriesExhausted, ShardReadError, TooManyBadShards  # noqa: F401
+from .retry import error_code, is_transient
 
 log = logging.getLogger("streambatch")
 
@@ -37,6 +39,8 @@ FAULT_FIELDS = (
     "skipped_samples",
     "sha256_hashed",  # shards a reader hashed whole (verify="sha256"), and those whose hash this node
     "sha256_reused",  # had already computed for the same file version (read/verified.py): not read again
+    "bad_shards_storage",  # of bad_shards, those the store did not answer or refused (storage_fault)
+    "cache_bypassed",  # remote shards read without the node cache, which could not store them (disk full, ...)
 )
 
 T = TypeVar("T")
@@ -73,21 +77,24 @@ class FaultLog:
         """The rank's total of counter ``name`` (all workers' rows)."""
         return int(self.counts[:, FAULT_FIELDS.index(name)].sum())
 
-    def bad_shard(self, shard: int, url: str, reason: str) -> None:
+    def bad_shard(self, shard: int, url: str, reason: str, error: BaseException | None = None) -> None:
         """Count a bad shard (and log it); raise :class:`TooManyBadShards` past the budget. A shard already
-        counted on this rank this pass (another fault of the same shard) is logged, not counted again."""
+        counted on this rank this pass (another fault of the same shard) is logged, not counted again.
+        ``error``: what made it bad (default: the exception being handled, for a caller in its ``except``
+        block); the budget's message advises by what the bad shards' errors were (:func:`storage_fault`)."""
         if self.bad is not None and 0 <= shard < len(self.bad):
             if self.bad[shard]:
                 log.info("streambatch: shard %s again: %s", url, reason)
                 return
             self.bad[shard] = 1
         self.add("bad_shards")
+        if storage_fault(error if error is not None else sys.exc_info()[1]):
+            self.add("bad_shards_storage")
         n = self.total("bad_shards")
         if n > self.max_bad_shards:
             raise TooManyBadShards(
                 f"{n} bad shards on rank {self.rank} this epoch, more than max_bad_shards={self.max_bad_shards}. "
-                f"Last: {reason}{self._listed()}. Check the data with `shardify verify`, rewrite or restore those "
-                "shards, or allow more with max_bad_shards=N"
+                f"Last: {reason}{self._listed()}. {self._advice(n)}, or allow more with max_bad_shards=N"
             )
         log.warning(
             "streambatch: skipping bad shard %s: %s (%d of at most %d bad shards on rank %d this epoch)",
@@ -98,12 +105,56 @@ class FaultLog:
             self.rank,
         )
 
+    def _advice(self, n: int) -> str:
+        """What to do about ``n`` bad shards, by their errors: the store's (it did not answer or refused) or the
+        data's (not the bytes, size or members the index says)."""
+        store = min(n, self.total("bad_shards_storage"))
+        if store == 0:
+            return _DATA_ADVICE[0].upper() + _DATA_ADVICE[1:]
+        if store == n:
+            return f"{_STORE_SAID}: the shards themselves may be fine; {_STORE_ADVICE}"
+        return (
+            f"{store} of them failed in the store ({_STORE_SAID.lower()}: {_STORE_ADVICE}), {n - store} in the data "
+            f"({_DATA_ADVICE})"
+        )
+
     def _listed(self) -> str:
         """``"; bad shards: URL, ..."`` (the first ten flagged shards), or ``""`` without flags or URLs."""
         if self.bad is None or self.urls is None:
             return ""
         bad = [self.urls[i] for i in np.flatnonzero(np.asarray(self.bad))[:10]]
         return "; bad shards: " + ", ".join(bad)
+
+
+_STORE_SAID = "The store did not answer or refused their requests (every retry failed or timed out, access denied)"
+_STORE_ADVICE = (
+    "check the store's endpoint, the network and the credentials in storage_options (and raise retries or timeout "
+    "for a store that is slow to recover)"
+)
+_DATA_ADVICE = "check the data with `shardify verify`, rewrite or restore those shards"
+#: error codes of a store that refuses a request (what s3fs does not already turn into a PermissionError)
+REFUSED_CODES = frozenset(
+    {"AccessDenied", "ExpiredToken", "InvalidAccessKeyId", "InvalidToken", "SignatureDoesNotMatch", "401", "403"}
+)
+
+
+def storage_fault(error: BaseException | None) -> bool:
+    """Whether a bad shard's error was the store's rather than the data's: the store did not answer (every retry
+    of a request failed, a request timed out) or refused (access denied, credentials expired). A missing object,
+    an answer of another size, a checksum or tar that does not match the index are the data's. Walks the chain of
+    causes: a :class:`ShardReadError` carries the request's own error."""
+    seen: set[int] = set()
+    e = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (FileNotFoundError, ChecksumMismatch, IndexMismatch)):
+            return False
+        if isinstance(e, (RetriesExhausted, PermissionError, TimeoutError)) or is_transient(e):
+            return True
+        if error_code(e) in REFUSED_CODES:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def bad_sample(faults: FaultLog | None, sample: dict) -> None:

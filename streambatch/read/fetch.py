@@ -9,19 +9,25 @@ Size is checked against the index before any byte is used, the sha256 once the s
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..dataset.format import Digest, HashingReader, sha256_problem
 from ..dataset.storage import is_local, local_path
-from ..errors import ShardReadError
+from ..errors import ShardReadError, StreamBatchError
+from .cache import ShardCache
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .ranges import Count, RangeReader, check_size
 from .readahead import InOrder, Job, ReadAhead, job_chunks
 from .verified import changed_since, object_key, recorded_sha256, remember, remember_sha256
+
+log = logging.getLogger("streambatch")
 
 
 class ChunkStream:
@@ -146,29 +152,87 @@ def _local_range(f: Any, lo: int, hi: int, chunk_size: int) -> Callable[[], byte
 
 
 # ---- strategy 2: the node-local cache -------------------------------------------------------------------
+#: after the node cache failed to store a shard, how long only the shards it holds are read from it
+CACHE_RETRY_SECONDS = 60.0
+_WARNED: set[tuple[str, int | None]] = set()  # (cache_dir, errno) this process warned about
+
+
+def os_reason(e: OSError) -> str:
+    """An OS error as a message names it: ``ENOSPC: No space left on device: 'path'``."""
+    code = errno.errorcode.get(e.errno or 0, "")
+    where = f": {e.filename!r}" if e.filename else ""
+    return f"{code + ': ' if code else ''}{e.strerror or e}{where}"
+
+
 class _Cached:
     """Remote shards through the node-local cache (:mod:`streambatch.read.cache`): downloaded whole once per
-    node, checked (size and sha256), then read from disk."""
+    node, checked (size and sha256), then read from disk. A cache that cannot store a shard (its disk full or
+    over quota, read-only, its folders unmakeable) is not the shard's fault: that shard is streamed as without a
+    cache (warned), and for :data:`CACHE_RETRY_SECONDS` only shards it already holds are read from it."""
 
-    def __init__(self, opts: Any, ranges: RangeReader, pool: ThreadPoolExecutor | None, count: Count):
-        from .cache import ShardCache
-
-        self.cache = ShardCache(opts.cache_dir, opts.cache_size)
+    def __init__(
+        self, opts: Any, ranges: RangeReader, pool: ThreadPoolExecutor | None, count: Count, bypassed: Callable[[], int]
+    ):
+        """``bypassed()``: how many shards the rank read around the cache this pass (for one warning per rank)."""
         self.opts = opts
         self.ranges = ranges
         self.pool = pool
         self.count = count
+        self.bypassed = bypassed
+        self._cache: ShardCache | None = None  # made at the first shard (the folders then, not at start)
+        self._skip_until = 0.0  # until then (monotonic) nothing is downloaded into the cache
 
-    def prepare(self, job: Job) -> None:
-        """The cached copy of the job's shard (downloaded first if no process of this node has it yet)."""
+    def prepare(self, job: Job) -> bool:
+        """Point ``job`` at the cached copy of its shard, opened (downloaded first if no process of this node has
+        it yet); False where the cache cannot hold it: the caller streams the shard as without a cache."""
         try:
-            path, downloaded = self.cache.get(job.url, job.expected_size, lambda tmp: self._download(job, tmp))
-        except ShardReadError:
+            got = self._open(job)
+        except ShardReadError:  # the store's or the data's (every error of a request is one)
             raise
-        except Exception as e:  # noqa: BLE001 - disk full, cache misconfigured, ...
+        except StreamBatchError as e:  # a shard larger than cache_size, missing credentials, ...
             raise ShardReadError(f"{job.url}: could not cache the shard ({type(e).__name__}: {e})") from e
+        except OSError as e:  # what is left is the cache's own disk: not the shard's fault
+            self._unusable(job.url, e)
+            return False
+        if got is None:
+            self.count("cache_bypassed")
+            return False
+        f, downloaded = got
         self.count("cache_downloads" if downloaded else "cache_hits")
-        job.local, job.size, job.verified = path, os.path.getsize(path), True
+        job.file, job.size, job.verified = f, os.fstat(f.fileno()).st_size, True
+        job.local = self._cache.path(job.url) if self._cache is not None else f.name
+        return True
+
+    def _open(self, job: Job) -> tuple[BinaryIO, bool] | None:
+        """(the cached copy, opened; whether it was downloaded now), or None: not cached, and the cache is
+        resting after a failure."""
+        if self._cache is None:
+            self._cache = ShardCache(self.opts.cache_dir, self.opts.cache_size)
+        if time.monotonic() < self._skip_until:
+            f = self._cache.cached(job.url, job.expected_size)
+            return None if f is None else (f, False)
+        return self._cache.open(job.url, job.expected_size, lambda tmp: self._download(job, tmp))
+
+    def _unusable(self, url: str, e: OSError) -> None:
+        """The cache could not store ``url``'s shard: count it, rest the cache (not when its folders were deleted:
+        the next shard makes them again), and warn once per process, cache and error, and once per rank and pass."""
+        rest = 0.0 if e.errno == errno.ENOENT else CACHE_RETRY_SECONDS
+        self._skip_until = time.monotonic() + rest
+        key = (str(self.opts.cache_dir), e.errno)
+        first = key not in _WARNED and self.bypassed() == 0  # the rank's workers share the count
+        _WARNED.add(key)
+        self.count("cache_bypassed")
+        if not first:
+            log.info("streambatch: %s: read without the node cache (%s)", url, os_reason(e))
+            return
+        log.warning(
+            "streambatch: the node cache in cache_dir=%r cannot store shards (%s, first for %s): reading such shards "
+            "from storage as without a cache (nothing is lost); the cache is tried again %s",
+            str(self.opts.cache_dir),
+            os_reason(e),
+            url,
+            f"in {rest:.0f} s" if rest else "at the next shard",
+        )
 
     def _download(self, job: Job, tmp: str) -> None:
         """Fetch a whole shard into ``tmp`` (for the cache), checking size and checksum."""
@@ -221,7 +285,7 @@ class Fetcher:
         if self.background or (use_cache and opts.read_concurrency > 1):
             threads = max(opts.read_concurrency, opts.max_read_concurrency if self.background else 1)
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streambatch-fetch")
-        self.cache = _Cached(opts, self.ranges, self._pool, self._count) if use_cache else None
+        self.cache = _Cached(opts, self.ranges, self._pool, self._count, self._bypassed) if use_cache else None
         self.read_ahead: ReadAhead | None = None
         if self.background:
             assert self._pool is not None
@@ -233,14 +297,18 @@ class Fetcher:
         if self.faults is not None:
             self.faults.add(name, n)
 
+    def _bypassed(self) -> int:
+        return self.faults.total("cache_bypassed") if self.faults is not None else 0
+
     def _prepare(self, job: Job) -> None:
         """Size check, or the cached copy: whatever must happen before the job's first byte is read."""
         if is_local(job.url):
             _prepare_local(job, self.opts.verify)
             if self._wants_sha(job) and job.stat is not None:
                 job.reused = recorded_sha256(job.local or "", job.stat, self.opts.cache_dir) == job.expected_sha
-        elif self.cache is not None:
-            self.cache.prepare(job)
+        elif self.cache is not None and self.cache.prepare(job):
+            if self._stop.is_set():  # closed while it was prepared: nobody reads it
+                _release(job)
         elif job.expected_size is not None:
             # no size request: every range answer carries the object's size, and the first one is checked
             # (with the index's size) before a byte of it reaches the parser
@@ -272,7 +340,7 @@ class Fetcher:
     def _chunk_source(self, job: Job) -> tuple[Callable[[], bytes | None], Callable[[], None] | None]:
         """The job's next-chunk function, and what closes its file (None: nothing to close)."""
         if job.local is not None:
-            f = open(job.local, "rb")
+            f = _opened(job)
             cs = min(self.opts.chunk_size, 1 << 20)
             if job.byte_range is not None:
                 return _local_range(f, *job.byte_range, cs), f.close
@@ -340,6 +408,7 @@ class Fetcher:
             self.read_ahead.finish(job)
         else:
             job.cancelled = True
+        _release(job)
 
     def close(self) -> None:
         """Stop: no new requests, queued ones dropped, the pool shut down without waiting."""
@@ -348,3 +417,23 @@ class Fetcher:
             self.read_ahead.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        for job in self.jobs:
+            _release(job)
+
+
+def _opened(job: Job) -> BinaryIO:
+    """The job's file, now the reader's to close: the cached copy opened when it was prepared, or the local file."""
+    f, job.file = job.file, None
+    if f is not None:
+        return f
+    try:
+        return open(job.local or "", "rb")
+    except OSError as e:
+        raise ShardReadError(f"{job.url}: cannot open shard ({e})") from e
+
+
+def _release(job: Job) -> None:
+    """Close the cached copy a job holds open, if nobody took it (prepared, then never read)."""
+    f, job.file = job.file, None
+    if f is not None:
+        f.close()

@@ -183,7 +183,7 @@ class RangeReader:
         and wait."""
         if attempt >= self.policy.retries:
             why = f"{type(err).__name__}: {err}" if err is not None else "the object ended early"
-            raise ShardReadError(f"{url}: bytes {pos}-{end - 1} failed {attempt + 1} times, last: {why}")
+            raise ShardReadError(f"{url}: bytes {pos}-{end - 1} failed {attempt + 1} times, last: {why}") from err
         self.count("retries")
         wait = self.policy.delay(attempt)
         log.info(

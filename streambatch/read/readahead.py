@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..dataset.format import Digest
 from ..dataset.s3_direct import same_bytes as _same
@@ -31,6 +31,7 @@ class Job:
         self.byte_range: tuple[int, int] | None = None  # read only these bytes of the shard (read/skip.py)
         self.size: int | None = None
         self.local: str | None = None  # read this local file (a local shard, or the cached copy)
+        self.file: BinaryIO | None = None  # the cached copy, opened when prepared (eviction cannot take it)
         self.verified = False  # the cached copy was checked in full when it was downloaded
         self.stat: os.stat_result | None = None  # a local file's stat when it was prepared (read/verified.py)
         self.reused = False  # a local file whose sha256 this node already computed for this version of it

@@ -88,7 +88,8 @@ class RetryPolicy:
         return (self.retries + 1) * self.request_limit + waits
 
 
-def _error_code(exc: BaseException) -> str | None:
+def error_code(exc: BaseException) -> str | None:
+    """The S3 error code or HTTP status an exception carries (botocore's ``response``, aiohttp's ``status``)."""
     resp = getattr(exc, "response", None)
     if isinstance(resp, dict):
         err = resp.get("Error") or {}
@@ -121,7 +122,7 @@ def _transient_one(e: BaseException) -> bool:
         return False
     if isinstance(e, (ConnectionError, TimeoutError, socket.timeout, asyncio.TimeoutError)):
         return True
-    code = _error_code(e)
+    code = error_code(e)
     if code is not None:
         return code in TRANSIENT_CODES or (code.isdigit() and 500 <= int(code) < 600)
     name = type(e).__name__
