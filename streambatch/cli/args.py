@@ -8,9 +8,10 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from ..dataset.index import IndexFormatError, ShardIndex
+from ..dataset.tempname import temporary_name
 from ..errors import ShardifyError
 from ..units import Unit
 
@@ -79,6 +80,27 @@ def plot_suffix(path: str) -> str:
     """The suffix of ``path``'s file name, lower case, without its dot ("" for none): the plot's format."""
     name = os.path.basename(path)
     return name.rpartition(".")[2].lower() if "." in name else ""
+
+
+def saved_whole(path: str, write: Callable[[IO[bytes]], None], what: str) -> None:
+    """Write the local file ``path`` whole or not at all (``inspect --plot``): ``write(f)`` into a temporary name
+    beside it, synced, then renamed over it. On any error or interrupt the temporary file is removed and a file
+    already at ``path`` is as it was; an OS error (no space, a folder that is missing or not writable) is one line
+    naming ``path``."""
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if not isinstance(e, OSError):
+            raise
+        kept = "; the file already there is kept" if os.path.exists(path) else ""
+        raise ShardifyError(f"{path}: {(e.strerror or str(e)).lower()} while writing {what}{kept}") from None
 
 
 def size(s: str) -> int:
@@ -190,9 +212,22 @@ def add_shared(p: argparse.ArgumentParser, name: str, help: str | None = None, *
     p.add_argument(flag, **keywords)
 
 
-def add_storage(p: argparse.ArgumentParser) -> None:
-    """Add the repeatable ``--storage-option KEY=VALUE`` (read back by :func:`storage_options`)."""
-    add_shared(p, "storage_option")
+def add_storage(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """Add the repeatable ``--storage-option KEY=VALUE`` (read back by :func:`storage_options`), with this
+    command's ``help`` (default: the shared one)."""
+    add_shared(p, "storage_option", help)
+
+
+def add_dest_storage(p: argparse.ArgumentParser, help: str) -> None:
+    """Add the repeatable ``--dest-storage-option KEY=VALUE``, parsed as ``--storage-option`` is: the options of
+    a command's second place (``stage``'s DEST), read back by :func:`dest_storage_options`."""
+    _, keywords = SHARED["storage_option"]
+    p.add_argument("--dest-storage-option", **{**keywords, "dest": "dest_storage_option", "help": help})
+
+
+def dest_storage_options(args: argparse.Namespace) -> dict | None:
+    """The fsspec storage options ``--dest-storage-option`` gave (``None`` for none)."""
+    return storage_options_from(getattr(args, "dest_storage_option", None))
 
 
 def shared_keywords(args: argparse.Namespace) -> dict[str, Any]:

@@ -16,8 +16,10 @@ DESCRIPTION = (
     "seconds, from the index; text, from the index's text column or the member's .json; shard_id, the tar's "
     "position in tarred_audio_filepaths; offset for a segment of a longer member), sharded_manifests/"
     "manifest_N.json (shard N's lines) and tarred_audio_filepaths.json (the tars in shard_id order). Each tar is "
-    "read once (member names, transcripts). Files appear whole, only once every shard was read. Exit 2 on a "
-    "sample NeMo cannot load (no text without --empty-text, no or several audio members)."
+    "read once (member names, transcripts). Files appear whole, only once every shard was read; into a local DIR "
+    "the export is staged there and replaces an earlier one (--overwrite) as one set: an error or interrupt leaves "
+    "the earlier export whole. Exit 2 on a sample NeMo cannot load (no text without --empty-text, no or several "
+    "audio members)."
 )
 EPILOG = "NeMo config keys to set: see the guide 'Using NeMo's loader on our shards' (docs/guide/nemo.md)."
 
@@ -38,7 +40,12 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
         help="also make DIR/audio/audio_N.tar symbolic links to the tars (local only): NeMo's lhotse loader "
         "takes each tar's shard_id from such a name",
     )
-    add_shared(e, "overwrite", "replace an export already in DIR")
+    add_shared(
+        e,
+        "overwrite",
+        "replace an export already in DIR, as one set (its sharded_manifests/ and audio/ folders whole: a file there "
+        "no export writes is refused)",
+    )
     add_shared(e, "no_progress")
     add_shared(e, "shard_root")
     add_storage(e)

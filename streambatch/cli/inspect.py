@@ -33,6 +33,7 @@ from .args import (
     plot_path,
     plot_suffix,
     positive_int,
+    saved_whole,
     shard_roots,
     storage_options,
 )
@@ -346,8 +347,8 @@ def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[
         draw(fig, list(axes[0]))
         fig.tight_layout()
         # the format the suffix names (plot_path checked it); PNG for a bare name, which matplotlib would save as
-        # NAME.png: the file goes at the very name given
-        fig.savefig(path, dpi=100, format=plot_suffix(path) or "png")
+        # NAME.png: the file goes at the very name given, whole (a temporary name, then a rename)
+        saved_whole(path, lambda f: fig.savefig(f, dpi=100, format=plot_suffix(path) or "png"), "the plot")
     finally:
         plt.close(fig)
     return path

@@ -13,7 +13,8 @@ DESCRIPTION = (
     "Merge the part indexes (index.part-*.json) that `shardify write SRC OUT --part I/N` wrote "
     "into OUT/index.json (and OUT/errors.jsonl from the parts' errors.part-*.jsonl). Checks that all N parts "
     "are there once each, written from the same source with the same options, and that the shards they "
-    "list exist; a missing part is an error that names it (exit 2, nothing written). The merged dataset "
+    "list exist; a missing part is an error that names it (exit 2, nothing written). errors.jsonl is written "
+    "before index.json; a merge that fails writing the index leaves both as they were. The merged dataset "
     "has the same samples, order, lengths and totals as a single `shardify write` of SRC."
 )
 

@@ -427,7 +427,8 @@ def _not_an_index(url: str, e: OSError) -> str:
 def upgrade(url: str, storage_options: dict | None = None, progress: bool = True) -> str:
     """Rewrite a version 1 dataset index as version 2 in place: the tables first, ``index.json`` last (the
     version 1 file is replaced only by that final rename). Sample offsets are unknown (null). A version 2
-    index is left as it is (logged). Returns the index file's URL."""
+    index is left as it is (logged). Returns the index file's URL. It holds no writer lock: ``shardify upgrade``
+    (:func:`streambatch.write.upgrade.upgrade_dataset`) does, so no write of the folder runs meanwhile."""
     index_url = _index_url(url)
     index = ShardIndex.load(index_url, storage_options)
     if index.version >= 2:

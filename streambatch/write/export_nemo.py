@@ -18,6 +18,11 @@ dataset. The lhotse loader matches members by their exact name (other members ne
 ``skip_missing_manifest_entries: true``) and takes each tar's ``shard_id`` from its file name (``audio*_N*.tar``),
 which our ``shard-NNNNNN.tar`` names do not follow: :func:`export_nemo` can link ``audio/audio_N.tar`` to each tar
 (``links=True``, local datasets) instead of renaming anything.
+
+Into a local folder, the export is written into a staging folder there and replaces the one in place as one set
+(:mod:`.swap`): an error or interrupt at any point leaves the earlier export whole, and what a killed export left
+(its staging folder, temporary files, the earlier export set aside) is cleared or put back by the next one. On
+object storage each manifest appears whole when its upload completes, the whole manifest last.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import os
 import re
 import shutil
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +43,10 @@ from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.members import SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import group_samples, iter_members
-from ..dataset.tempname import temporary_name
+from ..dataset.tempname import is_temporary
 from ..errors import ShardifyError, output_fits
 from .lock import holds_lock, is_lock_file
+from .swap import Swap
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
 SHARDED_DIR = "sharded_manifests"
@@ -49,6 +54,14 @@ SHARD_MANIFEST = "manifest_{}.json"
 PATHS_NAME = "tarred_audio_filepaths.json"
 LINKS_DIR = "audio"
 LINK_NAME = "audio_{}.tar"
+#: what an export writes into its folder, the whole manifest (which says the export is complete) last
+ENTRIES = (LINKS_DIR, SHARDED_DIR, PATHS_NAME, MANIFEST_NAME)
+#: the staging folder (a temporary name of it) and the aside folder of a local export (:mod:`.swap`)
+STAGE_NAME, ASIDE_NAME = ".shardify-export", ".shardify-export-replaced"
+_SHARD_MANIFEST = re.compile(r"manifest_\d+\.json")
+_LINK = re.compile(r"audio_\d+\.tar")
+#: the folder an older export set its links aside in while replacing them
+_OLD_LINKS = re.compile(r"audio\.old-[0-9a-f]{8}")
 #: ``.json`` fields that describe our shards, not the sample, or that NeMo's own keys replace
 OWN_FIELDS = frozenset(
     {"audio_filepath", "length", "output_length", "sample_rate", "original_sample_rate", "duration", "text", "offset"}
@@ -105,50 +118,113 @@ def export_nemo(
     Durations come from the index (the tars are read for member names, transcripts and a segment's rate).
     ``empty_text``: a sample without a transcript gets ``"text": ""`` (default: an error naming it). ``links``:
     also make ``audio/audio_N.tar`` links to the tars (local only) for NeMo's lhotse loader. Files appear whole
-    (temporary names, then renames) and only when every shard was read; ``out`` already holding an export is
-    refused unless ``overwrite``."""
+    and only when every shard was read; into a local folder the export replaces the one there as one set (see
+    the module docstring). ``out`` already holding an export is refused unless ``overwrite``."""
     urls = index.shard_urls()  # every shard URL checked against the trust roots before any is opened
+    local = storage.is_local(out)
+    if local:
+        _tidy(out)
     _check_out(out, storage_options, overwrite)
     tars, where = [_absolute(u) for u in urls], _absolute(out)  # what NeMo is given works from any folder
     result = NemoExport(where, storage.join_url(where, MANIFEST_NAME), tars, brace_pattern(tars))
     result.sharded = storage.join_url(where, SHARDED_DIR, SHARD_MANIFEST.format(f"_OP_0..{max(len(urls) - 1, 0)}_CL_"))
-    if links and (not storage.is_local(out) or not all(storage.is_local(u) for u in urls)):
+    if links and (not local or not all(storage.is_local(u) for u in urls)):
         raise ShardifyError("--links makes symbolic links: the dataset and --out must both be local folders")
+    if local:
+        _export_local(index, urls, out, result, empty_text, links, progress)
+    else:
+        _export_remote(index, urls, out, result, storage_options, empty_text, progress)
+    return result
+
+
+def _swap(out: str) -> Swap:
+    """How a local export replaces the one in ``out`` (:mod:`.swap`)."""
+    return Swap(storage.local_path(out), ENTRIES, STAGE_NAME, ASIDE_NAME)
+
+
+def _export_local(
+    index: ShardIndex, urls: list[str], out: str, result: NemoExport, empty_text: bool, links: bool, progress: bool
+) -> None:
+    """Write the export into a staging folder in ``out`` (the manifests, the links), then swap it in for the one
+    there as one set; on any error or interrupt ``out`` holds what it held before and no staging folder."""
+    swap = _swap(out)
+    staged = swap.staging()
     writers: list[storage.AtomicWriter] = []
     try:
-        _write_manifests(index, urls, out, result, writers, storage_options, empty_text, progress)
-        if links:
-            result.links = _make_links(where, tars, overwrite)
+        try:
+            _write_manifests(index, urls, _Place(staged, out), result, writers, None, empty_text, progress)
+            for w in writers:
+                w.publish()  # under its name in the staging folder
+            if links:
+                result.links = _make_links(staged, result.out, result.tar_paths)
+        except BaseException:
+            _abort(writers)
+            raise
+        swap.publish(staged)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _export_remote(
+    index: ShardIndex,
+    urls: list[str],
+    out: str,
+    result: NemoExport,
+    storage_options: dict | None,
+    empty_text: bool,
+    progress: bool,
+) -> None:
+    """Write the export into the object store ``out``: each manifest appears whole when its upload completes, the
+    whole manifest last; then the shard manifests of a larger earlier export are removed."""
+    writers: list[storage.AtomicWriter] = []
+    try:
+        _write_manifests(index, urls, _Place(out, out), result, writers, storage_options, empty_text, progress)
     except BaseException:
-        _abort(writers, out)
+        _abort(writers)
         raise
     for w in writers[1:] + writers[:1]:  # the whole manifest last: it says the export is complete
         w.publish()
-    _remove_stale(out, len(urls), storage_options, links)
-    return result
+    _remove_stale(out, len(urls), storage_options)
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where the manifests are written (``root``: a staging folder, or ``out`` itself) and the folder messages
+    name them in (``out``: where they end up)."""
+
+    root: str
+    out: str
+
+
+@dataclass
+class _Manifest:
+    """A manifest being written: its writer, and its name in messages (where it ends up)."""
+
+    writer: storage.AtomicWriter
+    shown: str
 
 
 def _write_manifests(
     index: ShardIndex,
     urls: list[str],
-    out: str,
+    place: _Place,
     result: NemoExport,
     writers: list[storage.AtomicWriter],
     storage_options: dict | None,
     empty_text: bool,
     progress: bool,
 ) -> None:
-    """Write every manifest under a temporary name, reading each tar (``urls``) once: finished, not yet published
-    (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away)."""
-    whole = _opened(result.manifest, storage_options, writers)
+    """Write every manifest under a temporary name in ``place``, reading each tar (``urls``) once: finished, not
+    yet published (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away)."""
+    whole = _opened(place, (MANIFEST_NAME,), storage_options, writers)
     for shard, url in _shards(urls, progress):
-        part = _opened(storage.join_url(out, SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options, writers)
+        part = _opened(place, (SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options, writers)
         for entry in shard_entries(index, shard, url, storage_options, empty_text, result):
             line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
             _written(whole, line)
             _written(part, line)
         _written(part, b"", finish=True)
-    paths = _opened(storage.join_url(out, PATHS_NAME), storage_options, writers)
+    paths = _opened(place, (PATHS_NAME,), storage_options, writers)
     _written(paths, (json.dumps(result.tar_paths, indent=1) + "\n").encode("utf-8"), finish=True)
     _written(whole, b"", finish=True)
 
@@ -157,30 +233,31 @@ def _write_manifests(
 _WRITING = "NeMo's manifests (none of them is kept)"
 
 
-def _opened(url: str, storage_options: dict | None, writers: list[storage.AtomicWriter]) -> storage.AtomicWriter:
-    """A new manifest writer for ``url``, appended to ``writers``; no space for it names ``url``."""
-    with output_fits(url, _WRITING):
-        w = storage.AtomicWriter(url, storage_options)
+def _opened(
+    place: _Place, rel: tuple[str, ...], storage_options: dict | None, writers: list[storage.AtomicWriter]
+) -> _Manifest:
+    """A new manifest writer for ``rel`` in ``place``, its writer appended to ``writers``; no space for it names
+    the manifest where it ends up."""
+    shown = storage.join_url(place.out, *rel)
+    with output_fits(shown, _WRITING):
+        w = storage.AtomicWriter(storage.join_url(place.root, *rel), storage_options)
     writers.append(w)
-    return w
+    return _Manifest(w, shown)
 
 
-def _written(w: storage.AtomicWriter, data: bytes, finish: bool = False) -> None:
-    """Append ``data`` to the manifest ``w`` (then flush and sync it with ``finish``); no space names its file."""
-    with output_fits(w.url, _WRITING):
+def _written(m: _Manifest, data: bytes, finish: bool = False) -> None:
+    """Append ``data`` to the manifest ``m`` (then flush and sync it with ``finish``); no space names its file."""
+    with output_fits(m.shown, _WRITING):
         if data:
-            w.file.write(data)
+            m.writer.file.write(data)
         if finish:
-            w.finish()
+            m.writer.finish()
 
 
-def _abort(writers: list[storage.AtomicWriter], out: str) -> None:
-    """After an error: throw every manifest away, and the ``sharded_manifests`` folder if this run made it (empty)."""
+def _abort(writers: list[storage.AtomicWriter]) -> None:
+    """After an error: throw every manifest not yet published away."""
     for w in writers:
         w.abort()
-    if storage.is_local(out):
-        with contextlib.suppress(OSError):  # only when empty: the folder this run made
-            os.rmdir(os.path.join(storage.local_path(out), SHARDED_DIR))
 
 
 def _absolute(url: str) -> str:
@@ -298,56 +375,92 @@ def brace_pattern(urls: list[str]) -> str | None:
 
 
 def _check_out(out: str, storage_options: dict | None, overwrite: bool) -> None:
-    """Refuse an ``out`` that is a file, or that holds an export already (unless ``overwrite``)."""
+    """Refuse an ``out`` that is a file, that holds an export already (unless ``overwrite``), or whose export
+    folders hold a file no export writes (``overwrite`` replaces those folders whole: it would be lost)."""
     if storage.is_local(out) and os.path.isfile(storage.local_path(out)):
         raise ShardifyError(f"{out}: is a file, not a folder (--out names the folder to export into)")
-    if overwrite or not storage.exists(out, storage_options):
+    if not storage.exists(out, storage_options):
+        return
+    if overwrite:
+        foreign = _foreign(out) if storage.is_local(out) else None
+        if foreign is not None:
+            raise ShardifyError(
+                f"{foreign}: not written by shardify export; --overwrite replaces {os.path.dirname(foreign)} as a "
+                "whole: move that file away first"
+            )
         return
     names = [n for n in storage.listdir(out, storage_options) if not is_lock_file(n)]
-    ours = [n for n in names if n in (MANIFEST_NAME, SHARDED_DIR, PATHS_NAME, LINKS_DIR)]
+    ours = [n for n in names if n in ENTRIES]
     if ours:
         raise ShardifyError(
             f"{out}: already holds an export ({', '.join(sorted(ours))}); pass --overwrite to replace it"
         )
 
 
-def _make_links(out: str, urls: list[str], overwrite: bool) -> str:
-    """``out/audio/audio_N.tar`` -> tar ``N`` (symbolic links, made in a temporary folder then renamed into place):
-    the names NeMo's lhotse loader takes shard ids from. No space for them names the folder, and leaves none."""
-    final = os.path.join(storage.local_path(out), LINKS_DIR)
-    tmp = temporary_name(final)
-    try:
-        with output_fits(final, "the links to the tars (no manifest and no link is kept)"):
-            os.makedirs(tmp)
-            for i, u in enumerate(urls):
-                os.symlink(os.path.abspath(storage.local_path(u)), os.path.join(tmp, LINK_NAME.format(i)))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if overwrite and os.path.isdir(final):
-        old = f"{final}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        for name in os.listdir(old):
-            os.remove(os.path.join(old, name))
-        os.rmdir(old)
+def _foreign(out: str) -> str | None:
+    """The first file in the local ``out``'s ``sharded_manifests/`` or ``audio/`` that an export does not write
+    there (a shard manifest, a link to a tar, a temporary file of one); None when there is none."""
+    for sub, ours in ((SHARDED_DIR, _SHARD_MANIFEST), (LINKS_DIR, _LINK)):
+        folder = os.path.join(storage.local_path(out), sub)
+        if not os.path.isdir(folder) or os.path.islink(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            final = name.split(".tmp-", 1)[0]
+            kind = os.path.islink(os.path.join(folder, name)) or sub == SHARDED_DIR
+            if not (ours.fullmatch(final) and (name == final or is_temporary(name, final)) and kind):
+                return os.path.join(folder, name)
+    return None
+
+
+def _tidy(out: str) -> None:
+    """Before an export into the local folder ``out`` (holding its lock): finish what an export killed there left
+    (an earlier export set aside: kept or put back, :meth:`.Swap.recover`; staging folders) and remove the
+    temporary files of earlier exports."""
+    folder = storage.local_path(out)
+    if not os.path.isdir(folder):
+        return
+    swap = _swap(out)
+    said = swap.recover()
+    if said:
+        print(f"shardify: {said}", file=sys.stderr)
+    swap.clear_staging()
+    for name in os.listdir(folder):
+        if _OLD_LINKS.fullmatch(name) or any(is_temporary(name, entry) for entry in ENTRIES):
+            _remove_any(os.path.join(folder, name))
+    manifests = os.path.join(folder, SHARDED_DIR)
+    for name in os.listdir(manifests) if os.path.isdir(manifests) else []:
+        final = name.split(".tmp-", 1)[0]
+        if _SHARD_MANIFEST.fullmatch(final) and is_temporary(name, final):
+            _remove_any(os.path.join(manifests, name))
+
+
+def _remove_any(path: str) -> None:
+    """Remove a file, link or folder (a folder of links: the links, not what they point to)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
     else:
-        os.replace(tmp, final)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def _make_links(staged: str, out: str, urls: list[str]) -> str:
+    """``audio/audio_N.tar`` -> tar ``N`` (symbolic links) in the staging folder ``staged``: the names NeMo's
+    lhotse loader takes shard ids from. No space for them names ``out/audio`` (the staging folder goes, with
+    every manifest). Returns their pattern in ``out``."""
+    final = os.path.join(storage.local_path(out), LINKS_DIR)
+    folder = os.path.join(staged, LINKS_DIR)
+    with output_fits(final, "the links to the tars (no manifest and no link is kept)"):
+        os.makedirs(folder)
+        for i, u in enumerate(urls):
+            os.symlink(os.path.abspath(storage.local_path(u)), os.path.join(folder, LINK_NAME.format(i)))
     return os.path.join(final, LINK_NAME.format(f"_OP_0..{len(urls) - 1}_CL_"))
 
 
-def _remove_stale(out: str, n: int, storage_options: dict | None, links: bool) -> None:
-    """Drop what an earlier export left that this one did not write (``--overwrite``): ``manifest_N.json`` files
-    of a larger export, and its ``audio/`` links when this one makes none."""
+def _remove_stale(out: str, n: int, storage_options: dict | None) -> None:
+    """Drop the ``manifest_N.json`` files of a larger earlier export from the object store ``out`` (a local
+    export replaces the whole folder instead)."""
     folder = storage.join_url(out, SHARDED_DIR)
     for name in storage.listdir(folder, storage_options):
         m = re.fullmatch(r"manifest_(\d+)\.json", name.rsplit("/", 1)[-1])
         if m is not None and int(m.group(1)) >= n:
             storage.remove(storage.join_url(folder, m.group(0)), storage_options)
-    old = os.path.join(storage.local_path(out), LINKS_DIR)
-    if not links and storage.is_local(out) and os.path.isdir(old):
-        for name in os.listdir(old):
-            if os.path.islink(os.path.join(old, name)):
-                os.remove(os.path.join(old, name))
-        with contextlib.suppress(OSError):
-            os.rmdir(old)

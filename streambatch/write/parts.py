@@ -33,6 +33,7 @@ from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError, output_fits
 from ..units import Unit
 from .lock import holds_lock, is_lock_file
+from .restore import clear_kept, restored_on_failure
 from .verify import verify_dataset
 
 _PART_FILE_RE = re.compile(
@@ -237,7 +238,8 @@ def merge_parts(
     progress: bool = True,
     shard_roots: Sequence[str] = (),
 ) -> ShardIndex:
-    """Merge the part indexes of a ``--part i/n`` run into ``out/index.json`` (and ``errors.jsonl``).
+    """Merge the part indexes of a ``--part i/n`` run into ``out/index.json`` (and ``errors.jsonl``, written
+    first: a merge that fails writing the index leaves the pair that was there, ``errors.jsonl`` put back).
 
     ``parts``: the part index files (default: every ``index.part-*.json`` in ``out``). All n parts must be
     there, once each, written from the same source with the same options; a missing part is an error that
@@ -255,13 +257,11 @@ def merge_parts(
             raise ShardifyError(
                 f"{len(problems)} shard problems, index.json not written:\n  " + "\n  ".join(problems[:20])
             )
-    write_errors(
-        storage.join_url(out, ERRORS_NAME),
-        _merged_errors(out, ordered, storage_options),
-        storage_options,
-        remove_stale=True,
-    )
-    merged.save(storage.join_url(out, INDEX_NAME), storage_options)
+    errors = storage.join_url(out, ERRORS_NAME)
+    clear_kept(errors)
+    with restored_on_failure(errors, storage_options):  # the pair changes together: index.json last
+        write_errors(errors, _merged_errors(out, ordered, storage_options), storage_options, remove_stale=True)
+        merged.save(storage.join_url(out, INDEX_NAME), storage_options)
     return merged
 
 
@@ -281,8 +281,8 @@ def _load_parts(
             ix = ShardIndex.load(url, storage_options, shard_roots)
         except FileNotFoundError as e:
             raise ShardifyError(str(e)) from None
-        except ValueError as e:
-            raise ShardifyError(f"{url}: {e}") from None
+        except ValueError as e:  # named once: the index's own messages start with its file
+            raise ShardifyError(str(e) if str(e).startswith(url) else f"{url}: {e}") from None
         if not isinstance(ix.meta.get("part"), dict):
             raise ShardifyError(f"{url} is not a part index (written by `shardify write --part I/N`)")
         _check_part_fields(url, ix.meta["part"])

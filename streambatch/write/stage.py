@@ -1,8 +1,10 @@
 """``shardify stage SRC DEST``: copy a dataset (its shards, then its index) to node-local disk.
 
 Each shard is copied to a temporary name, checked against the index (size, and sha256 computed while
-copying) and renamed; a shard already complete in DEST is kept, so stage can be re-run to finish a copy.
-The index is written last: DEST only has an ``index.json`` once every shard it lists is complete.
+copying) and renamed; a shard already complete in DEST is kept, so stage can be re-run to finish a copy. Whether
+a shard there counts as complete at its size, or only when its sha256 matches, and whether DEST may be replaced,
+depends on what DEST holds (:mod:`.stage_dest`: this dataset, another one, a copy cut short). The index is written
+last: DEST only has an ``index.json`` once every shard it lists is complete.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..dataset.format import Digest, HashingReader, sha256_problem, size_problem
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
 from .lock import holds_lock
+from .stage_dest import DestState, begin, finish, survey
 from .tarwrite import atomic_file
 
 CHUNK = 4 << 20
@@ -53,14 +56,28 @@ def _sha256_of(url: str, storage_options: dict | None) -> str:
         return HashingReader(f.read).drain(CHUNK).hexdigest()
 
 
-def _complete(dst: str, info: ShardInfo, verify: bool, storage_options: dict | None) -> bool:
-    """Is the shard at ``dst`` already the one the index lists (size; sha256 too with ``verify``)?"""
+@dataclass(frozen=True)
+class _Keep:
+    """When a shard already in DEST is kept: ``trusted`` (DEST holds this dataset) at the index's size, re-hashed
+    with ``rehash`` (``--verify``); otherwise only when its sha256 is the index's."""
+
+    trusted: bool
+    rehash: bool
+
+
+def _complete(dst: str, info: ShardInfo, keep: _Keep, storage_options: dict | None) -> bool:
+    """Is the shard at ``dst`` already the one the index lists (see :class:`_Keep`)? A shard whose sha256 the
+    index does not list is kept only where DEST holds this dataset."""
     try:
         if size_problem(storage.size(dst, storage_options), info.bytes):
             return False
     except (FileNotFoundError, OSError):
         return False
-    return not (verify and info.sha256) or sha256_problem(_sha256_of(dst, storage_options), info.sha256) is None
+    if keep.trusted and not keep.rehash:
+        return True
+    if not info.sha256:
+        return keep.trusted
+    return sha256_problem(_sha256_of(dst, storage_options), info.sha256) is None
 
 
 def _copy_one(
@@ -109,12 +126,12 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
-@holds_lock(lambda a: (str(a.arguments["dest"]), None, a.arguments["dest_storage_options"]), wait=True)
 def stage_dataset(
     src: str,
     dest: str,
     *,
     verify: bool = False,
+    overwrite: bool = False,
     workers: int = 4,
     storage_options: dict | None = None,
     dest_storage_options: dict | None = None,
@@ -124,51 +141,89 @@ def stage_dataset(
     """Copy the dataset at ``src`` (folder, URL or index file) to ``dest``; see the module docstring.
 
     ``workers`` shards are copied at a time (threads). The source's shard URLs must lie in its folder or under
-    ``shard_roots`` (:mod:`~streambatch.dataset.trust`); the staged copy holds them all. Returns what was copied
-    and kept."""
+    ``shard_roots`` (:mod:`~streambatch.dataset.trust`); the staged copy holds them all. ``storage_options`` are
+    SRC's (and its shards'), ``dest_storage_options`` DEST's. A DEST holding another dataset is refused unless
+    ``overwrite`` (:mod:`.stage_dest`). The arguments are checked before DEST is touched (its lock included);
+    the copy runs holding DEST's lock. Returns what was copied and kept."""
     src, dest = str(src), str(dest).rstrip("/") or "/"
     if int(workers) <= 0:
         raise ShardifyError("workers must be positive")
     raw, index = _read_index(src, storage_options, shard_roots)
-    index.check_urls()  # before DEST is touched
-    if (
-        storage.is_local(dest)
-        and os.path.exists(storage.local_path(dest))
-        and not os.path.isdir(storage.local_path(dest))
-    ):
+    index.check_urls()
+    _check_dest(src, dest, index, storage_options, dest_storage_options)
+    job = _Job(src, dest, raw, index, verify, overwrite, int(workers), storage_options, dest_storage_options, progress)
+    return _stage(job)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One ``stage_dataset`` call, its arguments checked: the source index (its bytes, loaded) and the options."""
+
+    src: str
+    dest: str
+    raw: bytes
+    index: ShardIndex
+    verify: bool
+    overwrite: bool
+    workers: int
+    src_options: dict | None
+    dest_options: dict | None
+    progress: bool
+
+
+@holds_lock(lambda a: (a.arguments["job"].dest, None, a.arguments["job"].dest_options), wait=True)
+def _stage(job: _Job) -> StageResult:
+    """Copy the shards DEST lacks, then write the index, holding DEST's lock (see :func:`stage_dataset`)."""
+    dest, index, options = job.dest, job.index, job.dest_options
+    names, rewrite = _dest_names(index)
+    dsts = [storage.join_url(dest, *n.split("/")) for n in names]
+    storage.makedirs(dest, options)
+    state = survey(dest, job.raw, index, names, rewrite, job.overwrite, options)
+    begin(dest, state, index, names, job.src, options)
+    result = StageResult(dest=dest, index=index)
+    keep = _Keep(trusted=state.trusted, rehash=job.verify)
+    _copy_shards(index, dsts, names, result, keep, job.workers, job.src_options, options, job.progress)
+    _write_index(job, names if rewrite else None, state)
+    finish(dest, state, names, options)
+    result.index = ShardIndex.load(storage.join_url(dest, INDEX_NAME), options)
+    return result
+
+
+def _check_dest(src: str, dest: str, index: ShardIndex, src_options: dict | None, dest_options: dict | None) -> None:
+    """Refuse a DEST that is a file or the dataset itself, and ``--storage-option`` given for a remote DEST where
+    nothing of SRC takes it (it applies to SRC and its shards only: DEST's are ``--dest-storage-option``)."""
+    path = storage.local_path(dest)
+    if storage.is_local(dest) and os.path.exists(path) and not os.path.isdir(path):
         raise ShardifyError(f"{dest} exists and is not a folder")
     if _same_place(index.root or "", dest):
         raise ShardifyError(f"{dest} is the dataset itself")
-    names, rewrite = _dest_names(index)
-    dsts = [storage.join_url(dest, *n.split("/")) for n in names]
+    if src_options and dest_options is None and not storage.is_local(dest):
+        if storage.is_local(src) and all(storage.is_local(u) for u in index.shard_urls()):
+            raise ShardifyError(
+                f"--storage-option applies to SRC and its shards ({src}: local); DEST {dest} takes its own: "
+                "--dest-storage-option KEY=VALUE (Python: dest_storage_options=)"
+            )
 
-    storage.makedirs(dest, dest_storage_options)
-    dest_index = storage.join_url(dest, INDEX_NAME)
-    same = False  # DEST already holds this very index (and so its tables, which carry its write id)
-    if storage.exists(dest_index, dest_storage_options):
-        with storage.open_url(dest_index, "rb", dest_storage_options) as f:
-            same = f.read() == raw and not rewrite
-        if not same:  # another dataset (version) was staged here: its index goes first
-            storage.remove(dest_index, dest_storage_options)
 
-    result = StageResult(dest=dest, index=index)
-    _copy_shards(index, dsts, names, result, verify, int(workers), storage_options, dest_storage_options, progress)
-    if rewrite:
-        for info, name in zip(index.shards, names):
-            info.url = name
-        staged = ShardIndex(
-            shards=index.shards,
-            unit=index.unit,
-            sample_rate=index.sample_rate,
-            root=dest,
-            meta=dict(index.meta, staged_from=src),
-        )
-        staged.save(dest_index, dest_storage_options, version=index.version)
-    else:
-        _copy_tables(index, dest, same, storage_options, dest_storage_options)
-        storage.write_bytes_atomic(dest_index, raw, dest_storage_options)
-    result.index = ShardIndex.load(dest_index, dest_storage_options)
-    return result
+def _write_index(job: _Job, rewritten: list[str] | None, state: DestState) -> None:
+    """Write DEST's index, last: the source's bytes (and its tables) as they are, or with ``rewritten`` (the
+    shards' names in DEST, for an index whose URLs were absolute) a new index naming them."""
+    dest_index = storage.join_url(job.dest, INDEX_NAME)
+    index = job.index
+    if rewritten is None:
+        _copy_tables(index, job.dest, state.same, job.src_options, job.dest_options)
+        storage.write_bytes_atomic(dest_index, job.raw, job.dest_options)
+        return
+    for info, name in zip(index.shards, rewritten):
+        info.url = name
+    staged = ShardIndex(
+        shards=index.shards,
+        unit=index.unit,
+        sample_rate=index.sample_rate,
+        root=job.dest,
+        meta=dict(index.meta, staged_from=job.src),
+    )
+    staged.save(dest_index, job.dest_options, version=index.version)
 
 
 def _copy_tables(index: ShardIndex, dest: str, keep: bool, src_options: dict | None, dest_options: dict | None) -> None:
@@ -236,7 +291,7 @@ def _copy_shards(
     dsts: list[str],
     names: list[str],
     result: StageResult,
-    verify: bool,
+    keep: _Keep,
     workers: int,
     src_options: dict | None,
     dest_options: dict | None,
@@ -258,7 +313,7 @@ def _copy_shards(
 
     def one(i: int) -> tuple[int, int | None]:
         info = index.shards[i]
-        if _complete(dsts[i], info, verify, dest_options):
+        if _complete(dsts[i], info, keep, dest_options):
             with lock:
                 bar.update(info.bytes)
             return i, None
