@@ -9,7 +9,9 @@ All three stream the same shards with the same tar reader (:func:`reader.read_sh
 with the same :func:`collate.collate`, in one DataLoader worker, so samples/s compares batching, not I/O
 code. Padding and cost figures are measured on the tensors each method actually yields.
 
-If ``OUT/shards/index.json`` already exists the data is reused, so a second run takes seconds.
+If ``OUT/shards/index.json`` already exists the data is reused (only read), so a second run takes seconds. The
+demo writes only into a folder that is missing or empty, and marks it (:data:`DEMO_MARK`): it rewrites the data
+only there, never in a folder of the user's own (refused in one line).
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from .errors import ShardifyError
+
 BUDGET_SECONDS = 60
+#: the file marking a folder the demo made: the only non-empty folder it writes into
+DEMO_MARK = ".shardify-demo"
 SHARD_COUNT = 100  # utterances per shard: ~24 shards for the default 2,400
 NUM_WORKERS = 1
 
@@ -174,12 +180,14 @@ def run_streambatch(
 
 # ---- data -----------------------------------------------------------------------------------------
 def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
-    """(index, reused): write ``OUT/audio`` and ``OUT/shards`` unless ``OUT/shards/index.json`` exists."""
+    """(index, reused): the dataset in ``OUT/shards`` when its ``index.json`` is there (reused: only read), else
+    ``OUT/audio`` and ``OUT/shards`` written — into a folder the demo may write (:func:`claim_folder`)."""
     from .dataset.index import INDEX_NAME, ShardIndex
 
     audio, shards = os.path.join(out, "audio"), os.path.join(out, "shards")
     if os.path.exists(os.path.join(shards, INDEX_NAME)):
         return ShardIndex.load(shards), True
+    claim_folder(out)
     from .synthetic import write_audio_corpus
     from .write.writer import write_shards
 
@@ -189,6 +197,25 @@ def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
     write_audio_corpus(audio, num_utterances, seed)
     index = write_shards(audio, shards, max_count=SHARD_COUNT, overwrite=True, progress=False)
     return index, False
+
+
+def claim_folder(out: str) -> None:
+    """Make ``out`` the demo's folder: one it made (holding :data:`DEMO_MARK`) is kept, a missing or empty one is
+    made and marked; anything else (a file, a folder of the user's own) is a :class:`ShardifyError` naming it,
+    before a file is touched: the demo rewrites ``OUT/audio/utt-*`` and ``OUT/shards``."""
+    mark = os.path.join(out, DEMO_MARK)
+    if os.path.isfile(mark):
+        return
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ShardifyError(f"{out}: a file, not a folder; give the demo a new or empty folder")
+    if os.path.isdir(out) and os.listdir(out):
+        raise ShardifyError(
+            f"{out}: not empty, and not a folder shardify demo made (no {DEMO_MARK} in it): nothing was written; give "
+            "the demo a new or empty folder"
+        )
+    os.makedirs(out, exist_ok=True)
+    with open(mark, "w") as f:
+        f.write("made by `shardify demo`, which writes and rewrites audio/ and shards/ here\n")
 
 
 # ---- the command ----------------------------------------------------------------------------------
@@ -234,7 +261,8 @@ def _describe(index: Any, out: str, shards: str, reused: bool, asked: int, t_dat
     lengths = index.lengths
     n = len(lengths)
     if reused:
-        print(f"reusing the dataset in {shards} ({n:,} utterances; delete {out} to make a new one)")
+        again = f"delete {out} to make a new one" if os.path.isfile(os.path.join(out, DEMO_MARK)) else "only read"
+        print(f"reusing the dataset in {shards} ({n:,} utterances; {again})")
         if n != asked:
             print(f"  note: it holds {n:,} utterances, not the {asked:,} asked for")
     else:

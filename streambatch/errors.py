@@ -111,6 +111,12 @@ def output_fits(url: str, what: str = "it") -> Iterator[None]:
         raise OutputError(f"{url}: {problem} while writing {what}{at}; nothing was left under its name") from None
 
 
+class StorageError(ShardifyError, OSError):
+    """Storage that could not be used: an object store that did not answer in time (after its retries) or has no
+    such bucket, a local file where data is read that is not a regular file (a FIFO, a device), an input/output
+    error of a disk while a file was written; the message names the file or URL."""
+
+
 class OptionError(ShardifyError, ValueError):
     """An option with a value of the wrong type or out of its range; the message names the option."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NO_SPACE_ERRNOS, InputErrors, StreamBatchError
+from ..interrupts import Interrupter
 from ..write.lock import writers
 from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
 from .args import PROG, os_error_text
@@ -63,9 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    if args.func is calibrate.run:  # runs the user's step: its errors keep their full traceback
-        return calibrate.run(args)
     with _Signals(program) as signals:
+        if args.func is calibrate.run:  # runs the user's step: its errors keep their full traceback
+            return _calibrate(args, signals)
         return _run(args, signals)
 
 
@@ -83,6 +85,21 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     return code
 
 
+def _calibrate(args: argparse.Namespace, signals: _Signals) -> int:
+    """Run ``calibrate``: an interrupt is one line, as for every command (its trial process is stopped by then);
+    what the user's own code raises keeps its traceback (calibrate reports its own errors in one line)."""
+    try:
+        code = int(calibrate.run(args))
+    except KeyboardInterrupt:
+        return signals.stopped()
+    except Exception:
+        if signals.got is not None:  # the interrupt broke the step first: it is still the cause
+            return signals.stopped()
+        raise
+    signals.done = True
+    return code
+
+
 #: what a run ended by a signal says, and its exit code: Ctrl-C, or the SIGTERM of a scheduler (SLURM, Kubernetes)
 STOPPED: dict[int, tuple[str, int]] = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
 #: seconds after the first signal during which another one is ignored (the cleanup it started runs: workers get
@@ -92,11 +109,14 @@ FORCE_AFTER = 5.0
 
 class _Signals:
     """SIGINT and SIGTERM while a command runs: the first raises KeyboardInterrupt in the main thread (each
-    writer's cleanup runs: workers stopped, temporary files removed, the lock released); another within
-    :data:`FORCE_AFTER` seconds is ignored, a later one ends the process at once. Once the command's writes are
-    complete (its writer has released its lock after succeeding: only its report is left) or the command is done,
-    they are ignored; then the handlers set before come back (``program``: they stay ignored until the process
-    exits), so a late Ctrl-C cannot turn a finished run into a failure."""
+    writer's cleanup runs: workers stopped, temporary files removed, the lock released) — as soon as the code it
+    lands in can unwind it, never inside a callback from C (:class:`~streambatch.interrupts.Interrupter`); another
+    within :data:`FORCE_AFTER` seconds is ignored, a later one ends the process at once. Once the command's writes
+    are complete (its writer has released its lock after succeeding: only its report is left) or the command is
+    done, they are ignored; then the handlers set before come back (``program``: they stay ignored until the process
+    exits), so a late Ctrl-C cannot turn a finished run into a failure. A process forked meanwhile (a DataLoader
+    worker, a calibration trial) inherits the handler but not its job: there Ctrl-C is left to this process, which
+    stops it, and SIGTERM ends it quietly."""
 
     def __init__(self, program: bool) -> None:
         self.program, self.done = program, False
@@ -104,33 +124,59 @@ class _Signals:
         self.first_at = 0.0
         self.before: dict[int, Any] = {}
         self.finished = 0  # the writers of this process that had finished before the command
+        self.pid = os.getpid()
+        self.interrupter = Interrupter()
+        self.sigchld: Any = None  # the SIGCHLD handler set aside once stopping (see _children_may_end)
 
     def __enter__(self) -> _Signals:
         self.finished = writers()[1]
         if threading.current_thread() is threading.main_thread():
             for sig in STOPPED:
                 if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored (a background job): left ignored
+                    self.interrupter.arm()
                     self.before[sig] = signal.signal(sig, self.handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.done = True
+        self.interrupter.close()
+        if self.got is not None:  # what the interrupted run held (DataLoader workers, shared tensors) ends now,
+            gc.collect()  # with its modules still there, not in the interpreter's teardown (whose errors it prints)
         for sig, before in self.before.items():
             signal.signal(sig, signal.SIG_IGN if self.program else before)
+        if self.sigchld is not None:
+            signal.signal(signal.SIGCHLD, self.sigchld)
 
     def handle(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:  # a forked process (see the class)
+            if signum != signal.SIGINT:
+                os._exit(128 + signum)
+            return
         running, finished = writers()
         if self.done or (not running and finished > self.finished):  # the command's writes are complete
             return
         if self.got is None:
             self.got, self.first_at = signum, time.monotonic()
-            signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as Ctrl-C
+            self._children_may_end()
+            self.interrupter.interrupt(signum, frame)  # KeyboardInterrupt, as Ctrl-C
+            return
+        if self.interrupter.pending:  # the first one, sent again: the code it came in has returned by now
+            self.interrupter.interrupt(signum, frame)
+            return
         if time.monotonic() - self.first_at > FORCE_AFTER:
             os.write(2, f"{PROG}: {STOPPED[self.got][0]} again: exiting without cleaning up\n".encode())
             os._exit(STOPPED[self.got][1])
 
+    def _children_may_end(self) -> None:
+        """Stopping: a child process that ends now (a DataLoader worker the same signal reached) is expected, so
+        torch's SIGCHLD handler, which raises about it wherever the main thread is, is set aside until the end."""
+        if hasattr(signal, "SIGCHLD") and callable(signal.getsignal(signal.SIGCHLD)):
+            self.sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
     def stopped(self) -> int:
-        """Say why the run stopped; its exit code (130 for Ctrl-C, 143 for SIGTERM)."""
+        """Say why the run stopped; its exit code (130 for Ctrl-C, 143 for SIGTERM). An interrupt still held back
+        (the run ended on an error the signal caused first) is dropped: it would land in the exit's cleanup."""
+        self.interrupter.close()
         what, code = STOPPED[self.got if self.got is not None else signal.SIGINT]
         print(f"{PROG}: {what}", file=sys.stderr)
         return code

@@ -14,7 +14,12 @@ MAX_UTTERANCES = 100_000
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
     """The arguments of ``shardify demo`` (read back by :func:`run`)."""
-    d.add_argument("out", metavar="OUT", help="folder for the demo dataset")
+    d.add_argument(
+        "out",
+        metavar="OUT",
+        help="a new or empty folder for the demo dataset (marked as the demo's; a folder an earlier demo made is "
+        "reused); a folder of your own is refused",
+    )
     d.add_argument(
         "--num-utterances",
         type=at_most(MAX_UTTERANCES, "a demo; shardify write takes a real corpus of any size"),

@@ -29,7 +29,10 @@ DESCRIPTION = (
     'bytes are stored as they are. Each sample is KEY.json ({"length": N, "sample_rate", "duration", "text", '
     "other fields}) then KEY.<ext> (audio) or KEY.txt / KEY.input_ids.npy (text). Exit 2 on bad input (nothing "
     "written). An output that does not fit (disk or quota full) is exit 2 naming the file; the whole shards "
-    "written before it stay, listed by no index: make room and run the same command with --resume to finish."
+    "written before it stay, listed by no index: make room and run the same command with --resume to finish. "
+    "An s3:// OUT that stops answering fails the write in a few minutes, naming the object (each request waits "
+    "10 s to connect, 60 s for data, and is tried 3 times; --storage-option config_kwargs.read_timeout=S, "
+    "config_kwargs.connect_timeout=S set other waits); Ctrl-C's cleanup waits 5 s per call, then says what it left."
 )
 
 OVERWRITE_HELP = (

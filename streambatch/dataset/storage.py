@@ -6,19 +6,20 @@ Every module that touches storage goes through here, so local folders, ``file://
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import posixpath
 import shutil
 import threading
 from collections.abc import Callable, Coroutine
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import fsspec
 
-from ..errors import MissingCredentials, UnknownStorage
+from ..errors import UnknownStorage
 from . import s3_direct
+from .guards import abort_upload, names_errors, open_local, write_error
+from .s3_timeouts import with_timeouts
 from .tempname import temporary_name
 
 
@@ -43,9 +44,13 @@ def parent_url(url: str) -> str:
 
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem for ``url`` and the path inside it."""
+    """The fsspec filesystem for ``url`` and the path inside it; an object store's with timeouts and a bounded
+    number of tries unless ``storage_options`` set them (:func:`~.s3_timeouts.with_timeouts`)."""
     filesystem_class(url)
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    opts, tries = with_timeouts(url, storage_options)
+    fs, path = fsspec.core.url_to_fs(url, **opts)
+    if tries:
+        fs.retries = tries
     return fs, path
 
 
@@ -257,49 +262,16 @@ def object_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
     return int(size)
 
 
-#: botocore's (and google-auth's) exceptions for credentials that are missing or incomplete
-CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError")
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _credentials_named(func: _F) -> _F:
-    """Missing credentials for ``url`` (the first argument) as a :class:`MissingCredentials` that names it and
-    says where credentials come from, instead of the back-end's bare exception."""
-
-    @functools.wraps(func)
-    def wrapper(url: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(url, *args, **kwargs)
-        except Exception as e:
-            if type(e).__name__ not in CREDENTIAL_ERRORS:
-                raise
-            protocol = url.split("://")[0]
-            hint = (
-                (
-                    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --storage-option "
-                    "key=... --storage-option secret=... (Python: storage_options={'key': ..., 'secret': ...}); "
-                    "anon=true for a public bucket"
-                )
-                if protocol in ("s3", "s3a")
-                else ("pass them with --storage-option KEY=VALUE (Python: storage_options={...})")
-            )
-            raise MissingCredentials(
-                f"{url}: no credentials for {protocol} storage ({type(e).__name__}): {hint}"
-            ) from e
-
-    return wrapper  # type: ignore[return-value]
-
-
-@_credentials_named
+@names_errors()
 def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) -> IO[Any]:
-    """Open a local path or fsspec URL."""
+    """Open a local path or fsspec URL (a local shard only if it is a regular file: :func:`~.guards.open_local`)."""
     if is_local(url):
-        return open(local_path(url), mode)
+        return open_local(local_path(url), mode)
     fs, path = filesystem(url, storage_options)
     return fs.open(path, mode)
 
 
-@_credentials_named
+@names_errors()
 def exists(url: str, storage_options: dict | None = None) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))
@@ -307,7 +279,7 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
     return fs.exists(path)
 
 
-@_credentials_named
+@names_errors(writes=True)
 def makedirs(url: str, storage_options: dict | None = None) -> None:
     if is_local(url):
         os.makedirs(local_path(url), exist_ok=True)
@@ -316,7 +288,7 @@ def makedirs(url: str, storage_options: dict | None = None) -> None:
     fs.makedirs(path, exist_ok=True)
 
 
-@_credentials_named
+@names_errors()
 def listdir(url: str, storage_options: dict | None = None) -> list[str]:
     """Names (not paths) of the entries in a folder; empty if it does not exist."""
     if is_local(url):
@@ -328,7 +300,7 @@ def listdir(url: str, storage_options: dict | None = None) -> list[str]:
     return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
 
 
-@_credentials_named
+@names_errors()
 def remove(url: str, storage_options: dict | None = None, recursive: bool = False) -> None:
     """Remove a file (a folder and what it holds with ``recursive``); nothing there is not an error."""
     if is_local(url):
@@ -343,7 +315,7 @@ def remove(url: str, storage_options: dict | None = None, recursive: bool = Fals
         fs.rm(path, recursive=recursive)
 
 
-@_credentials_named
+@names_errors()
 def size(url: str, storage_options: dict | None = None) -> int:
     if is_local(url):
         return os.path.getsize(local_path(url))
@@ -351,23 +323,23 @@ def size(url: str, storage_options: dict | None = None) -> int:
     return int(fs.size(path))
 
 
-@_credentials_named
+@names_errors()
 def read_whole(url: str, storage_options: dict | None = None) -> bytes:
     """The whole of ``url`` in one read: for an object store one GET, with no size request before it."""
     if is_local(url):
-        with open(local_path(url), "rb") as f:
+        with open_local(local_path(url), "rb", regular=True) as f:
             return f.read()
     fs, path = filesystem(url, storage_options)
     s3 = _protocol(fs) in ("s3", "s3a")
     return bytes(fs.cat_file(path, **({"max_concurrency": 1} if s3 else {})))  # s3fs: no size request to split it
 
 
-@_credentials_named
+@names_errors()
 def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> bytes:
     """At most ``limit`` bytes from the start of ``url``, in one read: for an object store a single ranged GET, with
     no size request before it (a small table the index knows the size of costs one round trip, not two)."""
     if is_local(url):
-        with open(local_path(url), "rb") as f:
+        with open_local(local_path(url), "rb", regular=True) as f:
             return f.read(limit)
     fs, path = filesystem(url, storage_options)
     return bytes(fs.cat_file(path, start=0, end=limit))
@@ -390,7 +362,7 @@ def open_random(url: str, storage_options: dict | None = None) -> IO[bytes]:
     """Open for random-access reads (Parquet footers and row groups): object stores fetch exactly the ranges
     asked for, with no read-ahead block around them."""
     if is_local(url):
-        return open(local_path(url), "rb")
+        return open_local(local_path(url), "rb", regular=True)
     fs, path = filesystem(url, storage_options)
     return fs.open(path, "rb", cache_type="none")
 
@@ -418,13 +390,17 @@ class AtomicWriter:
             self.file = fs.open(path, "wb")
 
     def finish(self) -> int:
-        """Flush, sync and close the file; returns its size in bytes."""
+        """Flush, sync and close the file; returns its size in bytes. An error names the file
+        (:func:`~.guards.write_error`)."""
         if self.nbytes is None:
-            self.file.flush()
-            size = self.file.tell()
-            if self.tmp is not None:
-                os.fsync(self.file.fileno())
-            self.file.close()
+            try:
+                self.file.flush()
+                size = self.file.tell()
+                if self.tmp is not None:
+                    os.fsync(self.file.fileno())
+                self.file.close()
+            except Exception as e:
+                raise write_error(self.url, e) from e.__cause__
             self.nbytes = int(size)
         return self.nbytes
 
@@ -432,7 +408,10 @@ class AtomicWriter:
         """Make the finished file visible under its name."""
         self.finish()
         if self.tmp is not None:
-            os.replace(self.tmp, self.dst)
+            try:
+                os.replace(self.tmp, self.dst)
+            except OSError as e:
+                raise write_error(self.url, e) from e.__cause__
             self.tmp = None
 
     def abort(self) -> None:
@@ -447,10 +426,7 @@ class AtomicWriter:
                     os.remove(self.tmp)
                 self.tmp = None
             elif self.nbytes is None:
-                discard = getattr(self.file, "discard", None)
-                if callable(discard):
-                    discard()  # s3fs: abort the multipart upload
-                self.file.closed = True  # type: ignore[misc]  # so closing it later does not upload the part
+                abort_upload(self.file, self.url)
         except Exception:  # noqa: BLE001 - cleaning up after another error: that error is the one to see
             pass
 
@@ -479,11 +455,17 @@ def put_file_atomic(local_src: str, url: str, storage_options: dict | None = Non
             while chunk := fi.read(1 << 22):
                 w.file.write(chunk)
         return
+    _upload(url, local_src, storage_options)
+
+
+@names_errors(writes=True)
+def _upload(url: str, local_src: str, storage_options: dict | None) -> None:
+    """Upload a local file to an object store's ``url`` (one whole-object upload)."""
     fs, path = filesystem(url, storage_options)
     fs.put_file(local_src, path)
 
 
-@_credentials_named
+@names_errors(writes=True)
 def write_bytes_atomic(url: str, data: bytes, storage_options: dict | None = None) -> None:
     """Write ``data`` to ``url`` so that readers see either nothing or the whole object."""
     if is_local(url):

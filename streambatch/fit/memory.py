@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CalibrationError, OptionError
+from ..procs import set_parent_death_signal
 
 log = logging.getLogger("streambatch.calibrate")
 
@@ -197,25 +198,30 @@ class _ForkMeasure:
         r, w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        # no signal while forking: its handler would run in os.fork's hooks, which print an exception and drop it
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         pid = os.fork()
         if pid == 0:  # child: never returns
             os.close(r)
-            self._child(w, n, length)
+            self._child(w, n, length, mask)
         os.close(w)
-        raw = self._read(r, pid, n, length)
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that came meanwhile is handled here
+            raw = self._read(r, n, length)
+        except BaseException:  # past the timeout, or interrupted (Ctrl-C, SIGTERM): the trial ends with us
+            _end_child(pid)
+            raise
         _, status = os.waitpid(pid, 0)
         return self._trial(raw, status, n, length, time.perf_counter() - t0)
 
-    def _read(self, r: int, pid: int, n: int, length: float) -> str:
-        """What the child reports, read until it closes the pipe; a child past the timeout is killed."""
+    def _read(self, r: int, n: int, length: float) -> str:
+        """What the child reports, read until it closes the pipe; past the timeout a :class:`CalibrationError`."""
         chunks, deadline = [], (time.monotonic() + self.timeout) if self.timeout else None
         try:
             while True:
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
                 ready, _, _ = select.select([r], [], [], wait)
                 if not ready:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
                     raise CalibrationError(f"step with n={n}, length={length} ran past {self.timeout} s")
                 data = os.read(r, 65536)
                 if not data:
@@ -242,13 +248,14 @@ class _ForkMeasure:
         note = "out of memory" if res.get("oom") else "stopped past the limit" if res.get("aborted") else ""
         return Trial(n, length, None if (res.get("oom") or res.get("aborted")) else peak, fits, note, seconds)
 
-    def _child(self, w: int, n: int, length: float) -> None:
+    def _child(self, w: int, n: int, length: float, mask: set[int | signal.Signals]) -> None:
         # The peak is the high-water RSS above the RSS before the step, less the file-backed pages the step
         # faulted in: library code is shared with the parent (whose page tables fork does not copy for
         # file mappings), not memory the step allocates. A watchdog thread also samples the anonymous RSS,
         # and the larger of the two estimates counts.
         out: dict[str, Any] = {}
         try:
+            _leave_signals_to_parent(mask)
             torch = sys.modules.get("torch")
             if self.threads is not None and torch is not None:
                 torch.set_num_threads(self.threads)
@@ -289,6 +296,29 @@ class _ForkMeasure:
                 out["oom"] = True
             else:
                 out["error"] = _format_error(e)
+
+
+#: the signals that stop a calibration, blocked while a trial child is forked
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+def _leave_signals_to_parent(mask: set[int | signal.Signals]) -> None:
+    """A trial child's signals, then ``mask`` (the signal mask before the fork) restored: Ctrl-C (sent to the
+    whole process group) is left to the parent, which kills the child; SIGTERM ends it; and it dies with the
+    parent, even one killed outright."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    set_parent_death_signal()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _end_child(pid: int) -> None:
+    """Kill a trial child and reap it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # ended already (a zombie until reaped below)
+        pass
+    os.waitpid(pid, 0)
 
 
 class _CudaMeasure:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from ..dataset import storage
+from ..dataset.guards import CLEANUP_TIMEOUT, within
 from ..errors import ShardifyError
 from ..procs import alive
 
@@ -138,7 +139,7 @@ def output_lock(
         yield
         finished = True
     finally:
-        _release(held)
+        _release(held, patient=finished)
         if created:
             with contextlib.suppress(OSError):
                 os.rmdir(storage.local_path(folder))  # only when empty: the write failed before writing a file
@@ -149,27 +150,39 @@ def output_lock(
 def _take(
     held: list[_Lock], folder: str, part: tuple[int, int] | None, storage_options: dict | None, wait: bool
 ) -> None:
-    """Take the folder's lock (and the part's), adding each to ``held`` once taken."""
+    """Take the folder's lock (and the part's), each added to ``held`` before it is taken: one taken (or half
+    taken: its file written, then an interrupt) is released with the others, and releasing one not taken does
+    nothing."""
     whole = _lock_for(storage.join_url(folder, LOCK_NAME), storage_options)
-    _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options, wait=wait)
     held.append(whole)
+    _acquire(whole, shared=part is not None, folder=folder, storage_options=storage_options, wait=wait)
     if part is None:
         _no_running_parts(whole, folder, storage_options)
     else:
         own = _lock_for(storage.join_url(folder, PART_LOCK_NAME.format(part[0])), storage_options)
-        _acquire(own, shared=False, folder=folder, storage_options=storage_options)
         held.append(own)
+        _acquire(own, shared=False, folder=folder, storage_options=storage_options)
 
 
-def _release(held: list[_Lock]) -> None:
+def _release(held: list[_Lock], patient: bool = True) -> None:
     """Release the locks taken, last first; one whose file cannot be removed (the folder made read-only meanwhile)
     is still released (its ``flock`` ends with its file descriptor) and is a warning, never an error: the error
-    of the write, if any, is the one to report."""
+    of the write, if any, is the one to report. Not ``patient`` (after an interrupt or an error), a lock file on
+    object storage gets :data:`~streambatch.dataset.guards.CLEANUP_TIMEOUT` seconds to go, then a warning names
+    it: the cleanup of an interrupted write never waits long for a storage that does not answer."""
     for lock in reversed(held):
         try:
-            lock.release()
+            if patient or storage.is_local(lock.url):
+                lock.release()
+            elif not within(CLEANUP_TIMEOUT, lock.release)[0]:
+                print(
+                    f"shardify: warning: gave up removing the lock file {lock.url} after {CLEANUP_TIMEOUT:g} s (the "
+                    f"storage did not answer); remove it, or the next writer takes it over once it is "
+                    f"{STALE_AFTER:g} s old",
+                    file=sys.stderr,
+                )
         except OSError as e:
-            why = (e.strerror or type(e).__name__).lower()
+            why = (e.strerror or str(e) or type(e).__name__).lower()
             print(
                 f"shardify: warning: could not remove the lock file {lock.url} ({why}); the next writer takes it over",
                 file=sys.stderr,
@@ -390,11 +403,11 @@ class _FileLock(_Lock):
             left = info or {}
         if shared:
             return left
-        mine = _my_info()
+        self.mine = mine = _my_info()  # ours from the moment it may be written: release() removes it if it is
         storage.write_bytes_atomic(self.url, json.dumps(mine).encode(), self.storage_options)
         if (self.holder() or {}).get("token") != mine["token"]:
+            self.mine = None
             return _HELD  # another writer wrote its lock at the same moment
-        self.mine = mine
         self._beat = threading.Thread(target=self._heartbeat, name="shardify-lock", daemon=True)
         self._beat.start()
         return left

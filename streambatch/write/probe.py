@@ -26,6 +26,7 @@ from tqdm import tqdm
 from ..dataset import storage
 from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, ShardifyError
+from ..interrupts import Interrupter
 from ..procs import die_with_parent
 from ..units import Unit
 from .records import LENGTH_FIELDS, Record
@@ -105,6 +106,8 @@ STOP_GRACE = 2.0
 _STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 #: a worker's state: running a task, and told to stop
 _WORKER = {"busy": False, "stopped": False}
+#: a worker's SIGTERM, raised where its task can unwind it (never inside a callback from C: soundfile's I/O)
+_INTERRUPT = Interrupter()
 
 
 def process_pool(workers: int, remote: bool) -> Pool:
@@ -158,20 +161,22 @@ def _worker_init(parent: int) -> None:
     """A pool worker's initializer: end with ``parent`` (:func:`~streambatch.procs.die_with_parent`), ignore
     SIGINT, and stop on SIGTERM (:func:`_stop_worker`)."""
     die_with_parent(parent)
+    _INTERRUPT.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop_worker)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def _stop_worker(signum: int, frame: Any) -> None:
-    """A worker's SIGTERM: interrupt the task it runs (its cleanup runs, then :func:`_in_worker` exits), or
-    exit at once when idle; quietly either way."""
-    if _WORKER["stopped"]:
+    """A worker's SIGTERM: interrupt the task it runs (its cleanup runs, then :func:`_in_worker` exits) as soon
+    as the code it is in can unwind (not inside soundfile's callbacks from C, where the exception would be printed
+    and lost), or exit at once when idle; quietly either way."""
+    if _WORKER["stopped"] and not _INTERRUPT.pending:
         return  # told again (the pool terminates the others once one has exited): the task is unwinding already
     _WORKER["stopped"] = True
     if not _WORKER["busy"]:
         os._exit(128 + signum)
-    signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as Ctrl-C in a single process
+    _INTERRUPT.interrupt(signum, frame)  # KeyboardInterrupt, as Ctrl-C in a single process
 
 
 def _in_worker(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

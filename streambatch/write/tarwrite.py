@@ -21,6 +21,7 @@ import numpy as np
 
 from ..dataset import storage
 from ..dataset.format import Digest, keys_sha1, size_problem
+from ..dataset.guards import write_error
 from ..dataset.index import ShardInfo
 from ..dataset.tempname import temporary_name
 from ..errors import ShardifyError, StreamBatchError, output_fits
@@ -243,8 +244,11 @@ def write_shard(task: ShardTask) -> ShardInfo:
     """Write one shard so it appears only complete (see :func:`atomic_file`)."""
     with atomic_file(task.url, task.storage_options) as tmp, open(tmp, "wb") as f:
         sha = _write_tar(f, task.samples, task.storage_options)
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError as e:  # named: the disk's input/output error as the package's error, others with the shard
+            raise write_error(task.url, e) from None
         nbytes = f.tell()
     return _shard_info(task, nbytes, sha)
 
