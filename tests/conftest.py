@@ -247,6 +247,16 @@ def kill_tree(pid: int, grace: float = 3.0) -> list[int]:
     return sorted(known)
 
 
+def stop_tree(proc: subprocess.Popen) -> None:
+    """End a started command and every process below it if it still runs (:func:`kill_tree`), wait for it and
+    close its stderr pipe."""
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+    proc.wait(timeout=60)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
 _STARTED: list[tuple[subprocess.Popen, int]] = []
 
 

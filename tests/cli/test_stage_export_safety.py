@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_tree, popen
+from conftest import kill_tree, popen, stop_tree
 
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
@@ -272,17 +272,9 @@ def test_a_write_overwrite_is_refused_while_an_upgrade_runs(corpora, tmp_path, c
         assert proc.wait(timeout=TIMEOUT) == 0
     finally:
         go.touch()
-        _stop(proc)
+        stop_tree(proc)
     assert ShardIndex.load(str(ds)).version == 2
     assert verify_dataset(ShardIndex.load(str(ds)), progress=False) == []
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        kill_tree(proc.pid)
-    proc.wait(timeout=60)
-    if proc.stderr is not None:
-        proc.stderr.close()
 
 
 # ---- export --overwrite: the old export whole, or the new one complete ------------------------------------
@@ -336,7 +328,7 @@ def test_export_overwrite_failing_at_any_rename_leaves_one_export_whole(corpora,
             assert all(p.startswith(".shardify-export-replaced") for p in leftovers(dest)), leftovers(dest)
             again = _export(corpora["a"], dest, "--links", "--overwrite")
             assert again.wait(timeout=TIMEOUT) == 0
-            _stop(again)
+            stop_tree(again)
         which = _old_or_new(dest, exports)
         assert which == ("new" if proc.returncode == 0 else "old"), (n, proc.returncode, err)
         assert leftovers(dest) == [], (n, leftovers(dest))
@@ -372,7 +364,7 @@ def test_export_interrupted_while_publishing_keeps_the_old_export(corpora, expor
         os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
-        _stop(proc)
+        stop_tree(proc)
     assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
     assert len(err.splitlines()) == 1, err
     assert _old_or_new(dest, exports) == "old" and leftovers(dest) == []
@@ -384,7 +376,7 @@ def test_an_export_killed_while_publishing_is_put_right_by_the_next(corpora, exp
     shutil.copytree(exports["old"], dest, symlinks=True)
     proc = _stalled_export(corpora["a"], dest, tmp_path, STALLS[stall])
     kill_tree(proc.pid, grace=0)
-    _stop(proc)
+    stop_tree(proc)
     assert leftovers(dest)  # what a killed export leaves: the next one finishes it
     code, _, err = shardify(capsys, "export", corpora["a"], "--format", "nemo-tarred", "--out", dest, "--no-progress")
     assert code == 2 and any("put it back" in line for line in err) and "already holds an export" in err[-1], err

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from conftest import kill_tree, popen, samples_of
+from conftest import popen, samples_of, stop_tree
 
 from streambatch.errors import OutputError, ShardifyError
 from streambatch.write import aside, writer
@@ -110,14 +110,6 @@ def _stalled_overwrite(tmp_path: Path, src: Path, out: Path) -> subprocess.Popen
     return proc
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        kill_tree(proc.pid)
-    proc.wait(timeout=60)
-    if proc.stderr is not None:
-        proc.stderr.close()
-
-
 # ---- --overwrite ------------------------------------------------------------------------------------------
 def test_interrupted_overwrite_puts_the_old_dataset_back(tmp_path, sources):
     out = tmp_path / "out"
@@ -128,7 +120,7 @@ def test_interrupted_overwrite_puts_the_old_dataset_back(tmp_path, sources):
         assert proc.wait(timeout=120) == 130
         assert "holds the dataset that was there again" in proc.stderr.read()
     finally:
-        _stop(proc)
+        stop_tree(proc)
     assert _contents(out) == files  # the old dataset, byte for byte, and nothing of the new one
     assert samples_of(out) == samples
     _verified(out)
@@ -186,7 +178,7 @@ def test_killed_overwrite_is_put_back_by_the_next_write(tmp_path, sources):
         proc.kill()
         proc.wait(timeout=60)
     finally:
-        _stop(proc)
+        stop_tree(proc)
     assert "ok: 10 shards, 40 samples" in _verified(out / ASIDE)  # the old dataset is whole there, loadable
     done = _shardify("write", str(sources[0]), str(out), "--no-progress")  # no --overwrite: OUT is not empty
     assert done.returncode == 2
@@ -207,7 +199,7 @@ def test_killed_overwrite_keeps_the_old_dataset_until_a_new_one_is_complete(tmp_
             proc.send_signal(sig)
             proc.wait(timeout=120)
         finally:
-            _stop(proc)
+            stop_tree(proc)
     assert _contents(out) == files and samples_of(out) == samples
     done = _shardify("write", str(sources[1]), str(out), "--overwrite", "--max-count", "4", "--no-progress")
     assert done.returncode == 0, done.stderr
