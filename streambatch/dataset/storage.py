@@ -106,7 +106,8 @@ def reading_filesystem(
 
 
 def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec.AbstractFileSystem:
-    own_retries, given = "retries" in opts, dict(opts)
+    own_retries = "retries" in opts
+    given, _ = with_timeouts(f"{protocol}://", opts)  # the options :func:`filesystem` read the index with
     if protocol in ("s3", "s3a"):
         cfg = dict(opts.get("config_kwargs") or {})
         if timeout:

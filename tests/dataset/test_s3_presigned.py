@@ -73,13 +73,16 @@ def test_urls_are_signed_by_the_filesystem_that_read_the_index(s3_data, proxy):
     from streambatch.dataset import storage
 
     storage._READ_FS.clear()  # this test's own reading filesystem, not one an earlier test made read through s3fs
+    fsspec.get_filesystem_class("s3").clear_instance_cache()  # and only this test's filesystems in fsspec's cache
     local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2))
     loader, got = read(s3_data)
     assert got == local and all(presigned(r) for r in shard_gets(proxy))
     reading = [fs for fs in storage._READ_FS.values() if fs.protocol[0] == "s3"]
     assert reading and all(fs._s3 is None for fs in reading)  # no client of its own
-    signer = fsspec.filesystem("s3", **s3_data.proxied)
-    assert all(s3_direct._READERS[fs].signer is signer for fs in reading)
+    index_fs, _ = storage.filesystem(s3_data.url, s3_data.proxied)  # the one that read the index (its timeouts)
+    assert all(s3_direct._READERS[fs].signer is index_fs for fs in reading)
+    made = [fs for fs in type(index_fs)._cache.values() if fs._s3 is not None]
+    assert made == [index_fs], made  # no second client: another signer would be a second S3FileSystem
 
 
 @pytest.mark.parametrize("status", [403, 301])
