@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ..dataset import storage
 from ..dataset.format import Digest, HashingReader, sha256_problem, size_problem
+from ..dataset.guards import write_error
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError
 from .lock import holds_lock
@@ -91,30 +92,33 @@ def _copy_one(
 ) -> int:
     """Copy one shard to a temporary name, check its size and sha256 against the index, then rename."""
     with atomic_file(dst, dest_options, prefix="shardify-stage-") as tmp:
-        digest = _copy_with_retries(src, tmp, src_options, bar, lock)
+        digest = _copy_with_retries(src, (tmp, dst), src_options, bar, lock)
         problem = size_problem(digest.bytes, info.bytes) or sha256_problem(digest.hexdigest(), info.sha256)
         if problem:
             raise ShardifyError(f"{src}: {problem} (check with `shardify verify`)")
     return digest.bytes
 
 
-def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, lock: threading.Lock) -> Digest:
-    """Copy ``src`` to the local file ``tmp``, hashing on the way; a remote read error is retried from the
-    start (``ATTEMPTS`` in all)."""
+def _copy_with_retries(
+    src: str, to: tuple[str, str], src_options: dict | None, bar: tqdm, lock: threading.Lock
+) -> Digest:
+    """Copy ``src`` to the local file ``to[0]`` (the temporary file of ``to[1]``), hashing on the way; a remote
+    read error is retried from the start (``ATTEMPTS`` in all). An error writing the copy is not retried: it is
+    raised naming ``to[1]`` (:func:`~streambatch.dataset.guards.write_error`)."""
     attempt = 0
     while True:
         done = 0
         try:
-            with storage.open_url(src, "rb", src_options) as fi, open(tmp, "wb") as fo:
+            with storage.open_url(src, "rb", src_options) as fi, _Written(to[0]) as fo:
                 reader = HashingReader(fi.read)
                 while chunk := reader.read(CHUNK):
                     fo.write(chunk)
                     with lock:
                         bar.update(len(chunk))
                     done += len(chunk)
-                fo.flush()
-                os.fsync(fo.fileno())
             return reader.digest
+        except _WriteFailed as e:
+            raise write_error(to[1], e.error) from None
         except FileNotFoundError:
             raise ShardifyError(f"{src}: listed in the index but missing") from None
         except OSError:
@@ -124,6 +128,46 @@ def _copy_with_retries(src: str, tmp: str, src_options: dict | None, bar: tqdm, 
             if attempt == ATTEMPTS or storage.is_local(src):
                 raise
             time.sleep(0.5 * 2 ** (attempt - 1))
+
+
+class _WriteFailed(Exception):
+    """An OS error writing the local copy (not the source's: never retried)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Written:
+    """The local copy, opened to write; its OS errors (opening, writing, ``fsync`` at the end) as
+    :class:`_WriteFailed`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self) -> _Written:
+        try:
+            self.f = open(self.path, "wb")
+        except OSError as e:
+            raise _WriteFailed(e) from e
+        return self
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.f.write(data)
+        except OSError as e:
+            raise _WriteFailed(e) from e
+
+    def __exit__(self, kind: type | None, *_: object) -> None:
+        if kind is not None:  # the error already raised is the one to see
+            self.f.close()
+            return
+        try:
+            with self.f:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+        except OSError as e:
+            raise _WriteFailed(e) from e
 
 
 def stage_dataset(
@@ -237,7 +281,7 @@ def _copy_tables(index: ShardIndex, dest: str, keep: bool, src_options: dict | N
         if keep and _complete_size(dst, nbytes, dest_options):
             continue
         with atomic_file(dst, dest_options, prefix="shardify-stage-") as tmp:
-            digest = _copy_with_retries(src, tmp, src_options, _NoBar(), threading.Lock())
+            digest = _copy_with_retries(src, (tmp, dst), src_options, _NoBar(), threading.Lock())
             problem = size_problem(digest.bytes, nbytes)
             if problem:
                 raise ShardifyError(f"{src}: {problem}")

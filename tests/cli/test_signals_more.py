@@ -368,3 +368,22 @@ def test_the_demo_claims_a_missing_or_empty_folder_and_its_own(tmp_path):
         assert (out / DEMO_MARK).is_file()
         (out / "audio").mkdir()
         claim_folder(str(out))  # its own, not empty now: still the demo's
+
+
+def test_a_disk_input_output_error_while_staging_names_the_shard(corpus, tmp_path, monkeypatch, capsys):
+    """stage's own copy: EIO from its fsync was retried as a read error, then "OSError: [Errno 5]", no file named;
+    DEST keeps no shard under its name."""
+    fsync = os.fsync
+
+    def eio(fd):  # the shards' copies only (the staging marker's own failure is named already)
+        if "shard-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, "Input/output error")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", eio)
+    dest = tmp_path / "dest"
+    code = main(["stage", str(corpus / "ds"), str(dest), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{dest}/shard-0000" in err and ".tar: input/output error while writing it" in err, err
+    assert not list(dest.glob("shard-*.tar")), list(dest.iterdir())
