@@ -189,7 +189,7 @@ class _Cached:
             got = self._open(job)
         except ShardReadError:  # the store's or the data's (every error of a request is one)
             raise
-        except StreamBatchError as e:  # a shard larger than cache_size, missing credentials, ...
+        except StreamBatchError as e:  # missing credentials, a shard of no stated size larger than cache_size...
             raise ShardReadError(f"{job.url}: could not cache the shard ({type(e).__name__}: {e})") from e
         except OSError as e:  # what is left is the cache's own disk: not the shard's fault
             self._unusable(job.url, e)
@@ -208,10 +208,30 @@ class _Cached:
         resting after a failure."""
         if self._cache is None:
             self._cache = ShardCache(self.opts.cache_dir, self.opts.cache_size)
+        if self._larger_than_cache(job):
+            return None
         if time.monotonic() < self._skip_until:
             f = self._cache.cached(job.url, job.expected_size)
             return None if f is None else (f, False)
         return self._cache.open(job.url, job.expected_size, lambda tmp: self._download(job, tmp))
+
+    def _larger_than_cache(self, job: Job) -> bool:
+        """A shard larger than the whole cache (``cache_size``) is streamed as without a cache (it would evict
+        everything and still not fit); warned once per process and cache."""
+        most = self._cache.max_bytes if self._cache is not None else None
+        if most is None or job.expected_size is None or job.expected_size <= most:
+            return False
+        key = (str(self.opts.cache_dir), errno.EFBIG)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            log.warning(
+                "streambatch: %s: %d bytes do not fit cache_size=%d: such shards are read from storage as without "
+                "a cache, every epoch (nothing is lost); raise cache_size above the largest shard to cache them",
+                job.url,
+                job.expected_size,
+                most,
+            )
+        return True
 
     def _unusable(self, url: str, e: OSError) -> None:
         """The cache could not store ``url``'s shard: count it, rest the cache (not when its folders were deleted:

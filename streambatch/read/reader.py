@@ -64,7 +64,8 @@ class ReadOptions:
     """A node-local shard cache (:mod:`streambatch.read.cache`): each shard downloaded once per node; None: none."""
     cache_size: int | None = None
     """The cache's limit in bytes, least recently used shards evicted first; None: no limit. Only with
-    ``cache_dir`` (without a cache there is nothing to limit)."""
+    ``cache_dir`` (without a cache there is nothing to limit). A shard larger than the limit is read from storage
+    as without a cache (warned once)."""
     shard_roots: Sequence[str] = ()
     """Folders or URL prefixes (``"/data/tars"``, ``"s3://bucket/raw/"``) that an index's shard URLs (and a mixture
     file's datasets) may point into besides the dataset's own folder or prefix. An index is data: by default a URL

@@ -142,6 +142,20 @@ def test_a_cache_smaller_than_the_shards_read_ahead_reads_them_all(
     assert stats["bad_shards"] == 0 and stats["cache_downloads"] >= 8
 
 
+def test_shards_larger_than_cache_size_are_read_around_the_cache(s3_data, tmp_path, local_batches, largest, caplog):
+    """A shard the whole cache cannot hold was a bad shard ("could not cache the shard"): two of them ended the
+    epoch. It is read from storage as without a cache, warned once; the shards that fit are cached."""
+    smallest = min(s.bytes for s in ShardIndex.load(s3_data.local).shards)
+    assert smallest < largest
+    loader = cached_loader(s3_data, str(tmp_path / "cache"), interleave=1, cache_size=smallest)
+    with caplog.at_level(logging.WARNING, logger="streambatch"):
+        same(run(loader), local_batches[0])
+    stats = loader.fault_stats()
+    assert stats["bad_shards"] == 0 and stats["cache_bypassed"] > 0 and stats["cache_downloads"] > 0, stats
+    warned = warnings_of(caplog, f"do not fit cache_size={smallest}")
+    assert len(warned) == 1 and "raise cache_size" in warned[0].getMessage()
+
+
 # ---- a cache that cannot store shards ----------------------------------------------------------------------------
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_full_cache_disk_reads_the_shards_from_storage(s3_data, tmpfs, local_batches, largest, caplog, num_workers):
