@@ -93,6 +93,14 @@ class OutputError(ShardifyError):
     message names the file, and nothing was left under its name."""
 
 
+def os_problem(e: BaseException) -> str:
+    """What an OS error says went wrong, as a clause of a message: the OS's sentence in lower case ("no space
+    left on device"), else the error's text, else its class's name; no errno number and no file name (the message
+    names the file itself)."""
+    strerror = getattr(e, "strerror", None)
+    return strerror.lower() if strerror else str(e) or type(e).__name__
+
+
 #: the OS errors of an output that does not fit (no space, over a quota, bigger than a file may be)
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
@@ -106,7 +114,7 @@ def output_fits(url: str, what: str = "it") -> Iterator[None]:
     except OSError as e:
         if e.errno not in NO_SPACE_ERRNOS:
             raise
-        problem = (e.strerror or str(e)).lower()
+        problem = os_problem(e)
         at = f" ({e.filename2})" if e.filename2 and str(e.filename2) != url else ""  # a rename into another name
         raise OutputError(f"{url}: {problem} while writing {what}{at}; nothing was left under its name") from None
 

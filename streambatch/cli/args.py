@@ -12,7 +12,7 @@ from typing import IO, Any, TypeVar
 
 from ..dataset.index import IndexFormatError, ShardIndex
 from ..dataset.tempname import temporary_name
-from ..errors import ShardifyError
+from ..errors import ShardifyError, os_problem
 from ..units import Unit
 
 PROG = "shardify"
@@ -100,7 +100,7 @@ def saved_whole(path: str, write: Callable[[IO[bytes]], None], what: str) -> Non
         if not isinstance(e, OSError):
             raise
         kept = "; the file already there is kept" if os.path.exists(path) else ""
-        raise ShardifyError(f"{path}: {(e.strerror or str(e)).lower()} while writing {what}{kept}") from None
+        raise ShardifyError(f"{path}: {os_problem(e)} while writing {what}{kept}") from None
 
 
 def size(s: str) -> int:
@@ -132,7 +132,7 @@ def os_error_text(e: OSError) -> str:
     if e.filename is None:
         return str(e)
     names = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 is not None else "")
-    return f"{names}: {(e.strerror or type(e).__name__).lower()}"
+    return f"{names}: {os_problem(e)}"
 
 
 def storage_option(s: str) -> tuple[str, Any]:

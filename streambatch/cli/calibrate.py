@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from ..errors import OptionError, ShardifyError, StreamBatchError
+from ..errors import OptionError, ShardifyError, StreamBatchError, os_problem
 from ..fit.calibrate import CalibrationOptions, calibration_options, format_report, measure_and_fit, write_calibration
 from .args import PROG, at_least_one, os_error_text
 
@@ -104,7 +104,7 @@ def _load_file(path: str) -> ModuleType:
         with open(path, "rb") as f:
             source = f.read()
     except OSError as e:
-        raise OptionError(f"--model: cannot read {path}: {(e.strerror or type(e).__name__).lower()}") from None
+        raise OptionError(f"--model: cannot read {path}: {os_problem(e)}") from None
     try:
         code = compile(source, path, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:

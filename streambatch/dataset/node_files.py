@@ -13,7 +13,7 @@ import re
 import uuid
 from collections.abc import Iterator
 
-from ..errors import NO_SPACE_ERRNOS, OptionError
+from ..errors import NO_SPACE_ERRNOS, OptionError, os_problem
 
 
 def cache_name(url: str) -> str:
@@ -75,6 +75,6 @@ def unwritable(cache_dir: str, e: OSError) -> OptionError:
     """The error for a cache folder the OS will not let this process write."""
     where = f" ({e.filename})" if e.filename and os.path.abspath(str(e.filename)) != os.path.abspath(cache_dir) else ""
     return OptionError(
-        f"cache_dir={cache_dir!r} cannot be written: {e.strerror or e}{where}. Give a folder on a local disk this "
+        f"cache_dir={cache_dir!r} cannot be written: {os_problem(e)}{where}. Give a folder on a local disk this "
         "user can write, or cache_dir=None to read without a node cache"
     )

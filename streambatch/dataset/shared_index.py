@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NO_SPACE_ERRNOS, DatasetNotFound, IndexFormatError
+from ..errors import NO_SPACE_ERRNOS, DatasetNotFound, IndexFormatError, os_problem
 from . import limits
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
@@ -70,7 +70,7 @@ def load_index(
             "from the store",
             url,
             cache_dir,
-            e.strerror or e,
+            os_problem(e),
         )
         return ShardIndex.load(str(url), storage_options, shard_roots)
 

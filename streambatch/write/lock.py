@@ -38,7 +38,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..dataset import storage
 from ..dataset.guards import CLEANUP_TIMEOUT, within
-from ..errors import ShardifyError
+from ..errors import ShardifyError, os_problem
 from ..procs import alive
 
 LOCK_NAME = ".shardify.lock"
@@ -182,7 +182,7 @@ def _release(held: list[_Lock], patient: bool = True) -> None:
                     file=sys.stderr,
                 )
         except OSError as e:
-            why = (e.strerror or str(e) or type(e).__name__).lower()
+            why = os_problem(e)
             print(
                 f"shardify: warning: could not remove the lock file {lock.url} ({why}); the next writer takes it over",
                 file=sys.stderr,

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..dataset import storage
 from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
-from ..errors import InputProblem, ShardifyError
+from ..errors import InputProblem, ShardifyError, os_problem
 from ..interrupts import Interrupter
 from ..procs import die_with_parent
 from ..units import Unit
@@ -77,7 +77,7 @@ def probe_file(path: Any, storage_options: dict | None = None) -> tuple[int, int
     except IsADirectoryError:
         return "audio path is a folder"
     except OSError as e:
-        return f"cannot read audio file ({e.strerror or e})"
+        return f"cannot read audio file ({os_problem(e)})"
     except TruncatedAudio as e:
         return str(e)
     except AudioError as e:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..dataset import storage
 from ..dataset.index import ShardIndex, ShardInfo
-from ..errors import OptionError, ShardifyError, StreamBatchError
+from ..errors import OptionError, ShardifyError, StreamBatchError, os_problem
 from .adopt.index import index_tars, scan_tars
 from .adopt.scan import ShardScan
 from .parts import part_range, remove_quiet
@@ -68,7 +68,7 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> No
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:
-        reason = (e.strerror or str(e) or type(e).__name__).lower()
+        reason = os_problem(e)
         raise ShardifyError(f"Ray address {address}: no Ray cluster answers there ({reason})") from None
 
 

@@ -24,7 +24,7 @@ from ..dataset import storage
 from ..dataset.format import Digest, HashingReader, sha256_problem, size_problem
 from ..dataset.guards import write_error
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
-from ..errors import ShardifyError
+from ..errors import ShardifyError, StreamBatchError
 from .lock import holds_lock
 from .stage_dest import DestState, begin, finish, survey
 from .tarwrite import atomic_file
@@ -130,8 +130,8 @@ def _copy_with_retries(
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
-class _WriteFailed(Exception):
-    """An OS error writing the local copy (not the source's: never retried)."""
+class _WriteFailed(StreamBatchError):
+    """An OS error writing the local copy (not the source's: never retried); it never leaves this module."""
 
     def __init__(self, error: OSError):
         super().__init__(str(error))

@@ -13,7 +13,7 @@ import inspect
 
 from ..dataset import storage
 from ..dataset.index import INDEX_NAME, ShardIndex
-from ..errors import ShardifyError
+from ..errors import ShardifyError, os_problem
 from .lock import Where, holds_lock
 
 
@@ -30,7 +30,7 @@ def _folder(a: inspect.BoundArguments) -> Where:
 
 
 def _unwritable(folder: str, e: OSError) -> Exception:
-    why = (e.strerror or type(e).__name__).lower()
+    why = os_problem(e)
     return ShardifyError(f"{folder}: {why}: the index is rewritten in place, so its folder must be writable")
 
 

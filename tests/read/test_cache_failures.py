@@ -239,7 +239,7 @@ def test_a_read_only_cache_dir_is_an_option_error(s3_data, read_only_folder, whe
         )
         assert kind is OptionError and issubclass(kind, ValueError)
         assert message.startswith(f"cache_dir={cache!r} cannot be written: ") and "\n" not in message
-        assert "Read-only file system" in message or "Permission denied" in message
+        assert "read-only file system" in message or "permission denied" in message
 
 
 def test_no_room_for_the_index_copy_reads_the_index_from_the_store(s3_data, tmpfs, local_batches, caplog):

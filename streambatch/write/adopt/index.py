@@ -36,7 +36,7 @@ from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
-from ...errors import InputProblem, ShardifyError, choice_option, int_option
+from ...errors import InputProblem, ShardifyError, choice_option, int_option, os_problem
 from ..engines import Engine
 from ..lock import holds_lock
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
@@ -125,7 +125,7 @@ def _output(a: Any) -> Any:
 
 def _unwritable(folder: str, e: OSError) -> ShardifyError:
     """The error where the index's folder cannot be written (read-only storage): pass ``--out``."""
-    why = "read-only storage" if e.errno == errno.EROFS else f"cannot write the index there ({e.strerror or e})"
+    why = "read-only storage" if e.errno == errno.EROFS else f"cannot write the index there ({os_problem(e)})"
     return ShardifyError(f"{folder}: {why}; pass --out DIR to put the index elsewhere (it points back at the tars)")
 
 
