@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,7 @@ from ..dataset.format import Digest, keys_sha1, size_problem
 from ..dataset.guards import write_error
 from ..dataset.index import ShardInfo
 from ..dataset.tempname import temporary_name
-from ..errors import ShardifyError, StreamBatchError, output_fits
+from ..errors import ShardifyError, StreamBatchError, os_problem, output_fits
 from .records import Record
 
 TAR_FORMAT: Final = tarfile.PAX_FORMAT
@@ -236,8 +237,17 @@ def atomic_file(url: str, storage_options: dict | None = None, prefix: str = "sh
             else:
                 storage.put_file_atomic(tmp, url, storage_options)
     finally:
+        _remove_temporary(tmp)
+
+
+def _remove_temporary(tmp: str) -> None:
+    """Remove a temporary file left by a write that did not finish; where that fails (the folder went read-only)
+    the write's own error is the one to see: the file is named in a warning, not raised over it."""
+    try:
         if os.path.exists(tmp):
             os.remove(tmp)
+    except OSError as e:
+        print(f"shardify: warning: could not remove the temporary file {tmp} ({os_problem(e)})", file=sys.stderr)
 
 
 def write_shard(task: ShardTask) -> ShardInfo:

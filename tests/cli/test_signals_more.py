@@ -387,3 +387,27 @@ def test_a_disk_input_output_error_while_staging_names_the_shard(corpus, tmp_pat
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{dest}/shard-0000" in err and ".tar: input/output error while writing it" in err, err
     assert not list(dest.glob("shard-*.tar")), list(dest.iterdir())
+
+
+def test_a_temporary_file_that_cannot_be_removed_does_not_hide_the_error(corpus, tmp_path, monkeypatch, capsys):
+    """The folder went read-only while a shard was written: removing its temporary file failed too, and that
+    PermissionError replaced the write's own error. The write's error is the one line; the file a warning."""
+    remove = os.remove
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    def refuse(path, *a, **kw):
+        if ".tmp" in os.path.basename(str(path)) or "shardify-" in os.path.basename(str(path)):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return remove(path, *a, **kw)
+
+    monkeypatch.setattr(os, "fsync", eio)
+    monkeypatch.setattr(os, "remove", refuse)
+    out = tmp_path / "out"
+    code = main(["write", str(corpus / "audio"), str(out), "--max-count", "500", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if "warning" not in line]
+    assert code == 2 and len(errors) == 1, err
+    assert f"{out / 'shard-000000.tar'}: input/output error" in errors[0]
+    assert any("could not remove the temporary file" in line and "permission denied" in line for line in err), err
