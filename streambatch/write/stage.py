@@ -10,6 +10,7 @@ last: DEST only has an ``index.json`` once every shard it lists is complete.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import posixpath
 import sys
@@ -160,7 +161,8 @@ class _Written:
 
     def __exit__(self, kind: type | None, *_: object) -> None:
         if kind is not None:  # the error already raised is the one to see
-            self.f.close()
+            with contextlib.suppress(OSError):
+                self.f.close()
             return
         try:
             with self.f:
