@@ -381,6 +381,17 @@ class MixedIndex:
         return rows if self.starts is None else [[*row, int(a)] for row, a in zip(rows, self.starts)]
 
 
+def draw_rows(rows: Sequence[Sequence[Any]], epoch: int) -> list[tuple[str, float, int, int]]:
+    """A mixture's checkpoint rows (:meth:`MixedIndex.state`) as ``(name, weight, samples, start)``: ``start``, where
+    ``epoch`` begins in the dataset's cycles, is recorded under a weight schedule and is ``epoch · round(w·N)``
+    under fixed weights (the same draw), so states of either kind compare by the samples their epochs take."""
+    out = []
+    for name, weight, size, *start in rows:
+        take = DatasetDraw.of(int(size), float(weight), 0, 0).take
+        out.append((str(name), float(weight), int(size), int(start[0]) if start else int(epoch) * take))
+    return out
+
+
 def _check_units(sources: Sequence[Source], indexes: Sequence[ShardIndex]) -> None:
     """A mixture's datasets share the length unit and sample rate (lengths must be comparable)."""
     a, ia = sources[0], indexes[0]

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..dataset.mixture import AnyIndex, dataset_names
+from ..dataset.mixture import AnyIndex, dataset_names, draw_rows
 from ..dataset.schedule import WeightSchedule
 from ..dataset.source import ShardURLs, open_source
 from ..errors import OptionError, StateError
@@ -91,16 +91,50 @@ def epoch_index(loader: Any, epoch: int) -> Any:
 
 def to_saved_epoch(loader: Any, saved: Any) -> None:
     """Move the loader to the epoch of a state it loads (``saved``: a :class:`~streambatch.loader.state.LoaderState`)
-    and, under a weight schedule, refuse a state whose epoch ran on other weights than the schedule gives it now
-    (the samples it took would be lost or repeated), naming both."""
+    and, under a weight schedule, refuse a state whose epoch began elsewhere in the datasets (earlier epochs took
+    other samples) or, saved mid-epoch, ran on other weights than the schedule gives it now (the samples it took
+    would be lost or repeated), naming both. Other mixtures are :func:`mixture_problem`'s to name."""
     loader.set_epoch(saved.epoch)
-    if loader.weight_schedule is None or not saved.knows("mixture") or saved.mixture == loader.index.state():
+    if loader.weight_schedule is None or not saved.knows("mixture") or not saved.mixture:
         return
-    now = {row[0]: row[1] for row in loader.index.state()}
-    then = {row[0]: row[1] for row in saved.mixture or [] if isinstance(row, (list, tuple)) and len(row) >= 2}
-    what = f"the weights {now}" if now != then else "the same weights after other weights before it"
+    then, now = draw_rows(saved.mixture, saved.epoch), draw_rows(loader.index.state(), saved.epoch)
+    if [r[::2] for r in then] != [r[::2] for r in now]:  # other datasets (mixture_problem), or the same draw
+        return
+    if then == now or (not saved.mid_epoch and _began(then) == _began(now)):  # between epochs: where it begins
+        return
+    weights = {r[0]: r[1] for r in then}, {r[0]: r[1] for r in now}
+    what = f"the weights {weights[1]}" if weights[0] != weights[1] else "the same weights after other weights before it"
     raise StateError(
-        f"state was saved at epoch {saved.epoch} with weights {then} (mixture {saved.mixture}); this loader's weight "
-        f"schedule gives epoch {saved.epoch} {what} (mixture {loader.index.state()}): resume with the schedule the "
-        "state was saved with"
+        f"state was saved at epoch {saved.epoch} with weights {weights[0]} (mixture {saved.mixture}); this loader's "
+        f"weight schedule gives epoch {saved.epoch} {what} (mixture {loader.index.state()}): resume with the "
+        "schedule the state was saved with"
     )
+
+
+def mixture_problem(saved: list | None, mine: list | None, epoch: int, mid_epoch: bool) -> str | None:
+    """Why a state saved for the mixture ``saved`` (checkpoint rows; None: one dataset) cannot resume a loader
+    reading ``mine`` at ``epoch``, or None. Between epochs only where the epoch begins in each dataset matters (the
+    samples earlier epochs took): its own weights may change, and fixed weights and a schedule are alike. Within
+    an epoch its weights must be the saved ones, of the same kind (a schedule lays an epoch out in other batches)."""
+    if saved == mine:
+        return None
+    if saved is None or mine is None:
+        was, now = (f"the mixture {rows}" if rows else "one dataset" for rows in (saved, mine))
+        return f"state was saved for {was}, this loader reads {now}"
+    then, now = draw_rows(saved, epoch), draw_rows(mine, epoch)
+    if not mid_epoch and _began(then) == _began(now):  # nothing of the epoch taken: its weights may change
+        return None
+    same_draw = then == now
+    if same_draw:
+        kinds = ("a weight schedule" if len(rows[0]) > 3 else "fixed weights" for rows in (saved, mine))
+        return (
+            f"state was saved during epoch {epoch} under {next(kinds)}, and this loader has {next(kinds)}: they take "
+            "the same samples, but lay the epoch out in other batches, so its rest cannot be resumed exactly; "
+            "finish the epoch with the weights the state was saved with, or resume from a state saved between epochs"
+        )
+    return f"state was saved for the mixture {saved}, this loader reads {mine}"
+
+
+def _began(rows: list[tuple[str, float, int, int]]) -> list[tuple[str, int, int]]:
+    """Of :func:`~streambatch.dataset.mixture.draw_rows`: each dataset's name, size and where the epoch begins."""
+    return [(name, size, start) for name, _, size, start in rows]

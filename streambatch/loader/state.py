@@ -19,6 +19,7 @@ from ..plan.cost import CostModel
 from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.perturb import LengthPlan
 from ..plan.resume import MAX_COUNT, EarlierRun, Resumed, equalised_of, state_count
+from .mixing import mixture_problem
 
 #: the largest epoch number (``set_epoch``, a checkpoint's ``epoch``): 2³¹ - 1, as 32-bit epoch counters hold;
 #: a loader's shared state holds it in 64 bits, and no run reaches it
@@ -168,12 +169,14 @@ class LoaderState:
         size, mixture or filter; mid-epoch, other batching options or no index to plan the epoch's batches."""
         if self.knows("seed") and self.seed != mine.seed:
             raise StateError(f"state was saved with seed {self.seed}, this loader has seed {mine.seed}")
-        if mine.num_samples is not None and self.num_samples not in (None, mine.num_samples):
+        mixture = mixture_problem(self.mixture, mine.mixture, self.epoch, self.mid_epoch)
+        if self.knows("mixture") and mixture:  # before the sample count: a mixture's is not a dataset's
+            raise StateError(mixture)
+        counted = not (self.mixture and mine.mixture)  # a mixture's count is of its layout: its rows say more
+        if counted and mine.num_samples is not None and self.num_samples not in (None, mine.num_samples):
             raise StateError(
                 f"state was saved for a dataset of {self.num_samples} samples, this one has {mine.num_samples}"
             )
-        if self.knows("mixture") and self.mixture != mine.mixture:
-            raise StateError(f"state was saved for the mixture {self.mixture}, this loader reads {mine.mixture}")
         if self.knows("where") and self.where != mine.where:
             raise StateError(f"state was saved with where={self.where!r}, this loader has where={mine.where!r}")
         if None not in (self.dataset, mine.dataset) and self.dataset != mine.dataset:

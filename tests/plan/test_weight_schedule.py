@@ -116,6 +116,34 @@ def test_a_resume_on_other_weights_for_the_saved_epoch_is_refused(datasets):
         fixed.load_state_dict(state)
 
 
+def test_fixed_weights_go_on_under_a_schedule_that_gave_the_same_weights(datasets):
+    """Adding an annealing phase to a run on fixed weights: a state saved between epochs resumes under a schedule
+    whose earlier epochs had those weights (it takes what set_epoch would); one saved mid-epoch is refused with
+    the reason (the same samples, other batches), not "other weights before it"."""
+    w, anneal = {"a": 1, "b": 2}, {"a": 3, "b": 1}
+    fixed = make(datasets, w)
+    run_epochs(fixed, 2)
+    state = fixed.state_dict()
+    assert state["epoch"] == 2 and state["batches_consumed"] == 0
+    resumed = make(datasets, [w, w, anneal])
+    resumed.load_state_dict(state)
+    fresh = make(datasets, [w, w, anneal])
+    fresh.set_epoch(2)
+    steps = len(resumed)
+    assert steps == len(fresh)
+    got = samples(resumed)
+    assert got == samples(fresh) and len(got) == steps
+    assert collections.Counter(d for b in got for d, _ in b) == {"a": 3 * SIZES["a"], "b": SIZES["b"]}
+    back = make(datasets, w)  # and from the schedule's state back to fixed weights, whose draw is the same
+    back.load_state_dict(make(datasets, [w, w, anneal]).state_dict())
+    assert samples(back) == samples(make(datasets, w))
+
+    fixed.set_epoch(1)
+    next(iter(fixed))
+    with pytest.raises(ValueError, match=r"during epoch 1 under fixed weights.*the same samples, but .*other batches"):
+        make(datasets, [w, w, anneal]).load_state_dict(fixed.state_dict())
+
+
 def test_plan_of_another_epoch_and_planned_metrics_after_a_pass(datasets):
     loader = make(datasets, SCHEDULE)
     loader.set_epoch(1)
