@@ -30,7 +30,8 @@ def is_schedule(weights: Any) -> bool:
         return True
     if isinstance(weights, (str, bytes, Mapping)) or not isinstance(weights, Sequence) or not weights:
         return False
-    return all(isinstance(w, Mapping) or (isinstance(w, Sequence) and not isinstance(w, (str, bytes))) for w in weights)
+    entries = [isinstance(w, Mapping) or (isinstance(w, Sequence) and not isinstance(w, (str, bytes))) for w in weights]
+    return any(entries) and all(e or w is None for e, w in zip(entries, weights))  # None: refused as an entry
 
 
 class WeightSchedule:
@@ -52,12 +53,22 @@ class WeightSchedule:
         return cls(weights) if is_schedule(weights) else None
 
     def given(self, epoch: int) -> Any:
-        """What the user's schedule says for ``epoch``, unchecked (a callable is called once per epoch)."""
+        """What the user's schedule says for ``epoch``, checked only to be given (a callable is called once per
+        epoch): None, which means equal weights as a fixed ``weights``, is in a schedule a function that missed
+        its ``return``, an :class:`OptionError`."""
         if self.fn is None:
-            return self.entries[min(epoch, len(self.entries) - 1)]
-        if epoch not in self._given:
-            self._given[epoch] = self.fn(epoch)
-        return self._given[epoch]
+            got = self.entries[min(epoch, len(self.entries) - 1)]
+        else:
+            if epoch not in self._given:
+                self._given[epoch] = self.fn(epoch)
+            got = self._given[epoch]
+        if got is None:
+            where = "the weight function returned" if self.fn is not None else "the schedule gives"
+            raise OptionError(
+                f"weights for epoch {epoch}: {where} None; give every epoch its weights ({{name: weight}} or a list "
+                "of numbers; {} for equal weights)"
+            )
+        return got
 
     def bind(self, index: Any) -> MixedIndex:
         """Attach the mixture the loader opened with epoch 0's weights, and check every entry of a list at once
@@ -75,8 +86,9 @@ class WeightSchedule:
             raise OptionError(f"a weight schedule has no epoch {epoch}")
         if epoch not in self._weights:
             assert self.base is not None, "bind() the mixture first"
+            given = self.given(epoch)
             try:
-                self._weights[epoch] = weights_by_name(self.given(epoch), self.names)
+                self._weights[epoch] = weights_by_name(given, self.names)
             except OptionError as e:
                 raise OptionError(f"weights for epoch {epoch}: {e}") from None
         return self._weights[epoch]

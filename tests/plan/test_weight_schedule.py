@@ -184,6 +184,18 @@ def test_a_callables_result_is_checked_when_its_epoch_is_set(datasets):
         StreamBatchLoader(next(iter(datasets.values())), weights=SCHEDULE, budget=10 * SR)
 
 
+def test_a_schedule_that_gives_none_is_refused(datasets):
+    """None meant equal weights: a function that missed its ``return`` trained on them without a word."""
+    loader = make(datasets, lambda e: {"a": 1, "b": 2} if e < 1 else None)
+    with pytest.raises(OptionError, match=r"^weights for epoch 1: the weight function returned None; .*\{\} for equal"):
+        loader.set_epoch(1)
+    with pytest.raises(OptionError, match=r"^weights for epoch 0: the weight function returned None"):
+        make(datasets, lambda e: None)
+    with pytest.raises(OptionError, match=r"^weights for epoch 1: the schedule gives None"):
+        make(datasets, [{"a": 1, "b": 1}, None])
+    assert len(make(datasets, lambda e: {})) == len(make(datasets, {"a": 1, "b": 1}))  # {}: equal weights
+
+
 def test_where_follows_the_schedule(datasets):
     """A filter keeps working when the epoch's mixture is laid out anew (the filter is not evaluated again)."""
     loader = make(datasets, SCHEDULE, where="length > 0")
