@@ -151,9 +151,11 @@ def load_mixture(url: str, shard_roots: Sequence[str] = ()) -> list[Source]:
     else :class:`~streambatch.errors.UntrustedURL` before it is opened."""
     spec = _read_spec(url).get("datasets")
     if isinstance(spec, Mapping):
-        spec = [{"name": k, **(v if isinstance(v, Mapping) else {"path": v})} for k, v in spec.items()]
+        spec = [_entry_of(url, k, v) for k, v in spec.items()]
     if not isinstance(spec, list) or not spec:
         raise IndexFormatError(f"{url}: a mixture file needs a non-empty 'datasets' list or mapping")
+    for i, d in enumerate(spec):
+        _check_keys(url, f"dataset {i + 1}", d, ENTRY_KEYS)
     base = storage.parent_url(url)
     roots = Roots(base or ".", shard_roots, url)
     out = []
@@ -167,6 +169,27 @@ def load_mixture(url: str, shard_roots: Sequence[str] = ()) -> list[Source]:
         roots.check(path, f"dataset {name!r}" if "name" in d else f"dataset {path!r}", path)
         out.append(Source(name, path, _weight(f"{url}: the weight of dataset {name!r}", d.get("weight", 1.0))))
     return _sources([(s.name, s.url) for s in out], {s.name: s.weight for s in out})
+
+
+#: the keys of a dataset's entry in a mixture file (a mapping's entries are named by their key)
+ENTRY_KEYS = ("name", "path", "weight")
+
+
+def _entry_of(url: str, name: Any, value: Any) -> Any:
+    """A ``name: {path, weight}`` (or ``name: path``) entry of the mapping form as a list entry."""
+    if not isinstance(value, Mapping):
+        return {"name": name, "path": value}
+    _check_keys(url, f"dataset {str(name)!r}", value, ENTRY_KEYS[1:])
+    return {"name": name, **value}
+
+
+def _check_keys(url: str, which: str, entry: Any, allowed: Sequence[str]) -> None:
+    """A misspelt key (``wieght``) would be ignored and its default taken: an :class:`IndexFormatError` naming it."""
+    unknown = sorted(str(k) for k in entry if k not in allowed) if isinstance(entry, Mapping) else []
+    if unknown:
+        raise IndexFormatError(
+            f"{url}: {which} has unknown keys: {', '.join(map(repr, unknown))} (an entry takes {', '.join(allowed)})"
+        )
 
 
 class VirtualShards(Sequence):

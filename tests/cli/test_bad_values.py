@@ -116,6 +116,10 @@ def test_a_plot_is_written_at_the_name_given(capsys, dataset, tmp_path):
         ("datasets: [[[\n", "not a readable mixture file"),
         ('{"datasets": "x"}', "needs a non-empty 'datasets' list"),
         (b"datasets:\n  - path: \xff\xfe\n", "not a readable mixture file"),
+        # a misspelt key took its default (weight 1) without a word
+        ("datasets:\n  mid: {path: mid, wieght: 2}\n", "dataset 'mid' has unknown keys: 'wieght' (an entry takes path"),
+        ("datasets:\n  - {name: a, path: a, weigth: 0.1}\n", "dataset 1 has unknown keys: 'weigth'"),
+        ("datasets:\n  mid: {name: other, path: mid}\n", "dataset 'mid' has unknown keys: 'name'"),
     ],
 )
 def test_a_bad_mixture_file_is_one_line(capsys, tmp_path, text, needle):

@@ -112,6 +112,7 @@ def test_mixture_errors_are_clear(mixture, tmp_path):
     with pytest.raises(ValueError, match=r"weights\['big'\] must be at least 0, got -1"):
         StreamBatchLoader({"big": str(mixture / "big")}, weights={"big": -1}, budget=BUDGET)
     loader = StreamBatchLoader(str(mixture / "mix.json"), budget=BUDGET)
+    next(iter(loader))  # mid-epoch: other weights would take other samples (between epochs only the start counts)
     state = loader.state_dict()
     other = StreamBatchLoader({n: str(mixture / n) for n in SIZES}, weights={**WEIGHTS, "small": 0.5}, budget=BUDGET)
     with pytest.raises(ValueError, match="mixture"):
