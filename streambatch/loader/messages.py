@@ -30,19 +30,37 @@ def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
     if s.dropped:
         causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
         fixes.append("use drop_last=False or fewer ranks/workers")
-    n = s.planned_samples if local else ix.num_samples
-    flt = loader.filter
+    flt, mixed = loader.filter, hasattr(ix, "indexes")
     if flt is not None:  # the filter first: it is what most often leaves too few
-        n = n if local else flt.kept
-        head += f" (where={flt.expr!r} keeps {flt.kept:,} of the dataset's {ix.num_samples:,} samples)"
-    if s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
-        causes.append(
-            f"the rest too few for every rank to get a batch ({slots} (rank, worker) slots, "
-            f"even_batches={loader.even_batches!r})"
-        )
+        total, whose = _dataset_samples(ix), "the datasets'" if mixed else "the dataset's"
+        head += f" (where={flt.expr!r} keeps {flt.kept:,} of {whose} {total:,} samples)"
+    n = s.planned_samples if local else _epoch_samples(ix, flt)
+    few = f"too few for every rank to get a batch ({slots} (rank, worker) slots, even_batches={loader.even_batches!r})"
+    if n == 0 and local:
+        causes.append(f"none reached this rank: the epoch's samples are {few}")
         fixes.append("use fewer ranks/workers")
-    of = f"this rank's {n:,}" if local else f"the {n:,}"
-    return f"{head}: of {of} samples, {'; '.join(causes)}; {' or '.join(fixes)}"
+    elif n is None:  # a mixture's draw after a filter: not counted before planning
+        causes.append(f"what where= keeps of the samples the weights take is {few}")
+        fixes.append("loosen where=, weigh the datasets it keeps, or use fewer ranks/workers")
+    elif s.skipped + s.dropped < n:  # the rest was batched, but some rank got none
+        causes.append(f"the rest {few}")
+        fixes.append("use fewer ranks/workers")
+    whose = "this rank's" if local else "the"
+    of = "" if n is None or (n == 0 and local) else f"of {whose} {n:,} samples, "
+    return f"{head}: {of}{'; '.join(causes)}; {' or '.join(fixes)}"
+
+
+def _dataset_samples(ix: Any) -> int:
+    """The samples of the dataset, or of all a mixture's datasets (what a filter is evaluated over)."""
+    return int(sum(i.num_samples for i in getattr(ix, "indexes", [ix])))
+
+
+def _epoch_samples(ix: Any, flt: Any) -> int | None:
+    """The samples an epoch plans before batching: a mixture's draw (``round(w·N)`` each), a dataset's samples
+    or what its filter keeps; None for a mixture's draw after a filter (known once planned)."""
+    if hasattr(ix, "draws"):
+        return None if flt is not None else int(sum(d.take for d in ix.draws))
+    return int(flt.kept) if flt is not None else int(ix.num_samples)
 
 
 def kept_text(cfg: BatchingConfig, ix: Any) -> str:

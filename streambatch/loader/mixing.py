@@ -119,8 +119,8 @@ def mixture_problem(saved: list | None, mine: list | None, epoch: int, mid_epoch
     if saved == mine:
         return None
     if saved is None or mine is None:
-        was, now = (f"the mixture {rows}" if rows else "one dataset" for rows in (saved, mine))
-        return f"state was saved for {was}, this loader reads {now}"
+        was, reads = (f"the mixture {rows}" if rows else "one dataset" for rows in (saved, mine))
+        return f"state was saved for {was}, this loader reads {reads}"
     then, now = draw_rows(saved, epoch), draw_rows(mine, epoch)
     if not mid_epoch and _began(then) == _began(now):  # nothing of the epoch taken: its weights may change
         return None

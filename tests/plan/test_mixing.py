@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchrun_jobs import batches, kill_when_stopped, read_logs, torchrun, wait
 
-from streambatch import StreamBatchLoader
+from streambatch import EmptyEpochError, StreamBatchLoader
 from streambatch.plan.mixing import CyclePermutation, DatasetDraw
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
@@ -117,6 +117,38 @@ def test_mixture_errors_are_clear(mixture, tmp_path):
     other = StreamBatchLoader({n: str(mixture / n) for n in SIZES}, weights={**WEIGHTS, "small": 0.5}, budget=BUDGET)
     with pytest.raises(ValueError, match="mixture"):
         other.load_state_dict(state)
+
+
+def test_an_empty_epoch_of_a_filtered_mixture_says_why(mixture):
+    """The message said "where=... keeps 856 of the dataset's 3 samples" (the filter's count over every dataset
+    beside the weighted draw's) and sent the user to fewer ranks on one rank."""
+    shortest = min(StreamBatchLoader(str(mixture / "small"), budget=BUDGET).index.shard_table()["min_length"])
+    datasets = {n: str(mixture / n) for n in ("big", "small")}
+    where = f"length < {int(shortest)}"  # keeps none of small's samples
+    loader = StreamBatchLoader(datasets, weights={"big": 0, "small": 1}, budget=BUDGET, where=where)
+    with pytest.raises(EmptyEpochError) as got:
+        len(loader)
+    kept, total, text = loader.filter.kept, SIZES["big"] + SIZES["small"], str(got.value)
+    assert f"(where={where!r} keeps {kept:,} of the datasets' {total:,} samples)" in text
+    assert "loosen where=, weigh the datasets it keeps" in text
+
+
+def test_a_rank_no_sample_reached_says_why():
+    """A rank-locally planned epoch of 3 samples on 4 ranks: the rank that got none said "of this rank's 0
+    samples, ;"."""
+    from types import SimpleNamespace
+
+    from streambatch.loader.messages import empty_epoch_message
+
+    loader = SimpleNamespace(
+        index=SimpleNamespace(num_samples=3), world_size=4, num_workers=0, name="ds", filter=None, even_batches="split"
+    )
+    sched = SimpleNamespace(epoch=0, skipped=0, dropped=0, planned_samples=0)
+    text = empty_epoch_message(loader, sched, local=True)
+    assert text == (
+        "ds: epoch 0 has no batches: none reached this rank: the epoch's samples are too few for every rank to get a "
+        "batch (4 × 1 (rank, worker) slots, even_batches='split'); use fewer ranks/workers"
+    )
 
 
 @settings(max_examples=60, deadline=None)
