@@ -202,7 +202,10 @@ class CalibrationError(StreamBatchError, RuntimeError):
 def shown(value: Any, most: int = 60) -> str:
     """``value`` as a message shows it: its ``repr``, cut after ``most`` characters (a data file's or a caller's
     value can be any size)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python turns into text
+        return f"<a whole number of {value.bit_length():,} bits>"
     return text if len(text) <= most else text[:most] + "..."
 
 

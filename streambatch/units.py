@@ -15,7 +15,7 @@ import numbers
 import re
 from collections.abc import Iterable
 
-from .errors import OptionError
+from .errors import OptionError, shown
 
 __all__ = ["Unit", "parse_bytes", "resampled_count", "same_length"]
 
@@ -109,20 +109,31 @@ _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*", re.I)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+#: the largest size in bytes an option takes: what a signed 64-bit offset holds
+MAX_BYTES = 2**63 - 1
+
+
 def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
     """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed. A number
     must be whole (``64e6`` is, ``1.5`` is not); anything else is an :class:`OptionError` naming ``what``."""
     if size is None:
         return None
+    whole = f"{what} must be a whole number of bytes or a size like 64M, got {shown(size)}"
     if isinstance(size, (int, float)) and not isinstance(size, bool):
         if isinstance(size, float) and not (math.isfinite(size) and float(size).is_integer()):
-            raise OptionError(f"{what} must be a whole number of bytes or a size like 64M, got {size!r}")
+            raise OptionError(whole)
         n = int(size)
     else:
         m = _SIZE.fullmatch(str(size))
         if not m:
             raise OptionError(f"{what}: cannot read {size!r} as a size; write e.g. 64M, 8MiB, 2G or a number of bytes")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        unit = _UNITS[m.group(2).lower()]
+        exact = float(m.group(1)) * unit
+        if not math.isfinite(exact) or (unit == 1 and not exact.is_integer()):  # "1.5" bytes; "1.5K" is 1536
+            raise OptionError(whole)
+        n = round(exact)
     if n < 0:
         raise OptionError(f"{what} must not be negative, got {size!r}")
+    if n > MAX_BYTES:
+        raise OptionError(f"{what} must be at most {MAX_BYTES:,} bytes (8 EiB), got {shown(size)}")
     return n

@@ -24,8 +24,8 @@ from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
 from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
+from ..plan.config import MAX_SEED, BatchingConfig
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
-from ..plan.config import BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
 from ..plan.layout import MAX_WORKERS, Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
@@ -246,7 +246,10 @@ def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, S
 
 
 def _check_plain(given: dict[str, Any]) -> None:
-    """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping."""
+    """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping; and
+    ``seed`` one whole number (a :class:`BatchingConfig` also takes a sequence, for one stream of ``plan_batches``;
+    an epoch's plan needs one)."""
+    int_option("seed", given.get("seed"), 0, MAX_SEED)
     where, so = given.get("where"), given.get("storage_options")
     if where is not None and not isinstance(where, str):
         raise OptionError(f'where must be an SQL expression as text, like "snr > 10", got {where!r}')

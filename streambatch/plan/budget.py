@@ -8,11 +8,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BudgetError
+from ..errors import BudgetError, shown
 
 BUDGET_ERROR = (
     "budget must be a positive finite number in the dataset's unit, a duration like '60s' for audio, or come "
-    "from a calibration file given as cost=...; got {budget!r}"
+    "from a calibration file given as cost=...; got {budget}"
 )
 
 #: duration suffixes a budget string may carry (audio only), in seconds
@@ -25,12 +25,12 @@ _BUDGET_TEXT = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?na
 def check_budget(budget: Any, name: str = "budget") -> float:
     """``budget`` as a float once it is a positive finite number (not text, not True), else a :class:`BudgetError`
     naming the option (``name``: ``output_budget`` for the second budget)."""
-    bad = BudgetError(BUDGET_ERROR.format(budget=budget).replace("budget must", f"{name} must", 1))
+    bad = BudgetError(BUDGET_ERROR.format(budget=shown(budget)).replace("budget must", f"{name} must", 1))
     if isinstance(budget, (bool, str, bytes)):
         raise bad
     try:
         value = float(budget)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float (10**400)
         raise bad from None
     if not math.isfinite(value) or value <= 0:
         raise bad
@@ -66,7 +66,7 @@ def _parse(value: Any, unit: str | None, sample_rate: int | None) -> float:
         known = f"not this dataset's unit, {unit}" if unit else f"not one of {', '.join(UNITS)}"
         raise BudgetError(f"budget {value!r}: {suffix!r} is {known} (durations: 60s, 500ms, 1.5min)")
     if not math.isfinite(number) or number <= 0:
-        raise BudgetError(BUDGET_ERROR.format(budget=value))
+        raise BudgetError(BUDGET_ERROR.format(budget=shown(value)))
     return number
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,6 +19,7 @@ from ..errors import OptionError, bool_option, choice_option, int_option, number
 from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
+from .stats import LengthStats
 
 #: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
 PLAN_VERSION = 4
@@ -25,6 +27,8 @@ PLAN_VERSION = 4
 #: the largest seed: every random stream is keyed by the seed's low 32 bits (:func:`slot_seed`), so a larger one
 #: would repeat a smaller one's plans without saying so
 MAX_SEED = 2**32 - 1
+#: the most samples in one batch (``max_batch_size``, ``batch_size_multiple_of``): what a 32-bit count holds
+MAX_BATCH_SIZE = 2**31 - 1
 
 #: the most shards a worker may stream at once (``interleave``): each is an open file or request stream
 MAX_INTERLEAVE = 64
@@ -104,8 +108,8 @@ class BatchingConfig:
                 f"at most {MAX_BUFFER:,}"
             )
         _optional(int_option, "refill", self.refill, 0)
-        _optional(int_option, "max_batch_size", self.max_batch_size, 1)
-        int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1)
+        _optional(int_option, "max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
+        int_option("batch_size_multiple_of", self.batch_size_multiple_of, 1, MAX_BATCH_SIZE)
         if self.max_batch_size is not None and self.batch_size_multiple_of > self.max_batch_size:
             raise OptionError(
                 f"batch_size_multiple_of={self.batch_size_multiple_of} is above max_batch_size={self.max_batch_size}: "
@@ -117,6 +121,10 @@ class BatchingConfig:
             )
         number_option("min_length", self.min_length, 0)
         _optional(number_option, "max_length", self.max_length, None, True)
+        if self.max_length is not None and self.min_length > self.max_length:
+            raise OptionError(
+                f"min_length={self.min_length:g} is above max_length={self.max_length:g}: every sample would be skipped"
+            )
         for name in ("drop_last", "strict", "shuffle"):
             bool_option(name, getattr(self, name))
         check_seed(self.seed)
@@ -187,13 +195,16 @@ class BatchingConfig:
                 f"bucket_spacing={bucket_spacing!r} spaces the boundaries num_buckets asks for; give num_buckets"
             )
         _check_together(options, num_buckets, cost, quadratic_factor, packed)
+        if lengths is not None and not isinstance(lengths, (np.ndarray, LengthStats)):
+            lengths = np.asarray(lengths, dtype=np.float64)  # a list of lengths, as plan_batches takes them
         if options.get("bucket_boundaries") is None and num_buckets:
             if lengths is None:
                 raise OptionError("num_buckets estimates boundaries from the index; without one pass bucket_boundaries")
             options["bucket_boundaries"] = estimate_boundaries(lengths, budget, num_buckets, spacing=bucket_spacing)
         if options.get("buffer_size") is None:  # sized by these: checked first
-            _optional(int_option, "max_batch_size", options.get("max_batch_size"), 1)
+            _optional(int_option, "max_batch_size", options.get("max_batch_size"), 1, MAX_BATCH_SIZE)
             _optional(number_option, "mean_length", mean_length, 0)
+            _check_sample_bytes(sample_bytes)
             options["buffer_size"] = _auto_buffer(
                 model,
                 budget,
@@ -249,6 +260,14 @@ def _check_pad_fits(config: BatchingConfig) -> None:
         )
 
 
+def _check_sample_bytes(value: Any) -> None:
+    """``sample_bytes``: None, or a number of at least 0 (``inf``: not known, as an index without bytes gives)."""
+    if value is not None and not (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value) >= 0
+    ):
+        raise OptionError(f"sample_bytes must be a number of at least 0 (inf: not known), got {shown(value)}")
+
+
 def _optional(check: Any, name: str, value: Any, *limits: Any) -> None:
     """``check`` a value that may also be None."""
     if value is not None:
@@ -267,7 +286,7 @@ def check_seed(seed: Any) -> None:
     :class:`OptionError` naming ``seed``."""
     if isinstance(seed, Sequence) and not isinstance(seed, str):
         for s in seed:
-            int_option("seed", s, 0)
+            int_option("seed", s, 0, MAX_SEED)
     else:
         int_option("seed", seed, 0, MAX_SEED)
 

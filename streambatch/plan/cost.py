@@ -166,7 +166,7 @@ def _cost_value(value: Any, n: int, max_len: float) -> float:
     """What a cost function returned, as a float once it is a finite number of at least 0, else an OptionError."""
     try:
         x = math.nan if isinstance(value, (str, bytes, bool, np.bool_)) else float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float
         x = math.nan
     if not (math.isfinite(x) and x >= 0):
         raise OptionError(
@@ -246,18 +246,22 @@ def read_calibration(path: str, opener: Callable[[str], IO[bytes]] | None = None
 
 
 def check_calibration(d: Any, source: str) -> dict[str, Any]:
-    """``d`` once it is a calibration as ``shardify calibrate`` writes it: a JSON object whose ``format`` (when
-    given) is :data:`CALIBRATION_FORMAT`, ``cost`` one of :data:`CALIBRATED_COSTS`, ``quadratic_factor`` (for
-    ``"quadratic"``) and ``budget`` (when not null) finite numbers above 0, ``unit`` (when not null) a
-    :class:`~streambatch.units.Unit` name and ``max_batch_size`` (when not null) a whole number of at least 1.
-    What is wrong is one line naming ``source``: an :class:`IndexFormatError` for a file (the file is what is
-    wrong, as for an index), an :class:`OptionError` for a dict given as ``cost`` (``source`` :data:`GIVEN_DICT`)."""
+    """``d`` once it is a calibration as ``shardify calibrate`` writes it: a JSON object whose ``format`` (a file's
+    must have one; a dict given as ``cost`` may have ``cost`` instead) is :data:`CALIBRATION_FORMAT`, ``cost`` one
+    of :data:`CALIBRATED_COSTS`, ``quadratic_factor`` (for ``"quadratic"``) and ``budget`` (when not null) finite
+    numbers above 0, ``unit`` (when not null) a :class:`~streambatch.units.Unit` name and ``max_batch_size``
+    (when not null) a whole number of at least 1. What is wrong is one line naming ``source``: an
+    :class:`IndexFormatError` for a file (the file is what is wrong, as for an index), an :class:`OptionError`
+    for a dict given as ``cost`` (``source`` :data:`GIVEN_DICT`)."""
     from ..units import Unit
 
     given = source == GIVEN_DICT
     where, error = ("cost", OptionError) if given else (source, IndexFormatError)
     if not isinstance(d, dict):
         raise error(f"{where}: not a calibration (a JSON object written by `shardify calibrate`), got {shown(d)}")
+    if "format" not in d and (not given or "cost" not in d):  # a file says what it is; a dict at least its cost
+        what = "no 'format'" if not given else "no 'format' or 'cost'"
+        raise error(f"{where}: not a calibration written by `shardify calibrate` ({what}: {shown(d)})")
     if d.get("format", CALIBRATION_FORMAT) != CALIBRATION_FORMAT:
         raise error(f"{where}: not a {CALIBRATION_FORMAT} file (format={shown(d.get('format'))})")
     try:

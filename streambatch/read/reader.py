@@ -27,6 +27,9 @@ from .skip import Span
 VERIFY = ("sha256", "size", "none")
 #: the most range requests a worker keeps in flight (``max_read_concurrency``): each a thread and a connection
 MAX_READ_CONCURRENCY = 256
+#: the most retries of one request, and the longest ``timeout`` (a day): beyond them a stalled read's watchdog
+#: (:attr:`~.retry.RetryPolicy.worst_case`) would outlast what a clock wait can hold
+MAX_RETRIES, MAX_TIMEOUT = 100, 86_400.0
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,11 @@ class ReadOptions:
     The bytes they hold stay within ``read_ahead``. At most :data:`MAX_READ_CONCURRENCY` (256): each request in
     flight is a thread of the worker's fetch pool and a connection to the store."""
     retries: int = 8
-    """Retries per request after the first try (:class:`~.retry.RetryPolicy`)."""
+    """Retries per request after the first try (:class:`~.retry.RetryPolicy`); at most 100."""
     backoff: float = 0.25
     """The first wait before a retry, in seconds; it doubles each try, capped, with full jitter."""
     timeout: float = 60.0
-    """Seconds a request may take to connect or go without data before it counts as failed."""
+    """Seconds a request may take to connect or go without data before it counts as failed; at most a day."""
     verify: str = "sha256"
     """What is checked against the index (:data:`VERIFY`): ``"sha256"`` (size before reading, checksum once the
     shard is read; a local file's checksum once per node and file version, :mod:`~streambatch.read.verified`),
@@ -78,16 +81,19 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "read_ahead", "cache_size"):
+            value = getattr(self, name)
+            if value is None and name != "cache_size":  # None is "no limit" for the cache only
+                raise OptionError(f"{name} must be a number of bytes or a size like 64M, got None")
             try:
-                object.__setattr__(self, name, parse_bytes(getattr(self, name), name))
+                object.__setattr__(self, name, parse_bytes(value, name))
             except ValueError as e:
                 raise OptionError(str(e)) from None
         if self.chunk_size <= 0:
             raise OptionError(f"chunk_size must be positive, got {self.chunk_size}")
         _check_concurrency(self.read_concurrency, self.max_read_concurrency)
-        int_option("retries", self.retries, 0)
+        int_option("retries", self.retries, 0, MAX_RETRIES)
         number_option("backoff", self.backoff, 0)
-        number_option("timeout", self.timeout, positive=True)
+        number_option("timeout", self.timeout, positive=True, maximum=MAX_TIMEOUT)
         choice_option("verify", self.verify, VERIFY)
         int_option("max_bad_shards", self.max_bad_shards, 0)
         object.__setattr__(self, "shard_roots", shard_roots_option(self.shard_roots))

@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import text_dataset, text_mixture
 
-from streambatch import OptionError, StreamBatchLoader
+from streambatch import BudgetError, OptionError, StreamBatchLoader
 from streambatch.loader.options import RunOptions, SampleOptions, init_fields
 from streambatch.plan.config import OPTIONS as BATCHING_OPTIONS
 from streambatch.read.reader import ReadOptions
@@ -44,9 +44,12 @@ BAD = [
     ("bucket_spacing", "linear", {}),
     ("max_batch_size", 0, {}),
     ("max_batch_size", True, {}),
+    ("max_batch_size", 2**63, {}),  # was an OverflowError from numpy
     ("batch_size_multiple_of", 0, {}),
     ("batch_size_multiple_of", 1.5, {}),
+    ("batch_size_multiple_of", 2**63, {}),  # accepted, then an OverflowError at the first batch
     ("min_length", -1, {}),
+    ("min_length", 50000, {"max_length": 40000}),  # every sample skipped: an EmptyEpochError at len()
     ("min_length", INF, {}),
     ("min_length", "0", {}),
     ("max_length", 0, {}),
@@ -57,6 +60,7 @@ BAD = [
     ("strict", 0, {}),
     ("shuffle", "True", {}),
     ("seed", 1.5, {}),
+    ("seed", [1], {}),  # a sequence seeds one stream of plan_batches; accepted, then refused at len()
     ("seed", -1, {}),
     ("seed", True, {}),
     ("seed", "1", {}),
@@ -79,7 +83,10 @@ BAD = [
     ("chunk_size", 1.5, {}),
     ("chunk_size", True, {}),
     ("chunk_size", "lots", {}),
+    ("chunk_size", None, {}),  # was a TypeError
+    ("chunk_size", "0.5", {}),  # half a byte: was taken as 0
     ("read_ahead", -1, {}),
+    ("read_ahead", None, {}),  # accepted, then a TypeError when a remote shard was read
     ("read_ahead", NAN, {}),
     ("read_concurrency", 0, {}),
     ("read_concurrency", 1.5, {}),
@@ -87,11 +94,13 @@ BAD = [
     ("max_read_concurrency", "16", {}),
     ("retries", -1, {}),
     ("retries", "3", {}),
+    ("retries", 1100, {}),  # the backoff's float overflowed at the first retry
     ("backoff", -1, {}),
     ("backoff", NAN, {}),
     ("backoff", True, {}),
     ("timeout", 0, {}),
     ("timeout", INF, {}),
+    ("timeout", 3e8, {}),  # the read-ahead's watchdog wait overflowed: every remote shard went bad
     ("verify", "md5", {}),
     ("max_bad_shards", -1, {}),
     ("max_bad_shards", 1.5, {}),
@@ -205,6 +214,14 @@ def test_a_bad_value_is_one_line_naming_the_option_and_the_value(ds, name, value
 def test_good_values_still_pass(ds, tmp_path, name, value):
     given = {"cache_dir": str(tmp_path / "cache")} if name == "cache_size" else {}  # a cache's size needs a cache
     assert len(build(ds, name, value, given)) > 0
+
+
+@pytest.mark.parametrize("value", [10**400, 10**5000], ids=["10**400", "10**5000"])
+def test_a_budget_beyond_a_float_is_a_budget_error(ds, value):
+    """An int too large for a float was an OverflowError; one too long to print, a ValueError from repr."""
+    with pytest.raises(BudgetError) as got:
+        StreamBatchLoader(ds, value)
+    assert "\n" not in str(got.value) and "budget must be a positive finite number" in str(got.value)
 
 
 def test_a_budget_far_above_every_length_makes_one_batch_of_the_window(ds):

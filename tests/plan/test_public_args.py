@@ -92,3 +92,17 @@ def test_options_packed_batches_would_ignore_are_refused(options, said):
 def test_make_names_a_mean_length_that_is_not_a_number():
     with pytest.raises(OptionError, match="mean_length must be"):
         BatchingConfig.make(1000, mean_length="x")
+
+
+def test_make_takes_a_list_of_lengths_and_names_what_is_not_a_number():
+    """A list (as plan_batches takes lengths) was an AttributeError with num_buckets; sample_bytes='x' a TypeError;
+    a cost function's result beyond a float an OverflowError."""
+    listed = BatchingConfig.make(1000, [100, 200, 300, 400], num_buckets=2)
+    array = BatchingConfig.make(1000, np.array([100.0, 200, 300, 400]), num_buckets=2)
+    assert list(listed.bucket_boundaries) == list(array.bucket_boundaries) and listed.buffer_size == array.buffer_size
+    with pytest.raises(OptionError, match="sample_bytes must be a number of at least 0 .*, got 'x'"):
+        BatchingConfig.make(1000, np.array([1.0, 2.0]), sample_bytes="x")
+    with pytest.raises(OptionError, match=r"cost must return a finite number .* returned 1000"):
+        BatchingConfig.make(1000, np.array([1.0, 2.0]), cost=lambda n, m: 10**400)
+    with pytest.raises(OptionError, match="max_batch_size must be at most 2,147,483,647"):
+        BatchingConfig.make(1000, np.array([1.0, 2.0]), max_batch_size=2**63)

@@ -309,7 +309,8 @@ def test_plan_shards_and_parse_size():
     assert plan_shards([], 2, 100) == []
     assert parse_size("500M") == 500 << 20 and parse_size("2G") == 2 << 30 and parse_size(1234) == 1234
     assert parse_size("1.5GiB") == int(1.5 * (1 << 30)) and parse_size("10k") == 10240
-    for bad in ("lots", "-1", "0"):
+    assert parse_size("0.1G") == round(0.1 * (1 << 30))  # a fraction of a unit: the nearest byte
+    for bad in ("lots", "-1", "0", "1.5", "0.5", "9" * 400, 2**63):  # half a byte was 0 or 1; a size beyond 8 EiB
         with pytest.raises(ShardifyError):
             parse_size(bad)
 
