@@ -37,12 +37,12 @@ def non_negative(s: str) -> int:
     return _whole_number(s, "must be 0 or more", minimum=0)
 
 
-def at_most(maximum: int, why: str) -> Callable[[str], int]:
-    """An argparse type: a whole number from 1 to ``maximum`` (``why``: the reason for the bound, for the
-    message)."""
+def at_most(maximum: int, why: str, least: Callable[[str], int] = positive_int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 (``least=non_negative``: 0) to ``maximum`` (``why``: the reason for
+    the bound, for the message)."""
 
     def parse(s: str) -> int:
-        n = positive_int(s)
+        n = least(s)
         if n > maximum:
             raise argparse.ArgumentTypeError(f"must be at most {maximum:,} ({why}): {s!r}")
         return n
@@ -61,6 +61,13 @@ def _whole_number(s: str, problem: str, minimum: int = 1) -> int:
     return n
 
 
+def not_empty(s: str) -> str:
+    """Text that is not empty (an argparse type): an empty value is a usage error, not the option left out."""
+    if not s:
+        raise argparse.ArgumentTypeError("must not be empty: give a value, or leave the option out")
+    return s
+
+
 #: the suffixes ``--plot`` takes: the formats matplotlib's default backend writes
 PLOT_FORMATS = ("png", "svg", "svgz", "pdf", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf", "raw", "rgba")
 
@@ -68,6 +75,7 @@ PLOT_FORMATS = ("png", "svg", "svgz", "pdf", "eps", "ps", "jpg", "jpeg", "tif", 
 def plot_path(s: str) -> str:
     """A file to save a plot as (an argparse type): not a folder, a suffix naming a format matplotlib writes (or
     none: PNG), written at the very name given."""
+    not_empty(s)
     if os.path.isdir(s):
         raise argparse.ArgumentTypeError(f"{s} is a folder; name the file, e.g. {os.path.join(s, 'lengths.png')}")
     suffix = plot_suffix(s)

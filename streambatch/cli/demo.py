@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..plan.config import MAX_SEED
 from .args import at_most, non_negative
 
 HELP = "write a small synthetic dataset and show streambatch on it"
@@ -27,7 +28,12 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"synthetic utterances (default 2400, at most {MAX_UTTERANCES:,})",
     )
-    d.add_argument("--seed", type=non_negative, default=0, help="random seed (default 0)")
+    d.add_argument(
+        "--seed",
+        type=at_most(MAX_SEED, "the loader's seeds", non_negative),
+        default=0,
+        help=f"random seed (default 0, at most {MAX_SEED:,})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

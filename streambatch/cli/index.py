@@ -13,7 +13,7 @@ from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from ..dataset.trust import allow_line, roots_for
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
-from .args import add_engine, add_shared, add_storage, engine, shared_keywords
+from .args import add_engine, add_shared, add_storage, engine, not_empty, shared_keywords
 
 HELP = "index existing tar shards in place (webdataset, NeMo tarred, text), not rewriting a byte"
 DESCRIPTION = (
@@ -91,6 +91,7 @@ def _add_where(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--manifest",
+        type=not_empty,
         metavar="FILE",
         help="the NeMo tarred manifest (default: "
         "SRC/tarred_audio_manifest.json, else SRC/sharded_manifests/manifest_*.json)",

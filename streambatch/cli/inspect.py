@@ -17,6 +17,7 @@ from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..errors import BudgetError, ShardifyError
 from ..plan.buckets import MAX_BUCKETS, estimate_boundaries, suggest_budget
+from ..plan.config import MAX_SEED
 from ..plan.config import parse_budget as parse_any_budget
 from ..plan.epoch import make_epoch_plan
 from ..plan.freshness import epoch_batches, pairs_kept
@@ -29,6 +30,7 @@ from .args import (
     add_storage,
     at_most,
     non_negative,
+    not_empty,
     opened,
     plot_path,
     plot_suffix,
@@ -38,6 +40,9 @@ from .args import (
     storage_options,
 )
 
+#: the last epoch the loader plans (:data:`streambatch.loader.state.MAX_EPOCH`, which imports torch: the command line
+#: starts without it)
+MAX_EPOCH = 2**31 - 1
 #: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
 Dataset = ShardIndex | MixedIndex
 
@@ -56,6 +61,7 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
     add_shared(i, "out", OUT_HELP)
     i.add_argument(
         "--budget",
+        type=not_empty,
         metavar="B",
         help="batch budget (max padded length per batch) in the dataset's unit, or seconds with "
         "an 's' suffix for audio (e.g. 60s); default: suggested from the lengths",
@@ -103,9 +109,19 @@ def add_arguments(i: argparse.ArgumentParser) -> None:
         help="print the samples of step K of --epoch on each rank (one line per rank), as the loader with --budget, "
         "--seed, --world-size, --num-workers, --even-batches, --num-buckets and --where plans it (no shard is read)",
     )
-    i.add_argument("--epoch", type=non_negative, default=0, metavar="E", help="epoch for --step and --plan (default 0)")
     i.add_argument(
-        "--seed", type=non_negative, default=0, metavar="S", help="the loader's seed for --step and --plan (default 0)"
+        "--epoch",
+        type=at_most(MAX_EPOCH, "the loader's last epoch", non_negative),
+        default=0,
+        metavar="E",
+        help="epoch for --step and --plan (default 0)",
+    )
+    i.add_argument(
+        "--seed",
+        type=at_most(MAX_SEED, "the loader's seeds", non_negative),
+        default=0,
+        metavar="S",
+        help="the loader's seed for --step and --plan (default 0)",
     )
     i.add_argument(
         "--even-batches",

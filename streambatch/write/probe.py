@@ -17,7 +17,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import wait as wait_for
 from typing import IO, Any, Literal, TypeVar
 
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..dataset import storage
 from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
-from ..errors import InputProblem, ShardifyError, os_problem
+from ..errors import InputProblem, OptionError, ShardifyError, int_option, os_problem, shown
 from ..interrupts import Interrupter
 from ..procs import die_with_parent
 from ..units import Unit
@@ -42,14 +42,28 @@ UNITS = (Unit.SAMPLES, Unit.SECONDS, Unit.TOKENS)
 def check_unit(kind: str, unit: Unit | str | None, sample_rate: int | None) -> Unit:
     """The dataset's length unit: ``samples`` (audio default), ``seconds``, or ``tokens`` (text)."""
     text = kind == "text"
-    unit = Unit.parse(unit or (Unit.TOKENS if text else Unit.SAMPLES), UNITS)
+    if sample_rate is not None:
+        int_option("sample_rate", sample_rate, 1, MAX_SAMPLE_RATE)
+    unit = Unit.parse((Unit.TOKENS if text else Unit.SAMPLES) if unit is None else unit, UNITS)
     if text and unit is not Unit.TOKENS:
         raise ShardifyError(f"a text source is measured in tokens, not {unit}")
     if not text and unit is Unit.TOKENS:
         raise ShardifyError("an audio source is measured in samples or seconds, not tokens")
-    if sample_rate is not None and (text or int(sample_rate) <= 0):
+    if sample_rate is not None and text:
         raise ShardifyError("--sample-rate needs an audio source and a positive rate")
     return unit
+
+
+#: the highest ``sample_rate`` (Hz) a write or an index of existing tars takes
+MAX_SAMPLE_RATE = 2**31 - 1
+
+
+def check_storage_options(storage_options: Any) -> dict | None:
+    """``storage_options`` once it is None or a mapping (fsspec's options for a remote URL), else an
+    :class:`~streambatch.errors.OptionError`: checked for every OUT, local ones too, before anything is read."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise OptionError(f"storage_options must be None or a dict of fsspec options, got {shown(storage_options)}")
+    return None if storage_options is None else dict(storage_options)
 
 
 @contextlib.contextmanager

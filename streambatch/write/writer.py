@@ -21,13 +21,23 @@ from tqdm import tqdm
 from ..dataset import storage
 from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
-from ..errors import InputErrors, InputProblem, OptionError, OutputError, ShardifyError, bool_option, int_option, shown
+from ..errors import (
+    InputErrors,
+    InputProblem,
+    OptionError,
+    OutputError,
+    ShardifyError,
+    bool_option,
+    int_option,
+    path_option,
+    shown,
+)
 from ..units import Unit, parse_bytes
 from .aside import recover_replaced, replacing
 from .engines import Engine
 from .lock import holds_lock
 from .parts import Scope, check_out, parse_part, part_range, prepare_resume, utc_now, write_errors
-from .probe import MAX_WORKERS, check_unit, measured, probe_slice, process_pool
+from .probe import MAX_SAMPLE_RATE, MAX_WORKERS, check_storage_options, check_unit, measured, probe_slice, process_pool
 from .rerun import complete_before
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
 from .tarwrite import Sample, ShardTask, existing_shard, plan_shards, write_shard
@@ -49,9 +59,24 @@ def parse_size(size: int | str) -> int:
 
 
 # ---- the whole pipeline ------------------------------------------------------------------------
+#: what ``src`` and ``out`` must be, as their errors say
+SRC_IS = "a source file, folder or URL (text or a path)"
+OUT_IS = "the dataset's folder or URL (text or a path)"
+
+
 def _output(a: Any) -> Any:
-    """The folder ``write_shards`` holds the lock of (:mod:`.lock`): OUT, whole or for its part."""
-    return str(a.arguments["out"]), parse_part(a.arguments["part"]), a.arguments["storage_options"]
+    """The folder ``write_shards`` holds the lock of (:mod:`.lock`): OUT, whole or for its part; SRC, OUT,
+    ``storage_options`` and ``progress`` are checked first, so that a bad one names itself before OUT is touched."""
+    _, out, storage_options = _checked_places(*(a.arguments[k] for k in ("src", "out", "storage_options", "progress")))
+    return out, parse_part(a.arguments["part"]), storage_options
+
+
+def _checked_places(src: Any, out: Any, storage_options: Any, progress: Any) -> tuple[str, str, dict | None]:
+    """SRC and OUT as text (paths or URLs; OUT without a trailing slash) and the ``storage_options`` (None or a
+    mapping), with ``progress`` checked too: each bad one an :class:`OptionError` naming it."""
+    bool_option("progress", progress)
+    src, out = path_option("src", src, SRC_IS), path_option("out", out, OUT_IS).rstrip("/") or "/"
+    return src, out, check_storage_options(storage_options)
 
 
 @holds_lock(_output)
@@ -100,7 +125,7 @@ def write_shards(
     columns of the sample table, for filters (a list or ``"a,b"``; ``""``: none); default: every scalar field but
     the transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`).
     """
-    src, out = str(src), str(out).rstrip("/") or "/"
+    src, out, storage_options = _checked_places(src, out, storage_options, progress)
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version, shuffle, seed, sample_rate)
     columns = _checked_columns(columns, stats)
     scope = Scope(part := parse_part(part))
@@ -278,8 +303,9 @@ def _check_options(
 ) -> None:
     """The write's options, each checked before anything is read; a bad one names itself (an
     :class:`~streambatch.errors.OptionError` for a value of the wrong type or range)."""
-    if index_version not in (1, 2):
-        raise ShardifyError(f"index_version must be 1 or 2, not {index_version!r}")
+    whole = isinstance(index_version, (int, np.integer)) and not isinstance(index_version, bool)  # True is no version
+    if not whole or index_version not in (1, 2):
+        raise OptionError(f"index_version must be 1 or 2, got {shown(index_version)}")
     if on_error not in ("fail", "skip"):
         raise ShardifyError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
     if kind is not None and kind not in KINDS:
@@ -288,8 +314,10 @@ def _check_options(
     int_option("workers", workers, 1, MAX_WORKERS)
     int_option("seed", seed, 0)
     bool_option("shuffle", shuffle)
+    bool_option("resume", resume)
+    bool_option("overwrite", overwrite)
     if sample_rate is not None:
-        int_option("sample_rate", sample_rate, 1, 2**31 - 1)
+        int_option("sample_rate", sample_rate, 1, MAX_SAMPLE_RATE)
     if resume and overwrite:
         raise ShardifyError("--resume keeps what is in OUT and --overwrite replaces it: pass one of them")
 

@@ -136,3 +136,47 @@ def test_an_atomic_write_that_cannot_publish_leaves_nothing(tmp_path):
     with pytest.raises(OSError):
         storage.write_bytes_atomic(str(target), b"{}")
     assert os.listdir(tmp_path) == ["out.json"] and os.listdir(target) == []
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        # --plan took any epoch (only --step checked it): the loader's last epoch bounds every use
+        (["inspect", "{ds}", "--plan", "--budget", "160000", "--epoch", "9" * 26], "--epoch"),
+        (["inspect", "{ds}", "--plan", "--budget", "160000", "--epoch", "2147483648"], "at most 2,147,483,647"),
+        (["inspect", "{ds}", "--step", "0", "--budget", "160000", "--epoch", "2147483648"], "--epoch"),
+        (["inspect", "{ds}", "--plan", "--budget", "160000", "--seed", "4294967296"], "at most 4,294,967,295"),
+        # an empty value was taken as the option left out
+        (["inspect", "{ds}", "--budget", ""], "argument --budget: must not be empty"),
+        (["inspect", "{ds}", "--plan", "--budget", ""], "argument --budget: must not be empty"),
+        (["inspect", "{ds}", "--plot", ""], "argument --plot: must not be empty"),
+        (["index", "{ds}", "--out", "{tmp}/ix", "--manifest", "", "--no-progress"], "argument --manifest: must not be"),
+    ],
+)
+def test_values_out_of_range_or_empty_are_usage_errors_for_every_use(capsys, tmp_path, dataset, argv, needle):
+    before = sorted(os.listdir(tmp_path))
+    argv = [a.format(tmp=tmp_path, ds=dataset) for a in argv]
+    code, out, err = run(capsys, *argv)
+    one_line_exit_2(code, err, needle)
+    assert out == "" and sorted(os.listdir(tmp_path)) == before
+
+
+def test_the_last_epoch_and_seed_are_still_planned(capsys, dataset):
+    code, out, err = run(capsys, "inspect", dataset, "--plan", "--budget", "160000", "--epoch", 2**31 - 1)
+    assert code == 0, err
+    code, out, err = run(capsys, "inspect", dataset, "--step", "0", "--budget", "160000", "--seed", 2**32 - 1)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("seed", ["9" * 26, str(2**32)])
+def test_a_demo_seed_out_of_range_writes_nothing(capsys, tmp_path, seed):
+    code, out, err = run(capsys, "demo", tmp_path / "d", "--seed", seed, "--num-utterances", "2")
+    one_line_exit_2(code, err, "argument --seed: must be at most 4,294,967,295")
+    assert not (tmp_path / "d").exists()  # checked before the dataset was written
+
+
+def test_inspect_bounds_the_epoch_as_the_loader_does():
+    from streambatch.cli.inspect import MAX_EPOCH as INSPECT_MAX_EPOCH
+    from streambatch.loader.state import MAX_EPOCH
+
+    assert INSPECT_MAX_EPOCH == MAX_EPOCH  # a copy: the loader's module imports torch, the command line starts without

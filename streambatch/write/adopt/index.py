@@ -36,16 +36,16 @@ from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
-from ...errors import InputProblem, ShardifyError, choice_option, int_option, os_problem
+from ...errors import InputProblem, ShardifyError, bool_option, choice_option, int_option, os_problem, path_option
 from ..engines import Engine
 from ..lock import holds_lock
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
-from ..probe import MAX_WORKERS, check_unit, process_pool
+from ..probe import MAX_SAMPLE_RATE, MAX_WORKERS, check_storage_options, check_unit, process_pool
 from ..records import entry_segment
 from ..segments import Segment
 from .fields import SampleExtras
 from .lengths import AUDIO_MEMBERS, sample_length
-from .nemo import Entry, find_manifests, match_manifest, read_manifests
+from .nemo import MANIFEST_IS, Entry, manifests_to_read, match_manifest, read_manifests
 from .scan import SampleScan, ShardScan, scan_tar
 
 LAYOUTS = ("auto", "audio", "text", "nemo")
@@ -117,10 +117,23 @@ def find_tars(src: str, storage_options: dict | None = None) -> list[str]:
 def _output(a: Any) -> Any:
     """The folder ``index_tars`` holds the lock of (:mod:`..lock`): where the index goes, whole or for its part
     (none where SRC is not a folder: refused with its own message)."""
-    src, out = str(a.arguments["src"]), a.arguments["out"]
+    src, out = _paths(a.arguments["src"], a.arguments["out"])
+    storage_options = check_storage_options(a.arguments["storage_options"])
     if storage.is_local(src) and not os.path.isdir(storage.local_path(src)):
         return None
-    return str(out or src), parse_part(a.arguments["part"]), a.arguments["storage_options"]
+    return out, parse_part(a.arguments["part"]), storage_options
+
+
+#: what ``src``, ``out`` and ``manifest`` must be, as their errors say
+SRC_IS = "the folder or URL that holds the tar shards (text or a path)"
+OUT_IS = "None (beside the tars) or the folder or URL for the index (text or a path)"
+
+
+def _paths(src: Any, out: Any) -> tuple[str, str]:
+    """SRC and where the index goes (default: SRC), checked: text or a path, not empty."""
+    src = path_option("src", src, SRC_IS).rstrip("/") or "/"
+    out = src if out is None else path_option("out", out, OUT_IS).rstrip("/") or "/"
+    return src, out
 
 
 def _unwritable(folder: str, e: OSError) -> ShardifyError:
@@ -163,8 +176,9 @@ def index_tars(
     samples at the tars' rate for audio, tokens for text). ``overwrite`` replaces an earlier index (never a tar);
     ``storage_options`` go to fsspec for a remote ``src`` or ``out``.
     """
-    src, out = str(src).rstrip("/") or "/", str(out or src).rstrip("/") or "/"
-    _check_options(layout, workers, on_error)
+    src, out = _paths(src, out)
+    storage_options = check_storage_options(storage_options)
+    manifest = _check_options(layout, workers, on_error, overwrite, progress, manifest, sample_rate)
     part = parse_part(part)
     scope = Scope(part)
     tars = find_tars(src, storage_options)
@@ -177,7 +191,7 @@ def index_tars(
                 f"part {part[0]}/{part[1]} has no tars: {src} holds {num_tars}; use at most {num_tars} parts"
             )
     _check_out(out, scope, overwrite, storage_options)
-    manifests = _manifests(src, layout, manifest, storage_options)
+    manifests = manifests_to_read(src, layout, manifest, storage_options)
     extras = SampleExtras(output_length, columns)
     suffixes = ADOPTED_SUFFIXES if manifests or shar else ()  # the layout says how names end: keys may hold dots
     scans = (engine.scan if engine else scan_tars)(tars, workers, progress, storage_options, suffixes)
@@ -221,11 +235,19 @@ def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> b
     return shar
 
 
-def _check_options(layout: str, workers: int, on_error: str) -> None:
-    """The options, each checked before a tar is read, as :func:`~..writer.write_shards` checks its own."""
+def _check_options(
+    layout: str, workers: int, on_error: str, overwrite: bool, progress: bool, manifest: Any, sample_rate: Any
+) -> str | None:
+    """The options, each checked before a tar is read, as :func:`~..writer.write_shards` checks its own; the
+    manifest's path (None: found beside the tars)."""
     choice_option("layout", layout, LAYOUTS)
     choice_option("on_error", on_error, ("fail", "skip"))
     int_option("workers", workers, 1, MAX_WORKERS)
+    bool_option("overwrite", overwrite)
+    bool_option("progress", progress)
+    if sample_rate is not None:
+        int_option("sample_rate", sample_rate, 1, MAX_SAMPLE_RATE)
+    return None if manifest is None else path_option("manifest", manifest, MANIFEST_IS)
 
 
 def _check_out(out: str, scope: Scope, overwrite: bool, storage_options: dict | None) -> None:
@@ -238,23 +260,6 @@ def _check_out(out: str, scope: Scope, overwrite: bool, storage_options: dict | 
             "(only the index is replaced, never a tar)"
         )
     storage.makedirs(out, storage_options)
-
-
-def _manifests(src: str, layout: str, manifest: str | None, storage_options: dict | None) -> list[str]:
-    """The NeMo manifest(s) to read: ``manifest`` if given, else found beside the tars (layout auto/nemo)."""
-    if manifest and layout not in ("auto", "nemo"):
-        raise ShardifyError(f"--manifest is for NeMo tarred datasets, not layout {layout!r}")
-    if manifest:
-        if not storage.exists(manifest, storage_options):
-            raise ShardifyError(f"{manifest}: manifest not found")
-        return [manifest]
-    found = find_manifests(src, storage_options) if layout in ("auto", "nemo") else []
-    if layout == "nemo" and not found:
-        raise ShardifyError(
-            f"{src}: no tarred_audio_manifest.json (or sharded_manifests/manifest_*.json) beside "
-            "the tars; pass --manifest FILE"
-        )
-    return found
 
 
 def scan_tars(

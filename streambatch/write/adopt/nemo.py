@@ -9,19 +9,22 @@ are left out of the epoch, as NeMo leaves them out.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...dataset import limits, storage
-from ...errors import ShardifyError
+from ...errors import OptionError, ShardifyError, shown
 from ..probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
 from .scan import ShardScan, finite_number
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
 SHARDED_DIR = "sharded_manifests"
 _TAR_NUMBER = re.compile(r"(\d+)\.tar$")
+#: what ``index_tars``' ``manifest`` must be, as its error says
+MANIFEST_IS = "None (found beside the tars) or a NeMo manifest file or URL (text or a path)"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,26 @@ def find_manifests(src: str, storage_options: dict | None = None) -> list[str]:
         found = [n for n in storage.listdir(sub, storage_options) if re.fullmatch(r"manifest_\d+\.json", n)]
         return [storage.join_url(sub, n) for n in sorted(found, key=lambda n: int(re.findall(r"\d+", n)[0]))]
     return []
+
+
+def manifests_to_read(src: str, layout: str, manifest: str | None, storage_options: dict | None) -> list[str]:
+    """The NeMo manifest(s) to read: ``manifest`` if given (a file: not a folder), else found beside the tars (layout
+    auto/nemo)."""
+    if manifest and layout not in ("auto", "nemo"):
+        raise ShardifyError(f"--manifest is for NeMo tarred datasets, not layout {layout!r}")
+    if manifest:
+        if not storage.exists(manifest, storage_options):
+            raise ShardifyError(f"{manifest}: manifest not found")
+        if storage.is_local(manifest) and os.path.isdir(storage.local_path(manifest)):
+            raise OptionError(f"manifest must be a NeMo manifest file, got the folder {shown(manifest)}")
+        return [manifest]
+    found = find_manifests(src, storage_options) if layout in ("auto", "nemo") else []
+    if layout == "nemo" and not found:
+        raise ShardifyError(
+            f"{src}: no tarred_audio_manifest.json (or sharded_manifests/manifest_*.json) beside "
+            "the tars; pass --manifest FILE"
+        )
+    return found
 
 
 def read_manifests(urls: Sequence[str], storage_options: dict | None = None) -> list[Entry]:
