@@ -18,12 +18,11 @@ import threading
 import time
 from types import FrameType
 
-#: where an exception must not be raised: (file name, function names) — soundfile's callbacks from libsndfile,
-#: and multiprocessing's receiving of a file descriptor from another process
-_UNINTERRUPTIBLE = {
-    "soundfile.py": frozenset({"vio_get_filelen", "vio_seek", "vio_read", "vio_write", "vio_tell"}),
-    "resource_sharer.py": frozenset({"detach"}),
-}
+#: where an exception must not be raised: (file name, function names, None: all of them) — soundfile's code
+#: (its callbacks from libsndfile, and its objects half-opened or half-closed around a C handle: an interrupt there
+#: left a handle to be freed twice at exit, "double free or corruption", once in 60 interrupted decodes), and
+#: multiprocessing's receiving of a file descriptor from another process
+_UNINTERRUPTIBLE: dict[str, frozenset[str] | None] = {"soundfile.py": None, "resource_sharer.py": frozenset({"detach"})}
 #: seconds between two looks at whether the code the signal interrupted has returned
 RETRY_AFTER = 0.005
 #: the longest an interrupt is held back (seconds): then it is raised wherever the code is
@@ -33,9 +32,11 @@ MAX_DELAY = 2.0
 def uninterruptible(frame: FrameType | None) -> bool:
     """Whether ``frame`` (a signal handler's) or one of its callers is code an exception must not be raised in."""
     while frame is not None:
-        names = _UNINTERRUPTIBLE.get(os.path.basename(frame.f_code.co_filename))
-        if names is not None and frame.f_code.co_name in names:
-            return True
+        name = os.path.basename(frame.f_code.co_filename)
+        if name in _UNINTERRUPTIBLE:
+            names = _UNINTERRUPTIBLE[name]
+            if names is None or frame.f_code.co_name in names:
+                return True
         frame = frame.f_back
     return False
 

@@ -95,6 +95,8 @@ def lhotse_epoch(lengths: np.ndarray, seed: int, epoch: int, buffer_size: int) -
     order = np.random.default_rng([seed, epoch]).permutation(len(lengths) // SHARD)
     out: list[np.ndarray] = []
     for w in range(WORKERS):
+        if not len(order[w::WORKERS]):  # fewer shards than workers: this worker reads none
+            continue
         ids = np.concatenate([np.arange(s * SHARD, (s + 1) * SHARD) for s in order[w::WORKERS]])
         cuts = CutSet.from_cuts(
             MonoCut(id=str(i), start=0.0, duration=float(lengths[i]) / SAMPLE_RATE, channel=0) for i in ids.tolist()
