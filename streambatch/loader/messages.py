@@ -30,11 +30,11 @@ def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
     if s.dropped:
         causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
         fixes.append("use drop_last=False or fewer ranks/workers")
-    flt, mixed = loader.filter, hasattr(ix, "indexes")
+    flt, mixed = loader.filter, hasattr(ix, "draws")
     if flt is not None:  # the filter first: it is what most often leaves too few
-        total, whose = _dataset_samples(ix), "the datasets'" if mixed else "the dataset's"
-        head += f" (where={flt.expr!r} keeps {flt.kept:,} of {whose} {total:,} samples)"
-    n = s.planned_samples if local else _epoch_samples(ix, flt)
+        whose = "the datasets'" if mixed else "the dataset's"
+        head += f" (where={flt.expr!r} keeps {flt.kept:,} of {whose} {flt.total:,} samples)"
+    n = s.planned_samples if local else _epoch_samples(ix, flt, mixed)
     few = f"too few for every rank to get a batch ({slots} (rank, worker) slots, even_batches={loader.even_batches!r})"
     if n == 0 and local:
         causes.append(f"none reached this rank: the epoch's samples are {few}")
@@ -50,15 +50,10 @@ def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
     return f"{head}: {of}{'; '.join(causes)}; {' or '.join(fixes)}"
 
 
-def _dataset_samples(ix: Any) -> int:
-    """The samples of the dataset, or of all a mixture's datasets (what a filter is evaluated over)."""
-    return int(sum(i.num_samples for i in getattr(ix, "indexes", [ix])))
-
-
-def _epoch_samples(ix: Any, flt: Any) -> int | None:
+def _epoch_samples(ix: Any, flt: Any, mixed: bool) -> int | None:
     """The samples an epoch plans before batching: a mixture's draw (``round(w·N)`` each), a dataset's samples
     or what its filter keeps; None for a mixture's draw after a filter (known once planned)."""
-    if hasattr(ix, "draws"):
+    if mixed:
         return None if flt is not None else int(sum(d.take for d in ix.draws))
     return int(flt.kept) if flt is not None else int(ix.num_samples)
 
