@@ -189,7 +189,7 @@ class _Cached:
             got = self._open(job)
         except ShardReadError:  # the store's or the data's (every error of a request is one)
             raise
-        except StreamBatchError as e:  # missing credentials, a shard of no stated size larger than cache_size...
+        except StreamBatchError as e:  # missing credentials, ...
             raise ShardReadError(f"{job.url}: could not cache the shard ({type(e).__name__}: {e})") from e
         except OSError as e:  # what is left is the cache's own disk: not the shard's fault
             self._unusable(job.url, e)
