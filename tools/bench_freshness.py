@@ -5,8 +5,11 @@ Of the batch-mate pairs of epoch 0 (two samples one batch holds), the share that
 (``streambatch.plan.freshness.pairs_kept``), beside the batch count against the globally sorted greedy oracle
 (``sorted_oracle``) and the padding. LibriSpeech-like lengths (``streambatch.synthetic.librispeech_like``, budget
 200 s at 16 kHz) in shards of 500 in id order, on one rank with 4 workers, at 20k and 100k lengths. Everything is
-planned, nothing is read: streambatch's rows are ``make_epoch_plan`` (today's rule 3: 8 shards interleaved per
-worker and batch-mates traded; rule 2: traded only, one shard after another; rule 1: neither); lhotse's are its
+planned, nothing is read: streambatch's rows are ``make_epoch_plan`` (today's rule 5: 8 shards interleaved per
+worker, batch-mates traded, and a worker's stream of at most two windows cut at level tops; rule 4: without the
+level cut, which changes nothing at 20k and 100k in shards of 500; rule 2: traded only, one shard after another;
+rule 1: neither); ``--shard 1000 --sizes 1000,2000,4000`` is a small dataset in shards of shardify's default
+size, where each worker's stream fits its window; lhotse's are its
 sampler over a ``CutSet`` of ``MonoCut``s with the same durations and no audio, one sampler per worker over that
 worker's shards (the shards in a seeded order per epoch, dealt round robin, as a sharded iterable dataset streams
 them), ``max_duration=200``, ``shuffle=True``, ``set_epoch(e)``; with its default buffer (20,000 cuts) and with
@@ -19,7 +22,7 @@ streaming window can do. It shows what mixing lengths in those batches costs in 
 A second table splits epoch 0's pairs by the size of the batch that holds them: a batch of ``k`` holds
 ``k (k - 1) / 2`` pairs, so the few large batches of short samples weigh most in the share kept.
 
-Usage: ``python tools/bench_freshness.py [--sizes 20000,100000] [--seed 0] [--no-lhotse]``.
+Usage: ``python tools/bench_freshness.py [--sizes 20000,100000] [--shard 500] [--seed 0] [--no-lhotse]``.
 """
 
 from __future__ import annotations
@@ -150,11 +153,14 @@ def size_rows(n: int, epochs: dict[str, tuple[list[np.ndarray], list[np.ndarray]
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SHARD
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="20000,100000", help="numbers of lengths (default 20000,100000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-lhotse", action="store_true", help="streambatch rows only")
+    p.add_argument("--shard", type=int, default=500, help="samples per shard (default 500)")
     args = p.parse_args(argv)
+    SHARD = args.shard
     print(f"streambatch bench_freshness  ({machine()})")
     print(
         f"LibriSpeech-like lengths, budget {BUDGET_S:g} s, shards of {SHARD}, 1 rank x {WORKERS} workers, "
@@ -166,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         oracle = len(sorted_oracle(lengths, BUDGET_S * SAMPLE_RATE))
         found, sizes = {}, {}
         for label, version in (
-            ("streambatch", 3),
+            ("streambatch", 5),
+            ("streambatch rule 4 (no level cut)", 4),
             ("streambatch rule 2 (one shard at a time)", 2),
             ("streambatch rule 1 (no trades)", 1),
         ):

@@ -18,10 +18,10 @@ from .batchplan import BatchPlan, plan_inputs, sort_batches, sorted_oracle  # no
 from .config import BatchingConfig, check_seed, slot_seed
 from .cost import PaddedCost
 from .groups import GroupHistograms, group_ends, group_runs
-from .mates import mix_runs
+from .mates import LEVEL_CUT_WINDOWS, LevelCut, mix_runs
 from .outputs import bound_reach
 from .packed import pack_by_sum
-from .select import LengthHistogram, run_keys, run_positions, select_runs, tight_share
+from .select import LengthHistogram, batch_members, run_keys, run_positions, select_runs, tight_share
 
 
 class BucketBatcher:
@@ -69,6 +69,9 @@ class BucketBatcher:
         # batches trade members (:mod:`.mates`; padded, shuffled, one budget) from a generator of their own
         trades = c.shuffle and c.plan_version >= 2 and c.output_budget is None
         self._mates = self.rng.spawn(1)[0] if trades else None
+        # a short stream is cut at level tops, a level's samples in random order (:class:`.mates.LevelCut`; v5)
+        cut = trades and c.plan_version >= 5 and not self.cost.packed and not self.boundaries.size
+        self._level_cut = LevelCut(self.rng.spawn(1)[0], self._capacity) if cut else None
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._out_dtype: type = np.int64  # batches as int32 positions when the whole stream is known to fit
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
@@ -118,6 +121,8 @@ class BucketBatcher:
         if not self.accepts(length, output):
             self._reject(sid, length)
             return []
+        if self._cut_short() is not None:
+            length = float(self._cut_lengths(np.array([length]))[0])
         h = self.held
         self._ids[h] = sid
         self._lens[h] = length
@@ -154,6 +159,7 @@ class BucketBatcher:
             for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
                 self._reject(sid, length)
             sids, lengths, outputs, groups = sids[ok], lengths[ok], outputs[ok], groups[ok]
+        lengths = self._cut_lengths(lengths)
         pos, n = 0, len(sids)
         while pos < n:
             k = min(self.buffer_size - self.held, n - pos)
@@ -168,6 +174,16 @@ class BucketBatcher:
             self.max_held = max(self.max_held, self.held)
             if self.held >= self.buffer_size:
                 yield self._round_flat(final=False)
+
+    def _cut_short(self) -> LevelCut | None:
+        """The level cut, where this stream is short enough for it (:data:`~.mates.LEVEL_CUT_WINDOWS` windows)."""
+        n = self.stream_length
+        return self._level_cut if n is not None and n <= LEVEL_CUT_WINDOWS * self.buffer_size else None
+
+    def _cut_lengths(self, lengths: np.ndarray) -> np.ndarray:
+        """The lengths the window sorts and cuts by: the samples' own, or their level tops (:meth:`_cut_short`)."""
+        cut = self._cut_short()
+        return lengths if cut is None else cut.lengths(lengths)
 
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:
@@ -228,13 +244,16 @@ class BucketBatcher:
         """Merge the samples pushed since the last round into the window, kept sorted longest first.
 
         Ties keep arrival order, so the result equals a stable sort of the whole window. With ``batch_by`` the
-        window is sorted by group key first (a stable sort of the whole window on both keys).
+        window is sorted by group key first, and a short stream's level cut (:class:`~.mates.LevelCut`) breaks
+        ties at random: both sort the whole window again.
         """
         h, m = self.held, self._nsorted
         if m == h:
             return
-        if self.grouped:
-            o = np.lexsort((-self._lens[:h], self._groups[:h]))
+        cut = self._cut_short()
+        if self.grouped or cut is not None:  # the whole window sorted again (by key, length, tie)
+            g = self._groups[:h] if self.grouped else None
+            o = cut.order(self._lens[:h], self._ids[:h], g) if cut else np.lexsort((-self._lens[:h], self._groups[:h]))
             for a in (self._lens, self._ids, self._outs, self._groups):
                 a[:h] = a[:h][o]
             self._nsorted = h
@@ -356,7 +375,7 @@ class BucketBatcher:
         h = self.held
         ids = self._ids[:h]
         batches, full = self._pack(self._lens[:h], self._outs[:h], self._groups[:h])
-        members, sizes = _batch_members(batches)
+        members, sizes = batch_members(batches)
         nb = len(sizes)
         chosen = self.rng.permutation(nb) if self.shuffle else np.arange(nb)
         if self.drop_last:
@@ -402,7 +421,7 @@ class BucketBatcher:
         ones fullest first, until ``need`` samples are chosen: their window positions flat, and sizes."""
         lens = self._lens[positions]
         batches, full = self._pack(lens, self._outs[positions], self._groups[positions])
-        members, sizes = _batch_members(batches)
+        members, sizes = batch_members(batches)
         complete = np.flatnonzero(full)
         partial = np.flatnonzero(~full)
         fill = (
@@ -428,27 +447,6 @@ class BucketBatcher:
             a[:k] = a[:h][keep]
         self.held = self._nsorted = k
         return flat, sizes
-
-
-def _batch_members(batches: Any) -> tuple[Any, np.ndarray]:
-    """For packed batches — runs ``(starts, ends)`` of the sorted window, or a list of position arrays — a
-    function giving the window positions of chosen batches (concatenated in the given order), and the sizes."""
-    if isinstance(batches, tuple):
-        starts, ends = batches
-        sizes = ends - starts
-
-        def runs(chosen: np.ndarray) -> np.ndarray:
-            k = sizes[chosen]
-            total = int(k.sum())
-            return np.arange(total, dtype=np.int64) + np.repeat(starts[chosen] - (np.cumsum(k) - k), k)
-
-        return runs, sizes
-    sizes = np.array([len(m) for m in batches], dtype=np.int64)
-
-    def lists(chosen: np.ndarray) -> np.ndarray:
-        return np.concatenate([batches[b] for b in chosen]) if len(chosen) else np.zeros(0, dtype=np.int64)
-
-    return lists, sizes
 
 
 def iter_batches(items: Iterable, batcher: BucketBatcher, length_of, output_of=None, group_of=None) -> Iterator[list]:

@@ -22,7 +22,7 @@ from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 from .stats import LengthStats
 
 #: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 #: the largest seed: every random stream is keyed by the seed's low 32 bits (:func:`slot_seed`), so a larger one
 #: would repeat a smaller one's plans without saying so
@@ -85,10 +85,11 @@ class BatchingConfig:
     window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
     index only (at most :data:`MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
 
-    #: the batching rule's version (not an option): 4 has ``even_batches="split"`` repeat what splits cannot reach
-    #: (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades batch-mates among near runs
-    #: (:mod:`.mates`), 1 does neither; a checkpoint resumes its epoch by the rule it was saved with
-    #: (:func:`with_plan_version`)
+    #: the batching rule's version (not an option): 5 cuts a short stream (at most two windows) at level tops,
+    #: a level's samples in random order (:class:`~.mates.LevelCut`), 4 has ``even_batches="split"`` repeat what
+    #: splits cannot reach (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades
+    #: batch-mates among near runs (:mod:`.mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
+    #: was saved with (:func:`with_plan_version`)
     plan_version: ClassVar[int] = PLAN_VERSION
 
     def __post_init__(self) -> None:

@@ -8,6 +8,12 @@ as it had. A batch joins only if its size still fits the budget at the pool's lo
 batch of another bucket or ``batch_by`` key. So every batch keeps its size and place in the emission order and
 stays within the budget, every sample still leaves once, the batch count is that of the plain cut, and padding
 grows by at most a level; the partners change with the batcher's seed, that is with the epoch.
+
+A short stream (at most :data:`LEVEL_CUT_WINDOWS` windows: a small dataset, whose worker streams the same
+samples into one window every epoch) would still be cut into nearly the same runs each epoch. There
+:class:`LevelCut` also cuts the window at each sample's level top (levels shifted by a seeded phase per epoch)
+with the samples of a level in a seeded random order, so where the runs begin and end moves from epoch to epoch.
+A batch stays within the budget at its longest level top, so padding grows by at most a level again.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from .select import run_positions
 
 #: levels per doubling of length: runs whose longest samples share a level trade members (about 1 % apart)
 LEVELS = 64
+#: a stream of at most this many windows is cut at level tops in a random order within each level (:class:`LevelCut`)
+LEVEL_CUT_WINDOWS = 2
 
 
 def mix_runs(
@@ -70,3 +78,45 @@ def level(lengths: np.ndarray, phase: float) -> np.ndarray:
     level; from the float's exponent and a scaled mantissa (exact arithmetic, the same on every machine)."""
     mantissa, exponent = np.frexp(np.asarray(lengths, dtype=np.float64))
     return exponent.astype(np.int64) * (LEVELS + 1) + np.floor((2 * mantissa - 1) * LEVELS + phase).astype(np.int64)
+
+
+def level_top(lengths: np.ndarray, phase: float) -> np.ndarray:
+    """The upper edge of each length's :func:`level` (never below the length, never past the next power of two,
+    where the next doubling's levels begin); exact arithmetic like :func:`level`."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    mantissa, exponent = np.frexp(lengths)
+    step = np.floor((2 * mantissa - 1) * LEVELS + phase)
+    top = np.minimum(((step + 1 - phase) / LEVELS + 1) / 2, 1.0)
+    return np.maximum(np.ldexp(top, exponent), lengths)
+
+
+class LevelCut:
+    """A short stream's cut, fresh every epoch: the lengths the window is sorted and cut by are the samples'
+    level tops (:func:`level_top`, at a phase drawn once per batcher, that is per epoch and slot), and the samples
+    of one level are sorted in a random order, by a seeded hash of their ids (so the order does not depend on
+    how the window was filled). A sample keeps its own length where its level top would fit no batch
+    (``capacity`` below 1)."""
+
+    def __init__(self, rng: np.random.Generator, capacity: Callable[[np.ndarray], np.ndarray]):
+        self.phase = float(rng.random())
+        self.key = np.uint64(rng.integers(0, 1 << 63))
+        self.capacity = capacity
+
+    def lengths(self, lengths: np.ndarray) -> np.ndarray:
+        """The lengths to sort and cut by: each sample's level top where a batch can hold it."""
+        top = level_top(lengths, self.phase)
+        return np.where(self.capacity(top) >= 1, top, lengths)
+
+    def order(self, lengths: np.ndarray, ids: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+        """The positions of ``lengths`` longest first (within each group key of ``groups``), ties in the random
+        order of their ``ids``' hashes."""
+        ties = mix64(np.asarray(ids).astype(np.uint64) ^ self.key)
+        return np.lexsort((ties, -lengths) if groups is None else (ties, -lengths, groups))
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a fixed, well-spread 64-bit hash of each value (unsigned arithmetic wraps)."""
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Any
 
 import numpy as np
 
@@ -192,3 +193,24 @@ def run_positions(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The positions of runs ``[starts[k], ends[k])``, concatenated in the given order."""
     k = ends - starts
     return np.arange(int(k.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(k) - k), k)
+
+
+def batch_members(batches: Any) -> tuple[Any, np.ndarray]:
+    """For packed batches — runs ``(starts, ends)`` of the sorted window, or a list of position arrays — a
+    function giving the window positions of chosen batches (concatenated in the given order), and the sizes."""
+    if isinstance(batches, tuple):
+        starts, ends = batches
+        sizes = ends - starts
+
+        def runs(chosen: np.ndarray) -> np.ndarray:
+            k = sizes[chosen]
+            total = int(k.sum())
+            return np.arange(total, dtype=np.int64) + np.repeat(starts[chosen] - (np.cumsum(k) - k), k)
+
+        return runs, sizes
+    sizes = np.array([len(m) for m in batches], dtype=np.int64)
+
+    def lists(chosen: np.ndarray) -> np.ndarray:
+        return np.concatenate([batches[b] for b in chosen]) if len(chosen) else np.zeros(0, dtype=np.int64)
+
+    return lists, sizes
