@@ -27,25 +27,26 @@ object storage each manifest appears whole when its upload completes, the whole 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
-import io
+import functools
 import json
 import logging
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..dataset import storage
 from ..dataset.index import ShardIndex
-from ..dataset.members import SEGMENT_FIELD, ShardMembers
-from ..dataset.tar import group_samples, iter_members
 from ..dataset.tempname import is_temporary
 from ..errors import ShardifyError, output_fits
+from .export_lines import read_shard
 from .lock import holds_lock, is_lock_file
+from .ordered import ordered
 from .swap import Swap
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
@@ -62,24 +63,11 @@ _SHARD_MANIFEST = re.compile(r"manifest_\d+\.json")
 _LINK = re.compile(r"audio_\d+\.tar")
 #: the folder an older export set its links aside in while replacing them
 _OLD_LINKS = re.compile(r"audio\.old-[0-9a-f]{8}")
-#: ``.json`` fields that describe our shards, not the sample, or that NeMo's own keys replace
-OWN_FIELDS = frozenset(
-    {"audio_filepath", "length", "output_length", "sample_rate", "original_sample_rate", "duration", "text", "offset"}
-    | {"shard_id"}
-)
-#: how an error names NeMo's audio extensions
-NEMO_NAMED = "wav, flac, mp3, opus, ogg and libsndfile's other format names; not sph"
 #: what NeMo turns into ``{`` and ``}`` in a tar pattern before brace expansion
 _BRACES = ("{", "}", "(", ")", "[", "]", "<", ">", "_OP_", "_CL_")
 log = logging.getLogger(__name__)
-
-
-def nemo_audio_extensions() -> frozenset[str]:
-    """The member extensions NeMo's webdataset pipeline takes as audio: ``wav``, ``mp3``, ``flac``, ``opus`` and
-    every format libsndfile names, lower case (NeMo's ``VALID_FILE_FORMATS``, computed as it computes it)."""
-    import soundfile as sf
-
-    return frozenset({"wav", "mp3", "flac", "opus", *(f.lower() for f in sf.available_formats())})
+#: shards read at once (and shard manifests written): on object storage each read mostly waits for the store
+READERS = 8
 
 
 @dataclass
@@ -215,15 +203,28 @@ def _write_manifests(
     progress: bool,
 ) -> None:
     """Write every manifest under a temporary name in ``place``, reading each tar (``urls``) once: finished, not
-    yet published (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away)."""
+    yet published (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away).
+    :data:`READERS` tars are read at once and the shard manifests written beside, the lines kept in tar order."""
     whole = _opened(place, (MANIFEST_NAME,), storage_options, writers)
-    for shard, url in _shards(urls, progress):
-        part = _opened(place, (SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options, writers)
-        for entry in shard_entries(index, shard, url, storage_options, empty_text, result):
-            line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
-            _written(whole, line)
-            _written(part, line)
-        _written(part, b"", finish=True)
+    pool = cf.ThreadPoolExecutor(READERS, thread_name_prefix="shardify-export")
+    parts: list[cf.Future[None]] = []
+    stop = threading.Event()  # set when the export ends: the reads still running end at their next sample
+    read = functools.partial(read_shard, index, storage_options, empty_text, stop)
+    try:
+        with _bar(len(urls), progress) as bar:
+            for (shard, _), done in ordered(pool, read, enumerate(urls), READERS):
+                result.samples, result.left_out = result.samples + done.samples, result.left_out + done.left_out
+                result.dotted += done.dotted
+                _written(whole, done.lines)
+                part = _opened(place, (SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options, writers)
+                parts.append(pool.submit(_written, part, done.lines, True))
+                bar.update()
+        for f in parts:
+            f.result()
+    finally:
+        stop.set()
+        cf.wait(parts)  # no shard manifest is still being written when the caller throws them away
+        pool.shutdown(wait=False, cancel_futures=True)
     paths = _opened(place, (PATHS_NAME,), storage_options, writers)
     _written(paths, (json.dumps(result.tar_paths, indent=1) + "\n").encode("utf-8"), finish=True)
     _written(whole, b"", finish=True)
@@ -264,94 +265,10 @@ def _absolute(url: str) -> str:
     return os.path.abspath(storage.local_path(url)) if storage.is_local(url) else url
 
 
-def _shards(urls: list[str], progress: bool) -> Iterator[tuple[int, str]]:
+def _bar(total: int, progress: bool) -> Any:
     from tqdm import tqdm
 
-    with tqdm(total=len(urls), desc="exporting", unit="shard", file=sys.stderr, disable=not progress) as bar:
-        for shard, url in enumerate(urls):
-            yield shard, url
-            bar.update()
-
-
-def shard_entries(
-    index: ShardIndex, shard: int, url: str, storage_options: dict | None, empty_text: bool, result: NemoExport
-) -> Iterator[dict[str, Any]]:
-    """The manifest lines of one shard, in tar order: its tar is read once (member names, ``.json`` transcripts,
-    the rate of a member that holds segments)."""
-    members = index.shard_members(shard)
-    lengths = index.shard_lengths([shard])[0]
-    texts = index.shard_values(shard, "text")
-    seconds = index.seconds_per_unit()
-    with storage.open_url(url, "rb", storage_options) as f:
-        for group, sample in enumerate(group_samples(iter_members(f, url), url, shard, members.suffixes)):
-            if "__bad__" in sample:
-                raise ShardifyError(f"{url}: {sample['__bad__']}")
-            name = _audio_member(sample, url)
-            result.dotted += "." in sample["__key__"]
-            for row in _rows(sample, group, members, len(lengths)):
-                i = row["__index__"]
-                if not lengths[i]:  # left out of every epoch (``shardify index --on-error skip``)
-                    result.left_out += 1
-                    continue
-                text = texts[i] if texts is not None else (row.get("json") or {}).get("text")
-                entry = _entry(row, name, float(lengths[i]), seconds, url)
-                entry["text"] = _text(text, empty_text, url, row["__key__"])
-                entry["shard_id"] = shard
-                result.samples += 1
-                yield {**entry, **_fields(sample.get("json"))}
-
-
-def _rows(sample: dict[str, Any], group: int, members: ShardMembers, n: int) -> Iterator[dict[str, Any]]:
-    """The samples of one member group: itself, or the segments the index cuts it into."""
-    if members.rows is None:
-        yield sample
-    else:
-        yield from members.rows.expand(sample, group, 0, n)
-
-
-def _audio_member(sample: dict[str, Any], url: str) -> str:
-    """The name of the sample's one audio member (NeMo takes the member whose extension is an audio format)."""
-    audio = [ext for ext in sample if not ext.startswith("__") and ext in nemo_audio_extensions()]
-    if len(audio) != 1:
-        found = ", ".join(sorted(e for e in sample if not e.startswith("__"))) or "none"
-        raise ShardifyError(
-            f"{url}: sample {sample['__key__']!r} has {len(audio)} audio members NeMo reads (members: {found}); "
-            f"NeMo's tarred loader needs exactly one, with an extension it takes as audio ({NEMO_NAMED})"
-        )
-    return f"{sample['__key__']}.{audio[0]}"
-
-
-def _entry(row: dict[str, Any], name: str, length: float, seconds: float | None, url: str) -> dict[str, Any]:
-    """``audio_filepath``, ``duration`` (the index's length in seconds) and a segment's ``offset``."""
-    if seconds is None:  # lengths in tokens or frames: the ``.json`` knows the duration
-        duration = (row.get("json") or {}).get("duration")
-        if not isinstance(duration, (int, float)) or isinstance(duration, bool):
-            raise ShardifyError(f"{url}: sample {row['__key__']!r}: no duration (the index counts {length} tokens)")
-        return {"audio_filepath": name, "duration": float(duration)}
-    entry: dict[str, Any] = {"audio_filepath": name, "duration": length * seconds}
-    if SEGMENT_FIELD in row:
-        import soundfile as sf
-
-        start, _ = row[SEGMENT_FIELD]
-        entry["offset"] = start / sf.info(io.BytesIO(row[name.rsplit(".", 1)[1]])).samplerate
-    return entry
-
-
-def _text(text: Any, empty_text: bool, url: str, key: str) -> str:
-    if isinstance(text, str):
-        return text
-    if empty_text:
-        return ""
-    raise ShardifyError(
-        f'{url}: sample {key!r} has no text (NeMo\'s manifests need one; pass --empty-text to write "")'
-    )
-
-
-def _fields(meta: Any) -> dict[str, Any]:
-    """The sample's own scalar ``.json`` fields (speaker, lang, ...), as NeMo's converter carries a manifest's."""
-    if not isinstance(meta, dict):
-        return {}
-    return {k: v for k, v in meta.items() if k not in OWN_FIELDS and (v is None or isinstance(v, (str, int, float)))}
+    return tqdm(total=total, desc="exporting", unit="shard", file=sys.stderr, disable=not progress)
 
 
 def brace_pattern(urls: list[str]) -> str | None:
