@@ -79,6 +79,7 @@ class BucketBatcher:
         self._outs = np.zeros(self.buffer_size, dtype=np.float64)  # output lengths (with an output budget)
         self.grouped = c.batch_by is not None
         self._groups = np.zeros(self.buffer_size, dtype=np.int64)  # group keys (with batch_by)
+        self._ties = np.zeros(self.buffer_size, dtype=np.uint64)  # a level's order (a short stream's level cut)
         self.held = 0
         self._nsorted = 0  # window[:_nsorted] is sorted longest first; the rest arrived since
         self.max_held = 0
@@ -118,11 +119,11 @@ class BucketBatcher:
     def push(self, sid: int, length: float, output: float = 0.0, group: int = 0) -> list[np.ndarray]:
         """Add one sample (with its output length under an ``output_budget``, its group key under ``batch_by``);
         return the batches (arrays of ids) that are ready, usually none."""
+        if self._cut_short() is not None:  # the vectorised path, the same batches (it cuts at level tops)
+            return self.push_many(np.array([sid]), np.array([length]), np.array([output]), np.array([group]))
         if not self.accepts(length, output):
             self._reject(sid, length)
             return []
-        if self._cut_short() is not None:
-            length = float(self._cut_lengths(np.array([length]))[0])
         h = self.held
         self._ids[h] = sid
         self._lens[h] = length
@@ -159,7 +160,7 @@ class BucketBatcher:
             for sid, length in zip(sids[~ok].tolist(), lengths[~ok].tolist()):
                 self._reject(sid, length)
             sids, lengths, outputs, groups = sids[ok], lengths[ok], outputs[ok], groups[ok]
-        lengths = self._cut_lengths(lengths)
+        lengths, ties = self._cut_lengths(lengths)
         pos, n = 0, len(sids)
         while pos < n:
             k = min(self.buffer_size - self.held, n - pos)
@@ -167,6 +168,8 @@ class BucketBatcher:
             self._lens[self.held : self.held + k] = lengths[pos : pos + k]
             self._outs[self.held : self.held + k] = outputs[pos : pos + k]
             self._groups[self.held : self.held + k] = groups[pos : pos + k]
+            if ties is not None:
+                self._ties[self.held : self.held + k] = ties[pos : pos + k]
             self._seen.add(lengths[pos : pos + k], groups[pos : pos + k])
             self._pushed += k
             self.held += k
@@ -180,10 +183,11 @@ class BucketBatcher:
         n = self.stream_length
         return self._level_cut if n is not None and n <= LEVEL_CUT_WINDOWS * self.buffer_size else None
 
-    def _cut_lengths(self, lengths: np.ndarray) -> np.ndarray:
-        """The lengths the window sorts and cuts by: the samples' own, or their level tops (:meth:`_cut_short`)."""
+    def _cut_lengths(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The lengths the window sorts and cuts by: the samples' own, or their level tops and the keys that order
+        a level's samples (:meth:`_cut_short`)."""
         cut = self._cut_short()
-        return lengths if cut is None else cut.lengths(lengths)
+        return (lengths, None) if cut is None else (cut.lengths(lengths), cut.ties(lengths))
 
     def _reject(self, sid: int, length: float) -> None:
         if self.strict:
@@ -253,8 +257,8 @@ class BucketBatcher:
         cut = self._cut_short()
         if self.grouped or cut is not None:  # the whole window sorted again (by key, length, tie)
             g = self._groups[:h] if self.grouped else None
-            o = cut.order(self._lens[:h], self._ids[:h], g) if cut else np.lexsort((-self._lens[:h], self._groups[:h]))
-            for a in (self._lens, self._ids, self._outs, self._groups):
+            o = cut.order(self._lens[:h], self._ties[:h], g) if cut else np.lexsort((-self._lens[:h], self._groups[:h]))
+            for a in (self._lens, self._ids, self._outs, self._groups, self._ties):
                 a[:h] = a[:h][o]
             self._nsorted = h
             return
@@ -443,7 +447,7 @@ class BucketBatcher:
         keep[out] = False
         k = h - len(out)
         flat = self._ids[:h][out].astype(self._out_dtype)
-        for a in (self._ids, self._lens, self._outs, self._groups):
+        for a in (self._ids, self._lens, self._outs, self._groups, self._ties):
             a[:k] = a[:h][keep]
         self.held = self._nsorted = k
         return flat, sizes

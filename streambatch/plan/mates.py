@@ -93,9 +93,9 @@ def level_top(lengths: np.ndarray, phase: float) -> np.ndarray:
 class LevelCut:
     """A short stream's cut, fresh every epoch: the lengths the window is sorted and cut by are the samples'
     level tops (:func:`level_top`, at a phase drawn once per batcher, that is per epoch and slot), and the samples
-    of one level are sorted in a random order, by a seeded hash of their ids (so the order does not depend on
-    how the window was filled). A sample keeps its own length where its level top would fit no batch
-    (``capacity`` below 1)."""
+    of one level are sorted in a random order, by a seeded hash of their own lengths (so the order does not depend
+    on the order they arrived in; samples of one length keep it). A sample keeps its own length where its level
+    top would fit no batch (``capacity`` below 1)."""
 
     def __init__(self, rng: np.random.Generator, capacity: Callable[[np.ndarray], np.ndarray]):
         self.phase = float(rng.random())
@@ -107,10 +107,14 @@ class LevelCut:
         top = level_top(lengths, self.phase)
         return np.where(self.capacity(top) >= 1, top, lengths)
 
-    def order(self, lengths: np.ndarray, ids: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
-        """The positions of ``lengths`` longest first (within each group key of ``groups``), ties in the random
-        order of their ``ids``' hashes."""
-        ties = mix64(np.asarray(ids).astype(np.uint64) ^ self.key)
+    def ties(self, lengths: np.ndarray) -> np.ndarray:
+        """The keys that order the samples of one level: a seeded hash of each sample's own length."""
+        return mix64(np.ascontiguousarray(lengths, dtype=np.float64).view(np.uint64) ^ self.key)
+
+    @staticmethod
+    def order(lengths: np.ndarray, ties: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+        """The positions of ``lengths`` longest first (within each group key of ``groups``), then by ``ties``
+        (equal ones in the order they are in)."""
         return np.lexsort((ties, -lengths) if groups is None else (ties, -lengths, groups))
 
 

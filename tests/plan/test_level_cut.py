@@ -94,3 +94,13 @@ def test_the_level_cut_is_seeded():
     a, b, c = (_plan(lengths, BUDGET, {}, 5, seed=s) for s in (1, 1, 2))
     assert [x.tolist() for x in a] == [x.tolist() for x in b]
     assert pairs_kept(list(a), list(c), len(lengths)) < 0.75
+
+
+def test_the_order_samples_arrive_in_does_not_change_a_short_streams_batches():
+    """One window of distinct lengths pushed in two orders (other shards interleaved, say): the same batches of
+    the same samples, as a plain sort gives."""
+    lengths = np.unique(librispeech_like(1500, seed=5))[:900].astype(np.float64)
+    perm = np.random.default_rng(0).permutation(len(lengths))
+    a = _plan(lengths, BUDGET, {}, 5, seed=3)
+    b = _plan(lengths[perm], BUDGET, {}, 5, seed=3)
+    assert [x.tolist() for x in a] == [perm[x].tolist() for x in b]
