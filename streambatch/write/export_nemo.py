@@ -66,7 +66,7 @@ _OLD_LINKS = re.compile(r"audio\.old-[0-9a-f]{8}")
 #: what NeMo turns into ``{`` and ``}`` in a tar pattern before brace expansion
 _BRACES = ("{", "}", "(", ")", "[", "]", "<", ">", "_OP_", "_CL_")
 log = logging.getLogger(__name__)
-#: shards read at once (and shard manifests written): on object storage each read mostly waits for the store
+#: remote shards read at once (and shard manifests written): each read mostly waits for the store
 READERS = 8
 
 
@@ -204,15 +204,17 @@ def _write_manifests(
 ) -> None:
     """Write every manifest under a temporary name in ``place``, reading each tar (``urls``) once: finished, not
     yet published (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away).
-    :data:`READERS` tars are read at once and the shard manifests written beside, the lines kept in tar order."""
+    Remote tars are read :data:`READERS` at once, the shard manifests written beside, the lines kept in tar order
+    (local ones one after another: their reading is parsing, which threads would only share)."""
     whole = _opened(place, (MANIFEST_NAME,), storage_options, writers)
-    pool = cf.ThreadPoolExecutor(READERS, thread_name_prefix="shardify-export")
+    readers = 1 if all(storage.is_local(u) for u in urls) else READERS  # local tars: parsing, not waiting
+    pool = cf.ThreadPoolExecutor(readers, thread_name_prefix="shardify-export")
     parts: list[cf.Future[None]] = []
     stop = threading.Event()  # set when the export ends: the reads still running end at their next sample
     read = functools.partial(read_shard, index, storage_options, empty_text, stop)
     try:
         with _bar(len(urls), progress) as bar:
-            for (shard, _), done in ordered(pool, read, enumerate(urls), READERS):
+            for (shard, _), done in ordered(pool, read, enumerate(urls), readers):
                 result.samples, result.left_out = result.samples + done.samples, result.left_out + done.left_out
                 result.dotted += done.dotted
                 _written(whole, done.lines)
