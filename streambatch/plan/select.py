@@ -203,9 +203,7 @@ def batch_members(batches: Any) -> tuple[Any, np.ndarray]:
         sizes = ends - starts
 
         def runs(chosen: np.ndarray) -> np.ndarray:
-            k = sizes[chosen]
-            total = int(k.sum())
-            return np.arange(total, dtype=np.int64) + np.repeat(starts[chosen] - (np.cumsum(k) - k), k)
+            return run_positions(starts[chosen], ends[chosen])
 
         return runs, sizes
     sizes = np.array([len(m) for m in batches], dtype=np.int64)

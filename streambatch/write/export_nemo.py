@@ -215,7 +215,8 @@ def _write_manifests(
     try:
         with _bar(len(urls), progress) as bar:
             for (shard, _), done in ordered(pool, read, enumerate(urls), readers):
-                result.samples, result.left_out = result.samples + done.samples, result.left_out + done.left_out
+                result.samples += done.samples
+                result.left_out += done.left_out
                 result.dotted += done.dotted
                 _written(whole, done.lines)
                 part = _opened(place, (SHARDED_DIR, SHARD_MANIFEST.format(shard)), storage_options, writers)
