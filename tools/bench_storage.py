@@ -21,7 +21,9 @@ to local disk, the seconds the loader took to build (the index's header and shar
 S3 client are started then, in the background) and from the iteration's start to the first batch (planning, the
 first shards' round trips, what the build's background work had left), the CPU seconds of the
 loader's process and of the server processes during that row, and the peak RSS of the process that iterates
-(each configuration runs in a fresh process; "growth" is the peak minus the RSS before the first batch). torch
+(each configuration runs in a fresh process; "growth" is the peak minus the RSS before the first batch), and the
+ratio to local disk of the rate after the first batch (the samples after it over the seconds after it: the
+epoch's start, one round trip at least, left out). torch
 runs one intra-op thread (``torch.set_num_threads(1)``), as loader workers should on a small machine. Every
 server the benchmark starts is stopped when it ends, also on an error or Ctrl-C.
 """
@@ -115,16 +117,18 @@ def child(spec: dict) -> dict:
     total_bytes = sum(int(s.bytes) for s in index.shards)
     before = current_rss_mb()
     cpu0, t0 = own_cpu_s(), time.perf_counter()
-    n, first = 0, None
+    n, first, first_samples = 0, None, 0
     for b in loader:
         n += len(b["keys"])
-        first = time.perf_counter() - t0 if first is None else first
+        if first is None:
+            first, first_samples = time.perf_counter() - t0, n
     dt = time.perf_counter() - t0
     return {
         "samples": n,
         "bytes": total_bytes,
         "seconds": dt,
         "first": first or 0.0,
+        "first_samples": first_samples,
         "build": built,
         "cpu": own_cpu_s() - cpu0,
         "rss_before": before,
@@ -321,13 +325,14 @@ def measure_row(spec: dict, server_pids: list[int]) -> tuple[dict, float]:
 def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
     """One run of every configuration, each in a fresh process; rows with the ratio to this run's local disk."""
     rows: list[list] = []
-    local_rate = None
+    local_rate = local_steady = None
     for name, source, so, pids in sources:
         for ra, fixed in read_aheads(name, so is not None, read_ahead):
             spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed)
             r, server_cpu = measure_row(spec, pids)
             sps = r["samples"] / r["seconds"]
-            local_rate = local_rate or sps
+            steady = (r["samples"] - r["first_samples"]) / max(r["seconds"] - r["first"], 1e-9)
+            local_rate, local_steady = local_rate or sps, local_steady or steady
             ra_txt = "-" if so is None else ((f"on ({ra})" if ra else "off") + (f", fixed {fixed}" if fixed else ""))
             ratio, wait = f"{sps / local_rate:.2f}x", f"{r['storage_wait']:.2f}"
             server = f"{server_cpu:.2f}" if pids else "-"
@@ -335,6 +340,7 @@ def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
                 [name, ra_txt, f"{sps:,.0f}", f"{r['bytes'] / 2**20 / r['seconds']:,.1f}", ratio, wait]
                 + [f"{r['build']:.2f}", f"{r['first']:.2f}", f"{r['cpu']:.2f}", server]
                 + [f"{r['rss_peak']:.0f}", f"{r['rss_peak'] - r['rss_before']:+.0f}"]
+                + [f"{steady / local_steady:.2f}x"]
             )
             print(f"  {name}, read-ahead {ra_txt}: {sps:,.0f} samples/s ({ratio}, waited {wait} s)", file=sys.stderr)
     return rows
@@ -353,6 +359,7 @@ HEADER = [
     "server CPU s",
     "peak RSS MB",
     "growth MB",
+    "vs local after 1st batch",
 ]
 
 
@@ -373,11 +380,13 @@ def report(runs: list[list[list]], a: argparse.Namespace) -> None:
     summary = []
     for j, row in enumerate(runs[0]):
         ratios = [float(r[j][4].rstrip("x")) for r in runs]
+        after = [float(r[j][12].rstrip("x")) for r in runs]
         waits, builds, firsts = (" / ".join(r[j][k] for r in runs) for k in (5, 6, 7))
         per_run = [" / ".join(f"{x:.2f}" for x in ratios), f"{min(ratios):.2f}x", waits, builds, firsts]
+        per_run += [" / ".join(f"{x:.2f}" for x in after), f"{min(after):.2f}x"]
         summary.append([row[0], row[1], *per_run])
     head = ["source", "read-ahead", "vs local per run", "worst", "waited on storage s per run", "build s per run"]
-    head.append("first batch s per run")
+    head += ["first batch s per run", "after 1st batch per run", "worst"]
     print(table(summary, head))
 
 
