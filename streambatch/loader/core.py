@@ -22,7 +22,7 @@ from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
 from ..plan.resume import Resumed, excluded_in
-from ..plan.slot import Adjust, per_worker
+from ..plan.slot import Adjust, KeptSlots, per_worker
 from ..read.collate import Decode
 from ..read.ranges import warm_up
 from ..read.ring import BatchRing, batch_ring
@@ -278,8 +278,8 @@ class StreamBatchLoader:
         kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
         return planned_lengths(index_lengths(epoch_index(self, epoch), kept), self.length_plan, self.config.seed, epoch)
 
-    def _whole_plan(self, epoch: int, lengths: Lengths) -> EpochPlan:
-        return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths))
+    def _whole_plan(self, epoch: int, lengths: Lengths, keep: KeptSlots | None = None) -> EpochPlan:
+        return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths), keep)
 
     def schedule(self, epoch: int | None = None) -> RankSchedule:
         """This rank's batches in the epoch (requires an index). With an initialised process group of this
@@ -366,6 +366,7 @@ class StreamBatchLoader:
             state.rotation = order[self._consumed][0] if self._consumed < len(order) else 0
             state.start = sched.start
             state.adjust = list(sched.adjust)
+            self._state.kept, sched.kept = {(epoch, s): p for s, p in sched.kept.items()}, {}  # moved to the stream
         elif self.run.batches_per_epoch:
             steps = self.run.batches_per_epoch
             for w, t in enumerate(per_worker([steps] * nw, steps)):

@@ -12,6 +12,7 @@ from ..errors import EmptyEpochError, OptionError, StateError, int_option
 from ..plan.epoch import RankSchedule, make_epoch_plan, plan_rank_local, share_equalised
 from ..plan.layout import Layout
 from ..plan.resume import Resumed
+from ..plan.slot import KeptSlots
 from .messages import empty_epoch_message, plan_line, split_repeat_line
 from .state import MAX_EPOCH
 
@@ -25,13 +26,16 @@ def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
     t0 = time.perf_counter()
     lengths = loader._lengths(epoch)
     local = rank_local(loader)
+    # without workers this process streams its slot: it takes the plan made here instead of planning it again
+    keep = KeptSlots(loader.layout.rank_slots(loader.rank)) if loader.num_workers == 0 else None
     if local:
         excluded = loader._excluded_in(epoch, lengths)
         agree = loader.data_parallel.gather  # one all_gather over the data-parallel ranks
-        sched = plan_rank_local(lengths, loader.config, epoch, loader.rank, loader.layout, agree, excluded)
+        sched = plan_rank_local(lengths, loader.config, epoch, loader.rank, loader.layout, agree, excluded, keep)
         sched = share_equalised(sched, agree)  # a second all_gather: every rank's equalisation, for the checkpoint
     else:
-        sched = RankSchedule.of(loader._whole_plan(epoch, lengths), loader.rank)
+        sched = RankSchedule.of(loader._whole_plan(epoch, lengths, keep), loader.rank)
+    sched.kept = keep.plans if keep is not None else {}
     log.info(plan_line(sched, loader.layout, loader.rank, local, lengths.loaded, time.perf_counter() - t0))
     if sched.repeated and loader.layout.even_batches == "split":
         log.warning(split_repeat_line(sched, loader.layout, local))

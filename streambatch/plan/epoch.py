@@ -20,6 +20,7 @@ from .lengths import Lengths, Mask
 from .shards import plan_slots
 from .slot import (
     Adjust,
+    KeptSlots,
     SlotPlan,
     apply_adjust,
     batch_costs,
@@ -249,11 +250,14 @@ def make_epoch_plan(
     epoch: int,
     layout: Layout,
     excluded: Mask | None = None,
+    keep: KeptSlots | None = None,
 ) -> EpochPlan:
-    """Plan every slot of the epoch and equalise the ranks' step counts."""
+    """Plan every slot of the epoch and equalise the ranks' step counts (``keep``: slots kept whole for the
+    process that streams them)."""
     lengths = shard_lengths if isinstance(shard_lengths, Lengths) else Lengths.of(shard_lengths)
     dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded=excluded)
-    raw = [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(layout.num_slots)]
+    plan = keep.plan if keep is not None else plan_slot
+    raw = [plan(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded) for s in range(layout.num_slots)]
     by_rank = [raw[s.start : s.stop] for s in map(layout.rank_slots, range(layout.world_size))]
     steps = agreed_steps([RankSummary.of(slots) for slots in by_rank], layout.even_batches, config.plan_version)
     ranks = [plan_rank(by_rank[r], steps, layout, config, epoch, r, lengths) for r in range(layout.world_size)]
@@ -293,6 +297,8 @@ class RankSchedule:
     """This rank's equalisation."""
     every_rank: tuple[RankEqualised, ...] = ()
     """Every rank's (what a checkpoint holds: :func:`every_rank`), once the ranks have shared them."""
+    kept: dict[int, SlotPlan] = field(default_factory=dict, repr=False, compare=False)
+    """Slot plans kept whole for this process's stream (:class:`~.slot.KeptSlots`), by slot number."""
 
     def worker_counts(self) -> list[int]:
         return [a.take for a in self.adjust]
@@ -343,13 +349,16 @@ def rank_raw_slots(
     layout: Layout,
     excluded: Mask | None = None,
     counted: bool = False,
+    keep: KeptSlots | None = None,
 ) -> list[SlotPlan]:
     """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
     (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one). ``counted``: keep
-    only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time."""
+    only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time; ``keep``:
+    slots kept whole for the process that streams them."""
     slots = layout.rank_slots(rank)
     dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded, slots)
-    return [plan_slot(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded, counted=counted) for s in slots]
+    plan = keep.plan if keep is not None else plan_slot
+    return [plan(dealt[s], lengths, lengths.offsets, config, epoch, s, excluded, counted=counted) for s in slots]
 
 
 def plan_rank_local(
@@ -360,11 +369,12 @@ def plan_rank_local(
     layout: Layout,
     gather: Callable[[list[int]], list[list[int]]],
     excluded: Mask | None = None,
+    keep: KeptSlots | None = None,
 ) -> RankSchedule:
     """One rank's schedule from its own slots only: deal them from the shard table, batch them, agree on the
     step count through ``gather`` (every rank's two summary integers), equalise. O(N / world_size)."""
     # the hardest-first rule weighs real batches; otherwise counting needs batch sizes only
-    raw = rank_raw_slots(lengths, config, epoch, rank, layout, excluded, counted=not layout.hardest_first)
+    raw = rank_raw_slots(lengths, config, epoch, rank, layout, excluded, not layout.hardest_first, keep)
     mine = RankSummary.of(raw)
     summaries = [RankSummary(b, k) for b, k in gather([mine.batches, mine.spare])]
     steps = agreed_steps(summaries, layout.even_batches, config.plan_version)

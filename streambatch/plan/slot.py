@@ -1,7 +1,8 @@
 """One (rank, worker) slot's plan: its pieces, its batches, and the adjustments that equalise the ranks.
 
-The planner decides an :class:`Adjust` per slot; each DataLoader worker re-plans its own slot and applies that
-same :class:`Adjust` with :func:`apply_adjust`. Both sides use the one split rule here (:func:`cut_largest`),
+The planner decides an :class:`Adjust` per slot; each DataLoader worker re-plans its own slot (a loader without
+workers takes the plan its planner kept, :class:`KeptSlots`) and applies that same :class:`Adjust` with
+:func:`apply_adjust`. Both sides use the one split rule here (:func:`cut_largest`),
 so what the planner counted is what the workers yield.
 """
 
@@ -198,6 +199,33 @@ def plan_slot(
         lengths=lens if keep_lengths else None,
         order=order,
     )
+
+
+@dataclass
+class KeptSlots:
+    """The slots whose plans a rank's planner keeps whole (their lengths too) for the process that streams them
+    (``num_workers=0``: the loader's own): that stream takes its plan from here instead of planning it again."""
+
+    slots: range
+    plans: dict[int, SlotPlan] = field(default_factory=dict)
+
+    def plan(
+        self,
+        pieces: list[Piece],
+        lengths: Any,
+        offsets: np.ndarray,
+        config: BatchingConfig,
+        epoch: int,
+        slot: int,
+        excluded: Mask | None = None,
+        counted: bool = False,
+    ) -> SlotPlan:
+        """:func:`plan_slot`; a slot of :attr:`slots` is planned whole with its lengths and kept (the planner then
+        counts its steps from the whole plan: the same counts)."""
+        if slot not in self.slots:
+            return plan_slot(pieces, lengths, offsets, config, epoch, slot, excluded, counted=counted)
+        self.plans[slot] = plan_slot(pieces, lengths, offsets, config, epoch, slot, excluded, keep_lengths=True)
+        return self.plans[slot]
 
 
 def _batched(

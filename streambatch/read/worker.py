@@ -65,6 +65,8 @@ class SharedEpochState:
     def __init__(self, num_workers: int):
         self.num_workers = max(1, num_workers)
         self.tensor = torch.zeros(len(_HEAD) + len(_PER_WORKER) * self.num_workers, dtype=torch.int64).share_memory_()
+        #: slot plans the loader's planner kept for this process's own stream (no workers), by (epoch, slot)
+        self.kept: dict[tuple[int, int], SlotPlan] = {}
 
     def publish(self, state: EpochState) -> None:
         adjust = state.adjust or [Adjust() for _ in range(self.num_workers)]
@@ -222,7 +224,9 @@ def _planned_batches(
     pieces = plan_slots(lengths, ctx.num_slots, cfg.epoch_seed, epoch, cfg.shuffle, excluded, range(slot, slot + 1))[
         slot
     ]
-    raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
+    raw = ctx.state.kept.pop((epoch, slot), None)  # the loader's planner kept it (no workers): not planned twice
+    if raw is None or raw.pieces != pieces:
+        raw = plan_slot(pieces, lengths, offsets, cfg, epoch, slot, excluded, keep_lengths=True)
     by_pos = raw.lengths
     assert by_pos is not None  # plan_slot(keep_lengths=True) keeps them
     index_pos = stream_lengths(pieces, lengths.base, excluded) if isinstance(lengths, PlannedLengths) else None

@@ -1,0 +1,67 @@
+"""A loader without workers plans each epoch once: its stream takes the slot plan its planner made for the
+step count (``KeptSlots``) instead of batching the slot a second time, and yields exactly what it yielded when
+it planned twice, also across epochs and a resume mid-epoch. A kept plan is handed to one pass (whose stream frees
+it at its end): a second pass over an interrupted epoch plans its slot again, with the same batches."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import text_dataset
+
+import streambatch.loader.planning as planning
+import streambatch.read.worker as worker
+from streambatch import StreamBatchLoader
+
+KW: dict[str, Any] = dict(budget=400, buffer_size=64, seed=3, num_workers=0)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return text_dataset(tmp_path_factory.mktemp("once"), 300, seed=2, max_count=40)
+
+
+@pytest.fixture
+def stream_plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the slots the stream plans itself (one entry per call of its ``plan_slot``)."""
+    calls: list[int] = []
+    plan_slot = worker.plan_slot
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return plan_slot(*a, **k)
+
+    monkeypatch.setattr(worker, "plan_slot", counted)
+    return calls
+
+
+def _keys(loader: StreamBatchLoader, epochs: int = 2) -> list[list[str]]:
+    return [list(b["keys"]) for _ in range(epochs) for b in loader]
+
+
+def test_each_epoch_is_planned_once_with_the_same_batches(shards, stream_plans, monkeypatch):
+    once = _keys(StreamBatchLoader(shards, **KW))
+    assert not stream_plans, "the stream planned its slot again"
+    monkeypatch.setattr(planning, "KeptSlots", lambda slots: None)  # nothing kept: the stream plans its own
+    twice = _keys(StreamBatchLoader(shards, **KW))
+    assert len(stream_plans) == 2  # one per epoch
+    assert once == twice and len(once) > 4
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_resume_mid_epoch_yields_the_rest_as_planned(shards, stream_plans, world_size):
+    kw = dict(KW, rank=world_size - 1, world_size=world_size)
+    whole = _keys(StreamBatchLoader(shards, **kw), epochs=1)
+    first = StreamBatchLoader(shards, **kw)
+    it = iter(first)
+    head = [list(next(it)["keys"]) for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))
+    it.close()
+    again = [list(b["keys"]) for b in first]  # a second pass over the interrupted epoch, from where it stopped
+    resumed = StreamBatchLoader(shards, **kw)
+    resumed.load_state_dict(state)
+    rest = [list(b["keys"]) for b in resumed]
+    assert head + rest == whole and head + again == whole
+    assert len(stream_plans) == 1  # the second pass only: a kept plan goes to one stream, and then is freed
