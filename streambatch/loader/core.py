@@ -366,7 +366,7 @@ class StreamBatchLoader:
             state.rotation = order[self._consumed][0] if self._consumed < len(order) else 0
             state.start = sched.start
             state.adjust = list(sched.adjust)
-            self._state.kept, sched.kept = {(epoch, s): p for s, p in sched.kept.items()}, {}  # moved to the stream
+            self._state.take_plans(epoch, sched, self.index)  # for the stream and forked workers
         elif self.run.batches_per_epoch:
             steps = self.run.batches_per_epoch
             for w, t in enumerate(per_worker([steps] * nw, steps)):

@@ -18,6 +18,11 @@ from .state import MAX_EPOCH
 
 log = logging.getLogger("streambatch")
 
+#: the most per-sample lengths a loader holds from its planning to its next epoch's, for its own stream and for the
+#: workers it forks after planning, which then read no lengths from the index (above it, and in workers started by
+#: forkserver or kept from an earlier epoch, each worker reads its own shards' lengths)
+KEEP_LENGTHS_MAX = 1 << 26
+
 
 def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
     """This rank's batches in ``epoch`` (``loader``: a :class:`~streambatch.loader.core.StreamBatchLoader`),
@@ -36,6 +41,7 @@ def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
     else:
         sched = RankSchedule.of(loader._whole_plan(epoch, lengths, keep), loader.rank)
     sched.kept = keep.plans if keep is not None else {}
+    sched.lengths = lengths if lengths.loaded <= KEEP_LENGTHS_MAX else None  # for the stream and forked workers
     log.info(plan_line(sched, loader.layout, loader.rank, local, lengths.loaded, time.perf_counter() - t0))
     if sched.repeated and loader.layout.even_batches == "split":
         log.warning(split_repeat_line(sched, loader.layout, local))

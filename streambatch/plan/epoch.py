@@ -299,6 +299,8 @@ class RankSchedule:
     """Every rank's (what a checkpoint holds: :func:`every_rank`), once the ranks have shared them."""
     kept: dict[int, SlotPlan] = field(default_factory=dict, repr=False, compare=False)
     """Slot plans kept whole for this process's stream (:class:`~.slot.KeptSlots`), by slot number."""
+    lengths: Lengths | None = field(default=None, repr=False, compare=False)
+    """The lengths the schedule was planned on (with the per-sample lengths of the shards it read)."""
 
     def worker_counts(self) -> list[int]:
         return [a.take for a in self.adjust]

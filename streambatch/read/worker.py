@@ -67,6 +67,18 @@ class SharedEpochState:
         self.tensor = torch.zeros(len(_HEAD) + len(_PER_WORKER) * self.num_workers, dtype=torch.int64).share_memory_()
         #: slot plans the loader's planner kept for this process's own stream (no workers), by (epoch, slot)
         self.kept: dict[tuple[int, int], SlotPlan] = {}
+        #: the lengths the loader planned an epoch on, with the index they are of: this process's stream and workers
+        #: forked after the planning take them instead of reading the index again (:meth:`SlotContext.lengths`)
+        self.planned: tuple[int, Any, Lengths] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a worker that does not fork reads the index itself
+        return {**self.__dict__, "kept": {}, "planned": None}
+
+    def take_plans(self, epoch: int, sched: Any, index: Any) -> None:
+        """Move the slot plans ``sched`` (a :class:`~streambatch.plan.epoch.RankSchedule` of ``epoch``) kept to
+        this state, and hold the lengths it was planned on (of ``index``), where it kept them."""
+        self.kept, sched.kept = {(epoch, s): p for s, p in sched.kept.items()}, {}
+        self.planned = (epoch, index, sched.lengths) if sched.lengths is not None else None
 
     def publish(self, state: EpochState) -> None:
         adjust = state.adjust or [Adjust() for _ in range(self.num_workers)]
@@ -134,6 +146,9 @@ class SlotContext:
         """The lengths the epoch is planned on, as the planner reads them from ``index`` (this context's):
         per shard, only the shards asked for (shards dealt by kept length under ``where=``; speed perturbation /
         feature frames planned)."""
+        planned = self.state.planned
+        if planned is not None and planned[0] == epoch and planned[1] is index:  # the loader's, at hand (or forked)
+            return planned[2]
         kept = self.filter.scale if self.filter is not None else None
         return planned_lengths(index_lengths(index, kept), self.length_plan, self.config.epoch_seed, epoch)
 
