@@ -55,6 +55,15 @@ def test_forked_workers_read_no_lengths_and_yield_the_same_batches(shards, reade
     assert held == read and len(held) > 4
 
 
+def test_the_loaders_own_stream_reads_no_lengths_either(shards, readers, monkeypatch):
+    kw = dict(KW, num_workers=0)
+    held = _keys(StreamBatchLoader(shards, **kw))
+    reads = len(readers())  # the planning's, once per epoch
+    monkeypatch.setattr(planning, "KEEP_LENGTHS_MAX", -1)
+    assert held == _keys(StreamBatchLoader(shards, **kw))
+    assert len(readers()) - reads == 2 * reads  # where nothing is held the stream reads them again
+
+
 def test_persistent_workers_read_later_epochs_lengths_themselves(shards, readers, monkeypatch):
     def worker_reads() -> int:
         return sum(pid != os.getpid() for pid in readers())
