@@ -15,6 +15,7 @@ from ..plan.resume import Resumed
 from ..plan.slot import KeptSlots
 from .messages import empty_epoch_message, plan_line, split_repeat_line
 from .state import MAX_EPOCH
+from .workers import start_method
 
 log = logging.getLogger("streambatch")
 
@@ -41,13 +42,19 @@ def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
     else:
         sched = RankSchedule.of(loader._whole_plan(epoch, lengths, keep), loader.rank)
     sched.kept = keep.plans if keep is not None else {}
-    sched.lengths = lengths if lengths.loaded <= KEEP_LENGTHS_MAX else None  # for the stream and forked workers
+    sched.lengths = lengths if lengths.loaded <= KEEP_LENGTHS_MAX and lengths_taken(loader) else None
     log.info(plan_line(sched, loader.layout, loader.rank, local, lengths.loaded, time.perf_counter() - t0))
     if sched.repeated and loader.layout.even_batches == "split":
         log.warning(split_repeat_line(sched, loader.layout, local))
     if sched.steps == 0 and loader._earlier(epoch) == 0:
         raise EmptyEpochError(empty_epoch_message(loader, sched, local))
     return sched
+
+
+def lengths_taken(loader: Any) -> bool:
+    """Whether anything takes the lengths an epoch is planned on: the loader's own stream (no workers) or workers
+    forked after the planning (workers started by forkserver, behind a filter, or spawn read their own)."""
+    return loader.num_workers == 0 or start_method(loader.filter is not None) == "fork"
 
 
 def rank_local(loader: Any) -> bool:

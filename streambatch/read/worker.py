@@ -22,6 +22,7 @@ from ..dist import worker_info
 from ..errors import EmptyEpochError, OptionError, SampleError, shown
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
+from ..plan.epoch import RankSchedule
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import LengthPlan, PlannedLengths, planned_lengths
 from ..plan.resume import Resumed, excluded_in
@@ -74,7 +75,7 @@ class SharedEpochState:
     def __getstate__(self) -> dict[str, Any]:  # a worker that does not fork reads the index itself
         return {**self.__dict__, "kept": {}, "planned": None}
 
-    def take_plans(self, epoch: int, sched: Any, index: Any) -> None:
+    def take_plans(self, epoch: int, sched: RankSchedule, index: Any) -> None:
         """Move the slot plans ``sched`` (a :class:`~streambatch.plan.epoch.RankSchedule` of ``epoch``) kept to
         this state, and hold the lengths it was planned on (of ``index``), where it kept them."""
         self.kept, sched.kept = {(epoch, s): p for s, p in sched.kept.items()}, {}

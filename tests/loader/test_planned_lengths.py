@@ -1,7 +1,7 @@
 """Workers forked after the loader planned an epoch take the lengths it planned on (``SharedEpochState.planned``)
 instead of reading their shards' lengths from the index again (a round trip per worker and epoch on object
 storage), and yield exactly the batches of workers that read their own; workers kept from an earlier epoch
-(``persistent_workers``) read them, as before."""
+(``persistent_workers``) read them, as before, and a loader whose workers do not fork holds none."""
 
 from __future__ import annotations
 
@@ -74,3 +74,9 @@ def test_persistent_workers_read_later_epochs_lengths_themselves(shards, readers
     assert held == _keys(StreamBatchLoader(shards, persistent_workers=True, **KW), epochs=3)
     # epochs 1 and 2 read by the workers in both runs, epoch 0 only where nothing was held
     assert inherited > 0 and 2 * (worker_reads() - inherited) == 3 * inherited
+
+
+def test_a_loader_whose_workers_do_not_fork_holds_no_lengths(shards):
+    loader = StreamBatchLoader(shards, where="length > 3", **KW)  # a filter starts the workers by forkserver
+    assert _keys(loader, epochs=1)  # the workers read their own lengths (not counted here: nothing patched there)
+    assert loader.schedule(0).lengths is None and loader._state.planned is None  # nothing would take them
