@@ -92,8 +92,44 @@ def _signer(fs: Any) -> Any:
     if options is None:
         return fs
     signer = type(fs)(**options)  # fsspec's instance cache: the filesystem the index was read with
+    if getattr(signer, "session", True) is None:  # not connected yet (a forked worker's first signer)
+        signer.session = _session_with_kept_loader(getattr(signer, "kwargs", None) or {})
     signer.connect()
+    keep_loader(signer)
     return signer
+
+
+#: botocore's loader of its service descriptions, as a connected client of this process left it: the S3
+#: description it parsed (most of the 50-100 ms of CPU a new client costs) serves the signing clients of the
+#: processes this one forks (a loader's workers), with the ``data_path`` it was made for
+_KEPT_LOADER: tuple[Any, Any] | None = None
+
+
+def keep_loader(fs: Any) -> None:
+    """Keep the service-description loader of ``fs``'s session (an s3fs filesystem, once connected) for the
+    signing clients this process and the processes it forks make later (:func:`_session_with_kept_loader`)."""
+    global _KEPT_LOADER
+    session = getattr(fs, "session", None)
+    if session is None or _KEPT_LOADER is not None:
+        return
+    try:
+        _KEPT_LOADER = (session.get_component("data_loader"), session.get_config_variable("data_path"))
+    except Exception:  # noqa: BLE001 - a session of another shape: its clients load their own
+        return
+
+
+def _session_with_kept_loader(kwargs: dict) -> Any:
+    """The session s3fs makes for a filesystem (``AioSession(**fs.kwargs)``), sharing the kept loader where it
+    was made for the same ``data_path``; None (s3fs makes its own) when none is kept."""
+    if _KEPT_LOADER is None:
+        return None
+    from aiobotocore.session import AioSession
+
+    session = AioSession(**kwargs)
+    loader, data_path = _KEPT_LOADER
+    if session.get_config_variable("data_path") == data_path:
+        session.register_component("data_loader", loader)
+    return session
 
 
 class PresignedReader:

@@ -9,6 +9,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..errors import OptionError
+from ..read.ranges import before_workers
 from ..read.ring import BatchRing
 from ..read.worker import EpochStream
 from .options import RunOptions
@@ -76,6 +77,8 @@ def make_dataloader(
         kwargs["worker_init_fn"] = WorkerInit(run.worker_init_fn)
         if forkserver:
             kwargs["multiprocessing_context"] = "forkserver"
+        else:  # forked workers inherit what this process's S3 client has loaded
+            before_workers(stream.ctx.urls, stream.ctx.storage_options)
         check_sendable(callables, run, forkserver)
     return DataLoader(
         stream, batch_size=None, num_workers=run.num_workers, collate_fn=_identity, pin_memory=run.pin_memory, **kwargs

@@ -185,3 +185,40 @@ def test_a_body_is_read_into_one_buffer_and_an_odd_answer_is_not_reused():
         with pytest.raises(Exception) as e:  # noqa: B017 - which class is the HTTP stack's; that it is transient is ours
             s3_direct._body(pool.request("GET", f"{url}/cut", preload_content=False), 0, 200, sink)
         assert is_transient(e.value) and b"".join(sink) == _Odd.BODY[:50]
+
+
+def _worker_file_reads(s3_data, log, monkeypatch, keep: bool) -> tuple[list, list]:
+    """One pass of a loader with two forked workers: its batches, and the botocore data files its workers read
+    (each ``JSONFileLoader.load_file`` of a process other than this one, written to ``log`` with its pid)."""
+    import os
+
+    from botocore.loaders import JSONFileLoader
+
+    me, load = os.getpid(), JSONFileLoader.load_file
+
+    def counted(self, file_path, *a, **kw):
+        if os.getpid() != me:
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {file_path}\n")
+        return load(self, file_path, *a, **kw)
+
+    monkeypatch.setattr(JSONFileLoader, "load_file", counted)
+    monkeypatch.setattr(s3_direct, "_KEPT_LOADER", None)
+    if not keep:  # as before: a worker's signing client made its own session
+        monkeypatch.setattr(s3_direct, "_session_with_kept_loader", lambda kwargs: None)
+    loader = StreamBatchLoader(s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=2, num_workers=2)
+    got = keys_of(loader)
+    return got, log.read_text().splitlines() if log.exists() else []
+
+
+def test_forked_workers_sign_with_the_service_descriptions_their_parent_loaded(s3_data, proxy, tmp_path, monkeypatch):
+    """A worker's S3 client that signs its URLs (50-100 ms of CPU to make, most of it parsing botocore's JSON
+    service descriptions) shares what the loader's own client parsed: the workers read no data file, sign their
+    requests and yield the batches of local disk. The control, nothing kept: each worker reads them again."""
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2, num_workers=2))
+    got, reads = _worker_file_reads(s3_data, tmp_path / "kept.txt", monkeypatch, keep=True)
+    assert got == local and shard_gets(proxy) and all(presigned(r) for r in shard_gets(proxy))
+    assert reads == []
+    got, reads = _worker_file_reads(s3_data, tmp_path / "none.txt", monkeypatch, keep=False)
+    assert got == local
+    assert len({line.split()[0] for line in reads if "/s3/" in line}) == 2, reads  # each worker parsed S3's
