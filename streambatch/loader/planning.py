@@ -53,8 +53,12 @@ def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
 
 def lengths_taken(loader: Any) -> bool:
     """Whether anything takes the lengths an epoch is planned on: the loader's own stream (no workers) or workers
-    forked after the planning (workers started by forkserver, behind a filter, or spawn read their own)."""
-    return loader.num_workers == 0 or start_method(loader.filter is not None) == "fork"
+    forked after the planning (workers started by forkserver, behind a filter, or spawn read their own, and so do
+    ``persistent_workers`` forked in an earlier pass)."""
+    if loader.num_workers == 0:
+        return True
+    running = loader.persistent_workers and loader._dataloader is not None
+    return not running and start_method(loader.filter is not None) == "fork"
 
 
 def rank_local(loader: Any) -> bool:

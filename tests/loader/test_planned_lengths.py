@@ -1,7 +1,8 @@
 """Workers forked after the loader planned an epoch take the lengths it planned on (``SharedEpochState.planned``)
 instead of reading their shards' lengths from the index again (a round trip per worker and epoch on object
 storage), and yield exactly the batches of workers that read their own; workers kept from an earlier epoch
-(``persistent_workers``) read them, as before, and a loader whose workers do not fork holds none."""
+(``persistent_workers``) read them, as before, while the loader holds none for them, and a loader whose workers do
+not fork holds none."""
 
 from __future__ import annotations
 
@@ -68,8 +69,11 @@ def test_persistent_workers_read_later_epochs_lengths_themselves(shards, readers
     def worker_reads() -> int:
         return sum(pid != os.getpid() for pid in readers())
 
-    held = _keys(StreamBatchLoader(shards, persistent_workers=True, **KW), epochs=3)
+    loader = StreamBatchLoader(shards, persistent_workers=True, **KW)
+    held = _keys(loader, epochs=3)
     inherited = worker_reads()
+    # the running workers cannot take what the loader plans on after they started: it holds nothing for them
+    assert loader._state.planned is None and loader.schedule(2).lengths is None
     monkeypatch.setattr(planning, "KEEP_LENGTHS_MAX", -1)
     assert held == _keys(StreamBatchLoader(shards, persistent_workers=True, **KW), epochs=3)
     # epochs 1 and 2 read by the workers in both runs, epoch 0 only where nothing was held
