@@ -120,15 +120,19 @@ def keep_loader(fs: Any) -> None:
 
 def _session_with_kept_loader(kwargs: dict) -> Any:
     """The session s3fs makes for a filesystem (``AioSession(**fs.kwargs)``), sharing the kept loader where it
-    was made for the same ``data_path``; None (s3fs makes its own) when none is kept."""
+    was made for the same ``data_path``; None (s3fs makes its own, and reports what is wrong with the options in
+    its own words) when none is kept or this one cannot be made."""
     if _KEPT_LOADER is None:
         return None
-    from aiobotocore.session import AioSession
+    try:
+        from aiobotocore.session import AioSession
 
-    session = AioSession(**kwargs)
-    loader, data_path = _KEPT_LOADER
-    if session.get_config_variable("data_path") == data_path:
-        session.register_component("data_loader", loader)
+        session = AioSession(**kwargs)
+        loader, data_path = _KEPT_LOADER
+        if session.get_config_variable("data_path") == data_path:
+            session.register_component("data_loader", loader)
+    except Exception:  # noqa: BLE001 - a profile or config file botocore refuses: s3fs's own session says so
+        return None
     return session
 
 
