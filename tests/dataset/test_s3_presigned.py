@@ -222,3 +222,21 @@ def test_forked_workers_sign_with_the_service_descriptions_their_parent_loaded(s
     got, reads = _worker_file_reads(s3_data, tmp_path / "none.txt", monkeypatch, keep=False)
     assert got == local
     assert len({line.split()[0] for line in reads if "/s3/" in line}) == 2, reads  # each worker parsed S3's
+
+
+def test_forked_workers_sign_with_the_profile_the_options_name(s3_data, proxy, tmp_path, monkeypatch):
+    """Credentials from a named profile only: the workers' signing sessions (made with the kept loader) honour
+    ``profile`` as s3fs's own would, so every shard request is presigned with the profile's key."""
+    creds = tmp_path / "credentials"
+    creds.write_text("[sb]\naws_access_key_id = fromprofile\naws_secret_access_key = s\n")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setattr(s3_direct, "_KEPT_LOADER", None)
+    options = {"profile": "sb", "client_kwargs": {"endpoint_url": s3_data.proxy_url}}
+    local = keys_of(StreamBatchLoader(s3_data.local, budget=BUDGET, seed=2, num_workers=2))
+    got = keys_of(StreamBatchLoader(s3_data.url, storage_options=options, budget=BUDGET, seed=2, num_workers=2))
+    assert got == local and s3_direct._KEPT_LOADER is not None
+    gets = shard_gets(proxy)
+    assert gets and all(presigned(r) and "fromprofile" in r[1] for r in gets), gets[:2]
