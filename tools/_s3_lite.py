@@ -1,16 +1,17 @@
 """A lightweight read-only S3-compatible server for the storage benchmark: one folder served as one bucket.
 
-    python tools/_s3_lite.py --root DIR --bucket NAME [--latency 0.1] [--port 0]
+    python tools/_s3_lite.py --root DIR --bucket NAME [--latency 0.1] [--port 0] [--cert PEM --key PEM]
 
-It prints its URL (``http://127.0.0.1:PORT``) on the first line of stdout once it listens, then serves until
-it is stopped (SIGTERM or SIGINT). It answers what s3fs asks of a reader, path-style
+It prints its URL (``http://127.0.0.1:PORT``, ``https://`` with ``--cert``) on the first line of stdout once it
+listens, then serves until it is stopped (SIGTERM or SIGINT). It answers what s3fs asks of a reader, path-style
 (``/BUCKET/KEY``): HeadBucket, HeadObject, GetObject with or without ``Range`` (206 and ``Content-Range``),
 ListObjectsV2 (prefix, delimiter, continuation); anything else gets an S3 error document. Signatures are not
 checked. ``--latency`` seconds are slept inside the server before the first byte of every answer (no proxy
 process), and object bodies go out with ``socket.sendfile`` (the kernel copies them), so the server spends
 almost no CPU: on a 2-core machine it stands in for a remote store whose CPU is not the training node's.
-It does not model bandwidth limits, throttling (503 SlowDown), broken connections or per-request pricing;
-tests/faultproxy.py does the faults.
+With ``--cert`` and ``--key`` it speaks TLS, as cloud stores do (the bodies are then encrypted by this process, in
+Python's ``ssl``: CPU on the same cores, unlike a remote store's). It does not model bandwidth limits, throttling
+(503 SlowDown), broken connections or per-request pricing; tests/faultproxy.py does the faults.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hashlib
 import os
 import re
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -43,8 +45,14 @@ class LiteS3(ThreadingHTTPServer):
     request_queue_size = 128
     allow_reuse_address = True
 
-    def __init__(self, root: str, bucket: str, latency: float, port: int = 0):
+    def __init__(self, root: str, bucket: str, latency: float, port: int = 0, tls: tuple[str, str] | None = None):
         super().__init__(("127.0.0.1", port), _Handler)
+        self.scheme = "http"
+        if tls is not None:  # (certificate, key) files: connections are accepted over TLS
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.socket = ctx.wrap_socket(self.socket, server_side=True)
+            self.scheme = "https"
         self.root = os.path.realpath(root)
         self.bucket = bucket
         self.latency = latency
@@ -53,7 +61,7 @@ class LiteS3(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server_address[1]}"
 
     def counted(self) -> None:
         """One more request answered (for the benchmark's own check)."""
@@ -153,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
             length = last - first + 1 if st.st_size else 0
             self._start(status, headers + [("Content-Length", str(length))])
             if not head and length:
-                self.connection.sendfile(f, first, length)
+                _send_body(self.connection, f, first, length)
 
     def _list(self, query: dict[str, list[str]]) -> None:
         """ListObjectsV2: the keys under ``prefix``, folded at ``delimiter``, a page at a time."""
@@ -188,6 +196,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("x-amz-request-id", "lite")
         self.end_headers()
+
+
+def _send_body(conn: object, f: object, first: int, length: int) -> None:
+    """Bytes ``[first, first + length)`` of ``f``: by ``sendfile`` (the kernel copies them), or over TLS (which
+    the kernel does not encrypt here) 1 MiB at a time, each written in one ``sendall``."""
+    if not isinstance(conn, ssl.SSLSocket):
+        conn.sendfile(f, first, length)  # type: ignore[attr-defined]
+        return
+    f.seek(first)  # type: ignore[attr-defined]
+    while length > 0:
+        piece = f.read(min(length, 1 << 20))  # type: ignore[attr-defined]
+        if not piece:
+            return
+        conn.sendall(piece)
+        length -= len(piece)
 
 
 def _range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -278,10 +301,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bucket", required=True, help="the bucket's name")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds before the first byte of every answer")
     ap.add_argument("--port", type=int, default=0, help="0: any free port")
+    ap.add_argument("--cert", help="a PEM certificate: serve over TLS (with --key)")
+    ap.add_argument("--key", help="the certificate's PEM private key")
     a = ap.parse_args(argv)
     if not os.path.isdir(a.root):
         sys.exit(f"_s3_lite: {a.root}: not a folder")
-    server = LiteS3(a.root, a.bucket, a.latency, a.port)
+    if bool(a.cert) != bool(a.key):
+        sys.exit("_s3_lite: --cert and --key go together")
+    server = LiteS3(a.root, a.bucket, a.latency, a.port, (a.cert, a.key) if a.cert else None)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     print(server.url, flush=True)
     try:

@@ -2,7 +2,7 @@
 0, 20 or 100 ms late, with read-ahead on and off.
 
     python tools/bench_storage.py [--samples 2000] [--decode audio|none] [--workers 0] [--runs 3] [--only-100ms]
-                                  [--server lite|moto|both]
+                                  [--server lite|moto|both] [--tls]
 
 Two S3 servers, each in its own process on 127.0.0.1 (``--server`` picks, both by default):
 
@@ -11,6 +11,11 @@ Two S3 servers, each in its own process on 127.0.0.1 (``--server`` picks, both b
   not the training node's. This is the fair stand-in on a small machine.
 * ``moto`` (``pip install -e .[test]``, pure Python) with tests/faultproxy.py in front adding the latency (a
   second Python process that copies every byte): both spend CPU on the same cores as the loader.
+
+``--tls``: the lite server also serves each latency over TLS (a self-signed certificate for 127.0.0.1, made with
+``cryptography``), the row named "S3 lite TLS ...", at the default read-ahead: cloud stores speak HTTPS, and
+the request threads then decrypt every byte, 16 KiB per ``recv``. Its server encrypts in Python on the same
+cores (its CPU is in the "server CPU s" column).
 
 With ``--runs N`` every configuration runs N times, each run beside its own local-disk run, and a last table
 gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the adaptive read-ahead
@@ -39,6 +44,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -145,14 +151,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
-    """Wait until ``url`` answers (any HTTP status); raise if the server exits or ``timeout`` passes."""
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = START_TIMEOUT, ca: str | None = None) -> None:
+    """Wait until ``url`` answers (any HTTP status; HTTPS checked against the certificate file ``ca``); raise if the
+    server exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
+    context = ssl.create_default_context(cafile=ca) if ca else None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
         try:
-            urllib.request.urlopen(url, timeout=1).read()
+            urllib.request.urlopen(url, timeout=1, context=context).read()
             return
         except urllib.error.HTTPError:
             return
@@ -195,17 +203,18 @@ def start_proxy(procs: list[subprocess.Popen], upstream: str, latency: float) ->
     return proc.pid, url
 
 
-def start_lite(procs: list[subprocess.Popen], root: str, latency: float) -> tuple[int, str]:
-    """tools/_s3_lite.py serving ``root`` as bucket BUCKET, ``latency`` seconds per answer: (its pid, its URL,
-    which it prints once it listens)."""
+def start_lite(procs: list[subprocess.Popen], root: str, latency: float, tls: tuple | None = None) -> tuple[int, str]:
+    """tools/_s3_lite.py serving ``root`` as bucket BUCKET, ``latency`` seconds per answer, over TLS with ``tls``
+    (certificate, key): (its pid, its URL, which it prints once it listens)."""
     args = [os.path.join(HERE, "_s3_lite.py"), "--root", root, "--bucket", BUCKET, "--latency", str(latency)]
+    args += ["--cert", tls[0], "--key", tls[1]] if tls else []
     proc = spawn(procs, args, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
     line = proc.stdout.readline().decode().strip() if ready else ""
-    if not line.startswith("http://"):
+    if not line.startswith(("http://", "https://")):
         raise RuntimeError(f"the lite S3 server did not start (exit status {proc.poll()}, said {line!r})")
-    wait_http(line + "/", proc)
+    wait_http(line + "/", proc, ca=tls[0] if tls else None)
     return proc.pid, line
 
 
@@ -224,9 +233,50 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.stdout.close()
 
 
-def options(endpoint: str) -> dict:
-    """s3fs's storage options for a loopback server (which checks no signature)."""
-    return {"key": "bench", "secret": "bench", "client_kwargs": {"endpoint_url": endpoint}}
+def options(endpoint: str, ca: str | None = None) -> dict:
+    """s3fs's storage options for a loopback server (which checks no signature); ``ca``: the certificate file an
+    HTTPS one is checked against."""
+    return {
+        "key": "bench",
+        "secret": "bench",
+        "client_kwargs": {"endpoint_url": endpoint, **({"verify": ca} if ca else {})},
+    }
+
+
+def self_signed(work: str) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (PEM files in ``work``, valid for a day), made with cryptography."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ip = x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([ip]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    paths = os.path.join(work, "lite-cert.pem"), os.path.join(work, "lite-key.pem")
+    with open(paths[0], "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(paths[1], "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return paths
 
 
 def make_data(work: str, samples: int, sample_rate: int) -> str:
@@ -245,12 +295,12 @@ def make_data(work: str, samples: int, sample_rate: int) -> str:
     return ds
 
 
-def self_check(url: str, endpoint: str, local: str) -> None:
+def self_check(url: str, endpoint: str, local: str, ca: str | None = None) -> None:
     """The lite server must give s3fs, unmodified, the files' own bytes: the index whole, a listing, and a
     range of the first shard (a wrong server would make every lite row meaningless)."""
     import s3fs
 
-    fs = s3fs.S3FileSystem(**options(endpoint), skip_instance_cache=True)
+    fs = s3fs.S3FileSystem(**options(endpoint, ca), skip_instance_cache=True)
     path = url[len("s3://") :]
     with open(os.path.join(local, "index.json"), "rb") as f:
         if fs.cat_file(path + "/index.json") != f.read():
@@ -281,15 +331,18 @@ def moto_sources(procs: list[subprocess.Popen], work: str, local: str, latencies
     return out
 
 
-def lite_sources(procs: list[subprocess.Popen], local: str, latencies: list[tuple]) -> list[tuple]:
-    """One lite server per latency over the shard folder, each checked: (name, url, options, server pids)."""
+def lite_sources(procs: list[subprocess.Popen], local: str, latencies: list[tuple], tls: tuple | None) -> list[tuple]:
+    """One lite server per latency over the shard folder (and one over TLS per latency with ``tls``, a certificate
+    and its key), each checked: (name, url, options, server pids)."""
     root, name_of_ds = os.path.split(local)
     url = f"s3://{BUCKET}/{name_of_ds}"
     out = []
     for latency, name in latencies:
-        pid, endpoint = start_lite(procs, root, latency)
-        self_check(url, endpoint, local)
-        out.append((f"S3 lite {name}", url, options(endpoint), [pid]))
+        for cert in [None, tls] if tls else [None]:
+            pid, endpoint = start_lite(procs, root, latency, cert)
+            ca = cert[0] if cert else None
+            self_check(url, endpoint, local, ca)
+            out.append((f"S3 lite {'TLS ' if cert else ''}{name}", url, options(endpoint, ca), [pid]))
     return out
 
 
@@ -310,6 +363,8 @@ def read_aheads(name: str, remote: bool, read_ahead: str) -> list[tuple[str | in
     """(read_ahead, max_read_concurrency or None for the default) of each row of a source."""
     if not remote:
         return [(0, None)]
+    if " TLS " in name:  # the default read-ahead only: what TLS adds to it
+        return [(read_ahead, None)]
     if name.endswith("+100 ms/request"):  # the adaptive read-ahead beside the fixed 4 in flight it replaced
         return [(read_ahead, None), (read_ahead, 4), ("256M", None), (0, None)]
     return [(read_ahead, None), (0, None)]
@@ -415,6 +470,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["lite", "moto", "both"],
         help="lite: tools/_s3_lite.py (latency inside, sendfile); moto: moto behind the latency proxy",
     )
+    ap.add_argument("--tls", action="store_true", help="also the lite server over TLS (needs cryptography)")
     ap.add_argument("--work", default=os.path.join("/tmp", "streambatch-bench-storage"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -443,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sources: list[tuple] = [("local disk", local, None, [])]
         if a.server in ("lite", "both"):
-            sources += lite_sources(procs, local, latencies)
+            sources += lite_sources(procs, local, latencies, self_signed(a.work) if a.tls else None)
         if a.server in ("moto", "both"):
             sources += moto_sources(procs, a.work, local, latencies)
         report([measure(sources, base, a.read_ahead) for _ in range(a.runs)], a)
