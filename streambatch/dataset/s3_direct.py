@@ -24,6 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+import struct
+import sys
 import threading
 import time
 import weakref
@@ -43,6 +46,9 @@ PIECE = 1 << 18
 _MAPPED_CLIENT_KWARGS = {"endpoint_url", "region_name", "verify", "aws_access_key_id", "aws_secret_access_key"}
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
 _S3_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+#: whether a plain-HTTP body may be received in calls that wait in the kernel for all their bytes (Linux, whose
+#: ``MSG_WAITALL`` returns what arrived when ``SO_RCVTIMEO`` passes, with a 64-bit ``struct timeval``)
+_WAITALL = sys.platform.startswith("linux") and hasattr(socket, "MSG_WAITALL") and struct.calcsize("l") == 8
 
 
 class S3HTTPError(StreamBatchError, OSError):
@@ -208,7 +214,7 @@ def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
     ok = False
     try:
         if hasattr(fp, "readinto") and not resp.headers.get("Content-Encoding"):
-            _read_into(fp, end - start, sink)
+            _read_into(fp, end - start, sink, _plain_socket(resp, fp, end - start))
         else:
             _read_pieces(resp, end - start, sink)
         ok = True
@@ -220,25 +226,90 @@ def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
     return range_total(resp.headers.get("Content-Range"))
 
 
-def _read_into(fp: Any, size: int, sink: list[bytes]) -> None:
-    """``size`` bytes of ``fp`` (an :class:`http.client.HTTPResponse`) into one buffer, a piece per call; what
-    arrived before a break goes to ``sink`` too. An answer cut before its ``Content-Length`` raises (transient)."""
-    buf = bytearray(size)
-    view, got = memoryview(buf), 0
+class _Filling:
+    """One answer's body as it arrives: a buffer of the range's size and how much of it is in."""
+
+    def __init__(self, size: int):
+        self.size, self.got = size, 0
+        self.buf = bytearray(size)
+        self.view = memoryview(self.buf)
+
+    def hand_over(self, sink: list[bytes]) -> None:
+        """The whole buffer to ``sink``, or what arrived before a break (the retry resumes after it)."""
+        if self.got == self.size:
+            sink.append(self.buf)  # type: ignore[arg-type] # bytes-like: every reader of a chunk takes a buffer
+        elif self.got:
+            sink.append(bytes(self.view[: self.got]))
+        self.view.release()
+
+
+def _read_into(fp: Any, size: int, sink: list[bytes], sock: socket.socket | None = None) -> None:
+    """``size`` bytes of ``fp`` (an :class:`http.client.HTTPResponse`) into one buffer, a piece per call (with
+    ``sock``, a plain-HTTP answer's socket, all but its last byte by :func:`_receive_waiting`); what arrived before
+    a break goes to ``sink`` too. An answer cut before its ``Content-Length`` raises (transient)."""
+    into = _Filling(size)
     try:
-        while got < size:
-            n = fp.readinto(view[got : got + PIECE])
+        if sock is not None:
+            _receive_waiting(fp, sock, into)
+        while into.got < size:
+            n = fp.readinto(into.view[into.got : into.got + PIECE])
             if not n:
                 if getattr(fp, "length", None):  # http.client ends a cut answer quietly: it is a broken request
                     raise ConnectionResetError(f"the answer ended {fp.length} bytes before its Content-Length")
                 break
-            got += n
+            into.got += n
     finally:
-        if got == size:
-            sink.append(buf)  # type: ignore[arg-type] # bytes-like: every reader of a chunk takes a buffer
-        elif got:  # the retry resumes after these
-            sink.append(bytes(view[:got]))
-        view.release()
+        into.hand_over(sink)
+
+
+def _plain_socket(resp: Any, fp: Any, size: int) -> socket.socket | None:
+    """The socket of a plain-HTTP answer whose body is exactly the ``size`` bytes asked for (not chunked, not TLS:
+    an :class:`ssl.SSLSocket` takes no ``recv`` flags), where :data:`_WAITALL` holds; else None."""
+    if not _WAITALL or getattr(fp, "chunked", True) or getattr(fp, "length", None) != size or size < 2:
+        return None
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    return sock if type(sock) is socket.socket and hasattr(getattr(fp, "fp", None), "peek") else None
+
+
+def _receive_waiting(fp: Any, sock: socket.socket, into: _Filling) -> None:
+    """All but the last byte of ``fp``'s body into ``into``: first what http.client has buffered, then straight
+    from ``sock`` in calls that wait in the kernel until all their bytes are in (``MSG_WAITALL``), so the request
+    thread comes back to the GIL once per answer instead of once per arrival (~190 KB on loopback) and the
+    decoding thread loses it less often. The socket's read timeout still bounds a wait with nothing arriving
+    (``SO_RCVTIMEO``: a :class:`TimeoutError`, transient, what arrived kept); the last byte goes through
+    http.client, which then ends the answer as it would (the connection back to the pool)."""
+    head = fp.fp.peek(1)  # http.client's buffered bytes, or the first arrival
+    if head:
+        into.got += fp.readinto(into.view[: min(len(head), into.size - 1)])
+    timeout = sock.gettimeout()
+    sock.settimeout(None)  # blocking, so that the kernel waits; the timeout is the kernel's now
+    _receive_timeout(sock, timeout)
+    try:
+        while into.got < into.size - 1:
+            n = _recv_all(sock, into.view[into.got : into.size - 1])
+            into.got += n
+            fp.length -= n  # what http.client still expects of the body
+    finally:
+        _receive_timeout(sock, None)
+        sock.settimeout(timeout)
+
+
+def _receive_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """Set (or clear, with None) the kernel's receive timeout of ``sock``."""
+    s = max(seconds or 0.0, 0.0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(s), int((s % 1) * 1e6)))
+
+
+def _recv_all(sock: socket.socket, view: memoryview) -> int:
+    """One receive into ``view`` that returns once it is full, at the end of the answer or past the receive timeout
+    (with what arrived by then); nothing by then is a :class:`TimeoutError`, the end of the answer a break."""
+    try:
+        n = sock.recv_into(view, len(view), socket.MSG_WAITALL)
+    except BlockingIOError as e:  # SO_RCVTIMEO passed with nothing received
+        raise TimeoutError("no byte of the answer arrived within the read timeout") from e
+    if not n:
+        raise ConnectionResetError(f"the answer ended {len(view) + 1} bytes before its Content-Length")
+    return n
 
 
 def _read_pieces(resp: Any, size: int, sink: list[bytes]) -> None:

@@ -240,3 +240,99 @@ def test_forked_workers_sign_with_the_profile_the_options_name(s3_data, proxy, t
     assert got == local and s3_direct._KEPT_LOADER is not None
     gets = shard_gets(proxy)
     assert gets and all(presigned(r) and "fromprofile" in r[1] for r in gets), gets[:2]
+
+
+class _Trickle:
+    """A loopback HTTP server whose ``/big`` answer is 3 MiB sent in 48 pieces of 64 KiB with a pause between them
+    (many arrivals per answer), and whose ``/stall`` answer sends its headers and 1,000 of its 3 MiB, then nothing."""
+
+    BODY = bytes(range(256)) * (3 << 12)
+
+    def __enter__(self):
+        import http.server
+        import threading
+        import time
+
+        body = self.BODY
+        self.stalled = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(outer):
+                outer.send_response(200)
+                outer.send_header("Content-Length", str(len(body)))
+                outer.end_headers()
+                if outer.path == "/stall":
+                    outer.wfile.write(body[:1000])
+                    outer.wfile.flush()
+                    self.stalled.wait(30)  # until the test ends
+                    outer.close_connection = True
+                    return
+                for i in range(0, len(body), 1 << 16):
+                    outer.wfile.write(body[i : i + (1 << 16)])
+                    outer.wfile.flush()
+                    time.sleep(0.002)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.stalled.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.skipif(not s3_direct._WAITALL, reason="the kernel-side wait is Linux's")
+def test_a_plain_http_body_is_received_in_few_calls_and_its_connection_reused(monkeypatch):
+    """A plain-HTTP answer arriving in 48 pieces is received in a few calls that wait in the kernel (each return
+    from one is a return to the GIL the training loop pays for), whole and in order, and its connection serves
+    the next request."""
+    import socket
+
+    import urllib3
+
+    calls: list[int] = []
+    receive = socket.socket.recv_into
+
+    def counted(self, buffer, nbytes=0, flags=0):
+        calls.append(flags)
+        return receive(self, buffer, nbytes, flags)
+
+    monkeypatch.setattr(socket.socket, "recv_into", counted)
+    pool = urllib3.PoolManager(maxsize=1, retries=False)
+    with _Trickle() as url:
+        for _ in range(2):
+            sink: list = []
+            resp = pool.request("GET", f"{url}/big", preload_content=False, timeout=urllib3.Timeout(read=10))
+            s3_direct._body(resp, 0, len(_Trickle.BODY), sink)
+            assert len(sink) == 1 and bytes(sink[0]) == _Trickle.BODY
+        assert len(calls) <= 12, calls  # per answer: headers, what followed them, the rest at once, the last byte
+        assert calls.count(socket.MSG_WAITALL) >= 2
+        assert pool.connection_from_url(url).num_connections == 1  # the second answer came on the first's connection
+
+
+@pytest.mark.skipif(not s3_direct._WAITALL, reason="the kernel-side wait is Linux's")
+def test_a_plain_http_body_that_stalls_times_out_with_what_arrived():
+    """An answer that stops arriving is a transient error after the read timeout, not a wait without end, with the
+    bytes that did arrive in the sink for the retry to resume after."""
+    import time
+
+    import urllib3
+
+    from streambatch.read.retry import is_transient
+
+    pool = urllib3.PoolManager(maxsize=1, retries=False)
+    with _Trickle() as url:
+        resp = pool.request("GET", f"{url}/stall", preload_content=False, timeout=urllib3.Timeout(read=0.5))
+        sink: list = []
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as e:  # noqa: B017 - the class is the socket's; that it is transient is ours
+            s3_direct._body(resp, 0, len(_Trickle.BODY), sink)
+        assert time.monotonic() - t0 < 10 and is_transient(e.value)
+        assert b"".join(sink) == _Trickle.BODY[:1000]
