@@ -287,6 +287,8 @@ def _receive_waiting(fp: Any, sock: socket.socket, into: _Filling) -> None:
     try:
         while into.got < into.size - 1:
             n = _recv_all(sock, into.view[into.got : into.size - 1])
+            if not n:  # the answer ended early: a broken request
+                raise ConnectionResetError(f"the answer ended {fp.length} bytes before its Content-Length")
             into.got += n
             fp.length -= n  # what http.client still expects of the body
     finally:
@@ -301,15 +303,12 @@ def _receive_timeout(sock: socket.socket, seconds: float | None) -> None:
 
 
 def _recv_all(sock: socket.socket, view: memoryview) -> int:
-    """One receive into ``view`` that returns once it is full, at the end of the answer or past the receive timeout
-    (with what arrived by then); nothing by then is a :class:`TimeoutError`, the end of the answer a break."""
+    """One receive into ``view`` that returns once it is full, at the end of the answer (0) or past the receive
+    timeout with what arrived by then; nothing by then is a :class:`TimeoutError` (transient)."""
     try:
-        n = sock.recv_into(view, len(view), socket.MSG_WAITALL)
+        return sock.recv_into(view, len(view), socket.MSG_WAITALL)
     except BlockingIOError as e:  # SO_RCVTIMEO passed with nothing received
         raise TimeoutError("no byte of the answer arrived within the read timeout") from e
-    if not n:
-        raise ConnectionResetError(f"the answer ended {len(view) + 1} bytes before its Content-Length")
-    return n
 
 
 def _read_pieces(resp: Any, size: int, sink: list[bytes]) -> None:

@@ -77,6 +77,8 @@ _BUILTIN_RAISES = {
     ("dataset.storage", "object_size"): ("OSError", "storage without sizes; callers name the shard"),
     ("dataset.s3_direct", "PresignedReader.read"): ("FileNotFoundError", "as _http_range"),
     ("dataset.s3_direct", "_read_into"): ("ConnectionResetError", "a cut answer: retried as a transient error"),
+    ("dataset.s3_direct", "_receive_waiting"): ("ConnectionResetError", "as _read_into"),
+    ("dataset.s3_direct", "_recv_all"): ("TimeoutError", "a stalled answer: retried, as urllib3's read timeout is"),
 }
 #: raised by protocol, wherever they are: a missing attribute or item, an abstract method, a missing optional extra
 _PROTOCOL = {"AttributeError", "IndexError", "NotImplementedError", "ImportError"}
