@@ -128,17 +128,20 @@ def test_options_beyond_a_plain_get_keep_the_s3fs_path(s3_data, monkeypatch):
     assert not s3_direct.usable(fs())
 
 
-class _Odd:
-    """A loopback HTTP server that ignores ``Range``: ``/long`` answers 200 bytes where 10 were asked for, ``/cut``
-    declares 200 bytes and closes the connection after 50."""
+class _Loopback:
+    """A loopback HTTP/1.1 server whose GET answers ``answer(handler)`` writes; ``released`` (also the handler's
+    ``server.released``) is set when it stops: an answer may wait on it to hold its connection open."""
 
-    BODY = bytes(range(200))
+    def __init__(self, answer):
+        import threading
+
+        self.answer, self.released = answer, threading.Event()
 
     def __enter__(self):
         import http.server
         import threading
 
-        body = self.BODY
+        answer = self.answer
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -147,24 +150,36 @@ class _Odd:
                 pass
 
             def do_GET(self):
-                self.send_response(206)
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
-                self.end_headers()
-                if self.path == "/cut":
-                    self.wfile.write(body[:50])
-                    self.wfile.flush()
-                    self.close_connection = True
-                else:
-                    self.wfile.write(body)
+                answer(self)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.released = self.released  # type: ignore[attr-defined]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def __exit__(self, *exc):
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+ODD_BODY = bytes(range(200))
+
+
+def _odd(h) -> None:
+    """Ignores ``Range``: ``/long`` answers 200 bytes where 10 were asked for, ``/cut`` declares 200 bytes and
+    closes the connection after 50."""
+    h.send_response(206)
+    h.send_header("Content-Length", str(len(ODD_BODY)))
+    h.send_header("Content-Range", f"bytes 0-{len(ODD_BODY) - 1}/{len(ODD_BODY)}")
+    h.end_headers()
+    if h.path == "/cut":
+        h.wfile.write(ODD_BODY[:50])
+        h.wfile.flush()
+        h.close_connection = True
+    else:
+        h.wfile.write(ODD_BODY)
 
 
 def test_a_body_is_read_into_one_buffer_and_an_odd_answer_is_not_reused():
@@ -176,15 +191,15 @@ def test_a_body_is_read_into_one_buffer_and_an_odd_answer_is_not_reused():
     from streambatch.read.retry import is_transient
 
     pool = urllib3.PoolManager(maxsize=1, retries=False)
-    with _Odd() as url:
+    with _Loopback(_odd) as url:
         for _ in range(3):  # each answer is 190 bytes longer than asked for: the next must start afresh
             sink: list = []
             total = s3_direct._body(pool.request("GET", f"{url}/long", preload_content=False), 0, 10, sink)
-            assert len(sink) == 1 and bytes(sink[0]) == _Odd.BODY[:10] and total == 200
+            assert len(sink) == 1 and bytes(sink[0]) == ODD_BODY[:10] and total == 200
         sink = []
         with pytest.raises(Exception) as e:  # noqa: B017 - which class is the HTTP stack's; that it is transient is ours
             s3_direct._body(pool.request("GET", f"{url}/cut", preload_content=False), 0, 200, sink)
-        assert is_transient(e.value) and b"".join(sink) == _Odd.BODY[:50]
+        assert is_transient(e.value) and b"".join(sink) == ODD_BODY[:50]
 
 
 def _worker_file_reads(s3_data, log, monkeypatch, keep: bool) -> tuple[list, list]:
@@ -242,50 +257,27 @@ def test_forked_workers_sign_with_the_profile_the_options_name(s3_data, proxy, t
     assert gets and all(presigned(r) and "fromprofile" in r[1] for r in gets), gets[:2]
 
 
-class _Trickle:
-    """A loopback HTTP server whose ``/big`` answer is 3 MiB sent in 48 pieces of 64 KiB with a pause between them
-    (many arrivals per answer), and whose ``/stall`` answer sends its headers and 1,000 of its 3 MiB, then nothing."""
+TRICKLE_BODY = bytes(range(256)) * (3 << 12)
 
-    BODY = bytes(range(256)) * (3 << 12)
 
-    def __enter__(self):
-        import http.server
-        import threading
-        import time
+def _trickle(h) -> None:
+    """``/big``: 3 MiB sent in 48 pieces of 64 KiB with a pause between them (many arrivals per answer);
+    ``/stall``: the headers and 1,000 of its 3 MiB, then nothing until the server stops."""
+    import time
 
-        body = self.BODY
-        self.stalled = threading.Event()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(outer):
-                outer.send_response(200)
-                outer.send_header("Content-Length", str(len(body)))
-                outer.end_headers()
-                if outer.path == "/stall":
-                    outer.wfile.write(body[:1000])
-                    outer.wfile.flush()
-                    self.stalled.wait(30)  # until the test ends
-                    outer.close_connection = True
-                    return
-                for i in range(0, len(body), 1 << 16):
-                    outer.wfile.write(body[i : i + (1 << 16)])
-                    outer.wfile.flush()
-                    time.sleep(0.002)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __exit__(self, *exc):
-        self.stalled.set()
-        self.server.shutdown()
-        self.server.server_close()
+    h.send_response(200)
+    h.send_header("Content-Length", str(len(TRICKLE_BODY)))
+    h.end_headers()
+    if h.path == "/stall":
+        h.wfile.write(TRICKLE_BODY[:1000])
+        h.wfile.flush()
+        h.server.released.wait(30)
+        h.close_connection = True
+        return
+    for i in range(0, len(TRICKLE_BODY), 1 << 16):
+        h.wfile.write(TRICKLE_BODY[i : i + (1 << 16)])
+        h.wfile.flush()
+        time.sleep(0.002)
 
 
 @pytest.mark.skipif(not s3_direct._WAITALL, reason="the kernel-side wait is Linux's")
@@ -306,12 +298,12 @@ def test_a_plain_http_body_is_received_in_few_calls_and_its_connection_reused(mo
 
     monkeypatch.setattr(socket.socket, "recv_into", counted)
     pool = urllib3.PoolManager(maxsize=1, retries=False)
-    with _Trickle() as url:
+    with _Loopback(_trickle) as url:
         for _ in range(2):
             sink: list = []
             resp = pool.request("GET", f"{url}/big", preload_content=False, timeout=urllib3.Timeout(read=10))
-            s3_direct._body(resp, 0, len(_Trickle.BODY), sink)
-            assert len(sink) == 1 and bytes(sink[0]) == _Trickle.BODY
+            s3_direct._body(resp, 0, len(TRICKLE_BODY), sink)
+            assert len(sink) == 1 and bytes(sink[0]) == TRICKLE_BODY
         assert len(calls) <= 12, calls  # per answer: headers, what followed them, the rest at once, the last byte
         assert calls.count(socket.MSG_WAITALL) >= 2
         assert pool.connection_from_url(url).num_connections == 1  # the second answer came on the first's connection
@@ -328,11 +320,11 @@ def test_a_plain_http_body_that_stalls_times_out_with_what_arrived():
     from streambatch.read.retry import is_transient
 
     pool = urllib3.PoolManager(maxsize=1, retries=False)
-    with _Trickle() as url:
+    with _Loopback(_trickle) as url:
         resp = pool.request("GET", f"{url}/stall", preload_content=False, timeout=urllib3.Timeout(read=0.5))
         sink: list = []
         t0 = time.monotonic()
         with pytest.raises(Exception) as e:  # noqa: B017 - the class is the socket's; that it is transient is ours
-            s3_direct._body(resp, 0, len(_Trickle.BODY), sink)
+            s3_direct._body(resp, 0, len(TRICKLE_BODY), sink)
         assert time.monotonic() - t0 < 10 and is_transient(e.value)
-        assert b"".join(sink) == _Trickle.BODY[:1000]
+        assert b"".join(sink) == TRICKLE_BODY[:1000]
