@@ -297,9 +297,9 @@ def _receive_waiting(fp: Any, sock: socket.socket, into: _Filling) -> None:
 
 
 def _receive_timeout(sock: socket.socket, seconds: float | None) -> None:
-    """Set (or clear, with None) the kernel's receive timeout of ``sock``."""
-    s = max(seconds or 0.0, 0.0)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(s), int((s % 1) * 1e6)))
+    """Set (or clear, with None) the kernel's receive timeout of ``sock`` (at least 1 µs: 0 would be none)."""
+    micro = max(round(seconds * 1e6), 1) if seconds else 0
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", micro // 10**6, micro % 10**6))
 
 
 def _recv_all(sock: socket.socket, view: memoryview) -> int:
