@@ -246,6 +246,7 @@ def options(endpoint: str, ca: str | None = None) -> dict:
 def self_signed(work: str) -> tuple[str, str]:
     """A certificate for 127.0.0.1 and its key (PEM files in ``work``, valid for a day), made with cryptography."""
     import datetime
+    import ipaddress
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -255,7 +256,7 @@ def self_signed(work: str) -> tuple[str, str]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    ip = x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))
+    ip = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

@@ -77,7 +77,7 @@ def make_dataloader(
         kwargs["worker_init_fn"] = WorkerInit(run.worker_init_fn)
         if forkserver:
             kwargs["multiprocessing_context"] = "forkserver"
-        else:  # forked workers inherit what this process's S3 client has loaded
+        if start_method(forkserver) == "fork":  # forked workers inherit what this process's S3 client has loaded
             before_workers(stream.ctx.urls, stream.ctx.storage_options)
         check_sendable(callables, run, forkserver)
     return DataLoader(
