@@ -43,12 +43,19 @@ KILL_HOOK = "STREAMBATCH_RAY_TEST_KILL"
 MAX_RETRIES = 3
 #: seconds to wait for a cluster address to accept a connection before Ray is asked to join it
 CONNECT_TIMEOUT = 10.0
+#: Ray's setting, read once when Ray is imported, that keeps a node on 127.0.0.1: with it on (Ray's default on
+#: Linux) Ray rewrites ``127.0.0.1`` to the machine's interface address and runs its local instance there
+LOOPBACK_SETTING = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 T = TypeVar("T")
 
 
-def import_ray() -> Any:
-    """The ``ray`` module, or a one-line error naming the extra that installs it."""
+def import_ray(local: bool = False) -> Any:
+    """The ``ray`` module, or a one-line error naming the extra that installs it. ``local``: a local instance will
+    be started, so it is kept on 127.0.0.1 with every process it starts (:data:`LOOPBACK_SETTING` off, unless the
+    environment sets it), which only works before the process first imports Ray."""
+    if local and "ray" not in sys.modules:
+        os.environ.setdefault(LOOPBACK_SETTING, "0")
     try:
         import ray
     except ImportError:
@@ -76,10 +83,10 @@ class RayEngine:
     """Runs a write's probing, shard writing and tar scanning as Ray tasks (see the module's text).
 
     ``address``: the cluster to join (``"host:port"``, ``"auto"``, ``ray://...``); default ``RAY_ADDRESS``, else a
-    local Ray instance started for the write and stopped after it. In a process already connected to Ray
-    (``ray.init`` done), that connection is used and left open. ``tasks``: Ray tasks per step (default: the
-    cluster's CPUs); the output does not depend on it. ``max_retries``: Ray's retries of a task whose worker died.
-    Use it as a context manager, or call :meth:`close`.
+    local Ray instance started for the write and stopped after it, on 127.0.0.1 (see :func:`import_ray`). In a
+    process already connected to Ray (``ray.init`` done), that connection is used and left open. ``tasks``: Ray
+    tasks per step (default: the cluster's CPUs); the output does not depend on it. ``max_retries``: Ray's retries
+    of a task whose worker died. Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, address: str | None = None, tasks: int | None = None, max_retries: int = MAX_RETRIES) -> None:
@@ -87,8 +94,8 @@ class RayEngine:
             raise OptionError(f"tasks must be a positive whole number, not {tasks!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise OptionError(f"max_retries must be a whole number >= 0, not {max_retries!r}")
-        self.ray = import_ray()
         self.address = address or os.environ.get("RAY_ADDRESS") or None
+        self.ray = import_ray(local=self.address is None)
         self.tasks, self.max_retries = tasks, max_retries
         self._started = False
         if not self.ray.is_initialized():

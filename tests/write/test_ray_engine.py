@@ -4,6 +4,7 @@ index's time and random id aside, which differ between any two writes)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -12,10 +13,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import LONG_LIVED, keep_running, kill_tree, make_audio
 
@@ -36,68 +38,108 @@ def free_port() -> int:
 
 
 def ray_env(home: Path, **more: str) -> dict[str, str]:
-    """The environment of every Ray process here: a home of its own (Ray keeps its auth token there), no
-    usage reports, no RAY_ADDRESS of the machine's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **more}
+    """The environment of every Ray process here: a home and a temporary folder of its own (Ray keeps its auth
+    token and the cluster's address there), no usage reports, no RAY_ADDRESS of the machine's, and everything on
+    127.0.0.1: Ray's setting that stops it rewriting a loopback address to the machine's interface address, and
+    an HTTP proxy nothing listens at for every host but loopback (Ray's dashboard asks cloud metadata addresses
+    which cloud it runs on, usage reports on or off)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and not k.lower().endswith("_proxy")}
+    nowhere = f"http://127.0.0.1:{free_port()}"  # free: nothing listens there
+    proxy = {"http_proxy": nowhere, "https_proxy": nowhere, "no_proxy": "127.0.0.1,localhost,::1"}
+    proxy |= {k.upper(): v for k, v in proxy.items()}
+    loopback = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": str(home)}
+    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", **loopback, **proxy, **more}
 
 
-def start_node(temp: Path, env: dict[str, str], head_port: int | None) -> subprocess.Popen:
-    """``ray start --block``: a head (``head_port`` None) or a node joining it, with ports of its own (both run on
-    this machine) and one CPU; it stays the parent of every Ray process of its node."""
-    ray_cli = str(Path(sys.executable).with_name("ray"))
-    where = (
-        ["--head", "--port", str(env["TEST_RAY_PORT"])]
-        if head_port is None
-        else ["--address", f"127.0.0.1:{head_port}"]
-    )
-    ports = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port"]
-    ports += ["--runtime-env-agent-port", "--node-manager-port", "--object-manager-port"]
-    cmd = [ray_cli, "start", *where, "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1"]
-    cmd += ["--disable-usage-stats", "--temp-dir", str(temp)]
-    cmd += ["--include-dashboard=false"] if head_port is None else []
-    for flag in ports:
-        cmd += [flag, str(free_port())]
-    log = temp.parent / ("head.log" if head_port is None else "node.log")
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    keep_running(proc.pid)  # outlives each test by design: the leak check leaves its tree alone
-    return proc
+def loopback(address: str) -> bool:
+    """Whether a socket address's host is on loopback (or the wildcard a listening socket binds)."""
+    host = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(host, ipaddress.IPv6Address) and host.ipv4_mapped:
+        host = host.ipv4_mapped
+    return host.is_loopback or host.is_unspecified
 
 
-def wait_started(proc: subprocess.Popen, log: Path) -> None:
-    """Wait until ``ray start`` says its node runs (it has then joined the cluster)."""
-    deadline = time.monotonic() + 120
-    while b"Ray runtime started" not in (log.read_bytes() if log.exists() else b""):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"a Ray node did not start: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.2)
+class Sockets:
+    """Watches, from a thread, every inet socket of this process's descendants (the cluster's Ray processes and
+    the ``shardify`` drivers) and keeps those whose local or remote address is off loopback: (command, local,
+    remote). ``ss``/psutil read the kernel's tables, so a connection that lives between two samples can be
+    missed; Ray's connections to its nodes live as long as the cluster."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval, self.outside = interval, set[tuple[str, str, str]]()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        mine = {p.pid for p in psutil.Process().children(recursive=True)}
+        for c in psutil.net_connections(kind="inet"):
+            if c.pid not in mine:
+                continue
+            ends = [c.laddr] + ([c.raddr] if c.raddr else [])
+            if not all(loopback(end.ip) for end in ends):
+                try:
+                    name = " ".join(psutil.Process(c.pid).cmdline())[:120]
+                except psutil.Error:
+                    name = str(c.pid)
+                remote = f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else "-"
+                self.outside.add((name, f"{c.laddr.ip}:{c.laddr.port}", remote))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def stop(self) -> set[tuple[str, str, str]]:
+        self._stop.set()
+        self._thread.join()
+        return self.outside
+
+
+#: the running cluster's socket watcher (one at most), for the tests to check after they ran
+CLUSTER_SOCKETS: list[Sockets] = []
 
 
 @pytest.fixture(scope="module")
 def cluster(ray_installed, tmp_path_factory) -> Iterator[tuple[str, dict[str, str], Path]]:
-    """A Ray head and a second node on 127.0.0.1 (one CPU each): (address, environment, kill-hook marker). Both
-    node processes and all below them are ended after the module's tests; no `ray stop` (which would end
-    every Ray process of the machine's user)."""
+    """A Ray head and a second node on 127.0.0.1 (one CPU each, ``ray_cluster.py``): (address, environment,
+    kill-hook marker). The node processes and all below them are ended after the module's tests; no `ray stop`
+    (which would end every Ray process of the machine's user). No socket of any of them, nor of a driver, leaves
+    loopback while it runs (checked after each test that uses it and when the cluster stops)."""
     home = tmp_path_factory.mktemp("rayhome")
     top = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths must fit in 107 characters
-    temp = top / "t"
     marker = home / "killed-once"
-    port = free_port()
-    env = ray_env(home, TEST_RAY_PORT=str(port), STREAMBATCH_RAY_TEST_KILL=f"1:{marker}")
-    procs: list[subprocess.Popen] = []
+    env = ray_env(top, STREAMBATCH_RAY_TEST_KILL=f"1:{marker}")
+    sockets = Sockets()
+    helper = Path(__file__).with_name("ray_cluster.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(helper), str(top / "t")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=open(home / "cluster.log", "wb"),
+        text=True,
+        start_new_session=True,
+    )
+    keep_running(proc.pid)  # outlives each test by design: the leak check leaves its tree alone
     try:
-        procs.append(start_node(temp, env, None))
-        procs.append(start_node(temp, env, port))  # at once: it waits for the head's GCS to answer
-        for proc, log in zip(procs, ("head.log", "node.log")):
-            wait_started(proc, top / log)
-        yield f"127.0.0.1:{port}", env, marker
+        address = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        if not address:
+            pytest.fail(f"the Ray cluster did not start: {(home / 'cluster.log').read_text(errors='replace')[-2000:]}")
+        CLUSTER_SOCKETS.append(sockets)
+        yield address, env, marker
     finally:
-        for p in reversed(procs):
-            kill_tree(p.pid)
-            p.wait()
-            LONG_LIVED.discard(p.pid)
+        kill_tree(proc.pid)
+        proc.wait()
+        LONG_LIVED.discard(proc.pid)
         shutil.rmtree(top, ignore_errors=True)
+        outside = sockets.stop()
+        assert not outside, f"Ray sockets off loopback: {sorted(outside)}"
+
+
+def assert_on_loopback() -> None:
+    """No socket of the cluster or of a driver has left loopback so far."""
+    outside = CLUSTER_SOCKETS[-1].outside if CLUSTER_SOCKETS else set()
+    assert not outside, f"sockets off loopback: {sorted(outside)}"
 
 
 def shardify(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -157,6 +199,7 @@ def test_ray_write_with_a_killed_task_equals_a_single_process_write(tmp_path, cl
     assert "wrote 31 samples in 11 shards" in r.stdout
     assert marker.exists(), "the kill hook did not run: no task was killed"
     same_output(single, on_ray)
+    assert_on_loopback()
     assert len([n for n in os.listdir(single) if n.endswith(".tar")]) == 11
     assert not [n for n in os.listdir(on_ray) if ".tmp" in n]  # the retry removed the killed attempt's leftovers
 
@@ -177,6 +220,23 @@ def test_ray_index_of_tars_equals_a_local_index(tmp_path, cluster, audio, monkey
     assert r.returncode == 0, r.stderr
     assert re.search(r"indexed 31 samples in 11 tars", r.stdout), r.stdout
     same_output(local, on_ray)
+    assert_on_loopback()
+
+
+def test_a_local_ray_instance_stays_on_loopback(ray_installed, tmp_path, audio):
+    """Without an address the write starts a local Ray instance for itself: it and every process it starts stay
+    on 127.0.0.1 (Ray's own default would run it on the machine's interface address), and it is stopped after."""
+    env = ray_env(Path(tempfile.mkdtemp(prefix="r", dir="/tmp")))
+    del env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]  # the write itself keeps the instance on loopback
+    sockets = Sockets()
+    try:
+        r = shardify(env, "write", str(audio), str(tmp_path / "o"), *WRITE, "--engine", "ray")
+    finally:
+        outside = sockets.stop()
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    assert "wrote 31 samples in 11 shards" in r.stdout
+    assert not outside, f"sockets off loopback: {sorted(outside)}"
 
 
 def test_engine_options_need_the_ray_engine(capsys, audio, tmp_path):
