@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .dataset.limits import LimitExceeded, loads
 from .dist import process_info, worker_info
 from .errors import OptionError, SampleError, callable_option, int_option
+from .limits import LimitExceeded, loads
 from .plan.batcher import BucketBatcher, iter_batches
 from .plan.config import BatchingConfig, slot_seed
 from .read.collate import collate

@@ -27,7 +27,7 @@ SR = 16000
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
-#: the record of shards hashed on this node (streambatch/read/verified.py) goes to this test run's own folder, not
+#: the record of shards hashed on this node (streambatch/io/verified.py) goes to this test run's own folder, not
 #: the user's: the subprocesses a test starts inherit it, and it goes when the run ends
 _RECORD = tempfile.mkdtemp(prefix="streambatch-tests-verified-")
 os.environ.setdefault("STREAMBATCH_VERIFY_RECORD", _RECORD)

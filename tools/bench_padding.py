@@ -607,7 +607,7 @@ def run_epochs(spec: dict) -> dict:
     """Several epochs in this process, each timed: streambatch through one loader (the first epoch from building
     it), the bare loop as ``run_bare`` each epoch. The node's record of hashed shards starts empty (a folder of
     this run's), so the first epoch hashes every shard as a first run on the node would."""
-    from streambatch.read import verified
+    from streambatch.io import verified
 
     epochs, w, seed = spec["epochs"], spec["workers"], spec["seed"]
     if spec["loader"] == "bare":

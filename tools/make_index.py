@@ -64,7 +64,7 @@ def write_synthetic_index(
     """Write the synthetic index to the folder (or URL) ``out``; returns the index file's URL."""
     from streambatch.dataset.columnar import INDEX_NAME
     from streambatch.dataset.columnar_write import write_v2
-    from streambatch.dataset.storage import join_url
+    from streambatch.io.storage import join_url
 
     sample_rate = SAMPLE_RATE if unit == "samples" else None
     meta = {"source": "tools/make_index.py", "seed": seed}

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import NO_SPACE_ERRNOS, InputErrors, StreamBatchError
 from ..interrupts import Interrupter
-from ..write.lock import writers
+from ..io.lock import writers
 from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
 from .args import PROG, os_error_text
 

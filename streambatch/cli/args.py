@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
 from ..dataset.index import IndexFormatError, ShardIndex
-from ..dataset.tempname import temporary_name
 from ..errors import ShardifyError, os_problem
+from ..io.tempname import temporary_name
 from ..units import Unit
 
 PROG = "shardify"

@@ -9,8 +9,8 @@ import sys
 from ..dataset.audio import AUDIO_EXTENSIONS
 from ..dataset.columns import left_out_note
 from ..dataset.describe import total_text, unit_text
-from ..dataset.limits import DEFAULT_MAX_COLUMNS
 from ..dataset.trust import allow_line, roots_for
+from ..limits import DEFAULT_MAX_COLUMNS
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope
 from .args import add_engine, add_shared, add_storage, engine, not_empty, shared_keywords

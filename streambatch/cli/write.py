@@ -9,7 +9,7 @@ from typing import Any
 
 from ..dataset.columns import left_out_note
 from ..dataset.describe import total_text, unit_text
-from ..dataset.limits import DEFAULT_MAX_COLUMNS
+from ..limits import DEFAULT_MAX_COLUMNS
 from .args import PROG, add_engine, add_shared, add_storage, engine, non_negative, positive_int, shared_keywords, size
 
 SOURCE_HELP = (
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, index: Any, stats: dict[str, int]) -> None:
     """What the write did: skipped inputs (stderr), kept and written shards, the dataset or part written."""
-    from ..dataset.storage import join_url
+    from ..io.storage import join_url
     from ..write.parts import Scope
 
     scope = Scope(args.part)

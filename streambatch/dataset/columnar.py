@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import IndexError_, IndexFormatError  # noqa: F401  (IndexError_: the old name, still importable here)
+from ..io.prefetch import PartPrefetch, asked
+from ..io.storage import is_local, join_url, open_sized
 from .index_values import Rows, check_group, check_shard_totals
 from .parquet_table import ParquetTable, column_numpy
-from .prefetch import PartPrefetch, asked
-from .storage import is_local, join_url, open_sized
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa

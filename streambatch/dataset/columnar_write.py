@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import IndexFormatError, OptionError
+from ..io.storage import AtomicWriter, is_local, local_path, parent_url, remove, write_bytes_atomic
 from ..plan.stats import json_number
 from . import columnar
 from .columnar import FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, sample_schema, shard_schema, table_names, table_url
 from .columns import arrow_column
 from .index_swap import clear_names, drop_tables, free_names, named_tables, swapped_in
-from .storage import AtomicWriter, is_local, local_path, parent_url, remove, write_bytes_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, overload
 
 from ..errors import ColumnError, OptionError, shown
-from .limits import DEFAULT_MAX_COLUMNS
+from ..limits import DEFAULT_MAX_COLUMNS
 
 #: the sample table's own columns: a field of the same name cannot be a metadata column
 RESERVED = ("shard", "key", "length", "offset", "size", "output_length", "segment_start", "segment_frames")

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import limits
 from ..errors import DatasetNotFound, OptionError, output_fits, path_option
+from ..io.storage import join_url, local_path, parent_url, read_whole, write_bytes_atomic
 from ..plan.stats import LengthStats, json_number, stream_stats
 from ..units import Unit
-from . import limits
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
 from .columns import merged_columns
@@ -29,7 +30,6 @@ from .index_header import check_header
 from .index_values import check_v1
 from .members import ShardMembers, shard_members
 from .shards import SHARD_NUMBERS, ShardInfo, ShardList, _packed_dtype, _saving
-from .storage import join_url, local_path, parent_url, read_whole, write_bytes_atomic
 from .trust import Roots
 
 __all__ = ["FORMAT", "INDEX_NAME", "IndexFormatError", "ShardIndex", "ShardInfo", "ShardList", "upgrade"]

@@ -10,10 +10,10 @@ import contextlib
 import os
 import re
 
-from . import limits
+from .. import limits
+from ..io.storage import is_local, listdir, local_path, read_prefix, remove
+from ..io.tempname import is_temporary
 from .columnar import beside_index, table_names, table_url
-from .storage import is_local, listdir, local_path, read_prefix, remove
-from .tempname import is_temporary
 
 #: the most of an index file in place read to learn which tables it names (a header of 10⁹ samples is ~1 MB)
 HEADER_READ = 64 << 20

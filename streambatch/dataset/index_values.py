@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import limits
 from ..errors import IndexFormatError
-from . import limits
 from .parquet_table import column_numpy
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -19,9 +19,9 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from ..errors import DatasetNotFound, IndexFormatError, OptionError, number_option, path_option, shown
+from ..io import storage
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
 from ..plan.stats import LengthStats, stream_stats
-from . import storage
 from .index import INDEX_NAME, ShardIndex
 from .trust import Roots
 

@@ -34,12 +34,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from .. import limits
 from ..errors import NO_SPACE_ERRNOS, DatasetNotFound, IndexFormatError, os_problem
-from . import limits
+from ..io.node_files import cache_folder, cache_name, file_lock
+from ..io.storage import filesystem, is_local
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
-from .node_files import cache_folder, cache_name, file_lock
-from .storage import filesystem, is_local
 
 log = logging.getLogger("streambatch")
 

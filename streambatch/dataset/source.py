@@ -9,10 +9,10 @@ from typing import Any
 import braceexpand
 
 from ..errors import DatasetNotFound, OptionError, path_option, shown
-from . import storage
+from ..io import storage
+from ..io.node_files import check_cache_dir
 from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
-from .node_files import check_cache_dir
 from .shared_index import load_index
 
 

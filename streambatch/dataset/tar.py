@@ -11,8 +11,8 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+from .. import limits
 from ..errors import ShardReadError
-from . import limits
 
 #: members larger than this are read a piece at a time, so what is held grows with the bytes that really
 #: arrive, never with the size a header claims

@@ -179,7 +179,7 @@ def check_output(out: str | os.PathLike | None, name: str = "out") -> str | None
     under a file, and its nearest existing folder must be writable; else an :class:`OptionError`."""
     if out is None:
         return None
-    from ..dataset.storage import is_local, local_path
+    from ..io.storage import is_local, local_path
 
     url = os.fspath(out)
     if not is_local(url):
@@ -393,7 +393,7 @@ def measure_and_fit(
 def write_calibration(result: dict[str, Any], out: str) -> None:
     """Write the calibration JSON to ``out`` (a path or URL) whole or not at all; a disk or quota that is full
     is an :class:`~streambatch.errors.OutputError` naming ``out``."""
-    from ..dataset.storage import write_bytes_atomic
+    from ..io.storage import write_bytes_atomic
 
     with output_fits(out, "the calibration"):
         write_bytes_atomic(out, (json.dumps(result, indent=1) + "\n").encode())

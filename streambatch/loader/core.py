@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader
 
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex
-from ..dataset.prefetch import lengths_ahead
 from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError, int_option
+from ..io.prefetch import lengths_ahead
+from ..io.ranges import warm_up
 from ..plan.budget import parse_budget
 from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
 from ..plan.lengths import Lengths, index_lengths
@@ -24,7 +25,6 @@ from ..plan.perturb import planned_lengths
 from ..plan.resume import Resumed, excluded_in
 from ..plan.slot import Adjust, KeptSlots, per_worker
 from ..read.collate import Decode
-from ..read.ranges import warm_up
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
 from .mesh import data_parallel

@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
 from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
+from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration

@@ -9,7 +9,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..errors import OptionError
-from ..read.ranges import before_workers
+from ..io.ranges import before_workers
 from ..read.ring import BatchRing
 from ..read.worker import EpochStream
 from .options import RunOptions

@@ -23,18 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.format import sha256_problem
-from ..dataset.limits import max_member_bytes
 from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.mixture import AnyIndex
-from ..dataset.storage import is_local
 from ..dataset.tar import buffer_members, group_samples
 from ..errors import IndexFormatError, IndexMismatch, ShardReadError
+from ..io.digest import sha256_problem
+from ..io.ranges import Count
+from ..io.storage import is_local
+from ..io.verified import Hashed, fd_changed, file_version, hash_open_file, recorded_sha256
+from ..limits import max_member_bytes
 from ..plan.shards import Piece
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .fetch import Job, _prepare_local
-from .ranges import Count
-from .verified import Hashed, fd_changed, file_version, hash_open_file, recorded_sha256
 
 #: open shard files (and their offset arrays) a worker keeps; a batch's samples come from a window of shards
 OPEN_SHARDS = 64

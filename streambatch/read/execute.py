@@ -186,7 +186,7 @@ class _Executor:
             self.lost.add(pos)
             self.count("lost_samples")
             return None
-        if "__bad__" in sample:  # over a limit (dataset/limits.py): a bad sample, counted, then re-drawn
+        if "__bad__" in sample:  # over a limit (limits.py): a bad sample, counted, then re-drawn
             bad_sample(self.faults, sample)
             self.lost.add(pos)
             return None

@@ -19,7 +19,7 @@ from typing import TypeVar
 import numpy as np
 
 from ..errors import ChecksumMismatch, IndexMismatch, RetriesExhausted, ShardReadError, TooManyBadShards  # noqa: F401
-from .retry import error_code, is_transient
+from ..io.retry import error_code, is_transient
 
 log = logging.getLogger("streambatch")
 
@@ -38,7 +38,7 @@ FAULT_FIELDS = (
     "skipped_steps",  # steps a resume skipped (load_state_dict(skip_steps=...)), and their samples
     "skipped_samples",
     "sha256_hashed",  # shards a reader hashed whole (verify="sha256"), and those whose hash this node
-    "sha256_reused",  # had already computed for the same file version (read/verified.py): not read again
+    "sha256_reused",  # had already computed for the same file version (io/verified.py): not read again
     "bad_shards_storage",  # of bad_shards, those the store did not answer or refused (storage_fault)
     "cache_bypassed",  # remote shards read without the node cache, which could not store them (disk full, ...)
 )

@@ -18,14 +18,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from ..dataset.format import Digest, HashingReader, sha256_problem
-from ..dataset.storage import is_local, local_path
 from ..errors import ShardReadError, StreamBatchError
-from .cache import ShardCache
+from ..io.cache import ShardCache
+from ..io.digest import Digest, HashingReader, sha256_problem
+from ..io.ranges import Count, RangeReader, check_size
+from ..io.readahead import InOrder, Job, ReadAhead, job_chunks
+from ..io.storage import is_local, local_path
+from ..io.verified import changed_since, object_key, recorded_sha256, remember, remember_sha256
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
-from .ranges import Count, RangeReader, check_size
-from .readahead import InOrder, Job, ReadAhead, job_chunks
-from .verified import changed_since, object_key, recorded_sha256, remember, remember_sha256
 
 log = logging.getLogger("streambatch")
 
@@ -165,7 +165,7 @@ def os_reason(e: OSError) -> str:
 
 
 class _Cached:
-    """Remote shards through the node-local cache (:mod:`streambatch.read.cache`): downloaded whole once per
+    """Remote shards through the node-local cache (:mod:`streambatch.io.cache`): downloaded whole once per
     node, checked (size and sha256), then read from disk. A cache that cannot store a shard (its disk full or
     over quota, read-only, its folders unmakeable) is not the shard's fault: that shard is streamed as without a
     cache (warned), and for :data:`CACHE_RETRY_SECONDS` only shards it already holds are read from it."""

@@ -17,11 +17,11 @@ from ..dataset.members import PLAIN, ShardMembers
 from ..dataset.tar import group_samples, iter_members
 from ..dataset.trust import shard_roots_option
 from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
+from ..io.retry import RetryPolicy
 from ..plan.shards import Piece
 from ..units import parse_bytes
 from .faults import ChecksumMismatch, FaultLog, ShardFault, bad_sample
 from .fetch import Fetcher, Job
-from .retry import RetryPolicy
 from .skip import Span
 
 VERIFY = ("sha256", "size", "none")
@@ -48,7 +48,7 @@ class ReadOptions:
     into the cache. At most ``max_read_concurrency``: raising it above 16 means raising that too."""
     max_read_concurrency: int = 16
     """The most range requests one worker's read-ahead keeps in flight as it adapts to the store's latency
-    (:mod:`~streambatch.read.inflight`); a node has at most this many per worker process of each rank on it.
+    (:mod:`~streambatch.io.inflight`); a node has at most this many per worker process of each rank on it.
     The bytes they hold stay within ``read_ahead``. At most :data:`MAX_READ_CONCURRENCY` (256): each request in
     flight is a thread of the worker's fetch pool and a connection to the store."""
     retries: int = 8
@@ -59,12 +59,12 @@ class ReadOptions:
     """Seconds a request may take to connect or go without data before it counts as failed; at most a day."""
     verify: str = "sha256"
     """What is checked against the index (:data:`VERIFY`): ``"sha256"`` (size before reading, checksum once the
-    shard is read; a local file's checksum once per node and file version, :mod:`~streambatch.read.verified`),
+    shard is read; a local file's checksum once per node and file version, :mod:`~streambatch.io.verified`),
     ``"size"`` or ``"none"``."""
     max_bad_shards: int = 2
     """Bad shards tolerated per rank and epoch (all its workers together); one more raises."""
     cache_dir: str | None = None
-    """A node-local shard cache (:mod:`streambatch.read.cache`): each shard downloaded once per node; None: none."""
+    """A node-local shard cache (:mod:`streambatch.io.cache`): each shard downloaded once per node; None: none."""
     cache_size: int | None = None
     """The cache's limit in bytes, least recently used shards evicted first; None: no limit. Only with
     ``cache_dir`` (without a cache there is nothing to limit). A shard larger than the limit is read from storage
@@ -181,7 +181,7 @@ def read_pieces(
     <streambatch.dataset.index.ShardIndex.shard_members>`: keys with dots, segments), if any.
     Without ``faults`` a bad shard raises :class:`ShardReadError`; with it, the shard is counted and skipped
     (and with ``markers`` a :class:`ShardFault` takes its place in the stream) within the budget. A bad sample
-    (``__bad__``: over a limit of :mod:`streambatch.dataset.limits`) is counted lost and left out, or with
+    (``__bad__``: over a limit of :mod:`streambatch.limits`) is counted lost and left out, or with
     ``markers`` left in the stream, where its planned position is.
     """
     opened = OpenedPieces(urls, pieces, storage_options, options, shards, faults, markers, index)

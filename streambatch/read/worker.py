@@ -20,6 +20,7 @@ from ..dataset.mixture import AnyIndex, DatasetNames
 from ..dataset.where import PlanFilter, left_out
 from ..dist import worker_info
 from ..errors import EmptyEpochError, OptionError, SampleError, shown
+from ..io.ranges import warm_up
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.epoch import RankSchedule
@@ -35,7 +36,6 @@ from .execute import execute_direct, execute_plan, pieces_needed, positioned
 from .exits import closed_at_exit
 from .faults import FAULT_FIELDS, FaultLog
 from .lanes import interleaved, lane_options
-from .ranges import warm_up
 from .reader import OpenedPieces, ReadOptions, read_pieces
 from .ring import BatchRing
 from .skip import skip_left_out

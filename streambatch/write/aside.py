@@ -26,8 +26,8 @@ import shutil
 import sys
 from collections.abc import Iterator
 
-from ..dataset import storage
 from ..errors import InputErrors, StreamBatchError
+from ..io import storage
 from .parts import ASIDE_PREFIX, Scope, clear_out, remove_quiet, replaced_names
 
 PART_ASIDE_NAME = ASIDE_PREFIX + "-part-{:04d}"

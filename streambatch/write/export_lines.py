@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..dataset.members import SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import group_samples, iter_members
 from ..errors import ShardifyError
+from ..io import storage
 
 #: ``.json`` fields that describe our shards, not the sample, or that NeMo's own keys replace
 OWN_FIELDS = frozenset(

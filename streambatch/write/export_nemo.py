@@ -40,12 +40,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset import storage
 from ..dataset.index import ShardIndex
-from ..dataset.tempname import is_temporary
 from ..errors import ShardifyError, output_fits
+from ..io import storage
+from ..io.lock import holds_lock, is_lock_file
+from ..io.tempname import is_temporary
 from .export_lines import read_shard
-from .lock import holds_lock, is_lock_file
 from .ordered import ordered
 from .swap import Swap
 

@@ -15,8 +15,8 @@ import os
 import re
 from typing import Any
 
-from ..dataset.storage import is_local, local_path
 from ..errors import InputProblem, ShardifyError
+from ..io.storage import is_local, local_path
 from .records import Record, iter_jsonl, resolve_path, sanitize_key
 from .segments import Segment
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..dataset import storage
 from ..dataset.columnar_write import source_date_epoch
 from ..dataset.columns import ColumnError, merged_columns
 from ..dataset.format import (
@@ -31,8 +30,9 @@ from ..dataset.format import (
 )
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError, output_fits
+from ..io import storage
+from ..io.lock import holds_lock, is_lock_file
 from ..units import Unit
-from .lock import holds_lock, is_lock_file
 from .restore import clear_kept, restored_on_failure
 from .verify import verify_dataset
 

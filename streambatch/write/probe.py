@@ -23,10 +23,10 @@ from typing import IO, Any, Literal, TypeVar
 
 from tqdm import tqdm
 
-from ..dataset import storage
 from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, OptionError, ShardifyError, int_option, os_problem, shown
 from ..interrupts import Interrupter
+from ..io import storage
 from ..procs import die_with_parent
 from ..units import Unit
 from .records import LENGTH_FIELDS, Record

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-from ..dataset import storage
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import OptionError, ShardifyError, StreamBatchError, os_problem
+from ..io import storage
 from .adopt.index import index_tars, scan_tars
 from .adopt.scan import ShardScan
 from .parts import part_range, remove_quiet

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset import limits
-from ..dataset.storage import is_local, local_path, open_url
+from .. import limits
 from ..errors import InputProblem, ShardifyError
+from ..io.storage import is_local, local_path, open_url
 from .segments import Segment
 
 AUDIO_PATH_FIELDS = ("audio_filepath", "path", "wav", "file_path")
@@ -97,7 +97,7 @@ def open_lines(src: str) -> Iterator[Any]:
 
 def numbered_lines(f: Any) -> Iterator[tuple[int, bytes | None]]:
     """``(line number, bytes)`` of each line of ``f``; None for a line longer than
-    :func:`~streambatch.dataset.limits.max_line_bytes`, read past without being held."""
+    :func:`~streambatch.limits.max_line_bytes`, read past without being held."""
     most = limits.max_line_bytes()
     n = 0
     while raw := f.readline(most + 1):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dataset import storage
 from ..dataset.index import ShardIndex
 from ..errors import ShardifyError
+from ..io import storage
 from .parts import SAME_RUN_FIELDS, Scope, check_shards_there, missing_shard
 
 

@@ -2,7 +2,7 @@
 files written one after the other (``errors.jsonl``, then ``index.json`` of ``shardify merge``) change together
 or not at all.
 
-Locally the file is kept under a temporary name (:mod:`~streambatch.dataset.tempname`) by a hard link, which
+Locally the file is kept under a temporary name (:mod:`~streambatch.io.tempname`) by a hard link, which
 costs no space (a copy where the filesystem has no hard links), and renamed back on failure, which needs none;
 on object storage its bytes are kept in memory and uploaded again. A file that was not there is removed again.
 """
@@ -15,9 +15,9 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..dataset import storage
-from ..dataset.tempname import is_temporary, temporary_name
 from ..errors import output_fits
+from ..io import storage
+from ..io.tempname import is_temporary, temporary_name
 
 
 @dataclass

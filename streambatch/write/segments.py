@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from ..dataset import storage
+from ..io import storage
 
 #: a segment may run past the end of its recording by this much (a tool's rounding) and is then cut at the end;
 #: more is an input error

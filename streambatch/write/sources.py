@@ -17,10 +17,10 @@ import re
 from collections.abc import Generator
 from typing import Any
 
-from ..dataset import limits
+from .. import limits
 from ..dataset.audio import AUDIO_EXTENSIONS
-from ..dataset.storage import is_local, local_path
 from ..errors import InputProblem, ShardifyError
+from ..io.storage import is_local, local_path
 from .hf_source import hf_rows, is_hf_source
 from .hf_source import is_text as hf_is_text
 from .records import (

@@ -13,9 +13,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..dataset import limits
-from ..dataset.storage import is_local, open_url
+from .. import limits
 from ..errors import InputProblem, ShardifyError
+from ..io.storage import is_local, open_url
 from .records import AUDIO_PATH_FIELDS, LENGTH_FIELDS, Record, record_from_audio_entry, sanitize_key
 
 _WS = re.compile(r"\s*")

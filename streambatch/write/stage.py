@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ..dataset import storage
-from ..dataset.format import Digest, HashingReader, sha256_problem, size_problem
-from ..dataset.guards import write_error
 from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError, StreamBatchError
-from .lock import holds_lock
+from ..io import storage
+from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
+from ..io.guards import write_error
+from ..io.lock import holds_lock
 from .stage_dest import DestState, begin, finish, survey
 from .tarwrite import atomic_file
 
@@ -105,7 +105,7 @@ def _copy_with_retries(
 ) -> Digest:
     """Copy ``src`` to the local file ``to[0]`` (the temporary file of ``to[1]``), hashing on the way; a remote
     read error is retried from the start (``ATTEMPTS`` in all). An error writing the copy is not retried: it is
-    raised naming ``to[1]`` (:func:`~streambatch.dataset.guards.write_error`)."""
+    raised naming ``to[1]`` (:func:`~streambatch.io.guards.write_error`)."""
     attempt = 0
     while True:
         done = 0

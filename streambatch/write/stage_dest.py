@@ -23,10 +23,10 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..dataset import storage
 from ..dataset.index import INDEX_NAME, ShardIndex
 from ..dataset.index_swap import drop_tables, named_tables
 from ..errors import ShardifyError, StreamBatchError
+from ..io import storage
 
 #: the marker in DEST naming the dataset a stage under way (or cut short) copies there
 STAGING_NAME = ".shardify-staging.json"

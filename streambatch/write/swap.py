@@ -2,7 +2,7 @@
 folder holds either the whole old set or the whole new one, never a mix.
 
 The new set is written into a staging folder in the folder (:meth:`Swap.staging`: a temporary name,
-:mod:`~streambatch.dataset.tempname`). :meth:`Swap.publish` then moves the old set into a hidden aside folder,
+:mod:`~streambatch.io.tempname`). :meth:`Swap.publish` then moves the old set into a hidden aside folder,
 the entry that says the set is complete (the last name) first, marks the aside folder complete, and renames the
 new entries into place, the last name last: a handful of renames whatever the set's size. An error or interrupt
 while publishing moves the old set back. A process killed outright leaves the aside folder; the next run, under
@@ -19,7 +19,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..dataset.tempname import is_temporary, temporary_name
+from ..io.tempname import is_temporary, temporary_name
 
 #: the file in an aside folder saying that every old entry is in it (the new ones may be moving in)
 _ALL_ASIDE = ".all-set-aside"

@@ -20,12 +20,13 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from ..dataset import storage
-from ..dataset.format import Digest, keys_sha1, size_problem
-from ..dataset.guards import write_error
+from ..dataset.format import keys_sha1
 from ..dataset.index import ShardInfo
-from ..dataset.tempname import temporary_name
 from ..errors import ShardifyError, StreamBatchError, os_problem, output_fits
+from ..io import storage
+from ..io.digest import Digest, size_problem
+from ..io.guards import write_error
+from ..io.tempname import temporary_name
 from .records import Record
 
 TAR_FORMAT: Final = tarfile.PAX_FORMAT

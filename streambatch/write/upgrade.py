@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import inspect
 
-from ..dataset import storage
 from ..dataset.index import INDEX_NAME, ShardIndex
 from ..errors import ShardifyError, os_problem
-from .lock import Where, holds_lock
+from ..io import storage
+from ..io.lock import Where, holds_lock
 
 
 def index_file(url: str) -> str:

@@ -21,15 +21,17 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..dataset import limits, storage
+from .. import limits
 from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
 from ..dataset.audio import decode as decode_audio
-from ..dataset.format import HashingReader, keys_sha1, sha256_problem, size_problem
+from ..dataset.format import keys_sha1
 from ..dataset.index import ShardIndex, ShardInfo
 from ..dataset.index_check import table_problems
 from ..dataset.members import PLAIN, SEGMENT_FIELD, ShardMembers
 from ..dataset.tar import iter_members, split_name
 from ..errors import IndexFormatError, ShardReadError
+from ..io import storage
+from ..io.digest import HashingReader, sha256_problem, size_problem
 from ..units import Unit, same_length
 
 

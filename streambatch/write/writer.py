@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..dataset import storage
 from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
 from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import (
@@ -32,10 +31,11 @@ from ..errors import (
     path_option,
     shown,
 )
+from ..io import storage
+from ..io.lock import holds_lock
 from ..units import Unit, parse_bytes
 from .aside import recover_replaced, replacing
 from .engines import Engine
-from .lock import holds_lock
 from .parts import Scope, check_out, parse_part, part_range, prepare_resume, utc_now, write_errors
 from .probe import MAX_SAMPLE_RATE, MAX_WORKERS, check_storage_options, check_unit, measured, probe_slice, process_pool
 from .rerun import complete_before

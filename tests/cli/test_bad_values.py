@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from streambatch.cli import main
-from streambatch.dataset import storage
 from streambatch.errors import UnknownStorage
+from streambatch.io import storage
 from streambatch.plan.buckets import MAX_BUCKETS
 from streambatch.plan.config import BatchingConfig
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import members, popen, proc_table
 
 from streambatch.cli import main
-from streambatch.write.lock import LOCK_NAME
+from streambatch.io.lock import LOCK_NAME
 
 #: generous: a loaded machine may be slow, a hang must fail the test, not hang it
 TIMEOUT = 120

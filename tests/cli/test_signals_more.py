@@ -21,7 +21,7 @@ from conftest import members, popen, proc_table
 from faultproxy import Rule
 
 from streambatch.cli import main
-from streambatch.write.lock import LOCK_NAME
+from streambatch.io.lock import LOCK_NAME
 
 pytest_plugins = ["conftest_s3"]
 
@@ -294,7 +294,7 @@ def test_a_bucket_that_does_not_exist_is_one_line_naming_it(corpus, moto_endpoin
 
 def test_object_store_filesystems_have_timeouts_the_user_can_set():
     pytest.importorskip("s3fs")
-    from streambatch.dataset import storage
+    from streambatch.io import storage
 
     url = "s3://b/x"
     fs, _ = storage.filesystem(url, {"anon": True})
@@ -308,8 +308,8 @@ def test_object_store_filesystems_have_timeouts_the_user_can_set():
 # ---- local files --------------------------------------------------------------------------------------------------
 def test_a_fifo_named_like_a_shard_is_a_problem_not_a_hang(corpus, tmp_path):
     """verify opened it without looking: opening a FIFO to read waits for a writer forever."""
-    from streambatch.dataset import storage
     from streambatch.errors import StorageError
+    from streambatch.io import storage
 
     ds = tmp_path / "ds"
     subprocess.run(["cp", "-r", str(corpus / "ds"), str(ds)], check=True)

@@ -23,8 +23,8 @@ from conftest import kill_tree, popen, stop_tree
 
 from streambatch.cli import main
 from streambatch.dataset.index import ShardIndex
+from streambatch.io.lock import is_lock_file, output_lock
 from streambatch.write import stage as stage_module
-from streambatch.write.lock import is_lock_file, output_lock
 from streambatch.write.verify import verify_dataset
 from streambatch.write.writer import write_shards
 

@@ -139,7 +139,7 @@ def row_group_spans(url: str, endpoint: str) -> list[tuple[int, int]]:
     """Byte span of each row group of the sample table (column chunks first to last)."""
     import pyarrow.parquet as pq
 
-    from streambatch.dataset import storage
+    from streambatch.io import storage
 
     with storage.open_url(f"{url}/index.samples/{PART}", "rb", opts(endpoint)) as f:
         meta = pq.ParquetFile(f).metadata

@@ -12,7 +12,7 @@ import torch
 from faultproxy import byte_range, times_read
 
 from streambatch import ShardIndex, StreamBatchLoader
-from streambatch.dataset import storage
+from streambatch.io import storage
 from streambatch.write.verify import verify_dataset
 
 pytest_plugins = ["conftest_s3"]

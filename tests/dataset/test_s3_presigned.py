@@ -1,4 +1,4 @@
-"""Shard range reads over presigned URLs (dataset/s3_direct.py), against the real S3-compatible server behind the
+"""Shard range reads over presigned URLs (io/s3_direct.py), against the real S3-compatible server behind the
 request-logging fault proxy: the same batches as local disk, a refused URL signed again or handed to s3fs, and
 the storage options that keep the s3fs path."""
 
@@ -10,7 +10,7 @@ import pytest
 from faultproxy import Rule
 
 from streambatch import StreamBatchLoader
-from streambatch.dataset import s3_direct
+from streambatch.io import s3_direct
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -70,7 +70,7 @@ def test_urls_are_signed_by_the_filesystem_that_read_the_index(s3_data, proxy):
     its client while nothing falls back to s3fs."""
     import fsspec
 
-    from streambatch.dataset import storage
+    from streambatch.io import storage
 
     storage._READ_FS.clear()  # this test's own reading filesystem, not one an earlier test made read through s3fs
     fsspec.get_filesystem_class("s3").clear_instance_cache()  # and only this test's filesystems in fsspec's cache
@@ -188,7 +188,7 @@ def test_a_body_is_read_into_one_buffer_and_an_odd_answer_is_not_reused():
     error with what arrived already in the sink (a retry resumes after it)."""
     import urllib3
 
-    from streambatch.read.retry import is_transient
+    from streambatch.io.retry import is_transient
 
     pool = urllib3.PoolManager(maxsize=1, retries=False)
     with _Loopback(_odd) as url:
@@ -317,7 +317,7 @@ def test_a_plain_http_body_that_stalls_times_out_with_what_arrived():
 
     import urllib3
 
-    from streambatch.read.retry import is_transient
+    from streambatch.io.retry import is_transient
 
     pool = urllib3.PoolManager(maxsize=1, retries=False)
     with _Loopback(_trickle) as url:

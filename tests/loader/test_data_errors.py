@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from streambatch import EmptyEpochError, OptionError, SampleError, StreamBatchLoader, index_tars
-from streambatch.read.cache import ShardCache
+from streambatch.io.cache import ShardCache
 
 
 def _tar(path: Path, lengths: list) -> None:

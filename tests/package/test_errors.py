@@ -66,19 +66,19 @@ _BUILTIN_RAISES = {
     ("read.transforms", "as_payload"): ("TypeError", "a user callable's result of the wrong type, named"),
     ("read.transforms", "SampleOps._transform"): ("TypeError", "a user callable's result of the wrong type, named"),
     ("read.ring", "_placed"): ("RuntimeError", "a batch used after its loader was garbage-collected"),
-    ("read.retry", "call_with_retry"): ("AssertionError", "unreachable: the loop returns or raises"),
+    ("io.retry", "call_with_retry"): ("AssertionError", "unreachable: the loop returns or raises"),
     ("lightning", "LightningLoader.close"): (
         "RuntimeError",
         "an internal invariant: the loader yields what it planned",
     ),
     ("write.parts", "parse_part"): ("ValueError", "caught a few lines below and re-raised as a ShardifyError"),
     ("write.tarwrite", "_write_tar"): ("ValueError", "an internal invariant: members always carry data"),
-    ("dataset.storage", "_http_range"): ("FileNotFoundError", "a missing object; callers name it as a bad shard"),
-    ("dataset.storage", "object_size"): ("OSError", "storage without sizes; callers name the shard"),
-    ("dataset.s3_direct", "PresignedReader.read"): ("FileNotFoundError", "as _http_range"),
-    ("dataset.s3_direct", "_read_into"): ("ConnectionResetError", "a cut answer: retried as a transient error"),
-    ("dataset.s3_direct", "_receive_waiting"): ("ConnectionResetError", "as _read_into"),
-    ("dataset.s3_direct", "_recv_all"): ("TimeoutError", "a stalled answer: retried, as urllib3's read timeout is"),
+    ("io.storage", "_http_range"): ("FileNotFoundError", "a missing object; callers name it as a bad shard"),
+    ("io.storage", "object_size"): ("OSError", "storage without sizes; callers name the shard"),
+    ("io.s3_direct", "PresignedReader.read"): ("FileNotFoundError", "as _http_range"),
+    ("io.s3_direct", "_read_into"): ("ConnectionResetError", "a cut answer: retried as a transient error"),
+    ("io.s3_direct", "_receive_waiting"): ("ConnectionResetError", "as _read_into"),
+    ("io.s3_direct", "_recv_all"): ("TimeoutError", "a stalled answer: retried, as urllib3's read timeout is"),
 }
 #: raised by protocol, wherever they are: a missing attribute or item, an abstract method, a missing optional extra
 _PROTOCOL = {"AttributeError", "IndexError", "NotImplementedError", "ImportError"}

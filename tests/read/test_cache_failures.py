@@ -20,8 +20,8 @@ from faultproxy import Rule
 
 from streambatch import OptionError, ShardIndex, StreamBatchLoader
 from streambatch.errors import ChecksumMismatch, RetriesExhausted, ShardReadError
+from streambatch.io.cache import ShardCache
 from streambatch.read import fetch
-from streambatch.read.cache import ShardCache
 from streambatch.read.faults import FaultLog, TooManyBadShards
 
 pytest_plugins = ["conftest_s3"]

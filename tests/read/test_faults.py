@@ -17,11 +17,11 @@ import torch
 from faultproxy import Rule, times_read
 
 from streambatch import ShardIndex, StreamBatchLoader
+from streambatch.io.cache import ShardCache, cache_name
+from streambatch.io.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
 from streambatch.plan.shards import Piece
-from streambatch.read.cache import ShardCache, cache_name
 from streambatch.read.faults import FaultLog, TooManyBadShards
 from streambatch.read.reader import ReadOptions, read_pieces, read_shard
-from streambatch.read.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")

@@ -11,8 +11,8 @@ import pytest
 from faultproxy import Rule
 
 from streambatch import ShardIndex
+from streambatch.io import ranges, readahead
 from streambatch.plan.shards import Piece
-from streambatch.read import ranges, readahead
 from streambatch.read.reader import ReadOptions, read_pieces
 
 pytest_plugins = ["conftest_s3"]

@@ -14,11 +14,11 @@ import pytest
 from conftest import text_dataset
 
 from streambatch import ShardIndex
-from streambatch.dataset import format as fmt
+from streambatch.io import digest as fmt
 from streambatch.errors import ShardReadError
+from streambatch.io.ranges import RangeReader
 from streambatch.plan.shards import Piece
 from streambatch.read.faults import FaultLog
-from streambatch.read.ranges import RangeReader
 from streambatch.read.reader import ReadOptions, read_pieces
 
 REMOTE = "http://127.0.0.1:9"  # never contacted

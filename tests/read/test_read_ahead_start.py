@@ -10,7 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from streambatch.read.readahead import Job, ReadAhead, ramp_pieces
+from streambatch.io.readahead import Job, ReadAhead, ramp_pieces
 from streambatch.read.reader import ReadOptions
 
 CHUNK = 8 << 10

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from streambatch import StreamBatchLoader
+from streambatch.io import verified
 from streambatch.plan.shards import Piece
 from streambatch.plan.slot import SlotPlan
-from streambatch.read import direct, verified
+from streambatch.read import direct
 from streambatch.read.execute import execute_plan
 
 pytest_plugins = ["conftest_s3"]

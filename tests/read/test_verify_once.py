@@ -10,7 +10,8 @@ import pytest
 from conftest import audio_dataset
 
 from streambatch import StreamBatchLoader
-from streambatch.read import verified, worker
+from streambatch.io import verified
+from streambatch.read import worker
 
 SR = 8000
 BUDGET = 13 * SR

@@ -11,10 +11,9 @@ import uuid
 import pytest
 
 from streambatch import StreamBatchLoader
-from streambatch.dataset import s3_direct
 from streambatch.errors import ShardReadError
-from streambatch.read import ranges, verified
-from streambatch.read.retry import RetryPolicy
+from streambatch.io import ranges, s3_direct, verified
+from streambatch.io.retry import RetryPolicy
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from fuzz_inputs import write_tar
 
-from streambatch import ShardIndex
+from streambatch import ShardIndex, limits
 from streambatch.cli import main
-from streambatch.dataset import limits
 from streambatch.dataset.tar import iter_members
 from streambatch.errors import ShardReadError
 from streambatch.write.sources import read_source

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import popen
 
-from streambatch.write.lock import _HELD, LOCK_NAME, PART_LOCK_NAME, STALE_AFTER, _FileLock, output_lock
+from streambatch.io.lock import _HELD, LOCK_NAME, PART_LOCK_NAME, STALE_AFTER, _FileLock, output_lock
 
 SHARDIFY = [sys.executable, "-m", "streambatch.cli"]
 ROWS = [{"id": f"s{i}", "text": " ".join(["word"] * (1 + i % 17))} for i in range(40)]

@@ -27,8 +27,8 @@ import pytest
 from conftest import popen, samples_of, stop_tree
 
 from streambatch.errors import OutputError, ShardifyError
+from streambatch.io.lock import is_lock_file
 from streambatch.write import aside, writer
-from streambatch.write.lock import is_lock_file
 from streambatch.write.parts import merge_parts
 from streambatch.write.writer import write_shards
 

@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ...dataset import storage
 from ...dataset.format import keys_sha1
 from ...dataset.index import ShardIndex, ShardInfo
 from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
 from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError, bool_option, choice_option, int_option, os_problem, path_option
+from ...io import storage
+from ...io.lock import holds_lock
 from ..engines import Engine
-from ..lock import holds_lock
 from ..parts import Scope, parse_part, part_range, utc_now, write_errors
 from ..probe import MAX_SAMPLE_RATE, MAX_WORKERS, check_storage_options, check_unit, process_pool
 from ..records import entry_segment

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...dataset import limits, storage
+from ... import limits
 from ...errors import OptionError, ShardifyError, shown
+from ...io import storage
 from ..probe import DURATION_TOLERANCE, DURATION_TOLERANCE_S
 from .scan import ShardScan, finite_number
 

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ...dataset import limits, storage
+from ... import limits
 from ...dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
-from ...dataset.format import HashingReader
 from ...dataset.tar import Oversize, iter_members, split_name
 from ...errors import ShardReadError, shown
+from ...io import storage
+from ...io.digest import HashingReader
 
 
 @dataclass
@@ -188,7 +189,7 @@ def _over_limits(key: str, members: dict[str, bytes]) -> str | None:
 
 
 def kept_fields(meta: dict[str, Any]) -> dict[str, Any]:
-    """The ``.json`` fields kept to choose columns from: the first :data:`~streambatch.dataset.limits.MAX_FIELDS_KEPT`
+    """The ``.json`` fields kept to choose columns from: the first :data:`~streambatch.limits.MAX_FIELDS_KEPT`
     but ``text``, a value that is not a scalar replaced by ``...`` (it can never be a column; not held)."""
     out: dict[str, Any] = {}
     for k, v in meta.items():

@@ -159,7 +159,7 @@ def stream_range(
     heard = [] if heard is None else heard
     reader = s3_direct.reader_for(fs) if protocol in ("s3", "s3a") else None
     if reader is not None:
-        try:  # a presigned URL over urllib3: about half the CPU per byte (dataset/s3_direct.py)
+        try:  # a presigned URL over urllib3: about half the CPU per byte (io/s3_direct.py)
             return s3_direct.presigned_range(reader, path, start, end, sink, timeout, heard)
         except s3_direct.Refused:
             pass  # this filesystem reads through s3fs from now on

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from ..dataset.format import Digest
-from ..dataset.s3_direct import same_bytes as _same
 from ..errors import ShardReadError
+from .digest import Digest
 from .inflight import InFlight
 from .ranges import RangeReader
 from .retry import RetryPolicy
+from .s3_direct import same_bytes as _same
 from .verified import hashed_on_node
 
 
@@ -33,7 +33,7 @@ class Job:
         self.local: str | None = None  # read this local file (a local shard, or the cached copy)
         self.file: BinaryIO | None = None  # the cached copy, opened when prepared (eviction cannot take it)
         self.verified = False  # the cached copy was checked in full when it was downloaded
-        self.stat: os.stat_result | None = None  # a local file's stat when it was prepared (read/verified.py)
+        self.stat: os.stat_result | None = None  # a local file's stat when it was prepared (io/verified.py)
         self.reused = False  # a local file whose sha256 this node already computed for this version of it
         self.error: BaseException | None = None
         self.ready = False

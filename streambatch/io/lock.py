@@ -36,10 +36,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
-from ..dataset import storage
-from ..dataset.guards import CLEANUP_TIMEOUT, within
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
+from . import storage
+from .guards import CLEANUP_TIMEOUT, within
 
 LOCK_NAME = ".shardify.lock"
 PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
@@ -168,7 +168,7 @@ def _release(held: list[_Lock], patient: bool = True) -> None:
     """Release the locks taken, last first; one whose file cannot be removed (the folder made read-only meanwhile)
     is still released (its ``flock`` ends with its file descriptor) and is a warning, never an error: the error
     of the write, if any, is the one to report. Not ``patient`` (after an interrupt or an error), a lock file on
-    object storage gets :data:`~streambatch.dataset.guards.CLEANUP_TIMEOUT` seconds to go, then a warning names
+    object storage gets :data:`~streambatch.io.guards.CLEANUP_TIMEOUT` seconds to go, then a warning names
     it: the cleanup of an interrupted write never waits long for a storage that does not answer."""
     for lock in reversed(held):
         try:

@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from ..errors import ShardifyError, StreamBatchError
+from .errors import ShardifyError, StreamBatchError
 
 #: how deep arrays and objects may nest in one JSON document (a lhotse cut nests about 6 deep)
 MAX_JSON_DEPTH = 100
@@ -61,7 +61,7 @@ def _env_int(name: str, default: int) -> int:
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    from ..units import parse_bytes
+    from .units import parse_bytes
 
     try:
         value = parse_bytes(text, name)

@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..dataset.format import size_problem
-from ..dataset.node_files import cache_name, file_lock
 from ..errors import OptionError
+from .digest import size_problem
+from .node_files import cache_name, file_lock
 
 log = logging.getLogger("streambatch")
 

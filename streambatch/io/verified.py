@@ -30,7 +30,7 @@ import threading
 import uuid
 from typing import NamedTuple
 
-from ..dataset.limits import loads
+from ..limits import loads
 
 #: environment variable: the folder of the node record (``off``: no node record, only the in-process one)
 RECORD_ENV = "STREAMBATCH_VERIFY_RECORD"

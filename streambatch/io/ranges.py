@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..dataset.format import size_problem
-from ..dataset.s3_direct import keep_loader, reader_for, same_bytes, signed_elsewhere
-from ..dataset.storage import filesystem, is_local, object_size, reading_filesystem, stream_range
 from ..errors import ShardReadError
+from .digest import size_problem
 from .retry import RetryPolicy, call_with_retry, is_transient
+from .s3_direct import keep_loader, reader_for, same_bytes, signed_elsewhere
+from .storage import filesystem, is_local, object_size, reading_filesystem, stream_range
 
 log = logging.getLogger("streambatch")
 
@@ -38,7 +38,7 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
 def before_workers(urls: Sequence[str], storage_options: dict | None) -> None:
     """In a process about to fork a loader's workers: keep what the S3 client that read the index has loaded (its
     service descriptions) where each worker's own signing client finds it, 40-50 ms of CPU less per worker and
-    epoch (:func:`~streambatch.dataset.s3_direct.keep_loader`; no request is made)."""
+    epoch (:func:`~streambatch.io.s3_direct.keep_loader`; no request is made)."""
     if urls and urls[0].partition("://")[0] in ("s3", "s3a"):
         keep_loader(filesystem(urls[0], storage_options)[0])
 

@@ -1,5 +1,5 @@
 """Files one node's processes share: the name a URL is kept under, the lock that lets one process of the node
-fetch what the others then read (the shard cache, :mod:`streambatch.read.cache`; the node copies of an index,
+fetch what the others then read (the shard cache, :mod:`streambatch.io.cache`; the node copies of an index,
 :mod:`.shared_index`), and the check that the cache folder can hold them."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ options asks for more than a plain signed GET, to a URL the s3fs client presigns
   this module does not map and urllib3 before 2 keep the s3fs path (:func:`usable`), as does
   ``STREAMBATCH_S3_PRESIGNED=0`` in the environment.
 
-Answers are classified as s3fs's are (:mod:`streambatch.read.retry`): 5xx and throttling are transient, a missing
+Answers are classified as s3fs's are (:mod:`streambatch.io.retry`): 5xx and throttling are transient, a missing
 object is a :class:`FileNotFoundError`, a broken body leaves what arrived in ``sink`` for the retry to resume at.
 """
 
