@@ -236,7 +236,7 @@ def say(rank: int, msg: str) -> None:
 
 def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, stop: StopFlag) -> int:
     from streambatch.cli.inspect import parse_budget
-    from streambatch.dataset.mixture import open_index
+    from streambatch.select.mixture import open_index
 
     index = open_index(a.data, None, a.shard_root)  # a dataset, or a mixture file naming several
     budget = parse_budget(a.budget, index)

@@ -14,7 +14,6 @@ import numpy as np
 
 from ..dataset.describe import hours_text, number_text
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..errors import BudgetError, ShardifyError
 from ..plan.buckets import MAX_BUCKETS, estimate_boundaries, suggest_budget
 from ..plan.config import MAX_SEED
@@ -24,6 +23,7 @@ from ..plan.freshness import epoch_batches, pairs_kept
 from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.lengths import index_lengths
 from ..plan.stats import LengthStats
+from ..select.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from .args import (
     SHARED,
     add_shared,
@@ -192,7 +192,7 @@ def inspect_dataset(
 ) -> int:
     """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
     The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
-    the samples this filter keeps (:mod:`~streambatch.dataset.where`), and what fraction that is."""
+    the samples this filter keeps (:mod:`~streambatch.select.where`), and what fraction that is."""
     lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
     summary = _summary(index, dataset, lengths)
     if where is not None:
@@ -216,7 +216,7 @@ def inspect_dataset(
 
 
 def _kept(index: Dataset, where: str) -> LengthStats:
-    from ..dataset.where import kept_stats
+    from ..select.where import kept_stats
 
     try:
         return kept_stats(index, where)

@@ -13,8 +13,6 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import MixedIndex
-from ..dataset.where import left_out, open_filter
 from ..errors import EmptyEpochError, int_option
 from ..io.prefetch import lengths_ahead
 from ..io.ranges import warm_up
@@ -27,6 +25,8 @@ from ..plan.slot import Adjust, KeptSlots, per_worker
 from ..read.collate import Decode
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from ..select.mixture import MixedIndex
+from ..select.where import left_out, open_filter
 from .mesh import data_parallel
 from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
 from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures

@@ -1,4 +1,4 @@
-"""The loader's side of a weight schedule (:mod:`streambatch.dataset.schedule`): the mixture it reads follows the
+"""The loader's side of a weight schedule (:mod:`streambatch.select.schedule`): the mixture it reads follows the
 epoch it is at. Setting the epoch lays the mixture out for that epoch's weights (its shard URLs, filter, dataset
 names and bad-shard flags with it) and the next pass starts its workers on it; a checkpoint records the epoch's
 weights, and a resume whose schedule gives that epoch other weights is refused.
@@ -14,11 +14,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..dataset.mixture import AnyIndex, dataset_names, draw_rows
-from ..dataset.schedule import WeightSchedule
-from ..dataset.source import ShardURLs, open_source
 from ..errors import OptionError, StateError
 from ..read.worker import fault_tensors
+from ..select.mixture import AnyIndex, dataset_names, draw_rows
+from ..select.schedule import WeightSchedule
+from ..select.source import ShardURLs, open_source
 
 #: the loader's attributes that depend on how the mixture is laid out (what :func:`at_epoch` puts back)
 LAYOUT = ("index", "urls", "filter", "collate_options", "_bad_shards", "_schedules", "_dataloader")
@@ -33,7 +33,7 @@ def open_scheduled(
     max_plan_bytes: int,
     cache_dir: str | None = None,
 ) -> tuple[AnyIndex | None, Sequence[str], str, WeightSchedule | None]:
-    """What :func:`~streambatch.dataset.source.open_source` opens, with ``weights`` possibly a schedule: then the
+    """What :func:`~streambatch.select.source.open_source` opens, with ``weights`` possibly a schedule: then the
     mixture is opened with epoch 0's weights, every entry of a list checked, and the schedule returned."""
     schedule = WeightSchedule.of(weights)
     first = weights if schedule is None else schedule.given(0)
@@ -136,5 +136,5 @@ def mixture_problem(saved: list | None, mine: list | None, epoch: int, mid_epoch
 
 
 def _began(rows: list[tuple[str, float, int, int]]) -> list[tuple[str, int, int]]:
-    """Of :func:`~streambatch.dataset.mixture.draw_rows`: each dataset's name, size and where the epoch begins."""
+    """Of :func:`~streambatch.select.mixture.draw_rows`: each dataset's name, size and where the epoch begins."""
     return [(name, size, start) for name, _, size, start in rows]

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dataset.index import ShardIndex
-from ..dataset.mixture import MixedIndex, dataset_names, datasets_of
 from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
 from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
@@ -32,6 +31,7 @@ from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
+from ..select.mixture import MixedIndex, dataset_names, datasets_of
 from ..units import Unit, parse_bytes
 from .mesh import check_data_parallel
 

@@ -7,12 +7,12 @@ import logging
 import time
 from typing import Any
 
-from ..dataset.where import left_out
 from ..errors import EmptyEpochError, OptionError, StateError, int_option
 from ..plan.epoch import RankSchedule, make_epoch_plan, plan_rank_local, share_equalised
 from ..plan.layout import Layout
 from ..plan.resume import Resumed
 from ..plan.slot import KeptSlots
+from ..select.where import left_out
 from .messages import empty_epoch_message, plan_line, split_repeat_line
 from .state import MAX_EPOCH
 from .workers import start_method

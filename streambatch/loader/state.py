@@ -50,7 +50,7 @@ class LoaderState:
     num_samples: int | None = None
     """Samples in the dataset (None without an index)."""
     mixture: Any = None
-    """A mixture's datasets and weights (:meth:`~streambatch.dataset.mixture.MixedIndex.state`), else None; under a
+    """A mixture's datasets and weights (:meth:`~streambatch.select.mixture.MixedIndex.state`), else None; under a
     weight schedule the weights in force for ``epoch`` and where it begins in each dataset."""
     where: str | None = None
     """The filter expression, else None."""

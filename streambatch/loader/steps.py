@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from ..dataset.members import shard_keys
-from ..dataset.mixture import MixedIndex
-from ..dataset.where import left_out
 from ..errors import OptionError, int_option
 from ..plan.epoch import EpochPlan, make_epoch_plan, plan_rank, rank_raw_slots
 from ..plan.resume import Resumed
 from ..plan.skips import SkippedBatch, SkippedSteps, merged, step_ranges
 from ..plan.slot import interleave
+from ..select.mixture import MixedIndex
+from ..select.where import left_out
 from .planning import epoch_arg
 from .state import LoaderState
 

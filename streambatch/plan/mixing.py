@@ -137,7 +137,7 @@ class Selection(LazyMask):
     resume masks): ``sel[gids]``, ``sel[lo:hi]`` and ``sel[gid]`` are True for samples not taken.
 
     ``layout`` maps global ids to (dataset, copy, sample id within the dataset); see
-    :class:`~streambatch.dataset.mixture.MixedIndex`."""
+    :class:`~streambatch.select.mixture.MixedIndex`."""
 
     def __init__(self, layout: GidLayout, draws: Sequence[DatasetDraw], epoch: int):
         self.layout, self.draws, self.epoch = layout, list(draws), int(epoch)

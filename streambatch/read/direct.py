@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ..dataset.members import PLAIN, ShardMembers
-from ..dataset.mixture import AnyIndex
 from ..dataset.tar import buffer_members, group_samples
 from ..errors import IndexFormatError, IndexMismatch, ShardReadError
 from ..io.digest import sha256_problem
@@ -33,6 +32,7 @@ from ..io.storage import is_local
 from ..io.verified import Hashed, fd_changed, file_version, hash_open_file, recorded_sha256
 from ..limits import max_member_bytes
 from ..plan.shards import Piece
+from ..select.mixture import AnyIndex
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 from .fetch import Job, _prepare_local
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dataset.mixture import AnyIndex
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
 from ..plan.slot import piece_excluded
+from ..select.mixture import AnyIndex
 
 
 @dataclass(frozen=True)

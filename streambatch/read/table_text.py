@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from ..dataset.mixture import AnyIndex
+from ..select.mixture import AnyIndex
 
 TEXT_COLUMN = "text"
 #: shards whose texts a worker keeps (a batch's samples come from the shards of one buffer window)

@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from ..dataset.mixture import AnyIndex, DatasetNames
-from ..dataset.where import PlanFilter, left_out
 from ..dist import worker_info
 from ..errors import EmptyEpochError, OptionError, SampleError, shown
 from ..io.ranges import warm_up
@@ -30,6 +28,8 @@ from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.skips import SkippedBatch, SkippedSteps, batch_runs
 from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, stream_lengths
+from ..select.mixture import AnyIndex, DatasetNames
+from ..select.where import PlanFilter, left_out
 from .collate import Decode, collate, split_micro_batches
 from .direct import DirectShards, can_read_direct
 from .execute import execute_direct, execute_plan, pieces_needed, positioned

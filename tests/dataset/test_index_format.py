@@ -242,7 +242,7 @@ def test_workers_get_the_planning_columns_and_resolve_urls_one_at_a_time(tmp_pat
     """What a DataLoader worker is sent: the counts and totals, not every shard's URL and checksums; it
     loads those again if it needs them, and the loader never lists every URL."""
     from streambatch.dataset.columnar import ShardColumns
-    from streambatch.dataset.source import ShardURLs
+    from streambatch.select.source import ShardURLs
 
     ix = synthetic()
     ix.save(str(tmp_path / "ds"), version=2)

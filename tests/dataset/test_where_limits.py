@@ -18,10 +18,10 @@ from conftest import TESTS
 
 from streambatch import StreamBatchLoader
 from streambatch.cli import main
-from streambatch.dataset.where import Where, engine
-from streambatch.dataset.where_engine import EngineError
-from streambatch.dataset.where_sandbox import Engine
 from streambatch.errors import OptionError
+from streambatch.select.where import Where, engine
+from streambatch.select.where_engine import EngineError
+from streambatch.select.where_sandbox import Engine
 from streambatch.write.writer import write_shards
 
 pytest.importorskip("duckdb")
@@ -125,7 +125,7 @@ PROBE = textwrap.dedent(
     """
     import json, os, resource, sys
     import pyarrow as pa
-    from streambatch.dataset import where
+    from streambatch.select import where
     from streambatch.errors import OptionError
 
     os.environ["STREAMBATCH_FILTER_MEMORY"] = "256M"

@@ -15,10 +15,10 @@ from braceexpand import braceexpand
 from conftest import text_dataset
 
 from streambatch import BatchingConfig, Layout, OptionError, StateError, StreamBatchLoader, plan_batches
-from streambatch.dataset.source import MAX_SHARD_URLS, brace_count, expand_urls
 from streambatch.loader.state import pack_mask
 from streambatch.plan.epoch import make_epoch_plan
 from streambatch.plan.resume import equalised_of
+from streambatch.select.source import MAX_SHARD_URLS, brace_count, expand_urls
 
 BUDGET = 400
 RUN = {"world_size": 2, "num_workers": 1, "even_batches": "pad", "hardest_first": False}  # an earlier layout

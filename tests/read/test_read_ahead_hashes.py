@@ -14,8 +14,8 @@ import pytest
 from conftest import text_dataset
 
 from streambatch import ShardIndex
-from streambatch.io import digest as fmt
 from streambatch.errors import ShardReadError
+from streambatch.io import digest as fmt
 from streambatch.io.ranges import RangeReader
 from streambatch.plan.shards import Piece
 from streambatch.read.faults import FaultLog

@@ -8,12 +8,12 @@ from typing import Any
 
 import braceexpand
 
+from ..dataset.index import INDEX_NAME, ShardIndex
+from ..dataset.shared_index import load_index
 from ..errors import DatasetNotFound, OptionError, path_option, shown
 from ..io import storage
 from ..io.node_files import check_cache_dir
-from .index import INDEX_NAME, ShardIndex
 from .mixture import AnyIndex, MixedIndex, mixture_sources
-from .shared_index import load_index
 
 
 class ShardURLs(Sequence[str]):

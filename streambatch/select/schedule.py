@@ -1,7 +1,7 @@
 """Mixture weights that change over training (curricula, annealing): ``weights`` as a schedule, a list of
 per-epoch weights (the last holds for later epochs) or a callable ``epoch -> weights``.
 
-Each epoch's mixture is the :class:`~streambatch.dataset.mixture.MixedIndex` of that epoch's weights, its virtual
+Each epoch's mixture is the :class:`~streambatch.select.mixture.MixedIndex` of that epoch's weights, its virtual
 shards laid out for them (:meth:`MixedIndex.reweighted`). A dataset's samples still come from one endless
 sequence of seeded permutations (:mod:`streambatch.plan.mixing`): epoch ``e`` takes the next ``round(w_e·N)``
 positions, beginning where epoch ``e - 1`` ended, so the per-epoch counts are exact and no sample repeats before
