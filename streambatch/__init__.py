@@ -2,7 +2,6 @@
 
 from typing import TYPE_CHECKING
 
-from .dataset.index import ShardIndex, ShardInfo
 from .errors import (
     AudioError,
     BudgetError,
@@ -31,6 +30,7 @@ from .errors import (
     UnknownStorage,
     UntrustedURL,
 )
+from .format.index import ShardIndex, ShardInfo
 from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
 from .plan.buckets import estimate_boundaries, suggest_budget
 from .plan.config import BatchingConfig

@@ -182,7 +182,7 @@ def run_streambatch(
 def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
     """(index, reused): the dataset in ``OUT/shards`` when its ``index.json`` is there (reused: only read), else
     ``OUT/audio`` and ``OUT/shards`` written — into a folder the demo may write (:func:`claim_folder`)."""
-    from .dataset.index import INDEX_NAME, ShardIndex
+    from .format.index import INDEX_NAME, ShardIndex
 
     audio, shards = os.path.join(out, "audio"), os.path.join(out, "shards")
     if os.path.exists(os.path.join(shards, INDEX_NAME)):

@@ -24,8 +24,8 @@ except ImportError:  # pragma: no cover - the older package name
     except ImportError:
         raise ImportError("streambatch.lightning needs Lightning: pip install 'streambatch[lightning]'") from None
 
-from .dataset.index import ShardIndex
 from .errors import OptionError
+from .format.index import ShardIndex
 from .loader import StreamBatchLoader
 
 log = logging.getLogger("streambatch.lightning")

@@ -386,7 +386,7 @@ def samples_of(out, shard_roots: Collection[str] = ()) -> list[tuple]:
     ``shard_roots``: where shards outside ``out`` may be read (the loader's option)."""
     import webdataset as wds
 
-    from streambatch.dataset.index import ShardIndex
+    from streambatch.format.index import ShardIndex
 
     index = ShardIndex.load(str(out), shard_roots=list(shard_roots))
     rows = []
@@ -398,7 +398,7 @@ def samples_of(out, shard_roots: Collection[str] = ()) -> list[tuple]:
 
 def assert_same_dataset(parts_out, single_out) -> None:
     """What a merged --part run shares with a single-process write (see slurm/README.md)."""
-    from streambatch.dataset.index import ShardIndex
+    from streambatch.format.index import ShardIndex
     from streambatch.write.verify import verify_dataset
 
     a, b = ShardIndex.load(str(parts_out)), ShardIndex.load(str(single_out))

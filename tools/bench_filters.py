@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import best_of, machine, table  # noqa: E402
 
-from streambatch.dataset.index import ShardIndex, ShardInfo  # noqa: E402
+from streambatch.format.index import ShardIndex, ShardInfo  # noqa: E402
 from streambatch.select.where import PlanFilter  # noqa: E402
 from streambatch.synthetic import SAMPLE_RATE, librispeech_like  # noqa: E402
 

@@ -255,7 +255,7 @@ def two_length(n: int, seed: int) -> list[list[str]]:
 # ---- 3. streaming throughput, time to first batch, memory, the decoding ceiling ------------------------
 # Each run is a fresh process (``--child``), so its peak RSS and its time to first batch are its own.
 def _flac(data: bytes):
-    from streambatch.dataset.audio import decode
+    from streambatch.format.audio import decode
 
     return decode(data)[0]
 
@@ -870,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
             print(note)
         print(text)
         print(
-            "decode+pad: both decode FLAC with soundfile (streambatch.dataset.audio) and pad with streambatch.read.collate.collate;"
+            "decode+pad: both decode FLAC with soundfile (streambatch.format.audio) and pad with streambatch.read.collate.collate;"
         )
         print(
             "  webdataset 1.0.2: WebDataset(shardshuffle) -> shuffle(1000) -> decode(flac: our decode) -> batched(B, collate)."

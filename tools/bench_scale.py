@@ -43,8 +43,8 @@ def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dic
     import numpy as np  # noqa: F401 - imported before the baseline, as a training script has them
     import pyarrow.parquet  # noqa: F401
 
-    from streambatch.dataset.index import ShardIndex
     from streambatch.fit.memory import proc_status
+    from streambatch.format.index import ShardIndex
 
     base = proc_status("VmRSS")["VmRSS"]
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from streambatch.dataset.index import ShardIndex, ShardInfo  # noqa: E402
+from streambatch.format.index import ShardIndex, ShardInfo  # noqa: E402
 from streambatch.synthetic import SAMPLE_RATE, librispeech_like, text_like  # noqa: E402
 
 BLOCK_SAMPLES = 1 << 20
@@ -62,8 +62,8 @@ def write_synthetic_index(
     storage_options: dict | None = None,
 ) -> str:
     """Write the synthetic index to the folder (or URL) ``out``; returns the index file's URL."""
-    from streambatch.dataset.columnar import INDEX_NAME
-    from streambatch.dataset.columnar_write import write_v2
+    from streambatch.format.columnar import INDEX_NAME
+    from streambatch.format.columnar_write import write_v2
     from streambatch.io.storage import join_url
 
     sample_rate = SAMPLE_RATE if unit == "samples" else None

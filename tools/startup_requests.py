@@ -5,7 +5,7 @@ groups, counted for many simulated nodes × ranks in one process (used by ``tool
 The index lies on local disk but is opened as ``counted://PATH``: a filesystem that reads the local file and counts
 what an object store would be asked, as s3fs asks it for the index (a size request when a file is opened, one GET
 per read of an opened file, one ranged GET per ``cat_file``). Each simulated rank runs the loader's start-up path:
-the index through its node's cache folder (:mod:`streambatch.dataset.shared_index`: one folder per node, one job per
+the index through its node's cache folder (:mod:`streambatch.format.shared_index`: one folder per node, one job per
 node) or, for comparison, directly as without ``cache_dir``; then its rank-local plan of the epoch (the lengths of
 the shards its slots touch) and, per DataLoader worker, the sample offsets of the shards that worker streams (each
 worker its own copy of the index, as a pickled one is).
@@ -90,8 +90,8 @@ register_implementation(PROTOCOL, CountingFS, clobber=True)
 def simulate(index_path: str, nodes: int, per_node: int, workers: int, shared: bool) -> dict[str, int]:
     """Requests of one epoch's start on ``nodes × per_node`` ranks (``shared``: through a node cache folder each),
     by what was asked for: ``header``, ``shard table``, ``samples`` (footers and row groups), and ``total``."""
-    from streambatch.dataset.index import ShardIndex
-    from streambatch.dataset.shared_index import load_shared
+    from streambatch.format.index import ShardIndex
+    from streambatch.format.shared_index import load_shared
     from streambatch.plan.config import BatchingConfig
     from streambatch.plan.epoch import plan_rank_local
     from streambatch.plan.layout import Layout

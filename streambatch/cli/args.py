@@ -10,8 +10,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
-from ..dataset.index import IndexFormatError, ShardIndex
 from ..errors import ShardifyError, os_problem
+from ..format.index import IndexFormatError, ShardIndex
 from ..io.tempname import temporary_name
 from ..units import Unit
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..dataset.audio import AUDIO_EXTENSIONS
-from ..dataset.columns import left_out_note
-from ..dataset.describe import total_text, unit_text
-from ..dataset.trust import allow_line, roots_for
+from ..format.audio import AUDIO_EXTENSIONS
+from ..format.columns import left_out_note
+from ..format.describe import total_text, unit_text
+from ..format.trust import allow_line, roots_for
 from ..limits import DEFAULT_MAX_COLUMNS
 from ..write.adopt import LAYOUTS, index_tars
 from ..write.parts import Scope

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.describe import hours_text, number_text
-from ..dataset.index import ShardIndex
 from ..errors import BudgetError, ShardifyError
+from ..format.describe import hours_text, number_text
+from ..format.index import ShardIndex
 from ..plan.buckets import MAX_BUCKETS, estimate_boundaries, suggest_budget
 from ..plan.config import MAX_SEED
 from ..plan.config import parse_budget as parse_any_budget
@@ -22,8 +22,8 @@ from ..plan.epoch import make_epoch_plan
 from ..plan.freshness import epoch_batches, pairs_kept
 from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.lengths import index_lengths
-from ..plan.stats import LengthStats
 from ..select.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
+from ..stats import LengthStats
 from .args import (
     SHARED,
     add_shared,
@@ -146,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_tables(index: Dataset) -> None:
     """Every table of every dataset read in full first, as the loader reads it: a damaged index is an error
-    naming the table (exit 2), never a summary that looks fine (:mod:`~streambatch.dataset.index_check`)."""
-    from ..dataset.index_check import check_tables
+    naming the table (exit 2), never a summary that looks fine (:mod:`~streambatch.format.index_check`)."""
     from ..errors import IndexFormatError
+    from ..format.index_check import check_tables
 
     for _, ix in datasets_of(index):
         try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..dataset.describe import total_text, unit_text
-from ..dataset.trust import allow_line, roots_for
+from ..format.describe import total_text, unit_text
+from ..format.trust import allow_line, roots_for
 from .args import add_shared, add_storage, shard_roots, storage_options
 
 HELP = "merge the part indexes of `write --part I/N` runs into index.json"

@@ -35,7 +35,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the dataset; print ``ok`` (exit 0) or every mismatch (exit 1)."""
-    from ..dataset.index_check import table_problems
+    from ..format.index_check import table_problems
     from ..write.verify import verify_dataset
 
     index = load_index(args)

@@ -7,8 +7,8 @@ import argparse
 import sys
 from typing import Any
 
-from ..dataset.columns import left_out_note
-from ..dataset.describe import total_text, unit_text
+from ..format.columns import left_out_note
+from ..format.describe import total_text, unit_text
 from ..limits import DEFAULT_MAX_COLUMNS
 from .args import PROG, add_engine, add_shared, add_storage, engine, non_negative, positive_int, shared_keywords, size
 

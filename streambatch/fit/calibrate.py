@@ -79,7 +79,7 @@ def default_make_batch(
 # ---- probe lengths ------------------------------------------------------------------------------------
 def _resolve_lengths(source: Any) -> tuple[np.ndarray | None, Unit | None, int | None]:
     """(lengths, unit, sample_rate) from a dataset folder, an index file, a ShardIndex or a length array."""
-    from ..dataset.index import ShardIndex
+    from ..format.index import ShardIndex
 
     if source is None:
         return None, None, None
@@ -294,7 +294,7 @@ def calibrate(
     """Measure ``step_fn`` on synthetic batches and fit the cost model and budget (guide: fitting batches).
 
     ``source``: a dataset folder or ``index.json`` (lengths, unit and sample rate come from its index), a
-    :class:`~streambatch.dataset.index.ShardIndex`, an array of lengths, or None with explicit ``lengths``.
+    :class:`~streambatch.format.index.ShardIndex`, an array of lengths, or None with explicit ``lengths``.
     ``lengths``: the probe lengths (default :func:`probe_lengths` of the dataset). ``memory_limit``: bytes
     (or ``"2G"``) the step may use — on CPU above the process's memory before the step (default
     ``memory_fraction`` of the memory available now), on CUDA in all (default ``memory_fraction`` of the

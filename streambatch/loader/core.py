@@ -12,8 +12,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from ..dataset.index import ShardIndex
 from ..errors import EmptyEpochError, int_option
+from ..format.index import ShardIndex
 from ..io.prefetch import lengths_ahead
 from ..io.ranges import warm_up
 from ..plan.budget import parse_budget
@@ -67,7 +67,7 @@ class StreamBatchLoader:
       ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
     * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
       epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this process.
-    * ``index``: an index file or :class:`~streambatch.dataset.index.ShardIndex` to plan from and read: its shard
+    * ``index``: an index file or :class:`~streambatch.format.index.ShardIndex` to plan from and read: its shard
       URLs are the ones read (``source`` then names the dataset in messages); not with a mixture.
     * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
       (``"language = 'de' AND snr > 10"``; DuckDB).

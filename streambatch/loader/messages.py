@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.describe import length_text
 from ..errors import BudgetError
+from ..format.describe import length_text
 from ..plan.batcher import BucketBatcher
 from ..plan.config import BatchingConfig
 from ..plan.epoch import RankSchedule

@@ -20,18 +20,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset.index import ShardIndex
 from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
+from ..format.index import ShardIndex
 from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
 from ..plan.layout import MAX_WORKERS, Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
-from ..plan.stats import stream_stats
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
 from ..select.mixture import MixedIndex, dataset_names, datasets_of
+from ..stats import stream_stats
 from ..units import Unit, parse_bytes
 from .mesh import check_data_parallel
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.members import shard_keys
 from ..errors import OptionError, int_option
+from ..format.members import shard_keys
 from ..plan.epoch import EpochPlan, make_epoch_plan, plan_rank, rank_raw_slots
 from ..plan.resume import Resumed
 from ..plan.skips import SkippedBatch, SkippedSteps, merged, step_ranges

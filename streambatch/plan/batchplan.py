@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, shown
+from ..stats import stream_array
 from .config import BatchingConfig
 from .select import run_positions
-from .stats import stream_array
 
 
 class BatchPlan(abc.Sequence):

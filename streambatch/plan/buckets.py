@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import choice_option, int_option, number_option
+from ..stats import LengthStats, stream_array
 from ..units import Unit
-from .stats import LengthStats, stream_array
 
 #: the most buckets :func:`estimate_boundaries` is asked for: its boundaries snap to the batch capacity thresholds
 #: ``budget / k``, of which it weighs 4,097 (more buckets than that cannot be told apart)

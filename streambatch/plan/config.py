@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import OptionError, bool_option, choice_option, int_option, number_option, shown
+from ..stats import LengthStats
 from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
-from .stats import LengthStats
 
 #: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
 PLAN_VERSION = 5

@@ -22,7 +22,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import IndexFormatError, OptionError, callable_option, int_option, number_option, shown
-from .stats import LengthStats
+from ..stats import LengthStats
 
 CALIBRATION_FORMAT = "streambatch-calibration"
 #: the cost models a calibration file may name
@@ -146,7 +146,7 @@ class CallableCost(CostModel):
 
     def check_monotone(self, lengths: Any, max_n: int = 64) -> None:
         """Raise an :class:`OptionError` if the function decreases in ``n`` or in length on a grid over the data's
-        lengths (an array or a :class:`~streambatch.plan.stats.LengthStats`), or returns anything but a finite
+        lengths (an array or a :class:`~streambatch.stats.LengthStats`), or returns anything but a finite
         number of at least 0 there."""
         ls = np.unique(LengthStats.of(lengths).quantile(np.linspace(0, 1, 9)))
         ns = np.unique(np.geomspace(1, max_n, 8).astype(int))

@@ -18,7 +18,7 @@ Loader = Callable[[Sequence[int]], Sequence[np.ndarray]]
 
 class LengthIndex(Protocol):
     """What the planner reads of an index: its shard table and, per shard, the lengths in tar order. A dataset's
-    :class:`~streambatch.dataset.index.ShardIndex` and a mixture's :class:`~streambatch.select.mixture.MixedIndex`
+    :class:`~streambatch.format.index.ShardIndex` and a mixture's :class:`~streambatch.select.mixture.MixedIndex`
     both are one; the planner never imports them (``plan/`` takes lengths, not files)."""
 
     @property

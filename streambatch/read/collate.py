@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..dataset.audio import AUDIO_EXTENSIONS, open_clips
-from ..dataset.audio import decode as decode_audio
-from ..dataset.members import SEGMENT_FIELD
 from ..errors import AudioError, OptionError, SampleError
+from ..format.audio import AUDIO_EXTENSIONS, open_clips
+from ..format.audio import decode as decode_audio
+from ..format.members import SEGMENT_FIELD
 from ..units import resampled_count
 from .ring import slot_tensor
 from .transforms import as_payload

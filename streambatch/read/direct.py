@@ -4,7 +4,7 @@ A local file needs no stream: with an index that knows each sample's byte span i
 planned batch's samples with one positioned read each (``os.pread``) when the batch is next. Nothing is held
 between batches (memory: one batch of compressed bytes, not a window of them), and the first batch costs its
 own samples, not the whole stream up to the last of them. The checks are a stream's: each shard's size
-before its first byte is used, every member header's checksum (:func:`~streambatch.dataset.tar.buffer_members`),
+before its first byte is used, every member header's checksum (:func:`~streambatch.format.tar.buffer_members`),
 the json length against the index, and with ``verify="sha256"`` the file's hash, computed by a background
 thread once the shard is opened (from the descriptor the samples are read from), unless this node already hashed
 this version of the file (:mod:`.verified`). A mismatch marks the shard bad from then on: like a stream, which
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.members import PLAIN, ShardMembers
-from ..dataset.tar import buffer_members, group_samples
 from ..errors import IndexFormatError, IndexMismatch, ShardReadError
+from ..format.members import PLAIN, ShardMembers
+from ..format.tar import buffer_members, group_samples
 from ..io.digest import sha256_problem
 from ..io.ranges import Count
 from ..io.storage import is_local

@@ -2,7 +2,7 @@
 
 A sample is ``{"__key__", "__url__", "__shard__", "__index__" (position in its shard), "json": dict,
 EXT: bytes, ...}``; nothing is decoded but the small ``.json``, which carries the length. The bytes come
-from :mod:`.fetch`, the tar parsing from :mod:`streambatch.dataset.tar`; a bad shard raises
+from :mod:`.fetch`, the tar parsing from :mod:`streambatch.format.tar`; a bad shard raises
 :class:`ShardReadError`, or with a :class:`~.faults.FaultLog` is counted and skipped within the budget.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..dataset.members import PLAIN, ShardMembers
-from ..dataset.tar import group_samples, iter_members
-from ..dataset.trust import shard_roots_option
 from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
+from ..format.members import PLAIN, ShardMembers
+from ..format.tar import group_samples, iter_members
+from ..format.trust import shard_roots_option
 from ..io.retry import RetryPolicy
 from ..plan.shards import Piece
 from ..units import parse_bytes
@@ -73,7 +73,7 @@ class ReadOptions:
     """Folders or URL prefixes (``"/data/tars"``, ``"s3://bucket/raw/"``) that an index's shard URLs (and a mixture
     file's datasets) may point into besides the dataset's own folder or prefix. An index is data: by default a URL
     it names outside its dataset (``..``, an absolute path or ``file://`` elsewhere, another scheme or host) is
-    refused before it is opened (:mod:`streambatch.dataset.trust`). Give the roots a dataset made by
+    refused before it is opened (:mod:`streambatch.format.trust`). Give the roots a dataset made by
     ``shardify index --out`` reports."""
 
     #: recent samples each worker keeps to re-draw samples lost with a bad shard
@@ -176,9 +176,9 @@ def read_pieces(
     """Stage: the samples of each piece in turn (a slot's whole stream): dicts, and with ``markers`` the
     :class:`ShardFault` markers among them.
 
-    ``shards``: the index's :class:`~streambatch.dataset.index.ShardInfo` list (expected bytes and sha256), if any;
+    ``shards``: the index's :class:`~streambatch.format.index.ShardInfo` list (expected bytes and sha256), if any;
     ``index``: the index, which says how each shard's members map to samples (:meth:`ShardIndex.shard_members
-    <streambatch.dataset.index.ShardIndex.shard_members>`: keys with dots, segments), if any.
+    <streambatch.format.index.ShardIndex.shard_members>`: keys with dots, segments), if any.
     Without ``faults`` a bad shard raises :class:`ShardReadError`; with it, the shard is counted and skipped
     (and with ``markers`` a :class:`ShardFault` takes its place in the stream) within the budget. A bad sample
     (``__bad__``: over a limit of :mod:`streambatch.limits`) is counted lost and left out, or with

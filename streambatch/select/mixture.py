@@ -18,12 +18,12 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from ..dataset.index import INDEX_NAME, ShardIndex
-from ..dataset.trust import Roots
 from ..errors import DatasetNotFound, IndexFormatError, OptionError, number_option, path_option, shown
+from ..format.index import INDEX_NAME, ShardIndex
+from ..format.trust import Roots
 from ..io import storage
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
-from ..plan.stats import LengthStats, stream_stats
+from ..stats import LengthStats, stream_stats
 
 MIXTURE_SUFFIXES = (".yaml", ".yml")
 

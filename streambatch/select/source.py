@@ -8,9 +8,9 @@ from typing import Any
 
 import braceexpand
 
-from ..dataset.index import INDEX_NAME, ShardIndex
-from ..dataset.shared_index import load_index
 from ..errors import DatasetNotFound, OptionError, path_option, shown
+from ..format.index import INDEX_NAME, ShardIndex
+from ..format.shared_index import load_index
 from ..io import storage
 from ..io.node_files import check_cache_dir
 from .mixture import AnyIndex, MixedIndex, mixture_sources

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.columnar import ColumnarIndex, column_numpy
-from ..dataset.index import ShardIndex, ShardList
 from ..errors import EmptyEpochError, OptionError
+from ..format.columnar import ColumnarIndex, column_numpy
+from ..format.index import ShardIndex, ShardList
 from ..limits import filter_memory, filter_seconds
 from ..plan.filter import LeftOut
 from ..plan.lengths import Mask
 from ..plan.mixing import any_of
-from ..plan.stats import LengthStats, stream_stats
+from ..stats import LengthStats, stream_stats
 from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
 from .where_engine import EngineError, connect, evaluate
 from .where_sandbox import Engine

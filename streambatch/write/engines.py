@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..dataset.index import ShardInfo
+    from ..format.index import ShardInfo
     from .adopt.scan import ShardScan
     from .probe import Probed
     from .records import Record

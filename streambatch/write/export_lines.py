@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..dataset.index import ShardIndex
-from ..dataset.members import SEGMENT_FIELD, ShardMembers
-from ..dataset.tar import group_samples, iter_members
 from ..errors import ShardifyError
+from ..format.index import ShardIndex
+from ..format.members import SEGMENT_FIELD, ShardMembers
+from ..format.tar import group_samples, iter_members
 from ..io import storage
 
 #: ``.json`` fields that describe our shards, not the sample, or that NeMo's own keys replace

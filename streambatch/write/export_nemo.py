@@ -40,8 +40,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dataset.index import ShardIndex
 from ..errors import ShardifyError, output_fits
+from ..format.index import ShardIndex
 from ..io import storage
 from ..io.lock import holds_lock, is_lock_file
 from ..io.tempname import is_temporary

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.audio import AUDIO_EXTENSIONS
 from ..errors import InputProblem, ShardifyError
+from ..format.audio import AUDIO_EXTENSIONS
 
 PREFIX = "hf:"
 TEXT_COLUMNS = ("text", "sentence", "transcript", "transcription", "normalized_text")

@@ -17,9 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..dataset.columnar_write import source_date_epoch
-from ..dataset.columns import ColumnError, merged_columns
-from ..dataset.format import (
+from ..errors import ShardifyError, output_fits
+from ..format.columnar_write import source_date_epoch
+from ..format.columns import ColumnError, merged_columns
+from ..format.index import INDEX_NAME, ShardIndex, ShardInfo
+from ..format.rules import (
     ERRORS_NAME,
     OUR_FILES,
     PART_ERRORS_NAME,
@@ -28,8 +30,6 @@ from ..dataset.format import (
     PART_SHARD_NAME,
     SHARD_NAME,
 )
-from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
-from ..errors import ShardifyError, output_fits
 from ..io import storage
 from ..io.lock import holds_lock, is_lock_file
 from ..units import Unit
@@ -244,7 +244,7 @@ def merge_parts(
     ``parts``: the part index files (default: every ``index.part-*.json`` in ``out``). All n parts must be
     there, once each, written from the same source with the same options; a missing part is an error that
     names it. The shards the parts list must exist (``verify=True`` re-reads them all, as ``shardify verify``)
-    and lie beside their part index or under ``shard_roots`` (:mod:`~streambatch.dataset.trust`).
+    and lie beside their part index or under ``shard_roots`` (:mod:`~streambatch.format.trust`).
     """
     out = str(out).rstrip("/") or "/"
     ordered = _all_parts(out, _load_parts(out, parts, storage_options, shard_roots))

@@ -23,8 +23,8 @@ from typing import IO, Any, Literal, TypeVar
 
 from tqdm import tqdm
 
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ..errors import InputProblem, OptionError, ShardifyError, int_option, os_problem, shown
+from ..format.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
 from ..interrupts import Interrupter
 from ..io import storage
 from ..procs import die_with_parent
@@ -313,7 +313,7 @@ def _probe_audio(
 
 def extension_problem(rec: Record) -> str | None:
     """Why the record's audio cannot be stored under its file's extension: the loader finds a sample's audio by
-    its member's extension (:data:`~streambatch.dataset.audio.AUDIO_EXTENSIONS`), so audio under any other name
+    its member's extension (:data:`~streambatch.format.audio.AUDIO_EXTENSIONS`), so audio under any other name
     would be written and then stream without its audio."""
     if rec.ext in AUDIO_EXTENSIONS:
         return None

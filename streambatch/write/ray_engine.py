@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import OptionError, ShardifyError, StreamBatchError, os_problem
+from ..format.index import ShardIndex, ShardInfo
 from ..io import storage
 from .adopt.index import index_tars, scan_tars
 from .adopt.scan import ShardScan

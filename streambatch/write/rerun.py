@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dataset.index import ShardIndex
 from ..errors import ShardifyError
+from ..format.index import ShardIndex
 from ..io import storage
 from .parts import SAME_RUN_FIELDS, Scope, check_shards_there, missing_shard
 

@@ -18,8 +18,8 @@ from collections.abc import Generator
 from typing import Any
 
 from .. import limits
-from ..dataset.audio import AUDIO_EXTENSIONS
 from ..errors import InputProblem, ShardifyError
+from ..format.audio import AUDIO_EXTENSIONS
 from ..io.storage import is_local, local_path
 from .hf_source import hf_rows, is_hf_source
 from .hf_source import is_text as hf_is_text

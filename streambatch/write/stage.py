@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ..dataset.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..errors import ShardifyError, StreamBatchError
+from ..format.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..io import storage
 from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
 from ..io.guards import write_error
@@ -187,7 +187,7 @@ def stage_dataset(
     """Copy the dataset at ``src`` (folder, URL or index file) to ``dest``; see the module docstring.
 
     ``workers`` shards are copied at a time (threads). The source's shard URLs must lie in its folder or under
-    ``shard_roots`` (:mod:`~streambatch.dataset.trust`); the staged copy holds them all. ``storage_options`` are
+    ``shard_roots`` (:mod:`~streambatch.format.trust`); the staged copy holds them all. ``storage_options`` are
     SRC's (and its shards'), ``dest_storage_options`` DEST's. A DEST holding another dataset is refused unless
     ``overwrite`` (:mod:`.stage_dest`). The arguments are checked before DEST is touched (its lock included);
     the copy runs holding DEST's lock. Returns what was copied and kept."""

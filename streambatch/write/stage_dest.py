@@ -23,9 +23,9 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..dataset.index import INDEX_NAME, ShardIndex
-from ..dataset.index_swap import drop_tables, named_tables
 from ..errors import ShardifyError, StreamBatchError
+from ..format.index import INDEX_NAME, ShardIndex
+from ..format.index_swap import drop_tables, named_tables
 from ..io import storage
 
 #: the marker in DEST naming the dataset a stage under way (or cut short) copies there

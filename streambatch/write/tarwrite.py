@@ -20,9 +20,9 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from ..dataset.format import keys_sha1
-from ..dataset.index import ShardInfo
 from ..errors import ShardifyError, StreamBatchError, os_problem, output_fits
+from ..format.index import ShardInfo
+from ..format.rules import keys_sha1
 from ..io import storage
 from ..io.digest import Digest, size_problem
 from ..io.guards import write_error

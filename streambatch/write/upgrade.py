@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import inspect
 
-from ..dataset.index import INDEX_NAME, ShardIndex
 from ..errors import ShardifyError, os_problem
+from ..format.index import INDEX_NAME, ShardIndex
 from ..io import storage
 from ..io.lock import Where, holds_lock
 

@@ -1,6 +1,6 @@
 """``shardify verify``: re-read every shard and check it against ``index.json``.
 
-Shards are read with the training reader's own tar parser (``dataset/tar.py``), so a shard that verifies is
+Shards are read with the training reader's own tar parser (``format/tar.py``), so a shard that verifies is
 one the loader reads. Per shard: it exists, its size and sha256, its sample count and keys (``keys_sha1``);
 per sample: a ``.json`` member and a payload, and the ``.json`` length equal to the index's. With
 ``decode=True`` every audio member is also decoded as the loader decodes it, and its decoded length compared
@@ -22,14 +22,14 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import limits
-from ..dataset.audio import AUDIO_EXTENSIONS, AudioError
-from ..dataset.audio import decode as decode_audio
-from ..dataset.format import keys_sha1
-from ..dataset.index import ShardIndex, ShardInfo
-from ..dataset.index_check import table_problems
-from ..dataset.members import PLAIN, SEGMENT_FIELD, ShardMembers
-from ..dataset.tar import iter_members, split_name
 from ..errors import IndexFormatError, ShardReadError
+from ..format.audio import AUDIO_EXTENSIONS, AudioError
+from ..format.audio import decode as decode_audio
+from ..format.index import ShardIndex, ShardInfo
+from ..format.index_check import table_problems
+from ..format.members import PLAIN, SEGMENT_FIELD, ShardMembers
+from ..format.rules import keys_sha1
+from ..format.tar import iter_members, split_name
 from ..io import storage
 from ..io.digest import HashingReader, sha256_problem, size_problem
 from ..units import Unit, same_length
@@ -149,7 +149,7 @@ def verify_shard(
     """Problems of one shard against its index entry (empty when it matches); with ``decode``, also every
     audio member that does not decode (all listed, as ``KEY.EXT: problem``). ``adopted``: the shard was indexed
     in place (``shardify index``): samples need no ``.json``, and those left out (length 0) are not checked.
-    ``members``: how its members map to samples (:meth:`~streambatch.dataset.index.ShardIndex.shard_members`)."""
+    ``members``: how its members map to samples (:meth:`~streambatch.format.index.ShardIndex.shard_members`)."""
     if not storage.exists(url, storage_options):
         return ["missing"]
     problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]

@@ -18,8 +18,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
-from ..dataset.index import ShardIndex, ShardInfo
 from ..errors import (
     InputErrors,
     InputProblem,
@@ -31,6 +29,8 @@ from ..errors import (
     path_option,
     shown,
 )
+from ..format.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
+from ..format.index import ShardIndex, ShardInfo
 from ..io import storage
 from ..io.lock import holds_lock
 from ..units import Unit, parse_bytes

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex, ShardInfo
+from streambatch.format.index import ShardIndex, ShardInfo
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU calibration measures through /proc")
 

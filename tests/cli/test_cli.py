@@ -13,7 +13,7 @@ from conftest import make_audio, write_jsonl
 
 from streambatch import cli
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
+from streambatch.format.index import ShardIndex
 from streambatch.write import writer
 
 

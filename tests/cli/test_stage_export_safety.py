@@ -22,7 +22,7 @@ import pytest
 from conftest import kill_tree, popen, stop_tree
 
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
+from streambatch.format.index import ShardIndex
 from streambatch.io.lock import is_lock_file, output_lock
 from streambatch.write import stage as stage_module
 from streambatch.write.verify import verify_dataset
@@ -253,7 +253,7 @@ def test_a_write_overwrite_is_refused_while_an_upgrade_runs(corpora, tmp_path, c
     ds = _v1(corpora, tmp_path / "ds")
     ready, go = tmp_path / "ready", tmp_path / "go"
     stall = (
-        "import os, sys, time\nfrom pathlib import Path\nfrom streambatch.dataset.index import ShardIndex\n"
+        "import os, sys, time\nfrom pathlib import Path\nfrom streambatch.format.index import ShardIndex\n"
         "from streambatch.cli import main\nreal = ShardIndex.save\n"
         "def save(*a, **k):\n    Path(os.environ['READY']).touch()\n"
         "    while not Path(os.environ['GO']).exists():\n        time.sleep(0.05)\n    return real(*a, **k)\n"

@@ -1,4 +1,4 @@
-"""Start-up in O(nodes) storage requests (dataset/shared_index.py): with a node cache folder, a remote index's
+"""Start-up in O(nodes) storage requests (format/shared_index.py): with a node cache folder, a remote index's
 header and shard table are fetched once per node and shared by its ranks; each rank then reads only its own
 shards' sample-table row groups. Counted through the request-logging proxy (tests/faultproxy.py) in front of a
 real S3-compatible server on loopback."""
@@ -15,10 +15,10 @@ from faultproxy import FaultProxy, byte_range, times_read
 from torchrun_jobs import BUDGET, SR, batches, read_logs, wait
 
 from streambatch import ShardIndex
-from streambatch.dataset import columnar
-from streambatch.dataset.shards import ShardInfo
-from streambatch.dataset.shared_index import NodeCopies, load_shared
 from streambatch.errors import IndexFormatError, UntrustedURL
+from streambatch.format import columnar
+from streambatch.format.shards import ShardInfo
+from streambatch.format.shared_index import NodeCopies, load_shared
 
 pytest_plugins = ["conftest_s3"]
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -79,7 +79,7 @@ def test_ranks_of_one_job_share_one_fetch(dataset, proxy, tmp_path):
 
 
 def test_a_check_holds_for_its_job_only_a_while(dataset, proxy, tmp_path, monkeypatch):
-    from streambatch.dataset import shared_index
+    from streambatch.format import shared_index
 
     load_shared(dataset, str(tmp_path), opts(proxy.url), job="job-1")
     proxy.reset()

@@ -16,8 +16,8 @@ from conftest import SR, make_audio, write_jsonl
 
 from streambatch import EmptyEpochError, OptionError, StreamBatchLoader
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
 from streambatch.errors import ShardifyError
+from streambatch.format.index import ShardIndex
 from streambatch.write.parts import merge_parts
 from streambatch.write.writer import write_shards
 

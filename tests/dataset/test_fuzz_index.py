@@ -26,9 +26,9 @@ from conftest import text_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streambatch.dataset.index import ShardIndex
-from streambatch.dataset.index_check import check_tables
 from streambatch.errors import StreamBatchError
+from streambatch.format.index import ShardIndex
+from streambatch.format.index_check import check_tables
 
 EXAMPLES = int(os.environ.get("STREAMBATCH_FUZZ_EXAMPLES", "150"))
 #: the most Python/numpy memory one read of a mutated (tiny) index may take

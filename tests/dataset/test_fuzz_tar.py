@@ -19,8 +19,8 @@ from fuzz_inputs import FUZZ, inputs, parse_within
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streambatch.dataset.tar import buffer_members, group_samples, iter_members
 from streambatch.errors import ShardReadError
+from streambatch.format.tar import buffer_members, group_samples, iter_members
 from streambatch.write.adopt.scan import scan_sample
 
 AUDIO = TESTS / "data" / "real" / "audio"

@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO, text_dataset
 
 from streambatch import ShardIndex, StreamBatchLoader
-from streambatch.dataset import columnar
-from streambatch.dataset.columnar import ColumnarIndex
-from streambatch.dataset.columnar_write import write_v2
-from streambatch.dataset.index import IndexFormatError, ShardInfo, upgrade
+from streambatch.format import columnar
+from streambatch.format.columnar import ColumnarIndex
+from streambatch.format.columnar_write import write_v2
+from streambatch.format.index import IndexFormatError, ShardInfo, upgrade
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
 
@@ -117,7 +117,7 @@ def test_upgrade_keeps_the_index(ds, request, tmp_path):
 def test_upgrade_of_version_2_does_nothing(audio_v1, tmp_path, caplog):
     out = upgraded(audio_v1, tmp_path / "ds")
     before = open(os.path.join(out, "index.json"), "rb").read()
-    with caplog.at_level(logging.INFO, logger="streambatch.dataset.index"):
+    with caplog.at_level(logging.INFO, logger="streambatch.format.index"):
         upgrade(out, progress=False)
     assert "already a version 2 index" in caplog.text
     assert open(os.path.join(out, "index.json"), "rb").read() == before
@@ -241,7 +241,7 @@ def test_sample_offsets_and_keys_when_the_writer_knows_them(tmp_path):
 def test_workers_get_the_planning_columns_and_resolve_urls_one_at_a_time(tmp_path):
     """What a DataLoader worker is sent: the counts and totals, not every shard's URL and checksums; it
     loads those again if it needs them, and the loader never lists every URL."""
-    from streambatch.dataset.columnar import ShardColumns
+    from streambatch.format.columnar import ShardColumns
     from streambatch.select.source import ShardURLs
 
     ix = synthetic()

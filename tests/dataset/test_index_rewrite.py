@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from streambatch import OutputError, ShardIndex, ShardInfo
-from streambatch.dataset import columnar, columnar_write
-from streambatch.dataset.columnar_write import write_v2
+from streambatch.format import columnar, columnar_write
+from streambatch.format.columnar_write import write_v2
 
 SR = 8000
 

@@ -1,4 +1,4 @@
-"""The values an index holds are data, checked where they are first read (streambatch/dataset/index_values.py), and
+"""The values an index holds are data, checked where they are first read (streambatch/format/index_values.py), and
 ``shardify index`` refuses a sample whose members say something the loader could not use (write/adopt/scan.py).
 
 Each index here is a real one (``shardify write`` of real audio files) whose Parquet tables were rewritten with
@@ -25,9 +25,9 @@ import soundfile as sf
 from conftest import REPO
 
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
-from streambatch.dataset.index_check import check_tables
 from streambatch.errors import IndexFormatError, ShardifyError
+from streambatch.format.index import ShardIndex
+from streambatch.format.index_check import check_tables
 from streambatch.write.adopt.index import index_tars
 
 AUDIO = REPO / "tests" / "data" / "real" / "audio"

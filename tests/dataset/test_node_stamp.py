@@ -1,9 +1,9 @@
-"""The node copy's stamp (dataset/shared_index.py) lives in a cache folder other jobs may share: a stamp that is
+"""The node copy's stamp (format/shared_index.py) lives in a cache folder other jobs may share: a stamp that is
 not one of ours (not JSON, nested too deep, too large) means "ask the store", never an error out of the loader."""
 
 from __future__ import annotations
 
-from streambatch.dataset.shared_index import NodeCopies
+from streambatch.format.shared_index import NodeCopies
 
 
 def test_a_forged_stamp_means_ask_the_store(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from conftest import text_mixture
 
 from streambatch import DatasetNotFound, IndexFormatError, OptionError, StreamBatchError, StreamBatchLoader
-from streambatch.dataset.index import ShardIndex
+from streambatch.format.index import ShardIndex
 
 BUDGET = 2000
 

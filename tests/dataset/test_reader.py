@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from streambatch.dataset.tar import buffer_members, iter_members
 from streambatch.errors import ShardReadError
+from streambatch.format.tar import buffer_members, iter_members
 
 
 def make_tar(fmt: int, names: list[str]) -> bytes:

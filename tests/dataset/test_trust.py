@@ -21,7 +21,7 @@ from conftest import text_dataset
 
 from streambatch import ShardIndex, StreamBatchLoader, UntrustedURL
 from streambatch.cli import main
-from streambatch.dataset.trust import Roots, allow_line, place, roots_for
+from streambatch.format.trust import Roots, allow_line, place, roots_for
 
 BUDGET = 1000
 

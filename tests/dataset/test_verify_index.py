@@ -12,7 +12,7 @@ import pytest
 from conftest import audio_dataset
 
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
+from streambatch.format.index import ShardIndex
 
 
 @pytest.fixture(scope="module")

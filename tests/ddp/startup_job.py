@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from streambatch import StreamBatchLoader
-from streambatch.dataset import columnar
+from streambatch.format import columnar
 from streambatch.procs import watch_parent
 
 # the test's sample table is small, and a sample file up to SMALL_PART_MAX is fetched whole (cheaper than its row

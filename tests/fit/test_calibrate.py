@@ -19,11 +19,11 @@ from conftest import text_dataset
 import streambatch.cli.calibrate as calibrate_cli
 import streambatch.fit.calibrate as calib
 import streambatch.fit.memory as memory
-from streambatch.dataset.index import ShardIndex, ShardInfo
 from streambatch.fit.calibrate import calibrate, default_make_batch
 from streambatch.fit.memory import CalibrationError, Trial
 from streambatch.fit.oom import OOMGuard, run_with_oom_split, split_batch
 from streambatch.fit.search import fit_memory_model, search_max_batch
+from streambatch.format.index import ShardIndex, ShardInfo
 from streambatch.plan.batcher import plan_batches
 from streambatch.plan.cost import PaddedCost, QuadraticCost, resolve_cost
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import audio_dataset, text_dataset
 
 from streambatch import StateError, StreamBatchLoader
-from streambatch.dataset.index import upgrade
+from streambatch.format.index import upgrade
 
 BUDGET = 1000
 

@@ -56,8 +56,8 @@ def test_the_cli_plan_report_uses_the_loaders_window(tmp_path):
     """`shardify inspect --plan` predicts the loader's epoch, so it sizes the window as the loader does (a text
     index of 30,000 lengths: its default window is several times the 2,000 floor, and the plans differ)."""
     from streambatch.cli.inspect import planned_epoch
-    from streambatch.dataset.index import ShardIndex
-    from streambatch.dataset.shards import ShardInfo
+    from streambatch.format.index import ShardIndex
+    from streambatch.format.shards import ShardInfo
 
     lengths = text_like(30_000, seed=2)
     shards = [

@@ -45,7 +45,7 @@ def test_the_public_errors_are_exported_and_keep_their_builtin_bases():
 
 
 def test_the_old_index_error_name_still_catches():
-    from streambatch.dataset.columnar import IndexError_
+    from streambatch.format.columnar import IndexError_
 
     with pytest.raises(IndexError_):
         raise streambatch.IndexFormatError("x")
@@ -57,7 +57,7 @@ def test_the_old_index_error_name_still_catches():
 _BUILTIN_RAISES = {
     ("plan.config", "BatchingConfig.make"): ("TypeError", "an unknown keyword, as Python reports one"),
     ("plan.slot", "apply_adjust"): ("ValueError", "an internal invariant: the epoch planner always passes both"),
-    ("dataset.shards", "ShardInfo.__init__"): ("TypeError", "a constructor called without a required field"),
+    ("format.shards", "ShardInfo.__init__"): ("TypeError", "a constructor called without a required field"),
     ("loader.core", "StreamBatchLoader.plan"): ("TypeError", "planning without an index: no such method"),
     ("loader.core", "StreamBatchLoader.schedule"): ("TypeError", "planning without an index: no such method"),
     ("loader.core", "StreamBatchLoader.__len__"): ("TypeError", "len() of an unsized stream, as Python's convention"),

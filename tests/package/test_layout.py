@@ -81,4 +81,4 @@ def test_no_import_cycles_and_plan_below_loader():
 
 def test_verify_and_training_read_with_the_same_parser():
     verify = (PKG / "write" / "verify.py").read_text()
-    assert "tarfile" not in verify and "dataset.tar import" in verify
+    assert "tarfile" not in verify and "format.tar import" in verify

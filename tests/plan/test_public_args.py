@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from streambatch import BatchingConfig, BucketBatcher, OptionError, estimate_boundaries, suggest_budget
-from streambatch.plan.stats import LengthStats
+from streambatch.stats import LengthStats
 
 BAD = [
     ("abc", "lengths must be a 1-D array"),

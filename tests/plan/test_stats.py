@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.plan.buckets import estimate_boundaries, suggest_budget
-from streambatch.plan.stats import LengthStats, stream_stats
+from streambatch.stats import LengthStats, stream_stats
 
 
 def chunks_of(x: np.ndarray, n: int) -> list[np.ndarray]:

@@ -18,7 +18,7 @@ import webdataset as wds
 
 from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.cli import main
-from streambatch.dataset.tar import iter_members
+from streambatch.format.tar import iter_members
 
 SR = 8000
 

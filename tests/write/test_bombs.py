@@ -17,8 +17,8 @@ from fuzz_inputs import write_tar
 
 from streambatch import ShardIndex, limits
 from streambatch.cli import main
-from streambatch.dataset.tar import iter_members
 from streambatch.errors import ShardReadError
+from streambatch.format.tar import iter_members
 from streambatch.write.sources import read_source
 
 DEEP = 200_000

@@ -30,7 +30,7 @@ from conftest import TESTS
 
 from streambatch import ShardIndex
 from streambatch.cli import main
-from streambatch.dataset.members import shard_keys
+from streambatch.format.members import shard_keys
 
 AUDIO = TESTS / "data" / "real" / "audio"
 #: 16 kHz recordings (the index counts samples at their own rate: durations are exact)

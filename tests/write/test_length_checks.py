@@ -15,7 +15,7 @@ import soundfile as sf
 from conftest import SR, make_audio, write_jsonl
 
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
+from streambatch.format.index import ShardIndex
 from streambatch.write.probe import duration_problem, probe_file
 from streambatch.write.sources import Record
 from streambatch.write.verify import verify_dataset

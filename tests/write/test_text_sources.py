@@ -19,8 +19,8 @@ import webdataset as wds
 from conftest import SR, write_jsonl
 
 from streambatch.cli import main
-from streambatch.dataset.index import IndexFormatError, ShardIndex, upgrade
 from streambatch.errors import InputErrors
+from streambatch.format.index import IndexFormatError, ShardIndex, upgrade
 from streambatch.write.parts import merge_parts
 from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset

@@ -15,8 +15,8 @@ import pytest
 from conftest import assert_same_dataset, make_audio, popen, samples_of, write_jsonl
 
 from streambatch.cli import main
-from streambatch.dataset.index import ShardIndex
 from streambatch.errors import ShardifyError, UntrustedURL
+from streambatch.format.index import ShardIndex
 from streambatch.write.parts import merge_parts
 from streambatch.write.stage import stage_dataset
 from streambatch.write.verify import verify_dataset

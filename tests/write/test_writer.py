@@ -15,8 +15,8 @@ import soundfile as sf
 import webdataset as wds
 from conftest import SR, make_audio, write_jsonl
 
-from streambatch.dataset.index import ShardIndex
 from streambatch.errors import InputErrors, ShardifyError
+from streambatch.format.index import ShardIndex
 from streambatch.write import probe, tarwrite, writer
 from streambatch.write.tarwrite import plan_shards
 from streambatch.write.verify import verify_dataset

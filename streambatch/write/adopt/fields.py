@@ -1,7 +1,7 @@
 """What ``shardify index`` stores beside each adopted sample's length, with the write side's code: its output length
 (``--output-length``: the transcript's characters or tokens as :class:`~.tokenize.OutputLength` counts them for
 ``shardify write``, or ``column:FIELD``, an integer field taken as it is) and its metadata columns (``--columns``,
-chosen by :mod:`~streambatch.dataset.columns` from the scalar fields of the NeMo manifest entry or the sample's
+chosen by :mod:`~streambatch.format.columns` from the scalar fields of the NeMo manifest entry or the sample's
 ``.json``). A NeMo dataset's transcripts live in its manifest, not in its tars: they are stored as the sample
 table's ``text`` column, which the loader gives as ``batch["text"]``.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ...dataset.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
-from ...dataset.index import ShardInfo
 from ...errors import InputProblem, ShardifyError
+from ...format.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
+from ...format.index import ShardInfo
 from ..tokenize import parse_output_length
 from .nemo import Entry
 from .scan import SampleScan

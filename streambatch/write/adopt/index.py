@@ -8,7 +8,7 @@ resume and mixing all work on it.
 
 A NeMo manifest may cut one member into segments (``offset`` + ``duration`` entries, or NeMo's ``-subN`` names for
 repeated audio): each segment is a sample of its own, one row of the sample table pointing at the one member
-group, with its own key and the frames it takes of the member (:mod:`streambatch.dataset.members`). Where the
+group, with its own key and the frames it takes of the member (:mod:`streambatch.format.members`). Where the
 layout says how member names end (NeMo, lhotse Shar), keys may hold dots: the index records the suffixes, and
 every reader splits names by them.
 
@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ...dataset.format import keys_sha1
-from ...dataset.index import ShardIndex, ShardInfo
-from ...dataset.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
-from ...dataset.tar import split_name
 from ...errors import InputProblem, ShardifyError, bool_option, choice_option, int_option, os_problem, path_option
+from ...format.index import ShardIndex, ShardInfo
+from ...format.members import ADOPTED_SUFFIXES, SEGMENT_FRAMES, SEGMENT_START, SUFFIXES_META, WHOLE
+from ...format.rules import keys_sha1
+from ...format.tar import split_name
 from ...io import storage
 from ...io.lock import holds_lock
 from ..engines import Engine
@@ -270,7 +270,7 @@ def scan_tars(
     suffixes: tuple[str, ...] = (),
 ) -> list[ShardScan]:
     """Read every tar once (in ``workers`` processes); scans in tar order. ``suffixes``: the member suffixes
-    that end the keys (:mod:`streambatch.dataset.members`; none: the first dot)."""
+    that end the keys (:mod:`streambatch.format.members`; none: the first dot)."""
     bar = tqdm(total=len(tars), desc="indexing", unit="tar", file=sys.stderr, disable=None if progress else True)
     scans: list[ShardScan] = []
     try:

@@ -3,7 +3,7 @@ could not use it."""
 
 from __future__ import annotations
 
-from ...dataset.audio import AUDIO_EXTENSIONS
+from ...format.audio import AUDIO_EXTENSIONS
 from ...units import Unit, same_length
 from ..segments import Segment
 from .nemo import Entry, duration_problem

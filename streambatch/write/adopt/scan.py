@@ -1,7 +1,7 @@
 """Reading one existing tar for ``shardify index``: its samples as the loader will group them, where each lies
 in the tar, and what each one's members say about its length; the tar itself is only read.
 
-The members are walked with the one tar parser (:mod:`streambatch.dataset.tar`) and grouped by key exactly as
+The members are walked with the one tar parser (:mod:`streambatch.format.tar`) and grouped by key exactly as
 the loader groups them, so sample ``i`` of the index is sample ``i`` of the stream. Audio members are probed
 from their bytes (header, and the end of the audio: a member cut short is caught here), ``.json`` members are
 parsed, text is counted in whitespace tokens (or ``input_ids.npy`` entries).
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ... import limits
-from ...dataset.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
-from ...dataset.tar import Oversize, iter_members, split_name
 from ...errors import ShardReadError, shown
+from ...format.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
+from ...format.tar import Oversize, iter_members, split_name
 from ...io import storage
 from ...io.digest import HashingReader
 
@@ -62,7 +62,7 @@ class ShardScan:
 
 def scan_tar(url: str, storage_options: dict | None = None, suffixes: tuple[str, ...] = ()) -> ShardScan:
     """Read the tar at ``url`` once: every sample (members grouped by key, as the loader groups them: by
-    ``suffixes`` where the layout knows them, see :mod:`~streambatch.dataset.members`), the byte range its
+    ``suffixes`` where the layout knows them, see :mod:`~streambatch.format.members`), the byte range its
     members span, and the tar's size and sha256."""
     scan = ShardScan(url)
     try:

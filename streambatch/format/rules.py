@@ -17,7 +17,7 @@ def keys_sha1(keys: Iterable[str]) -> str:
 
 
 # ---- file names: what a write leaves in its output folder ------------------------------------------
-# (``index.json`` itself is :data:`streambatch.dataset.index.INDEX_NAME`)
+# (``index.json`` itself is :data:`streambatch.format.index.INDEX_NAME`)
 SHARD_NAME = "shard-{:06d}.tar"
 ERRORS_NAME = "errors.jsonl"
 PART_SHARD_NAME = "shard-p{:04d}-{:06d}.tar"
@@ -34,7 +34,7 @@ OUR_FILES = (
     "*.tmp*",
     "index.shards.parquet",
     "index.samples",
-    "index.1.shards.parquet",  # the tables of a rewritten index (dataset/index_swap.py)
+    "index.1.shards.parquet",  # the tables of a rewritten index (format/index_swap.py)
     "index.1.samples",
     "index.part-*.shards.parquet",
     "index.part-*.samples",

@@ -218,7 +218,7 @@ def _oversize(size: int, limit: int) -> Oversize:
 def split_name(name: str, suffixes: Sequence[str] = ()) -> tuple[str, str]:
     """``dir/KEY.ext.more`` → (``dir/KEY``, ``ext.more``): webdataset's rule, the key ends at the file name's first
     dot. With ``suffixes`` (an adopted layout's member suffixes, longest first: see
-    :mod:`~streambatch.dataset.members`), keys may hold dots: the name is split before the longest listed suffix
+    :mod:`~streambatch.format.members`), keys may hold dots: the name is split before the longest listed suffix
     it ends with, else before its last dot."""
     slash = name.rfind("/")
     if suffixes:

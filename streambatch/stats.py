@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, shown
+from .errors import OptionError, shown
 
 #: smallest and largest positive length the histogram tells apart (smaller ones share the first bin)
 _LOW, _HIGH = 1e-6, 1e15

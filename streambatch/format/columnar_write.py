@@ -1,5 +1,5 @@
 """Writing index version 2: shards streamed into the Parquet shard table and sample files, in bounded memory,
-published atomically with ``index.json`` last (see :mod:`streambatch.dataset.columnar` for the format)."""
+published atomically with ``index.json`` last (see :mod:`streambatch.format.columnar` for the format)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import IndexFormatError, OptionError
 from ..io.storage import AtomicWriter, is_local, local_path, parent_url, remove, write_bytes_atomic
-from ..plan.stats import json_number
+from ..stats import json_number
 from . import columnar
 from .columnar import FORMAT, ID_KEY, INDEX_NAME, LENGTH_TYPES, sample_schema, shard_schema, table_names, table_url
 from .columns import arrow_column

@@ -21,7 +21,7 @@ import numpy as np
 from .. import limits
 from ..errors import DatasetNotFound, OptionError, output_fits, path_option
 from ..io.storage import join_url, local_path, parent_url, read_whole, write_bytes_atomic
-from ..plan.stats import LengthStats, json_number, stream_stats
+from ..stats import LengthStats, json_number, stream_stats
 from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
 from .columnar_write import write_v2
