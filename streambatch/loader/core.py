@@ -382,6 +382,10 @@ class StreamBatchLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         between_passes(self, "a second iter(loader)")  # two passes at once would yield the same batches twice
+        if self.index is not None and self.consumed > 0 and self.remaining == 0:
+            # the last pass yielded every batch of its epoch but its iterator was dropped before its end (Lightning's
+            # Trainer, islice(loader, len(loader))): that pass is over, and this one is the next epoch's
+            self._move_on(self.epoch)
         epoch = self.epoch
         self._fault_counts.zero_()
         self._bad_shards.zero_()
@@ -412,9 +416,13 @@ class StreamBatchLoader:
                 )
             )
         log.info(metrics_line(self.metrics()))
+        self._move_on(epoch)
+
+    def _move_on(self, epoch: int) -> None:
+        """A finished pass of ``epoch`` moves on: ``state_dict()`` now points at the next epoch."""
         self._consumed = 0
         self._resumed, self._saved_steps, self._saved_equalised = None, None, None
-        self.set_epoch(epoch + 1)  # a finished pass moves on: state_dict() now points at the next epoch
+        self.set_epoch(epoch + 1)
 
     def _progress(self, items: Iterator[Any], epoch: int, steps: int | None) -> Iterable[Any]:
         """With ``progress=True``, a tqdm bar over the pass (from the batches already consumed)."""
