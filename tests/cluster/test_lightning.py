@@ -98,3 +98,50 @@ def test_every_epoch_and_validation_run_sees_each_sample_once(runs):
         assert sorted(val) == sorted(epochs[0])
     sanity = [r for r in rows if r.get("val") and r["sanity"]]
     assert len(sanity) == 2  # num_sanity_val_steps=2 cut a validation pass short; the next runs are whole
+
+
+def test_a_plain_trainer_fit_over_the_loader_trains_every_epoch(tmp_path):
+    """``trainer.fit(model, train_dataloaders=loader)`` without the DataModule: every Lightning epoch trains the
+    loader's next epoch (before, every second epoch trained no batch), batches in the loader's order."""
+    import lightning.pytorch as pl
+    import torch
+
+    from streambatch import StreamBatchLoader
+
+    write_audio_corpus(str(tmp_path / "audio"), 40)
+    write_shards(str(tmp_path / "audio"), str(tmp_path / "shards"), max_count=10, progress=False)
+    reference = StreamBatchLoader(str(tmp_path / "shards"), budget="30s", seed=5)
+    expected = []
+    for epoch in range(4):
+        reference.set_epoch(epoch)
+        expected += [list(b["keys"]) for b in reference]
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen: list[tuple[int, list[str]]] = []
+
+        def training_step(self, batch, i):
+            self.seen.append((self.current_epoch, list(batch["keys"])))
+            return (self.w * batch["audio"].mean()).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model = Model()
+    trainer = pl.Trainer(
+        max_epochs=4,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(model, train_dataloaders=StreamBatchLoader(str(tmp_path / "shards"), budget="30s", seed=5))
+    per_epoch = Counter(epoch for epoch, _ in model.seen)
+    assert sorted(per_epoch) == [0, 1, 2, 3] and min(per_epoch.values()) > 0, per_epoch
+    got = [keys for _, keys in model.seen]
+    assert got == expected[: len(got)] and len(got) >= len(expected) - max(per_epoch.values())
