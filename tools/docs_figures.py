@@ -58,9 +58,13 @@ def draw_padding(path: Path, n: int = 600, seed: int = 0) -> None:
         ax.set_xlim(0, x)
         ax.set_ylim(0, float(lengths.max()) * 1.05)
         ax.set_ylabel("seconds")
-        ax.set_title(f"{title}: padding {100 * (1 - real / padded):.0f} %, batches over the budget: {over}", fontsize=10)
+        ax.set_title(
+            f"{title}: padding {100 * (1 - real / padded):.0f} %, batches over the budget: {over}", fontsize=10
+        )
         ax.set_xticks([])
-    axes[-1].set_xlabel(f"{n} utterances in batches (a column per utterance, a gap between batches); budget {budget:.0f} s")
+    axes[-1].set_xlabel(
+        f"{n} utterances in batches (a column per utterance, a gap between batches); budget {budget:.0f} s"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
