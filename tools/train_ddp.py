@@ -259,7 +259,7 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
     step = 0
     restart = int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)
     if a.resume and ckpt and os.path.exists(ckpt):
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)  # tensors and plain values: no code runs
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
