@@ -232,7 +232,7 @@ class DirectShards:
             raise error
         if s not in self.bad:
             self.bad.add(s)
-            self.faults.bad_shard(s, self.urls[s], str(error))
+            self.faults.bad_shard(s, self.urls[s], str(error), error)
 
     def close(self) -> None:
         """Close every shard at once (a pass stopped early is not checked further), and stop hashing."""
