@@ -190,5 +190,6 @@ def fault_warning(faults: dict[str, Any], epoch: int, rank: int, max_bad_shards:
     return (
         f"streambatch: epoch {epoch} on rank {rank} {shards}lost {lost} planned sample{'s' if lost != 1 else ''}, "
         f"re-drew {redrawn} from samples already emitted to keep the steps equal, "
-        f"{faults['shrunk_batches']} batches came out smaller (loader.metrics()['faults'])"
+        f"{faults['shrunk_batches']} batch{'es' if faults['shrunk_batches'] != 1 else ''} came out smaller "
+        "(loader.metrics()['faults'])"
     )
