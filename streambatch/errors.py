@@ -139,7 +139,8 @@ class BudgetError(OptionError):
 
 
 class ShardReadError(StreamBatchError, IOError):
-    """A shard that cannot be opened or is not a valid tar stream; the message names its URL."""
+    """A shard that cannot be opened or is not a valid tar stream; the message names its URL. The loader raises it
+    for the first such shard of a pass unless ``max_bad_shards`` lets it skip some."""
 
 
 class ChecksumMismatch(ShardReadError):

@@ -193,9 +193,10 @@ class Hashed(NamedTuple):
     before: os.stat_result
     after: os.stat_result
 
-    def steady(self, version: os.stat_result) -> bool:
-        """Whether the file was ``version`` (a stat of it) all the while it was hashed."""
-        return file_version(self.before) == file_version(self.after) == file_version(version)
+    def steady(self, version: os.stat_result, path: str | None = None) -> bool:
+        """Whether the file was ``version`` (a stat of it) all the while it was hashed; with ``path``, its name
+        then, a file deleted or renamed meanwhile still is (:func:`same_bytes`)."""
+        return same_bytes(self.before, version, path) and same_bytes(self.after, version, path)
 
 
 def hash_open_file(fd: int, path: str, cache_dir: str | None = None) -> Hashed:
@@ -223,13 +224,31 @@ def changed_since(path: str, before: os.stat_result) -> bool:
         return True
 
 
-def fd_changed(fd: int, version: os.stat_result) -> bool:
+def fd_changed(fd: int, version: os.stat_result, path: str | None = None) -> bool:
     """Whether the open file ``fd`` is no longer the version ``version`` (a stat of it) describes: written to in
-    place (size, mtime or ctime moved), or it cannot be looked at any more."""
+    place (size, mtime or ctime moved), or it cannot be looked at any more. With ``path``, the name it was opened
+    by, a file that was only deleted or renamed since is still that version (:func:`same_bytes`)."""
     try:
-        return file_version(os.fstat(fd)) != file_version(version)
+        return not same_bytes(os.fstat(fd), version, path)
     except OSError:
         return True
+
+
+def same_bytes(now: os.stat_result, version: os.stat_result, path: str | None = None) -> bool:
+    """Whether an open file now stat'ed as ``now`` is still the version ``version`` describes. Its ctime also moves
+    when the file loses a name: a file deleted or renamed after it was opened (``path``, the name it was opened by,
+    is gone or names another file) whose device, inode, size and mtime did not move holds the same bytes (an open
+    descriptor keeps them), so it is still that version. Under its own name, a moved ctime is a change (a write with
+    the mtime put back)."""
+    if file_version(now) == file_version(version):
+        return True
+    if path is None or file_version(now)[:4] != file_version(version)[:4]:
+        return False
+    try:
+        there = os.stat(path)
+    except OSError:
+        return True  # deleted, or renamed away
+    return (there.st_dev, there.st_ino) != (now.st_dev, now.st_ino)  # another file under the name now
 
 
 def forget_in_process() -> None:

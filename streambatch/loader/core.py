@@ -24,12 +24,12 @@ from ..plan.resume import Resumed, excluded_in
 from ..plan.slot import Adjust, KeptSlots, per_worker
 from ..read.collate import Decode
 from ..read.ring import BatchRing, batch_ring
-from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors
+from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors, raised_in_workers
 from ..select.mixture import MixedIndex
 from ..select.where import left_out, open_filter
 from .mesh import data_parallel
 from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
-from .metrics import EpochMeter, fault_summary, metered, metrics_line, planned_figures, storage_figures
+from .metrics import EpochMeter, fault_summary, fault_warning, metered, metrics_line, planned_figures, storage_figures
 from .mixing import at_epoch, epoch_index, follow, open_scheduled, to_saved_epoch
 from .options import (
     Index,
@@ -139,7 +139,7 @@ class StreamBatchLoader:
         backoff: float = 0.25,
         timeout: float = 60.0,
         verify: str = "sha256",
-        max_bad_shards: int = 2,
+        max_bad_shards: int = 0,
         cache_dir: str | None = None,
         cache_size: int | str | None = None,
         shard_roots: Sequence[str] = (),
@@ -397,7 +397,9 @@ class StreamBatchLoader:
         self._meter = EpochMeter(epoch, self.config.budget, self.config.cost, self._unit_per_element())
         self._open_passes += 1
         try:
-            for item in self._progress(metered(skipping(self, self._dataloader), self._meter), epoch, steps):
+            for item in self._progress(
+                metered(skipping(self, raised_in_workers(self._dataloader)), self._meter), epoch, steps
+            ):
                 if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
                     yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
                     self._consumed += 1
@@ -415,6 +417,9 @@ class StreamBatchLoader:
                     self.name or self.urls[0], len(self.urls), self.config, epoch, int(self._bad_shards.sum())
                 )
             )
+        lost = fault_warning(self.fault_stats(), epoch, self.rank, self.read_options.max_bad_shards)
+        if lost is not None:
+            log.warning(lost)  # one line per pass, not one per shard
         log.info(metrics_line(self.metrics()))
         self._move_on(epoch)
 

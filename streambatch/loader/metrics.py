@@ -160,10 +160,36 @@ def fault_summary(counts: torch.Tensor, bad: torch.Tensor, urls: Sequence[str]) 
     return out
 
 
+#: what bad shards and bad samples cost a pass, in ``metrics()["faults"]`` (from :meth:`fault_stats`)
+FAULT_FIGURES = ("bad_shards", "bad_shard_urls", "lost_samples", "redrawn_samples", "shrunk_batches")
+
+
 def storage_figures(counts: torch.Tensor, faults: dict[str, Any]) -> dict[str, Any]:
-    """The storage part of ``metrics()``: request counters and the time the readers waited on storage."""
+    """The storage part of ``metrics()``: request counters, the time the readers waited on storage, and what bad
+    shards and samples cost (:data:`FAULT_FIGURES`)."""
     out: dict[str, Any] = {
-        "storage": {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")}
+        "storage": {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")},
+        "faults": {k: faults[k] for k in FAULT_FIGURES},
     }
     out.update(storage_waits(counts[:, FAULT_FIELDS.index(STORAGE_WAIT)].tolist()))
     return out
+
+
+def fault_warning(faults: dict[str, Any], epoch: int, rank: int, max_bad_shards: int) -> str | None:
+    """The one WARNING line a pass that skipped bad shards (``max_bad_shards`` > 0) or lost samples logs at its end:
+    how many shards (the first few named), samples lost and re-drawn, batches that came out smaller; None for a
+    pass that lost nothing."""
+    bad, lost, redrawn = faults["bad_shards"], faults["lost_samples"], faults["redrawn_samples"]
+    if not (bad or lost or redrawn):
+        return None
+    urls = faults["bad_shard_urls"]
+    named = ", ".join(urls[:5]) + (f" and {len(urls) - 5} more" if len(urls) > 5 else "")
+    shards = (
+        f"skipped {bad} bad shard{'s' if bad != 1 else ''} ({named}; max_bad_shards={max_bad_shards}), " if bad else ""
+    )
+    return (
+        f"streambatch: epoch {epoch} on rank {rank} {shards}lost {lost} planned sample{'s' if lost != 1 else ''}, "
+        f"re-drew {redrawn} from samples already emitted to keep the steps equal, "
+        f"{faults['shrunk_batches']} batch{'es' if faults['shrunk_batches'] != 1 else ''} came out smaller "
+        "(loader.metrics()['faults'])"
+    )

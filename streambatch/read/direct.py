@@ -28,7 +28,7 @@ from ..format.members import PLAIN, ShardMembers
 from ..format.tar import buffer_members, group_samples
 from ..io.digest import sha256_problem
 from ..io.ranges import Count
-from ..io.storage import is_local
+from ..io.storage import is_local, local_path
 from ..io.verified import Hashed, fd_changed, file_version, hash_open_file, recorded_sha256
 from ..limits import max_member_bytes
 from ..plan.shards import Piece
@@ -207,7 +207,7 @@ class DirectShards:
         except OSError as e:
             self._bad_shard(s, ShardReadError(f"{self.urls[s]}: cannot read the shard to hash it ({e})"))
             return
-        if not got.steady(self.vouched[s]):
+        if not got.steady(self.vouched[s], self._local(s)):
             self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: {CHANGED}"))
             return
         problem = sha256_problem(got.digest, self.shards[s].sha256)
@@ -217,8 +217,12 @@ class DirectShards:
     def _check_steady(self, sh: _Shard) -> None:
         """Count the shard bad if its open file is no longer the version its hash vouches for."""
         s = sh.job.shard
-        if s in self.vouched and s not in self.bad and fd_changed(sh.fd, self.vouched[s]):
+        if s in self.vouched and s not in self.bad and fd_changed(sh.fd, self.vouched[s], sh.local):
             self._bad_shard(s, ChecksumMismatch(f"{self.urls[s]}: {CHANGED}"))
+
+    def _local(self, s: int) -> str:
+        """The path shard ``s`` is opened by."""
+        return local_path(self.urls[s])
 
     def _close_shard(self, sh: _Shard) -> None:
         """Close a shard the slot may still come back to (checked first: its bytes were read as its version)."""
@@ -232,7 +236,7 @@ class DirectShards:
             raise error
         if s not in self.bad:
             self.bad.add(s)
-            self.faults.bad_shard(s, self.urls[s], str(error))
+            self.faults.bad_shard(s, self.urls[s], str(error), error)
 
     def close(self) -> None:
         """Close every shard at once (a pass stopped early is not checked further), and stop hashing."""

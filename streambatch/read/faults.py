@@ -1,9 +1,11 @@
 """Fault accounting for a rank's readers: counters, the bad-shard budget and the faults themselves.
 
 Every worker counts retries, bytes, cache use, bad shards and the time it waited for storage in its row of
-one shared array, so the main process and the other workers see the whole rank's numbers; past
-``max_bad_shards`` bad shards in an epoch :class:`TooManyBadShards` stops it. :class:`ShardFault` marks, in a
-sample stream, where a shard went bad.
+one shared array, so the main process and the other workers see the whole rank's numbers. By default
+(``max_bad_shards=0``) the first shard that cannot be read ends the pass with a :class:`ShardReadError` naming
+it, its cause and the option that tolerates it; with ``max_bad_shards=N`` up to N are skipped per epoch and rank
+(their samples lost, counted, and re-drawn to keep the steps equal) and one more raises :class:`TooManyBadShards`.
+:class:`ShardFault` marks, in a sample stream, where a shard went bad.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class FaultLog:
         counts: np.ndarray | None = None,
         bad: np.ndarray | None = None,
         row: int = 0,
-        max_bad_shards: int = 2,
+        max_bad_shards: int = 0,
         urls: Sequence[str] | None = None,
         rank: int = 0,
     ):
@@ -91,12 +93,15 @@ class FaultLog:
         if storage_fault(error if error is not None else sys.exc_info()[1]):
             self.add("bad_shards_storage")
         n = self.total("bad_shards")
+        if self.max_bad_shards == 0:
+            raise unreadable(url, reason, error if error is not None else sys.exc_info()[1])
         if n > self.max_bad_shards:
             raise TooManyBadShards(
                 f"{n} bad shards on rank {self.rank} this epoch, more than max_bad_shards={self.max_bad_shards}. "
                 f"Last: {reason}{self._listed()}. {self._advice(n)}, or allow more with max_bad_shards=N"
             )
-        log.warning(
+        # tolerated: the loader logs one summary of the pass's bad shards at its end (not a line per shard)
+        log.info(
             "streambatch: skipping bad shard %s: %s (%d of at most %d bad shards on rank %d this epoch)",
             url,
             reason,
@@ -124,6 +129,24 @@ class FaultLog:
             return ""
         bad = [self.urls[i] for i in np.flatnonzero(np.asarray(self.bad))[:10]]
         return "; bad shards: " + ", ".join(bad)
+
+
+def unreadable(url: str, reason: str, error: BaseException | None) -> ShardReadError:
+    """The error that ends a pass at its first bad shard (``max_bad_shards=0``), in one line: the shard, the cause
+    and the option that would skip it. Of the kind the reader raised (a :class:`ChecksumMismatch` stays one), else
+    a :class:`ShardReadError`."""
+    said = " ".join(reason.split())  # one line, whatever the cause's text held
+    named = said if said.startswith(url) else f"{url}: {said}"
+    store = " (the store did not answer or refused, after every retry)" if storage_fault(error) else ""
+    message = (
+        f"{named}{store}; the pass stops at a shard it cannot read: max_bad_shards=N skips up to N such shards per "
+        "epoch and rank instead (their samples re-drawn from others, counted in metrics())"
+    )
+    kind = type(error) if isinstance(error, ShardReadError) else ShardReadError
+    try:
+        return kind(message)
+    except TypeError:  # a subclass that takes other arguments
+        return ShardReadError(message)
 
 
 _STORE_SAID = "The store did not answer or refused their requests (every retry failed or timed out, access denied)"

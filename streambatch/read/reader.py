@@ -61,8 +61,13 @@ class ReadOptions:
     """What is checked against the index (:data:`VERIFY`): ``"sha256"`` (size before reading, checksum once the
     shard is read; a local file's checksum once per node and file version, :mod:`~streambatch.io.verified`),
     ``"size"`` or ``"none"``."""
-    max_bad_shards: int = 2
-    """Bad shards tolerated per rank and epoch (all its workers together); one more raises."""
+    max_bad_shards: int = 0
+    """Bad shards (shards that cannot be read after the retries: missing, truncated, corrupt, a checksum that
+    differs) a rank may skip per epoch, all its workers together. 0, the default: the first one ends the pass with
+    a :class:`~streambatch.errors.ShardReadError` naming the shard and its cause, since skipping it silently changes
+    what the epoch trains on. N > 0 opts in: each bad shard's unread samples are lost and re-drawn from samples
+    already emitted (the steps stay equal, ``len()`` exact), counted in ``metrics()["faults"]`` and summed up in
+    one WARNING line at the end of the pass; the (N + 1)-th raises :class:`~streambatch.errors.TooManyBadShards`."""
     cache_dir: str | None = None
     """A node-local shard cache (:mod:`streambatch.io.cache`): each shard downloaded once per node; None: none."""
     cache_size: int | None = None

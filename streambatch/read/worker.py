@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 import math
 import numbers
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..dist import worker_info
-from ..errors import EmptyEpochError, OptionError, SampleError, shown
+from ..errors import EmptyEpochError, OptionError, SampleError, StreamBatchError, shown
 from ..io.ranges import warm_up
 from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
@@ -183,9 +183,46 @@ class EpochStream(IterableDataset):
         )
         place = ctx.ring.writer(physical) if ctx.ring is not None and torch.utils.data.get_worker_info() else None
         skip = ctx.skips.worker_batches(st.epoch, counts, st.start, worker) if ctx.skips is not None else []
-        yield from stream_slot(
-            ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults, place, skip
-        )
+        try:
+            yield from stream_slot(
+                ctx, st.epoch, ctx.rank * ctx.num_workers + worker, st.adjust[worker], first, faults, place, skip
+            )
+        except StreamBatchError as e:
+            if torch.utils.data.get_worker_info() is None:  # this process reads: the error is the caller's as it is
+                raise
+            yield WorkerFailed(type(e), str(e))  # raised in the main process by raised_in_workers()
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """What a DataLoader worker sends in place of a batch when one of the package's errors ends its slot: the
+    error's class and message. Torch would send it wrapped (another error of the same class whose message is
+    "Caught ... in DataLoader worker process N" and the worker's traceback); :func:`raised_in_workers` raises it in
+    the main process as the worker met it. Class and message only: any error pickles that way."""
+
+    kind: type[StreamBatchError]
+    message: str
+
+    def error(self) -> StreamBatchError:
+        try:
+            return self.kind(self.message)
+        except TypeError:  # a class that takes other arguments (RetriesExhausted): the root, saying which
+            return StreamBatchError(f"{self.kind.__name__}: {self.message}")
+
+
+def raised_in_workers(items: Iterable[Any]) -> Iterator[Any]:
+    """Stage (main process): pass a pass's items on, raising a worker's :class:`WorkerFailed` as its error. The
+    DataLoader's iterator is dropped first, so its workers are shut down before the error reaches the caller."""
+    it: Iterator[Any] | None = iter(items)
+    while it is not None:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        if isinstance(item, WorkerFailed):
+            it = None  # the DataLoader iterator's last reference: its workers stop now
+            raise item.error() from None
+        yield item
 
 
 def stream_slot(

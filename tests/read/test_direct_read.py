@@ -60,7 +60,7 @@ def test_a_shard_that_changed_after_planning_is_counted_bad(ds, tmp_path):
 
     copy = str(tmp_path / "ds")
     shutil.copytree(ds, copy)
-    loader = StreamBatchLoader(copy, budget=BUDGET, seed=9)
+    loader = StreamBatchLoader(copy, budget=BUDGET, seed=9, max_bad_shards=2)
     planned = len(loader)
     path = os.path.join(copy, "shard-000002.tar")
     with open(path, "r+b") as f:  # a payload byte: same size, another sha256, every header intact

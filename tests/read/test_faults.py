@@ -6,6 +6,7 @@ files. The node-local cache downloads each shard once per node."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import re
@@ -127,7 +128,7 @@ def _bad_shard_case(s3_data, proxy, rule_for, shard, **kw):
     ix = ShardIndex.load(s3_data.local)
     proxy.reset(rule_for(f"shard-{shard:06d}.tar", ix.shards[shard].bytes))
     loader = StreamBatchLoader(
-        s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7, retries=2, **FAST, **kw
+        s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7, retries=2, max_bad_shards=2, **FAST, **kw
     )
     batches = run(loader)
     check_budget_and_steps(loader, batches)
@@ -175,7 +176,14 @@ def test_bad_shard_on_one_rank_keeps_equal_steps(s3_data, proxy):
     counts = []
     for rank in range(2):
         loader = StreamBatchLoader(
-            s3_data.url, storage_options=s3_data.proxied, budget=BUDGET, seed=7, rank=rank, world_size=2, **FAST
+            s3_data.url,
+            storage_options=s3_data.proxied,
+            budget=BUDGET,
+            seed=7,
+            rank=rank,
+            world_size=2,
+            max_bad_shards=2,
+            **FAST,
         )
         batches = run(loader)
         check_budget_and_steps(loader, batches)
@@ -198,7 +206,7 @@ def test_too_many_bad_shards_is_a_clear_error(s3_data, proxy, num_workers):
         budget=BUDGET,
         seed=7,
         num_workers=num_workers,
-        max_bad_shards=1 if num_workers == 0 else 0,
+        max_bad_shards=1,
         **FAST,
     )
     kind, message = error_of(lambda: run(loader))
@@ -239,7 +247,7 @@ def test_corrupt_member_header(damaged):
     with open(path, "r+b") as f:  # garbage in a tar header half way: its checksum fails
         f.seek(off + 100)
         f.write(b"\xff" * 8)
-    loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7)
+    loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, max_bad_shards=2)
     batches = run(loader)
     check_budget_and_steps(loader, batches)
     st = loader.fault_stats()
@@ -251,8 +259,9 @@ def test_checksum_mismatch_found_after_reading(damaged, caplog):
     with open(path, "r+b") as f:  # a byte of the closing zero blocks: a valid tar, same size, another sha256
         f.seek(-100, os.SEEK_END)
         f.write(b"\x01")
-    loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7)
-    batches = run(loader)
+    loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, max_bad_shards=2)
+    with caplog.at_level(logging.INFO, logger="streambatch"):  # each skipped shard's cause: INFO
+        batches = run(loader)
     check_budget_and_steps(loader, batches)
     assert loader.fault_stats()["bad_shard_urls"] == [path]
     assert "sha256" in caplog.text
@@ -271,7 +280,7 @@ def test_undecodable_member(damaged):
         f.seek(data + size // 2)
         f.write(os.urandom(64))
     for verify in ("sha256", "none"):
-        loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, verify=verify)
+        loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, verify=verify, max_bad_shards=2)
         batches = run(loader)
         check_budget_and_steps(loader, batches)
         st = loader.fault_stats()
@@ -280,7 +289,7 @@ def test_undecodable_member(damaged):
 
 def test_missing_shard(damaged):
     os.remove(os.path.join(damaged, "shard-000000.tar"))
-    loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, num_workers=2)
+    loader = StreamBatchLoader(damaged, budget=BUDGET, seed=7, num_workers=2, max_bad_shards=2)
     batches = run(loader)
     check_budget_and_steps(loader, batches)
     assert loader.fault_stats()["bad_shards"] == 1

@@ -80,7 +80,7 @@ def test_a_bad_shard_in_one_lane_costs_that_shard_only(ds, streamed, tmp_path):
     lost = {s["__key__"] for s in read_shard(path)}
     with open(path, "r+b") as f:  # cut inside the shard: its tail is gone
         f.truncate(os.path.getsize(path) // 2)
-    loader = StreamBatchLoader(copy, budget=BUDGET, seed=4, interleave=4)
+    loader = StreamBatchLoader(copy, budget=BUDGET, seed=4, interleave=4, max_bad_shards=2)
     batches = [list(b["keys"]) for b in loader]
     assert len(batches) == len(loader)  # equal steps, fault or not
     stats = loader.fault_stats()
