@@ -139,7 +139,10 @@ class ShardCache:
                 self.make_room(size, tmp)
             final = self.path(url, version)
             f = self._download(tmp, final, download)
-            self.trim(keep=final)
+            try:
+                self.trim(keep=final)
+            except OSError:  # the folder gone meanwhile: the download is in hand, the next one trims
+                log.debug("streambatch cache %s: could not trim after %s", self.root, url, exc_info=True)
             return f, True
 
     def _download(self, tmp: str, final: str, download: Callable[[str], None]) -> BinaryIO:
