@@ -36,7 +36,7 @@ from typing import Any
 
 from .. import limits
 from ..errors import NO_SPACE_ERRNOS, DatasetNotFound, IndexFormatError, os_problem
-from ..io.node_files import cache_folder, cache_name, file_lock
+from ..io.node_files import cache_folder, cache_name, file_lock, object_version
 from ..io.storage import filesystem, is_local
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
@@ -49,8 +49,6 @@ CHUNK = 16 << 20  # bytes per request when copying a table
 #: how long a job's check of the index's version holds for its other ranks (they start within seconds of each
 #: other; a loader made later in the job, or a process that only looks like a launched one, checks again)
 REUSE_SECONDS = 600.0
-#: what an object store's ``info`` may say about an object's version, besides its size
-VERSION_KEYS = ("ETag", "etag", "VersionId", "generation", "md5Hash", "LastModified", "mtime", "updated", "created")
 
 
 def load_index(
@@ -123,7 +121,7 @@ def remote_version(url: str, storage_options: dict | None = None) -> str:
         info = fs.info(path)
     except FileNotFoundError as e:
         raise DatasetNotFound(f"no dataset index at {url}") from e
-    return json.dumps([info.get("size"), *(str(info[k]) for k in VERSION_KEYS if info.get(k) is not None)])
+    return object_version(info)
 
 
 class NodeCopies:

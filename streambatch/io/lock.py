@@ -11,11 +11,13 @@ requeued job) finds the copy done and keeps it.
 Local folders (and network filesystems that support them) use the kernel's ``flock``: a writer that dies, even
 by ``kill -9``, loses its lock with its process, and the next writer takes it over, with a warning naming the
 writer that did not finish (its info is still in the file). Where ``flock`` is not available (object storage
-URLs, a filesystem refusing it) the lock is a file created only when absent, whose mtime the writer renews
-every :data:`HEARTBEAT` seconds; it is stale, and taken over with a warning, when its pid is dead on this host,
-or when it was not renewed for :data:`STALE_AFTER` seconds (another host). That fallback has a short window in
-which two writers starting at the same instant can both win; ``flock`` has none. A clean exit removes the
-lock file.
+URLs, a filesystem refusing it) the lock is an object created only when absent, by the store itself: a
+create-only put (S3's ``If-None-Match: *``, through the filesystem's ``pipe_file(..., mode="create")``; a local
+file opened with ``O_EXCL``), so of two writers starting at the same instant exactly one wins. Its holder renews
+its mtime every :data:`HEARTBEAT` seconds; it is stale, and taken over with a warning, when its pid is dead on this
+host, or when it was not renewed for :data:`STALE_AFTER` seconds (another host). A store without create-only puts
+(an fsspec filesystem that ignores ``mode``) falls back to looking before writing, which two writers starting
+together can both pass. A clean exit removes the lock file.
 """
 
 from __future__ import annotations
@@ -403,11 +405,16 @@ class _FileLock(_Lock):
             left = info or {}
         if shared:
             return left
-        self.mine = mine = _my_info()  # ours from the moment it may be written: release() removes it if it is
-        storage.write_bytes_atomic(self.url, json.dumps(mine).encode(), self.storage_options)
-        if (self.holder() or {}).get("token") != mine["token"]:
-            self.mine = None
-            return _HELD  # another writer wrote its lock at the same moment
+        mine = _my_info()
+        if left is not None:  # a dead writer's: removed, then ours created (two writers taking over the same
+            # dead writer's lock at the same instant can both remove it before either creates theirs)
+            with contextlib.suppress(FileNotFoundError):
+                storage.remove(self.url, self.storage_options)
+        try:
+            create_only(self.url, json.dumps(mine).encode(), self.storage_options)
+        except FileExistsError:
+            return _HELD  # another writer created its lock first
+        self.mine = mine
         self._beat = threading.Thread(target=self._heartbeat, name="shardify-lock", daemon=True)
         self._beat.start()
         return left
@@ -439,6 +446,19 @@ class _FileLock(_Lock):
             with contextlib.suppress(FileNotFoundError, OSError):
                 storage.remove(self.url, self.storage_options)
         self.mine = None
+
+
+def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
+    """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
+    ``O_EXCL``, an object put with ``mode="create"`` (S3: ``If-None-Match: *``). Of writers racing, exactly one
+    succeeds; the others get :class:`FileExistsError`."""
+    if storage.is_local(url):
+        fd = os.open(storage.local_path(url), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return
+    fs, path = storage.filesystem(url, storage_options)
+    fs.pipe_file(path, data, mode="create")
 
 
 def _mtime(url: str, storage_options: dict | None) -> float:

@@ -8,12 +8,24 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ..errors import NO_SPACE_ERRNOS, OptionError, os_problem
+
+#: what an object store's ``info`` may say about an object's version, besides its size (each store sets one of
+#: these on every write: a rewrite in place at the same URL changes it)
+VERSION_KEYS = ("ETag", "etag", "VersionId", "generation", "md5Hash", "LastModified", "mtime", "updated", "created")
+
+
+def object_version(info: Mapping[str, Any]) -> str:
+    """One version of an object's bytes, from what its store's ``info`` says: its size and its ETag, version id,
+    generation or mtime (all that the store gives)."""
+    return json.dumps([info.get("size"), *(str(info[k]) for k in VERSION_KEYS if info.get(k) is not None)])
 
 
 def cache_name(url: str) -> str:

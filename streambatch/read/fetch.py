@@ -21,9 +21,11 @@ from typing import Any, BinaryIO
 from ..errors import ShardReadError, StreamBatchError
 from ..io.cache import ShardCache
 from ..io.digest import Digest, HashingReader, sha256_problem
+from ..io.node_files import object_version
 from ..io.ranges import Count, RangeReader, check_size
 from ..io.readahead import InOrder, Job, ReadAhead, job_chunks
-from ..io.storage import is_local, local_path
+from ..io.retry import call_with_retry
+from ..io.storage import is_local, local_path, reading_filesystem
 from ..io.verified import changed_since, object_key, recorded_sha256, remember, remember_sha256
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 
@@ -197,23 +199,39 @@ class _Cached:
         if got is None:
             self.count("cache_bypassed")
             return False
-        f, downloaded = got
+        f, downloaded, job.local = got
         self.count("cache_downloads" if downloaded else "cache_hits")
         job.file, job.size, job.verified = f, os.fstat(f.fileno()).st_size, True
-        job.local = self._cache.path(job.url) if self._cache is not None else f.name
         return True
 
-    def _open(self, job: Job) -> tuple[BinaryIO, bool] | None:
-        """(the cached copy, opened; whether it was downloaded now), or None: not cached, and the cache is
-        resting after a failure."""
+    def _open(self, job: Job) -> tuple[BinaryIO, bool, str] | None:
+        """(the cached copy, opened; whether it was downloaded now; its path), or None: not cached, and the cache
+        is resting after a failure."""
         if self._cache is None:
             self._cache = ShardCache(self.opts.cache_dir, self.opts.cache_size)
         if self._larger_than_cache(job):
             return None
+        version = self._version(job)
+        path = self._cache.path(job.url, version)
         if time.monotonic() < self._skip_until:
-            f = self._cache.cached(job.url, job.expected_size)
-            return None if f is None else (f, False)
-        return self._cache.open(job.url, job.expected_size, lambda tmp: self._download(job, tmp))
+            f = self._cache.cached(job.url, job.expected_size, version)
+            return None if f is None else (f, False, path)
+        f, downloaded = self._cache.open(job.url, job.expected_size, lambda tmp: self._download(job, tmp), version)
+        return f, downloaded, path
+
+    def _version(self, job: Job) -> str:
+        """What names the content of ``job``'s shard, the key of its cached copy: the index's sha256 of it, or
+        where the index has none, the version the store names (ETag, version id, mtime: one request)."""
+        if job.expected_sha:
+            return "sha256:" + job.expected_sha
+        fs, path = reading_filesystem(job.url, self.ranges.storage_options, self.opts.timeout)
+        try:
+            info = call_with_retry(lambda: fs.info(path), self.opts.retry, job.url)
+        except FileNotFoundError as e:
+            raise ShardReadError(f"{job.url}: shard not found") from e
+        except Exception as e:  # noqa: BLE001 - anything that leaves the shard unreadable
+            raise ShardReadError(f"{job.url}: cannot open shard ({type(e).__name__}: {e})") from e
+        return "store:" + object_version(info)
 
     def _larger_than_cache(self, job: Job) -> bool:
         """A shard larger than the whole cache (``cache_size``) is streamed as without a cache (it would evict

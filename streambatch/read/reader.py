@@ -69,9 +69,12 @@ class ReadOptions:
     already emitted (the steps stay equal, ``len()`` exact), counted in ``metrics()["faults"]`` and summed up in
     one WARNING line at the end of the pass; the (N + 1)-th raises :class:`~streambatch.errors.TooManyBadShards`."""
     cache_dir: str | None = None
-    """A node-local shard cache (:mod:`streambatch.io.cache`): each shard downloaded once per node; None: none."""
+    """A node-local shard cache (:mod:`streambatch.io.cache`): each shard downloaded once per node, kept under its
+    content (the index's sha256 of it, or the store's ETag or version), so a dataset rewritten in place is fetched
+    again; None: none."""
     cache_size: int | None = None
-    """The cache's limit in bytes, least recently used shards evicted first; None: no limit. Only with
+    """The cache folder's limit in bytes at rest (its shards and the node copies of indexes), least recently used
+    shards evicted first; None: no limit. Only with
     ``cache_dir`` (without a cache there is nothing to limit). A shard larger than the limit is read from storage
     as without a cache (warned once)."""
     shard_roots: Sequence[str] = ()
