@@ -353,7 +353,7 @@ def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[Lengt
     """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
     from ..read.features import plans_in_frames
-    from ..read.transforms import SampleOps, require_soxr
+    from ..read.transforms import SampleOps
 
     speed, features = o.speed, o.feature_fn
     if index is not None:
@@ -373,8 +373,6 @@ def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[Lengt
             )
         if o.decode not in ("auto", "audio"):
             raise OptionError(f"speed_perturb and features work on decoded audio; decode={o.decode!r}")
-    if speed is not None:
-        require_soxr()
     frames = features if plans_in_frames(features) else None
     plan = LengthPlan(int(index.sample_rate or 0), speed, frames) if speed is not None or frames is not None else None
     return plan, SampleOps(o.transform, speed, features, seed, 0, index.sample_rate)

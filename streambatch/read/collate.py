@@ -22,7 +22,7 @@ from ..format.audio import decode as decode_audio
 from ..format.members import SEGMENT_FIELD
 from ..units import resampled_count
 from .ring import slot_tensor
-from .transforms import as_payload
+from .transforms import as_payload, resample
 
 Decode = str | Callable[[dict[str, Any]], Any]
 _RESERVED = {"length"}
@@ -56,26 +56,6 @@ def pad_stack(
     return out
 
 
-def _resample(wav: np.ndarray, sr: int, target: int) -> np.ndarray:
-    """Resample to the dataset's rate (datasets written with ``--sample-rate``), to exactly the length the index
-    holds (:func:`~streambatch.units.resampled_count`): soxr's high-quality resampler when it imports,
-    else torchaudio's, else linear interpolation."""
-    n = resampled_count(len(wav), sr, target)
-    try:
-        import soxr  # optional: the audio extra
-
-        out = soxr.resample(wav, sr, target)
-    except ImportError:
-        try:
-            import torchaudio.functional as F  # optional
-
-            out = F.resample(torch.from_numpy(wav), sr, target).numpy()
-        except Exception:  # noqa: BLE001 - torchaudio absent or broken: the plain fallback
-            out = np.interp(np.linspace(0, len(wav) - 1, n), np.arange(len(wav)), wav)
-    out = np.asarray(out, dtype=np.float32)[:n]
-    return out if len(out) == n else np.pad(out, (0, n - len(out)))
-
-
 def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | None = None) -> torch.Tensor | None:
     """The payload tensor of one sample for the given decode mode (None for ``"none"``)."""
     if callable(decode):
@@ -89,7 +69,7 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         except AudioError as e:  # which sample of which shard: the decoder cannot say
             raise AudioError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: {e}") from e
         if sample_rate and sr != sample_rate:
-            wav = _resample(wav, sr, sample_rate)
+            wav = resample(wav, sr, sample_rate, resampled_count(len(wav), sr, sample_rate))
         return torch.from_numpy(wav)
     if decode == "text":
         ids = sample.get("input_ids.npy")

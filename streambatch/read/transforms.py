@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import soxr
 import torch
 
 from ..errors import OptionError, shown
@@ -22,23 +23,24 @@ from ..plan.perturb import SpeedPerturb, perturbed_samples, sample_rng
 Transform = Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]
 
 
-def require_soxr() -> Any:
-    """soxr, or an error saying how to install it."""
-    try:
-        import soxr
-    except ImportError:
-        raise ImportError("speed_perturb needs soxr: pip install 'streambatch[audio]'") from None
-    return soxr
+def resample(wav: np.ndarray, rate: float, target: int, n: int) -> np.ndarray:
+    """``wav`` (float32 ``[T]`` or ``[T, C]``) sampled at ``rate`` Hz, as ``n`` samples at ``target`` Hz: soxr's
+    high-quality resampler, band-limited (what lies above the lower rate's Nyquist frequency is filtered out
+    rather than folded back as an alias), cut to ``n`` or padded with zeros up to it (the planner's count).
+    The one resampler of the package: the loader's ``--sample-rate`` conversion and speed perturbation."""
+    out = soxr.resample(np.ascontiguousarray(wav, dtype=np.float32), rate, target)[:n]
+    if len(out) < n:
+        out = np.pad(out, [(0, n - len(out))] + [(0, 0)] * (out.ndim - 1))
+    return np.asarray(out, dtype=np.float32)
 
 
 def speed_resample(wav: torch.Tensor, factor: float, sample_rate: int) -> torch.Tensor:
-    """``wav`` played ``factor`` times as fast at the same rate: soxr's high-quality resampler from
-    ``sample_rate × factor`` to ``sample_rate``, trimmed to the planned ``floor(n / factor + 0.5)`` samples."""
+    """``wav`` played ``factor`` times as fast at the same rate: :func:`resample` from ``sample_rate × factor``
+    to ``sample_rate``, to the planned ``floor(n / factor + 0.5)`` samples."""
     if factor == 1.0:
         return wav
-    soxr = require_soxr()
-    out = soxr.resample(np.ascontiguousarray(wav.numpy(), dtype=np.float32), sample_rate * factor, sample_rate)
-    return torch.from_numpy(np.ascontiguousarray(out[: int(perturbed_samples(wav.shape[0], factor))]))
+    n = int(perturbed_samples(wav.shape[0], factor))
+    return torch.from_numpy(resample(wav.numpy(), sample_rate * factor, sample_rate, n))
 
 
 def as_payload(value: Any, option: str, fn: Any, key: Any) -> torch.Tensor:

@@ -41,6 +41,19 @@ CONFIG = {
     "autoinstall_known_extensions": False,
     "threads": 1,
 }
+#: the settings that change what an expression answers, pinned for every connection (the planner's, the check's
+#: and each worker's), so a rank never answers by its process's ``TZ`` or locale: time zone and calendar (DuckDB's
+#: ICU extension reads them from the environment; they decide what a cast to TIMESTAMPTZ, DATE or a part such as
+#: ``hour()`` gives), collation and ordering (``list_sort``, comparisons) and integer division. A setting this DuckDB
+#: does not have (ICU's two, in a build without it: then its timestamps are UTC already) is left out
+PINNED = {
+    "TimeZone": "'UTC'",
+    "Calendar": "'gregorian'",
+    "default_collation": "''",
+    "default_order": "'ASC'",
+    "default_null_order": "'NULLS_LAST'",
+    "integer_division": "false",
+}
 #: the node types an expression may hold (anything else, e.g. SUBQUERY, WINDOW, STAR, PARAMETER, is refused)
 NODES = {"CONJUNCTION", "COMPARISON", "CONSTANT", "FUNCTION", "COLUMN_REF", "CAST", "CASE", "BETWEEN", "OPERATOR"}
 NODES |= {"LAMBDA", "TYPE", "COLLATE"}
@@ -62,9 +75,14 @@ def require_duckdb() -> Any:
 
 
 def connect(memory: int) -> Any:
-    """A DuckDB connection for filters (:data:`CONFIG`), its memory limit ``memory`` bytes."""
+    """A DuckDB connection for filters (:data:`CONFIG`, the settings of :data:`PINNED`), its memory limit
+    ``memory`` bytes."""
     con = require_duckdb().connect(config={**CONFIG, "memory_limit": f"{max(1, memory >> 20)}MB"})
     con.execute("SET enable_progress_bar = false")  # a connection's setting, not one of the database
+    known = {str(r[0]) for r in con.execute("SELECT name FROM duckdb_settings()").fetchall()}
+    for name, value in PINNED.items():
+        if name in known:
+            con.execute(f"SET {name} = {value}")
     con.execute("SET lock_configuration = true")
     return con
 

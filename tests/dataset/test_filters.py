@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import SR, make_audio, write_jsonl
+from conftest import SR, make_audio, popen, write_jsonl
 
 from streambatch import EmptyEpochError, OptionError, StreamBatchLoader
 from streambatch.cli import main
@@ -194,6 +196,59 @@ def test_resume_on_another_world_size_with_a_filter(dataset, manifest):
     single.load_state_dict(states[0])
     rest = epoch_keys(single)
     assert Counter(seen + rest) == Counter(want)  # the rest re-planned on one rank: each kept sample once
+
+
+# ---- a filter's answer does not depend on the process's time zone ---------------------------------------
+#: the hour of the day (UTC) each sample was recorded at, as a time-zone-aware string; under Asia/Tokyo (UTC+9) a
+#: session that follows TZ reads hours 9..23 and 0..8, and dates a day later from 15:00 UTC on
+RECORDED = [f"2024-03-01 {h:02d}:30:00+00:00" for h in range(24)]
+MORNING = "hour(CAST(recorded AS TIMESTAMPTZ)) < 12 AND CAST(CAST(recorded AS TIMESTAMPTZ) AS DATE) = DATE '2024-03-01'"
+_TZ_RUN = """
+import json, sys, torch
+from streambatch import StreamBatchLoader
+ds, where, mode, state = sys.argv[1:5]
+loader = StreamBatchLoader(ds, budget=6400, where=where, decode="none", buffer_size=4, seed=3)
+if mode == "resume":
+    loader.load_state_dict(torch.load(state))
+it, keys = iter(loader), []
+for batch in it:
+    keys += batch["keys"]
+    if mode == "first":
+        torch.save(loader.state_dict(), state)
+        break
+print(json.dumps(keys))
+"""
+
+
+@pytest.fixture(scope="module")
+def recorded_dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("recorded")
+    rows = []
+    for h, when in enumerate(RECORDED):
+        frames = make_audio(d / f"wavs/r{h:02d}.wav", 0.1, seed=h)
+        rows.append({"audio_filepath": f"wavs/r{h:02d}.wav", "duration": frames / SR, "recorded": when})
+    out = str(d / "ds")
+    write_shards(str(write_jsonl(d / "manifest.jsonl", rows)), out, max_count=6, progress=False)
+    return out
+
+
+def _keys_under(tz: str, ds: str, mode: str = "epoch", state: str = "") -> list[str]:
+    """The keys a loader with the :data:`MORNING` filter streams in a process whose TZ is ``tz``."""
+    env = {**os.environ, "TZ": tz}
+    proc = popen([sys.executable, "-c", _TZ_RUN, ds, MORNING, mode, state], env=env, stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, f"the loader under TZ={tz} exited with {proc.returncode}"
+    return json.loads(out)
+
+
+def test_a_filter_keeps_the_same_samples_in_every_time_zone(recorded_dataset, tmp_path):
+    want = {f"wavs__r{h:02d}" for h in range(12)}  # the hours before noon, UTC
+    for tz in ("UTC", "Asia/Tokyo"):
+        assert Counter(_keys_under(tz, recorded_dataset)) == Counter(want), tz
+    state = str(tmp_path / "state.pt")  # begun under one time zone, resumed under another: still each kept once
+    first = _keys_under("UTC", recorded_dataset, "first", state)
+    rest = _keys_under("Asia/Tokyo", recorded_dataset, "resume", state)
+    assert first and Counter(first + rest) == Counter(want)
 
 
 @pytest.mark.parametrize(
