@@ -1,16 +1,16 @@
 """``shardify demo OUT``: a synthetic speech dataset, shardified and streamed three ways, side by side.
 
-1. ``OUT/audio``: synthetic FLAC utterances with long-tailed lengths (:func:`synthetic.write_audio_corpus`);
-2. ``OUT/shards``: length-annotated shards plus ``index.json`` (:func:`writer.write_shards`);
+1. ``OUT/audio``: synthetic FLAC utterances with long-tailed lengths (`synthetic.write_audio_corpus()`);
+2. ``OUT/shards``: length-annotated shards plus ``index.json`` (`writer.write_shards()`);
 3. one epoch each of (a) fixed-size random batches, (b) fixed-size batches of the globally sorted data
-   (batches shuffled) and (c) :class:`StreamBatchLoader` with a budget of 60 s of audio per batch.
+   (batches shuffled) and (c) `StreamBatchLoader` with a budget of 60 s of audio per batch.
 
-All three stream the same shards with the same tar reader (:func:`reader.read_shard`), decode and pad
-with the same :func:`collate.collate`, in one DataLoader worker, so samples/s compares batching, not I/O
+All three stream the same shards with the same tar reader (`reader.read_shard()`), decode and pad
+with the same `collate.collate()`, in one DataLoader worker, so samples/s compares batching, not I/O
 code. Padding and cost figures are measured on the tensors each method actually yields.
 
 If ``OUT/shards/index.json`` already exists the data is reused (only read), so a second run takes seconds. The
-demo writes only into a folder that is missing or empty, and marks it (:data:`DEMO_MARK`): it rewrites the data
+demo writes only into a folder that is missing or empty, and marks it (`DEMO_MARK`): it rewrites the data
 only there, never in a folder of the user's own (refused in one line).
 """
 
@@ -181,7 +181,7 @@ def run_streambatch(
 # ---- data -----------------------------------------------------------------------------------------
 def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
     """(index, reused): the dataset in ``OUT/shards`` when its ``index.json`` is there (reused: only read), else
-    ``OUT/audio`` and ``OUT/shards`` written — into a folder the demo may write (:func:`claim_folder`)."""
+    ``OUT/audio`` and ``OUT/shards`` written — into a folder the demo may write (`claim_folder()`)."""
     from .format.index import INDEX_NAME, ShardIndex
 
     audio, shards = os.path.join(out, "audio"), os.path.join(out, "shards")
@@ -200,8 +200,8 @@ def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
 
 
 def claim_folder(out: str) -> None:
-    """Make ``out`` the demo's folder: one it made (holding :data:`DEMO_MARK`) is kept, a missing or empty one is
-    made and marked; anything else (a file, a folder of the user's own) is a :class:`ShardifyError` naming it,
+    """Make ``out`` the demo's folder: one it made (holding `DEMO_MARK`) is kept, a missing or empty one is
+    made and marked; anything else (a file, a folder of the user's own) is a `ShardifyError` naming it,
     before a file is touched: the demo rewrites ``OUT/audio/utt-*`` and ``OUT/shards``."""
     mark = os.path.join(out, DEMO_MARK)
     if os.path.isfile(mark):

@@ -24,7 +24,7 @@ class ProcessInfo:
 
 def _env_int(name: str) -> int | None:
     """The whole number the launcher put in ``name`` (None when unset or empty). Anything else is an
-    :class:`OptionError` naming it: read as unset, every rank of a job would take the same data."""
+    `OptionError` naming it: read as unset, every rank of a job would take the same data."""
     v = os.environ.get(name)
     if v is None or not v.strip():
         return None

@@ -1,9 +1,9 @@
-"""Hugging Face ``transformers.Trainer`` over :class:`StreamBatchLoader` (the optional extra ``streambatch[hf-train]``).
+"""Hugging Face ``transformers.Trainer`` over `StreamBatchLoader` (the optional extra ``streambatch[hf-train]``).
 
 The Trainer counts a fixed number of batches per epoch, read once from ``len()``, and resumes by replaying the
 batches a checkpoint had consumed. A streambatch epoch has its own number of batches (each epoch is planned
-afresh) and resumes from a few-hundred-byte ``state_dict()``. :class:`StreamBatchTrainer` reconciles the two:
-the Trainer sees the run's epochs as one pass of exactly as many batches as they hold (:class:`TrainerLoader`),
+afresh) and resumes from a few-hundred-byte ``state_dict()``. `StreamBatchTrainer` reconciles the two:
+the Trainer sees the run's epochs as one pass of exactly as many batches as they hold (`TrainerLoader`),
 each checkpoint holds the loader's state of every rank, and ``train(resume_from_checkpoint=...)`` restores it
 instead of replaying (the Trainer's ``ignore_data_skip``), so a run stopped mid-epoch goes on with exactly the
 remaining batches (the guide "Hugging Face accelerate and Trainer"). ``accelerate`` needs no adapter: its
@@ -32,10 +32,10 @@ STATE_FILE = "streambatch-loader-rank{rank}.json"
 
 
 class TrainerLoader:
-    """A :class:`StreamBatchLoader` as one pass over a whole run: ``epochs`` of the loader (or ``batches``
+    """A `StreamBatchLoader` as one pass over a whole run: ``epochs`` of the loader (or ``batches``
     batches, crossing epochs as needed), one after the other; ``len()`` is exactly the batches of the run.
 
-    :attr:`position` (batches of the run already yielded, from the loader's epoch and place) is where a
+    `position` (batches of the run already yielded, from the loader's epoch and place) is where a
     restored loader picks up. Each epoch's batch count is planned once and kept, so ``len()`` does not change
     while the run goes on.
     """
@@ -87,7 +87,7 @@ class TrainerLoader:
         return self.loader.epoch + (self.loader.consumed / n if n else 0.0)
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's :meth:`~StreamBatchLoader.state_dict`."""
+        """The loader's `state_dict()`."""
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -108,7 +108,7 @@ class _FollowEpochs(TrainerCallback):
 
 
 class StreamBatchTrainer(Trainer):
-    """A ``transformers.Trainer`` that trains on ``train_loader`` (a :class:`StreamBatchLoader` of this rank)
+    """A ``transformers.Trainer`` that trains on ``train_loader`` (a `StreamBatchLoader` of this rank)
     and resumes it exactly from its checkpoints.
 
     The run is ``args.num_train_epochs`` epochs of the loader (an integer), or ``args.max_steps`` optimizer
@@ -133,7 +133,7 @@ class StreamBatchTrainer(Trainer):
         self.add_callback(_FollowEpochs(view))
 
     def get_train_dataloader(self) -> TrainerLoader:  # type: ignore[override]
-        """The run as one pass (:class:`TrainerLoader`); sets ``args.max_steps`` to its optimizer steps."""
+        """The run as one pass (`TrainerLoader`); sets ``args.max_steps`` to its optimizer steps."""
         ga = self.args.gradient_accumulation_steps
         self.args.max_steps = math.ceil(len(self.train_loader) / ga)
         return self.train_loader

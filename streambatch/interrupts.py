@@ -5,7 +5,7 @@ library calls back (soundfile's virtual file I/O, which libsndfile calls through
 propagate: cffi prints ``Exception ignored from cffi callback`` with a traceback, hands C a default value, and the
 interrupt is lost. Receiving a tensor's file descriptor from a DataLoader worker (multiprocessing's resource
 sharer) is the same in effect: cut in the middle, the worker prints the broken connection's traceback.
-:class:`Interrupter` raises KeyboardInterrupt at once, unless the code interrupted is one of those: then it has the
+`Interrupter` raises KeyboardInterrupt at once, unless the code interrupted is one of those: then it has the
 same signal sent to the thread again a moment later, and its handler raises it then, once that code has returned.
 """
 
@@ -42,10 +42,10 @@ def uninterruptible(frame: FrameType | None) -> bool:
 
 
 class Interrupter:
-    """Raises KeyboardInterrupt for a signal handler (:meth:`interrupt`), holding it back while the interrupted
-    code is a callback from C (:func:`uninterruptible`) — once :meth:`arm` has started the thread that sends the
+    """Raises KeyboardInterrupt for a signal handler (`interrupt()`), holding it back while the interrupted
+    code is a callback from C (`uninterruptible()`) — once `arm()` has started the thread that sends the
     signal again (a handler cannot start one: threading's own locks may be held by the code it interrupted);
-    :attr:`pending` says one is held back, and :meth:`close` drops it (the handler is gone)."""
+    `pending` says one is held back, and `close()` drops it (the handler is gone)."""
 
     def __init__(self) -> None:
         self.since: float | None = None  # when the interrupt held back now first came
@@ -67,8 +67,8 @@ class Interrupter:
 
     def interrupt(self, signum: int, frame: FrameType | None) -> None:
         """Raise KeyboardInterrupt, as Ctrl-C does; or, while ``frame`` is in code an exception must not be raised
-        in (for at most :data:`MAX_DELAY` seconds), have ``signum`` sent to this thread again in
-        :data:`RETRY_AFTER` seconds and return (the handler calls this again then)."""
+        in (for at most `MAX_DELAY` seconds), have ``signum`` sent to this thread again in
+        `RETRY_AFTER` seconds and return (the handler calls this again then)."""
         now = time.monotonic()
         since = now if self.since is None else self.since
         armed = self._thread is not None and not self.closed
@@ -80,7 +80,7 @@ class Interrupter:
         signal.default_int_handler(signum, frame)
 
     def _resend(self) -> None:
-        """The armed thread: send the held-back signal again, :data:`RETRY_AFTER` seconds after each request."""
+        """The armed thread: send the held-back signal again, `RETRY_AFTER` seconds after each request."""
         while True:
             self._wake.wait()
             self._wake.clear()

@@ -1,11 +1,11 @@
-"""Lightning: a ``LightningDataModule`` over :class:`StreamBatchLoader` (the optional extra ``streambatch[lightning]``).
+"""Lightning: a ``LightningDataModule`` over `StreamBatchLoader` (the optional extra ``streambatch[lightning]``).
 
 Lightning saves the ``state_dict()`` of a stateful train loader in its checkpoints and hands it back on
 restore, as it does for torchdata's ``StatefulDataLoader``; ``StreamBatchLoader`` has that protocol, so a
-Trainer stopped mid-epoch resumes with exactly the batches that remained. :class:`LightningLoader` is the loader
+Trainer stopped mid-epoch resumes with exactly the batches that remained. `LightningLoader` is the loader
 as Lightning iterates it: Lightning stops asking for batches once ``len()`` of them are out, without ending the
 loader's pass, so the wrapper follows Lightning's epoch counter to start the loader's next epoch.
-:class:`StreamBatchDataModule` builds the loaders on each rank and keeps the train loader's state in the
+`StreamBatchDataModule` builds the loaders on each rank and keeps the train loader's state in the
 checkpoint (the guide "Lightning").
 """
 
@@ -32,7 +32,7 @@ log = logging.getLogger("streambatch.lightning")
 
 
 class LightningLoader:
-    """A :class:`StreamBatchLoader` as a Lightning Trainer iterates it; ``len()``, iteration, ``state_dict()``.
+    """A `StreamBatchLoader` as a Lightning Trainer iterates it; ``len()``, iteration, ``state_dict()``.
 
     ``epoch``: a callable giving Lightning's current epoch (``lambda: trainer.current_epoch``); the loader
     follows it. Lightning reads ``len()`` batches and then starts its next epoch without asking for one more,
@@ -94,7 +94,7 @@ class LightningLoader:
             it.close()  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's :meth:`~StreamBatchLoader.state_dict` (Lightning stores it in the checkpoint)."""
+        """The loader's `state_dict()` (Lightning stores it in the checkpoint)."""
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -129,7 +129,7 @@ def _check_options(options: Any, what: str) -> None:
 
 
 class StreamBatchDataModule(pl.LightningDataModule):
-    """A Lightning DataModule over streambatch: ``train_dataloader()`` is a :class:`StreamBatchLoader` of
+    """A Lightning DataModule over streambatch: ``train_dataloader()`` is a `StreamBatchLoader` of
     ``source`` with ``budget`` and ``options`` (any loader option by name) on this rank, and its state travels
     in Lightning's checkpoints, so ``trainer.fit(model, datamodule=dm, ckpt_path=...)`` resumes mid-epoch
     with exactly the remaining batches.
@@ -191,7 +191,7 @@ class StreamBatchDataModule(pl.LightningDataModule):
             trainer.reload_dataloaders_every_n_epochs = 1
 
     def train_dataloader(self) -> LightningLoader:
-        """The train loader (built by :meth:`setup`)."""
+        """The train loader (built by `setup()`)."""
         if self.train_loader is None:
             self.setup("fit")
         assert self.train_loader is not None

@@ -2,7 +2,7 @@
 
 A pool worker outlives a parent killed by SIGKILL unless it is told otherwise: it sleeps on its task queue
 forever and holds the parent's inherited pipes open (a caller's ``communicate()`` never returns).
-:func:`die_with_parent` is the pool initializer that prevents it: Linux's parent-death signal, and a thread
+`die_with_parent()` is the pool initializer that prevents it: Linux's parent-death signal, and a thread
 that watches the parent for the platforms (and the race) the signal does not cover.
 """
 

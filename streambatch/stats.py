@@ -1,7 +1,7 @@
 """Length statistics in bounded memory: counts, totals, extremes and percentiles of any number of lengths.
 
 ``shardify inspect``, suggested budgets and bucket boundaries need percentiles of every length in the dataset.
-:class:`LengthStats` streams them shard by shard: exact while they fit in ``exact_limit`` values, then a
+`LengthStats` streams them shard by shard: exact while they fit in ``exact_limit`` values, then a
 histogram of log-spaced bins (each ``accuracy`` wide relative to its value, as in DDSketch), so a 10⁹-sample
 index is summarised in a few MB with every percentile within 0.1 % of the exact one.
 """
@@ -36,7 +36,7 @@ class LengthStats:
 
     @classmethod
     def of(cls, lengths: Any, **kw: Any) -> LengthStats:
-        """Statistics of an array of lengths (a :class:`LengthStats` is returned as it is)."""
+        """Statistics of an array of lengths (a `LengthStats` is returned as it is)."""
         if isinstance(lengths, LengthStats):
             return lengths
         out = cls(**kw)
@@ -165,7 +165,7 @@ def json_number(x: float) -> int | float:
 
 
 def stream_stats(chunks: Iterable[Any], **kw: Any) -> LengthStats:
-    """:class:`LengthStats` of lengths streamed in chunks (one in memory at a time)."""
+    """`LengthStats` of lengths streamed in chunks (one in memory at a time)."""
     out = LengthStats(**kw)
     for chunk in chunks:
         out.add(chunk)
@@ -174,7 +174,7 @@ def stream_stats(chunks: Iterable[Any], **kw: Any) -> LengthStats:
 
 def stream_array(name: str, values: Any, n: int | None = None, whole: bool = False) -> np.ndarray:
     """``values`` as a 1-D numeric array (of ``n`` entries when given) of finite numbers from 0 (``whole``: whole
-    numbers, any sign: group keys), else an :class:`OptionError` naming ``name``."""
+    numbers, any sign: group keys), else an `OptionError` naming ``name``."""
     try:
         array = np.asarray(values)
     except (TypeError, ValueError):  # ragged nesting

@@ -1,9 +1,9 @@
-"""The unit a dataset's lengths count: :class:`Unit`, parsed once where a unit enters (an index header, ``--unit``,
+"""The unit a dataset's lengths count: `Unit`, parsed once where a unit enters (an index header, ``--unit``,
 an option) and compared as a value everywhere after.
 
-Sizes in bytes are read here too (:func:`parse_bytes`: ``"64M"``, ``"8MiB"``), one way for every option that takes one.
+Sizes in bytes are read here too (`parse_bytes()`: ``"64M"``, ``"8MiB"``), one way for every option that takes one.
 
-A leaf module beside :mod:`.errors`: the index (``dataset/``), the planner (``plan/``), the writer and the
+A leaf module beside `errors`: the index (``dataset/``), the planner (``plan/``), the writer and the
 calibration all name units, and none of them should import another to do it.
 """
 
@@ -41,8 +41,8 @@ class Unit(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: object, choices: Iterable[Unit] | None = None) -> Unit:
-        """``value`` (a :class:`Unit` or its name) as a :class:`Unit`, one of ``choices`` (default: any); an
-        :class:`~streambatch.errors.OptionError` naming the units there are for anything else."""
+        """``value`` (a `Unit` or its name) as a `Unit`, one of ``choices`` (default: any); an
+        `OptionError` naming the units there are for anything else."""
         allowed = tuple(cls) if choices is None else tuple(choices)
         unit = cls._value2member_map_.get(value) if isinstance(value, str) else None
         if not isinstance(unit, cls) or unit not in allowed:
@@ -78,7 +78,7 @@ class Unit(str, enum.Enum):
 
     def audio_length(self, frames: int, rate: int, index_rate: int | None) -> int | float:
         """The length of ``frames`` frames of audio at ``rate`` Hz: samples at ``index_rate`` (the audio's own
-        rate when None; counted as the writer counts them, :func:`resampled_count`) or seconds."""
+        rate when None; counted as the writer counts them, `resampled_count()`) or seconds."""
         if self is Unit.SAMPLES:
             return resampled_count(frames, rate, index_rate or rate)
         if self is Unit.SECONDS:
@@ -92,7 +92,7 @@ LENGTH_TOLERANCE = 1e-6
 
 
 def same_length(found: object, said: float) -> bool:
-    """Whether a ``.json`` length (any JSON value) is the index's ``said``, within :data:`LENGTH_TOLERANCE`: the
+    """Whether a ``.json`` length (any JSON value) is the index's ``said``, within `LENGTH_TOLERANCE`: the
     one rule ``shardify index`` adopts a ``.json`` length by and the loader checks a streamed sample by."""
     if isinstance(found, bool) or not isinstance(found, numbers.Real):
         return False
@@ -115,7 +115,7 @@ MAX_BYTES = 2**63 - 1
 
 def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
     """Bytes from ``123456``, ``"64M"``, ``"8MiB"``, ``"1.5G"`` (K, M, G, T are powers of 1024); 0 allowed. A number
-    must be whole (``64e6`` is, ``1.5`` is not); anything else is an :class:`OptionError` naming ``what``."""
+    must be whole (``64e6`` is, ``1.5`` is not); anything else is an `OptionError` naming ``what``."""
     if size is None:
         return None
     whole = f"{what} must be a whole number of bytes or a size like 64M, got {shown(size)}"

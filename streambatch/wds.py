@@ -1,7 +1,7 @@
 """Budget batching as a webdataset pipeline stage: ``wds.WebDataset(urls).decode().compose(BudgetBatches(budget))``.
 
-A stage in webdataset is a function from an iterator of samples to an iterator; :class:`BudgetBatches` is one, over
-the very :class:`~streambatch.plan.batcher.BucketBatcher` the loader runs without an index (the same window, the
+A stage in webdataset is a function from an iterator of samples to an iterator; `BudgetBatches` is one, over
+the very `BucketBatcher` the loader runs without an index (the same window, the
 same budget guarantee, the same rule for a sample that cannot fit), fed online with each sample's length: from a
 function you give, else the ``length`` our shards carry in their ``.json`` member. It holds no index and reads
 nothing itself, so it runs after webdataset's own shard splitting (``nodesplitter=wds.split_by_node``,
@@ -31,16 +31,16 @@ MAX_JSON_BYTES = 1 << 20
 class BudgetBatches:
     """A webdataset stage that turns a stream of samples into budget-bounded batches (lists of samples).
 
-    ``budget`` and ``options`` are :meth:`BatchingConfig.make`'s (``buffer_size``, ``refill``, ``max_batch_size``,
+    ``budget`` and ``options`` are `BatchingConfig.make()`'s (``buffer_size``, ``refill``, ``max_batch_size``,
     ``cost``, ``max_length``, ``strict``, ``drop_last``, ``seed``, ``output_budget`` …): every batch holds
     ``cost(n, max_len) ≤ budget`` (``n × max_len`` by default) for the lengths ``length(sample)`` gives, and a
-    sample that cannot fit even alone is never emitted — counted in :attr:`skipped`, or with ``strict=True`` a
-    :class:`~streambatch.errors.SampleTooLongError`. Each pass emits every other sample exactly once
+    sample that cannot fit even alone is never emitted — counted in `skipped`, or with ``strict=True`` a
+    `SampleTooLongError`. Each pass emits every other sample exactly once
     (``drop_last``: but the pass's one incomplete batch). ``length``: ``sample → number``; None reads the
     ``length`` of the sample's ``.json`` (raw bytes or decoded by ``.decode()``). ``output_length``: the same
     for the second length under ``output_budget`` (None: the ``.json``'s ``output_length``).
 
-    The batch order is seeded by ``(seed, epoch, rank, worker, pass)``: call :meth:`set_epoch` before each epoch
+    The batch order is seeded by ``(seed, epoch, rank, worker, pass)``: call `set_epoch()` before each epoch
     (as with the loader) for another order; a pipeline that repeats (``.repeat()``, ``with_epoch``) counts passes.
     """
 

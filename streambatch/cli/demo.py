@@ -1,4 +1,4 @@
-"""``shardify demo``: a small synthetic speech dataset written and streamed (:mod:`streambatch.demo`)."""
+"""``shardify demo``: a small synthetic speech dataset written and streamed (`streambatch.demo`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ MAX_UTTERANCES = 100_000
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify demo`` (read back by :func:`run`)."""
+    """The arguments of ``shardify demo`` (read back by `run()`)."""
     d.add_argument(
         "out",
         metavar="OUT",

@@ -1,5 +1,5 @@
 """``shardify export``: a dataset's manifests for another loader, pointing at its existing tars
-(:mod:`streambatch.write.export_nemo`: NeMo's tarred audio manifests)."""
+(`streambatch.write.export_nemo`: NeMo's tarred audio manifests)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ EPILOG = "NeMo config keys to set: see the guide 'Using NeMo's loader on our sha
 
 
 def add_arguments(e: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify export`` (read back by :func:`run`)."""
+    """The arguments of ``shardify export`` (read back by `run()`)."""
     add_shared(e, "out", "the dataset to export: its folder or URL (or its index.json)")
     e.add_argument("--format", choices=FORMATS, required=True, help="what to write: nemo-tarred (NeMo's manifests)")
     e.add_argument("--out", dest="dest", metavar="DIR", required=True, help="folder or URL to write the manifests into")

@@ -1,4 +1,4 @@
-"""``shardify index``: existing tar shards indexed in place (:mod:`streambatch.write.adopt`), not a byte of them
+"""``shardify index``: existing tar shards indexed in place (`streambatch.write.adopt`), not a byte of them
 rewritten."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DESCRIPTION = (
 )
 
 
-#: the help of the options ``index`` shares with ``write`` (declared once in :data:`.args.SHARED`)
+#: the help of the options ``index`` shares with ``write`` (declared once in `args.SHARED`)
 UNIT_HELP = "length unit (default: samples for audio, tokens for text)"
 SAMPLE_RATE_HELP = "count audio lengths in samples at R Hz; needed when the members have mixed rates"
 WORKERS_HELP = "tars read at a time, in processes (default 1); the index is identical for any N"
@@ -58,7 +58,7 @@ COLUMNS_HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify index`` (read back by :func:`run`)."""
+    """The arguments of ``shardify index`` (read back by `run()`)."""
     _add_where(p)
     add_shared(p, "unit", UNIT_HELP)
     add_shared(p, "sample_rate", SAMPLE_RATE_HELP)

@@ -40,7 +40,7 @@ from .args import (
     storage_options,
 )
 
-#: the last epoch the loader plans (:data:`streambatch.loader.state.MAX_EPOCH`, which imports torch: the command line
+#: the last epoch the loader plans (`streambatch.loader.state.MAX_EPOCH`, which imports torch: the command line
 #: starts without it)
 MAX_EPOCH = 2**31 - 1
 #: what ``inspect`` reports on: one dataset's index, or a mixture's datasets as one
@@ -57,7 +57,7 @@ OUT_HELP = SHARED["out"][1]["help"] + ", or a mixture file (.yaml/.json naming d
 
 
 def add_arguments(i: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify inspect`` (read back by :func:`run`)."""
+    """The arguments of ``shardify inspect`` (read back by `run()`)."""
     add_shared(i, "out", OUT_HELP)
     i.add_argument(
         "--budget",
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_tables(index: Dataset) -> None:
     """Every table of every dataset read in full first, as the loader reads it: a damaged index is an error
-    naming the table (exit 2), never a summary that looks fine (:mod:`~streambatch.format.index_check`)."""
+    naming the table (exit 2), never a summary that looks fine (`index_check`)."""
     from ..errors import IndexFormatError
     from ..format.index_check import check_tables
 
@@ -192,7 +192,7 @@ def inspect_dataset(
 ) -> int:
     """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
     The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
-    the samples this filter keeps (:mod:`~streambatch.select.where`), and what fraction that is."""
+    the samples this filter keeps (`where`), and what fraction that is."""
     lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
     summary = _summary(index, dataset, lengths)
     if where is not None:
@@ -382,7 +382,7 @@ def planned_epoch(
 ) -> dict[str, Any]:
     """The epoch's plan summarised: steps (every rank's), batches and samples per rank, batch-size histogram,
     padding % and mean budget use over the batches (from the index lengths), and freshness: the share of the
-    epoch's batch-mate pairs that are batch-mates again in the next epoch (:mod:`~streambatch.plan.freshness`)."""
+    epoch's batch-mate pairs that are batch-mates again in the next epoch (`freshness`)."""
     lengths = index_lengths(index)
     # the loader's option building pulls in torch (its workers' collate options): only `--plan` needs it
     from ..loader.metrics import batch_figures, planned_batches
@@ -465,7 +465,7 @@ def plot_planned(p: dict[str, Any], path: str) -> str:
 # ---- one step's samples (--step) ---------------------------------------------------------------------------
 def inspect_step(args: argparse.Namespace) -> int:
     """``--step K``: the samples of step K of ``--epoch`` on each rank, as the loader with these options plans it
-    (:meth:`~streambatch.StreamBatchLoader.step_samples`; no shard is read)."""
+    (`step_samples()`; no shard is read)."""
     if not args.budget:
         raise ShardifyError("--step needs --budget (`shardify inspect DS` suggests one)")
     from ..loader.core import StreamBatchLoader  # pulls in torch: only --step needs it

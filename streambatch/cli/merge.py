@@ -20,7 +20,7 @@ DESCRIPTION = (
 
 
 def add_arguments(mg: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify merge`` (read back by :func:`run`)."""
+    """The arguments of ``shardify merge`` (read back by `run()`)."""
     add_shared(mg, "out", "the folder or URL the parts were written to")
     mg.add_argument(
         "parts",

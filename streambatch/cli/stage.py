@@ -21,7 +21,7 @@ DESCRIPTION = (
 
 
 def add_arguments(st: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify stage`` (read back by :func:`run`)."""
+    """The arguments of ``shardify stage`` (read back by `run()`)."""
     st.add_argument("src", metavar="SRC", help="dataset folder or URL (s3://bucket/ds, ...) or its index.json")
     st.add_argument("dest", metavar="DEST", help="destination folder (node-local disk) or URL")
     st.add_argument(

@@ -18,7 +18,7 @@ DESCRIPTION = (
 
 
 def add_arguments(u: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify upgrade`` (read back by :func:`run`)."""
+    """The arguments of ``shardify upgrade`` (read back by `run()`)."""
     add_shared(u, "out")
     add_shared(u, "no_progress")
     add_storage(u)

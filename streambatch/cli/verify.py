@@ -19,7 +19,7 @@ DESCRIPTION = (
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify verify`` (read back by :func:`run`)."""
+    """The arguments of ``shardify verify`` (read back by `run()`)."""
     add_shared(v, "out")
     v.add_argument(
         "--decode",

@@ -57,7 +57,7 @@ RESUME_HELP = (
 
 
 def add_arguments(w: argparse.ArgumentParser) -> None:
-    """The arguments of ``shardify write`` (read back by :func:`run`)."""
+    """The arguments of ``shardify write`` (read back by `run()`)."""
     _add_source(w)
     _add_sharding(w)
     _add_run(w)

@@ -1,9 +1,9 @@
 """Calibration: measure the largest batch per length the user's training step fits in, and fit the cost model.
 
 ``calibrate(step_fn, source, device=...)`` runs the step on synthetic batches shaped like the dataset's at a
-few probe lengths, searches each length's largest fitting batch (:mod:`.search`, measured by :mod:`.memory`),
+few probe lengths, searches each length's largest fitting batch (`search`, measured by `memory`),
 fits the peak memory and writes the cost model and budget that ``StreamBatchLoader(cost="calib.json")``
-reads. ``shardify calibrate`` is its command line (:mod:`streambatch.cli.calibrate`). The guide "Fitting
+reads. ``shardify calibrate`` is its command line (`streambatch.cli.calibrate`). The guide "Fitting
 batches to the model" describes the measurements, the search, the fit and the JSON file.
 """
 
@@ -121,7 +121,7 @@ def _probes(
 # ---- the options, checked before anything runs ---------------------------------------------------------
 @dataclass(frozen=True)
 class CalibrationOptions:
-    """What a calibration measures and writes, every option checked (:func:`calibration_options`): the probe
+    """What a calibration measures and writes, every option checked (`calibration_options()`): the probe
     lengths (longest first), the unit and sample rate, the ``torch.device``, the memory limit in bytes (None:
     ``memory_fraction`` of the memory), the search's cap and precision, the budget's margin and the output."""
 
@@ -152,10 +152,10 @@ def calibration_options(
     margin: float = 0.02,
     flag: Callable[[str], str] = str,
 ) -> CalibrationOptions:
-    """:func:`calibrate`'s options checked, before any step runs (arguments as there): an :class:`OptionError`
+    """`calibrate()`'s options checked, before any step runs (arguments as there): an `OptionError`
     names the first bad one as ``flag(keyword)`` (the CLI passes its ``--option`` names); the dataset's index
     is read last (its errors: ``FileNotFoundError``, ``IndexFormatError``). The ranges: ``memory_fraction``
-    in (0, 1], ``memory_limit`` above 0 bytes, ``max_batch_size`` from 1 to :data:`MAX_BATCH_SIZE`,
+    in (0, 1], ``memory_limit`` above 0 bytes, ``max_batch_size`` from 1 to `MAX_BATCH_SIZE`,
     ``rel_tol`` in [0, 0.5) (0: exact to one sample), ``margin`` in [0, 1), lengths finite and positive."""
     fraction = number_option(flag("memory_fraction"), memory_fraction, positive=True, maximum=1)
     limit = parse_bytes(memory_limit, flag("memory_limit"))
@@ -176,7 +176,7 @@ def calibration_options(
 
 def check_output(out: str | os.PathLike | None, name: str = "out") -> str | None:
     """``out`` as a path or URL once a file can be written there: a local one must not be a folder nor lie
-    under a file, and its nearest existing folder must be writable; else an :class:`OptionError`."""
+    under a file, and its nearest existing folder must be writable; else an `OptionError`."""
     if out is None:
         return None
     from ..io.storage import is_local, local_path
@@ -294,8 +294,8 @@ def calibrate(
     """Measure ``step_fn`` on synthetic batches and fit the cost model and budget (guide: fitting batches).
 
     ``source``: a dataset folder or ``index.json`` (lengths, unit and sample rate come from its index), a
-    :class:`~streambatch.format.index.ShardIndex`, an array of lengths, or None with explicit ``lengths``.
-    ``lengths``: the probe lengths (default :func:`probe_lengths` of the dataset). ``memory_limit``: bytes
+    `ShardIndex`, an array of lengths, or None with explicit ``lengths``.
+    ``lengths``: the probe lengths (default `probe_lengths()` of the dataset). ``memory_limit``: bytes
     (or ``"2G"``) the step may use — on CPU above the process's memory before the step (default
     ``memory_fraction`` of the memory available now), on CUDA in all (default ``memory_fraction`` of the
     device's memory). ``max_batch_size`` caps the search. ``out``: where to write the JSON (path or URL).
@@ -305,7 +305,7 @@ def calibrate(
     thread, else 1 — OpenMP (torch's CPU thread pool) hangs in a forked child once the parent has used it,
     so CPU trials of a process that already ran parallel torch code are single-threaded (the per-thread
     scratch memory of multi-threaded kernels is then not measured). Every option is checked before the first
-    trial (:func:`calibration_options`, which gives the ranges), ``out`` included. Returns the calibration as a
+    trial (`calibration_options()`, which gives the ranges), ``out`` included. Returns the calibration as a
     dict (what ``out`` receives).
     """
     options = calibration_options(
@@ -355,8 +355,8 @@ def measure_and_fit(
     quadratic_threshold: float = QUADRATIC_THRESHOLD,
     cpu_threads: int | None = None,
 ) -> dict[str, Any]:
-    """:func:`calibrate` once its ``options`` are checked (:func:`calibration_options`): run the trials, fit
-    the model and return the calibration; ``options.out`` is not written (:func:`write_calibration` does). The
+    """`calibrate()` once its ``options`` are checked (`calibration_options()`): run the trials, fit
+    the model and return the calibration; ``options.out`` is not written (`write_calibration()` does). The
     trial options are checked here, before the first trial: ``trial_timeout`` above 0 (or None),
     ``quadratic_threshold`` in [0, 1], ``cpu_threads`` from 1 (or None), ``warmup`` True or False."""
     _check_trial_options(warmup, trial_timeout, quadratic_threshold, cpu_threads)
@@ -392,7 +392,7 @@ def measure_and_fit(
 
 def write_calibration(result: dict[str, Any], out: str) -> None:
     """Write the calibration JSON to ``out`` (a path or URL) whole or not at all; a disk or quota that is full
-    is an :class:`~streambatch.errors.OutputError` naming ``out``."""
+    is an `OutputError` naming ``out``."""
     from ..io.storage import write_bytes_atomic
 
     with output_fits(out, "the calibration"):

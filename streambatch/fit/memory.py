@@ -215,7 +215,7 @@ class _ForkMeasure:
         return self._trial(raw, status, n, length, time.perf_counter() - t0)
 
     def _read(self, r: int, n: int, length: float) -> str:
-        """What the child reports, read until it closes the pipe; past the timeout a :class:`CalibrationError`."""
+        """What the child reports, read until it closes the pipe; past the timeout a `CalibrationError`."""
         chunks, deadline = [], (time.monotonic() + self.timeout) if self.timeout else None
         try:
             while True:
@@ -367,7 +367,7 @@ class DeviceMeasure:
 
 def resolve_device(device: Any, name: str = "device") -> Any:
     """``device`` as the ``torch.device`` calibration runs on: the CPU or a CUDA device this machine has
-    (``cuda``: the current one); anything else is an :class:`OptionError` naming ``name`` and the value."""
+    (``cuda``: the current one); anything else is an `OptionError` naming ``name`` and the value."""
     import torch
 
     try:
@@ -399,8 +399,8 @@ def device_measure(
     cpu_threads: int | None,
     warmup_length: float | None,
 ) -> DeviceMeasure:
-    """The measurer for ``dev`` (a ``torch.device`` :func:`resolve_device` checked) and the limit its trials must
-    fit in (see :func:`calibrate`).
+    """The measurer for ``dev`` (a ``torch.device`` `resolve_device()` checked) and the limit its trials must
+    fit in (see `calibrate()`).
 
     On CUDA one warm-up step at ``warmup_length`` (when not None) runs first: cuBLAS workspaces, lazily
     created optimizer state. On CPU, ``cpu_threads`` defaults to 1 once this process has other threads.

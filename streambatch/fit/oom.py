@@ -1,7 +1,7 @@
 """The training-time out-of-memory guard: split a batch that does not fit instead of ending the run.
 
-:func:`run_with_oom_split` (and :class:`OOMGuard`, which counts) catches an out-of-memory in a step, frees
-memory, cuts the batch in halves along the batch dimension with :func:`split_batch` and runs those,
+`run_with_oom_split()` (and `OOMGuard`, which counts) catches an out-of-memory in a step, frees
+memory, cuts the batch in halves along the batch dimension with `split_batch()` and runs those,
 recursively, down to ``min_size`` samples; the pieces' ``loss_weight`` keeps the accumulated gradient the
 whole batch's.
 """
@@ -128,7 +128,7 @@ def _slice(batch: Any, n: int, s: int, e: int, share: float) -> Any:
 # ---- running a step, split on out-of-memory ------------------------------------------------------------
 @dataclass
 class SplitResult:
-    """What :func:`run_with_oom_split` did: the combined ``value``, the ``pieces`` the batch ran as,
+    """What `run_with_oom_split()` did: the combined ``value``, the ``pieces`` the batch ran as,
     the ``ooms`` caught and the ``splits`` made (one per out-of-memory, halving a piece)."""
 
     value: Any
@@ -176,15 +176,15 @@ def _attempt(step_fn: Callable[[Any], Any], b: Any, device: Any = None) -> tuple
 
 @dataclass(frozen=True)
 class SplitOptions:
-    """How :func:`run_with_oom_split` splits a batch that runs out of memory; each value checked once, here (an
-    :class:`~streambatch.errors.OptionError` naming it), so :class:`OOMGuard` refuses a bad one when it is built."""
+    """How `run_with_oom_split()` splits a batch that runs out of memory; each value checked once, here (an
+    `OptionError` naming it), so `OOMGuard` refuses a bad one when it is built."""
 
     min_size: int = 1
     """The smallest piece, in samples: a piece this small that still runs out of memory re-raises."""
     reset: Callable[[], Any] | None = None
     """Called before a batch restarts in more pieces (zeroes the gradients); None: failed pieces are retried."""
     weight_by: str = "samples"
-    """What a piece's ``loss_weight`` is the share of (:data:`WEIGHT_BY`)."""
+    """What a piece's ``loss_weight`` is the share of (`WEIGHT_BY`)."""
     device: Any = None
     """The device whose cached memory is freed after an out-of-memory; None: the current one."""
     logger: logging.Logger | None = None
@@ -233,7 +233,7 @@ def run_with_oom_split(
 
 
 def _run_split(step_fn: Callable[[Any], Any], batch: Any, o: SplitOptions) -> SplitResult:
-    """:func:`run_with_oom_split` with its options checked."""
+    """`run_with_oom_split()` with its options checked."""
     n = batch_size_of(batch)
     attempt = functools.partial(_attempt, step_fn, device=o.device)
     if o.reset is None:
@@ -307,7 +307,7 @@ class OOMGuard:
     """Wrap a training step so that an out-of-memory splits the batch instead of ending the run.
 
     ``guard = OOMGuard(step_fn); for batch in loader: loss = guard(batch)`` calls
-    :func:`run_with_oom_split` (same arguments) and keeps counters: ``calls``, ``ooms`` (out-of-memory
+    `run_with_oom_split()` (same arguments) and keeps counters: ``calls``, ``ooms`` (out-of-memory
     errors caught), ``splits`` and ``split_batches`` (batches that needed any split). How the pieces' losses
     combine: each piece gets ``loss_weight`` = its share of the batch's samples (``weight_by="frames"``: of
     its real frames, for a loss averaged over frames); multiply the piece's mean loss by it before
@@ -338,5 +338,5 @@ class OOMGuard:
 
 
 def oom_guard(step_fn: Callable[[Any], Any], **kwargs: Any) -> OOMGuard:
-    """``OOMGuard(step_fn, **kwargs)``: see :class:`OOMGuard` and :func:`run_with_oom_split`."""
+    """``OOMGuard(step_fn, **kwargs)``: see `OOMGuard` and `run_with_oom_split()`."""
     return OOMGuard(step_fn, **kwargs)

@@ -1,6 +1,6 @@
 """The numbers behind calibration, with no device in sight: search one length's largest fitting batch from
 a few measured trials, fit ``peak ≈ a + b·n·L + c·n·L²`` to all of them, and turn that fit into the cost
-model and budget the loader reads. The measuring itself is :mod:`streambatch.fit.memory`'s.
+model and budget the loader reads. The measuring itself is `streambatch.fit.memory`'s.
 """
 
 from __future__ import annotations

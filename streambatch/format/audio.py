@@ -1,7 +1,7 @@
 """Audio: probe lengths from headers (decoding only an MP3, whose header estimates its length) and decode bytes to
 float32 waveforms.
 
-soundfile (libsndfile) is the default: it reads every format in :data:`AUDIO_EXTENSIONS` (WAV, FLAC, Ogg
+soundfile (libsndfile) is the default: it reads every format in `AUDIO_EXTENSIONS` (WAV, FLAC, Ogg
 Vorbis/Opus, MP3, SPHERE, AIFF, AU, W64, ...) from paths and from bytes, telling the format from the bytes, not the
 name. torchaudio is used only as a fallback for audio soundfile cannot decode, and only when it imports (its releases
 pin torch exactly, so it stays optional).
@@ -74,10 +74,10 @@ class AudioInfo:
 def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
     """Read sample rate, frame count and channels from the header; the frame count is the number of frames that
     decode (what the loader emits). For a format whose header only estimates it (MP3:
-    :data:`ESTIMATED_LENGTH_FORMATS`) the file is decoded to count them (about 1 ms per second of audio).
+    `ESTIMATED_LENGTH_FORMATS`) the file is decoded to count them (about 1 ms per second of audio).
 
     ``check_end=True`` also checks that the audio the header declares is there (a cheap look at the file's
-    end, not a decode of the whole file), so a truncated file raises :class:`TruncatedAudio` here rather than
+    end, not a decode of the whole file), so a truncated file raises `TruncatedAudio` here rather than
     failing later, in training.
     """
     name = src if isinstance(src, str) else getattr(src, "name", "<bytes>")
@@ -107,7 +107,7 @@ _UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # a header written before the size was known (
 
 
 def _check_end(f: sf.SoundFile, info: AudioInfo) -> None:
-    """Raise :class:`TruncatedAudio` unless the audio the header declares is there. Cheap: a WAV/AIFF's data size
+    """Raise `TruncatedAudio` unless the audio the header declares is there. Cheap: a WAV/AIFF's data size
     against the file's (libsndfile's log); any other format's last ``END_CHECK_SECONDS`` decoded after a seek."""
     if _data_size_checked(f.extra_info, info) or info.frames <= 0 or not f.seekable():
         return
@@ -129,7 +129,7 @@ def _check_end(f: sf.SoundFile, info: AudioInfo) -> None:
 
 def _decoded_length(f: sf.SoundFile, header: AudioInfo, check_end: bool) -> AudioInfo:
     """``header`` with the frames that decode (read block by block into one buffer: bounded memory). With
-    ``check_end``, fewer than the header's estimate less :data:`MP3_SLACK_FRAMES` is a file cut short."""
+    ``check_end``, fewer than the header's estimate less `MP3_SLACK_FRAMES` is a file cut short."""
     block = np.empty((min(65536, max(header.frames, 1)), header.channels), dtype=np.float32)
     frames = 0
     try:
@@ -193,7 +193,7 @@ def decode(data: bytes, mono: bool = True, segment: tuple[int, int] | None = Non
 
 class Clips:
     """Encoded mono clips opened for decoding straight into the rows of one array (the padded batch): no array
-    per clip, no copy. :func:`open_clips` gives None where that cannot be done; :func:`decode` then decodes
+    per clip, no copy. `open_clips()` gives None where that cannot be done; `decode()` then decodes
     them one by one (and says what is wrong with a bad one)."""
 
     def __init__(self, files: list[sf.SoundFile], frames: list[int] | None = None):
@@ -217,7 +217,7 @@ class Clips:
 def open_clips(
     payloads: list[bytes], sample_rate: int | None = None, segments: list[tuple[int, int] | None] | None = None
 ) -> Clips | None:
-    """:class:`Clips` over encoded clips (``segments``: the ``(first frame, frames)`` stretch of each, None: all
+    """`Clips` over encoded clips (``segments``: the ``(first frame, frames)`` stretch of each, None: all
     of it), or None when one is not mono, has another rate than ``sample_rate``, does not state its exact length
     (MP3) or cannot be opened."""
     files: list[sf.SoundFile] = []

@@ -4,7 +4,7 @@
 split into ``index.samples/part-NNNNN.parquet`` files of whole shards, one row group per group of whole
 shards, so a DDP rank reads the header, the shard table and only the row groups of the shards it streams.
 Page checksums, byte sizes, row counts and a per-write id are checked on every read, and the values read
-(:mod:`.index_values`): a damaged or lying table is an :class:`IndexFormatError` naming the file. pyarrow is
+(`index_values`): a damaged or lying table is an `IndexFormatError` naming the file. pyarrow is
 imported on first use (version 1 indexes never need it).
 """
 
@@ -45,7 +45,7 @@ _LOCK = threading.Lock()  # guards the indexes' caches and open files (held for 
 def sample_schema(length_type: str, extra: dict[str, str] | None = None, output_length: bool = False) -> pa.Schema:
     """The per-sample table: offset/size locate a sample's members in its tar (null when unknown);
     ``output_length`` (a dataset written with ``--output-length``): each sample's second length; ``extra``:
-    the metadata columns (:mod:`.columns`), ``{name: arrow type}``, after them."""
+    the metadata columns (`columns`), ``{name: arrow type}``, after them."""
     import pyarrow as pa
 
     fields = [
@@ -159,7 +159,7 @@ class ColumnarIndex:
     """Reads a version 2 index's tables: the shard table whole, sample row groups on demand.
 
     Row groups read for lengths are cached here (a shard's lengths are a view of its group's array);
-    :meth:`iter_shard_lengths` streams without filling the cache. Open files are not pickled.
+    `iter_shard_lengths()` streams without filling the cache. Open files are not pickled.
     """
 
     def __init__(
@@ -171,7 +171,7 @@ class ColumnarIndex:
         tables: dict[str, str] | None = None,
     ) -> None:
         self.root, self.header, self.storage_options, self.source = root, header, storage_options, source
-        self.tables = dict(tables or {})  # local copies of table files (:mod:`.shared_index`), checked as the originals
+        self.tables = dict(tables or {})  # local copies of table files (`shared_index`), checked as the originals
         try:
             self.length_type = _NUMPY_NAME.get(str(header["columns"]["length"]), str(header["columns"]["length"]))
             self.parts = list(header["tables"]["samples"])
@@ -206,7 +206,7 @@ class ColumnarIndex:
         return {**self.__dict__, "_files": {}, "_cache": {}, **none}
 
     def prefetch(self) -> None:
-        """Open the sample files ahead, in the background, where :class:`.prefetch.PartPrefetch` finds it worth it."""
+        """Open the sample files ahead, in the background, where `prefetch.PartPrefetch` finds it worth it."""
         sizes, remote = [int(e["bytes"]) for e in self.parts], not is_local(self.root)
         if self._prefetch is None and (wanted := PartPrefetch.wanted(sizes, SMALL_PART_MAX, remote)):
             self._prefetch = PartPrefetch(wanted, self._part_file)
@@ -217,7 +217,7 @@ class ColumnarIndex:
 
     # ---- opening tables ------------------------------------------------------------------------
     def _open(self, rel: str, entry: dict[str, Any], whole: bool = False) -> Any:
-        """A verified :class:`ParquetTable`: size as the header says, footer readable, the same write id, the row
+        """A verified `ParquetTable`: size as the header says, footer readable, the same write id, the row
         count. ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
 
         url = self.tables.get(rel) or table_url(self.root, rel)
@@ -305,7 +305,7 @@ class ColumnarIndex:
             raise IndexFormatError(f"{where}: part/row_group columns do not match the {len(self.parts)} sample files")
 
     def _file(self, part: int) -> Any:
-        """The open sample file ``part``, once the files opened ahead (:meth:`prefetch`) are open."""
+        """The open sample file ``part``, once the files opened ahead (`prefetch()`) are open."""
         if self._prefetch is not None:
             self._prefetch.wait()
         return self._part_file(part)
@@ -396,7 +396,7 @@ class ColumnarIndex:
 
     def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
         """The output lengths (int64) of the given shards, reading only their row groups, each once; the index
-        must have them (:attr:`has_output_lengths`)."""
+        must have them (`has_output_lengths`)."""
         ids = [int(i) for i in shards]
         read: dict[int, np.ndarray] = {}
         out = []

@@ -1,5 +1,5 @@
 """Writing index version 2: shards streamed into the Parquet shard table and sample files, in bounded memory,
-published atomically with ``index.json`` last (see :mod:`streambatch.format.columnar` for the format)."""
+published atomically with ``index.json`` last (see `streambatch.format.columnar` for the format)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def source_date_epoch() -> int | None:
     """``SOURCE_DATE_EPOCH`` (the reproducible-builds convention: seconds since 1970), or None when unset. When
-    set, an index records it as its ``created`` time and derives its id from it (:func:`write_id`), so the same
+    set, an index records it as its ``created`` time and derives its id from it (`write_id()`), so the same
     input gives byte-identical output from any engine or number of tasks."""
     text = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if not text:
@@ -50,7 +50,7 @@ def write_id(index_name: str) -> str:
 
 def _arrow() -> tuple[Any, Any]:
     """pyarrow and pyarrow.parquet, imported when a version 2 index is first written (reading needs less:
-    :class:`ParquetTable`)."""
+    `ParquetTable`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -78,7 +78,7 @@ def typed_lengths(lengths: Any, length_type: str, what: str) -> np.ndarray:
 
 
 class _TableFile:
-    """One Parquet table streamed to a temporary name, one row group per :meth:`write`, page checksums on."""
+    """One Parquet table streamed to a temporary name, one row group per `write()`, page checksums on."""
 
     def __init__(
         self, url: str, schema: pa.Schema, index_id: str, storage_options: dict | None, dictionary: list[str]
@@ -131,9 +131,9 @@ class V2Writer:
     """Streams shards into the version 2 tables: bounded memory (one row group of samples and one of shards).
 
     Groups of whole shards of about ``rows_per_group`` samples become row groups; about ``rows_per_file``
-    samples (whole groups) make a sample file. :meth:`close` publishes the tables and returns the header's
+    samples (whole groups) make a sample file. `close()` publishes the tables and returns the header's
     ``tables`` entry; nothing is visible under the final names before then (local storage). ``index_name``: the
-    header's file name, which names the tables (:func:`~.columnar.table_names`; ``names``: other names for them, as
+    header's file name, which names the tables (`table_names()`; ``names``: other names for them, as
     (shard table, sample folder)). ``output_length``: the sample
     table has an ``output_length`` column (each shard's ``output_lengths``). ``columns``: the metadata columns,
     ``{name: arrow type}``, whose values each shard brings in its ``columns`` dict (null where absent).
@@ -280,7 +280,7 @@ class V2Writer:
         self._drop_empty_folder()
 
     def unpublish(self) -> None:
-        """Remove the tables :meth:`close` published (their header could not be written after them)."""
+        """Remove the tables `close()` published (their header could not be written after them)."""
         for f in self.files:
             with contextlib.suppress(Exception):  # cleaning up after another error: that one is the one to see
                 remove(f.out.url, self.so)
@@ -306,7 +306,7 @@ def write_v2(
     """Stream ``shards`` into the tables beside ``index_url``, then write the header there last, atomically
     (``header``: unit, sample_rate, meta; counts, columns and tables are added). ``progress``: a tqdm-like bar
     updated per shard; ``columns``: the metadata columns; ``output_length``: write the shards' output lengths.
-    Returns the header written. An index in place stays whole until the header is replaced (:mod:`.index_swap`):
+    Returns the header written. An index in place stays whole until the header is replaced (`index_swap`):
     the tables go under names it does not use, and its own are removed after."""
     root, index_name = parent_url(index_url), index_url.rstrip("/").rsplit("/", 1)[-1]
     taken = named_tables(index_url, storage_options)

@@ -1,8 +1,8 @@
 """Metadata columns of the sample table: which of the samples' scalar ``.json`` fields (speaker, language,
 duration, scores, ...) become typed columns beside shard, key, length, offset and size, so a filter
-(:mod:`.where`) can select samples from the index without reading a shard.
+(`where`) can select samples from the index without reading a shard.
 
-By default the first :data:`~.limits.DEFAULT_MAX_COLUMNS` fields whose values are all scalars of one kind
+By default the first `DEFAULT_MAX_COLUMNS` fields whose values are all scalars of one kind
 (numbers, booleans or strings) become columns, except the transcript (``text``) and the fields that would shadow
 the table's own columns (a manifest or ``.json`` is data: its field count must not size the index); a writer may
 name the columns instead (``--columns``). Types are Arrow type names as the index header lists them.
@@ -64,7 +64,7 @@ def field_types(metas: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def bounded(chosen: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The default columns kept (the first :data:`~.limits.DEFAULT_MAX_COLUMNS`) and the names left out."""
+    """The default columns kept (the first `DEFAULT_MAX_COLUMNS`) and the names left out."""
     names = list(chosen)
     return {k: chosen[k] for k in names[:DEFAULT_MAX_COLUMNS]}, names[DEFAULT_MAX_COLUMNS:]
 

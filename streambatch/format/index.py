@@ -3,7 +3,7 @@ per-sample lengths in shard order, so a loader can plan a whole epoch (batches, 
 reading a byte of audio.
 
 Version 1 is one ``index.json`` (lengths as base64 per shard); version 2 is a header plus columnar tables
-(:mod:`.columnar`) whose lengths load per row group, on first use. :class:`ShardIndex` reads both.
+(`columnar`) whose lengths load per row group, on first use. `ShardIndex` reads both.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ log = logging.getLogger(__name__)
 class ShardIndex:
     """The index of a length-annotated dataset: shards, their lengths, and the unit lengths are in.
 
-    ``unit``: a :class:`~streambatch.units.Unit` (or its name): ``"samples"`` (audio samples at ``sample_rate``),
+    ``unit``: a `Unit` (or its name): ``"samples"`` (audio samples at ``sample_rate``),
     ``"seconds"``, ``"tokens"`` or ``"frames"``. ``root`` is the folder or URL the relative shard urls resolve
-    against. ``shards`` is a list, or a :class:`ShardList` for an index loaded from version 2. ``columns``: the
-    sample table's metadata columns, ``{name: arrow type}`` (:mod:`.columns`; a version 2 index's own when not
-    given). ``roots``: where its shard URLs may point (:mod:`.trust`), set by :meth:`load` from the index's folder
+    against. ``shards`` is a list, or a `ShardList` for an index loaded from version 2. ``columns``: the
+    sample table's metadata columns, ``{name: arrow type}`` (`columns`; a version 2 index's own when not
+    given). ``roots``: where its shard URLs may point (`trust`), set by `load()` from the index's folder
     and the user's ``shard_roots``; None for an index built in code, whose URLs are the code's own.
     """
 
@@ -69,11 +69,11 @@ class ShardIndex:
     def load(cls, url: str, storage_options: dict | None = None, shard_roots: Sequence[str] = ()) -> ShardIndex:
         """Read an index (version 1 or 2) from a path or fsspec URL: the dataset folder or the index file.
         Version 2 reads the header and the shard table; lengths load when asked for. Its shard URLs resolve only
-        inside the index's folder, or under one of ``shard_roots`` (the user's; :mod:`.trust`): another is refused
-        with :class:`~streambatch.errors.UntrustedURL` before anything opens it. Nothing at ``url`` (no folder, or a
-        folder without ``index.json``) is :class:`~streambatch.errors.DatasetNotFound` (a ``FileNotFoundError``), as
+        inside the index's folder, or under one of ``shard_roots`` (the user's; `trust`): another is refused
+        with `UntrustedURL` before anything opens it. Nothing at ``url`` (no folder, or a
+        folder without ``index.json``) is `DatasetNotFound` (a ``FileNotFoundError``), as
         for the loader; a path that is there but is no index (a file, ``index.json`` a folder) an
-        :class:`IndexFormatError`; ``url`` empty or not a path an :class:`~streambatch.errors.OptionError`."""
+        `IndexFormatError`; ``url`` empty or not a path an `OptionError`."""
         url = _index_url(path_option("url", url, f"a dataset folder, index file or URL ({EXPECTED})"))
         try:
             raw = read_whole(url, storage_options)  # one GET: no size request before it
@@ -92,8 +92,8 @@ class ShardIndex:
         shard_roots: Sequence[str] = (),
         tables: dict[str, str] | None = None,
     ) -> ShardIndex:
-        """An index from the bytes of its index file at ``url``, checked as :meth:`load` checks it. ``tables``: local
-        copies of table files to read instead of those beside ``url`` (:mod:`.shared_index`)."""
+        """An index from the bytes of its index file at ``url``, checked as `load()` checks it. ``tables``: local
+        copies of table files to read instead of those beside ``url`` (`shared_index`)."""
         try:
             d = limits.loads(raw)
         except ValueError as e:  # not JSON (or not UTF-8), or nested deeper than the limit
@@ -112,7 +112,7 @@ class ShardIndex:
     ) -> ShardIndex:
         """An index from its parsed ``index.json``; version 2 reads its tables under ``root`` (or the local copies
         ``tables`` names). With a ``root``, its shard URLs must resolve inside it or under one of ``shard_roots``
-        (:meth:`load`)."""
+        (`load()`)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise IndexFormatError(
                 f"{source}: not a {FORMAT} file (format={d.get('format') if isinstance(d, dict) else None!r})"
@@ -256,8 +256,8 @@ class ShardIndex:
         return bool(self.shards) and all(s.has_output_lengths for s in self.shards)
 
     def shard_output_lengths(self, shards: Sequence[int]) -> list[np.ndarray]:
-        """The output lengths (int64) of the given shards, like :meth:`shard_lengths`: on version 2 only their
-        row groups are read (one read each). The index must have them (:attr:`has_output_lengths`)."""
+        """The output lengths (int64) of the given shards, like `shard_lengths()`: on version 2 only their
+        row groups are read (one read each). The index must have them (`has_output_lengths`)."""
         if not self.has_output_lengths:
             raise IndexFormatError("this index has no output lengths (write it with `shardify write --output-length`)")
         if isinstance(self.shards, ShardList):
@@ -301,7 +301,7 @@ class ShardIndex:
 
     def shard_members(self, shard: int) -> ShardMembers:
         """How shard ``shard``'s tar members map to its samples: the key rule, and its segments' rows (several
-        samples in one member group; see :mod:`.members`)."""
+        samples in one member group; see `members`)."""
         return shard_members(self, int(shard))
 
     def has_column(self, name: str) -> bool:
@@ -323,12 +323,12 @@ class ShardIndex:
         return self._resolved(self.shards[int(i)].url)
 
     def shard_urls(self) -> list[str]:
-        """Absolute URLs (or paths) of every shard (a list: O(shards); readers use :class:`ShardURLs`), each
-        checked as :meth:`shard_url` checks it."""
+        """Absolute URLs (or paths) of every shard (a list: O(shards); readers use `ShardURLs`), each
+        checked as `shard_url()` checks it."""
         return [self._resolved(u) for u in self._entries()]
 
     def check_urls(self) -> None:
-        """Refuse the index (:class:`~streambatch.errors.UntrustedURL`) if any shard URL points outside its roots:
+        """Refuse the index (`UntrustedURL`) if any shard URL points outside its roots:
         done where a dataset is opened, so a bad URL stops the run before any shard is read (string work only)."""
         if self.roots is not None:
             for entry in self._entries():
@@ -407,7 +407,7 @@ def _index_url(url: str) -> str:
     return url if url.endswith(".json") else join_url(url, INDEX_NAME)
 
 
-#: what :meth:`ShardIndex.load` reads, for its messages
+#: what `ShardIndex.load()` reads, for its messages
 EXPECTED = (
     f"expected a dataset folder written by `shardify write` or `shardify index` (holding {INDEX_NAME}), "
     f"or its {INDEX_NAME}"
@@ -428,7 +428,7 @@ def upgrade(url: str, storage_options: dict | None = None, progress: bool = True
     """Rewrite a version 1 dataset index as version 2 in place: the tables first, ``index.json`` last (the
     version 1 file is replaced only by that final rename). Sample offsets are unknown (null). A version 2
     index is left as it is (logged). Returns the index file's URL. It holds no writer lock: ``shardify upgrade``
-    (:func:`streambatch.write.upgrade.upgrade_dataset`) does, so no write of the folder runs meanwhile."""
+    (`streambatch.write.upgrade.upgrade_dataset()`) does, so no write of the folder runs meanwhile."""
     index_url = _index_url(url)
     index = ShardIndex.load(index_url, storage_options)
     if index.version >= 2:

@@ -3,8 +3,8 @@ before they trust the index.
 
 Loading an index reads its header and the shard table's planning columns; the loader reads the rest (the
 shard table's urls and checksums, every sample row group with its keys, offsets and metadata columns) as it
-streams, with Parquet page checksums verified, and refuses a damaged table there. :func:`table_problems` reads
-all of it up front through the same reader (:class:`~.columnar.ColumnarIndex`), so a table the loader would
+streams, with Parquet page checksums verified, and refuses a damaged table there. `table_problems()` reads
+all of it up front through the same reader (`ColumnarIndex`), so a table the loader would
 refuse is found here, named, and not mistaken for a bad shard.
 """
 
@@ -37,7 +37,7 @@ def table_problems(index: Any) -> list[str]:
 
 
 def check_tables(index: Any) -> None:
-    """Raise :class:`IndexFormatError` naming the first damaged table of ``index`` (see :func:`table_problems`)."""
+    """Raise `IndexFormatError` naming the first damaged table of ``index`` (see `table_problems()`)."""
     problems = table_problems(index)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""

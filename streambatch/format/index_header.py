@@ -1,7 +1,7 @@
 """The shape of an ``index.json``, checked before anything in it is used: an index is data, not configuration.
 
-Every field the reader uses is checked for its type and range here, once (:func:`check_header`), so a
-damaged or hostile header is one :class:`IndexFormatError` naming the field, never a ``KeyError``,
+Every field the reader uses is checked for its type and range here, once (`check_header()`), so a
+damaged or hostile header is one `IndexFormatError` naming the field, never a ``KeyError``,
 ``TypeError`` or an allocation sized by a number in the file.
 """
 
@@ -11,13 +11,13 @@ from typing import Any, NoReturn
 
 from ..errors import IndexFormatError
 
-#: the dtypes a version 1 index may pack lengths in (what :func:`.shards.encode_lengths` writes, and their kin)
+#: the dtypes a version 1 index may pack lengths in (what `shards.encode_lengths()` writes, and their kin)
 V1_DTYPES = ("<u4", "<i4", "<u8", "<i8", "<f4", "<f8")
 _HASHES = ("sha256", "keys_sha1")
 
 
 def check_header(d: dict[str, Any], version: int, source: str) -> None:
-    """Raise :class:`IndexFormatError` naming the first field of ``d`` (a parsed ``index.json`` of ``version``)
+    """Raise `IndexFormatError` naming the first field of ``d`` (a parsed ``index.json`` of ``version``)
     that is missing or not of its type."""
     sample_rate = d.get("sample_rate")
     if sample_rate is not None and not (_is_int(sample_rate) and sample_rate > 0):

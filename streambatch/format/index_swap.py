@@ -1,5 +1,5 @@
 """Replacing a version 2 index in place without ever breaking the one there: the new tables go under names the
-index in place does not use (:func:`~.columnar.table_names`, usual or alternate), the header is swapped last in
+index in place does not use (`table_names()`, usual or alternate), the header is swapped last in
 one atomic step, and only then are the old tables removed. A write that fails or is interrupted before the swap
 leaves the old index whole; one interrupted after it leaves the new one whole (and the old tables, which the next
 rewrite clears)."""
@@ -42,7 +42,7 @@ def free_names(index_name: str, taken: set[str]) -> tuple[str, str]:
 
 
 def clear_names(root: str, names: tuple[str, str], storage_options: dict | None = None) -> None:
-    """Remove what an earlier write left under ``names`` that no header names (chosen by :func:`free_names`):
+    """Remove what an earlier write left under ``names`` that no header names (chosen by `free_names()`):
     a shard table and sample files whose header was replaced before they could be removed, and the temporary
     files of a writer that was killed (a live one writing the same index fails on it, rather than mixing tables)."""
     shards, samples = names

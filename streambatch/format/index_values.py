@@ -1,17 +1,17 @@
 """The values an index's tables hold, checked where they are read: an index is data, and a table whose checksums
 and row counts agree can still lie (a negative or absurd length, a null key, a byte range outside its tar).
 
-Every read of a version 2 sample row group goes through ``ColumnarIndex._read_group`` (:mod:`.columnar`), which
-calls :func:`check_group` on the columns it read (and only those: a rank that reads lengths never reads keys). The shard
-table's planning numbers are checked once when the index opens (:func:`check_shard_totals`), version 1 lengths when
-they are decoded (:func:`check_v1`). Every check is vectorised (numpy or Arrow kernels over a column of a row group,
-no Python loop over rows); a bad value is an :class:`~streambatch.errors.IndexFormatError` naming the file, the row
+Every read of a version 2 sample row group goes through ``ColumnarIndex._read_group`` (`columnar`), which
+calls `check_group()` on the columns it read (and only those: a rank that reads lengths never reads keys). The shard
+table's planning numbers are checked once when the index opens (`check_shard_totals()`), version 1 lengths when
+they are decoded (`check_v1()`). Every check is vectorised (numpy or Arrow kernels over a column of a row group,
+no Python loop over rows); a bad value is an `IndexFormatError` naming the file, the row
 group, the row, the column and what is wrong.
 
-The rules: a length (and an output length) is a number from 0 to :func:`~.limits.max_length` (0: a sample the loader
+The rules: a length (and an output length) is a number from 0 to `max_length()` (0: a sample the loader
 never plans, as ``shardify index`` records one it cannot use), finite, never null; the lengths of each shard add up
 to the shard table's ``total_length``, and those to the header's; a string column is UTF-8; a planned sample's key
-is one the loader could have read from a tar (:func:`~.limits.key_problem`; a left-out one keeps its tar's key), or
+is one the loader could have read from a tar (`key_problem()`; a left-out one keeps its tar's key), or
 null for a whole shard (its keys unknown); an offset and a size are not negative and end inside the shard's bytes
 (or are null: unknown); a segment starts at frame 0 or later.
 
@@ -36,7 +36,7 @@ from .parquet_table import column_numpy
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-#: a key :func:`~.limits.key_problem` refuses: absolute, a ``..`` part, a control character (RE2 syntax)
+#: a key `key_problem()` refuses: absolute, a ``..`` part, a control character (RE2 syntax)
 _BAD_KEY = r"^[/\\]|(^|[/\\])\.\.([/\\]|$)|[\x00-\x1f\x{7f}-\x{9f}]"
 #: columns holding byte positions in the shard's tar, and the segment columns (frames of a member)
 _SPANS, _SEGMENTS = ("offset", "size"), ("segment_start", "segment_frames")
@@ -67,7 +67,7 @@ class Rows:
 
 
 def check_group(t: pa.Table, rows: Rows) -> None:
-    """Raise :class:`IndexFormatError` for the first value of the row group ``t`` (the columns a caller asked for,
+    """Raise `IndexFormatError` for the first value of the row group ``t`` (the columns a caller asked for,
     of the row group ``rows`` describes) that the rules of this module refuse."""
     _check_types(t, rows)
     planned = _planned(t)
@@ -118,8 +118,8 @@ def _not_null(col: Any, name: str, rows: Rows) -> np.ndarray:
 
 
 def check_lengths(values: np.ndarray, name: str, rows: Rows | str) -> None:
-    """Raise :class:`IndexFormatError` unless every value is a length: finite, from 0 to :func:`~.limits.max_length`
-    (whole, in an integer array). ``rows``: where the values are (a :class:`Rows`, or a prefix such as
+    """Raise `IndexFormatError` unless every value is a length: finite, from 0 to `max_length()`
+    (whole, in an integer array). ``rows``: where the values are (a `Rows`, or a prefix such as
     ``"FILE: shards[3].lengths"``). One min and one max over the array; the bad row is looked for only on failure."""
     if not values.size:
         return
@@ -146,7 +146,7 @@ def _where(rows: Rows | str, row: int | None) -> str:
 
 def _check_totals(values: np.ndarray, rows: Rows) -> None:
     """Each shard's lengths add up to the shard table's ``total_length`` (what planning balances ranks by); run after
-    :func:`check_lengths` (no value over the bound, so an int64 sum of a row group does not overflow)."""
+    `check_lengths()` (no value over the bound, so an int64 sum of a row group does not overflow)."""
     full = rows.counts > 0
     if np.any(rows.totals[~full] != 0):
         shard = rows.first + int(np.flatnonzero(~full & (rows.totals != 0))[0])
@@ -290,7 +290,7 @@ def check_shard_totals(count: np.ndarray, totals: np.ndarray, header: dict[str, 
 
 
 def check_v1(shards: Sequence[Any], source: str) -> None:
-    """The lengths (and output lengths) of a version 1 index's shards (:class:`~.shards.ShardInfo`), decoded: each
+    """The lengths (and output lengths) of a version 1 index's shards (`ShardInfo`), decoded: each
     shard's checked as one array."""
     for i, s in enumerate(shards):
         check_lengths(np.asarray(s.lengths), "length", f"{source}: shards[{i}].lengths")

@@ -6,13 +6,13 @@ each group of members with one key is one sample. Tars adopted in place (``shard
 
 * **Keys with dots.** A lhotse Shar tar holds ``<cut id>.<ext>`` members and cut ids often contain dots
   (``ES2011a.Headset-0-40s-46s``); a NeMo member is named by its manifest's ``audio_filepath``. Such an index
-  records :data:`SUFFIXES_META` in its ``meta``: the member suffixes the layout knows (``flac``, ``json``, ...). A
+  records `SUFFIXES_META` in its ``meta``: the member suffixes the layout knows (``flac``, ``json``, ...). A
   name is then split before the longest listed suffix it ends with, else before its last dot.
 * **Segments.** Several samples may be stretches of one recording (a NeMo manifest's ``offset`` + ``duration``
   entries, ``-subN`` names): the tar holds the recording once, and the sample table has one row per segment,
   each with its own key and length, all with the byte offset and size of the one member group. The metadata
-  columns :data:`SEGMENT_START` and :data:`SEGMENT_FRAMES` say which frames of the decoded member each row is
-  (:data:`WHOLE`: the whole member). Readers expand each member group into its rows (:class:`ShardRows`), so
+  columns `SEGMENT_START` and `SEGMENT_FRAMES` say which frames of the decoded member each row is
+  (`WHOLE`: the whole member). Readers expand each member group into its rows (`ShardRows`), so
   sample ``i`` of a shard is row ``i`` of its sample table, as for every other shard.
 """
 
@@ -31,7 +31,7 @@ from .audio import AUDIO_EXTENSIONS
 SUFFIXES_META = "member_suffixes"
 #: metadata columns of a dataset with segments: first frame and frame count of each row's stretch of its member
 SEGMENT_START, SEGMENT_FRAMES = "segment_start", "segment_frames"
-#: :data:`SEGMENT_FRAMES` of a row that is its whole member
+#: `SEGMENT_FRAMES` of a row that is its whole member
 WHOLE = -1
 #: what a sample dict carries for a segment: ``(first frame, frames)`` of its member's decoded audio
 SEGMENT_FIELD = "__segment__"
@@ -52,7 +52,7 @@ def suffixes_of(meta: dict[str, Any] | None) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class ShardRows:
     """The rows of one shard whose member groups hold several samples: each row's group (its ordinal in the
-    tar), key and stretch of the group's audio (``start``, ``frames``; frames :data:`WHOLE`: all of it)."""
+    tar), key and stretch of the group's audio (``start``, ``frames``; frames `WHOLE`: all of it)."""
 
     group: np.ndarray
     keys: Sequence[str]
@@ -106,7 +106,7 @@ PLAIN = ShardMembers()
 
 
 def shard_members(index: Any, shard: int) -> ShardMembers:
-    """:class:`ShardMembers` of shard ``shard`` of a :class:`~.index.ShardIndex`."""
+    """`ShardMembers` of shard ``shard`` of a `ShardIndex`."""
     suffixes = suffixes_of(index.meta)
     if SEGMENT_FRAMES not in index.columns:
         return ShardMembers(suffixes) if suffixes else PLAIN

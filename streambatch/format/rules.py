@@ -1,6 +1,6 @@
 """The on-disk contract's small rules: the fingerprint of a shard's keys and the names of a dataset folder's files.
 
-The size and checksum checks shards get against their index entry are :mod:`streambatch.io.digest`'s.
+The size and checksum checks shards get against their index entry are `streambatch.io.digest`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def keys_sha1(keys: Iterable[str]) -> str:
 
 
 # ---- file names: what a write leaves in its output folder ------------------------------------------
-# (``index.json`` itself is :data:`streambatch.format.index.INDEX_NAME`)
+# (``index.json`` itself is `streambatch.format.index.INDEX_NAME`)
 SHARD_NAME = "shard-{:06d}.tar"
 ERRORS_NAME = "errors.jsonl"
 PART_SHARD_NAME = "shard-p{:04d}-{:06d}.tar"

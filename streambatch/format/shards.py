@@ -1,5 +1,5 @@
-"""Shards as the index lists them: :class:`ShardInfo` (one shard, lengths in memory or in a version 2 sample
-table), :class:`ShardList` (the shards of a version 2 index over its shard table) and the version 1 length
+"""Shards as the index lists them: `ShardInfo` (one shard, lengths in memory or in a version 2 sample
+table), `ShardList` (the shards of a version 2 index over its shard table) and the version 1 length
 encoding."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def encode_lengths(lengths: np.ndarray) -> dict[str, str]:
 
 
 def decode_lengths(packed: dict[str, str]) -> np.ndarray:
-    """Inverse of :func:`encode_lengths`; integer lengths come back as int64, float lengths as float64."""
+    """Inverse of `encode_lengths()`; integer lengths come back as int64, float lengths as float64."""
     arr = np.frombuffer(base64.b64decode(packed["b64"]), dtype=np.dtype(packed["dtype"]))
     return arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64)
 
@@ -197,7 +197,7 @@ SHARD_NUMBERS = ("count", "total_length", "max_length", "min_length")
 
 
 class ShardList(Sequence[ShardInfo]):
-    """The shards of a version 2 index, over its shard table: a :class:`ShardInfo` is made on first access
+    """The shards of a version 2 index, over its shard table: a `ShardInfo` is made on first access
     and kept (changes to it stay, as in a list). Whole-index numbers come from the table's columns, except
     for shards whose lengths were set in memory (``changed``)."""
 

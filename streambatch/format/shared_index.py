@@ -6,17 +6,17 @@ HEAD, the header, the table) at the same second, the request storm object stores
 ranks of one node take turns on one lock (``cache_dir/locks/index-NAME.lock``); the first asks the store for the index
 file's size and ETag (or mtime), and only when no copy of that version is on the node fetches the header and the shard
 table into ``cache_dir/index/NAME-VERSION/``. The others find the copy and make no request at all: the copy records
-the job that checked it last (:func:`job_key`: the launcher process, e.g. torchrun's agent, and its restart count),
-and the ranks of that job trust that check for :data:`REUSE_SECONDS`. A new job checks again (one HEAD per node),
+the job that checked it last (`job_key()`: the launcher process, e.g. torchrun's agent, and its restart count),
+and the ranks of that job trust that check for `REUSE_SECONDS`. A new job checks again (one HEAD per node),
 so a changed index (another size, ETag or mtime) is fetched again, into a folder of its own (old versions' folders
 stay until the cache folder is cleared: a header and a shard table are small).
 
 A node copy is read exactly as the original is: its header by the same parser, its shard table with the same checks
 (size, checksums, the write id shared with the header, row counts), and its shard URLs resolved against the
-*original* index's folder and the user's ``shard_roots`` (:mod:`.trust`); a copy that fails a check is removed and
+*original* index's folder and the user's ``shard_roots`` (`trust`); a copy that fails a check is removed and
 the error raised. Sample-table row groups are not copied: each rank reads its own shards' row groups from the store,
 as without a cache. Only remote indexes are shared (a local path is read directly), as for the shard cache. A
-``cache_dir`` that cannot be written is an :class:`~streambatch.errors.OptionError`; a disk too full for the copy
+``cache_dir`` that cannot be written is an `OptionError`; a disk too full for the copy
 just now makes the process read the index from the store, as without a cache (warned).
 """
 
@@ -55,7 +55,7 @@ def load_index(
     url: str, storage_options: dict | None = None, shard_roots: Sequence[str] = (), cache_dir: str | None = None
 ) -> ShardIndex:
     """The index at ``url``: through the node copy under ``cache_dir`` where there is one and the index is remote
-    (:func:`load_shared`), else read directly (:meth:`ShardIndex.load`)."""
+    (`load_shared()`), else read directly (`ShardIndex.load()`)."""
     if cache_dir is None or is_local(_index_url(str(url))):
         return ShardIndex.load(str(url), storage_options, shard_roots)
     try:
@@ -82,7 +82,7 @@ def load_shared(
 ) -> ShardIndex:
     """The index at ``url`` read from this node's copy under ``cache_dir``, fetched by the first rank of the node
     that needs it (see the module). ``job``: who may reuse a check without asking the store again (``"auto"``:
-    :func:`job_key`; None: every call checks the index's version, one HEAD)."""
+    `job_key()`; None: every call checks the index's version, one HEAD)."""
     url = _index_url(url)
     copies = NodeCopies(cache_dir)
     job = job_key() if job == "auto" else job
@@ -207,7 +207,7 @@ class NodeCopies:
 
 def copy_object(fs: Any, path: str, dest: str, limit: int | None = None) -> None:
     """Write the object ``path`` (at most ``limit`` bytes of it) to the local file ``dest``, in ranged reads of
-    :data:`CHUNK` bytes: a small object is one request."""
+    `CHUNK` bytes: a small object is one request."""
     at = 0
     with open(dest, "wb") as out:
         while limit is None or at < limit:

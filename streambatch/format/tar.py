@@ -2,7 +2,7 @@
 
 Every caller that reads shards uses it (the loader's workers and ``shardify verify``), so a
 shard that verifies is a shard that trains. Checks each header's checksum; handles GNU long names and pax
-``path`` records as Python's tarfile and webdataset write them; about 3x faster than :mod:`tarfile`.
+``path`` records as Python's tarfile and webdataset write them; about 3x faster than `tarfile`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _PIECE = 16 << 20
 
 
 class Oversize(bytes):
-    """The (empty) bytes that stand for a member larger than :func:`~.limits.max_member_bytes`: it was read
+    """The (empty) bytes that stand for a member larger than `max_member_bytes()`: it was read
     past, not held; ``reason`` says why. Its sample is a bad sample (``__bad__``)."""
 
     reason: str = ""
@@ -92,7 +92,7 @@ def _byte_sum(block: bytes) -> int:
 
 
 def _header(header: bytes, url: str) -> tuple[bytes, int]:
-    """(type flag, member size) of a 512-byte header whose checksum is right; else :class:`ShardReadError`."""
+    """(type flag, member size) of a 512-byte header whose checksum is right; else `ShardReadError`."""
     try:
         expected = _octal(header[148:156])
         size = _octal(header[124:136])
@@ -111,7 +111,7 @@ class _Names:
         self.url = url
 
     def record(self, kind: bytes, size: int) -> None:
-        """Refuse a long-name or pax record larger than :data:`~.limits.MAX_NAME_RECORD_BYTES` (it holds a name)."""
+        """Refuse a long-name or pax record larger than `MAX_NAME_RECORD_BYTES` (it holds a name)."""
         if kind in (b"L", b"x", b"g") and size > limits.MAX_NAME_RECORD_BYTES:
             raise ShardReadError(
                 f"{self.url}: not a readable tar shard (a name record of {size} bytes, "
@@ -141,7 +141,7 @@ class _Names:
 
 
 class Readable(Protocol):
-    """What :func:`iter_members` reads from: a binary file, or a reader that hashes what passes through."""
+    """What `iter_members()` reads from: a binary file, or a reader that hashes what passes through."""
 
     def read(self, n: int = ..., /) -> bytes: ...
 
@@ -150,7 +150,7 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in a tar stream, in tar order.
 
     A small ustar reader (with GNU long names and pax ``path`` records, as Python's tarfile and webdataset
-    write them) instead of :mod:`tarfile`: it checks each header's checksum and reads each member with one
+    write them) instead of `tarfile`: it checks each header's checksum and reads each member with one
     call, about three times faster, which matters when the loader reads without decoding.
     """
     read = stream.read
@@ -186,8 +186,8 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
 
 def buffer_members(buf: bytes, url: str, most: int | None = None) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular file in ``buf``, whole tar records (one sample's members, read where the
-    index says they are); the same checks as :func:`iter_members`, without a stream to read through. ``most``:
-    :func:`~.limits.max_member_bytes` as the caller read it once (a reader calls this once per sample; the
+    index says they are); the same checks as `iter_members()`, without a stream to read through. ``most``:
+    `max_member_bytes()` as the caller read it once (a reader calls this once per sample; the
     environment is then not looked up per sample)."""
     names = _Names(url)
     most = limits.max_member_bytes() if most is None else most
@@ -218,7 +218,7 @@ def _oversize(size: int, limit: int) -> Oversize:
 def split_name(name: str, suffixes: Sequence[str] = ()) -> tuple[str, str]:
     """``dir/KEY.ext.more`` → (``dir/KEY``, ``ext.more``): webdataset's rule, the key ends at the file name's first
     dot. With ``suffixes`` (an adopted layout's member suffixes, longest first: see
-    :mod:`~streambatch.format.members`), keys may hold dots: the name is split before the longest listed suffix
+    `members`), keys may hold dots: the name is split before the longest listed suffix
     it ends with, else before its last dot."""
     slash = name.rfind("/")
     if suffixes:
@@ -237,7 +237,7 @@ def split_name(name: str, suffixes: Sequence[str] = ()) -> tuple[str, str]:
 def group_samples(
     members: Iterable[tuple[str, bytes]], url: str, shard: int = -1, suffixes: Sequence[str] = ()
 ) -> Iterator[dict[str, Any]]:
-    """Group consecutive members with the same key (:func:`split_name`) into samples; parse the ``json`` member."""
+    """Group consecutive members with the same key (`split_name()`) into samples; parse the ``json`` member."""
     cur: dict[str, Any] | None = None
     index = 0
     oversize = False  # a member of the current sample was read past (checked only for empty members)
@@ -258,7 +258,7 @@ def group_samples(
 def _finish(sample: dict[str, Any], url: str, oversize: bool = True) -> dict[str, Any]:
     """Parse the sample's ``.json``; a sample over a limit (an oversize member, JSON nested too deep) is marked
     ``__bad__`` with the reason (the loader counts it as a bad sample); an invalid ``.json`` fails the shard.
-    ``oversize``: whether an :class:`Oversize` member may be among its members (else they are not looked at)."""
+    ``oversize``: whether an `Oversize` member may be among its members (else they are not looked at)."""
     for ext, data in sample.items() if oversize else ():
         if isinstance(data, Oversize):
             sample["__bad__"] = f"{sample['__key__']}.{ext}: {data.reason}"

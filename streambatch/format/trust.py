@@ -64,7 +64,7 @@ def plainly_inside(entry: str) -> bool:
 
 def shard_roots_option(roots: Any, name: str = "shard_roots") -> tuple[str, ...]:
     """The user's extra roots as a tuple of strings: a list of folders or URLs (one string is one root), each
-    non-empty; else an :class:`OptionError` naming the option."""
+    non-empty; else an `OptionError` naming the option."""
     if roots is None:
         return ()
     if isinstance(roots, (str, os.PathLike)):
@@ -81,7 +81,7 @@ def shard_roots_option(roots: Any, name: str = "shard_roots") -> tuple[str, ...]
 
 class Roots:
     """The places one data file's URLs may point to: its own root (a dataset's folder or prefix) and the roots
-    the user allowed. :meth:`check` refuses any other URL with one line naming it and how to allow it."""
+    the user allowed. `check()` refuses any other URL with one line naming it and how to allow it."""
 
     def __init__(self, own: str | None, allowed: Sequence[str] = (), source: str = "the index") -> None:
         self.own = own
@@ -102,7 +102,7 @@ class Roots:
         return any(inside(where, root) for root in self.places)
 
     def check(self, url: str, what: str = "shard", suggest: str | None = None) -> str:
-        """``url`` once it is inside a root, else :class:`UntrustedURL` (before anything opens it), whose message
+        """``url`` once it is inside a root, else `UntrustedURL` (before anything opens it), whose message
         suggests allowing ``suggest`` (default: the folder holding ``url``)."""
         if not self.contains(url):
             raise UntrustedURL(refusal(url, self.own, self.source, what, suggest))

@@ -10,7 +10,7 @@ downloads it to a temporary name and, once checked, renames it into place, so re
 file directly) see nothing or the whole shard. Least recently used shards are evicted to keep ``max_bytes``:
 before a download (room for its declared size), and again once it is in place, so that the cache folder holds
 at most ``max_bytes`` at rest (shards, plus what else the folder holds: the node copies of indexes, the record
-of hashes) however many downloads overlapped. A shard is handed out as an open file (:meth:`ShardCache.open`),
+of hashes) however many downloads overlapped. A shard is handed out as an open file (`ShardCache.open()`),
 so one evicted before its reader gets to it is still read whole (the unlinked file lives until it is closed;
 the disk then holds more than ``max_bytes`` for a while). Locks die with their process; a killed writer's
 temporary files are removed by the next one (or a sweep). Folders someone deleted are made again.
@@ -74,7 +74,7 @@ class ShardCache:
 
     def lookup(self, url: str, size: int | None = None, version: str | None = None) -> str | None:
         """The path of the cached file of ``version`` of ``url`` if it is there (and has ``size`` bytes); marks it
-        used. The file may be evicted once this returns: a reader uses :meth:`cached` or :meth:`open`, which hand
+        used. The file may be evicted once this returns: a reader uses `cached()` or `open()`, which hand
         it out open."""
         f = self.cached(url, size, version)
         if f is None:
@@ -104,7 +104,7 @@ class ShardCache:
     def get(
         self, url: str, size: int | None, download: Callable[[str], None], version: str | None = None
     ) -> tuple[str, bool]:
-        """:meth:`open`, giving the path (the file may be evicted once this returns)."""
+        """`open()`, giving the path (the file may be evicted once this returns)."""
         f, downloaded = self.open(url, size, download, version)
         f.close()
         return self.path(url, version), downloaded
@@ -113,7 +113,7 @@ class ShardCache:
         self, url: str, size: int | None, download: Callable[[str], None], version: str | None = None
     ) -> tuple[BinaryIO, bool]:
         """(the cached copy of ``version`` of ``url``, open for reading, whether this call downloaded it); it is
-        kept under :meth:`path`. ``version`` names the content (the index's sha256 of the shard, or the store's
+        kept under `path()`. ``version`` names the content (the index's sha256 of the shard, or the store's
         ETag or version id): a copy of another version is not this one, and is removed when this one is fetched.
         ``download(tmp_path)`` must write the complete, verified object to ``tmp_path`` or raise; it runs at most
         once per node at a time per URL. The file is opened before anyone may evict it, so it stays readable to its
@@ -205,7 +205,7 @@ class ShardCache:
         return out
 
     def usage(self) -> int:
-        """Bytes the cache folder holds at rest: its complete shards and what else it keeps (:meth:`other_bytes`)."""
+        """Bytes the cache folder holds at rest: its complete shards and what else it keeps (`other_bytes()`)."""
         return sum(e[1] for e in self.entries()) + self.other_bytes()
 
     def other_bytes(self) -> int:
@@ -269,7 +269,7 @@ class ShardCache:
 
 
 def object_name(url: str, version: str | None = None) -> str:
-    """The file name the copy of ``version`` of ``url`` is cached under: :func:`cache_name` of the URL, then a tag
+    """The file name the copy of ``version`` of ``url`` is cached under: `cache_name()` of the URL, then a tag
     of the version (a hash of it: a version may hold any character)."""
     if version is None:
         return cache_name(url)

@@ -26,7 +26,7 @@ def sha256_problem(actual: str, expected: str | None) -> str | None:
 
 
 class Digest:
-    """sha256 and byte count of everything passed through :meth:`update` (or read through :meth:`reader`)."""
+    """sha256 and byte count of everything passed through `update()` (or read through `reader()`)."""
 
     def __init__(self) -> None:
         self.hash = hashlib.sha256()
@@ -45,7 +45,7 @@ class Digest:
 
 
 class HashingReader:
-    """A ``read(n)`` that feeds a :class:`Digest` on the way: checksums a stream while it is parsed."""
+    """A ``read(n)`` that feeds a `Digest` on the way: checksums a stream while it is parsed."""
 
     def __init__(self, read: Callable[[int], bytes], digest: Digest | None = None):
         self._read = read

@@ -1,11 +1,11 @@
-"""Storage calls that end, and errors that say where: what :mod:`.storage` puts around the back-ends (the
-timeouts of object-store calls are :mod:`.s3_timeouts`').
+"""Storage calls that end, and errors that say where: what `storage` puts around the back-ends (the
+timeouts of object-store calls are `s3_timeouts`').
 
 * A back-end's exception about a URL (missing credentials, no answer, a bucket that does not exist) becomes the
-  package's error naming the URL (:func:`names_errors`).
+  package's error naming the URL (`names_errors()`).
 * Cleanup after an interrupt or an error (a lock file removed, an upload aborted) waits for the storage at most
-  :data:`CLEANUP_TIMEOUT` seconds (:func:`within`); the caller says what it left.
-* A shard, an index or its table is read only from a regular file (:func:`open_local`): opening a FIFO waits for a
+  `CLEANUP_TIMEOUT` seconds (`within()`); the caller says what it left.
+* A shard, an index or its table is read only from a regular file (`open_local()`): opening a FIFO waits for a
   writer forever.
 """
 
@@ -48,7 +48,7 @@ NO_ANSWER_ERRORS = frozenset(
 
 def names_errors(writes: bool = False) -> Callable[[_F], _F]:
     """Decorate a storage call whose first argument is a URL: a back-end's exception about it becomes the package's
-    error naming it (:func:`named_error`; ``writes``: a bucket that does not exist is one too, where the call
+    error naming it (`named_error()`; ``writes``: a bucket that does not exist is one too, where the call
     writes: reading one is a plain not-found)."""
 
     def decorate(func: _F) -> _F:
@@ -110,7 +110,7 @@ def _error_code(e: BaseException | None) -> str | None:
 
 def write_error(url: str, e: Exception) -> Exception:
     """``e``, raised while ``url`` was written, saying which file it is about: an object store's error as the
-    package's (:func:`named_error`), a disk's input/output error as a :class:`StorageError`, and an OS error about
+    package's (`named_error()`), a disk's input/output error as a `StorageError`, and an OS error about
     no file (``fsync``, ``close``) with ``url`` as its ``filename``."""
     named = named_error(url, e, writes=True)
     if named is not None:
@@ -150,7 +150,7 @@ def within(seconds: float, fn: Callable[[], T]) -> tuple[bool, T | None]:
 
 def abort_upload(file: Any, url: str) -> None:
     """Abort an object store's unfinished upload to ``url`` (s3fs: its multipart upload), waiting for the storage
-    at most :data:`CLEANUP_TIMEOUT` seconds (then a warning says what may be left); closing ``file`` later uploads
+    at most `CLEANUP_TIMEOUT` seconds (then a warning says what may be left); closing ``file`` later uploads
     nothing."""
     discard = getattr(file, "discard", None)
     try:
@@ -173,9 +173,9 @@ REGULAR_ONLY = (".tar",)
 
 
 def open_local(path: str, mode: str, regular: bool | None = None) -> IO[Any]:
-    """``open(path, mode)``; to read with ``regular`` (None: for a tar, :data:`REGULAR_ONLY`), only a regular file
+    """``open(path, mode)``; to read with ``regular`` (None: for a tar, `REGULAR_ONLY`), only a regular file
     (or a folder, which ``open`` refuses itself): a FIFO, socket or device named like a shard or an index is a
-    :class:`StorageError` naming it, before it is opened — opening a FIFO to read waits for a writer forever. A
+    `StorageError` naming it, before it is opened — opening a FIFO to read waits for a writer forever. A
     source read as a stream (a manifest) may be a FIFO."""
     if regular is None:
         regular = path.endswith(REGULAR_ONLY)
@@ -185,7 +185,7 @@ def open_local(path: str, mode: str, regular: bool | None = None) -> IO[Any]:
 
 
 def check_regular(path: str) -> None:
-    """Raise :class:`StorageError` if ``path`` is there and is neither a regular file nor a folder."""
+    """Raise `StorageError` if ``path`` is there and is neither a regular file nor a folder."""
     try:
         st = os.stat(path)
     except OSError:

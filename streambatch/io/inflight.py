@@ -3,7 +3,7 @@
 An object store answers each request after a latency (20–100 ms in the cloud) and then streams it; one
 request at a time delivers at most ``chunk / (latency + chunk / bandwidth)`` bytes/s. By Little's law a parser
 that takes ``rate`` bytes/s needs ``rate × duration / chunk`` requests in flight, where ``duration`` is how long
-one request takes in all. :class:`InFlight` measures both (the parser's rate while it was not waiting, each
+one request takes in all. `InFlight` measures both (the parser's rate while it was not waiting, each
 request's duration and size, as moving averages) and sets the target to twice that need, rounded up, between
 ``read_concurrency`` (the start, before anything was measured) and ``max_read_concurrency`` (the bound). Each
 time the parser had to wait for a chunk the target grows by one more (a rate measured while starved is the

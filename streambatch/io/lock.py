@@ -1,7 +1,7 @@
 """One writer per folder: the lock that ``write``, ``index``, ``merge`` and ``stage`` hold on their output folder.
 
 A lock file in the folder, ``.shardify.lock``, holds its writer's host, pid, start time and command (JSON), so a
-second writer is refused with one line naming the first (:class:`LockHeld`, exit 2). The parts of an array job
+second writer is refused with one line naming the first (`LockHeld`, exit 2). The parts of an array job
 (``--part I/N``) write different files of one folder and run at the same time: each holds the folder lock
 *shared* and its own part's lock ``.shardify-part-IIII.lock`` exclusively, so parts run together but never
 beside a whole write, a merge or another run of the same part. ``stage`` waits for the lock instead of being
@@ -14,8 +14,8 @@ writer that did not finish (its info is still in the file). Where ``flock`` is n
 URLs, a filesystem refusing it) the lock is an object created only when absent, by the store itself: a
 create-only put (S3's ``If-None-Match: *``, through the filesystem's ``pipe_file(..., mode="create")``; a local
 file opened with ``O_EXCL``), so of two writers starting at the same instant exactly one wins. Its holder renews
-its mtime every :data:`HEARTBEAT` seconds; it is stale, and taken over with a warning, when its pid is dead on this
-host, or when it was not renewed for :data:`STALE_AFTER` seconds (another host). A store without create-only puts
+its mtime every `HEARTBEAT` seconds; it is stale, and taken over with a warning, when its pid is dead on this
+host, or when it was not renewed for `STALE_AFTER` seconds (another host). A store without create-only puts
 (an fsspec filesystem that ignores ``mode``) falls back to looking before writing, which two writers starting
 together can both pass. A clean exit removes the lock file.
 """
@@ -120,7 +120,7 @@ def output_lock(
 ) -> Iterator[None]:
     """Hold ``folder``'s lock: exclusive for a whole write, shared plus part ``I``'s own for ``part=(I, N)``.
     A local folder that does not exist is made (and removed again if it is left empty). ``wait``: wait for a
-    held lock instead of raising :class:`LockHeld`; ``unwritable``: see :func:`holds_lock`. Releasing the lock
+    held lock instead of raising `LockHeld`; ``unwritable``: see `holds_lock()`. Releasing the lock
     never replaces the writer's own error: a lock file that cannot be removed is a warning."""
     folder = str(folder).rstrip("/") or "/"
     path = storage.local_path(folder)
@@ -170,7 +170,7 @@ def _release(held: list[_Lock], patient: bool = True) -> None:
     """Release the locks taken, last first; one whose file cannot be removed (the folder made read-only meanwhile)
     is still released (its ``flock`` ends with its file descriptor) and is a warning, never an error: the error
     of the write, if any, is the one to report. Not ``patient`` (after an interrupt or an error), a lock file on
-    object storage gets :data:`~streambatch.io.guards.CLEANUP_TIMEOUT` seconds to go, then a warning names
+    object storage gets `CLEANUP_TIMEOUT` seconds to go, then a warning names
     it: the cleanup of an interrupted write never waits long for a storage that does not answer."""
     for lock in reversed(held):
         try:
@@ -200,7 +200,7 @@ def _make_folder(folder: str, storage_options: dict | None) -> bool:
 
 
 def _acquire(lock: _Lock, shared: bool, folder: str, storage_options: dict | None, wait: bool = False) -> None:
-    """Take ``lock`` or raise :class:`LockHeld` naming its holder (``wait``: try again every :data:`WAIT_POLL`
+    """Take ``lock`` or raise `LockHeld` naming its holder (``wait``: try again every `WAIT_POLL`
     seconds, saying once whom it waits for); warn when taking over a dead writer's."""
     left, said = lock.acquire(shared), False
     while left is _HELD:
@@ -288,12 +288,12 @@ def _read_info(url: str, storage_options: dict | None) -> dict[str, Any] | None:
         return None
 
 
-#: what :meth:`_Lock.acquire` returns when another writer holds the lock
+#: what `_Lock.acquire()` returns when another writer holds the lock
 _HELD: Any = object()
 
 
 class _Lock:
-    """A lock file; :meth:`acquire` returns ``_HELD``, or the info a dead writer left (None: none left)."""
+    """A lock file; `acquire()` returns ``_HELD``, or the info a dead writer left (None: none left)."""
 
     url: str
 
@@ -420,7 +420,7 @@ class _FileLock(_Lock):
         return left
 
     def _stale(self, info: dict[str, Any] | None) -> bool:
-        """A lock of a dead pid on this host, or not renewed for :data:`STALE_AFTER` seconds."""
+        """A lock of a dead pid on this host, or not renewed for `STALE_AFTER` seconds."""
         if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
             return not alive(info["pid"])
         try:
@@ -451,7 +451,7 @@ class _FileLock(_Lock):
 def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
     """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
     ``O_EXCL``, an object put with ``mode="create"`` (S3: ``If-None-Match: *``). Of writers racing, exactly one
-    succeeds; the others get :class:`FileExistsError`."""
+    succeeds; the others get `FileExistsError`."""
     if storage.is_local(url):
         fd = os.open(storage.local_path(url), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:

@@ -1,6 +1,6 @@
 """Files one node's processes share: the name a URL is kept under, the lock that lets one process of the node
-fetch what the others then read (the shard cache, :mod:`streambatch.io.cache`; the node copies of an index,
-:mod:`.shared_index`), and the check that the cache folder can hold them."""
+fetch what the others then read (the shard cache, `streambatch.io.cache`; the node copies of an index,
+`shared_index`), and the check that the cache folder can hold them."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def file_lock(path: str, blocking: bool = True) -> Iterator[bool]:
 
 def cache_folder(cache_dir: str, *parts: str) -> str:
     """The folder ``cache_dir/parts...``, made if absent. A cache folder that cannot be written at all (read-only,
-    not this user's, a file in the way) is an :class:`OptionError` naming ``cache_dir`` and the OS's reason; one
+    not this user's, a file in the way) is an `OptionError` naming ``cache_dir`` and the OS's reason; one
     whose disk is full just now raises the ``OSError`` (callers read around a full cache)."""
     path = os.path.join(os.path.abspath(os.path.expanduser(cache_dir)), *parts)
     try:
@@ -72,7 +72,7 @@ def cache_folder(cache_dir: str, *parts: str) -> str:
 
 def check_cache_dir(cache_dir: str) -> None:
     """Before anything is read: ``cache_dir`` is made if absent and a file can be made in it, else an
-    :class:`OptionError` says why (a cache that cannot work is a setting to fix, not a run to start that would
+    `OptionError` says why (a cache that cannot work is a setting to fix, not a run to start that would
     fetch every shard on every rank, every epoch). A disk full just now passes: readers then read around it."""
     try:
         probe = os.path.join(cache_folder(cache_dir), f".write-test-{os.getpid():x}-{uuid.uuid4().hex[:8]}")

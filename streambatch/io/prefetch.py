@@ -25,7 +25,7 @@ _AHEAD: contextvars.ContextVar[bool] = contextvars.ContextVar("streambatch_lengt
 @contextlib.contextmanager
 def lengths_ahead() -> Iterator[None]:
     """Indexes opened inside this block start opening their sample files at once (where
-    :meth:`PartPrefetch.wanted` finds it worth it), beside their shard table's read: a loader is about to plan
+    `PartPrefetch.wanted()` finds it worth it), beside their shard table's read: a loader is about to plan
     from them. Elsewhere (the command line's ``inspect``, ``verify``, ...) an index reads only what it is asked."""
     token = _AHEAD.set(True)
     try:
@@ -35,7 +35,7 @@ def lengths_ahead() -> Iterator[None]:
 
 
 def asked() -> bool:
-    """Whether the index being opened is opened inside :func:`lengths_ahead`."""
+    """Whether the index being opened is opened inside `lengths_ahead()`."""
     return _AHEAD.get()
 
 
@@ -43,7 +43,7 @@ class PartPrefetch:
     """Sample files being opened ahead by a background thread of the process that started it.
 
     ``open_part(i)`` opens (and caches) file ``i``; errors are dropped here, as the planner's own read of that file
-    reports them with its name. :meth:`wait` returns once the opening is over, in the process that started it (a
+    reports them with its name. `wait()` returns once the opening is over, in the process that started it (a
     forked child has no such thread and opens its own files)."""
 
     def __init__(self, parts: Sequence[int], open_part: Callable[[int], object]):
@@ -57,7 +57,7 @@ class PartPrefetch:
     @staticmethod
     def wanted(part_bytes: Sequence[int], small: int, remote: bool) -> list[int]:
         """The files worth opening ahead: all of them when the index is remote and every one is read whole (at
-        most ``small`` bytes) and there are at most :data:`PREFETCH_PARTS`; else none."""
+        most ``small`` bytes) and there are at most `PREFETCH_PARTS`; else none."""
         if not remote or not part_bytes or len(part_bytes) > PREFETCH_PARTS or max(part_bytes) > small:
             return []
         return list(range(len(part_bytes)))
@@ -76,5 +76,5 @@ class PartPrefetch:
             self._done.wait()
 
     def __getstate__(self) -> dict[str, object]:
-        """Pickled as finished: a process it is sent to opens its own files (:meth:`wait` returns at once)."""
+        """Pickled as finished: a process it is sent to opens its own files (`wait()` returns at once)."""
         return {"_pid": -1, "_done": None, "_thread": None}

@@ -1,6 +1,6 @@
 """The read-ahead of range requests: a background thread that keeps a worker's next chunks requested, so the
-latency of one request hides behind the parsing of the bytes before it (:class:`ReadAhead`), and the
-:class:`Job` (one piece's shard) that :mod:`.fetch` and the parser share."""
+latency of one request hides behind the parsing of the bytes before it (`ReadAhead`), and the
+`Job` (one piece's shard) that `fetch` and the parser share."""
 
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ class Job:
 
 
 class InOrder:
-    """Feeds a job's chunks to its :class:`Digest` in order, in the request threads as each chunk arrives, so the
+    """Feeds a job's chunks to its `Digest` in order, in the request threads as each chunk arrives, so the
     parser's thread does not hash (sha256 lets go of the GIL: on another core it costs the parser nothing). A
     chunk that arrives early waits here for the ones before it; each request returns only after this, so once
     the parser has taken every chunk, every chunk was hashed."""
 
     def __init__(self, digest: Digest, hashed_before: Callable[[str], bool] | None = None):
         """``hashed_before(version)``: whether this node already hashed that version of the object to the index's
-        sha256 (:func:`~.verified.object_key`); then nothing is hashed (:attr:`reused`)."""
+        sha256 (`object_key()`); then nothing is hashed (`reused`)."""
         self.digest = digest
         self._hashed_before = hashed_before
         self._next = 0  # the number of the next chunk to hash
@@ -100,7 +100,7 @@ def chunk_ranges(size: int, chunk_size: int, ramp: bool = False) -> Iterator[tup
 
 
 def ramp_pieces(chunk_size: int) -> int:
-    """How many of :func:`chunk_ranges`'s first requests the ramp cuts smaller than ``chunk_size``."""
+    """How many of `chunk_ranges()`'s first requests the ramp cuts smaller than ``chunk_size``."""
     n, k = max(1, chunk_size // 8), 0
     while n < chunk_size:
         n, k = n * 2, k + 1
@@ -111,7 +111,7 @@ class ReadAhead:
     """A background thread that walks ahead through a worker's jobs, prepares each and keeps up to
     ``read_ahead`` bytes of its chunks requested or waiting, so the latency of one request hides behind the
     parsing of the bytes before it. How many requests are in flight at once adapts to the measured latency
-    (:class:`~.inflight.InFlight`: from ``read_concurrency`` up to ``max_read_concurrency``)."""
+    (`InFlight`: from ``read_concurrency`` up to ``max_read_concurrency``)."""
 
     def __init__(
         self,
@@ -171,7 +171,7 @@ class ReadAhead:
 
     def _wait_turn(self, job: Job) -> bool:
         """With a cache, download at most two shards ahead of the parser (disk, not memory); without, the
-        byte limit of :meth:`_request_chunks` is the bound. False once reading stopped."""
+        byte limit of `_request_chunks()` is the bound. False once reading stopped."""
         with self._cond:
             while not self.stop.is_set() and self.cached and job.ordinal > self._consumer_at + 2:
                 self._cond.wait(0.5)
@@ -197,7 +197,7 @@ class ReadAhead:
                 self._submit(job, i, off, n, ramp)
 
     def _room(self, ramp: bool) -> bool:
-        """Whether a request may start. The start's smaller pieces of the first chunk (:func:`chunk_ranges`'s
+        """Whether a request may start. The start's smaller pieces of the first chunk (`chunk_ranges()`'s
         ramp) stand for one chunk, so together they take one place of the in-flight target: the next shards'
         requests start at once too, as they would without the ramp (one round trip sooner)."""
         r = self._ramp_in_flight
@@ -305,6 +305,6 @@ class ReadAhead:
 
 
 def read_error(url: str, e: BaseException) -> ShardReadError:
-    """What went wrong fetching ``url``, as the :class:`ShardReadError` the reader counts as a bad shard (a
+    """What went wrong fetching ``url``, as the `ShardReadError` the reader counts as a bad shard (a
     timeout or any other error of a background request must not escape that accounting)."""
     return ShardReadError(f"{url}: {type(e).__name__}: {e}")

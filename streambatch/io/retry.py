@@ -83,7 +83,7 @@ class RetryPolicy:
     @property
     def worst_case(self) -> float:
         """An upper bound on the seconds one request with all its retries can take (for watchdogs): every try
-        at its :attr:`request_limit`, every wait at its cap."""
+        at its `request_limit`, every wait at its cap."""
         waits = sum(min(self.max_backoff, self.backoff * 2**i) for i in range(self.retries))
         return (self.retries + 1) * self.request_limit + waits
 

@@ -1,14 +1,14 @@
-"""How long object-storage calls wait: every ``s3://`` filesystem :func:`~.storage.filesystem` makes (all storage
-calls but the shard reader's, which has its own: :class:`~streambatch.read.reader.ReadOptions`).
+"""How long object-storage calls wait: every ``s3://`` filesystem `filesystem()` makes (all storage
+calls but the shard reader's, which has its own: `ReadOptions`).
 
 Unless ``storage_options`` set them (``config_kwargs.connect_timeout``, ``read_timeout``, ``retries``), a request
-waits at most :data:`CONNECT_TIMEOUT` seconds to connect and :data:`READ_TIMEOUT` seconds for data, and is tried
-:data:`ATTEMPTS` times (botocore's ``standard`` retry mode: backoff with jitter; timeouts, dropped connections, 5xx
+waits at most `CONNECT_TIMEOUT` seconds to connect and `READ_TIMEOUT` seconds for data, and is tried
+`ATTEMPTS` times (botocore's ``standard`` retry mode: backoff with jitter; timeouts, dropped connections, 5xx
 and throttling retried; s3fs's own retry loop is off, ``storage_options["retries"]`` turns it on). aiohttp times
 an upload only once its body is sent: the wait for ``100 Continue`` and a body the storage stops taking have no
-timeout, so an upload (``PUT``) also has a deadline, :func:`upload_deadline`: the two timeouts plus a second per
-:data:`UPLOAD_RATE` bytes of its body. A stalled endpoint thus fails a write after a few minutes, with one line
-naming the URL (:mod:`.guards`), instead of hanging it.
+timeout, so an upload (``PUT``) also has a deadline, `upload_deadline()`: the two timeouts plus a second per
+`UPLOAD_RATE` bytes of its body. A stalled endpoint thus fails a write after a few minutes, with one line
+naming the URL (`guards`), instead of hanging it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def with_timeouts(url: str, storage_options: dict | None) -> tuple[dict, int]:
 
 def upload_deadline(method: str, headers: Any, connect: float, read: float) -> float | None:
     """Seconds an HTTP request may take in all, or None for no deadline: an upload (``PUT``: PutObject, UploadPart)
-    gets ``connect + read`` plus a second per :data:`UPLOAD_RATE` bytes of its body; any other request is
+    gets ``connect + read`` plus a second per `UPLOAD_RATE` bytes of its body; any other request is
     timed by aiohttp alone (its small body is sent at once, then the read timeout runs)."""
     if method.upper() != "PUT":
         return None
@@ -63,7 +63,7 @@ def upload_deadline(method: str, headers: Any, connect: float, read: float) -> f
 
 @functools.cache
 def _deadline_session(connect: float, read: float) -> type | None:
-    """aiobotocore's HTTP session class with :func:`upload_deadline` (one class per pair of timeouts: fsspec tells
+    """aiobotocore's HTTP session class with `upload_deadline()` (one class per pair of timeouts: fsspec tells
     cached filesystems apart by their options' text); None where this aiobotocore has no ``http_session_cls``."""
     try:
         from aiobotocore.config import AioConfig

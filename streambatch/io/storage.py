@@ -45,7 +45,7 @@ def parent_url(url: str) -> str:
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path inside it; an object store's with timeouts and a bounded
-    number of tries unless ``storage_options`` set them (:func:`~.s3_timeouts.with_timeouts`)."""
+    number of tries unless ``storage_options`` set them (`with_timeouts()`)."""
     filesystem_class(url)
     opts, tries = with_timeouts(url, storage_options)
     fs, path = fsspec.core.url_to_fs(url, **opts)
@@ -57,7 +57,7 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
 def filesystem_class(url: str) -> type[fsspec.AbstractFileSystem]:
     """fsspec's filesystem class for ``url``'s scheme (the outermost, in a chained ``a::b://...`` URL, each of whose
     schemes is checked); a scheme fsspec does not know, or whose back-end is not installed, is an
-    :class:`UnknownStorage` naming the URL."""
+    `UnknownStorage` naming the URL."""
     *outer, last = url.split("::")
     classes = [_scheme_class(url, p) for p in [*outer, fsspec.core.split_protocol(last)[0] or "file"]]
     return classes[0]
@@ -107,7 +107,7 @@ def reading_filesystem(
 
 def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec.AbstractFileSystem:
     own_retries = "retries" in opts
-    given, _ = with_timeouts(f"{protocol}://", opts)  # the options :func:`filesystem` read the index with
+    given, _ = with_timeouts(f"{protocol}://", opts)  # the options `filesystem()` read the index with
     if protocol in ("s3", "s3a"):
         cfg = dict(opts.get("config_kwargs") or {})
         if timeout:
@@ -148,7 +148,7 @@ def stream_range(
 ) -> int | None:
     """Append the bytes ``[start, end)`` of an object to ``sink`` as they arrive; returns the object's whole
     size when the answer tells it (``Content-Range``), else None. ``heard`` gets the version of the object the
-    answer names (:func:`~.s3_direct.object_version`, None if it names none) as soon as its headers are in, so it
+    answer names (`object_version()`, None if it names none) as soon as its headers are in, so it
     is known for the bytes of an answer that breaks too.
 
     If the request breaks, what arrived before the break is already in ``sink``, so a retry can ask for the
@@ -265,7 +265,7 @@ def object_size(fs: fsspec.AbstractFileSystem, path: str) -> int:
 
 @names_errors()
 def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) -> IO[Any]:
-    """Open a local path or fsspec URL (a local shard only if it is a regular file: :func:`~.guards.open_local`)."""
+    """Open a local path or fsspec URL (a local shard only if it is a regular file: `open_local()`)."""
     if is_local(url):
         return open_local(local_path(url), mode)
     fs, path = filesystem(url, storage_options)
@@ -348,7 +348,7 @@ def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> by
 
 def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:
     """A random-access file over ``url`` and its size, to check against the ``want`` bytes an index says. ``whole``:
-    its first ``want + 1`` bytes read at once (:func:`read_prefix`) and served from memory, so a larger object is
+    its first ``want + 1`` bytes read at once (`read_prefix()`) and served from memory, so a larger object is
     seen as larger without reading the rest."""
     if whole:
         data = read_prefix(url, want + 1, storage_options)
@@ -371,9 +371,9 @@ def open_random(url: str, storage_options: dict | None = None) -> IO[bytes]:
 class AtomicWriter:
     """A file written under a temporary name and published whole, for streaming writes of big objects.
 
-    Local targets: a temporary file in the target's folder, fsync'ed by :meth:`finish` and renamed into place
-    by :meth:`publish` (atomic on POSIX), so several files can be finished first and published together.
-    Object stores: an upload that becomes visible only when :meth:`finish` completes it. :meth:`abort` throws
+    Local targets: a temporary file in the target's folder, fsync'ed by `finish()` and renamed into place
+    by `publish()` (atomic on POSIX), so several files can be finished first and published together.
+    Object stores: an upload that becomes visible only when `finish()` completes it. `abort()` throws
     an unfinished file away. As a context manager: publish on success, abort on an exception.
     """
 
@@ -392,7 +392,7 @@ class AtomicWriter:
 
     def finish(self) -> int:
         """Flush, sync and close the file; returns its size in bytes. An error names the file
-        (:func:`~.guards.write_error`)."""
+        (`write_error()`)."""
         if self.nbytes is None:
             try:
                 self.file.flush()

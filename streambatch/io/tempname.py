@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 
-#: what follows a file's name in its temporary name while it is written (:func:`temporary_name`)
+#: what follows a file's name in its temporary name while it is written (`temporary_name()`)
 _TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{8}")
 
 
@@ -16,5 +16,5 @@ def temporary_name(path: str) -> str:
 
 
 def is_temporary(name: str, final: str) -> bool:
-    """Whether ``name`` is a :func:`temporary_name` of ``final`` (a writer's, perhaps one killed mid-write)."""
+    """Whether ``name`` is a `temporary_name()` of ``final`` (a writer's, perhaps one killed mid-write)."""
     return name.startswith(final) and _TEMPORARY.fullmatch(name[len(final) :]) is not None

@@ -5,7 +5,7 @@ remembered, keyed by what changes when its bytes change: its device, inode, size
 nanoseconds; ctime cannot be set back by a user, so restoring the mtime after a write still changes the key). A
 later pass, process or rank of the node that finds the same key takes the remembered digest instead of reading
 the file again; a file whose key changed is hashed again. A remote shard streamed without a cache is keyed by its
-URL, size and the version every range answer names (:func:`object_key`): its bytes are fetched every pass anyway,
+URL, size and the version every range answer names (`object_key()`): its bytes are fetched every pass anyway,
 but hashed only while no answer names a version this node has hashed.
 
 Two levels: a dict in the process (epoch 2 of a worker costs a ``stat``), and a small file per shard in a folder
@@ -128,7 +128,7 @@ def recorded_sha256(path: str, st: os.stat_result, cache_dir: str | None = None)
 
 
 def recorded(key: tuple, cache_dir: str | None = None) -> str | None:
-    """The sha256 recorded for ``key`` (:func:`file_key` or :func:`object_key`), or None."""
+    """The sha256 recorded for ``key`` (`file_key()` or `object_key()`), or None."""
     with _memo_lock:
         got = _memo.get(key)
     if got is not None:
@@ -178,7 +178,7 @@ def remember(key: tuple, digest: str, cache_dir: str | None = None) -> None:
 
 
 def hash_file(path: str, cache_dir: str | None = None) -> str:
-    """The sha256 of the file ``path`` (:func:`hash_open_file` of it, opened here)."""
+    """The sha256 of the file ``path`` (`hash_open_file()` of it, opened here)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         return hash_open_file(fd, path, cache_dir).digest
@@ -195,7 +195,7 @@ class Hashed(NamedTuple):
 
     def steady(self, version: os.stat_result, path: str | None = None) -> bool:
         """Whether the file was ``version`` (a stat of it) all the while it was hashed; with ``path``, its name
-        then, a file deleted or renamed meanwhile still is (:func:`same_bytes`)."""
+        then, a file deleted or renamed meanwhile still is (`same_bytes()`)."""
         return same_bytes(self.before, version, path) and same_bytes(self.after, version, path)
 
 
@@ -227,7 +227,7 @@ def changed_since(path: str, before: os.stat_result) -> bool:
 def fd_changed(fd: int, version: os.stat_result, path: str | None = None) -> bool:
     """Whether the open file ``fd`` is no longer the version ``version`` (a stat of it) describes: written to in
     place (size, mtime or ctime moved), or it cannot be looked at any more. With ``path``, the name it was opened
-    by, a file that was only deleted or renamed since is still that version (:func:`same_bytes`)."""
+    by, a file that was only deleted or renamed since is still that version (`same_bytes()`)."""
     try:
         return not same_bytes(os.fstat(fd), version, path)
     except OSError:

@@ -4,7 +4,7 @@ and how the data-parallel ranks agree on an epoch's step count.
 With tensor, context or pipeline parallelism, the processes of one data-parallel group (its *peers*) must receive
 bit-identical batches and different groups disjoint samples. The plan's layout then has ``dp_size`` ranks, not
 one per process: every peer plans the same rank's slots, and the step count is agreed with one small collective.
-:func:`data_parallel` resolves it from the loader's options (``dp_rank``/``dp_size``, ``dp_mesh``) or, without
+`data_parallel()` resolves it from the loader's options (``dp_rank``/``dp_size``, ``dp_mesh``) or, without
 them, from the job (``rank``/``world_size`` or what the launcher says: one data-parallel rank per process).
 """
 
@@ -76,7 +76,7 @@ class DataParallel:
 
 
 def data_parallel(run: Any) -> DataParallel:
-    """The loader's data-parallel layout from its run options (:class:`~streambatch.loader.options.RunOptions`):
+    """The loader's data-parallel layout from its run options (`RunOptions`):
     a DeviceMesh (``dp_mesh``), ``dp_rank``/``dp_size``, or the job (one data-parallel rank per process)."""
     if run.dp_mesh is not None:
         return _from_mesh(run.dp_mesh)
@@ -115,7 +115,7 @@ def _from_mesh(mesh: Any) -> DataParallel:
 
 
 def check_data_parallel(run: Any) -> None:
-    """The data-parallel options of :class:`~streambatch.loader.options.RunOptions`, checked: ``dp_rank`` and
+    """The data-parallel options of `RunOptions`, checked: ``dp_rank`` and
     ``dp_size`` together and in range, or a ``dp_mesh`` alone (``rank``/``world_size`` with them only say the
     job's processes, which ``dp_size`` must divide)."""
     given = [n for n in ("dp_rank", "dp_size", "dp_mesh") if getattr(run, n) is not None]

@@ -106,7 +106,7 @@ def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, f
 
 def check_shortest_fits(cfg: BatchingConfig, ix: Any, length_plan: LengthPlan | None, name: str) -> None:
     """A budget that not even the shortest sample fits alone is an error now (from the index's shard table), not an
-    epoch without batches later: a :class:`BudgetError` naming both lengths."""
+    epoch without batches later: a `BudgetError` naming both lengths."""
     if ix is None:
         return
     table = ix.shard_table(("count", "min_length"))

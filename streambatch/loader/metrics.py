@@ -1,7 +1,7 @@
 """How well the loader fed the training loop in a pass, measured in the main process as batches are handed
 over: padding and budget use of the delivered batches, batches and samples per second, time to the first
 batch, the time the training loop waited on the loader, and (under a mixture) each dataset's share. The time
-the readers waited on storage is counted where they read (:func:`~streambatch.read.faults.waiting_on_storage`)."""
+the readers waited on storage is counted where they read (`waiting_on_storage()`)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def planned_batches(plan: Any, rank: int, lengths: Any, budget: float, cost: Any
 
 
 def batch_figures(b: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Padding % and mean budget use of some batches (:func:`planned_batches`)."""
+    """Padding % and mean budget use of some batches (`planned_batches()`)."""
     padded = float(b["padded"].sum())
     return {
         "padding_pct": 100.0 * (1 - float(b["real"].sum()) / padded) if padded else None,
@@ -152,7 +152,7 @@ def metrics_line(m: dict[str, Any]) -> str:
 
 def fault_summary(counts: torch.Tensor, bad: torch.Tensor, urls: Sequence[str]) -> dict[str, Any]:
     """What storage faults cost a rank in a pass, from its workers' shared counters (``counts``: per worker, one
-    column per :data:`~streambatch.read.faults.FAULT_FIELDS`; ``bad``: a flag per shard): the counters summed, and
+    column per `FAULT_FIELDS`; ``bad``: a flag per shard): the counters summed, and
     the URLs of the bad shards."""
     out: dict[str, Any] = dict(zip(FAULT_FIELDS, (int(x) for x in counts.sum(0).tolist())))
     del out[STORAGE_WAIT]  # a time, not a fault: storage_figures() reports it
@@ -160,13 +160,13 @@ def fault_summary(counts: torch.Tensor, bad: torch.Tensor, urls: Sequence[str]) 
     return out
 
 
-#: what bad shards and bad samples cost a pass, in ``metrics()["faults"]`` (from :meth:`fault_stats`)
+#: what bad shards and bad samples cost a pass, in ``metrics()["faults"]`` (from `fault_stats()`)
 FAULT_FIGURES = ("bad_shards", "bad_shard_urls", "lost_samples", "redrawn_samples", "shrunk_batches")
 
 
 def storage_figures(counts: torch.Tensor, faults: dict[str, Any]) -> dict[str, Any]:
     """The storage part of ``metrics()``: request counters, the time the readers waited on storage, and what bad
-    shards and samples cost (:data:`FAULT_FIGURES`)."""
+    shards and samples cost (`FAULT_FIGURES`)."""
     out: dict[str, Any] = {
         "storage": {k: faults[k] for k in ("retries", "bytes_read", "cache_downloads", "cache_hits")},
         "faults": {k: faults[k] for k in FAULT_FIGURES},

@@ -1,9 +1,9 @@
-"""The loader's side of a weight schedule (:mod:`streambatch.select.schedule`): the mixture it reads follows the
+"""The loader's side of a weight schedule (`streambatch.select.schedule`): the mixture it reads follows the
 epoch it is at. Setting the epoch lays the mixture out for that epoch's weights (its shard URLs, filter, dataset
 names and bad-shard flags with it) and the next pass starts its workers on it; a checkpoint records the epoch's
 weights, and a resume whose schedule gives that epoch other weights is refused.
 
-Functions here take the :class:`~streambatch.loader.core.StreamBatchLoader` (typed ``Any``: the loader imports
+Functions here take the `StreamBatchLoader` (typed ``Any``: the loader imports
 this module, not the other way round) and touch only the attributes that depend on the mixture's layout.
 """
 
@@ -20,7 +20,7 @@ from ..select.mixture import AnyIndex, dataset_names, draw_rows
 from ..select.schedule import WeightSchedule
 from ..select.source import ShardURLs, open_source
 
-#: the loader's attributes that depend on how the mixture is laid out (what :func:`at_epoch` puts back)
+#: the loader's attributes that depend on how the mixture is laid out (what `at_epoch()` puts back)
 LAYOUT = ("index", "urls", "filter", "collate_options", "_bad_shards", "_schedules", "_dataloader")
 
 
@@ -33,7 +33,7 @@ def open_scheduled(
     max_plan_bytes: int,
     cache_dir: str | None = None,
 ) -> tuple[AnyIndex | None, Sequence[str], str, WeightSchedule | None]:
-    """What :func:`~streambatch.select.source.open_source` opens, with ``weights`` possibly a schedule: then the
+    """What `open_source()` opens, with ``weights`` possibly a schedule: then the
     mixture is opened with epoch 0's weights, every entry of a list checked, and the schedule returned."""
     schedule = WeightSchedule.of(weights)
     first = weights if schedule is None else schedule.given(0)
@@ -90,10 +90,10 @@ def epoch_index(loader: Any, epoch: int) -> Any:
 
 
 def to_saved_epoch(loader: Any, saved: Any) -> None:
-    """Move the loader to the epoch of a state it loads (``saved``: a :class:`~streambatch.loader.state.LoaderState`)
+    """Move the loader to the epoch of a state it loads (``saved``: a `LoaderState`)
     and, under a weight schedule, refuse a state whose epoch began elsewhere in the datasets (earlier epochs took
     other samples) or, saved mid-epoch, ran on other weights than the schedule gives it now (the samples it took
-    would be lost or repeated), naming both. Other mixtures are :func:`mixture_problem`'s to name."""
+    would be lost or repeated), naming both. Other mixtures are `mixture_problem()`'s to name."""
     loader.set_epoch(saved.epoch)
     if loader.weight_schedule is None or not saved.knows("mixture") or not saved.mixture:
         return
@@ -136,5 +136,5 @@ def mixture_problem(saved: list | None, mine: list | None, epoch: int, mid_epoch
 
 
 def _began(rows: list[tuple[str, float, int, int]]) -> list[tuple[str, int, int]]:
-    """Of :func:`~streambatch.select.mixture.draw_rows`: each dataset's name, size and where the epoch begins."""
+    """Of `draw_rows()`: each dataset's name, size and where the epoch begins."""
     return [(name, size, start) for name, _, size, start in rows]

@@ -1,14 +1,14 @@
 """The loader's options in typed groups, each value checked once, where its group is built.
 
-* batching: :class:`~streambatch.plan.config.BatchingConfig` (the planner's object), built by :func:`batching_config`
-  from the names in :data:`BATCHING_OPTIONS` and what the index says;
-* read: :class:`~streambatch.read.reader.ReadOptions`;
-* per sample: :class:`SampleOptions` (decoding, transforms, speed perturbation, features);
-* run: :class:`RunOptions` (rank, world size, workers, how the ranks step together, the DataLoader's knobs), whose
-  :meth:`RunOptions.layout` is the plan's :class:`~streambatch.plan.layout.Layout`.
+* batching: `BatchingConfig` (the planner's object), built by `batching_config()`
+  from the names in `BATCHING_OPTIONS` and what the index says;
+* read: `ReadOptions`;
+* per sample: `SampleOptions` (decoding, transforms, speed perturbation, features);
+* run: `RunOptions` (rank, world size, workers, how the ranks step together, the DataLoader's knobs), whose
+  `RunOptions.layout()` is the plan's `Layout`.
 
 ``StreamBatchLoader.__init__`` names every option of these groups in its signature, with the same defaults
-(``tests/loader/test_options_surface.py`` holds the two together), and :func:`option_groups` sorts its
+(``tests/loader/test_options_surface.py`` holds the two together), and `option_groups()` sorts its
 arguments into them.
 """
 
@@ -97,8 +97,8 @@ class RunOptions:
     """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
     world_size: int | None = None
     """Ranks in the job; None: detected as ``rank`` is, else 1. At most
-    :data:`~streambatch.plan.layout.MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
-    :data:`~streambatch.plan.layout.MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
+    `MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
+    `MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
     every slot, and a whole-epoch plan plans each one (about 0.1 ms and a few KiB per slot)."""
     dp_rank: int | None = None
     """With tensor, context or pipeline parallelism: this process's data-parallel rank (``0 <= dp_rank <
@@ -115,15 +115,15 @@ class RunOptions:
     mesh's only one) gives the data-parallel rank and size, and its process group agrees the step count."""
     num_workers: int = 0
     """DataLoader worker processes per rank (0: read in the training process); at most
-    :data:`~streambatch.plan.layout.MAX_WORKERS` (1,024): each is a process, and each is a slot every rank's plan
+    `MAX_WORKERS` (1,024): each is a process, and each is a slot every rank's plan
     deals the epoch over."""
     even_batches: str = "split"
     """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
-    :class:`~streambatch.plan.layout.Layout`)."""
+    `Layout`)."""
     hardest_first: bool = False
-    """The most expensive batch at step 1 (checked by :class:`~streambatch.plan.layout.Layout`)."""
+    """The most expensive batch at step 1 (checked by `Layout`)."""
     planning: str = "auto"
-    """Who plans the epoch (:data:`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
+    """Who plans the epoch (`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
     whole epoch on every rank; ``"local"`` requires the process group; ``"global"`` always the whole epoch."""
     batches_per_epoch: int | None = None
     """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch); with an index its
@@ -131,10 +131,10 @@ class RunOptions:
     micro_batches: int = 1
     """Yield each batch as this many micro-batches (a list of dicts with loss weights)."""
     loss_weight_by: str = "samples"
-    """What a micro-batch's loss weight counts (:data:`LOSS_WEIGHT_BY`)."""
+    """What a micro-batch's loss weight counts (`LOSS_WEIGHT_BY`)."""
     prefetch_factor: int | None = None
     """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2), with workers only
-    (``num_workers`` ≥ 1; the DataLoader refuses it without). At most :data:`MAX_PREFETCH_FACTOR` (64): each
+    (``num_workers`` ≥ 1; the DataLoader refuses it without). At most `MAX_PREFETCH_FACTOR` (64): each
     worker holds that many formed batches in memory (each up to the budget's padded tensor), and a pass starts
     by queueing ``num_workers × prefetch_factor`` requests."""
     persistent_workers: bool = False
@@ -181,7 +181,7 @@ class RunOptions:
 
     def layout(self, world_size: int) -> Layout:
         """The plan's layout on ``world_size`` ranks (the detected one when ``world_size`` was not given; the
-        :class:`Layout` bounds it as a given one is)."""
+        `Layout` bounds it as a given one is)."""
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
 
 
@@ -216,7 +216,7 @@ def worker_callables(sample: SampleOptions, run: RunOptions, config: BatchingCon
 def collate_options(
     sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: Index | None, ops: Any
 ) -> CollateOptions:
-    """How the workers turn a formed batch into tensors (``ops``: the per-sample stages of :func:`sample_plan`)."""
+    """How the workers turn a formed batch into tensors (``ops``: the per-sample stages of `sample_plan()`)."""
     return CollateOptions(
         decode=sample.decode,
         pad_to_multiple_of=config.pad_to_multiple_of,
@@ -235,8 +235,8 @@ def init_fields(group: type) -> list[str]:
 
 
 def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, SampleOptions, RunOptions]:
-    """The loader's arguments sorted into their groups: the batching options by name (:func:`batching_config`
-    turns them into a :class:`BatchingConfig` once the index is open), and the other groups built (checked)."""
+    """The loader's arguments sorted into their groups: the batching options by name (`batching_config()`
+    turns them into a `BatchingConfig` once the index is open), and the other groups built (checked)."""
     _check_plain(given)
     batching = {k: given[k] for k in BATCHING_OPTIONS}
     read = ReadOptions(**{k: given[k] for k in init_fields(ReadOptions)})
@@ -247,7 +247,7 @@ def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, S
 
 def _check_plain(given: dict[str, Any]) -> None:
     """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping; and
-    ``seed`` one whole number (a :class:`BatchingConfig` also takes a sequence, for one stream of ``plan_batches``;
+    ``seed`` one whole number (a `BatchingConfig` also takes a sequence, for one stream of ``plan_batches``;
     an epoch's plan needs one)."""
     int_option("seed", given.get("seed"), 0, MAX_SEED)
     where, so = given.get("where"), given.get("storage_options")
@@ -264,7 +264,7 @@ def batching_config(
     length_plan: LengthPlan | None = None,
     storage_options: dict | None = None,
 ) -> BatchingConfig:
-    """The loader's :class:`BatchingConfig`: a calibration file's budget, batch cap and unit check, and
+    """The loader's `BatchingConfig`: a calibration file's budget, batch cap and unit check, and
     lengths rounded as the tensor will be when they count tensor elements (feature frames when planning in them)."""
     if options.get("batch_by") is not None and not hasattr(index, "dataset_of_shard"):
         raise OptionError(
@@ -350,8 +350,8 @@ def check_decode_unit(decode: Any, unit: Unit) -> None:
 
 
 def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[LengthPlan | None, Any]:
-    """The :class:`LengthPlan` the epochs are planned with and the per-sample stages of the workers
-    (:class:`~streambatch.read.transforms.SampleOps`; each worker sets the epoch), from the per-sample options."""
+    """The `LengthPlan` the epochs are planned with and the per-sample stages of the workers
+    (`SampleOps`; each worker sets the epoch), from the per-sample options."""
     from ..read.features import plans_in_frames
     from ..read.transforms import SampleOps
 

@@ -26,9 +26,9 @@ KEEP_LENGTHS_MAX = 1 << 26
 
 
 def plan_schedule(loader: Any, epoch: int) -> RankSchedule:
-    """This rank's batches in ``epoch`` (``loader``: a :class:`~streambatch.loader.core.StreamBatchLoader`),
+    """This rank's batches in ``epoch`` (``loader``: a `StreamBatchLoader`),
     planned as ``loader.planning`` says and logged in one line; an epoch that gives no batch (and none before a
-    resume) is an :class:`EmptyEpochError`."""
+    resume) is an `EmptyEpochError`."""
     t0 = time.perf_counter()
     lengths = loader._lengths(epoch)
     local = rank_local(loader)
@@ -73,7 +73,7 @@ def rank_local(loader: Any) -> bool:
 
 
 def epoch_arg(loader: Any, epoch: Any) -> int:
-    """The epoch a planning call names (None: the loader's current one), else an :class:`OptionError` naming it."""
+    """The epoch a planning call names (None: the loader's current one), else an `OptionError` naming it."""
     return loader.epoch if epoch is None else int_option("epoch", epoch, 0, MAX_EPOCH)
 
 

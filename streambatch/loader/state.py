@@ -1,4 +1,4 @@
-"""A loader's checkpoint, typed: :class:`LoaderState`, with its plain-dict form (what ``state_dict()`` returns and a
+"""A loader's checkpoint, typed: `LoaderState`, with its plain-dict form (what ``state_dict()`` returns and a
 training script saves with the model), the checks that a state belongs to a loader, and the layout an interrupted
 epoch ran on. States saved by earlier versions load: a key they lack is simply not checked."""
 
@@ -32,7 +32,7 @@ class LoaderState:
     Small: no per-sample data, whatever the dataset's size."""
 
     epoch: int = 0
-    """The epoch the next pass yields (after a finished pass, the next one); at most :data:`MAX_EPOCH`."""
+    """The epoch the next pass yields (after a finished pass, the next one); at most `MAX_EPOCH`."""
     batches_consumed: int = 0
     """Batches of ``epoch`` this rank already yielded."""
     steps: int | None = None
@@ -50,29 +50,29 @@ class LoaderState:
     num_samples: int | None = None
     """Samples in the dataset (None without an index)."""
     mixture: Any = None
-    """A mixture's datasets and weights (:meth:`~streambatch.select.mixture.MixedIndex.state`), else None; under a
+    """A mixture's datasets and weights (`state()`), else None; under a
     weight schedule the weights in force for ``epoch`` and where it begins in each dataset."""
     where: str | None = None
     """The filter expression, else None."""
     dataset: str | None = None
-    """A digest of what the plan reads of the index (:func:`dataset_digest`): a state of another dataset of the
+    """A digest of what the plan reads of the index (`dataset_digest()`): a state of another dataset of the
     same size, or of this one re-sharded since, is refused."""
     batching: dict[str, Any] | None = None
-    """The batching options as plain values (:func:`batching_record`): a mid-epoch resume with others is refused."""
+    """The batching options as plain values (`batching_record()`): a mid-epoch resume with others is refused."""
     earlier_layouts: list[dict[str, Any]] = field(default_factory=list)
-    """The layouts ``epoch`` ran on before a resume on this one (:meth:`EarlierRun.state_dict`), oldest first."""
+    """The layouts ``epoch`` ran on before a resume on this one (`EarlierRun.state_dict()`), oldest first."""
     excluded: str | None = None
-    """A packed mask of consumed samples, from the oldest state format (:func:`pack_mask`)."""
+    """A packed mask of consumed samples, from the oldest state format (`pack_mask()`)."""
     skip_steps: list[list[int]] = field(default_factory=list)
     """Steps of ``epoch`` a resume skips, as ``[[a, b], ...]`` ranges of step numbers from the epoch's start
     (``load_state_dict(state, skip_steps=...)``): a later resume from this state skips them too. Step numbers are
-    at most :data:`~streambatch.plan.resume.MAX_COUNT`."""
+    at most `MAX_COUNT`."""
     equalised: list[list[int]] | None = None
-    """Every rank's equalisation of ``epoch`` on this layout (:meth:`RankEqualised.to_ints`, once planned): a resume on
+    """Every rank's equalisation of ``epoch`` on this layout (`RankEqualised.to_ints()`, once planned): a resume on
     another layout then batches each old rank only as far as it consumed. A state without it (an older version)
     still resumes, re-planning the old ranks in full."""
     plan_version: int = PLAN_VERSION
-    """The batching rule the epoch was planned by (:attr:`~streambatch.plan.config.BatchingConfig.plan_version`); a
+    """The batching rule the epoch was planned by (`plan_version`); a
     state saved before it was recorded was planned by rule 1, and a loader resuming it keeps that rule."""
     recorded: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     """The keys the saved dict held (all for a state this version made): an absent one is not checked."""
@@ -90,7 +90,7 @@ class LoaderState:
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
         """A state from its dict form, as this or an earlier version saved it. Every field it holds is checked here,
         once, before the loader changes: anything else (not a mapping, no epoch, a field of the wrong type or out
-        of range, lists of the wrong shape) is a :class:`StateError` naming the field and its value."""
+        of range, lists of the wrong shape) is a `StateError` naming the field and its value."""
         if not isinstance(state, Mapping) or "epoch" not in state:
             raise StateError(f"not a loader state_dict (a mapping with an 'epoch'): {shown(state)}")
         known = [k for k in cls.names() if k in state]
@@ -304,8 +304,8 @@ def pack_mask(mask: np.ndarray) -> str:
 
 
 def unpack_mask(packed: Any, n: int | None) -> np.ndarray:
-    """Inverse of :func:`pack_mask` for ``n`` samples (None: as many as it holds); text that is not a packed
-    mask, or one of fewer than ``n`` samples, is a :class:`StateError` naming ``excluded`` (its key)."""
+    """Inverse of `pack_mask()` for ``n`` samples (None: as many as it holds); text that is not a packed
+    mask, or one of fewer than ``n`` samples, is a `StateError` naming ``excluded`` (its key)."""
     import base64
     import binascii
     import zlib

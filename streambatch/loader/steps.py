@@ -1,6 +1,6 @@
 """Which samples were in step k, and skipping steps after a loss spike.
 
-The plan knows every step before a byte is read: :func:`step_samples` names the samples of any step of an epoch,
+The plan knows every step before a byte is read: `step_samples()` names the samples of any step of an epoch,
 past or future, on every rank (their keys from the index's sample table, their datasets in a mixture), and a resume
 can skip a range of steps (``loader.load_state_dict(state, skip_steps=range(a, b))``): every rank skips the same
 steps, their samples are not read, and every other step comes as it would have. Step numbers count from the
@@ -85,9 +85,9 @@ def step_samples(loader: Any, step: int, rank: int | None = None, epoch: int | N
     """The samples of global step ``step`` of ``epoch`` (default: the current one), from the plan alone (no shard
     is read): every rank's batch, or only ``rank``'s. Steps count from the epoch's start, as ``len()`` and
     ``consumed`` do; after a resume on another layout, the steps before it are those the earlier layouts ran.
-    Plans the whole epoch, O(N), once per epoch (like :meth:`plan`); needs an index. A step, rank or epoch that
+    Plans the whole epoch, O(N), once per epoch (like `plan()`); needs an index. A step, rank or epoch that
     is not a whole number from 0, a step outside the epoch or a rank outside the job is an
-    :class:`~streambatch.errors.OptionError` naming it."""
+    `OptionError` naming it."""
     if loader.index is None:
         raise TypeError("step_samples needs an index (index.json): without one the steps are not planned")
     step = int_option("step", step, 0)
@@ -163,7 +163,7 @@ def _samples(index: Any, offsets: np.ndarray, gids: np.ndarray) -> Iterator[Step
 
 # ---- skipping steps on resume ----------------------------------------------------------------------
 def skipping(loader: Any, items: Iterable[Any]) -> Iterator[Any]:
-    """Stage (main process): a worker's :class:`~streambatch.plan.skips.SkippedBatch` counts its step as consumed
+    """Stage (main process): a worker's `SkippedBatch` counts its step as consumed
     and is not passed on; every other item is."""
     for item in items:
         if isinstance(item, SkippedBatch):

@@ -44,7 +44,7 @@ def start_method(forkserver: bool) -> str:
 
 def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool) -> None:
     """With workers that do not fork (spawn, forkserver), every user callable the workers run must pickle: one
-    that does not (a lambda, a function defined inside another) is an :class:`OptionError` naming the option and
+    that does not (a lambda, a function defined inside another) is an `OptionError` naming the option and
     the fix, here, instead of a pickling traceback from inside the DataLoader. Forked workers inherit it as is."""
     import pickle
 
@@ -69,7 +69,7 @@ def make_dataloader(
 ) -> DataLoader:
     """The DataLoader of one pass (or of every pass, with persistent workers); ``ring``: the workers' reused batch
     buffers; ``forkserver``: workers start from a clean forkserver (DuckDB, behind a filter, is not fork-safe);
-    ``callables``: the user's functions the workers run, by option (:func:`check_sendable`)."""
+    ``callables``: the user's functions the workers run, by option (`check_sendable()`)."""
     kwargs: dict[str, Any] = {}
     if run.num_workers > 0:
         kwargs["prefetch_factor"] = run.prefetch_factor or 2

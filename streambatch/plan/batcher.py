@@ -1,7 +1,7 @@
 """The batcher: a bounded, length-sorted window of samples cut greedily into budget-bounded batches.
 
-One algorithm, two drivers: :class:`BucketBatcher` takes samples one at a time (the online path, without an
-index), and :func:`plan_batches` / :meth:`BucketBatcher.plan` run the very same batcher over a length array
+One algorithm, two drivers: `BucketBatcher` takes samples one at a time (the online path, without an
+index), and `plan_batches()` / `BucketBatcher.plan()` run the very same batcher over a length array
 with no I/O (the epoch planner, ``len(loader)`` and the benchmarks). So the plan and the run cannot disagree.
 """
 
@@ -27,17 +27,17 @@ from .select import LengthHistogram, batch_members, run_keys, run_positions, sel
 class BucketBatcher:
     """Online batcher over a bounded, length-sorted window of samples.
 
-    :meth:`push` adds one sample (an integer id and its length) and returns the batches that became ready;
-    :meth:`flush` packs what is left at the end of the stream. When the window holds ``buffer_size``
+    `push()` adds one sample (an integer id and its length) and returns the batches that became ready;
+    `flush()` packs what is left at the end of the stream. When the window holds ``buffer_size``
     samples it is sorted by length and packed greedily, longest first, into batches that each take as many
     samples as ``n × max_len ≤ budget`` (and ``max_batch_size``) allow; with ``bucket_boundaries`` no batch
     crosses a boundary. Complete batches are then emitted in a seeded random choice and order until at least
     ``refill`` samples have left the window, and the rest wait for new samples to pack with. Every batch is
     thus cut from a sorted run of up to ``buffer_size`` samples (padding close to a global sort), while the
     emission order stays random (no correlation of length with position in the epoch). With ``batch_order``
-    ``"ascending"``/``"descending"``, :meth:`plan` sorts the stream's batches by their longest sample
-    (:func:`sort_batches`); :meth:`push`/:meth:`flush` emit batches as they form (no whole stream to sort).
-    With ``batch_by``, each sample also carries a group key and no batch holds two keys (:mod:`.groups`).
+    ``"ascending"``/``"descending"``, `plan()` sorts the stream's batches by their longest sample
+    (`sort_batches()`); `push()`/`flush()` emit batches as they form (no whole stream to sort).
+    With ``batch_by``, each sample also carries a group key and no batch holds two keys (`groups`).
     """
 
     def __init__(
@@ -66,10 +66,10 @@ class BucketBatcher:
         self.shuffle = c.shuffle
         self.pad_multiple = int(c.pad_to_multiple_of or 1)
         self.rng = np.random.default_rng(c.seed if seed is None else seed)
-        # batches trade members (:mod:`.mates`; padded, shuffled, one budget) from a generator of their own
+        # batches trade members (`mates`; padded, shuffled, one budget) from a generator of their own
         trades = c.shuffle and c.plan_version >= 2 and c.output_budget is None
         self._mates = self.rng.spawn(1)[0] if trades else None
-        # a short stream is cut at level tops, a level's samples in random order (:class:`.mates.LevelCut`; v5)
+        # a short stream is cut at level tops, a level's samples in random order (`mates.LevelCut`; v5)
         cut = trades and c.plan_version >= 5 and not self.cost.packed and not self.boundaries.size
         self._level_cut = LevelCut(self.rng.spawn(1)[0], self._capacity) if cut else None
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
@@ -141,7 +141,7 @@ class BucketBatcher:
     def push_many(
         self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
     ) -> list[np.ndarray]:
-        """Vectorised :meth:`push` of many samples; the same batches as pushing them one by one."""
+        """Vectorised `push()` of many samples; the same batches as pushing them one by one."""
         out: list[np.ndarray] = []
         for flat, k in self._push_many_flat(sids, lengths, outputs, groups):
             out.extend(np.split(flat, np.cumsum(k)[:-1]) if len(k) else [])
@@ -150,7 +150,7 @@ class BucketBatcher:
     def _push_many_flat(
         self, sids: np.ndarray, lengths: np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """:meth:`push_many`, yielding each round's emitted batches flat (ids, sizes)."""
+        """`push_many()`, yielding each round's emitted batches flat (ids, sizes)."""
         sids = np.asarray(sids, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.float64)
         outputs = np.zeros(len(lengths)) if outputs is None else np.asarray(outputs, dtype=np.float64)
@@ -179,13 +179,13 @@ class BucketBatcher:
                 yield self._round_flat(final=False)
 
     def _cut_short(self) -> LevelCut | None:
-        """The level cut, where this stream is short enough for it (:data:`~.mates.LEVEL_CUT_WINDOWS` windows)."""
+        """The level cut, where this stream is short enough for it (`LEVEL_CUT_WINDOWS` windows)."""
         n = self.stream_length
         return self._level_cut if n is not None and n <= LEVEL_CUT_WINDOWS * self.buffer_size else None
 
     def _cut_lengths(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The lengths the window sorts and cuts by: the samples' own, or their level tops and the keys that order
-        a level's samples (:meth:`_cut_short`)."""
+        a level's samples (`_cut_short()`)."""
         cut = self._cut_short()
         return (lengths, None) if cut is None else (cut.lengths(lengths), cut.ties(lengths))
 
@@ -226,7 +226,7 @@ class BucketBatcher:
     def rounds(
         self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """:meth:`plan`'s batches round by round, unsorted (flat positions, sizes): a resume stops early."""
+        """`plan()`'s batches round by round, unsorted (flat positions, sizes): a resume stops early."""
         n = len(lengths)
         if self.grouped and groups is None:
             raise OptionError(f"batch_by={self.config.batch_by!r} needs each sample's group key (groups=)")
@@ -248,7 +248,7 @@ class BucketBatcher:
         """Merge the samples pushed since the last round into the window, kept sorted longest first.
 
         Ties keep arrival order, so the result equals a stable sort of the whole window. With ``batch_by`` the
-        window is sorted by group key first, and a short stream's level cut (:class:`~.mates.LevelCut`) breaks
+        window is sorted by group key first, and a short stream's level cut (`LevelCut`) breaks
         ties at random: both sort the whole window again.
         """
         h, m = self.held, self._nsorted
@@ -333,7 +333,7 @@ class BucketBatcher:
         return (starts, nxt[starts]), full[starts]
 
     def _pack_by_sum(self, s: np.ndarray, g: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
-        """Packed batches (no padding) by :func:`~streambatch.plan.packed.pack_by_sum`; with ``batch_by`` each
+        """Packed batches (no padding) by `pack_by_sum()`; with ``batch_by`` each
         group's run of the window on its own."""
         t = self._tensor_len(s).tolist()
         if not self.grouped or g is None:
@@ -354,7 +354,7 @@ class BucketBatcher:
     def _round_flat(self, final: bool) -> tuple[np.ndarray, np.ndarray]:
         """Sort the window, cut it into batches and emit some: the emitted batches' ids flat, and their sizes.
 
-        Mid-stream, the tightest complete batches leave (:mod:`~streambatch.plan.select`; packed batches: complete
+        Mid-stream, the tightest complete batches leave (`select`; packed batches: complete
         ones at random) until ``refill`` samples are freed, in random order; partial ones, fullest first, only if
         those don't free enough. At the end all leave, in random order (``drop_last``: complete ones only)."""
         self._sort_window()
@@ -366,11 +366,11 @@ class BucketBatcher:
         return self._emit(self._traded(out, sizes), sizes)
 
     def _traded(self, out: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """Window positions ``out`` of the round's batches with members traded among near runs (:mod:`.mates`)."""
+        """Window positions ``out`` of the round's batches with members traded among near runs (`mates`)."""
         if self._mates is None or self.cost.packed:
             return out
         h, keys = self.held, None
-        if self.boundaries.size or self.grouped:  # what no batch crosses: a bucket (as :meth:`_runs` cuts), a key
+        if self.boundaries.size or self.grouped:  # what no batch crosses: a bucket (as `_runs()` cuts), a key
             keys = np.searchsorted(self.boundaries, self._lens[:h], side="left") * (1 << 32) + self._groups[:h]
         return mix_runs(out, sizes, self._lens[:h], self._capacity, self._mates, keys)
 
@@ -392,7 +392,7 @@ class BucketBatcher:
 
     def _tightest_choice(self) -> tuple[np.ndarray, np.ndarray]:
         """Window positions of the batches to emit (flat, in emission order) and their sizes: the tightest
-        disjoint complete runs (:func:`~streambatch.plan.select.tight_share` of ``refill``), topped up with
+        disjoint complete runs (`tight_share()` of ``refill``), topped up with
         the greedy cut's batches (complete ones at random, then partial ones) to ``refill``."""
         h = self.held
         lens = self._lens[:h]
@@ -490,8 +490,8 @@ def plan_batches(
 ) -> BatchPlan:
     """The batches the loader forms for a stream with these lengths, as arrays of stream positions.
 
-    Pure and without I/O: the same :class:`BucketBatcher` the loader runs, fed with the whole array. Give a
-    :class:`BatchingConfig`, or its options by name (:meth:`BatchingConfig.make`: ``num_buckets`` estimates
+    Pure and without I/O: the same `BucketBatcher` the loader runs, fed with the whole array. Give a
+    `BatchingConfig`, or its options by name (`BatchingConfig.make()`: ``num_buckets`` estimates
     boundaries from ``lengths``; without boundaries every batch is cut from the sorted window directly).
     ``output_lengths`` with ``output_budget``: every batch also holds ``n × max output length ≤ output_budget``.
     ``groups`` with ``batch_by``: each sample's group key (integers); no batch holds two keys.

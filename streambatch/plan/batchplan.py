@@ -106,9 +106,9 @@ def sorted_oracle(lengths: np.ndarray, budget: float, max_batch_size: int | None
 def plan_inputs(
     lengths: Any, budget: Any, config: Any, options: dict[str, Any], output_lengths: Any, groups: Any
 ) -> tuple[BatchingConfig, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """:func:`~streambatch.plan.batcher.plan_batches`' arguments checked where they come in: the config (given, or
+    """`plan_batches()`' arguments checked where they come in: the config (given, or
     made from ``budget`` and the options), ``lengths`` and ``output_lengths`` as 1-D arrays of finite numbers from
-    0, ``groups`` as 1-D whole numbers, one per sample. Anything else is an :class:`OptionError` naming the
+    0, ``groups`` as 1-D whole numbers, one per sample. Anything else is an `OptionError` naming the
     argument, rather than a numpy error from deep inside the batcher."""
     lens = stream_array("lengths", lengths)
     outs = None if output_lengths is None else stream_array("output_lengths", output_lengths, len(lens))

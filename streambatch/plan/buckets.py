@@ -11,7 +11,7 @@ from ..errors import choice_option, int_option, number_option
 from ..stats import LengthStats, stream_array
 from ..units import Unit
 
-#: the most buckets :func:`estimate_boundaries` is asked for: its boundaries snap to the batch capacity thresholds
+#: the most buckets `estimate_boundaries()` is asked for: its boundaries snap to the batch capacity thresholds
 #: ``budget / k``, of which it weighs 4,097 (more buckets than that cannot be told apart)
 MAX_BUCKETS = 4096
 
@@ -27,7 +27,7 @@ def estimate_boundaries(
     needs (short samples, many per batch), neighbouring classes are merged so that each bucket holds about
     ``1/num_buckets`` of the samples. ``spacing="exponential"``: edges that grow by a constant factor from the
     shortest to the longest length (each bucket as many times longer than the last). The default ``num_buckets`` is
-    :func:`default_num_buckets`.
+    `default_num_buckets()`.
     """
     number_option("budget", budget, positive=True)
     if num_buckets is not None:
@@ -78,7 +78,7 @@ MIN_BATCHES_PER_BUCKET = 2
 
 def default_num_buckets(lengths: np.ndarray | LengthStats, budget: float) -> int:
     """Buckets when none are asked for: more where the batch capacity spreads wider (8 to 64), but no more
-    than leave each bucket :data:`MIN_BATCHES_PER_BUCKET` full batches of median samples (60 samples of
+    than leave each bucket `MIN_BATCHES_PER_BUCKET` full batches of median samples (60 samples of
     which 32 fill a batch get one bucket)."""
     lengths = _stats("lengths", lengths).within(0, budget)
     if lengths.count == 0 or lengths.min <= 0:
@@ -90,8 +90,8 @@ def default_num_buckets(lengths: np.ndarray | LengthStats, budget: float) -> int
 
 
 def _stats(name: str, lengths: Any) -> LengthStats:
-    """A public function's ``lengths`` as statistics: a :class:`LengthStats` as it is, else checked as a 1-D
-    array of finite lengths from 0 (an :class:`~streambatch.errors.OptionError` naming ``name``)."""
+    """A public function's ``lengths`` as statistics: a `LengthStats` as it is, else checked as a 1-D
+    array of finite lengths from 0 (an `OptionError` naming ``name``)."""
     return lengths if isinstance(lengths, LengthStats) else LengthStats.of(stream_array(name, lengths))
 
 
@@ -120,9 +120,9 @@ WINDOW_BYTES = 256 << 20
 
 
 def default_buffer_size(capacity_at_mean: float, sample_bytes: float | None = None) -> int:
-    """The window when ``buffer_size`` is not given: :data:`WINDOW_BATCHES` batches of samples of the mean
-    length (``capacity_at_mean`` a batch), at most :data:`WINDOW_BYTES` of samples of ``sample_bytes`` each
-    where that is known, and never fewer than :data:`DEFAULT_BUFFER` samples."""
+    """The window when ``buffer_size`` is not given: `WINDOW_BATCHES` batches of samples of the mean
+    length (``capacity_at_mean`` a batch), at most `WINDOW_BYTES` of samples of ``sample_bytes`` each
+    where that is known, and never fewer than `DEFAULT_BUFFER` samples."""
     want = WINDOW_BATCHES * max(float(capacity_at_mean), 0.0)
     if sample_bytes is not None and sample_bytes > 0:
         want = min(want, WINDOW_BYTES / float(sample_bytes))

@@ -1,5 +1,5 @@
 """The batch budget: the one parser of what a user writes for it (``960000``, ``"960000 samples"``, ``"60s"``), for
-``StreamBatchLoader(budget=...)``, :meth:`BatchingConfig.make` and ``shardify inspect --budget``."""
+``StreamBatchLoader(budget=...)``, `BatchingConfig.make()` and ``shardify inspect --budget``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _BUDGET_TEXT = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?na
 
 
 def check_budget(budget: Any, name: str = "budget") -> float:
-    """``budget`` as a float once it is a positive finite number (not text, not True), else a :class:`BudgetError`
+    """``budget`` as a float once it is a positive finite number (not text, not True), else a `BudgetError`
     naming the option (``name``: ``output_budget`` for the second budget)."""
     bad = BudgetError(BUDGET_ERROR.format(budget=shown(budget)).replace("budget must", f"{name} must", 1))
     if isinstance(budget, (bool, str, bytes)):
@@ -53,7 +53,7 @@ def parse_budget(
 
 
 def _parse(value: Any, unit: str | None, sample_rate: int | None) -> float:
-    """A budget in the dataset's ``unit`` (see :func:`parse_budget`)."""
+    """A budget in the dataset's ``unit`` (see `parse_budget()`)."""
     if not isinstance(value, str):
         return check_budget(value)
     m = _BUDGET_TEXT.match(value.strip().lower())

@@ -1,6 +1,6 @@
 """BatchingConfig: the one object that says which batches form.
 
-Every part that forms batches takes it — :func:`plan_batches`, :class:`BucketBatcher`, the epoch planner and
+Every part that forms batches takes it — `plan_batches()`, `BucketBatcher`, the epoch planner and
 the loader's workers — so the options are spelled out once, here, and a plan and a run cannot disagree.
 """
 
@@ -21,10 +21,10 @@ from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
-#: the batching rule planned epochs follow (:attr:`BatchingConfig.plan_version`)
+#: the batching rule planned epochs follow (`BatchingConfig.plan_version`)
 PLAN_VERSION = 5
 
-#: the largest seed: every random stream is keyed by the seed's low 32 bits (:func:`slot_seed`), so a larger one
+#: the largest seed: every random stream is keyed by the seed's low 32 bits (`slot_seed()`), so a larger one
 #: would repeat a smaller one's plans without saying so
 MAX_SEED = 2**32 - 1
 #: the most samples in one batch (``max_batch_size``, ``batch_size_multiple_of``): what a 32-bit count holds
@@ -38,8 +38,8 @@ MAX_INTERLEAVE = 64
 class BatchingConfig:
     """Everything that decides which batches form; identical on every rank and worker.
 
-    Each value is checked once, when the config is built (an :class:`~streambatch.errors.OptionError` naming the
-    option). :meth:`make` builds it from the options as the loader takes them.
+    Each value is checked once, when the config is built (an `OptionError` naming the
+    option). `make()` builds it from the options as the loader takes them.
     """
 
     budget: float
@@ -52,7 +52,7 @@ class BatchingConfig:
     """Batch sizes are multiples of this (8, 16 for tensor cores) where the budget leaves room for that many."""
     buffer_size: int | None = None
     """The window of samples each worker's batches are formed from (it bounds memory); None: sized from the
-    lengths by :meth:`make` (:func:`~streambatch.plan.buckets.default_buffer_size`), else the floor."""
+    lengths by `make()` (`default_buffer_size()`), else the floor."""
     refill: int | None = None
     """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``. A refill
     of ``buffer_size`` or more cuts the whole window into batches each time."""
@@ -63,33 +63,33 @@ class BatchingConfig:
     drop_last: bool = False
     """Drop each worker's last incomplete batch (counted)."""
     strict: bool = False
-    """Raise :class:`~streambatch.errors.SampleTooLongError` instead of skipping a sample that can never fit."""
+    """Raise `SampleTooLongError` instead of skipping a sample that can never fit."""
     shuffle: bool = True
     """Shard order and batch order follow ``(seed, epoch)``; False keeps the index's order."""
     seed: int | Sequence[int] = 0
-    """The seed of every random choice (with the epoch): the same on every rank; 0 to :data:`MAX_SEED`."""
+    """The seed of every random choice (with the epoch): the same on every rank; 0 to `MAX_SEED`."""
     pad_to_multiple_of: int | None = None
     """Pad ``T`` up to a multiple of this; the budget holds for the padded tensor, so one sample padded to this
     length must fit the budget (else no batch could form: refused)."""
     batch_order: str = "random"
-    """The order a worker's batches leave in (:data:`BATCH_ORDERS`): seeded random, or sorted by longest sample."""
+    """The order a worker's batches leave in (`BATCH_ORDERS`): seeded random, or sorted by longest sample."""
     output_budget: float | None = None
     """A second budget: every batch also holds ``n × max output length ≤ output_budget``."""
     batch_by: str | None = None
-    """``"dataset"``: every batch holds samples of one dataset of a mixture (:data:`BATCH_BY`); None: any."""
+    """``"dataset"``: every batch holds samples of one dataset of a mixture (`BATCH_BY`); None: any."""
     cost: CostModel = field(default_factory=PaddedCost)
-    """What a batch costs against the budget (:mod:`~streambatch.plan.cost`)."""
+    """What a batch costs against the budget (`cost`)."""
     interleave: int = 8
     """Each worker streams this many of its shards at once, their samples merged in a seeded random order that
     changes with the epoch (each shard's own in tar order), so one shard's samples meet other shards' in its
     window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
-    index only (at most :data:`MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
+    index only (at most `MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
 
     #: the batching rule's version (not an option): 5 cuts a short stream (at most two windows) at level tops,
-    #: a level's samples in random order (:class:`~.mates.LevelCut`), 4 has ``even_batches="split"`` repeat what
+    #: a level's samples in random order (`LevelCut`), 4 has ``even_batches="split"`` repeat what
     #: splits cannot reach (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades
-    #: batch-mates among near runs (:mod:`.mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
-    #: was saved with (:func:`with_plan_version`)
+    #: batch-mates among near runs (`mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
+    #: was saved with (`with_plan_version()`)
     plan_version: ClassVar[int] = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -174,11 +174,11 @@ class BatchingConfig:
         """A config from user-facing options: ``cost`` by name (``quadratic_factor`` only with ``"quadratic"``),
         callable ``cost(n, max_len)`` returning a finite number ≥ 0 (called once on ``(1, 1.0)`` here) or
         calibration file (whose budget is used when ``budget`` is None), ``packed`` batches (with no other
-        ``cost`` and no buckets), and ``num_buckets`` boundaries (1 to :data:`~streambatch.plan.buckets.MAX_BUCKETS`)
+        ``cost`` and no buckets), and ``num_buckets`` boundaries (1 to `MAX_BUCKETS`)
         estimated from ``lengths``, spaced by ``bucket_spacing``
-        (:data:`BUCKET_SPACINGS`). Without ``buffer_size`` the window is sized from the mean length
+        (`BUCKET_SPACINGS`). Without ``buffer_size`` the window is sized from the mean length
         (``mean_length``, else that of ``lengths``) and the mean stored bytes of a sample (``sample_bytes``,
-        where known): :func:`default_buffer_size`. ``options`` are the other fields;
+        where known): `default_buffer_size()`. ``options`` are the other fields;
         an unknown name is a clear ``TypeError``."""
         unknown = sorted(set(options) - set(FIELDS))
         if unknown:
@@ -221,7 +221,7 @@ class BatchingConfig:
 
 
 def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadratic_factor: Any, packed: bool) -> None:
-    """Options :meth:`make` would otherwise ignore beside another: ``num_buckets`` beside ``bucket_boundaries``,
+    """Options `make()` would otherwise ignore beside another: ``num_buckets`` beside ``bucket_boundaries``,
     ``quadratic_factor`` without ``cost="quadratic"``, a ``cost`` or buckets beside ``packed`` (packed batches are
     cut by the sum of their lengths, in no bucket)."""
     if packed and (cost is not None and not (isinstance(cost, str) and cost == "padded")):
@@ -247,7 +247,7 @@ def _check_together(options: dict[str, Any], num_buckets: Any, cost: Any, quadra
 
 def _check_pad_fits(config: BatchingConfig) -> None:
     """With ``pad_to_multiple_of`` every batch is padded to at least that length: one sample so padded must fit the
-    budget, else an :class:`OptionError` naming ``pad_to_multiple_of`` (not the shortest sample it pads)."""
+    budget, else an `OptionError` naming ``pad_to_multiple_of`` (not the shortest sample it pads)."""
     m = config.pad_to_multiple_of
     if not m or m <= 1:
         return
@@ -284,7 +284,7 @@ def _boundaries(edges: Any) -> list[float]:
 
 def check_seed(seed: Any) -> None:
     """A seed is a whole number from 0, or a sequence of them (``plan_batches``: a slot's seed); else an
-    :class:`OptionError` naming ``seed``."""
+    `OptionError` naming ``seed``."""
     if isinstance(seed, Sequence) and not isinstance(seed, str):
         for s in seed:
             int_option("seed", s, 0, MAX_SEED)
@@ -293,7 +293,7 @@ def check_seed(seed: Any) -> None:
 
 
 def _mean(lengths: Any) -> float | None:
-    """The mean of an array of lengths or of :class:`LengthStats` (None without any)."""
+    """The mean of an array of lengths or of `LengthStats` (None without any)."""
     if lengths is None:
         return None
     if isinstance(lengths, np.ndarray):
@@ -324,12 +324,12 @@ BUCKET_SPACINGS = ("quantile", "exponential")
 
 #: the option names BatchingConfig takes as fields (``make`` takes these plus num_buckets/cost/packed)
 FIELDS = tuple(f.name for f in dataclasses.fields(BatchingConfig) if f.name not in ("budget", "cost"))
-#: every keyword :meth:`BatchingConfig.make` understands besides ``budget`` and ``lengths``
+#: every keyword `BatchingConfig.make()` understands besides ``budget`` and ``lengths``
 OPTIONS = FIELDS + ("num_buckets", "bucket_spacing", "cost", "quadratic_factor", "packed")
 
 
 def with_plan_version(config: BatchingConfig, version: int) -> BatchingConfig:
-    """``config`` planning by the batching rule of ``version`` (1 to :data:`PLAN_VERSION`: an earlier checkpoint's
+    """``config`` planning by the batching rule of ``version`` (1 to `PLAN_VERSION`: an earlier checkpoint's
     epochs)."""
     if isinstance(version, bool) or version not in range(1, PLAN_VERSION + 1):
         raise OptionError(f"plan_version {version!r}: this version plans by rules 1 to {PLAN_VERSION} only")

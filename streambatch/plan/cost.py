@@ -8,7 +8,7 @@
 * ``packed=True`` on the loader: padding-free batches whose cost is the real total length ``Σ lengths``.
 
 Every model answers one question for the batcher: for each length, how many samples fit under the budget
-(:meth:`CostModel.capacity`). The budget invariant is then checked exactly with :meth:`CostModel.cost`.
+(`CostModel.capacity()`). The budget invariant is then checked exactly with `CostModel.cost()`.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _whole(ratio: np.ndarray, most: int) -> np.ndarray:
 class CallableCost(CostModel):
     """A user function ``cost(n, max_len)`` returning a finite number of at least 0; called with numpy arrays
     when it accepts them. Its signature is checked, and it is called once on ``(1, 1.0)``, where it is built, so a
-    function of the wrong shape fails there (an :class:`~streambatch.errors.OptionError`), not in a worker."""
+    function of the wrong shape fails there (an `OptionError`), not in a worker."""
 
     name = "callable"
 
@@ -123,7 +123,7 @@ class CallableCost(CostModel):
         return self.fn(n, max_len)
 
     def value(self, n: int, max_len: float) -> float:
-        """``cost(n, max_len)`` as a float, checked: an :class:`OptionError` naming what the function returned
+        """``cost(n, max_len)`` as a float, checked: an `OptionError` naming what the function returned
         when that is not a finite number of at least 0 (the function's own errors pass through as they are)."""
         return _cost_value(self.fn(n, max_len), n, max_len)
 
@@ -145,8 +145,8 @@ class CallableCost(CostModel):
         return out
 
     def check_monotone(self, lengths: Any, max_n: int = 64) -> None:
-        """Raise an :class:`OptionError` if the function decreases in ``n`` or in length on a grid over the data's
-        lengths (an array or a :class:`~streambatch.stats.LengthStats`), or returns anything but a finite
+        """Raise an `OptionError` if the function decreases in ``n`` or in length on a grid over the data's
+        lengths (an array or a `LengthStats`), or returns anything but a finite
         number of at least 0 there."""
         ls = np.unique(LengthStats.of(lengths).quantile(np.linspace(0, 1, 9)))
         ns = np.unique(np.geomspace(1, max_n, 8).astype(int))
@@ -187,7 +187,7 @@ class PackedCost(CostModel):
 
 
 def resolve_cost(cost: Any = "padded", quadratic_factor: float | None = None) -> tuple[CostModel, float | None]:
-    """A :class:`CostModel` from a name, a callable, a model, or a calibration file/dict.
+    """A `CostModel` from a name, a callable, a model, or a calibration file/dict.
 
     Returns (model, budget from a calibration file or None).
     """
@@ -222,10 +222,10 @@ MAX_CALIBRATION_BYTES = 1 << 20
 
 
 def read_calibration(path: str, opener: Callable[[str], IO[bytes]] | None = None) -> dict[str, Any]:
-    """A calibration file's contents, checked (:func:`check_calibration`). ``opener``: how to open ``path`` (the
+    """A calibration file's contents, checked (`check_calibration()`). ``opener``: how to open ``path`` (the
     loader passes its storage layer, so the file may live in object storage); a local file by default. No file
-    there is an :class:`OptionError` (``cost`` names a file that is not there); a file that is not a calibration
-    is an :class:`IndexFormatError` naming it."""
+    there is an `OptionError` (``cost`` names a file that is not there); a file that is not a calibration
+    is an `IndexFormatError` naming it."""
     try:
         with opener(path) if opener is not None else open(path, "rb") as f:
             raw = f.read(MAX_CALIBRATION_BYTES + 1)
@@ -247,12 +247,12 @@ def read_calibration(path: str, opener: Callable[[str], IO[bytes]] | None = None
 
 def check_calibration(d: Any, source: str) -> dict[str, Any]:
     """``d`` once it is a calibration as ``shardify calibrate`` writes it: a JSON object whose ``format`` (a file's
-    must have one; a dict given as ``cost`` may have ``cost`` instead) is :data:`CALIBRATION_FORMAT`, ``cost`` one
-    of :data:`CALIBRATED_COSTS`, ``quadratic_factor`` (for ``"quadratic"``) and ``budget`` (when not null) finite
-    numbers above 0, ``unit`` (when not null) a :class:`~streambatch.units.Unit` name and ``max_batch_size``
+    must have one; a dict given as ``cost`` may have ``cost`` instead) is `CALIBRATION_FORMAT`, ``cost`` one
+    of `CALIBRATED_COSTS`, ``quadratic_factor`` (for ``"quadratic"``) and ``budget`` (when not null) finite
+    numbers above 0, ``unit`` (when not null) a `Unit` name and ``max_batch_size``
     (when not null) a whole number of at least 1. What is wrong is one line naming ``source``: an
-    :class:`IndexFormatError` for a file (the file is what is wrong, as for an index), an :class:`OptionError`
-    for a dict given as ``cost`` (``source`` :data:`GIVEN_DICT`)."""
+    `IndexFormatError` for a file (the file is what is wrong, as for an index), an `OptionError`
+    for a dict given as ``cost`` (``source`` `GIVEN_DICT`)."""
     from ..units import Unit
 
     given = source == GIVEN_DICT
@@ -282,8 +282,8 @@ def check_calibration(d: Any, source: str) -> dict[str, Any]:
 
 
 def calibration_cost(d: dict[str, Any], source: str) -> tuple[CostModel, float | None]:
-    """The cost model and budget a calibration (``source``: where it came from, for messages; :data:`GIVEN_DICT`
-    for a dict given as ``cost``) describes, checked by :func:`check_calibration`."""
+    """The cost model and budget a calibration (``source``: where it came from, for messages; `GIVEN_DICT`
+    for a dict given as ``cost``) describes, checked by `check_calibration()`."""
     d = check_calibration(d, source)
     budget = None if d.get("budget") is None else float(d["budget"])
     if d.get("cost", "padded") == "quadratic":

@@ -2,7 +2,7 @@
 
 A pure function of the index lengths, ``(seed, epoch)`` and the layout (world size × workers), so every rank
 computes the same plan, ``len(loader)`` is known before the epoch starts and a restart skips exactly what was
-consumed. Equalising needs only two numbers per rank (:class:`RankSummary`); the rest is rank-local.
+consumed. Equalising needs only two numbers per rank (`RankSummary`); the rest is rank-local.
 """
 
 from __future__ import annotations
@@ -81,25 +81,25 @@ class RankSummary:
 @dataclass(frozen=True)
 class SlotEqualised:
     """How one slot's batches were equalised, in a few integers: enough to list the first batches it yielded from
-    the first batches its batcher formed, without batching the whole slot again (:mod:`.resume`)."""
+    the first batches its batcher formed, without batching the whole slot again (`resume`)."""
 
     batches: int = 0
     """Batches after the splits (what the pad picks are drawn from)."""
     cut_size: int = 0
-    """The size of the last batch split (:func:`split_rule`); every larger batch or half was split too."""
+    """The size of the last batch split (`split_rule()`); every larger batch or half was split too."""
     cut_ties: int = 0
     """How many batches or halves of exactly ``cut_size`` were split: the first ones in stream order (0: none)."""
     pad: int = 0
-    """Repeated batches (:attr:`Adjust.pad`)."""
+    """Repeated batches (`Adjust.pad`)."""
     hardest: int = -1
     """The batch moved to the front (its index after splits and repeats), or -1."""
     take: int = 0
-    """Batches the slot yields (:attr:`Adjust.take`)."""
+    """Batches the slot yields (`Adjust.take`)."""
 
 
 @dataclass(frozen=True)
 class RankEqualised:
-    """One rank's equalisation: the worker its round starts with and each slot's :class:`SlotEqualised`. A
+    """One rank's equalisation: the worker its round starts with and each slot's `SlotEqualised`. A
     checkpoint holds every rank's, so a resume on another layout learns what an old rank consumed from the
     batches it consumed alone."""
 
@@ -112,7 +112,7 @@ class RankEqualised:
 
     @classmethod
     def of_ints(cls, values: Sequence[int]) -> RankEqualised:
-        """Inverse of :meth:`to_ints`."""
+        """Inverse of `to_ints()`."""
         k = len(_SLOT_FIELDS)
         if not values or (len(values) - 1) % k:
             raise StateError(f"loader state: an equalisation of {len(values)} integers is not 1 + {k} per worker")
@@ -124,7 +124,7 @@ _SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(SlotEqualised))
 
 
 def split_rule(sizes: np.ndarray, times: int) -> tuple[int, int]:
-    """The ``times`` cuts of :func:`cut_largest` on batch ``sizes`` as two numbers: the size of the last cut and
+    """The ``times`` cuts of `cut_largest()` on batch ``sizes`` as two numbers: the size of the last cut and
     how many cuts had that size. Cuts never grow, so every batch or half larger than it is cut, and of those of
     exactly that size the first ones in stream order; (0, 0) for no cut."""
     last, ties = 0, 0
@@ -197,7 +197,7 @@ def plan_rank(
 
 
 def _equalised(raw: Sequence[SlotPlan], adjust: Sequence[Adjust], start: int, moved: int) -> RankEqualised:
-    """The rank's equalisation as :class:`RankEqualised` (``moved``: the index of the start worker's batch that
+    """The rank's equalisation as `RankEqualised` (``moved``: the index of the start worker's batch that
     hardest-first moved to the front, -1 for none)."""
     slots = []
     for s, a in zip(raw, adjust):
@@ -210,7 +210,7 @@ def _equalised(raw: Sequence[SlotPlan], adjust: Sequence[Adjust], start: int, mo
 
 def _split_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust]) -> int:
     """Decide which workers split how often: each time the worker holding the largest batch (the first on
-    ties) cuts it by :func:`cut_largest`, the rule that worker applies to its real batches."""
+    ties) cuts it by `cut_largest()`, the rule that worker applies to its real batches."""
     sizes = [np.fromiter((len(b) for b in s.batches), dtype=np.int64, count=len(s.batches)) for s in raw]
     for _ in range(need):
         w = max(range(len(raw)), key=lambda w: (int(sizes[w].max()) if sizes[w].size else 0, -w))
@@ -280,7 +280,7 @@ def make_epoch_plan(
 
 @dataclass
 class RankSchedule:
-    """What one rank yields in an epoch: ``steps`` batches; per worker its :class:`Adjust` (``take``: its
+    """What one rank yields in an epoch: ``steps`` batches; per worker its `Adjust` (``take``: its
     batch count), the worker the round starts with, and what this rank left out, repeated, split or skipped."""
 
     epoch: int
@@ -296,9 +296,9 @@ class RankSchedule:
     equalised: RankEqualised | None = None
     """This rank's equalisation."""
     every_rank: tuple[RankEqualised, ...] = ()
-    """Every rank's (what a checkpoint holds: :func:`every_rank`), once the ranks have shared them."""
+    """Every rank's (what a checkpoint holds: `every_rank()`), once the ranks have shared them."""
     kept: dict[int, SlotPlan] = field(default_factory=dict, repr=False, compare=False)
-    """Slot plans kept whole for this process's stream (:class:`~.slot.KeptSlots`), by slot number."""
+    """Slot plans kept whole for this process's stream (`KeptSlots`), by slot number."""
     lengths: Lengths | None = field(default=None, repr=False, compare=False)
     """The lengths the schedule was planned on (with the per-sample lengths of the shards it read)."""
 
@@ -355,7 +355,7 @@ def rank_raw_slots(
 ) -> list[SlotPlan]:
     """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
     (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one). ``counted``: keep
-    only what counting steps needs (:meth:`SlotPlan.counted`), one slot's full plan in memory at a time; ``keep``:
+    only what counting steps needs (`SlotPlan.counted()`), one slot's full plan in memory at a time; ``keep``:
     slots kept whole for the process that streams them."""
     slots = layout.rank_slots(rank)
     dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded, slots)

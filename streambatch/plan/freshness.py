@@ -46,5 +46,5 @@ def pairs_kept(first: Sequence[np.ndarray], second: Sequence[np.ndarray], num_sa
 
 
 def epoch_batches(plan: object) -> list[np.ndarray]:
-    """The batches of an :class:`~streambatch.plan.epoch.EpochPlan` as arrays of global sample ids."""
+    """The batches of an `EpochPlan` as arrays of global sample ids."""
     return [sp.gids[b] for sp in plan.slots for b, rep in zip(sp.batches, sp.repeat) if not rep]  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ def group_runs(g: np.ndarray) -> list[tuple[int, int]]:
 
 
 class GroupHistograms:
-    """A :class:`~streambatch.plan.select.LengthHistogram` per group key: how common a length is among the
+    """A `LengthHistogram` per group key: how common a length is among the
     samples that may share its batch (a rare group's samples wait as long for neighbours as rare lengths do)."""
 
     def __init__(self) -> None:

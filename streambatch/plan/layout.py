@@ -1,7 +1,7 @@
 """Layout: how an epoch is spread over ranks and their workers, and how the ranks are made to step together.
 
-One typed value instead of four loose arguments: the planner (:mod:`.epoch`), a resume on another layout
-(:mod:`.resume`) and the loader's checkpoint all take it, so the four travel together and are checked once.
+One typed value instead of four loose arguments: the planner (`epoch`), a resume on another layout
+(`resume`) and the loader's checkpoint all take it, so the four travel together and are checked once.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Layout:
     num_workers: int = 1
     """Slots per rank: its DataLoader workers (1 when the rank reads in its own process)."""
     even_batches: str = "split"
-    """How every rank gets the same step count (:data:`EVEN_BATCHES`): ``"split"`` the largest batches of the
+    """How every rank gets the same step count (`EVEN_BATCHES`): ``"split"`` the largest batches of the
     ranks short of the longest (repeating some where too few samples are left to split), ``"drop"`` the surplus
     (counted, rotating with the epoch), ``"pad"`` with repeats."""
     hardest_first: bool = False
@@ -58,8 +58,8 @@ class Layout:
 
 def check_slots(world_size: int, num_workers: int, source: str = "world_size") -> None:
     """``world_size`` ranks (given as ``source``: the option, or where it was detected) within
-    :data:`MAX_WORLD_SIZE`, and their (rank, worker) slots within :data:`MAX_SLOTS`, else an :class:`OptionError`
-    naming both options (each slot is dealt and planned; see :data:`MAX_SLOTS`)."""
+    `MAX_WORLD_SIZE`, and their (rank, worker) slots within `MAX_SLOTS`, else an `OptionError`
+    naming both options (each slot is dealt and planned; see `MAX_SLOTS`)."""
     if world_size > MAX_WORLD_SIZE:
         raise OptionError(
             f"{source}={world_size} ranks: at most {MAX_WORLD_SIZE:,} (every rank plans the epoch over every "

@@ -18,7 +18,7 @@ Loader = Callable[[Sequence[int]], Sequence[np.ndarray]]
 
 class LengthIndex(Protocol):
     """What the planner reads of an index: its shard table and, per shard, the lengths in tar order. A dataset's
-    :class:`~streambatch.format.index.ShardIndex` and a mixture's :class:`~streambatch.select.mixture.MixedIndex`
+    `ShardIndex` and a mixture's `MixedIndex`
     both are one; the planner never imports them (``plan/`` takes lengths, not files)."""
 
     @property
@@ -129,7 +129,7 @@ class Lengths:
 
 class LazyMask:
     """A mask over the plan's global ids, computed for the ids asked about: ``mask[gids]``, ``mask[lo:hi]`` and
-    ``mask[gid]`` give booleans (True: the sample is left out). Subclasses compute :meth:`_mask` for an id array;
+    ``mask[gid]`` give booleans (True: the sample is left out). Subclasses compute `_mask()` for an id array;
     resume, mixture and filter masks are all of this kind, so the planner and the readers take any of them."""
 
     def __getitem__(self, key: Any) -> Any:
@@ -158,7 +158,7 @@ def by_shard(gids: np.ndarray, offsets: np.ndarray) -> list[tuple[int, np.ndarra
 
 
 def index_lengths(index: LengthIndex, kept_share: np.ndarray | None = None) -> Lengths:
-    """:class:`Lengths` over an index (:class:`LengthIndex`): counts and totals from its shard table, per-sample
+    """`Lengths` over an index (`LengthIndex`): counts and totals from its shard table, per-sample
     lengths read per shard when asked for (only their row groups on a columnar index).
     ``kept_share`` (a filter's): per shard, the share of its length kept; shards are dealt by the kept length
     (times a mixture's expected share)."""

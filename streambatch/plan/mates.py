@@ -2,16 +2,16 @@
 
 A batch is a run of the length-sorted window, so two samples of neighbouring lengths that share a window (those
 of one shard always do) would be batch-mates again in every epoch. Before a round's batches leave, those whose
-longest samples share a length :func:`level` (:data:`LEVELS` per doubling, about 1 % apart, the edges shifted
+longest samples share a length `level()` (`LEVELS` per doubling, about 1 % apart, the edges shifted
 by a seeded random phase each round) pool their samples, the pool is shuffled, and each batch takes back as many
 as it had. A batch joins only if its size still fits the budget at the pool's longest length, and never with a
 batch of another bucket or ``batch_by`` key. So every batch keeps its size and place in the emission order and
 stays within the budget, every sample still leaves once, the batch count is that of the plain cut, and padding
 grows by at most a level; the partners change with the batcher's seed, that is with the epoch.
 
-A short stream (at most :data:`LEVEL_CUT_WINDOWS` windows: a small dataset, whose worker streams the same
+A short stream (at most `LEVEL_CUT_WINDOWS` windows: a small dataset, whose worker streams the same
 samples into one window every epoch) would still be cut into nearly the same runs each epoch. There
-:class:`LevelCut` also cuts the window at each sample's level top (levels shifted by a seeded phase per epoch)
+`LevelCut` also cuts the window at each sample's level top (levels shifted by a seeded phase per epoch)
 with the samples of a level in a seeded random order, so where the runs begin and end moves from epoch to epoch.
 A batch stays within the budget at its longest level top, so padding grows by at most a level again.
 """
@@ -26,7 +26,7 @@ from .select import run_positions
 
 #: levels per doubling of length: runs whose longest samples share a level trade members (about 1 % apart)
 LEVELS = 64
-#: a stream of at most this many windows is cut at level tops in a random order within each level (:class:`LevelCut`)
+#: a stream of at most this many windows is cut at level tops in a random order within each level (`LevelCut`)
 LEVEL_CUT_WINDOWS = 2
 
 
@@ -74,15 +74,15 @@ def mix_runs(
 
 
 def level(lengths: np.ndarray, phase: float) -> np.ndarray:
-    """Each length's level: :data:`LEVELS` per doubling, evenly spaced, shifted by ``phase`` (in [0, 1)) of a
+    """Each length's level: `LEVELS` per doubling, evenly spaced, shifted by ``phase`` (in [0, 1)) of a
     level; from the float's exponent and a scaled mantissa (exact arithmetic, the same on every machine)."""
     mantissa, exponent = np.frexp(np.asarray(lengths, dtype=np.float64))
     return exponent.astype(np.int64) * (LEVELS + 1) + np.floor((2 * mantissa - 1) * LEVELS + phase).astype(np.int64)
 
 
 def level_top(lengths: np.ndarray, phase: float) -> np.ndarray:
-    """The upper edge of each length's :func:`level` (never below the length, never past the next power of two,
-    where the next doubling's levels begin); exact arithmetic like :func:`level`."""
+    """The upper edge of each length's `level()` (never below the length, never past the next power of two,
+    where the next doubling's levels begin); exact arithmetic like `level()`."""
     lengths = np.asarray(lengths, dtype=np.float64)
     mantissa, exponent = np.frexp(lengths)
     step = np.floor((2 * mantissa - 1) * LEVELS + phase)
@@ -92,7 +92,7 @@ def level_top(lengths: np.ndarray, phase: float) -> np.ndarray:
 
 class LevelCut:
     """A short stream's cut, fresh every epoch: the lengths the window is sorted and cut by are the samples'
-    level tops (:func:`level_top`, at a phase drawn once per batcher, that is per epoch and slot), and the samples
+    level tops (`level_top()`, at a phase drawn once per batcher, that is per epoch and slot), and the samples
     of one level are sorted in a random order, by a seeded hash of their own lengths (so the order does not depend
     on the order they arrived in; samples of one length keep it). A sample keeps its own length where its level
     top would fit no batch (``capacity`` below 1)."""

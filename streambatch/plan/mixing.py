@@ -10,7 +10,7 @@ with cycle walking), so a rank finds the occurrence counts of just its own sampl
 O(N).
 
 In the plan a dataset appears as ``copies`` virtual copies of its shards; copy ``r`` holds, in tar order, the
-samples the epoch takes more than ``r`` times (:meth:`DatasetDraw.occurrences`). The rest are excluded, as
+samples the epoch takes more than ``r`` times (`DatasetDraw.occurrences()`). The rest are excluded, as
 samples consumed before a resume are.
 """
 
@@ -137,7 +137,7 @@ class Selection(LazyMask):
     resume masks): ``sel[gids]``, ``sel[lo:hi]`` and ``sel[gid]`` are True for samples not taken.
 
     ``layout`` maps global ids to (dataset, copy, sample id within the dataset); see
-    :class:`~streambatch.select.mixture.MixedIndex`."""
+    `MixedIndex`."""
 
     def __init__(self, layout: GidLayout, draws: Sequence[DatasetDraw], epoch: int):
         self.layout, self.draws, self.epoch = layout, list(draws), int(epoch)
@@ -178,7 +178,7 @@ def check_plan_size(
     weights: Sequence[tuple[str, float]], draws: Sequence[DatasetDraw], shards: Sequence[int], most: int
 ) -> None:
     """Refuse a mixture whose weights imply a plan of more than ``most`` bytes, before any of it is allocated:
-    an :class:`OptionError` naming the dataset that costs most, its weight, and the size it implies."""
+    an `OptionError` naming the dataset that costs most, its weight, and the size it implies."""
     costs = [plan_bytes(d, n) for d, n in zip(draws, shards)]
     if sum(costs) <= most:
         return

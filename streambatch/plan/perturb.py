@@ -3,8 +3,8 @@
 
 Everything here is a pure function of those numbers, so a worker, the planner of any rank and a job resumed on
 another world size agree on every sample's factor and generator. The plan batches the lengths the emitted
-tensors will have (:class:`LengthPlan`), so the budget holds on them; shards are still dealt to slots by the
-index's own lengths (:class:`PlannedLengths`).
+tensors will have (`LengthPlan`), so the budget holds on them; shards are still dealt to slots by the
+index's own lengths (`PlannedLengths`).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ SPEED_FORMS = "factors like (0.9, 1.0, 1.1), (factors, weights) or {factor: weig
 
 
 def _numbers(values: list[Any], spec: Any) -> np.ndarray:
-    """Factors or weights as floats: real numbers only (not text, not True/False), else an :class:`OptionError`."""
+    """Factors or weights as floats: real numbers only (not text, not True/False), else an `OptionError`."""
     if not all(isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) for x in values):
         raise OptionError(f"speed_perturb must be {SPEED_FORMS} with numbers, got {spec!r}")
     return np.asarray(values, dtype=np.float64)
@@ -154,9 +154,9 @@ class LengthPlan:
 
 class PlannedLengths(Lengths):
     """The lengths one epoch is planned on: by global id (``lengths[gids]``) and for a slot's stream
-    (:meth:`plan_lengths`, called by :func:`~streambatch.plan.slot.stream_lengths`) they are the planned ones;
+    (`plan_lengths()`, called by `stream_lengths()`) they are the planned ones;
     ``shard()`` and ``totals`` stay the index's, so shards are dealt to slots as without perturbation.
-    ``base`` is the index's :class:`Lengths` (sharing its loaded shards)."""
+    ``base`` is the index's `Lengths` (sharing its loaded shards)."""
 
     def __init__(self, base: Lengths, plan: LengthPlan, seed: Any, epoch: int):
         super().__init__(base.counts, base.totals, base._load)
@@ -176,5 +176,5 @@ class PlannedLengths(Lengths):
 
 
 def planned_lengths(lengths: Lengths, plan: LengthPlan | None, seed: Any, epoch: int) -> Lengths:
-    """``lengths`` as the epoch is planned on them: unchanged without a :class:`LengthPlan`."""
+    """``lengths`` as the epoch is planned on them: unchanged without a `LengthPlan`."""
     return lengths if plan is None else PlannedLengths(lengths, plan, seed, epoch)

@@ -2,7 +2,7 @@
 
 A checkpoint names the layouts an epoch ran on before it (ranks × workers, equalisation, agreed steps,
 batches consumed), not the consumed samples: those follow from the plan. When the new layout's planner asks
-whether some samples were consumed, :class:`Consumed` re-plans only the old ranks whose slots held those
+whether some samples were consumed, `Consumed` re-plans only the old ranks whose slots held those
 samples' shards, so a rank resuming on another world size reads O(N / world) lengths, never the whole index.
 """
 
@@ -51,8 +51,8 @@ class EarlierRun:
 
     @classmethod
     def from_state(cls, state: Any, name: str = "an earlier layout") -> EarlierRun:
-        """An earlier run as :meth:`state_dict` (or an older version, without ``equalised``) saved it; anything
-        else (not a mapping, a key missing, a value of the wrong type or out of range) is a :class:`StateError`
+        """An earlier run as `state_dict()` (or an older version, without ``equalised``) saved it; anything
+        else (not a mapping, a key missing, a value of the wrong type or out of range) is a `StateError`
         naming ``name`` (the checkpoint's key) and the value."""
         names = [f.name for f in dataclasses.fields(Layout)] + ["steps", "consumed"]
         if not isinstance(state, Mapping):
@@ -76,7 +76,7 @@ def equalised_of(
     """Every rank's equalisation from a checkpoint's lists of integers (None or none: an older state). Rows that
     do not fit ``layout`` (one list of ``1 + 6 × num_workers`` whole numbers per rank), or whose numbers are out of
     range (a worker number from 0, counts from 0, ``pad`` and ``take`` at most ``steps``), are a
-    :class:`StateError` naming ``name`` rather than trusted."""
+    `StateError` naming ``name`` rather than trusted."""
     if rows is None or (isinstance(rows, (list, tuple)) and not rows):
         return ()
     width = 1 + len(_SLOT_FIELDS) * layout.num_workers
@@ -111,7 +111,7 @@ def _whole(value: Any) -> bool:
 
 
 def state_count(name: str, value: Any, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
-    """A checkpoint's whole number from ``minimum`` to ``maximum``, else a :class:`StateError` naming it."""
+    """A checkpoint's whole number from ``minimum`` to ``maximum``, else a `StateError` naming it."""
     if not _whole(value):
         raise StateError(f"loader state: {name} must be a whole number, got {shown(value)}")
     if value < minimum:
@@ -122,7 +122,7 @@ def state_count(name: str, value: Any, minimum: int = 0, maximum: int = MAX_COUN
 
 
 def state_layout(name: str, state: Mapping[str, Any]) -> Layout:
-    """The :class:`Layout` a checkpoint's mapping names (its four keys), else a :class:`StateError` naming it."""
+    """The `Layout` a checkpoint's mapping names (its four keys), else a `StateError` naming it."""
     world = state_count(f"{name}.world_size", state["world_size"], 1)
     workers = state_count(f"{name}.num_workers", state["num_workers"], 1)
     try:
@@ -185,7 +185,7 @@ class Consumed(LazyMask):
 
     def _candidate_ranks(self, shard: int) -> range:
         """The old ranks the shard's samples can have gone to, from its span of the running total alone (a
-        superset of :meth:`_old_slots`'s ranks): once they are all re-planned, no sample needs its slot."""
+        superset of `_old_slots()`'s ranks): once they are all re-planned, no sample needs its slot."""
         deal = self._deal
         if deal.total <= 0:
             return range(1)
@@ -228,7 +228,7 @@ class Consumed(LazyMask):
 
     def _consume_prefix(self, rank: int, eq: RankEqualised) -> None:
         """Mark the old rank's consumed samples knowing its equalisation: each slot's batcher runs only until
-        the batches the slot yielded before the save are formed (:class:`PrefixOf`)."""
+        the batches the slot yielded before the save are formed (`PrefixOf`)."""
         run, cfg = self.run, self.config
         slots = run.layout.rank_slots(rank)
         done = per_worker([s.take for s in eq.slots], run.consumed, eq.start)
@@ -268,9 +268,9 @@ class Consumed(LazyMask):
 
 class PrefixOf:
     """The stream positions of the samples in a slot's first ``k`` yielded batches, from its batcher's batches
-    in the order they form: each is split as :func:`~streambatch.plan.epoch.split_rule` recorded, repeats
+    in the order they form: each is split as `split_rule()` recorded, repeats
     follow the seeded pad picks (they add no sample), and the batch hardest-first moved to the front counts as
-    yielded. Exact against :func:`~streambatch.plan.slot.apply_adjust` (tested on random plans)."""
+    yielded. Exact against `apply_adjust()` (tested on random plans)."""
 
     def __init__(self, eq: SlotEqualised, k: int, pad_rng: np.random.Generator):
         self.eq = eq

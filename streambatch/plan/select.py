@@ -68,19 +68,19 @@ class LengthHistogram:
 
     def add(self, lengths: np.ndarray, groups: np.ndarray | None = None) -> None:
         """Count ``lengths``; ``groups`` is ignored (one histogram for every key: the interface of
-        :class:`~streambatch.plan.groups.GroupHistograms`, which keeps one per key)."""
+        `GroupHistograms`, which keeps one per key)."""
         if len(lengths):
             self.counts += np.bincount(self.bins(lengths), minlength=_NUM_BINS)
 
     @staticmethod
     def bin_of(length: float) -> int:
-        """:meth:`bins` of one length."""
+        """`bins()` of one length."""
         mantissa, exponent = math.frexp(length)
         b = exponent * BINS_PER_OCTAVE + bisect.bisect_right(_STEPS_LIST, 2 * mantissa)
         return min(max(b + _OFFSET, 0), _NUM_BINS - 1)
 
     def add_one(self, length: float, group: int = 0) -> None:
-        """:meth:`add` of one length."""
+        """`add()` of one length."""
         self.counts[self.bin_of(length)] += 1
 
     def of(self, lengths: np.ndarray) -> np.ndarray:
@@ -88,7 +88,7 @@ class LengthHistogram:
         return self.counts[self.bins(lengths)]
 
     def of_sorted(self, lengths: np.ndarray) -> np.ndarray:
-        """:meth:`of` for lengths sorted longest first, from the few bin edges they span."""
+        """`of()` for lengths sorted longest first, from the few bin edges they span."""
         if len(lengths) == 0:
             return np.zeros(0, dtype=np.int64)
         lo, hi = self.bin_of(float(lengths[-1])), self.bin_of(float(lengths[0]))
@@ -113,7 +113,7 @@ def run_keys(
 ) -> np.ndarray:
     """A distinct key for each candidate run ``[i, ends[i])`` of the window (``lens`` sorted longest first;
     ``padded`` the lengths as the tensor pads them; ``frequency`` how common each length is), lower for
-    tighter; :data:`NO_RUN` where ``ok`` is False (no complete batch starts there).
+    tighter; `NO_RUN` where ``ok`` is False (no complete batch starts there).
 
     Tighter means a smaller spread (longest padded length minus mean length) times ``frequency ** 0.75``: a
     common length is held to a tighter spread than a rare one, for which close neighbours take longer to come.
@@ -145,7 +145,7 @@ def _quantize(x: np.ndarray) -> np.ndarray:
 
 def select_runs(key: np.ndarray, ends: np.ndarray, need: int) -> np.ndarray:
     """Starts of disjoint runs ``[i, ends[i])``, lowest ``key`` first, until they hold at least ``need`` samples
-    (fewer if the candidates run out). ``key`` holds distinct keys, :data:`NO_RUN` for no candidate; ``ends``
+    (fewer if the candidates run out). ``key`` holds distinct keys, `NO_RUN` for no candidate; ``ends``
     never decreases (a batch starting further down the sorted window reaches no less far).
 
     Vectorised: a candidate is taken when its key is the least among all candidates it overlaps (those start

@@ -52,7 +52,7 @@ def shard_order(
 
 
 def shard_blocks(offsets: np.ndarray) -> np.ndarray:
-    """Each shard's shuffle block: the window of :data:`BLOCK_SAMPLES` sample ids its first sample falls in."""
+    """Each shard's shuffle block: the window of `BLOCK_SAMPLES` sample ids its first sample falls in."""
     return np.asarray(offsets[:-1], dtype=np.int64) // BLOCK_SAMPLES
 
 
@@ -73,7 +73,7 @@ def plan_slots(
     at most two partial ones, and with fewer shards than slots the shards are shared. The running total is
     the shard table's prefix sum plus a sum inside the shard, so a rank finds its own slots' pieces from the
     shard table and the lengths of just the shards they touch. ``excluded`` (a mask over global ids, or a
-    :class:`~streambatch.plan.resume.Consumed`) leaves out samples consumed before a resume: they are dealt
+    `Consumed`) leaves out samples consumed before a resume: they are dealt
     as in a fresh epoch and then dropped, so a slot's share needs no other shard's lengths.
     """
     lengths = lengths if isinstance(lengths, Lengths) else Lengths.of(lengths)
@@ -103,7 +103,7 @@ def plan_slots(
 
 @dataclass
 class Deal:
-    """The epoch's shard order cut into ``num_slots`` slots of equal total length (see :func:`plan_slots`)."""
+    """The epoch's shard order cut into ``num_slots`` slots of equal total length (see `plan_slots()`)."""
 
     lengths: Lengths
     num_slots: int

@@ -1,9 +1,9 @@
 """Steps a resume skips (after a loss spike): the epoch's step ranges, which of a worker's batches they are, and
 what a worker yields in a skipped batch's place, so the ranks still step together and nothing else moves.
 
-A rank's step ``k`` is batch ``i`` of worker ``w`` in the DataLoader's round-robin order (:func:`.slot.interleave`);
+A rank's step ``k`` is batch ``i`` of worker ``w`` in the DataLoader's round-robin order (`slot.interleave()`);
 the batches of worker ``w`` among steps ``[a, b)`` are its batches ``[per_worker(a)[w], per_worker(b)[w])``. A
-worker yields a :class:`SkippedBatch` for each of them (no sample read), so the round robin keeps its order and
+worker yields a `SkippedBatch` for each of them (no sample read), so the round robin keeps its order and
 the main process counts the step as consumed without yielding it.
 """
 
@@ -79,7 +79,7 @@ def merged(ranges: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
 
 def batch_runs(first: int, count: int, skipped: Sequence[tuple[int, int]]) -> list[tuple[int, int, bool]]:
     """A worker's batches ``[first, count)`` as consecutive runs ``(lo, hi, kept)``: kept runs are read and
-    yielded, the others (``skipped`` batch ranges) yielded as :class:`SkippedBatch` markers."""
+    yielded, the others (``skipped`` batch ranges) yielded as `SkippedBatch` markers."""
     out, pos = [], first
     for lo, hi in skipped:
         lo, hi = max(lo, pos), min(hi, count)

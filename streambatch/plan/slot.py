@@ -1,8 +1,8 @@
 """One (rank, worker) slot's plan: its pieces, its batches, and the adjustments that equalise the ranks.
 
-The planner decides an :class:`Adjust` per slot; each DataLoader worker re-plans its own slot (a loader without
-workers takes the plan its planner kept, :class:`KeptSlots`) and applies that same :class:`Adjust` with
-:func:`apply_adjust`. Both sides use the one split rule here (:func:`cut_largest`),
+The planner decides an `Adjust` per slot; each DataLoader worker re-plans its own slot (a loader without
+workers takes the plan its planner kept, `KeptSlots`) and applies that same `Adjust` with
+`apply_adjust()`. Both sides use the one split rule here (`cut_largest()`),
 so what the planner counted is what the workers yield.
 """
 
@@ -28,7 +28,7 @@ class SlotPlan:
     (arrays of stream positions). ``repeat[i]`` marks batch ``i`` as a repeat of batch ``i - 1`` (pad).
 
     Stream positions run over the pieces in turn (each in tar order); ``order``, where several pieces stream at
-    once (``interleave``), lists the positions in the order their samples arrive (:func:`arrival_order`)."""
+    once (``interleave``), lists the positions in the order their samples arrive (`arrival_order()`)."""
 
     pieces: list[Piece]
     gids: np.ndarray
@@ -36,7 +36,7 @@ class SlotPlan:
     repeat: list[bool] = field(default_factory=list)
     skipped: int = 0
     dropped: int = 0
-    samples: int = -1  # of a counted plan (:meth:`counted`), whose ``gids`` are gone
+    samples: int = -1  # of a counted plan (`counted()`), whose ``gids`` are gone
     lengths: np.ndarray | None = None  # by stream position, when planned with ``keep_lengths``
     order: np.ndarray | None = None  # stream positions by arrival; None: they arrive in position order
 
@@ -99,8 +99,8 @@ def slot_stream(pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | N
 
 
 def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None) -> np.ndarray:
-    """The lengths of a slot's stream (as :func:`slot_stream` orders it), sliced from each piece's shard; the
-    planned ones (speed perturbation, feature frames) where ``lengths`` plans them (:mod:`.perturb`)."""
+    """The lengths of a slot's stream (as `slot_stream()` orders it), sliced from each piece's shard; the
+    planned ones (speed perturbation, feature frames) where ``lengths`` plans them (`perturb`)."""
     parts = [lengths.shard(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     out = np.concatenate(parts) if parts else np.zeros(0)
     if hasattr(lengths, "plan_lengths"):  # the one hook of per-sample length changes
@@ -109,14 +109,14 @@ def stream_lengths(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None)
 
 
 def stream_outputs(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None) -> np.ndarray:
-    """The output lengths of a slot's stream (two-length budgets), ordered as :func:`stream_lengths`."""
+    """The output lengths of a slot's stream (two-length budgets), ordered as `stream_lengths()`."""
     parts = [lengths.outputs(p.shard)[p.start : p.stop][~piece_excluded(p, lengths.offsets, excluded)] for p in pieces]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def stream_groups(pieces: Sequence[Piece], lengths: Any, excluded: Mask | None, batch_by: str) -> np.ndarray:
     """The group key of each sample of a slot's stream (``batch_by``: its shard's dataset), ordered as
-    :func:`stream_lengths`."""
+    `stream_lengths()`."""
     groups = getattr(lengths, "groups", None)
     if groups is None:
         raise OptionError(
@@ -152,7 +152,7 @@ def arrival_order(kept: np.ndarray, streams: int, rng: np.random.Generator) -> n
 def slot_order(
     pieces: Sequence[Piece], offsets: np.ndarray, excluded: Mask | None, config: BatchingConfig, epoch: int, slot: int
 ) -> np.ndarray | None:
-    """The arrival order of a slot's stream positions this epoch (:func:`arrival_order`, seeded by the epoch and
+    """The arrival order of a slot's stream positions this epoch (`arrival_order()`, seeded by the epoch and
     slot), or None where they arrive in position order (one stream, or a single piece)."""
     if config.streams <= 1 or len(pieces) <= 1:
         return None
@@ -173,9 +173,9 @@ def plan_slot(
 ) -> SlotPlan:
     """One slot's batches before equalisation: the slot's batcher run over its stream's lengths.
 
-    ``lengths`` gives lengths by global id: a :class:`~streambatch.plan.lengths.Lengths` or an array.
+    ``lengths`` gives lengths by global id: a `Lengths` or an array.
     ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not).
-    ``counted``: only the batch sizes (:meth:`SlotPlan.counted`), planned without listing the samples' ids."""
+    ``counted``: only the batch sizes (`SlotPlan.counted()`), planned without listing the samples' ids."""
     outs = stream_outputs(pieces, lengths, excluded) if config.output_budget is not None else None
     keys = stream_groups(pieces, lengths, excluded, config.batch_by) if config.batch_by is not None else None
     order = slot_order(pieces, offsets, excluded, config, epoch, slot)
@@ -220,7 +220,7 @@ class KeptSlots:
         excluded: Mask | None = None,
         counted: bool = False,
     ) -> SlotPlan:
-        """:func:`plan_slot`; a slot of :attr:`slots` is planned whole with its lengths and kept (the planner then
+        """`plan_slot()`; a slot of `slots` is planned whole with its lengths and kept (the planner then
         counts its steps from the whole plan: the same counts)."""
         if slot not in self.slots:
             return plan_slot(pieces, lengths, offsets, config, epoch, slot, excluded, counted=counted)
@@ -248,7 +248,7 @@ def cut_largest(sizes: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def halve_largest(batches: list[Any], times: int = 1) -> None:
-    """Split batches in place by :func:`cut_largest`, ``times`` over (sizes tracked in numpy: each cut costs
+    """Split batches in place by `cut_largest()`, ``times`` over (sizes tracked in numpy: each cut costs
     a copy in C, not a Python scan). The planner counts with the same rule on sizes alone."""
     sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
     for _ in range(times):
@@ -335,7 +335,7 @@ def interleave(counts: Sequence[int], start: int = 0) -> list[tuple[int, int]]:
 
 def per_worker(counts: Sequence[int], consumed: int, start: int = 0) -> list[int]:
     """How many of each worker's batches are among the first ``consumed`` batches of the rank (the
-    :func:`interleave` order, counted without listing it: full rounds found by bisection, then the last
+    `interleave()` order, counted without listing it: full rounds found by bisection, then the last
     partial round in the round-robin order)."""
     c = np.asarray(counts, dtype=np.int64)
     nw = len(c)

@@ -175,7 +175,7 @@ def collate(
     ``packed=True``: no padding — the payloads concatenated (``[total, ...]``) with ``cu_seqlens`` (int32
     ``[B + 1]``, the offsets of each sample) and ``max_seqlen``, the form variable-length attention kernels
     (flash-attention's ``varlen`` functions) take. ``per_sample``: the stages run on each decoded payload before
-    padding (:class:`~streambatch.read.transforms.SampleOps`: speed perturbation, transform, features).
+    padding (`SampleOps`: speed perturbation, transform, features).
     """
     mode = resolve_decode(decode, samples[0])
     batch: dict[str, Any] = {"keys": [s["__key__"] for s in samples]}

@@ -4,10 +4,10 @@ A local file needs no stream: with an index that knows each sample's byte span i
 planned batch's samples with one positioned read each (``os.pread``) when the batch is next. Nothing is held
 between batches (memory: one batch of compressed bytes, not a window of them), and the first batch costs its
 own samples, not the whole stream up to the last of them. The checks are a stream's: each shard's size
-before its first byte is used, every member header's checksum (:func:`~streambatch.format.tar.buffer_members`),
+before its first byte is used, every member header's checksum (`buffer_members()`),
 the json length against the index, and with ``verify="sha256"`` the file's hash, computed by a background
 thread once the shard is opened (from the descriptor the samples are read from), unless this node already hashed
-this version of the file (:mod:`.verified`). A mismatch marks the shard bad from then on: like a stream, which
+this version of the file (`verified`). A mismatch marks the shard bad from then on: like a stream, which
 knows the hash only at the shard's end, samples emitted before stay emitted. So does a file written to while
 the slot reads it: the hash vouches for the version it was taken on, and a descriptor whose file is another
 version when the shard is closed or the pass ends makes the shard bad (the next pass hashes the new version).
@@ -99,13 +99,13 @@ class DirectShards:
     """The samples of a slot's local shards by (shard, position in the shard), read on demand.
 
     A bad shard (missing, wrong size, broken header, sha256 mismatch) is counted in ``faults`` once and every
-    later sample of it comes back as None (lost); without ``faults`` it raises :class:`ShardReadError`.
+    later sample of it comes back as None (lost); without ``faults`` it raises `ShardReadError`.
 
     With ``verify="sha256"`` each shard the slot reads to its end is *vouched for* by its hash: the hash of the
     very descriptor the samples are read from (taken by a background thread), or the node record's for the
-    version the file was when opened. The version is what :func:`~.verified.file_version` names (inode, size,
+    version the file was when opened. The version is what `file_version()` names (inode, size,
     mtime, ctime): a descriptor of the shard whose file is another version when it is closed, when the pass ends
-    (:meth:`check_hashes` with ``wait``), or when the shard is opened again, was read while the file changed, and
+    (`check_hashes()` with ``wait``), or when the shard is opened again, was read while the file changed, and
     the shard is counted bad."""
 
     def __init__(

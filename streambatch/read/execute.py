@@ -53,9 +53,9 @@ def positioned(
 ) -> Generator[tuple[int, int, dict[str, Any] | None] | Invalid, None, None]:
     """Stage: attach each streamed sample's position in the slot's stream and its global id; drop excluded ones.
 
-    Where a piece's shard went bad (a :class:`ShardFault` in the stream), each of its samples that did not
+    Where a piece's shard went bad (a `ShardFault` in the stream), each of its samples that did not
     arrive comes as ``(pos, gid, None)``; a checksum that failed after the whole shard was read comes as an
-    :class:`Invalid` span of the positions that shard delivered."""
+    `Invalid` span of the positions that shard delivered."""
     it = iter(samples)
     spans: list[tuple[int, int]] = []
     for j, (piece, pos) in enumerate(pieces):
@@ -126,7 +126,7 @@ _END = object()
 
 
 class _Executor:
-    """The state of :func:`execute_plan`: samples held by stream position, positions lost, the reservoir."""
+    """The state of `execute_plan()`: samples held by stream position, positions lost, the reservoir."""
 
     def __init__(
         self,
@@ -263,7 +263,7 @@ class _Executor:
 
 
 class _DirectExecutor(_Executor):
-    """:class:`_Executor` over samples read by position (:class:`~.direct.DirectShards`) as each batch is due,
+    """`_Executor` over samples read by position (`DirectShards`) as each batch is due,
     instead of a stream: nothing is read before its batch, nothing held after it."""
 
     def __init__(
@@ -336,12 +336,12 @@ def execute_plan(
 ) -> Iterator[list[dict[str, Any]]]:
     """Stage: hold each streamed sample until its planned batch is complete, then yield that batch.
 
-    ``samples`` come from :func:`positioned`; ``lengths`` are the planned ones by stream position, and
+    ``samples`` come from `positioned()`; ``lengths`` are the planned ones by stream position, and
     ``index_lengths`` the index's where they differ (speed perturbation, feature frames). Batches
     ``plan.batches[first:]`` are yielded in plan order; a batch marked as a repeat is yielded again from the
     samples of the one before it. Samples no remaining batch needs are dropped on arrival; lost ones are re-drawn
     from the last ``reservoir`` emitted (counted). Once the last batch is taken and the next one asked for (the
-    pass ends normally), a ``last`` part of the slot's plan reads its stream to the end (:meth:`_Executor.drain`),
+    pass ends normally), a ``last`` part of the slot's plan reads its stream to the end (`_Executor.drain()`),
     so the shards it still has open are checked in the pass that read them; a pass stopped early reads no more.
     """
     if plan.batches[first:]:
@@ -362,7 +362,7 @@ def execute_direct(
     last: bool = True,
     index_lengths: np.ndarray | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
-    """Stage: :func:`execute_plan`'s batches, each sample read by position (``plan.gids`` → shard, place in the
+    """Stage: `execute_plan()`'s batches, each sample read by position (``plan.gids`` → shard, place in the
     shard) when its batch is due; lost samples are re-drawn the same way. At the end of the ``last`` part of
     the slot's plan, pending sha256 checks are waited for and each open shard's file is checked to be the version
     its hash is of (a corrupt shard, or one written to while it was read, is always counted in the pass that read

@@ -3,7 +3,7 @@
 A script that stops iterating early (``next(iter(loader))``, a ``break``) and then exits leaves a stream's
 generators suspended. Python closes them only while it tears the modules down, when a module's names may already
 be ``None``: their ``except`` and ``finally`` clauses then fail with "Exception ignored in ..." noise on stderr,
-and a reading thread may be left mid-request. :func:`closed_at_exit` closes such streams first, from ``atexit``.
+and a reading thread may be left mid-request. `closed_at_exit()` closes such streams first, from ``atexit``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def closed_at_exit(stream: Generator[Any, None, None]) -> Generator[Any, None, N
 
 
 def close_open_streams() -> None:
-    """Close every stream :func:`closed_at_exit` was given that is still open (a stream that fails to close
+    """Close every stream `closed_at_exit()` was given that is still open (a stream that fails to close
     is skipped: the process is ending)."""
     with _lock:
         streams = list(_open)

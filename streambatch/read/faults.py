@@ -2,10 +2,10 @@
 
 Every worker counts retries, bytes, cache use, bad shards and the time it waited for storage in its row of
 one shared array, so the main process and the other workers see the whole rank's numbers. By default
-(``max_bad_shards=0``) the first shard that cannot be read ends the pass with a :class:`ShardReadError` naming
+(``max_bad_shards=0``) the first shard that cannot be read ends the pass with a `ShardReadError` naming
 it, its cause and the option that tolerates it; with ``max_bad_shards=N`` up to N are skipped per epoch and rank
-(their samples lost, counted, and re-drawn to keep the steps equal) and one more raises :class:`TooManyBadShards`.
-:class:`ShardFault` marks, in a sample stream, where a shard went bad.
+(their samples lost, counted, and re-drawn to keep the steps equal) and one more raises `TooManyBadShards`.
+`ShardFault` marks, in a sample stream, where a shard went bad.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..io.retry import error_code, is_transient
 
 log = logging.getLogger("streambatch")
 
-#: the counter of nanoseconds a reader was blocked waiting for shard bytes (:func:`waiting_on_storage`)
+#: the counter of nanoseconds a reader was blocked waiting for shard bytes (`waiting_on_storage()`)
 STORAGE_WAIT = "storage_wait_ns"
 FAULT_FIELDS = (
     "bad_shards",
@@ -71,7 +71,7 @@ class FaultLog:
         self._lock = threading.Lock()
 
     def add(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to this worker's counter ``name`` (one of :data:`FAULT_FIELDS`)."""
+        """Add ``n`` to this worker's counter ``name`` (one of `FAULT_FIELDS`)."""
         with self._lock:
             self.counts[self.row, FAULT_FIELDS.index(name)] += n
 
@@ -80,10 +80,10 @@ class FaultLog:
         return int(self.counts[:, FAULT_FIELDS.index(name)].sum())
 
     def bad_shard(self, shard: int, url: str, reason: str, error: BaseException | None = None) -> None:
-        """Count a bad shard (and log it); raise :class:`TooManyBadShards` past the budget. A shard already
+        """Count a bad shard (and log it); raise `TooManyBadShards` past the budget. A shard already
         counted on this rank this pass (another fault of the same shard) is logged, not counted again.
         ``error``: what made it bad (default: the exception being handled, for a caller in its ``except``
-        block); the budget's message advises by what the bad shards' errors were (:func:`storage_fault`)."""
+        block); the budget's message advises by what the bad shards' errors were (`storage_fault()`)."""
         if self.bad is not None and 0 <= shard < len(self.bad):
             if self.bad[shard]:
                 log.info("streambatch: shard %s again: %s", url, reason)
@@ -133,8 +133,8 @@ class FaultLog:
 
 def unreadable(url: str, reason: str, error: BaseException | None) -> ShardReadError:
     """The error that ends a pass at its first bad shard (``max_bad_shards=0``), in one line: the shard, the cause
-    and the option that would skip it. Of the kind the reader raised (a :class:`ChecksumMismatch` stays one), else
-    a :class:`ShardReadError`."""
+    and the option that would skip it. Of the kind the reader raised (a `ChecksumMismatch` stays one), else
+    a `ShardReadError`."""
     said = " ".join(reason.split())  # one line, whatever the cause's text held
     named = said if said.startswith(url) else f"{url}: {said}"
     store = " (the store did not answer or refused, after every retry)" if storage_fault(error) else ""
@@ -165,7 +165,7 @@ def storage_fault(error: BaseException | None) -> bool:
     """Whether a bad shard's error was the store's rather than the data's: the store did not answer (every retry
     of a request failed, a request timed out) or refused (access denied, credentials expired). A missing object,
     an answer of another size, a checksum or tar that does not match the index are the data's. Walks the chain of
-    causes: a :class:`ShardReadError` carries the request's own error."""
+    causes: a `ShardReadError` carries the request's own error."""
     seen: set[int] = set()
     e = error
     while e is not None and id(e) not in seen:
@@ -182,7 +182,7 @@ def storage_fault(error: BaseException | None) -> bool:
 
 def bad_sample(faults: FaultLog | None, sample: dict) -> None:
     """Count a sample its shard holds but the loader cannot use (``__bad__``: a member over a limit, JSON nested too
-    deep) as lost, and log why; without ``faults`` raise :class:`ShardReadError` naming it."""
+    deep) as lost, and log why; without ``faults`` raise `ShardReadError` naming it."""
     reason = f"{sample.get('__url__')}: bad sample {sample.get('__bad__')}"
     if faults is None:
         raise ShardReadError(reason)
@@ -191,7 +191,7 @@ def bad_sample(faults: FaultLog | None, sample: dict) -> None:
 
 
 def waiting_on_storage(fn: Callable[..., T], count: Callable[..., None] | None) -> Callable[..., T]:
-    """``fn``, adding the nanoseconds each call takes to counter :data:`STORAGE_WAIT` with ``count``. The one
+    """``fn``, adding the nanoseconds each call takes to counter `STORAGE_WAIT` with ``count``. The one
     way the read side measures how long it was blocked on storage: wrap exactly the calls the consumer waits
     in (a chunk read, waiting for a read-ahead chunk, a positioned read), so read-ahead that is done in time
     costs nothing."""
@@ -210,7 +210,7 @@ def waiting_on_storage(fn: Callable[..., T], count: Callable[..., None] | None) 
 
 @dataclass(frozen=True)
 class ShardFault:
-    """Marker in a :func:`~streambatch.read.reader.read_pieces` stream (``markers=True``): piece number
+    """Marker in a `read_pieces()` stream (``markers=True``): piece number
     ``ordinal`` went bad after ``delivered`` of its samples. ``invalidate``: its checksum failed after all were
     delivered, so the ones delivered should not be used any more where that is still possible."""
 

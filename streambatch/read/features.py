@@ -1,4 +1,4 @@
-"""Features computed in the workers: Kaldi-compatible log-mel filterbanks (:class:`Fbank`) from kaldi-native-fbank.
+"""Features computed in the workers: Kaldi-compatible log-mel filterbanks (`Fbank`) from kaldi-native-fbank.
 
 kaldi-native-fbank (the k2-fsa project's C++ port of Kaldi's feature code, a small wheel with numpy as its only
 dependency) is the one implementation, whatever else is installed: torchaudio's ``compliance.kaldi.fbank`` gives
@@ -44,8 +44,8 @@ class Fbank:
         )
 
     def num_frames(self, num_samples: Any, sample_rate: int) -> np.ndarray:
-        """The frames :meth:`__call__` gives for waveforms of ``num_samples`` (see
-        :func:`~streambatch.plan.perturb.kaldi_num_frames`)."""
+        """The frames `__call__()` gives for waveforms of ``num_samples`` (see
+        `kaldi_num_frames()`)."""
         return kaldi_num_frames(num_samples, sample_rate, self.frame_length_ms, self.frame_shift_ms)
 
     def _opts(self, sample_rate: int) -> Any:
@@ -85,7 +85,7 @@ def require_knf() -> Any:
 
 
 def resolve_features(features: Any) -> Any:
-    """The loader's ``features``: None, ``"fbank"`` (80-dim :class:`Fbank`), or a callable as it is."""
+    """The loader's ``features``: None, ``"fbank"`` (80-dim `Fbank`), or a callable as it is."""
     if features is None:
         return None
     if isinstance(features, str) and features == "fbank":

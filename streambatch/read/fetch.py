@@ -1,8 +1,8 @@
 """Getting a shard's bytes to the tar parser, as one unbroken stream per piece of a worker's plan.
 
-Three ways, picked per shard by :class:`Fetcher`: a local file is read directly; with a cache directory a
+Three ways, picked per shard by `Fetcher`: a local file is read directly; with a cache directory a
 remote shard is downloaded whole once per node (checked) and read from disk; otherwise it is read as range
-requests (:mod:`.ranges`) that resume where one broke, on demand or by a background read-ahead bounded by bytes.
+requests (`ranges`) that resume where one broke, on demand or by a background read-ahead bounded by bytes.
 Size is checked against the index before any byte is used, the sha256 once the shard was read in full.
 """
 
@@ -167,10 +167,10 @@ def os_reason(e: OSError) -> str:
 
 
 class _Cached:
-    """Remote shards through the node-local cache (:mod:`streambatch.io.cache`): downloaded whole once per
+    """Remote shards through the node-local cache (`streambatch.io.cache`): downloaded whole once per
     node, checked (size and sha256), then read from disk. A cache that cannot store a shard (its disk full or
     over quota, read-only, its folders unmakeable) is not the shard's fault: that shard is streamed as without a
-    cache (warned), and for :data:`CACHE_RETRY_SECONDS` only shards it already holds are read from it."""
+    cache (warned), and for `CACHE_RETRY_SECONDS` only shards it already holds are read from it."""
 
     def __init__(
         self, opts: Any, ranges: RangeReader, pool: ThreadPoolExecutor | None, count: Count, bypassed: Callable[[], int]

@@ -1,11 +1,11 @@
 """Several shards streamed at once: the read side of a slot plan that interleaves its pieces (``interleave``).
 
 The plan merges each group of ``interleave`` consecutive pieces in a seeded order
-(:func:`~streambatch.plan.slot.arrival_order`). A worker reads such a slot in *lanes*: lane ``i`` streams the
+(`arrival_order()`). A worker reads such a slot in *lanes*: lane ``i`` streams the
 ``i``-th piece of every group, one after another, with its own share of the worker's read-ahead and requests in
-flight (:func:`lane_options`), so the worker's totals stay within its read options. :func:`interleaved` pulls
+flight (`lane_options()`), so the worker's totals stay within its read options. `interleaved()` pulls
 from the lanes in the planned arrival order; each lane's samples keep their stream positions, faults and
-checksum spans (:func:`~.execute.positioned`), so the executor sees the same items it would see from one stream,
+checksum spans (`positioned()`), so the executor sees the same items it would see from one stream,
 only in the planned order.
 """
 
@@ -57,7 +57,7 @@ def interleaved(
 ) -> Iterator[Any]:
     """Stage: the positioned samples of the ``needed`` pieces (piece or byte span, its first stream position) in
     the plan's arrival order, read in lanes (``open_lane`` starts streaming a lane's pieces, faults as markers: all
-    lanes request their first bytes at once); checksum spans that fail come as :class:`~.execute.Invalid` where
+    lanes request their first bytes at once); checksum spans that fail come as `Invalid` where
     their lane delivers them."""
     assert plan.order is not None  # an interleaved plan
     starts = np.concatenate([[0], np.cumsum(kept_counts(plan.pieces, offsets, excluded))]).astype(np.int64)

@@ -2,8 +2,8 @@
 
 A sample is ``{"__key__", "__url__", "__shard__", "__index__" (position in its shard), "json": dict,
 EXT: bytes, ...}``; nothing is decoded but the small ``.json``, which carries the length. The bytes come
-from :mod:`.fetch`, the tar parsing from :mod:`streambatch.format.tar`; a bad shard raises
-:class:`ShardReadError`, or with a :class:`~.faults.FaultLog` is counted and skipped within the budget.
+from `fetch`, the tar parsing from `streambatch.format.tar`; a bad shard raises
+`ShardReadError`, or with a `FaultLog` is counted and skipped within the budget.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ VERIFY = ("sha256", "size", "none")
 #: the most range requests a worker keeps in flight (``max_read_concurrency``): each a thread and a connection
 MAX_READ_CONCURRENCY = 256
 #: the most retries of one request, and the longest ``timeout`` (a day): beyond them a stalled read's watchdog
-#: (:attr:`~.retry.RetryPolicy.worst_case`) would outlast what a clock wait can hold
+#: (`worst_case`) would outlast what a clock wait can hold
 MAX_RETRIES, MAX_TIMEOUT = 100, 86_400.0
 
 
@@ -48,28 +48,28 @@ class ReadOptions:
     into the cache. At most ``max_read_concurrency``: raising it above 16 means raising that too."""
     max_read_concurrency: int = 16
     """The most range requests one worker's read-ahead keeps in flight as it adapts to the store's latency
-    (:mod:`~streambatch.io.inflight`); a node has at most this many per worker process of each rank on it.
-    The bytes they hold stay within ``read_ahead``. At most :data:`MAX_READ_CONCURRENCY` (256): each request in
+    (`inflight`); a node has at most this many per worker process of each rank on it.
+    The bytes they hold stay within ``read_ahead``. At most `MAX_READ_CONCURRENCY` (256): each request in
     flight is a thread of the worker's fetch pool and a connection to the store."""
     retries: int = 8
-    """Retries per request after the first try (:class:`~.retry.RetryPolicy`); at most 100."""
+    """Retries per request after the first try (`RetryPolicy`); at most 100."""
     backoff: float = 0.25
     """The first wait before a retry, in seconds; it doubles each try, capped, with full jitter."""
     timeout: float = 60.0
     """Seconds a request may take to connect or go without data before it counts as failed; at most a day."""
     verify: str = "sha256"
-    """What is checked against the index (:data:`VERIFY`): ``"sha256"`` (size before reading, checksum once the
-    shard is read; a local file's checksum once per node and file version, :mod:`~streambatch.io.verified`),
+    """What is checked against the index (`VERIFY`): ``"sha256"`` (size before reading, checksum once the
+    shard is read; a local file's checksum once per node and file version, `verified`),
     ``"size"`` or ``"none"``."""
     max_bad_shards: int = 0
     """Bad shards (shards that cannot be read after the retries: missing, truncated, corrupt, a checksum that
     differs) a rank may skip per epoch, all its workers together. 0, the default: the first one ends the pass with
-    a :class:`~streambatch.errors.ShardReadError` naming the shard and its cause, since skipping it silently changes
+    a `ShardReadError` naming the shard and its cause, since skipping it silently changes
     what the epoch trains on. N > 0 opts in: each bad shard's unread samples are lost and re-drawn from samples
     already emitted (the steps stay equal, ``len()`` exact), counted in ``metrics()["faults"]`` and summed up in
-    one WARNING line at the end of the pass; the (N + 1)-th raises :class:`~streambatch.errors.TooManyBadShards`."""
+    one WARNING line at the end of the pass; the (N + 1)-th raises `TooManyBadShards`."""
     cache_dir: str | None = None
-    """A node-local shard cache (:mod:`streambatch.io.cache`): each shard downloaded once per node, kept under its
+    """A node-local shard cache (`streambatch.io.cache`): each shard downloaded once per node, kept under its
     content (the index's sha256 of it, or the store's ETag or version), so a dataset rewritten in place is fetched
     again; None: none."""
     cache_size: int | None = None
@@ -81,7 +81,7 @@ class ReadOptions:
     """Folders or URL prefixes (``"/data/tars"``, ``"s3://bucket/raw/"``) that an index's shard URLs (and a mixture
     file's datasets) may point into besides the dataset's own folder or prefix. An index is data: by default a URL
     it names outside its dataset (``..``, an absolute path or ``file://`` elsewhere, another scheme or host) is
-    refused before it is opened (:mod:`streambatch.format.trust`). Give the roots a dataset made by
+    refused before it is opened (`streambatch.format.trust`). Give the roots a dataset made by
     ``shardify index --out`` reports."""
 
     #: recent samples each worker keeps to re-draw samples lost with a bad shard
@@ -123,7 +123,7 @@ class ReadOptions:
 
 def _check_concurrency(start: Any, most: Any) -> None:
     """``read_concurrency`` and ``max_read_concurrency``: whole numbers from 1, the bound at most
-    :data:`MAX_READ_CONCURRENCY`, the start within the bound (the read-ahead would silently start at the bound)."""
+    `MAX_READ_CONCURRENCY`, the start within the bound (the read-ahead would silently start at the bound)."""
     int_option("read_concurrency", start, 1, MAX_READ_CONCURRENCY)
     int_option("max_read_concurrency", most, 1, MAX_READ_CONCURRENCY)
     if start > most:
@@ -182,14 +182,14 @@ def read_pieces(
     index: Any = None,
 ) -> Iterator[Any]:
     """Stage: the samples of each piece in turn (a slot's whole stream): dicts, and with ``markers`` the
-    :class:`ShardFault` markers among them.
+    `ShardFault` markers among them.
 
-    ``shards``: the index's :class:`~streambatch.format.index.ShardInfo` list (expected bytes and sha256), if any;
+    ``shards``: the index's `ShardInfo` list (expected bytes and sha256), if any;
     ``index``: the index, which says how each shard's members map to samples (:meth:`ShardIndex.shard_members
     <streambatch.format.index.ShardIndex.shard_members>`: keys with dots, segments), if any.
-    Without ``faults`` a bad shard raises :class:`ShardReadError`; with it, the shard is counted and skipped
-    (and with ``markers`` a :class:`ShardFault` takes its place in the stream) within the budget. A bad sample
-    (``__bad__``: over a limit of :mod:`streambatch.limits`) is counted lost and left out, or with
+    Without ``faults`` a bad shard raises `ShardReadError`; with it, the shard is counted and skipped
+    (and with ``markers`` a `ShardFault` takes its place in the stream) within the budget. A bad sample
+    (``__bad__``: over a limit of `streambatch.limits`) is counted lost and left out, or with
     ``markers`` left in the stream, where its planned position is.
     """
     opened = OpenedPieces(urls, pieces, storage_options, options, shards, faults, markers, index)
@@ -200,9 +200,9 @@ def read_pieces(
 
 
 class OpenedPieces:
-    """:func:`read_pieces`'s stream with its fetcher started at once: its read-ahead requests the first chunks
+    """`read_pieces()`'s stream with its fetcher started at once: its read-ahead requests the first chunks
     before the first sample is asked for (several streams of one worker then wait for their first bytes together,
-    not one after another). :meth:`close` stops the fetcher, whether or not a sample was taken. ``ramp``: the first
+    not one after another). `close()` stops the fetcher, whether or not a sample was taken. ``ramp``: the first
     chunk requested in smaller pieces, so parsing starts sooner (a lane's chunks are small already)."""
 
     def __init__(
@@ -236,7 +236,7 @@ class OpenedPieces:
 def _samples(
     fetcher: Fetcher, jobs: list[Job], pieces: list[Piece], faults: FaultLog | None, markers: bool, index: Any
 ) -> Generator[Any, None, None]:
-    """The samples of each job's piece in turn, through ``fetcher``; bad shards as :func:`read_pieces` says."""
+    """The samples of each job's piece in turn, through ``fetcher``; bad shards as `read_pieces()` says."""
     for job, piece in zip(jobs, pieces):
         delivered = 0
         try:

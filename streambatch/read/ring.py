@@ -5,7 +5,7 @@ on first touch and its handle travels through a socket, about 6 ms of worker tim
 time for a 4 MB audio batch, against about 1 ms to fill memory already mapped. Here the main process maps, once,
 a ring of ``slots`` buffers per worker, each as large as a batch the budget allows (untouched pages cost no
 memory); a worker decodes a batch straight into a free buffer of its row and sends only where its tensors
-lie, and the main process turns that back into tensors viewing the buffer (:func:`_placed`): no copy, no new
+lie, and the main process turns that back into tensors viewing the buffer (`_placed()`): no copy, no new
 segment.
 
 When a batch is released, the main process also drops its buffer's pages from its own mapping
@@ -166,7 +166,7 @@ class Slot:
         return Placed(self.ring.token, self.worker, self.k, (os.getpid(), self.seq), ptr - lo, tuple(t.shape), t.dtype)
 
     def export(self, batch: Any) -> Any:
-        """The batch (a dict, or a list of micro-batch dicts) with its tensors as :class:`Placed`; the buffer is
+        """The batch (a dict, or a list of micro-batch dicts) with its tensors as `Placed`; the buffer is
         released at once when none of them lies in it."""
         placed = False
 
@@ -220,7 +220,7 @@ def _release(ring: BatchRing, flags: np.ndarray, worker: int, k: int) -> None:
 def _placed(
     token: str, worker: int, k: int, seq: tuple[int, int], offset: int, shape: tuple[int, ...], dtype: str
 ) -> torch.Tensor:
-    """The tensor a :class:`Placed` names, viewing its buffer: all tensors of one batch share one base array,
+    """The tensor a `Placed` names, viewing its buffer: all tensors of one batch share one base array,
     whose finalizer (run once nothing refers to any of them) hands the buffer back to its worker."""
     ring = _RINGS.get(token)
     if ring is None:

@@ -2,7 +2,7 @@
 not selected by a mixture) form a run of at least ``min_gap`` bytes is read as byte ranges around that run.
 
 Only where the index knows each sample's byte offset and size (a version 2 index). A piece read as
-:class:`Span` starts at its first sample's header and ends after its last sample's members; its shard is then
+`Span` starts at its first sample's header and ends after its last sample's members; its shard is then
 not read whole, so its sha256 cannot be checked: the bytes delivered are checked against the range instead
 (and the shard's size against the index, as always).
 """
@@ -47,7 +47,7 @@ def skip_left_out(
     needed: Sequence[tuple[Piece, int]], index: AnyIndex, offsets: np.ndarray, excluded: Mask | None, min_gap: int
 ) -> list[tuple[Piece, int]]:
     """``needed`` (piece, stream position) with each piece that holds a long excluded run split into
-    :class:`Span` byte ranges around it; the others as they are (read from the shard's start)."""
+    `Span` byte ranges around it; the others as they are (read from the shard's start)."""
     if excluded is None:
         return list(needed)
     out: list[tuple[Piece, int]] = []

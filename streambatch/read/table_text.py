@@ -24,7 +24,7 @@ def has_text(sample: dict[str, Any]) -> bool:
 
 class TableText:
     """Gives each sample of a formed batch that has no text of its own its ``text`` from the sample table (as
-    ``sample["__text__"]``, which :func:`~.collate.collate` puts in ``batch["text"]``)."""
+    ``sample["__text__"]``, which `collate()` puts in ``batch["text"]``)."""
 
     def __init__(self, index: AnyIndex):
         self.index = index

@@ -1,7 +1,7 @@
 """What a worker does to each sample of a formed batch between decoding and padding: speed perturbation, the
 user's ``transform`` with its own generator, and features.
 
-Each sample's factor and generator come from ``(seed, epoch, global sample id)`` (:mod:`streambatch.plan.perturb`),
+Each sample's factor and generator come from ``(seed, epoch, global sample id)`` (`streambatch.plan.perturb`),
 so the tensors are the same after a resume, on any world size and in any worker, and differ from epoch to epoch.
 The plan promised each sample's length: a stage that makes a sample longer than that is an error naming it.
 """
@@ -35,7 +35,7 @@ def resample(wav: np.ndarray, rate: float, target: int, n: int) -> np.ndarray:
 
 
 def speed_resample(wav: torch.Tensor, factor: float, sample_rate: int) -> torch.Tensor:
-    """``wav`` played ``factor`` times as fast at the same rate: :func:`resample` from ``sample_rate × factor``
+    """``wav`` played ``factor`` times as fast at the same rate: `resample()` from ``sample_rate × factor``
     to ``sample_rate``, to the planned ``floor(n / factor + 0.5)`` samples."""
     if factor == 1.0:
         return wav
@@ -73,7 +73,7 @@ def _too_long(stage: str, fn: Any, key: str, got: int, planned: int, unit: str) 
 
 @dataclass(frozen=True)
 class SampleOps:
-    """The per-sample stages of one loader, for one epoch (:meth:`for_epoch`): ``speed`` (factors drawn per
+    """The per-sample stages of one loader, for one epoch (`for_epoch()`): ``speed`` (factors drawn per
     sample), ``transform`` (``fn(sample, rng) -> sample``) and ``features`` (``fn(waveform, sample_rate)``)."""
 
     transform: Transform | None = None

@@ -1,5 +1,5 @@
-"""The worker side: what a DataLoader worker knows (:class:`SlotContext`), what the main process tells it each
-pass (:class:`EpochState` over shared memory), and :func:`stream_slot`, the one place the read stages are
+"""The worker side: what a DataLoader worker knows (`SlotContext`), what the main process tells it each
+pass (`EpochState` over shared memory), and `stream_slot()`, the one place the read stages are
 composed: shard pieces → read_pieces → positioned → execute_plan (or the online batcher) → decode and pad.
 """
 
@@ -46,7 +46,7 @@ from .table_text import TableText
 class EpochState:
     """What the main process tells its workers before each pass: the epoch, the batches the rank already
     yielded, the worker the next batch is due from (``rotation``) and the one the epoch began with
-    (``start``), and each worker's :class:`Adjust` (``take < 0``: one unplanned pass)."""
+    (``start``), and each worker's `Adjust` (``take < 0``: one unplanned pass)."""
 
     epoch: int = 0
     consumed: int = 0
@@ -60,7 +60,7 @@ _PER_WORKER = tuple(f.name for f in dataclasses.fields(Adjust))
 
 
 class SharedEpochState:
-    """:class:`EpochState` in a shared int64 tensor, so persistent workers see each new epoch and resume
+    """`EpochState` in a shared int64 tensor, so persistent workers see each new epoch and resume
     point; the layout is derived from the field names above, never written by hand."""
 
     def __init__(self, num_workers: int):
@@ -69,14 +69,14 @@ class SharedEpochState:
         #: slot plans the loader's planner kept for this process's own stream (no workers), by (epoch, slot)
         self.kept: dict[tuple[int, int], SlotPlan] = {}
         #: the lengths the loader planned an epoch on, with the index they are of: this process's stream and workers
-        #: forked after the planning take them instead of reading the index again (:meth:`SlotContext.lengths`)
+        #: forked after the planning take them instead of reading the index again (`SlotContext.lengths()`)
         self.planned: tuple[int, Any, Lengths] | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # a worker that does not fork reads the index itself
         return {**self.__dict__, "kept": {}, "planned": None}
 
     def take_plans(self, epoch: int, sched: RankSchedule, index: Any) -> None:
-        """Move the slot plans ``sched`` (a :class:`~streambatch.plan.epoch.RankSchedule` of ``epoch``) kept to
+        """Move the slot plans ``sched`` (a `RankSchedule` of ``epoch``) kept to
         this state, and hold the lengths it was planned on (of ``index``), where it kept them."""
         self.kept, sched.kept = {(epoch, s): p for s, p in sched.kept.items()}, {}
         self.planned = (epoch, index, sched.lengths) if sched.lengths is not None else None
@@ -197,7 +197,7 @@ class EpochStream(IterableDataset):
 class WorkerFailed:
     """What a DataLoader worker sends in place of a batch when one of the package's errors ends its slot: the
     error's class and message. Torch would send it wrapped (another error of the same class whose message is
-    "Caught ... in DataLoader worker process N" and the worker's traceback); :func:`raised_in_workers` raises it in
+    "Caught ... in DataLoader worker process N" and the worker's traceback); `raised_in_workers()` raises it in
     the main process as the worker met it. Class and message only: any error pickles that way."""
 
     kind: type[StreamBatchError]
@@ -211,7 +211,7 @@ class WorkerFailed:
 
 
 def raised_in_workers(items: Iterable[Any]) -> Iterator[Any]:
-    """Stage (main process): pass a pass's items on, raising a worker's :class:`WorkerFailed` as its error. The
+    """Stage (main process): pass a pass's items on, raising a worker's `WorkerFailed` as its error. The
     DataLoader's iterator is dropped first, so its workers are shut down before the error reaches the caller."""
     it: Iterator[Any] | None = iter(items)
     while it is not None:
@@ -236,8 +236,8 @@ def stream_slot(
     skip: Sequence[tuple[int, int]] = (),
 ) -> Iterator[Any]:
     """The one place the read stages are composed, for one (rank, worker) slot; ``place`` (a worker's
-    :class:`~streambatch.read.ring.RingWriter`) makes each batch in a reused shared-memory buffer; ``skip``: ranges
-    of the slot's batch numbers a resume skips (each yielded as a :class:`~streambatch.plan.skips.SkippedBatch`)."""
+    `RingWriter`) makes each batch in a reused shared-memory buffer; ``skip``: ranges
+    of the slot's batch numbers a resume skips (each yielded as a `SkippedBatch`)."""
     warm_up(ctx.urls, ctx.storage_options, ctx.read.timeout)  # the store's client made while the slot is planned
     opts = ctx.collate
     if opts.per_sample is not None:  # per-sample randomness follows the epoch
@@ -322,7 +322,7 @@ def _planned_batches(
 
 
 def _skipped(batches: Sequence[Any], faults: FaultLog | None) -> Iterator[SkippedBatch]:
-    """A :class:`SkippedBatch` for each batch a resume skips, counted as ``skipped_steps``/``skipped_samples``."""
+    """A `SkippedBatch` for each batch a resume skips, counted as ``skipped_steps``/``skipped_samples``."""
     for b in batches:
         if faults is not None:
             faults.add("skipped_steps")
@@ -440,7 +440,7 @@ def _named(batch: dict[str, Any], samples: list[dict[str, Any]], names: DatasetN
 
 
 class CheckedBatches:
-    """:func:`finish_batch`, except that a sample whose payload cannot be decoded (a corrupt member) is left
+    """`finish_batch()`, except that a sample whose payload cannot be decoded (a corrupt member) is left
     out of its batch and its shard counted bad (within ``max_bad_shards``) instead of ending the run; a batch
     left with nothing is replaced by the last good one (counted as re-drawn), so the steps stay equal."""
 

@@ -1,7 +1,7 @@
 """Several datasets read as one: the mixture a user names (sources and weights, or a mixture file) and
-:class:`MixedIndex`, which presents their indexes to the planner and the readers as one shard list.
+`MixedIndex`, which presents their indexes to the planner and the readers as one shard list.
 
-Each dataset enters as ``copies`` virtual copies of its shards (:class:`~streambatch.plan.mixing.DatasetDraw`);
+Each dataset enters as ``copies`` virtual copies of its shards (`DatasetDraw`);
 per epoch the samples a copy does not take are excluded from the plan, so every guarantee of a single dataset
 (exact ``len``, equal steps, exact resume) holds over the mixture. Nothing here lists samples: virtual shards
 map to real ones in O(datasets).
@@ -40,8 +40,8 @@ class Source:
 def mixture_sources(source: Any, weights: Any = None, shard_roots: Sequence[str] = ()) -> list[Source] | None:
     """The datasets a loader ``source`` names, or None for a single dataset: a ``{name: url}`` mapping, a
     list of dataset folders (with ``weights``), or a mixture file (``.yaml``/``.yml``, or ``.json`` holding
-    ``datasets``; :func:`load_mixture`, whose datasets must lie beside it or under ``shard_roots``). A mixture names
-    at least one dataset, by a non-empty string, at a path or URL: else an :class:`OptionError`."""
+    ``datasets``; `load_mixture()`, whose datasets must lie beside it or under ``shard_roots``). A mixture names
+    at least one dataset, by a non-empty string, at a path or URL: else an `OptionError`."""
     if isinstance(source, Mapping) and not source:
         raise OptionError("source is an empty mapping: a mixture needs at least one dataset ({name: folder})")
     if isinstance(source, Mapping):
@@ -97,7 +97,7 @@ def _dataset_name(name: Any) -> str:
 def weights_by_name(weights: Any, names: list[str]) -> dict[str, float]:
     """Each dataset's weight from ``weights`` as the user gave them (a ``{name: weight}`` mapping, a dataset not
     named weighing 1, or a list of numbers in the datasets' order), checked: finite numbers of at least 0, not all
-    0 (an epoch would take no sample), else an :class:`OptionError` naming the weight."""
+    0 (an epoch would take no sample), else an `OptionError` naming the weight."""
     if weights is None:
         return {n: 1.0 for n in names}
     if isinstance(weights, Mapping):
@@ -147,8 +147,8 @@ def _read_spec(url: str) -> dict:
 def load_mixture(url: str, shard_roots: Sequence[str] = ()) -> list[Source]:
     """The datasets of a mixture file: ``datasets:`` as a list of ``{name, path, weight}`` or a mapping
     ``name: {path, weight}`` (or ``name: path``); relative paths are relative to the file. A mixture file is
-    data: each dataset must lie in the file's folder or under one of the user's ``shard_roots`` (:mod:`.trust`),
-    else :class:`~streambatch.errors.UntrustedURL` before it is opened."""
+    data: each dataset must lie in the file's folder or under one of the user's ``shard_roots`` (`trust`),
+    else `UntrustedURL` before it is opened."""
     spec = _read_spec(url).get("datasets")
     if isinstance(spec, Mapping):
         spec = [_entry_of(url, k, v) for k, v in spec.items()]
@@ -184,7 +184,7 @@ def _entry_of(url: str, name: Any, value: Any) -> Any:
 
 
 def _check_keys(url: str, which: str, entry: Any, allowed: Sequence[str]) -> None:
-    """A misspelt key (``wieght``) would be ignored and its default taken: an :class:`IndexFormatError` naming it."""
+    """A misspelt key (``wieght``) would be ignored and its default taken: an `IndexFormatError` naming it."""
     unknown = sorted(str(k) for k in entry if k not in allowed) if isinstance(entry, Mapping) else []
     if unknown:
         raise IndexFormatError(
@@ -210,7 +210,7 @@ class VirtualShards(Sequence):
 
 class MixedIndex:
     """The indexes of a mixture's datasets as one index: the planner's shard table and lengths, the readers'
-    shard URLs and checksums, and each epoch's :class:`~streambatch.plan.mixing.Selection`."""
+    shard URLs and checksums, and each epoch's `Selection`."""
 
     def __init__(
         self,
@@ -254,8 +254,8 @@ class MixedIndex:
         max_plan_bytes: int = MAX_PLAN_BYTES,
     ) -> MixedIndex:
         """Load each dataset's index (a folder holding ``index.json`` or an index file); its shard URLs must lie
-        in its folder or under ``shard_roots`` (:meth:`ShardIndex.load`), and a plan the weights make larger than
-        ``max_plan_bytes`` is refused before it is built (:func:`~streambatch.plan.mixing.check_plan_size`)."""
+        in its folder or under ``shard_roots`` (`ShardIndex.load()`), and a plan the weights make larger than
+        ``max_plan_bytes`` is refused before it is built (`check_plan_size()`)."""
         indexes = []
         for s in sources:
             url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
@@ -274,7 +274,7 @@ class MixedIndex:
         return MixedIndex(sources, self.indexes, self.max_plan_bytes, list(starts), self._tables)
 
     def check_urls(self) -> None:
-        """Refuse the mixture if a dataset's shard URL points outside its roots (:meth:`ShardIndex.check_urls`)."""
+        """Refuse the mixture if a dataset's shard URL points outside its roots (`ShardIndex.check_urls()`)."""
         for ix in self.indexes:
             ix.check_urls()
 
@@ -405,7 +405,7 @@ class MixedIndex:
 
 
 def draw_rows(rows: Sequence[Sequence[Any]], epoch: int) -> list[tuple[str, float, int, int]]:
-    """A mixture's checkpoint rows (:meth:`MixedIndex.state`) as ``(name, weight, samples, start)``: ``start``, where
+    """A mixture's checkpoint rows (`MixedIndex.state()`) as ``(name, weight, samples, start)``: ``start``, where
     ``epoch`` begins in the dataset's cycles, is recorded under a weight schedule and is ``epoch · round(w·N)``
     under fixed weights (the same draw), so states of either kind compare by the samples their epochs take."""
     out = []
@@ -459,7 +459,7 @@ class DatasetNames:
 def open_index(
     url: str, storage_options: dict | None = None, shard_roots: Sequence[str] = ()
 ) -> ShardIndex | MixedIndex:
-    """A dataset's index, or a mixture file's datasets as one :class:`MixedIndex` (``shardify inspect``, the
+    """A dataset's index, or a mixture file's datasets as one `MixedIndex` (``shardify inspect``, the
     training script's budget parsing); what they point to must lie in their folders or under ``shard_roots``."""
     if _is_mixture_file(url):
         return MixedIndex.open(load_mixture(url, shard_roots), storage_options, shard_roots)

@@ -1,9 +1,9 @@
 """Mixture weights that change over training (curricula, annealing): ``weights`` as a schedule, a list of
 per-epoch weights (the last holds for later epochs) or a callable ``epoch -> weights``.
 
-Each epoch's mixture is the :class:`~streambatch.select.mixture.MixedIndex` of that epoch's weights, its virtual
-shards laid out for them (:meth:`MixedIndex.reweighted`). A dataset's samples still come from one endless
-sequence of seeded permutations (:mod:`streambatch.plan.mixing`): epoch ``e`` takes the next ``round(w_e·N)``
+Each epoch's mixture is the `MixedIndex` of that epoch's weights, its virtual
+shards laid out for them (`MixedIndex.reweighted()`). A dataset's samples still come from one endless
+sequence of seeded permutations (`streambatch.plan.mixing`): epoch ``e`` takes the next ``round(w_e·N)``
 positions, beginning where epoch ``e - 1`` ended, so the per-epoch counts are exact and no sample repeats before
 the whole dataset was taken, whatever the weights do. A callable runs here, in the main process, once per epoch
 (and for every earlier epoch, to know where the epoch begins); the workers receive the resulting mixture, never
@@ -55,7 +55,7 @@ class WeightSchedule:
     def given(self, epoch: int) -> Any:
         """What the user's schedule says for ``epoch``, checked only to be given (a callable is called once per
         epoch): None, which means equal weights as a fixed ``weights``, is in a schedule a function that missed
-        its ``return``, an :class:`OptionError`."""
+        its ``return``, an `OptionError`."""
         if self.fn is None:
             got = self.entries[min(epoch, len(self.entries) - 1)]
         else:
@@ -81,7 +81,7 @@ class WeightSchedule:
         return self.index_for(0)
 
     def weights(self, epoch: int) -> dict[str, float]:
-        """Epoch ``epoch``'s weights by dataset name, checked (an :class:`OptionError` naming the epoch)."""
+        """Epoch ``epoch``'s weights by dataset name, checked (an `OptionError` naming the epoch)."""
         if epoch < 0:
             raise OptionError(f"a weight schedule has no epoch {epoch}")
         if epoch not in self._weights:

@@ -39,8 +39,8 @@ MAX_SHARD_URLS = 10**7
 
 
 def expand_urls(source: str | Sequence[str]) -> list[str]:
-    """Brace-expand a shard pattern (or each of a list of them) into URLs. More than :data:`MAX_SHARD_URLS` in
-    all is an :class:`~streambatch.errors.OptionError` naming the pattern and its count, raised before expanding."""
+    """Brace-expand a shard pattern (or each of a list of them) into URLs. More than `MAX_SHARD_URLS` in
+    all is an `OptionError` naming the pattern and its count, raised before expanding."""
     items = [str(item) for item in ([source] if isinstance(source, str) else list(source))]
     counts = [brace_count(item) for item in items]
     if sum(counts) > MAX_SHARD_URLS:
@@ -113,9 +113,9 @@ def resolve_source(
     cache_dir: str | None = None,
 ) -> tuple[ShardIndex | None, Sequence[str]]:
     """(index or None, shard URLs) for a dataset folder, an index file, a shard pattern or a URL list; an
-    index's URLs are resolved one at a time (:class:`ShardURLs`), never listed whole, each inside the index's
-    folder or one of ``shard_roots`` (:mod:`.trust`). Shard URLs the user lists are the user's own: not checked.
-    ``cache_dir``: a remote index is read once per node into it and shared (:mod:`.shared_index`)."""
+    index's URLs are resolved one at a time (`ShardURLs`), never listed whole, each inside the index's
+    folder or one of ``shard_roots`` (`trust`). Shard URLs the user lists are the user's own: not checked.
+    ``cache_dir``: a remote index is read once per node into it and shared (`shared_index`)."""
     if isinstance(index, ShardIndex):
         return index.allow(shard_roots), ShardURLs(index)
     if index is not None:
@@ -155,8 +155,8 @@ def open_source(
 ) -> tuple[AnyIndex | None, Sequence[str], str]:
     """(index or None, shard URLs, a name for messages) for what the loader reads: one dataset or a mixture of
     several; every shard URL an index names is checked against its roots here, before anything is read. With a
-    ``cache_dir`` (one that cannot be written is an :class:`OptionError` here), one dataset's remote index is read
-    once per node (:mod:`.shared_index`)."""
+    ``cache_dir`` (one that cannot be written is an `OptionError` here), one dataset's remote index is read
+    once per node (`shared_index`)."""
     if cache_dir is not None:
         check_cache_dir(cache_dir)  # a cache that cannot work stops the build, not the reading later
     sources = mixture_sources(source, weights, shard_roots)

@@ -1,12 +1,12 @@
 """Filters: ``where="language = 'de' AND snr > 10"`` evaluated by DuckDB over the sample table's columns.
 
-:class:`Where` is one SQL expression, checked once against the table's columns (one clear line naming the
+`Where` is one SQL expression, checked once against the table's columns (one clear line naming the
 bad column or the syntax error, with the columns there are) and then evaluated on Arrow tables of one row
 group at a time; nothing is ever passed to Python's ``eval``, and DuckDB runs with file access disabled.
 The check and the first pass over every row group run in a child process whose memory and time are bounded
-(:mod:`.where_engine`; :func:`.limits.filter_memory`, :func:`.limits.filter_seconds`), and only deterministic
+(`where_engine`; `limits.filter_memory()`, `limits.filter_seconds()`), and only deterministic
 functions are allowed, so every rank and worker keeps the same samples.
-:class:`SampleFilter` applies it to an index: which samples of a shard it keeps (cached per row group), the
+`SampleFilter` applies it to an index: which samples of a shard it keeps (cached per row group), the
 kept share of each shard's length (so shards are dealt by the length they keep), and the kept lengths.
 """
 
@@ -103,7 +103,7 @@ class Where:
         self._con, self._pid = None, -1
 
     def evaluate(self, table: Any, within: Engine | None = None) -> np.ndarray:
-        """Which rows of an Arrow table (holding at least :attr:`used`) the expression keeps, in row order;
+        """Which rows of an Arrow table (holding at least `used`) the expression keeps, in row order;
         ``within``: evaluate in that engine (the first pass over a dataset), else in this process."""
         if table.num_rows == 0:
             return np.zeros(0, dtype=bool)
@@ -118,7 +118,7 @@ class Where:
 
 
 def filter_columns(index: ShardIndex) -> dict[str, str]:
-    """The columns a filter on ``index`` (a version 2 :class:`~.index.ShardIndex`) can name."""
+    """The columns a filter on ``index`` (a version 2 `ShardIndex`) can name."""
     reader = _table_reader(index)
     return {"key": "string", "length": reader.length_type, **reader.extra}
 
@@ -134,7 +134,7 @@ def _table_reader(index: ShardIndex) -> ColumnarIndex:
 
 
 class SampleFilter:
-    """A :class:`Where` applied to one dataset's index: kept samples per shard, evaluated per row group.
+    """A `Where` applied to one dataset's index: kept samples per shard, evaluated per row group.
     ``checker``: the engine that checks the expression (None: one started for the check)."""
 
     def __init__(self, index: ShardIndex, expr: str, what: str = "where", checker: Engine | None = None):
@@ -166,9 +166,9 @@ class SampleFilter:
 
     def scan(self, within: Engine) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(first shard, keep, lengths) of every row group in order, one in memory at a time (kept for
-        :meth:`keep` only when the whole dataset's answers are small: up to :data:`CACHE_ALL` samples).
+        `keep()` only when the whole dataset's answers are small: up to `CACHE_ALL` samples).
         Evaluated ``within`` an engine: this first pass is what proves the filter keeps to the limits on this
-        data, before any process evaluates it in its own memory (:meth:`keep`)."""
+        data, before any process evaluates it in its own memory (`keep()`)."""
         small = int(self.reader.group_rows.sum()) <= CACHE_ALL
         for g in range(len(self.reader.group_start)):
             keep, lengths = self._group(g, lengths=True, within=within)
@@ -177,7 +177,7 @@ class SampleFilter:
             yield int(self.reader.group_start[g]), keep, lengths  # type: ignore[misc]
 
     def kept_totals(self, within: Engine) -> tuple[np.ndarray, np.ndarray]:
-        """Per shard: samples kept and their total length (streamed over every row group, by :meth:`scan`)."""
+        """Per shard: samples kept and their total length (streamed over every row group, by `scan()`)."""
         r = self.reader
         n = len(r.columns.count)
         counts, totals = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
@@ -202,7 +202,7 @@ class PlanFilter:
     """A filter over the plan's shards (one dataset's, or a mixture's virtual shards; each dataset filtered by
     the same expression): which samples a shard keeps, the kept share of each shard's length (``scale``, to deal
     shards by the length they keep; computed once, by streaming the filter's columns), and the lazy mask of the
-    samples it leaves out (:class:`~streambatch.plan.filter.LeftOut`)."""
+    samples it leaves out (`LeftOut`)."""
 
     def __init__(self, index: AnyIndex, expr: str):
         self.index, self.expr = index, str(expr)

@@ -1,4 +1,4 @@
-"""The parent's side of the filter engine: a child process (:mod:`.where_engine`, run by path) that checks and
+"""The parent's side of the filter engine: a child process (`where_engine`, run by path) that checks and
 evaluates filters within a memory and a time limit, killed if it stops answering."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Engine:
         self._ask(expr, [json.dumps({"expr": expr, "columns": columns}).encode()])
 
     def keep(self, expr: str, table: Any) -> np.ndarray:
-        """Which rows of an Arrow table ``expr`` keeps (:func:`evaluate`, in the child)."""
+        """Which rows of an Arrow table ``expr`` keeps (`evaluate()`, in the child)."""
         import pyarrow as pa
 
         sink = pa.BufferOutputStream()
@@ -95,7 +95,7 @@ class Engine:
 
     def _answer(self, fd: int, wait: float) -> tuple[bytes, bytes]:
         """The child's next answer; EngineError if it ends first or takes more than ``wait`` seconds (for a
-        request: twice the time limit at which the child interrupts itself, and :attr:`grace`)."""
+        request: twice the time limit at which the child interrupts itself, and `grace`)."""
         deadline = time.monotonic() + wait
         head = self._read(fd, HEAD.size, deadline)
         kind, n = HEAD.unpack(head)

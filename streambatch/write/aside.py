@@ -1,7 +1,7 @@
 """``--overwrite`` that keeps the dataset it replaces until the new one is complete (a local OUT).
 
 Once the input is read and checked, and before the new dataset's first file is written, every file ``--overwrite``
-replaces (:func:`~.parts.replaced_names`: the index first, then its tables, the shards, the errors file,
+replaces (`replaced_names()`: the index first, then its tables, the shards, the errors file,
 temporaries) is renamed into a hidden folder in OUT, ``.shardify-replaced`` (``.shardify-replaced-part-IIII`` for
 part I): renames, which cost neither time nor space, and the old dataset stays whole there (it even loads from
 there). When the new index is written the folder is removed; when the write fails or is interrupted (any
@@ -9,13 +9,13 @@ exception, Ctrl-C) the new write's files are removed and the old ones moved back
 written while the old one still takes its space on the disk.
 
 A writer killed hard (SIGKILL, a lost node) leaves the folder behind. The next ``shardify write`` into OUT finds
-it, under OUT's lock (:func:`recover_replaced`): if that write finished (its index is there), only the removal was
+it, under OUT's lock (`recover_replaced()`): if that write finished (its index is there), only the removal was
 lost and is done then; otherwise ``--overwrite`` keeps the folder as the dataset to put back while it writes again,
 and any other write puts the old dataset back first, saying so on stderr. A marker in the folder
-(:data:`_ALL_ASIDE`) says every old file is in it: before it is there OUT holds nothing new, so a writer killed
+(`_ALL_ASIDE`) says every old file is in it: before it is there OUT holds nothing new, so a writer killed
 while setting the dataset aside, or while putting it back, is recovered as well.
 
-Object storage has no cheap rename: there ``--overwrite`` removes the old files first (:func:`~.parts.clear_out`).
+Object storage has no cheap rename: there ``--overwrite`` removes the old files first (`clear_out()`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def replacing(out: str, part: tuple[int, int] | None, overwrite: bool, storage_o
 
 def recover_replaced(out: str, part: tuple[int, int] | None, overwrite: bool) -> None:
     """Before a write into ``out`` (holding its lock): finish what an ``--overwrite`` killed there left. A finished
-    write's aside folder is removed; an unfinished one's is kept for an ``overwrite`` (:func:`replacing` writes
+    write's aside folder is removed; an unfinished one's is kept for an ``overwrite`` (`replacing()` writes
     again with it as the dataset to put back), and put back for any other write, which says so on stderr."""
     if not storage.is_local(out):
         return

@@ -1,4 +1,4 @@
-"""Where the heavy steps of a write run: an :class:`Engine` (such as :class:`~.ray_engine.RayEngine`) runs them on
+"""Where the heavy steps of a write run: an `Engine` (such as `RayEngine`) runs them on
 other machines, ``None`` in this process and its ``workers``.
 
 A write's heavy steps are the ones that touch each record or tar apart from the others: probing the records'
@@ -27,17 +27,17 @@ class Engine(Protocol):
     def probe(
         self, records: Sequence[Record], kind: str, workers: int, progress: bool, storage_options: dict | None
     ) -> Probed:
-        """:func:`~.probe.probe_slice` of every record."""
+        """`probe_slice()` of every record."""
         ...
 
     def write(
         self, tasks: Sequence[ShardTask], workers: int, progress: bool, stats: dict[str, int] | None
     ) -> list[ShardInfo]:
-        """:func:`~.writer.write_planned` of every planned shard (infos in shard order)."""
+        """`write_planned()` of every planned shard (infos in shard order)."""
         ...
 
     def scan(
         self, tars: Sequence[str], workers: int, progress: bool, storage_options: dict | None, suffixes: tuple[str, ...]
     ) -> list[ShardScan]:
-        """:func:`~.adopt.index.scan_tars` of every tar (scans in tar order)."""
+        """`scan_tars()` of every tar (scans in tar order)."""
         ...

@@ -1,4 +1,4 @@
-"""The lines of NeMo's manifests for one shard (:mod:`.export_nemo`): its tar read once for member names, ``.json``
+"""The lines of NeMo's manifests for one shard (`export_nemo`): its tar read once for member names, ``.json``
 transcripts and a segment's rate, its durations from the index."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class ShardLines:
 def read_shard(
     index: ShardIndex, storage_options: dict | None, empty_text: bool, stop: threading.Event, shard_url: tuple[int, str]
 ) -> ShardLines:
-    """One shard's manifest lines (:func:`shard_entries`) and counts; cut short once ``stop`` is set."""
+    """One shard's manifest lines (`shard_entries()`) and counts; cut short once ``stop`` is set."""
     shard, url = shard_url
     done, lines = ShardLines(), []
     for entry in shard_entries(index, shard, url, storage_options, empty_text, done):

@@ -16,11 +16,11 @@ member whose extension is an audio format becomes the sample's audio (our ``KEY.
 looked up by the manifest's ``audio_filepath`` without its extension. So keys must hold no dot and be unique over the
 dataset. The lhotse loader matches members by their exact name (other members need
 ``skip_missing_manifest_entries: true``) and takes each tar's ``shard_id`` from its file name (``audio*_N*.tar``),
-which our ``shard-NNNNNN.tar`` names do not follow: :func:`export_nemo` can link ``audio/audio_N.tar`` to each tar
+which our ``shard-NNNNNN.tar`` names do not follow: `export_nemo()` can link ``audio/audio_N.tar`` to each tar
 (``links=True``, local datasets) instead of renaming anything.
 
 Into a local folder, the export is written into a staging folder there and replaces the one in place as one set
-(:mod:`.swap`): an error or interrupt at any point leaves the earlier export whole, and what a killed export left
+(`swap`): an error or interrupt at any point leaves the earlier export whole, and what a killed export left
 (its staging folder, temporary files, the earlier export set aside) is cleared or put back by the next one. On
 object storage each manifest appears whole when its upload completes, the whole manifest last.
 """
@@ -57,7 +57,7 @@ LINKS_DIR = "audio"
 LINK_NAME = "audio_{}.tar"
 #: what an export writes into its folder, the whole manifest (which says the export is complete) last
 ENTRIES = (LINKS_DIR, SHARDED_DIR, PATHS_NAME, MANIFEST_NAME)
-#: the staging folder (a temporary name of it) and the aside folder of a local export (:mod:`.swap`)
+#: the staging folder (a temporary name of it) and the aside folder of a local export (`swap`)
 STAGE_NAME, ASIDE_NAME = ".shardify-export", ".shardify-export-replaced"
 _SHARD_MANIFEST = re.compile(r"manifest_\d+\.json")
 _LINK = re.compile(r"audio_\d+\.tar")
@@ -72,7 +72,7 @@ READERS = 8
 
 @dataclass
 class NemoExport:
-    """What :func:`export_nemo` wrote: the manifest, the tars in ``shard_id`` order (and their brace pattern when
+    """What `export_nemo()` wrote: the manifest, the tars in ``shard_id`` order (and their brace pattern when
     their names allow one), the links made, the sample count and the samples left out (length 0)."""
 
     out: str
@@ -126,7 +126,7 @@ def export_nemo(
 
 
 def _swap(out: str) -> Swap:
-    """How a local export replaces the one in ``out`` (:mod:`.swap`)."""
+    """How a local export replaces the one in ``out`` (`swap`)."""
     return Swap(storage.local_path(out), ENTRIES, STAGE_NAME, ASIDE_NAME)
 
 
@@ -204,7 +204,7 @@ def _write_manifests(
 ) -> None:
     """Write every manifest under a temporary name in ``place``, reading each tar (``urls``) once: finished, not
     yet published (each writer is appended to ``writers`` as it is opened, so the caller can throw them all away).
-    Remote tars are read :data:`READERS` at once, the shard manifests written beside, the lines kept in tar order
+    Remote tars are read `READERS` at once, the shard manifests written beside, the lines kept in tar order
     (local ones one after another: their reading is parsing, which threads would only share)."""
     whole = _opened(place, (MANIFEST_NAME,), storage_options, writers)
     readers = 1 if all(storage.is_local(u) for u in urls) else READERS  # local tars: parsing, not waiting
@@ -233,7 +233,7 @@ def _write_manifests(
     _written(whole, b"", finish=True)
 
 
-#: what an output that does not fit says it was writing (:func:`~streambatch.errors.output_fits`)
+#: what an output that does not fit says it was writing (`output_fits()`)
 _WRITING = "NeMo's manifests (none of them is kept)"
 
 
@@ -334,7 +334,7 @@ def _foreign(out: str) -> str | None:
 
 def _tidy(out: str) -> None:
     """Before an export into the local folder ``out`` (holding its lock): finish what an export killed there left
-    (an earlier export set aside: kept or put back, :meth:`.Swap.recover`; staging folders) and remove the
+    (an earlier export set aside: kept or put back, `Swap.recover()`; staging folders) and remove the
     temporary files of earlier exports."""
     folder = storage.local_path(out)
     if not os.path.isdir(folder):

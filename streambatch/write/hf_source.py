@@ -4,7 +4,7 @@ a split; the default is ``train``, or the only one).
 
 An audio dataset has an ``Audio`` column (its stored bytes are written as they are, never decoded and
 re-encoded), or an ``audio`` column of ``{"array", "sampling_rate"}`` (written as WAV, float or integer samples
-kept exactly); the transcript is the first of :data:`TEXT_COLUMNS`. A dataset without audio is text (``text``
+kept exactly); the transcript is the first of `TEXT_COLUMNS`. A dataset without audio is text (``text``
 and/or ``input_ids``). Other columns with plain values (strings, numbers) go into each sample's ``.json``. Audio
 is read from the dataset's memory-mapped Arrow files when its sample is probed and again when it is written, so
 the audio is never all in memory. ``datasets`` is optional: ``pip install 'streambatch[hf]'``.

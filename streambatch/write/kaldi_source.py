@@ -2,7 +2,7 @@
 ``segments`` (utterance id → recording, start and end in seconds; end ``-1``: to the end), ``text`` (utterance id →
 transcript) and ``utt2spk`` (utterance id → speaker).
 
-With ``segments``, each utterance is a segment of its recording (:mod:`.segments`); without, each recording is a
+With ``segments``, each utterance is a segment of its recording (`segments`); without, each recording is a
 sample (its id the utterance id, as Kaldi has it). A relative path in ``wav.scp`` is relative to ``--data-root``
 when given, else to the working directory (Kaldi runs from the recipe's folder). A command (``... |``) or an
 archive offset (``file.ark:123``) in ``wav.scp`` is an input error naming its line: shardify never runs commands.

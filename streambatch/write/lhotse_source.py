@@ -2,7 +2,7 @@
 (``cuts.jsonl.gz``: one sample per cut), or a recordings manifest with its supervisions (``recordings.jsonl.gz`` +
 ``supervisions.jsonl.gz``, either one given: one sample per supervision, as icefall's recipes cut them).
 
-A cut or supervision that does not cover its whole recording is a segment of it (:mod:`.segments`). A sample's
+A cut or supervision that does not cover its whole recording is a segment of it (`segments`). A sample's
 ``text`` is its supervisions' texts (in time order, joined by a space) and its ``speaker`` the one speaker they
 share. Only recordings stored as one audio file (``"type": "file"``) are read; a command, URL or in-memory source,
 or a ``MixedCut``, is an input error naming its line. A relative ``source`` path is relative to ``--data-root``

@@ -1,7 +1,7 @@
 """Parts (``--part I/N``), the output folder's files, and ``shardify merge``.
 
 Task I of N writes the I-th contiguous slice of the record list as ``shard-pIIII-*.tar`` plus its own
-``index.part-IIII.json``; :func:`merge_parts` checks that all N parts are there and from the same run and
+``index.part-IIII.json``; `merge_parts()` checks that all N parts are there and from the same run and
 writes ``index.json``. Which files in OUT belong to which write (a whole dataset or one part) decides what
 ``--overwrite`` removes, what ``--resume`` keeps and what a part may share its folder with.
 """
@@ -116,7 +116,7 @@ def _is_ours(name: str) -> bool:
 
 def is_aside(name: str) -> bool:
     """Whether a name in OUT is a folder where a running (or killed) ``--overwrite`` keeps the dataset it replaces
-    (:mod:`.aside`), or one being discarded: not part of any dataset, handled before OUT is checked."""
+    (`aside`), or one being discarded: not part of any dataset, handled before OUT is checked."""
     return name.startswith(ASIDE_PREFIX)
 
 
@@ -187,8 +187,8 @@ def check_out(
 
 
 def clear_out(out: str, storage_options: dict | None = None, part: tuple[int, int] | None = None) -> None:
-    """Remove what a previous run wrote (:func:`replaced_names`, index first). ``--overwrite`` does this where it
-    cannot set the old dataset aside (object storage; :mod:`.aside`)."""
+    """Remove what a previous run wrote (`replaced_names()`, index first). ``--overwrite`` does this where it
+    cannot set the old dataset aside (object storage; `aside`)."""
     for m in replaced_names(storage.listdir(out, storage_options), part):
         remove_quiet(storage.join_url(out, m), storage_options)
 
@@ -244,7 +244,7 @@ def merge_parts(
     ``parts``: the part index files (default: every ``index.part-*.json`` in ``out``). All n parts must be
     there, once each, written from the same source with the same options; a missing part is an error that
     names it. The shards the parts list must exist (``verify=True`` re-reads them all, as ``shardify verify``)
-    and lie beside their part index or under ``shard_roots`` (:mod:`~streambatch.format.trust`).
+    and lie beside their part index or under ``shard_roots`` (`trust`).
     """
     out = str(out).rstrip("/") or "/"
     ordered = _all_parts(out, _load_parts(out, parts, storage_options, shard_roots))

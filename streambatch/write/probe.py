@@ -2,7 +2,7 @@
 
 Audio lengths come from the file's header (never by decoding the whole file), probed in worker processes; text
 lengths are token counts. Lengths that lie are caught here: a file cut short (its last block is decoded after a
-seek) and a manifest duration that disagrees with the header. Bad files become :class:`InputProblem` s, so
+seek) and a manifest duration that disagrees with the header. Bad files become `InputProblem` s, so
 one run reports every bad input at once.
 """
 
@@ -60,7 +60,7 @@ MAX_SAMPLE_RATE = 2**31 - 1
 
 def check_storage_options(storage_options: Any) -> dict | None:
     """``storage_options`` once it is None or a mapping (fsspec's options for a remote URL), else an
-    :class:`~streambatch.errors.OptionError`: checked for every OUT, local ones too, before anything is read."""
+    `OptionError`: checked for every OUT, local ones too, before anything is read."""
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise OptionError(f"storage_options must be None or a dict of fsspec options, got {shown(storage_options)}")
     return None if storage_options is None else dict(storage_options)
@@ -116,7 +116,7 @@ MAX_WORKERS = 1024
 #: seconds the workers of an interrupted pool get to unwind the task they run (its ``finally`` blocks remove what it
 #: half wrote) before they are killed
 STOP_GRACE = 2.0
-#: the signals a worker leaves to the process that started it (blocked while it starts: see :meth:`Pool.submit`)
+#: the signals a worker leaves to the process that started it (blocked while it starts: see `Pool.submit()`)
 _STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 #: a worker's state: running a task, and told to stop
 _WORKER = {"busy": False, "stopped": False}
@@ -127,7 +127,7 @@ _INTERRUPT = Interrupter()
 def process_pool(workers: int, remote: bool) -> Pool:
     """Worker processes for probing and writing; fresh (spawned) ones when they do remote I/O. They end when
     this process dies, even by SIGKILL (no stranded worker holding a caller's pipes), and leave interrupts to it:
-    see :class:`Pool`."""
+    see `Pool`."""
     # fsspec object-store filesystems are not fork-safe: start fresh processes for remote I/O
     ctx = multiprocessing.get_context("spawn") if remote else None
     return Pool(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
@@ -137,7 +137,7 @@ class Pool(cf.ProcessPoolExecutor):
     """A process pool whose workers ignore SIGINT (a terminal sends Ctrl-C to the whole process group: the parent
     decides) and stop on SIGTERM. Leaving its ``with`` block on an interrupt (KeyboardInterrupt, SystemExit: any
     exception that is not an ``Exception``) cancels the tasks not started and stops the workers without waiting
-    for their tasks (:meth:`stop`); on an error it cancels the tasks not started and waits for the running ones."""
+    for their tasks (`stop()`); on an error it cancels the tasks not started and waits for the running ones."""
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> cf.Future[T]:
         # a worker is forked here: it starts with the stop signals blocked (so that none kills it with a traceback
@@ -172,8 +172,8 @@ class Pool(cf.ProcessPoolExecutor):
 
 
 def _worker_init(parent: int) -> None:
-    """A pool worker's initializer: end with ``parent`` (:func:`~streambatch.procs.die_with_parent`), ignore
-    SIGINT, and stop on SIGTERM (:func:`_stop_worker`)."""
+    """A pool worker's initializer: end with ``parent`` (`die_with_parent()`), ignore
+    SIGINT, and stop on SIGTERM (`_stop_worker()`)."""
     die_with_parent(parent)
     _INTERRUPT.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -182,7 +182,7 @@ def _worker_init(parent: int) -> None:
 
 
 def _stop_worker(signum: int, frame: Any) -> None:
-    """A worker's SIGTERM: interrupt the task it runs (its cleanup runs, then :func:`_in_worker` exits) as soon
+    """A worker's SIGTERM: interrupt the task it runs (its cleanup runs, then `_in_worker()` exits) as soon
     as the code it is in can unwind (not inside soundfile's callbacks from C, where the exception would be printed
     and lost), or exit at once when idle; quietly either way."""
     if _WORKER["stopped"] and not _INTERRUPT.pending:
@@ -247,7 +247,7 @@ def measure(
     return measured(probe_slice(records, kind, workers, progress, storage_options), kind, unit, sample_rate, on_error)
 
 
-#: what :func:`probe_slice` found: text samples, or audio records with their header's rate, frames and size; and
+#: what `probe_slice()` found: text samples, or audio records with their header's rate, frames and size; and
 #: a problem for each record it could not use. Slices of a record list probed apart concatenate in order.
 Probed = tuple[list[Any], list[InputProblem]]
 
@@ -255,8 +255,8 @@ Probed = tuple[list[Any], list[InputProblem]]
 def probe_slice(
     records: Sequence[Record], kind: str, workers: int = 1, progress: bool = True, storage_options: dict | None = None
 ) -> Probed:
-    """The per-record half of :func:`measure` (headers read, tokens counted): it depends on no other record, so
-    an engine may probe slices of the record list apart (:mod:`.ray_engine`) and join them before :func:`measured`."""
+    """The per-record half of `measure()` (headers read, tokens counted): it depends on no other record, so
+    an engine may probe slices of the record list apart (`ray_engine`) and join them before `measured()`."""
     if kind == "text":
         return _measure_text(records)
     return _probe_audio(records, workers, progress, storage_options)
@@ -265,7 +265,7 @@ def probe_slice(
 def measured(
     probed: Probed, kind: str, unit: Unit | str, sample_rate: int | None, on_error: str
 ) -> tuple[list[Sample], list[InputProblem], int | None]:
-    """The whole-list half of :func:`measure`: the index's sample rate (one rate for all records) and the
+    """The whole-list half of `measure()`: the index's sample rate (one rate for all records) and the
     samples' lengths at it."""
     items, problems = probed
     if kind == "text":
@@ -313,7 +313,7 @@ def _probe_audio(
 
 def extension_problem(rec: Record) -> str | None:
     """Why the record's audio cannot be stored under its file's extension: the loader finds a sample's audio by
-    its member's extension (:data:`~streambatch.format.audio.AUDIO_EXTENSIONS`), so audio under any other name
+    its member's extension (`AUDIO_EXTENSIONS`), so audio under any other name
     would be written and then stream without its audio."""
     if rec.ext in AUDIO_EXTENSIONS:
         return None

@@ -1,10 +1,10 @@
 """Preparing a dataset on Ray: ``shardify write SRC OUT --engine ray`` and ``shardify index SRC --engine ray``.
 
-:class:`RayEngine` is an :class:`~.engines.Engine`: the records are probed, the planned shards written and the
+`RayEngine` is an `Engine`: the records are probed, the planned shards written and the
 tars scanned in Ray tasks, each on a contiguous slice. The calling process (the driver) keeps what needs the
 whole list: the write order, the shard plan (so each task owns fixed global shard names, ``shard-000123.tar``,
 whatever the number of tasks), the index's sample rate, and the index, assembled from the tasks' results in shard
-order. The shards are written by the same :func:`~.tarwrite.write_shard` as every other write, so the dataset is
+order. The shards are written by the same `write_shard()` as every other write, so the dataset is
 byte for byte the one a single-process ``shardify write`` makes (index tables alike, but for the write's time and
 id). A task that dies (a node lost, a worker killed) is retried by Ray; the retry first removes the temporary files
 its killed attempt left beside its own shards.
@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 def import_ray(local: bool = False) -> Any:
     """The ``ray`` module, or a one-line error naming the extra that installs it. ``local``: a local instance will
-    be started, so it is kept on 127.0.0.1 with every process it starts (:data:`LOOPBACK_SETTING` off, unless the
+    be started, so it is kept on 127.0.0.1 with every process it starts (`LOOPBACK_SETTING` off, unless the
     environment sets it), which only works before the process first imports Ray."""
     if local and "ray" not in sys.modules:
         os.environ.setdefault(LOOPBACK_SETTING, "0")
@@ -64,7 +64,7 @@ def import_ray(local: bool = False) -> Any:
 
 
 def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
-    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) cluster address something listens at, else a :class:`ShardifyError`
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) cluster address something listens at, else a `ShardifyError`
     naming it: Ray itself retries an address that does not answer for minutes, printing warnings. ``auto``,
     ``local`` and None (a local instance) are Ray's to find."""
     if not address or address in ("auto", "local"):
@@ -83,10 +83,10 @@ class RayEngine:
     """Runs a write's probing, shard writing and tar scanning as Ray tasks (see the module's text).
 
     ``address``: the cluster to join (``"host:port"``, ``"auto"``, ``ray://...``); default ``RAY_ADDRESS``, else a
-    local Ray instance started for the write and stopped after it, on 127.0.0.1 (see :func:`import_ray`). In a
+    local Ray instance started for the write and stopped after it, on 127.0.0.1 (see `import_ray()`). In a
     process already connected to Ray (``ray.init`` done), that connection is used and left open. ``tasks``: Ray
     tasks per step (default: the cluster's CPUs); the output does not depend on it. ``max_retries``: Ray's retries
-    of a task whose worker died. Use it as a context manager, or call :meth:`close`.
+    of a task whose worker died. Use it as a context manager, or call `close()`.
     """
 
     def __init__(self, address: str | None = None, tasks: int | None = None, max_retries: int = MAX_RETRIES) -> None:
@@ -218,7 +218,7 @@ def _remove_own_temporaries(tasks: Sequence[ShardTask]) -> None:
 
 
 def _die_once_for_tests(tasks: Sequence[ShardTask], number: int) -> None:
-    """The :data:`KILL_HOOK` test hook: a worker killed mid-write, as a lost node would be."""
+    """The `KILL_HOOK` test hook: a worker killed mid-write, as a lost node would be."""
     number_text, _, marker = os.environ.get(KILL_HOOK, "").partition(":")
     if not marker or number_text != str(number) or os.path.exists(marker) or not tasks:
         return
@@ -235,8 +235,8 @@ def _die_once_for_tests(tasks: Sequence[ShardTask], number: int) -> None:
 def write_shards_ray(
     src: str, out: str, *, address: str | None = None, tasks: int | None = None, **options: Any
 ) -> ShardIndex:
-    """:func:`~.writer.write_shards` with its probing and shard writing in Ray tasks: the same dataset, byte for
-    byte, whatever ``tasks``. ``address``, ``tasks``: see :class:`RayEngine`; ``options``: ``write_shards``'s."""
+    """`write_shards()` with its probing and shard writing in Ray tasks: the same dataset, byte for
+    byte, whatever ``tasks``. ``address``, ``tasks``: see `RayEngine`; ``options``: ``write_shards``'s."""
     with RayEngine(address, tasks) as engine:
         return write_shards(src, out, engine=engine, **options)
 
@@ -244,7 +244,7 @@ def write_shards_ray(
 def index_tars_ray(
     src: str, out: str | None = None, *, address: str | None = None, tasks: int | None = None, **options: Any
 ) -> ShardIndex:
-    """:func:`~.adopt.index.index_tars` with the tars scanned in Ray tasks: the same index whatever ``tasks``.
-    ``address``, ``tasks``: see :class:`RayEngine`; ``options``: ``index_tars``'s."""
+    """`index_tars()` with the tars scanned in Ray tasks: the same index whatever ``tasks``.
+    ``address``, ``tasks``: see `RayEngine`; ``options``: ``index_tars``'s."""
     with RayEngine(address, tasks) as engine:
         return index_tars(src, out, engine=engine, **options)

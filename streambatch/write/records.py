@@ -1,4 +1,4 @@
-"""One input sample as the sources read it (:class:`Record`), and what every source kind shares to make one: keys,
+"""One input sample as the sources read it (`Record`), and what every source kind shares to make one: keys,
 paths resolved against a manifest's base and ``--data-root``, JSON lines, audio entries with their segments."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def open_lines(src: str) -> Iterator[Any]:
 
 def numbered_lines(f: Any) -> Iterator[tuple[int, bytes | None]]:
     """``(line number, bytes)`` of each line of ``f``; None for a line longer than
-    :func:`~streambatch.limits.max_line_bytes`, read past without being held."""
+    `max_line_bytes()`, read past without being held."""
     most = limits.max_line_bytes()
     n = 0
     while raw := f.readline(most + 1):

@@ -2,7 +2,7 @@
 
 A resume finishes an interrupted write of the same command; it must not replace what a finished write left. So
 a complete dataset there (``index.json``) is compared with this command by what its index records of the command
-that wrote it — the source, the sharding options, the tokenizers (:data:`~.parts.SAME_RUN_FIELDS`), the unit and
+that wrote it — the source, the sharding options, the tokenizers (`SAME_RUN_FIELDS`), the unit and
 sample rate, as ``shardify merge`` compares parts — and is either this command's, complete (nothing left to
 write: it is returned as it is, its files untouched), or another's (refused: ``--overwrite`` replaces it). With
 no readable index, the write is an interrupted one and the resume goes on (shards compared byte for byte). A

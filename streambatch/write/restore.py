@@ -2,7 +2,7 @@
 files written one after the other (``errors.jsonl``, then ``index.json`` of ``shardify merge``) change together
 or not at all.
 
-Locally the file is kept under a temporary name (:mod:`~streambatch.io.tempname`) by a hard link, which
+Locally the file is kept under a temporary name (`tempname`) by a hard link, which
 costs no space (a copy where the filesystem has no hard links), and renamed back on failure, which needs none;
 on object storage its bytes are kept in memory and uploaded again. A file that was not there is removed again.
 """
@@ -46,7 +46,7 @@ def restored_on_failure(url: str, storage_options: dict | None = None) -> Iterat
 
 
 def clear_kept(url: str) -> None:
-    """Remove the copies of a local ``url`` that runs killed inside :func:`restored_on_failure` left (and any
+    """Remove the copies of a local ``url`` that runs killed inside `restored_on_failure()` left (and any
     other temporary file of it): call it holding the folder's lock, before writing ``url`` again."""
     if not storage.is_local(url):
         return

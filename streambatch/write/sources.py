@@ -72,7 +72,7 @@ def detect_kind(src: str) -> str:
 def _first_json_line(src: str) -> Any:
     """The first JSON value of a JSON-lines file: its first non-empty line's or, when that line is malformed, the
     first later line's that parses (the malformed one is reported as a bad line when the file is read). None when
-    the first line opens a JSON document instead (:func:`_opens_document`). A malformed first line and no line that
+    the first line opens a JSON document instead (`_opens_document()`). A malformed first line and no line that
     parses is an error naming the first line."""
     with contextlib.closing(_text_lines(src)) as lines:
         n, line = next(lines, (0, ""))

@@ -4,7 +4,7 @@ replace what DEST holds.
 A shard already in DEST is kept rather than copied again, so that stage can be re-run to finish a copy. That is
 only safe when DEST holds this very dataset: tars pad to whole records, so a shard of another dataset (another
 version of the same audio) often has the size this index lists. So DEST is told apart by what identifies a
-dataset's shards, each shard's name, size and sha256 (:func:`identity`):
+dataset's shards, each shard's name, size and sha256 (`identity()`):
 
 * DEST's ``index.json`` is this one byte for byte, or lists the same shards (a staged copy of an index whose URLs
   were rewritten): DEST holds this dataset; a shard at its size is kept (re-hashed with ``--verify``).
@@ -12,7 +12,7 @@ dataset's shards, each shard's name, size and sha256 (:func:`identity`):
   with it, a shard there is kept only when its sha256 is the one this index lists, and the files the replaced
   index listed that this one does not are removed once the new index is written.
 * DEST has no index: a copy cut short, or files of unknown origin. A marker written before the first copy
-  (:data:`STAGING_NAME`, removed with the new index written) says which dataset that copy was of: this one's
+  (`STAGING_NAME`, removed with the new index written) says which dataset that copy was of: this one's
   keeps shards at their size, anything else is re-hashed.
 """
 
@@ -34,7 +34,7 @@ STAGING_NAME = ".shardify-staging.json"
 
 @dataclass
 class DestState:
-    """What DEST holds, as :func:`survey` found it."""
+    """What DEST holds, as `survey()` found it."""
 
     #: DEST's index is this one byte for byte (its tables there at their size are kept too)
     same: bool = False

@@ -1,14 +1,14 @@
 """Replacing a few named files and folders of a local folder as one set (``shardify export --overwrite``), so the
 folder holds either the whole old set or the whole new one, never a mix.
 
-The new set is written into a staging folder in the folder (:meth:`Swap.staging`: a temporary name,
-:mod:`~streambatch.io.tempname`). :meth:`Swap.publish` then moves the old set into a hidden aside folder,
+The new set is written into a staging folder in the folder (`Swap.staging()`: a temporary name,
+`tempname`). `Swap.publish()` then moves the old set into a hidden aside folder,
 the entry that says the set is complete (the last name) first, marks the aside folder complete, and renames the
 new entries into place, the last name last: a handful of renames whatever the set's size. An error or interrupt
 while publishing moves the old set back. A process killed outright leaves the aside folder; the next run, under
-the folder's lock, finishes what it left (:meth:`Swap.recover`): a complete new set is kept (the aside folder is
+the folder's lock, finishes what it left (`Swap.recover()`): a complete new set is kept (the aside folder is
 removed), anything else is undone (the old set put back). Leftover staging folders of runs that were killed are
-removed (:meth:`Swap.clear_staging`). The same idea as :mod:`.aside` (a whole dataset's ``--overwrite``), for sets
+removed (`Swap.clear_staging()`). The same idea as `aside` (a whole dataset's ``--overwrite``), for sets
 of entries a single command owns.
 """
 

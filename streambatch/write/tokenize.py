@@ -4,7 +4,7 @@
 A tokenizer is a Hugging Face ``tokenizers`` file (``tokenizer.json``, or a folder holding one), a
 sentencepiece model (``*.model``), or a name on the Hugging Face hub (downloaded once; needs a network). Both
 libraries are optional (``pip install 'streambatch[text]'``). The index records the tokenizer's name and a hash
-of its serialized form (:meth:`TextTokenizer.describe`), so ids from another tokenizer can be told apart.
+of its serialized form (`TextTokenizer.describe()`), so ids from another tokenizer can be told apart.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``shardify upgrade`` as a writer: a version 1 index rewritten as version 2 while holding the dataset folder's
-lock (:mod:`.lock`), as ``write``, ``index`` and ``merge`` do.
+lock (`lock`), as ``write``, ``index`` and ``merge`` do.
 
 The upgrade reads the index and writes it again; without the lock a ``write --overwrite`` of the same folder
 running meanwhile would have its new shards listed by the old index the upgrade writes last. Under the lock the

@@ -149,7 +149,7 @@ def verify_shard(
     """Problems of one shard against its index entry (empty when it matches); with ``decode``, also every
     audio member that does not decode (all listed, as ``KEY.EXT: problem``). ``adopted``: the shard was indexed
     in place (``shardify index``): samples need no ``.json``, and those left out (length 0) are not checked.
-    ``members``: how its members map to samples (:meth:`~streambatch.format.index.ShardIndex.shard_members`)."""
+    ``members``: how its members map to samples (`shard_members()`)."""
     if not storage.exists(url, storage_options):
         return ["missing"]
     problems = [p for p in [size_problem(storage.size(url, storage_options), info.bytes)] if p]
@@ -207,7 +207,7 @@ def verify_dataset(
 ) -> list[str]:
     """Re-read every shard and compare it with the index; returns ``"URL: problem"`` lines.
 
-    The index's own tables are read in full first, as the loader reads them (:mod:`~..dataset.index_check`):
+    The index's own tables are read in full first, as the loader reads them (`index_check`):
     when one is damaged its problems (``"TABLE: problem"``) are returned and no shard is read (``tables=False``:
     the caller checked them). ``decode=True`` also decodes every audio member (``"URL: KEY.EXT: problem"`` for
     each bad one). Shards are checked in ``workers`` processes (default: 1, or every CPU with ``decode``); the

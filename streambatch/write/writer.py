@@ -65,7 +65,7 @@ OUT_IS = "the dataset's folder or URL (text or a path)"
 
 
 def _output(a: Any) -> Any:
-    """The folder ``write_shards`` holds the lock of (:mod:`.lock`): OUT, whole or for its part; SRC, OUT,
+    """The folder ``write_shards`` holds the lock of (`lock`): OUT, whole or for its part; SRC, OUT,
     ``storage_options`` and ``progress`` are checked first, so that a bad one names itself before OUT is touched."""
     _, out, storage_options = _checked_places(*(a.arguments[k] for k in ("src", "out", "storage_options", "progress")))
     return out, parse_part(a.arguments["part"]), storage_options
@@ -73,7 +73,7 @@ def _output(a: Any) -> Any:
 
 def _checked_places(src: Any, out: Any, storage_options: Any, progress: Any) -> tuple[str, str, dict | None]:
     """SRC and OUT as text (paths or URLs; OUT without a trailing slash) and the ``storage_options`` (None or a
-    mapping), with ``progress`` checked too: each bad one an :class:`OptionError` naming it."""
+    mapping), with ``progress`` checked too: each bad one an `OptionError` naming it."""
     bool_option("progress", progress)
     src, out = path_option("src", src, SRC_IS), path_option("out", out, OUT_IS).rstrip("/") or "/"
     return src, out, check_storage_options(storage_options)
@@ -106,24 +106,24 @@ def write_shards(
     columns: str | Sequence[str] | None = None,
     engine: Engine | None = None,
 ) -> ShardIndex:
-    """Write ``src`` (any source :func:`~streambatch.write.sources.read_source` reads: an audio folder, a NeMo,
+    """Write ``src`` (any source `read_source()` reads: an audio folder, a NeMo,
     SpeechBrain or lhotse manifest, a Kaldi folder, text JSONL, a Hugging Face dataset) as length-annotated WebDataset
     shards plus ``index.json`` under ``out`` (a folder or fsspec URL).
 
-    Bad input records raise :class:`InputErrors` before anything is written (``on_error="fail"``), or are
+    Bad input records raise `InputErrors` before anything is written (``on_error="fail"``), or are
     skipped and listed in ``out/errors.jsonl`` (``on_error="skip"``; ``index.meta["skipped"]`` counts them).
 
     ``part=(i, n)`` (or ``"i/n"``) writes only part i of n (see ``parts.py``) and its ``index.part-IIII.json``;
-    :func:`~streambatch.write.parts.merge_parts` then writes ``index.json``. ``resume=True`` keeps the complete
+    `merge_parts()` then writes ``index.json``. ``resume=True`` keeps the complete
     shards a previous (interrupted) run of the same command wrote and writes the rest; this command's complete
-    dataset is returned untouched, another's refused (:mod:`.rerun`). ``overwrite=True`` keeps a local old dataset
-    until the new one is complete (:mod:`.aside`). ``stats`` (if given) receives ``kept`` and ``written`` shard
+    dataset is returned untouched, another's refused (`rerun`). ``overwrite=True`` keeps a local old dataset
+    until the new one is complete (`aside`). ``stats`` (if given) receives ``kept`` and ``written`` shard
     counts (and ``complete``: 1 for a dataset found complete and left untouched). ``index_version``: 2 (Parquet
     tables with each sample's key and byte range) or 1 (one JSON file, for older readers). ``tokenizer``: a text
     source's lengths are its tokens (``input_ids`` stored); ``output_length``: ``chars`` or ``tokens:TOKENIZER``,
     each audio sample's transcript length (``tokenize.py``). ``columns``: the ``.json`` fields stored as metadata
     columns of the sample table, for filters (a list or ``"a,b"``; ``""``: none); default: every scalar field but
-    the transcript (:mod:`~..dataset.columns`). ``engine``: where probing and writing run (:mod:`.engines`).
+    the transcript (`columns`). ``engine``: where probing and writing run (`engines`).
     """
     src, out, storage_options = _checked_places(src, out, storage_options, progress)
     _check_options(kind, max_count, workers, on_error, resume, overwrite, index_version, shuffle, seed, sample_rate)
@@ -173,8 +173,8 @@ def _what_out_holds(
     storage_options: dict | None,
 ) -> ShardIndex | None:
     """Before the source is read (holding OUT's lock): what an ``--overwrite`` killed in OUT left is recovered
-    (:mod:`.aside`); a ``resume`` returns this command's dataset (or part) when it is there, complete (nothing to
-    write), and refuses another command's (:mod:`.rerun`); OUT is checked for this write (a part's first)."""
+    (`aside`); a ``resume`` returns this command's dataset (or part) when it is there, complete (nothing to
+    write), and refuses another command's (`rerun`); OUT is checked for this write (a part's first)."""
     recover_replaced(out, part, overwrite)
     if part is not None:
         check_out(out, overwrite, storage_options, part, resume)
@@ -187,7 +187,7 @@ def _what_out_holds(
 @contextlib.contextmanager
 def _replacing(out: str, scope: Scope, overwrite: bool, storage_options: dict | None) -> Iterator[None]:
     """Run the block that writes the shards and the index. An ``overwrite`` of a local dataset keeps the old one
-    aside until the block is done, and puts it back if the block fails (:mod:`.aside`); otherwise the whole shards
+    aside until the block is done, and puts it back if the block fails (`aside`); otherwise the whole shards
     of a write that runs out of space stay, for ``--resume``."""
     with replacing(out, scope.part, overwrite, storage_options) as aside:
         if aside:
@@ -199,7 +199,7 @@ def _replacing(out: str, scope: Scope, overwrite: bool, storage_options: dict | 
 
 @contextlib.contextmanager
 def _shards_kept_when_out_of_space(out: str, scope: Scope, storage_options: dict | None) -> Iterator[None]:
-    """Run the block that writes the shards and the index; an output that does not fit (:class:`OutputError`) also
+    """Run the block that writes the shards and the index; an output that does not fit (`OutputError`) also
     says what it leaves: the whole shards written so far stay for ``--resume`` (as after any interrupted write)."""
     try:
         yield
@@ -302,7 +302,7 @@ def _check_options(
     sample_rate: int | None,
 ) -> None:
     """The write's options, each checked before anything is read; a bad one names itself (an
-    :class:`~streambatch.errors.OptionError` for a value of the wrong type or range)."""
+    `OptionError` for a value of the wrong type or range)."""
     whole = isinstance(index_version, (int, np.integer)) and not isinstance(index_version, bool)  # True is no version
     if not whole or index_version not in (1, 2):
         raise OptionError(f"index_version must be 1 or 2, got {shown(index_version)}")
@@ -323,7 +323,7 @@ def _check_options(
 
 
 def _checked_columns(columns: str | Sequence[str] | None, stats: Any) -> list[str] | None:
-    """``columns`` parsed and ``stats`` checked before anything is read, as :func:`_check_options` does the rest."""
+    """``columns`` parsed and ``stats`` checked before anything is read, as `_check_options()` does the rest."""
     if stats is not None and not isinstance(stats, dict):
         raise OptionError(f"stats must be a dict the write fills in (or None), got {shown(stats)}")
     return parse_columns(columns)
@@ -366,7 +366,7 @@ def _problems_to_report(
 
 
 def _prepare_out(out: str, resume: bool, scope: Scope, planned: set[str], storage_options: dict | None) -> None:
-    """Make OUT ready (what ``overwrite`` replaces is out of the way already: :mod:`.aside`); with ``resume``,
+    """Make OUT ready (what ``overwrite`` replaces is out of the way already: `aside`); with ``resume``,
     only planned shards left to check."""
     storage.makedirs(out, storage_options)
     if resume:

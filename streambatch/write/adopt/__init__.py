@@ -1,8 +1,8 @@
 """``shardify index``: existing tar shards indexed in place, not a byte of them rewritten.
 
-:mod:`.index` runs it (:func:`index_tars`), :mod:`.scan` reads one tar as the loader will, :mod:`.nemo` matches a
-NeMo tarred manifest to the members, :mod:`.fields` gives each sample its output length and metadata columns.
-The command line is :mod:`streambatch.cli.index`.
+`index` runs it (`index_tars()`), `scan` reads one tar as the loader will, `nemo` matches a
+NeMo tarred manifest to the members, `fields` gives each sample its output length and metadata columns.
+The command line is `streambatch.cli.index`.
 """
 
 from .index import LAYOUTS, index_tars

@@ -1,7 +1,7 @@
 """What ``shardify index`` stores beside each adopted sample's length, with the write side's code: its output length
-(``--output-length``: the transcript's characters or tokens as :class:`~.tokenize.OutputLength` counts them for
+(``--output-length``: the transcript's characters or tokens as `OutputLength` counts them for
 ``shardify write``, or ``column:FIELD``, an integer field taken as it is) and its metadata columns (``--columns``,
-chosen by :mod:`~streambatch.format.columns` from the scalar fields of the NeMo manifest entry or the sample's
+chosen by `columns` from the scalar fields of the NeMo manifest entry or the sample's
 ``.json``). A NeMo dataset's transcripts live in its manifest, not in its tars: they are stored as the sample
 table's ``text`` column, which the loader gives as ``batch["text"]``.
 """
@@ -46,7 +46,7 @@ def seen(s: SampleScan, entry: Entry | None, url: str) -> Seen:
 
 
 class SampleExtras:
-    """Collects, tar by tar, the output lengths and field values of the adopted samples; :meth:`columns` then
+    """Collects, tar by tar, the output lengths and field values of the adopted samples; `columns()` then
     chooses the metadata columns over all of them and sets each shard's values."""
 
     def __init__(self, output_length: str | None, columns: str | Sequence[str] | None):

@@ -1,14 +1,14 @@
 """``shardify index SRC``: adopt tar shards that already exist, without rewriting a byte of them.
 
 The tars in SRC (plain webdataset tars of audio and/or text, or a NeMo tarred audio dataset) are read once
-(:mod:`.scan`, in ``workers`` processes): every sample the loader will stream, its byte range, its length
+(`scan`, in ``workers`` processes): every sample the loader will stream, its byte range, its length
 (audio headers; a ``.json`` ``length``; text tokens) and the tar's size and sha256. The result is a normal
 version 2 index beside the tars (or in ``out``, pointing back at them), so ``verify``, the loader, DDP,
 resume and mixing all work on it.
 
 A NeMo manifest may cut one member into segments (``offset`` + ``duration`` entries, or NeMo's ``-subN`` names for
 repeated audio): each segment is a sample of its own, one row of the sample table pointing at the one member
-group, with its own key and the frames it takes of the member (:mod:`streambatch.format.members`). Where the
+group, with its own key and the frames it takes of the member (`streambatch.format.members`). Where the
 layout says how member names end (NeMo, lhotse Shar), keys may hold dots: the index records the suffixes, and
 every reader splits names by them.
 
@@ -115,7 +115,7 @@ def find_tars(src: str, storage_options: dict | None = None) -> list[str]:
 
 
 def _output(a: Any) -> Any:
-    """The folder ``index_tars`` holds the lock of (:mod:`..lock`): where the index goes, whole or for its part
+    """The folder ``index_tars`` holds the lock of (`lock`): where the index goes, whole or for its part
     (none where SRC is not a folder: refused with its own message)."""
     src, out = _paths(a.arguments["src"], a.arguments["out"])
     storage_options = check_storage_options(a.arguments["storage_options"])
@@ -165,14 +165,14 @@ def index_tars(
 
     ``layout``: ``audio`` (webdataset tars with an audio member per sample, optional ``.txt``/``.json``),
     ``text`` (``.txt``, ``.input_ids.npy`` or a ``.json`` ``text``), ``nemo`` (a tarred manifest beside the
-    tars, or ``manifest``), or ``auto``. Members the loader could not use raise :class:`ShardifyError` naming
+    tars, or ``manifest``), or ``auto``. Members the loader could not use raise `ShardifyError` naming
     the first (``on_error="fail"``), or are left out and listed in ``errors.jsonl`` (``"skip"``). ``part=(i, n)``
     indexes the i-th of n slices of the tars as ``index.part-IIII.json``; ``shardify merge`` joins them.
     ``output_length``: ``chars``, ``tokens:TOKENIZER`` (of each transcript) or ``column:FIELD`` (an integer field
     of the manifest entry or ``.json``); ``columns``: the fields stored as metadata columns (default: every
     scalar field but the transcript; a NeMo dataset's transcripts are always stored, as ``text``). ``engine``: where
     the tars are scanned (default: this process and its ``workers``, 1 to 1,024 processes;
-    :class:`~..ray_engine.RayEngine`: Ray tasks). ``unit`` and ``sample_rate``: what the lengths count (default:
+    `RayEngine`: Ray tasks). ``unit`` and ``sample_rate``: what the lengths count (default:
     samples at the tars' rate for audio, tokens for text). ``overwrite`` replaces an earlier index (never a tar);
     ``storage_options`` go to fsspec for a remote ``src`` or ``out``.
     """
@@ -238,7 +238,7 @@ def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> b
 def _check_options(
     layout: str, workers: int, on_error: str, overwrite: bool, progress: bool, manifest: Any, sample_rate: Any
 ) -> str | None:
-    """The options, each checked before a tar is read, as :func:`~..writer.write_shards` checks its own; the
+    """The options, each checked before a tar is read, as `write_shards()` checks its own; the
     manifest's path (None: found beside the tars)."""
     choice_option("layout", layout, LAYOUTS)
     choice_option("on_error", on_error, ("fail", "skip"))
@@ -270,7 +270,7 @@ def scan_tars(
     suffixes: tuple[str, ...] = (),
 ) -> list[ShardScan]:
     """Read every tar once (in ``workers`` processes); scans in tar order. ``suffixes``: the member suffixes
-    that end the keys (:mod:`streambatch.format.members`; none: the first dot)."""
+    that end the keys (`streambatch.format.members`; none: the first dot)."""
     bar = tqdm(total=len(tars), desc="indexing", unit="tar", file=sys.stderr, disable=None if progress else True)
     scans: list[ShardScan] = []
     try:
@@ -347,7 +347,7 @@ def adopt(
     out: str,
     extras: SampleExtras | None = None,
 ) -> Adopted:
-    """The index entries of the scanned tars (``rows``: each tar's :func:`tar_rows`; urls relative to ``out``
+    """The index entries of the scanned tars (``rows``: each tar's `tar_rows()`; urls relative to ``out``
     where they can be) and every problem; with ``extras``, their output lengths and metadata columns too."""
     res = Adopted()
     spans: list[tuple[list[int], list[int]]] = []
@@ -387,7 +387,7 @@ def _lengths(
     scan: ShardScan, rows: Sequence[Row], layout: str, unit: str, rate: int | None, res: Adopted
 ) -> tuple[np.ndarray, tuple[list[int], list[int]]]:
     """One tar's sample lengths (0: left out; the problems, unnamed members and segments counted in ``res``), and
-    each row's stretch of its member: first frames and frame counts (:data:`WHOLE`: all of it)."""
+    each row's stretch of its member: first frames and frame counts (`WHOLE`: all of it)."""
     lengths = np.zeros(len(rows), dtype=np.float64 if unit == "seconds" else np.int64)
     first, frames = [0] * len(rows), [WHOLE] * len(rows)
     for r, row in enumerate(rows):

@@ -177,7 +177,7 @@ def match_manifest(entries: Sequence[Entry], scans: Sequence[ShardScan], whole: 
 
 def duration_problem(duration: float | None, where: str, rate: int, frames: int) -> str | None:
     """A declared duration (``where``: the manifest line, or the sample's ``.json``) against the member's
-    header: None when they agree (see :data:`~.probe.DURATION_TOLERANCE`) or none is declared."""
+    header: None when they agree (see `DURATION_TOLERANCE`) or none is declared."""
     if duration is None or rate <= 0:
         return None
     header = frames / rate

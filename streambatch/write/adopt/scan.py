@@ -1,7 +1,7 @@
 """Reading one existing tar for ``shardify index``: its samples as the loader will group them, where each lies
 in the tar, and what each one's members say about its length; the tar itself is only read.
 
-The members are walked with the one tar parser (:mod:`streambatch.format.tar`) and grouped by key exactly as
+The members are walked with the one tar parser (`streambatch.format.tar`) and grouped by key exactly as
 the loader groups them, so sample ``i`` of the index is sample ``i`` of the stream. Audio members are probed
 from their bytes (header, and the end of the audio: a member cut short is caught here), ``.json`` members are
 parsed, text is counted in whitespace tokens (or ``input_ids.npy`` entries).
@@ -62,7 +62,7 @@ class ShardScan:
 
 def scan_tar(url: str, storage_options: dict | None = None, suffixes: tuple[str, ...] = ()) -> ShardScan:
     """Read the tar at ``url`` once: every sample (members grouped by key, as the loader groups them: by
-    ``suffixes`` where the layout knows them, see :mod:`~streambatch.format.members`), the byte range its
+    ``suffixes`` where the layout knows them, see `members`), the byte range its
     members span, and the tar's size and sha256."""
     scan = ShardScan(url)
     try:
@@ -117,7 +117,7 @@ _FATAL = "\0"
 
 
 def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
-    """One sample's members (extension → bytes) as a :class:`SampleScan`. Its audio member is known from the names
+    """One sample's members (extension → bytes) as a `SampleScan`. Its audio member is known from the names
     alone, so a sample whose ``.json`` or text is bad still shows the layout, and its problem names the member."""
     s = SampleScan(key, tuple(members))
     s.audio = next((e for e in AUDIO_EXTENSIONS if e in members), None)
@@ -167,7 +167,7 @@ def _json(key: str, members: dict[str, bytes], s: SampleScan) -> dict[str, Any] 
 
 
 def _text_problem(key: str, members: dict[str, bytes]) -> str:
-    """Why the sample's text member cannot be counted (:func:`_tokens` gave -2), naming the member."""
+    """Why the sample's text member cannot be counted (`_tokens()` gave -2), naming the member."""
     if "input_ids.npy" in members:
         return f"{key}.input_ids.npy: not a 1-D array of token ids"
     try:
@@ -189,7 +189,7 @@ def _over_limits(key: str, members: dict[str, bytes]) -> str | None:
 
 
 def kept_fields(meta: dict[str, Any]) -> dict[str, Any]:
-    """The ``.json`` fields kept to choose columns from: the first :data:`~streambatch.limits.MAX_FIELDS_KEPT`
+    """The ``.json`` fields kept to choose columns from: the first `MAX_FIELDS_KEPT`
     but ``text``, a value that is not a scalar replaced by ``...`` (it can never be a column; not held)."""
     out: dict[str, Any] = {}
     for k, v in meta.items():
