@@ -21,6 +21,14 @@ def test_the_docs_build_strictly(tmp_path):
     api = (tmp_path / "reference" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("StreamBatchLoader", "BatchingConfig", "plan_batches", "write_shards", "calibrate"):
         assert f'id="streambatch.{name}"' in api, f"{name} is missing from the API reference"
+    text = re.sub(r"<[^>]+>", "", api)
+    roles = re.findall(r":(?:class|func|meth|mod|attr|data|exc):`[^`]*`", text)
+    assert not roles, f"the API reference shows {len(roles)} Sphinx roles as text, e.g. {roles[:3]}"
+    # the loader's signature apart, one parameter a line
+    sig = re.search(r'id="streambatch.StreamBatchLoader".*?doc-signature[^>]*>(.*?)</div>', api, re.S)
+    lines = re.sub(r"<[^>]+>", "", sig.group(1)).strip().splitlines() if sig else []
+    assert len(lines) > 20 and max(map(len, lines)) <= 100, "StreamBatchLoader's signature is not one option a line"
+    assert (tmp_path / "img" / "padding.png").exists() and (tmp_path / "img" / "dataflow.png").exists()
 
 
 def test_the_readme_stays_a_front_page():
