@@ -420,3 +420,29 @@ def assert_same_dataset(parts_out, single_out) -> None:
     for name in ("keys", "sizes"):
         got = [[x for s in shards for x in list(s[name])] for shards in per_sample]
         assert got[0] == got[1] and len(got[0]) == a.num_samples
+
+
+# ---- kinds of test: cluster, s3, slow (registered in pyproject.toml) -------------------------------------------
+#: the folders and modules whose every test is of a kind (relative to tests/); single tests elsewhere carry the
+#: mark themselves (``@pytest.mark.cluster``), or a module its ``pytestmark``
+KIND_PATHS = {
+    "cluster": ("cluster/", "write/test_ray_engine.py"),
+}
+#: a test that uses one of these fixtures (directly or through another fixture) is of the kind
+KIND_FIXTURES = {
+    "s3": ("s3_env",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by kind, from where it lives and the fixtures it uses (see :data:`KIND_PATHS`)."""
+    for item in items:
+        where = Path(str(item.path)).resolve()
+        rel = where.relative_to(TESTS).as_posix() if where.is_relative_to(TESTS) else ""
+        for kind, paths in KIND_PATHS.items():
+            if any(rel.startswith(p) for p in paths):
+                item.add_marker(kind)
+        names = set(getattr(item, "fixturenames", ()))
+        for kind, fixtures in KIND_FIXTURES.items():
+            if names.intersection(fixtures):
+                item.add_marker(kind)
