@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from .errors import ShardifyError, StreamBatchError
+from .errors import DataError, UsageError
 
 #: how deep arrays and objects may nest in one JSON document (a lhotse cut nests about 6 deep)
 MAX_JSON_DEPTH = 100
@@ -49,14 +49,14 @@ FILTER_MEMORY_ENV = "STREAMBATCH_FILTER_MEMORY"
 FILTER_SECONDS_ENV = "STREAMBATCH_FILTER_SECONDS"
 
 
-class LimitExceeded(StreamBatchError, ValueError):
+class LimitExceeded(DataError, ValueError):
     """A data file that holds more than a limit allows (JSON nested too deep, a tar member too large); the
     message names the limit and the environment variable that raises it."""
 
 
 def _env_int(name: str, default: int) -> int:
     """The environment variable ``name`` as a size of at least 16 (``"16G"`` allowed), else ``default``. A value
-    that is not one is the user's mistake (:class:`ShardifyError`, not a ``ValueError`` a parser would take for
+    that is not one is the user's mistake (:class:`UsageError`, not a ``ValueError`` a parser would take for
     the data's)."""
     text = os.environ.get(name, "").strip()
     if not text:
@@ -66,9 +66,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         value = parse_bytes(text, name)
     except ValueError as e:
-        raise ShardifyError(f"{name}={text!r} is not a size: {e}") from None
+        raise UsageError(f"{name}={text!r} is not a size: {e}") from None
     if value is None or value < 16:
-        raise ShardifyError(f"{name}={text!r} must be at least 16")
+        raise UsageError(f"{name}={text!r} must be at least 16")
     return int(value)
 
 
@@ -108,7 +108,7 @@ def filter_seconds() -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value < float("inf"):
-        raise ShardifyError(f"{FILTER_SECONDS_ENV}={text!r} must be a number of seconds above 0")
+        raise UsageError(f"{FILTER_SECONDS_ENV}={text!r} must be a number of seconds above 0")
     return value
 
 

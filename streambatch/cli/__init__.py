@@ -4,10 +4,10 @@ verify, export, upgrade, demo, calibrate — one module per subcommand, named as
 code); :func:`build_parser` builds the parser from them and :func:`main` turns errors into exit codes.
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
-with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
-output folder, no index, a path denied or of the wrong kind, missing storage credentials, an unknown storage
-scheme), and every error the package raises on purpose about the data or the storage (a bad shard or index,
-unreadable audio, retries exhausted: :class:`~streambatch.errors.StreamBatchError`).
+with ``STREAMBATCH_DEBUG=1``); 2 an error of one of :data:`EXIT_2` — the kinds of
+:mod:`streambatch.errors`: the options (bad arguments, bad input records, a non-empty output folder, an unknown
+storage scheme), the data (a bad shard or index, unreadable audio), the storage (no index, missing credentials,
+retries exhausted, no room) and the state — and an OS error about a path the user gave (denied, of the wrong kind).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NO_SPACE_ERRNOS, InputErrors, StreamBatchError
+from ..errors import KINDS, NO_SPACE_ERRNOS, InputErrors
 from ..interrupts import Interrupter
 from ..io.lock import writers
 from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
@@ -31,6 +31,9 @@ from .args import PROG, os_error_text
 
 #: the subcommands, in the order ``shardify --help`` lists them
 COMMANDS = (write, index, merge, stage, inspect, verify, export, upgrade, demo, calibrate)
+
+#: the kinds of error reported in one line with exit code 2 (each raised on purpose, its message says what and where)
+EXIT_2 = KINDS
 
 #: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...) or their room (no
 #: space, a quota, a file size limit): exit 2, one line
@@ -188,7 +191,7 @@ def _failed(e: Exception) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         print(f"{PROG}: fix them, or pass --on-error skip to write the rest", file=sys.stderr)
         return 2
-    if isinstance(e, StreamBatchError):  # raised on purpose, its message says what and where
+    if isinstance(e, EXIT_2):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if isinstance(e, BrokenPipeError):  # output piped into head & co.

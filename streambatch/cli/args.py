@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
-from ..errors import ShardifyError, os_problem
+from ..errors import ShardifyError, StreamBatchError, os_problem
 from ..format.index import IndexFormatError, ShardIndex
 from ..io.tempname import temporary_name
 from ..units import Unit
@@ -128,10 +128,11 @@ def part(s: str) -> tuple[int, int]:
 
 
 def _argument(parse: Callable[[str], T], s: str) -> T:
-    """``parse(s)``, its :class:`ShardifyError` turned into argparse's usage error (exit 2, one line)."""
+    """``parse(s)``, its error (one of the package's: :class:`~streambatch.errors.StreamBatchError`) turned into
+    argparse's usage error (exit 2, one line)."""
     try:
         return parse(s)
-    except ShardifyError as e:
+    except StreamBatchError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 

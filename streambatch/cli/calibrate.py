@@ -161,7 +161,7 @@ def _call_factory(factory: Callable[..., Any], device: Any) -> Any:
 
 def _options(args: argparse.Namespace) -> CalibrationOptions:
     """The options checked, before the model is loaded: each bad value, a missing or bad dataset index and an
-    output that cannot be written is a :class:`ShardifyError` naming it."""
+    output that cannot be written is one of the package's errors (:mod:`streambatch.errors`) naming it."""
     try:
         return calibration_options(
             args.source,
@@ -175,10 +175,8 @@ def _options(args: argparse.Namespace) -> CalibrationOptions:
             margin=args.margin,
             flag=lambda keyword: "--" + keyword.replace("_", "-"),
         )
-    except ShardifyError:
+    except StreamBatchError:  # a bad option, a bad index (IndexFormatError), retries exhausted, ...
         raise
-    except StreamBatchError as e:  # a bad index (IndexFormatError), retries exhausted, ...
-        raise ShardifyError(str(e)) from None
     except OSError as e:
         raise ShardifyError(os_error_text(e)) from None
 
@@ -204,12 +202,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = _options(args)
         factory = load_factory(args.model)
-    except ShardifyError as e:
+    except StreamBatchError as e:
         return _error(e)
     made = _call_factory(factory, args.device)
     try:
         step_fn, make_batch = _step_of(made, args.model)
-    except ShardifyError as e:
+    except StreamBatchError as e:
         return _error(e)
     result = measure_and_fit(step_fn, options, make_batch=make_batch)
     print(format_report(result))
@@ -217,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         write_calibration(result, options.out)
-    except (ShardifyError, OSError) as e:
+    except (StreamBatchError, OSError) as e:
         return _error(e)
     print(f"wrote {options.out}: StreamBatchLoader(source, cost={options.out!r}) uses it")
     return 0

@@ -33,7 +33,7 @@ import weakref
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from ..errors import StreamBatchError
+from ..errors import StorageError
 
 log = logging.getLogger("streambatch")
 
@@ -51,7 +51,7 @@ _S3_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 _WAITALL = sys.platform.startswith("linux") and hasattr(socket, "MSG_WAITALL") and struct.calcsize("l") == 8
 
 
-class S3HTTPError(StreamBatchError, OSError):
+class S3HTTPError(StorageError):
     """A non-2xx answer to a presigned GET: ``status`` and the S3 error ``code`` of its XML body."""
 
     def __init__(self, status: int, code: str, url: str):
@@ -199,7 +199,7 @@ class PresignedReader:
         return self.pool.request("GET", url, headers=headers, preload_content=False, timeout=t, redirect=False)
 
 
-class Refused(StreamBatchError):
+class Refused(StorageError):
     """The presigned GET was refused in a way the s3fs path may handle (a region redirect, a signature it
     signs differently): that filesystem reads through s3fs from now on."""
 

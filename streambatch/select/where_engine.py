@@ -108,7 +108,7 @@ def _first_line(e: BaseException) -> str:
 
 
 try:
-    from ..errors import StreamBatchError as _Root
+    from ..errors import UsageError as _Root
 except ImportError:  # the child, run by path: no package around it
     _Root = Exception  # type: ignore[misc, assignment]
 

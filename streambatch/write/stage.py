@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ..errors import ShardifyError, StreamBatchError
+from ..errors import ShardifyError, StorageError
 from ..format.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..io import storage
 from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
@@ -131,7 +131,7 @@ def _copy_with_retries(
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
-class _WriteFailed(StreamBatchError):
+class _WriteFailed(StorageError):
     """An OS error writing the local copy (not the source's: never retried); it never leaves this module."""
 
     def __init__(self, error: OSError):

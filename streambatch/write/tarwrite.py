@@ -20,7 +20,7 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from ..errors import ShardifyError, StreamBatchError, os_problem, output_fits
+from ..errors import DataError, ShardifyError, os_problem, output_fits
 from ..format.index import ShardInfo
 from ..format.rules import keys_sha1
 from ..io import storage
@@ -287,7 +287,7 @@ def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
     )
 
 
-class _Differs(StreamBatchError):
+class _Differs(DataError):
     """The shard on disk is not what the task would write."""
 
 
