@@ -1,10 +1,9 @@
-"""Every exception the package raises on purpose derives from one root, keeps the builtin base users catch, and
-is exported from the top level."""
+"""Every exception the package raises on purpose derives from one root, is of one of its four kinds (options, data,
+storage, state), keeps the builtin base users catch, and is exported from the top level; `shardify` exits 2 for
+each kind and 1 for anything else."""
 
-import ast
 import importlib
 import inspect
-import pathlib
 import pkgutil
 
 import pytest
@@ -146,73 +145,3 @@ def test_the_old_index_error_name_still_catches():
 
     with pytest.raises(IndexError_):
         raise streambatch.IndexFormatError("x")
-
-
-# Where the package still raises a builtin exception itself, and why: anything a user's input, data or options can
-# reach is one of the package's errors (the root above); these are Python's own conventions, internal invariants,
-# or low-level errors their callers translate. (module, function) -> (exception, why)
-_BUILTIN_RAISES = {
-    ("plan.config", "BatchingConfig.make"): ("TypeError", "an unknown keyword, as Python reports one"),
-    ("plan.slot", "apply_adjust"): ("ValueError", "an internal invariant: the epoch planner always passes both"),
-    ("format.shards", "ShardInfo.__init__"): ("TypeError", "a constructor called without a required field"),
-    ("loader.core", "StreamBatchLoader.plan"): ("TypeError", "planning without an index: no such method"),
-    ("loader.core", "StreamBatchLoader.schedule"): ("TypeError", "planning without an index: no such method"),
-    ("loader.core", "StreamBatchLoader.__len__"): ("TypeError", "len() of an unsized stream, as Python's convention"),
-    ("loader.core", "StreamBatchLoader.__iter__"): ("RuntimeError", "an internal invariant: steps as planned"),
-    ("loader.steps", "step_samples"): ("TypeError", "planning without an index, as len() is"),
-    ("read.transforms", "as_payload"): ("TypeError", "a user callable's result of the wrong type, named"),
-    ("read.transforms", "SampleOps._transform"): ("TypeError", "a user callable's result of the wrong type, named"),
-    ("read.ring", "_placed"): ("RuntimeError", "a batch used after its loader was garbage-collected"),
-    ("io.retry", "call_with_retry"): ("AssertionError", "unreachable: the loop returns or raises"),
-    ("lightning", "LightningLoader.close"): (
-        "RuntimeError",
-        "an internal invariant: the loader yields what it planned",
-    ),
-    ("write.parts", "parse_part"): ("ValueError", "caught a few lines below and re-raised as a ShardifyError"),
-    ("write.tarwrite", "_write_tar"): ("ValueError", "an internal invariant: members always carry data"),
-    ("io.storage", "_http_range"): ("FileNotFoundError", "a missing object; callers name it as a bad shard"),
-    ("io.storage", "object_size"): ("OSError", "storage without sizes; callers name the shard"),
-    ("io.s3_direct", "PresignedReader.read"): ("FileNotFoundError", "as _http_range"),
-    ("io.s3_direct", "_read_into"): ("ConnectionResetError", "a cut answer: retried as a transient error"),
-    ("io.s3_direct", "_receive_waiting"): ("ConnectionResetError", "as _read_into"),
-    ("io.s3_direct", "_recv_all"): ("TimeoutError", "a stalled answer: retried, as urllib3's read timeout is"),
-}
-#: raised by protocol, wherever they are: a missing attribute or item, an abstract method, a missing optional extra
-_PROTOCOL = {"AttributeError", "IndexError", "NotImplementedError", "ImportError"}
-
-
-def _builtin_raises():
-    """(module, function, exception) for every ``raise`` of a builtin exception class in the package."""
-    import builtins
-
-    names = {n for n, c in vars(builtins).items() if inspect.isclass(c) and issubclass(c, BaseException)}
-    found = set()
-    root = pathlib.Path(streambatch.__file__).parent
-    for path in root.rglob("*.py"):
-        module = ".".join(path.relative_to(root).with_suffix("").parts)
-        for func, node in _raises(ast.parse(path.read_text())):
-            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-            if isinstance(exc, ast.Name) and exc.id in names and exc.id not in _PROTOCOL:
-                found.add((module, func, exc.id))
-    return found
-
-
-def _raises(tree, scope=""):
-    """(enclosing qualname, Raise node) pairs, the qualname of classes and functions joined by dots."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            yield from _raises(node, f"{scope}.{node.name}" if scope else node.name)
-        elif isinstance(node, ast.Raise) and node.exc is not None:
-            yield scope, node
-            yield from _raises(node, scope)
-        else:
-            yield from _raises(node, scope)
-
-
-def test_builtin_exceptions_are_raised_only_where_listed():
-    found = _builtin_raises()
-    listed = {(m, f, e) for (m, f), (e, _why) in _BUILTIN_RAISES.items()}
-    assert not found - listed, (
-        f"raise one of the package's errors (streambatch.errors) instead: {sorted(found - listed)}"
-    )
-    assert not listed - found, f"no longer raised; drop from _BUILTIN_RAISES: {sorted(listed - found)}"
