@@ -186,7 +186,8 @@ class _Signals:
 
 
 def _failed(e: Exception) -> int:
-    """Report an error in one line and give its exit code: 2 for the user's input, 1 for anything else."""
+    """Report an error in one line and give its exit code: 2 for an error of a kind of :data:`EXIT_2` (and an OS
+    error about a path the user gave), 1 for anything else."""
     if isinstance(e, InputErrors):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         print(f"{PROG}: fix them, or pass --on-error skip to write the rest", file=sys.stderr)
