@@ -8,6 +8,7 @@ from .errors import (
     CalibrationError,
     ChecksumMismatch,
     ColumnError,
+    DataError,
     DatasetNotFound,
     EmptyEpochError,
     IndexFormatError,
@@ -29,6 +30,7 @@ from .errors import (
     TruncatedAudio,
     UnknownStorage,
     UntrustedURL,
+    UsageError,
 )
 from .format.index import ShardIndex, ShardInfo
 from .plan.batcher import BatchPlan, BucketBatcher, plan_batches
@@ -71,8 +73,10 @@ __all__ = [
     "OOMGuard",
     "run_with_oom_split",
     "__version__",
-    # errors: every one derives from StreamBatchError
+    # errors: every one derives from StreamBatchError, and is of one of its four kinds
     "StreamBatchError",
+    "UsageError",
+    "DataError",
     "ShardifyError",
     "OptionError",
     "InputErrors",

@@ -1,9 +1,18 @@
-"""Every exception streambatch raises on purpose, under one root: :class:`StreamBatchError`.
+"""Every exception streambatch raises on purpose, under one root: `StreamBatchError`, in four kinds.
 
-Each class also keeps the builtin base users caught before the root existed (``ValueError``, ``IOError``,
-``PermissionError``, ``RuntimeError``), so ``except ValueError`` still works. :class:`ShardifyError` and its
-subclasses are mistakes in what the user asked for or gave (the CLI prints one line and exits with 2);
-the others are failures met while reading data or fitting a model.
+- `UsageError` (options): what the caller asked for — an option, a command-line argument, the user's own
+  step function (`OptionError`, `BudgetError`, `EmptyEpochError`, `UnknownStorage`,
+  `CalibrationError`, and `ShardifyError`, the ``shardify`` command's own);
+- `DataError` (data): a dataset's files — an index, a shard, a sample, audio, a URL a data file names
+  (`IndexFormatError`, `ShardReadError`, `SampleError`, `UntrustedURL`, ...);
+- `StorageError` (storage, an ``OSError``): a place that could not be used — missing credentials, no
+  dataset there, an endpoint that does not answer, no room to write (`MissingCredentials`,
+  `DatasetNotFound`, `RetriesExhausted`, `OutputError`);
+- `StateError` (state): a ``state_dict`` that is not one, or that another loader saved.
+
+``except`` a kind to handle a whole kind (the ``shardify`` command exits 2 for each, `KINDS`). Each class also
+keeps the builtin base users caught before the kinds existed (``ValueError``, ``OSError``, ``PermissionError``,
+``RuntimeError``), so ``except ValueError`` still works.
 ``InputProblem`` is one bad input record, reported as ``FILE:LINE: problem`` (or ``FILE: problem``).
 """
 
@@ -43,8 +52,36 @@ class StreamBatchError(Exception):
     """The root of every exception streambatch raises on purpose: ``except StreamBatchError`` catches them all."""
 
 
-class ShardifyError(StreamBatchError):
-    """A user error (bad arguments, bad input, refusing to overwrite): reported without a traceback."""
+class UsageError(StreamBatchError):
+    """The options kind: what the caller asked for (an option, a command-line argument, the user's own code) cannot
+    be done as asked; the message names the option or argument and the fix."""
+
+
+class DataError(StreamBatchError):
+    """The data kind: a dataset's files (an index, a shard, a sample, its audio, a manifest) are not what they must
+    be; the message names the file, URL or sample."""
+
+
+class StorageError(StreamBatchError, OSError):
+    """The storage kind, and an ``OSError``: storage that could not be used — an object store that did not answer in
+    time (after its retries) or has no such bucket, a local file where data is read that is not a regular file (a
+    FIFO, a device), an input/output error of a disk while a file was written; the message names the file or URL."""
+
+
+class StateError(StreamBatchError, ValueError):
+    """The state kind: a ``state_dict`` that is not one, or that another loader saved (another dataset, seed,
+    mixture, filter, or batching options mid-epoch): refused before anything is planned; the message says what
+    differs."""
+
+
+#: the kinds of error, one of which every error the package raises on purpose is (the ``shardify`` command reports
+#: each in one line and exits with 2; anything else is unexpected: exit 1)
+KINDS: tuple[type[StreamBatchError], ...] = (UsageError, DataError, StorageError, StateError)
+
+
+class ShardifyError(UsageError):
+    """A user error of the ``shardify`` command or the writer (bad arguments, bad input, refusing to overwrite):
+    reported without a traceback. The loader's option errors are `OptionError`, not this."""
 
 
 class InputErrors(ShardifyError):
@@ -65,32 +102,32 @@ def format_problems(problems: Sequence[InputProblem], hint: str = "") -> str:
     return "\n".join(lines)
 
 
-class EmptyEpochError(ShardifyError, ValueError):
+class EmptyEpochError(UsageError, ValueError):
     """An epoch that would yield no batch at all (every sample filtered out, dropped or too long)."""
 
 
-class MissingCredentials(ShardifyError, PermissionError):
+class MissingCredentials(StorageError, PermissionError):
     """Object storage refused a URL for want of credentials; the message names the URL and where they come from."""
 
 
-class UntrustedURL(ShardifyError, ValueError):
+class UntrustedURL(DataError, ValueError):
     """A URL a data file names (a shard, a mixture's dataset) outside the dataset's root and every root the user
     allowed (``shard_roots`` / ``--shard-root``): refused before it is opened; the message names it and the option."""
 
 
-class DatasetNotFound(ShardifyError, FileNotFoundError):
+class DatasetNotFound(StorageError, FileNotFoundError):
     """Nothing at a dataset's folder or URL, or no ``index.json`` in it: the message names the place and what a
     dataset is. Still a ``FileNotFoundError``, as it was before it had a name of its own."""
 
 
-class UnknownStorage(ShardifyError, ValueError):
+class UnknownStorage(UsageError, ValueError):
     """A URL whose scheme no installed fsspec back-end serves (``foo://``, or ``gs://`` without gcsfs); the message
     names the URL and what to install, if anything."""
 
 
-class OutputError(ShardifyError):
+class OutputError(StorageError):
     """An output file that could not be written for want of space (disk or quota full, a file size limit); the
-    message names the file, and nothing was left under its name."""
+    message names the file, and nothing was left under its name. An ``OSError`` (its ``errno`` is not set)."""
 
 
 def os_problem(e: BaseException) -> str:
@@ -107,8 +144,8 @@ NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 @contextlib.contextmanager
 def output_fits(url: str, what: str = "it") -> Iterator[None]:
-    """Run the block that writes ``url``; an OS error saying the output does not fit (:data:`NO_SPACE_ERRNOS`)
-    becomes an :class:`OutputError` naming ``url`` (the block's writer has removed its temporary file)."""
+    """Run the block that writes ``url``; an OS error saying the output does not fit (`NO_SPACE_ERRNOS`)
+    becomes an `OutputError` naming ``url`` (the block's writer has removed its temporary file)."""
     try:
         yield
     except OSError as e:
@@ -119,26 +156,15 @@ def output_fits(url: str, what: str = "it") -> Iterator[None]:
         raise OutputError(f"{url}: {problem} while writing {what}{at}; nothing was left under its name") from None
 
 
-class StorageError(ShardifyError, OSError):
-    """Storage that could not be used: an object store that did not answer in time (after its retries) or has no
-    such bucket, a local file where data is read that is not a regular file (a FIFO, a device), an input/output
-    error of a disk while a file was written; the message names the file or URL."""
-
-
-class OptionError(ShardifyError, ValueError):
+class OptionError(UsageError, ValueError):
     """An option with a value of the wrong type or out of its range; the message names the option."""
-
-
-class StateError(StreamBatchError, ValueError):
-    """A ``state_dict`` that is not one, or that another loader saved (another dataset, seed, mixture, filter, or
-    batching options mid-epoch): refused before anything is planned; the message says what differs."""
 
 
 class BudgetError(OptionError):
     """A batch budget that is not a positive finite number (or duration), or that no sample fits."""
 
 
-class ShardReadError(StreamBatchError, IOError):
+class ShardReadError(DataError, IOError):
     """A shard that cannot be opened or is not a valid tar stream; the message names its URL. The loader raises it
     for the first such shard of a pass unless ``max_bad_shards`` lets it skip some."""
 
@@ -147,11 +173,11 @@ class ChecksumMismatch(ShardReadError):
     """The shard's sha256 differs from the index's (found once its last byte was read)."""
 
 
-class TooManyBadShards(StreamBatchError, RuntimeError):
+class TooManyBadShards(DataError, RuntimeError):
     """More bad shards in one epoch on one rank than ``max_bad_shards`` allows."""
 
 
-class RetriesExhausted(StreamBatchError, IOError):
+class RetriesExhausted(StorageError):
     """A request failed with transient errors on every try; ``last`` is the final error."""
 
     def __init__(self, what: str, attempts: int, last: BaseException):
@@ -160,30 +186,30 @@ class RetriesExhausted(StreamBatchError, IOError):
         super().__init__(f"{what}: failed {attempts} times, last error: {type(last).__name__}: {last}")
 
 
-class IndexFormatError(StreamBatchError, ValueError):
+class IndexFormatError(DataError, ValueError):
     """An index file that cannot be read or does not describe a streambatch dataset."""
 
 
-#: the name :class:`IndexFormatError` had before (kept so code that catches it keeps working)
+#: the name `IndexFormatError` had before (kept so code that catches it keeps working)
 IndexError_ = IndexFormatError
 
 
-class IndexMismatch(StreamBatchError, RuntimeError):
+class IndexMismatch(DataError, RuntimeError):
     """The shards do not hold what the index says (a sample's length, a shard's sample count or byte spans): the
     index is stale or the shards changed after it was written. Found while reading; ``shardify verify`` finds every
     such shard at once."""
 
 
-class SampleError(StreamBatchError, ValueError):
+class SampleError(DataError, ValueError):
     """A sample that cannot give what the batch asks of it: a ``.json`` member that is not JSON or holds no length
     (without an index, batches are cut by that length), or no audio member to decode; the message names it."""
 
 
-class ColumnError(StreamBatchError, ValueError):
+class ColumnError(DataError, ValueError):
     """A metadata column that cannot be stored as asked (named but absent, not scalar, mixed kinds)."""
 
 
-class AudioError(StreamBatchError, ValueError):
+class AudioError(DataError, ValueError):
     """A file or byte string that cannot be read as audio."""
 
 
@@ -191,11 +217,11 @@ class TruncatedAudio(AudioError):
     """A file whose audio data ends before the frames its header declares (cut short, or corrupt at the end)."""
 
 
-class SampleTooLongError(StreamBatchError, ValueError):
+class SampleTooLongError(DataError, ValueError):
     """Raised in ``strict`` mode for a sample that can never fit the budget or ``max_length``."""
 
 
-class CalibrationError(StreamBatchError, RuntimeError):
+class CalibrationError(UsageError, RuntimeError):
     """The step function failed for a reason other than running out of memory, or nothing fits."""
 
 
@@ -212,7 +238,7 @@ def shown(value: Any, most: int = 60) -> str:
 
 def int_option(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     """``value`` as an int once it is a whole number (not a bool, a float or a string) from ``minimum`` to
-    ``maximum``, else an :class:`OptionError` naming the option."""
+    ``maximum``, else an `OptionError` naming the option."""
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -235,7 +261,7 @@ def number_option(
 ) -> float:
     """``value`` as a float once it is a finite real number (not a bool or a string), at least ``minimum`` or
     (``positive``) above 0, and at most ``maximum`` or (``below``) less than ``below``, else an
-    :class:`OptionError` naming the option (with both ends bounded it gives the interval, like ``(0, 1]``)."""
+    `OptionError` naming the option (with both ends bounded it gives the interval, like ``(0, 1]``)."""
     import math
     import numbers
 
@@ -260,7 +286,7 @@ def number_option(
 
 
 def bool_option(name: str, value: Any) -> bool:
-    """``value`` once it is True or False (numpy's booleans too), else an :class:`OptionError`."""
+    """``value`` once it is True or False (numpy's booleans too), else an `OptionError`."""
     import numpy as np
 
     if not isinstance(value, (bool, np.bool_)):
@@ -270,7 +296,7 @@ def bool_option(name: str, value: Any) -> bool:
 
 def path_option(name: str, value: Any, what: str) -> str:
     """``value`` as text once it is a path (text or ``os.PathLike``) or URL that is not empty, else an
-    :class:`OptionError`: ``{name} must be {what}, got ...``."""
+    `OptionError`: ``{name} must be {what}, got ...``."""
     import os
 
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -281,7 +307,7 @@ def path_option(name: str, value: Any, what: str) -> str:
 
 def callable_option(name: str, fn: Any, expected: str, positional: int) -> Any:
     """``fn`` once it is a callable that takes ``positional`` arguments, as it will be called (``expected``, like
-    ``"fn(sample, rng) -> sample"``), else an :class:`OptionError` now rather than a ``TypeError`` at its first call
+    ``"fn(sample, rng) -> sample"``), else an `OptionError` now rather than a ``TypeError`` at its first call
     (in a worker, mid-epoch). Defaults and ``*args`` count; a callable whose signature cannot be read (some
     builtins) is taken as it is."""
     import inspect
@@ -303,7 +329,7 @@ def callable_option(name: str, fn: Any, expected: str, positional: int) -> Any:
 
 
 def choice_option(name: str, value: Any, choices: Sequence[Any]) -> Any:
-    """``value`` once it is one of ``choices``, else an :class:`OptionError` listing them."""
+    """``value`` once it is one of ``choices``, else an `OptionError` listing them."""
     if not isinstance(value, (str, type(None))) or value not in choices:
         named = [c for c in choices if c is not None]
         either = "None or one of" if None in choices else "one of"

@@ -5,7 +5,7 @@ sample's ``.json``); these bounds keep a hostile or broken one from exhausting t
 Each limit has a default that no real dataset comes near, and an environment variable that raises it (read
 when the limit is used, so it reaches DataLoader workers too): ``STREAMBATCH_MAX_JSON_DEPTH``,
 ``STREAMBATCH_MAX_MEMBER_BYTES``, ``STREAMBATCH_MAX_LINE_BYTES``, ``STREAMBATCH_MAX_LENGTH``,
-``STREAMBATCH_FILTER_MEMORY`` (sizes like ``16G``) and ``STREAMBATCH_FILTER_SECONDS``. :func:`loads` is the one
+``STREAMBATCH_FILTER_MEMORY`` (sizes like ``16G``) and ``STREAMBATCH_FILTER_SECONDS``. `loads()` is the one
 JSON parser for untrusted text: every manifest reader, ``shardify index`` and the loader's ``.json`` members go
 through it.
 """
@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from .errors import ShardifyError, StreamBatchError
+from .errors import DataError, UsageError
 
 #: how deep arrays and objects may nest in one JSON document (a lhotse cut nests about 6 deep)
 MAX_JSON_DEPTH = 100
@@ -49,14 +49,14 @@ FILTER_MEMORY_ENV = "STREAMBATCH_FILTER_MEMORY"
 FILTER_SECONDS_ENV = "STREAMBATCH_FILTER_SECONDS"
 
 
-class LimitExceeded(StreamBatchError, ValueError):
+class LimitExceeded(DataError, ValueError):
     """A data file that holds more than a limit allows (JSON nested too deep, a tar member too large); the
     message names the limit and the environment variable that raises it."""
 
 
 def _env_int(name: str, default: int) -> int:
     """The environment variable ``name`` as a size of at least 16 (``"16G"`` allowed), else ``default``. A value
-    that is not one is the user's mistake (:class:`ShardifyError`, not a ``ValueError`` a parser would take for
+    that is not one is the user's mistake (`UsageError`, not a ``ValueError`` a parser would take for
     the data's)."""
     text = os.environ.get(name, "").strip()
     if not text:
@@ -66,39 +66,39 @@ def _env_int(name: str, default: int) -> int:
     try:
         value = parse_bytes(text, name)
     except ValueError as e:
-        raise ShardifyError(f"{name}={text!r} is not a size: {e}") from None
+        raise UsageError(f"{name}={text!r} is not a size: {e}") from None
     if value is None or value < 16:
-        raise ShardifyError(f"{name}={text!r} must be at least 16")
+        raise UsageError(f"{name}={text!r} must be at least 16")
     return int(value)
 
 
 def max_json_depth() -> int:
-    """How deep JSON may nest: :data:`MAX_JSON_DEPTH`, or ``STREAMBATCH_MAX_JSON_DEPTH``."""
+    """How deep JSON may nest: `MAX_JSON_DEPTH`, or ``STREAMBATCH_MAX_JSON_DEPTH``."""
     return _env_int(_DEPTH_ENV, MAX_JSON_DEPTH)
 
 
 def max_member_bytes() -> int:
-    """The largest tar member read: :data:`MAX_MEMBER_BYTES`, or ``STREAMBATCH_MAX_MEMBER_BYTES``."""
+    """The largest tar member read: `MAX_MEMBER_BYTES`, or ``STREAMBATCH_MAX_MEMBER_BYTES``."""
     return _env_int(_MEMBER_ENV, MAX_MEMBER_BYTES)
 
 
 def max_line_bytes() -> int:
-    """The longest manifest line read: :data:`MAX_LINE_BYTES`, or ``STREAMBATCH_MAX_LINE_BYTES``."""
+    """The longest manifest line read: `MAX_LINE_BYTES`, or ``STREAMBATCH_MAX_LINE_BYTES``."""
     return _env_int(_LINE_ENV, MAX_LINE_BYTES)
 
 
 def max_length() -> int:
-    """The largest length an index may give a sample: :data:`MAX_LENGTH`, or ``STREAMBATCH_MAX_LENGTH``."""
+    """The largest length an index may give a sample: `MAX_LENGTH`, or ``STREAMBATCH_MAX_LENGTH``."""
     return _env_int(LENGTH_ENV, MAX_LENGTH)
 
 
 def filter_memory() -> int:
-    """The memory a filter may use: :data:`FILTER_MEMORY`, or ``STREAMBATCH_FILTER_MEMORY``."""
+    """The memory a filter may use: `FILTER_MEMORY`, or ``STREAMBATCH_FILTER_MEMORY``."""
     return _env_int(FILTER_MEMORY_ENV, FILTER_MEMORY)
 
 
 def filter_seconds() -> float:
-    """The time a filter may take per request: :data:`FILTER_SECONDS`, or ``STREAMBATCH_FILTER_SECONDS`` (a
+    """The time a filter may take per request: `FILTER_SECONDS`, or ``STREAMBATCH_FILTER_SECONDS`` (a
     number of seconds above 0)."""
     text = os.environ.get(FILTER_SECONDS_ENV, "").strip()
     if not text:
@@ -108,7 +108,7 @@ def filter_seconds() -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value < float("inf"):
-        raise ShardifyError(f"{FILTER_SECONDS_ENV}={text!r} must be a number of seconds above 0")
+        raise UsageError(f"{FILTER_SECONDS_ENV}={text!r} must be a number of seconds above 0")
     return value
 
 
@@ -152,7 +152,7 @@ def _too_deep(limit: int) -> LimitExceeded:
 
 def raw_decode(decoder: json.JSONDecoder, text: str, pos: int) -> tuple[Any, int]:
     """``decoder.raw_decode(text, pos)`` (one JSON value of a larger text, and where it ends) under the depth
-    limit of :func:`loads`."""
+    limit of `loads()`."""
     limit = max_json_depth()
     try:
         value, end = decoder.raw_decode(text, pos)
@@ -168,8 +168,8 @@ _SHALLOW = 16
 
 
 def loads(raw: bytes | str) -> Any:
-    """``json.loads`` for untrusted text: :class:`LimitExceeded` where it nests deeper than
-    :func:`max_json_depth`, else what ``json.loads`` gives or raises (``ValueError``, ``UnicodeDecodeError``)."""
+    """``json.loads`` for untrusted text: `LimitExceeded` where it nests deeper than
+    `max_json_depth()`, else what ``json.loads`` gives or raises (``ValueError``, ``UnicodeDecodeError``)."""
     if isinstance(raw, bytes) and raw.count(b"[") + raw.count(b"{") <= _SHALLOW:
         return json.loads(raw)
     limit = max_json_depth()

@@ -420,3 +420,51 @@ def assert_same_dataset(parts_out, single_out) -> None:
     for name in ("keys", "sizes"):
         got = [[x for s in shards for x in list(s[name])] for shards in per_sample]
         assert got[0] == got[1] and len(got[0]) == a.num_samples
+
+
+# ---- kinds of test: cluster, s3, slow (registered in pyproject.toml) -------------------------------------------
+#: the folders and modules whose every test is of a kind (relative to tests/); single tests elsewhere carry the
+#: mark themselves (``@pytest.mark.cluster``), or a module its ``pytestmark``
+KIND_PATHS = {
+    "cluster": ("cluster/", "write/test_ray_engine.py"),
+}
+#: a test that uses one of these fixtures (directly or through another fixture) is of the kind
+KIND_FIXTURES = {
+    "s3": ("s3_env",),
+}
+#: single tests of a kind (``path::name`` marks every parameter, ``path::name[id]`` one): the slowest of the rest,
+#: found with ``--durations`` (each took several seconds; most start worker processes or a filter engine)
+KIND_TESTS = {
+    "slow": {
+        "loader/test_small_epochs.py::test_a_filter_that_keeps_a_few_loses_none",
+        "loader/test_metrics.py::test_inspect_plan_shows_the_planned_epoch",
+        "loader/test_option_checks.py::test_the_lightning_datamodule_checks_its_options_when_it_is_made",
+        "loader/test_option_checks.py::test_a_weight_of_1e9_fails_fast_in_bounded_memory",
+        "loader/test_option_checks.py::test_a_lambda_the_workers_cannot_receive_is_named_before_they_start",
+        "loader/test_planned_lengths.py::test_a_loader_whose_workers_do_not_fork_holds_no_lengths",
+        "loader/test_planned_lengths.py::test_forked_workers_read_no_lengths_and_yield_the_same_batches",
+        "loader/test_checkpoint_compat.py::test_a_stored_checkpoint_resumes_to_the_stored_batches[where]",
+        "loader/test_loader.py::test_without_index_an_epoch_of_skipped_samples_is_an_error",
+        "loader/test_loader.py::test_a_resume_from_a_state_without_equalisation_yields_the_same_batches",
+        "loader/test_loader.py::test_budget_as_a_duration_string_matches_the_cli",
+    },
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by kind, from where it lives, its name and the fixtures it uses (:data:`KIND_PATHS`,
+    :data:`KIND_TESTS`, :data:`KIND_FIXTURES`)."""
+    for item in items:
+        where = Path(str(item.path)).resolve()
+        rel = where.relative_to(TESTS).as_posix() if where.is_relative_to(TESTS) else ""
+        for kind, paths in KIND_PATHS.items():
+            if any(rel.startswith(p) for p in paths):
+                item.add_marker(kind)
+        test = f"{rel}::{item.name}"
+        for kind, tests in KIND_TESTS.items():
+            if test in tests or test.split("[", 1)[0] in tests:
+                item.add_marker(kind)
+        names = set(getattr(item, "fixturenames", ()))
+        for kind, fixtures in KIND_FIXTURES.items():
+            if names.intersection(fixtures):
+                item.add_marker(kind)

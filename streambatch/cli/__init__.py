@@ -1,13 +1,13 @@
 """The ``shardify`` command: write (whole, as parts, resumed), index (existing tars), merge, stage, inspect,
 verify, export, upgrade, demo, calibrate — one module per subcommand, named as it is, each with ``HELP`` and
 ``DESCRIPTION`` (and an ``EPILOG`` where it has one), ``add_arguments(parser)`` and ``run(args)`` (its exit
-code); :func:`build_parser` builds the parser from them and :func:`main` turns errors into exit codes.
+code); `build_parser()` builds the parser from them and `main()` turns errors into exit codes.
 
 Exit codes: 0 success; 1 ``verify`` found mismatches, or an unexpected error (one line; the traceback
-with ``STREAMBATCH_DEBUG=1``); 2 a usage or input error (bad arguments, bad input records, a non-empty
-output folder, no index, a path denied or of the wrong kind, missing storage credentials, an unknown storage
-scheme), and every error the package raises on purpose about the data or the storage (a bad shard or index,
-unreadable audio, retries exhausted: :class:`~streambatch.errors.StreamBatchError`).
+with ``STREAMBATCH_DEBUG=1``); 2 an error of one of `EXIT_2` — the kinds of
+`streambatch.errors`: the options (bad arguments, bad input records, a non-empty output folder, an unknown
+storage scheme), the data (a bad shard or index, unreadable audio), the storage (no index, missing credentials,
+retries exhausted, no room) and the state — and an OS error about a path the user gave (denied, of the wrong kind).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NO_SPACE_ERRNOS, InputErrors, StreamBatchError
+from ..errors import KINDS, NO_SPACE_ERRNOS, InputErrors
 from ..interrupts import Interrupter
 from ..io.lock import writers
 from . import calibrate, demo, export, index, inspect, merge, stage, upgrade, verify, write
@@ -32,6 +32,9 @@ from .args import PROG, os_error_text
 #: the subcommands, in the order ``shardify --help`` lists them
 COMMANDS = (write, index, merge, stage, inspect, verify, export, upgrade, demo, calibrate)
 
+#: the kinds of error reported in one line with exit code 2 (each raised on purpose, its message says what and where)
+EXIT_2 = KINDS
+
 #: OS errors about the paths a user gave (permissions, a file where a folder belongs, ...) or their room (no
 #: space, a quota, a file size limit): exit 2, one line
 INPUT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EROFS, errno.ENOENT}
@@ -39,7 +42,7 @@ INPUT_ERRNOS |= NO_SPACE_ERRNOS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``shardify`` parser with every subcommand of :data:`COMMANDS`."""
+    """The ``shardify`` parser with every subcommand of `COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Write, inspect and verify length-annotated WebDataset shards for streambatch."
     )
@@ -110,8 +113,8 @@ FORCE_AFTER = 5.0
 class _Signals:
     """SIGINT and SIGTERM while a command runs: the first raises KeyboardInterrupt in the main thread (each
     writer's cleanup runs: workers stopped, temporary files removed, the lock released) — as soon as the code it
-    lands in can unwind it, never inside a callback from C (:class:`~streambatch.interrupts.Interrupter`); another
-    within :data:`FORCE_AFTER` seconds is ignored, a later one ends the process at once. Once the command's writes
+    lands in can unwind it, never inside a callback from C (`Interrupter`); another
+    within `FORCE_AFTER` seconds is ignored, a later one ends the process at once. Once the command's writes
     are complete (its writer has released its lock after succeeding: only its report is left) or the command is
     done, they are ignored; then the handlers set before come back (``program``: they stay ignored until the process
     exits), so a late Ctrl-C cannot turn a finished run into a failure. A process forked meanwhile (a DataLoader
@@ -183,12 +186,13 @@ class _Signals:
 
 
 def _failed(e: Exception) -> int:
-    """Report an error in one line and give its exit code: 2 for the user's input, 1 for anything else."""
+    """Report an error in one line and give its exit code: 2 for an error of a kind of `EXIT_2` (and an OS
+    error about a path the user gave), 1 for anything else."""
     if isinstance(e, InputErrors):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         print(f"{PROG}: fix them, or pass --on-error skip to write the rest", file=sys.stderr)
         return 2
-    if isinstance(e, StreamBatchError):  # raised on purpose, its message says what and where
+    if isinstance(e, EXIT_2):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if isinstance(e, BrokenPipeError):  # output piped into head & co.

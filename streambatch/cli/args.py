@@ -1,4 +1,4 @@
-"""What several ``shardify`` subcommands share: argument types, the options declared once (:data:`SHARED`,
+"""What several ``shardify`` subcommands share: argument types, the options declared once (`SHARED`,
 each command passing its own help), ``--storage-option``, opening the dataset."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
-from ..errors import ShardifyError, os_problem
+from ..errors import ShardifyError, StreamBatchError, os_problem
 from ..format.index import IndexFormatError, ShardIndex
 from ..io.tempname import temporary_name
 from ..units import Unit
@@ -28,7 +28,7 @@ def positive_int(s: str) -> int:
 
 
 def at_least_one(s: str) -> int:
-    """:func:`positive_int` worded as ``shardify calibrate`` words it."""
+    """`positive_int()` worded as ``shardify calibrate`` words it."""
     return _whole_number(s, "must be at least 1")
 
 
@@ -112,14 +112,14 @@ def saved_whole(path: str, write: Callable[[IO[bytes]], None], what: str) -> Non
 
 
 def size(s: str) -> int:
-    """Bytes from ``123456``, ``500M``, ``2G`` (an argparse type; :func:`~streambatch.write.writer.parse_size`)."""
+    """Bytes from ``123456``, ``500M``, ``2G`` (an argparse type; `parse_size()`)."""
     from ..write.writer import parse_size
 
     return _argument(parse_size, s)
 
 
 def part(s: str) -> tuple[int, int]:
-    """``I/N`` of ``--part`` (an argparse type; :func:`~streambatch.write.parts.parse_part`)."""
+    """``I/N`` of ``--part`` (an argparse type; `parse_part()`)."""
     from ..write.parts import parse_part
 
     parsed = _argument(parse_part, s)
@@ -128,10 +128,11 @@ def part(s: str) -> tuple[int, int]:
 
 
 def _argument(parse: Callable[[str], T], s: str) -> T:
-    """``parse(s)``, its :class:`ShardifyError` turned into argparse's usage error (exit 2, one line)."""
+    """``parse(s)``, its error (one of the package's: `StreamBatchError`) turned into
+    argparse's usage error (exit 2, one line)."""
     try:
         return parse(s)
-    except ShardifyError as e:
+    except StreamBatchError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
@@ -170,7 +171,7 @@ def storage_options_from(pairs: Sequence[tuple[str, Any]] | None) -> dict | None
 
 
 #: the options several subcommands declare, each once: name -> (flag, ``add_argument`` keywords). A command
-#: adds one with :func:`add_shared`, giving its own help (where the keywords hold none) and any keyword it changes
+#: adds one with `add_shared()`, giving its own help (where the keywords hold none) and any keyword it changes
 SHARED: dict[str, tuple[str, dict[str, Any]]] = {
     "out": ("out", {"metavar": "OUT", "help": "dataset folder or URL (or its index.json)"}),
     "unit": ("--unit", {"choices": (Unit.SAMPLES.value, Unit.SECONDS.value, Unit.TOKENS.value)}),
@@ -211,7 +212,7 @@ SHARED: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def add_shared(p: argparse.ArgumentParser, name: str, help: str | None = None, **changes: Any) -> None:
-    """Add the :data:`SHARED` option ``name`` to ``p`` with this command's ``help`` (default: the shared one)
+    """Add the `SHARED` option ``name`` to ``p`` with this command's ``help`` (default: the shared one)
     and ``changes`` to its keywords (``default=4``, ``metavar=...``)."""
     flag, keywords = SHARED[name]
     keywords = {**keywords, **changes}
@@ -221,14 +222,14 @@ def add_shared(p: argparse.ArgumentParser, name: str, help: str | None = None, *
 
 
 def add_storage(p: argparse.ArgumentParser, help: str | None = None) -> None:
-    """Add the repeatable ``--storage-option KEY=VALUE`` (read back by :func:`storage_options`), with this
+    """Add the repeatable ``--storage-option KEY=VALUE`` (read back by `storage_options()`), with this
     command's ``help`` (default: the shared one)."""
     add_shared(p, "storage_option", help)
 
 
 def add_dest_storage(p: argparse.ArgumentParser, help: str) -> None:
     """Add the repeatable ``--dest-storage-option KEY=VALUE``, parsed as ``--storage-option`` is: the options of
-    a command's second place (``stage``'s DEST), read back by :func:`dest_storage_options`."""
+    a command's second place (``stage``'s DEST), read back by `dest_storage_options()`."""
     _, keywords = SHARED["storage_option"]
     p.add_argument("--dest-storage-option", **{**keywords, "dest": "dest_storage_option", "help": help})
 
@@ -239,7 +240,7 @@ def dest_storage_options(args: argparse.Namespace) -> dict | None:
 
 
 def shared_keywords(args: argparse.Namespace) -> dict[str, Any]:
-    """The values of the :data:`SHARED` options a command declared (but ``OUT``) as the library's keywords, which
+    """The values of the `SHARED` options a command declared (but ``OUT``) as the library's keywords, which
     bear the options' names: ``unit=``, ``workers=``, ...; ``--no-progress`` as ``progress=``, ``--storage-option``
     as ``storage_options=``."""
     values = {name: getattr(args, name) for name in SHARED if name != "out" and hasattr(args, name)}
@@ -282,7 +283,7 @@ ENGINES = ("local", "ray")
 
 
 def add_engine(p: argparse.ArgumentParser, steps: str) -> None:
-    """Add ``--engine``, ``--ray-address`` and ``--tasks`` (read back by :func:`engine`); ``steps``: what the
+    """Add ``--engine``, ``--ray-address`` and ``--tasks`` (read back by `engine()`); ``steps``: what the
     Ray tasks do, for the help."""
     g = p.add_argument_group("engine (where the work runs; the output is the same on every engine)")
     g.add_argument(

@@ -1,6 +1,6 @@
-"""``shardify calibrate``: the user's training step measured at a few lengths (:mod:`streambatch.fit.calibrate`),
+"""``shardify calibrate``: the user's training step measured at a few lengths (`streambatch.fit.calibrate`),
 the cost model written. It runs the user's code, so ``shardify`` leaves its errors alone (they keep their full
-traceback): :func:`run` itself reports a bad option, dataset, ``--model`` spec or output in one line (exit 2),
+traceback): `run()` itself reports a bad option, dataset, ``--model`` spec or output in one line (exit 2),
 found before the model is loaded."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ EPILOG = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``shardify calibrate`` options to ``p`` (read back by :func:`run`)."""
+    """Add the ``shardify calibrate`` options to ``p`` (read back by `run()`)."""
     p.add_argument(
         "source", help="dataset folder or index.json (probe lengths, unit and sample rate come from its index)"
     )
@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_factory(spec: str) -> Callable[..., Any]:
     """``MODULE:FACTORY`` → the factory; ``MODULE`` is a dotted module name or a path to a ``.py`` file. A spec
     without both parts, a module or file that is not there, a syntax error in it, or a missing or uncallable
-    ``FACTORY`` is an :class:`OptionError` naming it; an error the module's own code raises propagates."""
+    ``FACTORY`` is an `OptionError` naming it; an error the module's own code raises propagates."""
     mod_name, _, attr = spec.rpartition(":")
     if not mod_name or not attr:
         raise OptionError(f"--model wants MODULE:FACTORY, got {spec!r}")
@@ -119,7 +119,7 @@ def _load_file(path: str) -> ModuleType:
 
 def _import_module(name: str) -> ModuleType:
     """The module of that dotted name (the current folder on the path); one not found, or a syntax error in its
-    files, is an :class:`OptionError` — a module it imports not being found is the module's own error."""
+    files, is an `OptionError` — a module it imports not being found is the module's own error."""
     if name.startswith("."):
         raise OptionError(f"--model: {name!r} is a relative module name; give a dotted module name or a .py file")
     if os.getcwd() not in sys.path:
@@ -161,7 +161,7 @@ def _call_factory(factory: Callable[..., Any], device: Any) -> Any:
 
 def _options(args: argparse.Namespace) -> CalibrationOptions:
     """The options checked, before the model is loaded: each bad value, a missing or bad dataset index and an
-    output that cannot be written is a :class:`ShardifyError` naming it."""
+    output that cannot be written is one of the package's errors (`streambatch.errors`) naming it."""
     try:
         return calibration_options(
             args.source,
@@ -175,10 +175,8 @@ def _options(args: argparse.Namespace) -> CalibrationOptions:
             margin=args.margin,
             flag=lambda keyword: "--" + keyword.replace("_", "-"),
         )
-    except ShardifyError:
+    except StreamBatchError:  # a bad option, a bad index (IndexFormatError), retries exhausted, ...
         raise
-    except StreamBatchError as e:  # a bad index (IndexFormatError), retries exhausted, ...
-        raise ShardifyError(str(e)) from None
     except OSError as e:
         raise ShardifyError(os_error_text(e)) from None
 
@@ -204,12 +202,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = _options(args)
         factory = load_factory(args.model)
-    except ShardifyError as e:
+    except StreamBatchError as e:
         return _error(e)
     made = _call_factory(factory, args.device)
     try:
         step_fn, make_batch = _step_of(made, args.model)
-    except ShardifyError as e:
+    except StreamBatchError as e:
         return _error(e)
     result = measure_and_fit(step_fn, options, make_batch=make_batch)
     print(format_report(result))
@@ -217,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         write_calibration(result, options.out)
-    except (ShardifyError, OSError) as e:
+    except (StreamBatchError, OSError) as e:
         return _error(e)
     print(f"wrote {options.out}: StreamBatchLoader(source, cost={options.out!r}) uses it")
     return 0

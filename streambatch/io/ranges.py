@@ -1,6 +1,6 @@
 """Requests to a remote shard: its size, and byte ranges whose retries resume at the byte where one broke.
 
-A request that fails with a transient error (:func:`~.retry.is_transient`) is retried with backoff from the
+A request that fails with a transient error (`is_transient()`) is retried with backoff from the
 first byte not yet received, so the tar parser sees one unbroken stream and no byte is asked for twice.
 Every answer's object size is checked against the index's, so a shard of the wrong size is caught before
 a byte of it is used.
@@ -38,7 +38,7 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
 def before_workers(urls: Sequence[str], storage_options: dict | None) -> None:
     """In a process about to fork a loader's workers: keep what the S3 client that read the index has loaded (its
     service descriptions) where each worker's own signing client finds it, 40-50 ms of CPU less per worker and
-    epoch (:func:`~streambatch.io.s3_direct.keep_loader`; no request is made)."""
+    epoch (`keep_loader()`; no request is made)."""
     if urls and urls[0].partition("://")[0] in ("s3", "s3a"):
         keep_loader(filesystem(urls[0], storage_options)[0])
 
@@ -53,7 +53,7 @@ def _warm(url: str, storage_options: dict | None, timeout: float) -> None:
 
 
 def check_size(url: str, size: int, expected: int | None, verify: str) -> None:
-    """Raise :class:`ShardReadError` when ``size`` is not the index's (unless ``verify`` is ``"none"``)."""
+    """Raise `ShardReadError` when ``size`` is not the index's (unless ``verify`` is ``"none"``)."""
     problem = size_problem(size, expected) if verify != "none" else None
     if problem:
         raise ShardReadError(f"{url}: {problem}")
@@ -61,7 +61,7 @@ def check_size(url: str, size: int, expected: int | None, verify: str) -> None:
 
 def _same_object(url: str, versions: list[str | None], heard: list[str | None]) -> None:
     """Add the versions an answer named to those of the read's earlier answers; refuse bytes of two objects (one
-    rewritten between two answers of a read: a break and its resumption) as a :class:`ShardReadError`."""
+    rewritten between two answers of a read: a break and its resumption) as a `ShardReadError`."""
     for v in heard:
         if versions and None not in (versions[0], v) and not same_bytes(versions[0], v):
             raise ShardReadError(f"{url}: the object changed while it was read (another version answered)")
@@ -109,11 +109,11 @@ class RangeReader:
         return size
 
     def read(self, url: str, start: int, end: int, expected: int | None) -> bytes:
-        """:meth:`fetch`, checking each answer's object size with ``expected`` unless ``verify`` is "none"."""
+        """`fetch()`, checking each answer's object size with ``expected`` unless ``verify`` is "none"."""
         return self.fetch(url, start, end, self._checked(expected))
 
     def read_versioned(self, url: str, start: int, end: int, expected: int | None) -> tuple[bytes, str | None]:
-        """:meth:`read`, and the version of the object the bytes are of (None where an answer did not name one)."""
+        """`read()`, and the version of the object the bytes are of (None where an answer did not name one)."""
         versions: list[str | None] = []
         data = self.fetch(url, start, end, self._checked(expected), versions)
         return data, versions[0] if versions and all(v is not None for v in versions) else None
@@ -168,7 +168,7 @@ class RangeReader:
     ) -> BaseException | None:
         """One range request into ``sink`` (its answer's version appended to ``versions``): the transient error it
         broke with (None if it did not); a permanent error, a wrong object size or an object rewritten since an
-        earlier answer raises :class:`ShardReadError`."""
+        earlier answer raises `ShardReadError`."""
         heard: list[str | None] = []
         try:
             total = stream_range(fs, path, pos, end, sink, timeout, heard)

@@ -12,11 +12,11 @@ options asks for more than a plain signed GET, to a URL the s3fs client presigns
   end before the URL does); any other unexpected answer, or a second refusal, hands the filesystem back to the
   s3fs path for good, which then reports the error in botocore's own words;
 * proxies, server-side encryption with a customer key, requester-pays buckets, versioned paths, a ``client_kwargs``
-  this module does not map and urllib3 before 2 keep the s3fs path (:func:`usable`), as does
+  this module does not map and urllib3 before 2 keep the s3fs path (`usable()`), as does
   ``STREAMBATCH_S3_PRESIGNED=0`` in the environment.
 
-Answers are classified as s3fs's are (:mod:`streambatch.io.retry`): 5xx and throttling are transient, a missing
-object is a :class:`FileNotFoundError`, a broken body leaves what arrived in ``sink`` for the retry to resume at.
+Answers are classified as s3fs's are (`streambatch.io.retry`): 5xx and throttling are transient, a missing
+object is a `FileNotFoundError`, a broken body leaves what arrived in ``sink`` for the retry to resume at.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import weakref
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from ..errors import StreamBatchError
+from ..errors import StorageError
 
 log = logging.getLogger("streambatch")
 
@@ -51,7 +51,7 @@ _S3_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 _WAITALL = sys.platform.startswith("linux") and hasattr(socket, "MSG_WAITALL") and struct.calcsize("l") == 8
 
 
-class S3HTTPError(StreamBatchError, OSError):
+class S3HTTPError(StorageError):
     """A non-2xx answer to a presigned GET: ``status`` and the S3 error ``code`` of its XML body."""
 
     def __init__(self, status: int, code: str, url: str):
@@ -78,7 +78,7 @@ def usable(fs: Any) -> bool:
 
 def signs_for(fs: Any, options: dict) -> bool:
     """Whether range reads of ``fs`` (a reading filesystem made from the caller's storage ``options``) go over
-    presigned URLs (:func:`usable`). Then the URLs are signed by the filesystem of ``options`` themselves, fsspec's
+    presigned URLs (`usable()`). Then the URLs are signed by the filesystem of ``options`` themselves, fsspec's
     instance that already read the index (its S3 client costs 50-100 ms of CPU to make: not twice per process), and
     ``fs``'s own client is made only if a read falls back to s3fs."""
     if not usable(fs):
@@ -88,12 +88,12 @@ def signs_for(fs: Any, options: dict) -> bool:
 
 
 def signed_elsewhere(fs: Any) -> bool:
-    """Whether ``fs``'s range reads are signed by another filesystem (:func:`signs_for` said so)."""
+    """Whether ``fs``'s range reads are signed by another filesystem (`signs_for()` said so)."""
     return hasattr(fs, "streambatch_signing_options")
 
 
 def _signer(fs: Any) -> Any:
-    """The filesystem that signs ``fs``'s URLs (:func:`signs_for`), its client made now; ``fs`` itself otherwise."""
+    """The filesystem that signs ``fs``'s URLs (`signs_for()`), its client made now; ``fs`` itself otherwise."""
     options = getattr(fs, "streambatch_signing_options", None)
     if options is None:
         return fs
@@ -113,7 +113,7 @@ _KEPT_LOADER: tuple[Any, Any] | None = None
 
 def keep_loader(fs: Any) -> None:
     """Keep the service-description loader of ``fs``'s session (an s3fs filesystem, once connected) for the
-    signing clients this process and the processes it forks make later (:func:`_session_with_kept_loader`)."""
+    signing clients this process and the processes it forks make later (`_session_with_kept_loader()`)."""
     global _KEPT_LOADER
     session = getattr(fs, "session", None)
     if session is None or _KEPT_LOADER is not None:
@@ -173,8 +173,8 @@ class PresignedReader:
         self, path: str, start: int, end: int, sink: list[bytes], timeout: float | None, heard: list
     ) -> int | None:
         """Append bytes ``[start, end)`` of ``path`` to ``sink`` as they arrive, and to ``heard`` the version the
-        answer names (:func:`object_version`) once its headers are in; the object's size (None if not told).
-        Raises :class:`Refused` when the s3fs path should take over."""
+        answer names (`object_version()`) once its headers are in; the object's size (None if not told).
+        Raises `Refused` when the s3fs path should take over."""
         for fresh in (False, True):
             resp = self._get(self.url(path, fresh), start, end, timeout)
             if resp.status in (200, 206):
@@ -199,7 +199,7 @@ class PresignedReader:
         return self.pool.request("GET", url, headers=headers, preload_content=False, timeout=t, redirect=False)
 
 
-class Refused(StreamBatchError):
+class Refused(StorageError):
     """The presigned GET was refused in a way the s3fs path may handle (a region redirect, a signature it
     signs differently): that filesystem reads through s3fs from now on."""
 
@@ -208,7 +208,7 @@ def _body(resp: Any, start: int, end: int, sink: list[bytes]) -> int | None:
     """Read the answer's body into ``sink``; the object's size (``Content-Range``).
 
     The bytes go from the socket straight into one buffer of the range's size (the underlying
-    :class:`http.client.HTTPResponse`'s ``readinto``): no piece is copied again to join them, which is copying done
+    `http.client.HTTPResponse`'s ``readinto``): no piece is copied again to join them, which is copying done
     holding the GIL while the training loop waits for it. Where that is not at hand, ``read1`` pieces are joined."""
     fp = getattr(resp, "_fp", None)
     ok = False
@@ -244,8 +244,8 @@ class _Filling:
 
 
 def _read_into(fp: Any, size: int, sink: list[bytes], sock: socket.socket | None = None) -> None:
-    """``size`` bytes of ``fp`` (an :class:`http.client.HTTPResponse`) into one buffer, a piece per call (with
-    ``sock``, a plain-HTTP answer's socket, all but its last byte by :func:`_receive_waiting`); what arrived before
+    """``size`` bytes of ``fp`` (an `http.client.HTTPResponse`) into one buffer, a piece per call (with
+    ``sock``, a plain-HTTP answer's socket, all but its last byte by `_receive_waiting()`); what arrived before
     a break goes to ``sink`` too. An answer cut before its ``Content-Length`` raises (transient)."""
     into = _Filling(size)
     try:
@@ -264,7 +264,7 @@ def _read_into(fp: Any, size: int, sink: list[bytes], sock: socket.socket | None
 
 def _plain_socket(resp: Any, fp: Any, size: int) -> socket.socket | None:
     """The socket of a plain-HTTP answer whose body is exactly the ``size`` bytes asked for (not chunked, not TLS:
-    an :class:`ssl.SSLSocket` takes no ``recv`` flags), where :data:`_WAITALL` holds; else None."""
+    an `ssl.SSLSocket` takes no ``recv`` flags), where `_WAITALL` holds; else None."""
     if not _WAITALL or getattr(fp, "chunked", True) or getattr(fp, "length", None) != size or size < 2:
         return None
     sock = getattr(getattr(resp, "connection", None), "sock", None)
@@ -276,7 +276,7 @@ def _receive_waiting(fp: Any, sock: socket.socket, into: _Filling) -> None:
     from ``sock`` in calls that wait in the kernel until all their bytes are in (``MSG_WAITALL``), so the request
     thread comes back to the GIL once per answer instead of once per arrival (~190 KB on loopback) and the
     decoding thread loses it less often. The socket's read timeout still bounds a wait with nothing arriving
-    (``SO_RCVTIMEO``: a :class:`TimeoutError`, transient, what arrived kept); the last byte goes through
+    (``SO_RCVTIMEO``: a `TimeoutError`, transient, what arrived kept); the last byte goes through
     http.client, which then ends the answer as it would (the connection back to the pool)."""
     head = fp.fp.peek(1)  # http.client's buffered bytes, or the first arrival
     if head:
@@ -304,7 +304,7 @@ def _receive_timeout(sock: socket.socket, seconds: float | None) -> None:
 
 def _recv_all(sock: socket.socket, view: memoryview) -> int:
     """One receive into ``view`` that returns once it is full, at the end of the answer (0) or past the receive
-    timeout with what arrived by then; nothing by then is a :class:`TimeoutError` (transient)."""
+    timeout with what arrived by then; nothing by then is a `TimeoutError` (transient)."""
     try:
         return sock.recv_into(view, len(view), socket.MSG_WAITALL)
     except BlockingIOError as e:  # SO_RCVTIMEO passed with nothing received
@@ -337,7 +337,7 @@ def same_bytes(a: str | None, b: str | None) -> bool:
 
 
 def header_version(headers: Any) -> str | None:
-    """:func:`object_version` of an HTTP answer's ``ETag``, ``Last-Modified`` and ``x-amz-version-id``."""
+    """`object_version()` of an HTTP answer's ``ETag``, ``Last-Modified`` and ``x-amz-version-id``."""
     try:
         modified = parsedate_to_datetime(headers.get("Last-Modified") or "").timestamp()
     except (TypeError, ValueError, IndexError):
@@ -354,7 +354,7 @@ def range_total(content_range: str | None) -> int | None:
 
 
 def _error(resp: Any, path: str) -> S3HTTPError:
-    """The answer as an :class:`S3HTTPError` (its body, up to 64 KiB, read for the S3 error code)."""
+    """The answer as an `S3HTTPError` (its body, up to 64 KiB, read for the S3 error code)."""
     try:
         body = resp.read(65536)
     except Exception:  # noqa: BLE001 - the status is enough
@@ -389,7 +389,7 @@ _READERS_LOCK = threading.Lock()
 
 
 def reader_for(fs: Any) -> PresignedReader | None:
-    """The presigned reader of an s3fs filesystem (made on first use), or None where :func:`usable` says no or
+    """The presigned reader of an s3fs filesystem (made on first use), or None where `usable()` says no or
     it was switched off after a refusal."""
     with _READERS_LOCK:
         r = _READERS.get(fs)
@@ -403,8 +403,8 @@ def reader_for(fs: Any) -> PresignedReader | None:
 def presigned_range(
     r: PresignedReader, path: str, start: int, end: int, sink: list[bytes], timeout: float | None, heard: list
 ) -> int | None:
-    """Bytes ``[start, end)`` of ``path`` into ``sink`` over a presigned URL of ``r`` (:func:`reader_for`); raises
-    :class:`Refused` (and switches that filesystem to the s3fs path) when the store refuses the URL."""
+    """Bytes ``[start, end)`` of ``path`` into ``sink`` over a presigned URL of ``r`` (`reader_for()`); raises
+    `Refused` (and switches that filesystem to the s3fs path) when the store refuses the URL."""
     try:
         return r.read(path, start, end, sink, timeout, heard)
     except Refused:

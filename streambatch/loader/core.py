@@ -1,6 +1,6 @@
-"""StreamBatchLoader: options in (sorted into their typed groups once, :mod:`.options`), padded batches out. It
-plans each epoch from the index (:mod:`streambatch.plan.epoch`), publishes the epoch and resume point to its
-DataLoader workers (:mod:`streambatch.read.worker`), and owns ``len()``, epochs and ``state_dict()``."""
+"""StreamBatchLoader: options in (sorted into their typed groups once, `options`), padded batches out. It
+plans each epoch from the index (`streambatch.plan.epoch`), publishes the epoch and resume point to its
+DataLoader workers (`streambatch.read.worker`), and owns ``len()``, epochs and ``state_dict()``."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ class StreamBatchLoader:
     """Stream length-annotated shards and yield padded batches with ``n × max_len ≤ budget``.
 
     Every option is a keyword of this constructor; each belongs to one typed group, where it is checked once and
-    documented in full: :class:`~streambatch.plan.config.BatchingConfig` (batching),
-    :class:`~streambatch.read.reader.ReadOptions` (reading), :class:`~streambatch.loader.options.SampleOptions`
-    (per sample) and :class:`~streambatch.loader.options.RunOptions` (the run). A bad value is an
-    :class:`~streambatch.errors.OptionError` naming the option.
+    documented in full: `BatchingConfig` (batching),
+    `ReadOptions` (reading), `SampleOptions`
+    (per sample) and `RunOptions` (the run). A bad value is an
+    `OptionError` naming the option.
 
     What to read:
 
@@ -67,28 +67,28 @@ class StreamBatchLoader:
       ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
     * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
       epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this process.
-    * ``index``: an index file or :class:`~streambatch.format.index.ShardIndex` to plan from and read: its shard
+    * ``index``: an index file or `ShardIndex` to plan from and read: its shard
       URLs are the ones read (``source`` then names the dataset in messages); not with a mixture.
     * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
       (``"language = 'de' AND snr > 10"``; DuckDB).
     * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
 
-    Batching (:class:`~streambatch.plan.config.BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
-    ``cost``, ``quadratic_factor`` and ``packed`` as :meth:`~streambatch.plan.config.BatchingConfig.make` takes
+    Batching (`BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
+    ``cost``, ``quadratic_factor`` and ``packed`` as `make()` takes
     them): ``buffer_size``, ``refill``, ``bucket_boundaries``, ``num_buckets``, ``bucket_spacing``,
     ``max_batch_size``, ``batch_size_multiple_of``, ``min_length``, ``max_length``, ``drop_last``, ``strict``,
     ``shuffle``, ``seed``, ``pad_to_multiple_of``, ``batch_order``, ``output_budget``, ``batch_by``, ``cost``
     (``"padded"``, ``"quadratic"``, a callable ``cost(n, max_len)`` or a calibration file), ``quadratic_factor``,
     ``packed``, ``interleave``.
 
-    Reading (:class:`~streambatch.read.reader.ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
+    Reading (`ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
     ``max_read_concurrency``, ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``,
     ``cache_size``, ``shard_roots``.
 
-    Per sample (:class:`~streambatch.loader.options.SampleOptions`): ``decode``, ``transform``,
+    Per sample (`SampleOptions`): ``decode``, ``transform``,
     ``speed_perturb``, ``features``.
 
-    The run (:class:`~streambatch.loader.options.RunOptions`): ``rank``, ``world_size``, ``dp_rank``,
+    The run (`RunOptions`): ``rank``, ``world_size``, ``dp_rank``,
     ``dp_size``, ``dp_mesh`` (data parallelism inside a model-parallel mesh), ``num_workers``,
     ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
     ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
@@ -247,7 +247,7 @@ class StreamBatchLoader:
         """Choose the epoch (shard and batch order follow ``(seed, epoch)``). After a full pass the loader
         moves to the next epoch by itself, so calling this is optional; calling it with the epoch a restored
         state is in keeps the resume point. Another epoch during a pass (an iterator partly consumed) is a
-        :class:`~streambatch.errors.StateError`: call it before ``iter(loader)``."""
+        `StateError`: call it before ``iter(loader)``."""
         epoch = int_option("epoch", epoch, 0, MAX_EPOCH)
         if epoch != self.epoch:
             between_passes(self, f"set_epoch({epoch})")
@@ -257,7 +257,7 @@ class StreamBatchLoader:
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The epoch's plan for every rank and worker (requires an index). O(N): it reads every length; for
-        inspection and tests. Iteration and ``len()`` use :meth:`schedule`."""
+        inspection and tests. Iteration and ``len()`` use `schedule()`."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
         e = epoch_arg(self, epoch)
@@ -269,7 +269,7 @@ class StreamBatchLoader:
         return plan
 
     def step_samples(self, step: int, rank: int | None = None, epoch: int | None = None) -> StepSamples:
-        """Which samples were (or will be) in ``step``, every rank's or ``rank``'s (:func:`.steps.step_samples`)."""
+        """Which samples were (or will be) in ``step``, every rank's or ``rank``'s (`steps.step_samples()`)."""
         return step_samples(self, step, rank, epoch)
 
     def _lengths(self, epoch: int) -> Lengths:
@@ -304,7 +304,7 @@ class StreamBatchLoader:
     def __len__(self) -> int:
         """The current epoch's steps as this run counts them, the same on every rank: after a resume, the
         batches consumed before it (on this or another layout) plus those still to come, so a progress bar
-        or schedule built from ``len()`` and :attr:`consumed` is right. With a process group this is a
+        or schedule built from ``len()`` and `consumed` is right. With a process group this is a
         collective: ask on every rank."""
         if self.index is None:
             if self.run.batches_per_epoch:
@@ -446,7 +446,7 @@ class StreamBatchLoader:
         """How the current (or last) pass fed the training loop: padding %, budget utilisation %, batches and
         samples per second, time to first batch, seconds the loop waited on the loader and the readers waited on
         storage (all workers, and per worker), a mixture's dataset shares, and the storage counters of
-        :meth:`fault_stats`. ``planned=True`` adds the planned epoch's padding and budget use for this rank
+        `fault_stats()`. ``planned=True`` adds the planned epoch's padding and budget use for this rank
         (plans the whole epoch: O(N))."""
         out = self._meter.summary() if self._meter is not None else {}
         out.update(storage_figures(self._fault_counts, self.fault_stats()))
@@ -462,7 +462,7 @@ class StreamBatchLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: the epoch, the batches of it already yielded, and the layouts it ran on, as a plain
         dict (save it with the model: ``torch.save`` or JSON). Small: no per-sample data, whatever the dataset's
-        size. :class:`~streambatch.loader.state.LoaderState` describes each key."""
+        size. `LoaderState` describes each key."""
         return self._own_state().to_dict()
 
     def _own_state(self) -> LoaderState:
@@ -487,16 +487,16 @@ class StreamBatchLoader:
         )
 
     def load_state_dict(self, state: dict[str, Any], skip_steps: Iterable[int] = ()) -> None:
-        """Continue from a :meth:`state_dict` (of this version or an earlier one): the next iteration yields the
-        epoch's remaining batches (:attr:`remaining`), while ``len()`` still counts the whole epoch, consumed
+        """Continue from a `state_dict()` (of this version or an earlier one): the next iteration yields the
+        epoch's remaining batches (`remaining`), while ``len()`` still counts the whole epoch, consumed
         batches included.
 
         With the same world size and workers, the remaining batches are exactly those the uninterrupted run
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
         yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
         out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
-        steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (:mod:`~streambatch.loader.steps`). Between
-        passes only: during one (an iterator partly consumed) it is a :class:`~streambatch.errors.StateError`."""
+        steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (`steps`). Between
+        passes only: during one (an iterator partly consumed) it is a `StateError`."""
         between_passes(self, "load_state_dict()")
         saved = LoaderState.from_dict(state)
         to_saved_epoch(self, saved)  # a weight schedule: the epoch's weights, checked against the saved ones

@@ -9,15 +9,15 @@ group that runs past its time limit, and the parent kills the child if even that
 child evaluated within those limits, the workers later evaluate in their own process: the same deterministic
 expression over the same row groups.
 
-The check admits only deterministic expressions (:func:`refusal`): DuckDB parses the expression and every
+The check admits only deterministic expressions (`refusal()`): DuckDB parses the expression and every
 function it calls must be one DuckDB lists as *consistent* (the same answer for the same arguments, no side
 effects), or a macro made only of such functions. Clocks, random numbers, sequences, sleeps, settings and the
 session are refused by that rule, as are subqueries, aggregates and window functions (a filter sees one sample
 at a time).
 
 The child runs this module by path (``python <this file>``), so it imports nothing of streambatch there (only
-DuckDB, Arrow and NumPy); in the package, :class:`EngineError` derives from the package's root error. The
-parent's handle on the child is :class:`~.where_sandbox.Engine`.
+DuckDB, Arrow and NumPy); in the package, `EngineError` derives from the package's root error. The
+parent's handle on the child is `Engine`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def require_duckdb() -> Any:
 
 
 def connect(memory: int) -> Any:
-    """A DuckDB connection for filters (:data:`CONFIG`, the settings of :data:`PINNED`), its memory limit
+    """A DuckDB connection for filters (`CONFIG`, the settings of `PINNED`), its memory limit
     ``memory`` bytes."""
     con = require_duckdb().connect(config={**CONFIG, "memory_limit": f"{max(1, memory >> 20)}MB"})
     con.execute("SET enable_progress_bar = false")  # a connection's setting, not one of the database
@@ -89,7 +89,7 @@ def connect(memory: int) -> Any:
 
 def evaluate(con: Any, expr: str, table: Any) -> np.ndarray:
     """Which rows of an Arrow table ``expr`` keeps (True; NULL is False), in row order; DuckDB errors as
-    :class:`EngineError` with DuckDB's first line (running out of memory or time as DuckDB raised it)."""
+    `EngineError` with DuckDB's first line (running out of memory or time as DuckDB raised it)."""
     duckdb = require_duckdb()
     try:
         rel = _select(con, expr, table)
@@ -126,7 +126,7 @@ def _first_line(e: BaseException) -> str:
 
 
 try:
-    from ..errors import StreamBatchError as _Root
+    from ..errors import UsageError as _Root
 except ImportError:  # the child, run by path: no package around it
     _Root = Exception  # type: ignore[misc, assignment]
 
@@ -184,7 +184,7 @@ class Catalog:
 
 
 def parse(con: Any, sql: str) -> dict[str, Any]:
-    """DuckDB's syntax tree of one statement (:func:`json_serialize_sql`); EngineError if it is not one."""
+    """DuckDB's syntax tree of one statement (`json_serialize_sql()`); EngineError if it is not one."""
     tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
     if tree.get("error"):
         raise EngineError(str(tree.get("error_message") or "syntax error"))

@@ -3,7 +3,7 @@
 Each shard is copied to a temporary name, checked against the index (size, and sha256 computed while
 copying) and renamed; a shard already complete in DEST is kept, so stage can be re-run to finish a copy. Whether
 a shard there counts as complete at its size, or only when its sha256 matches, and whether DEST may be replaced,
-depends on what DEST holds (:mod:`.stage_dest`: this dataset, another one, a copy cut short). The index is written
+depends on what DEST holds (`stage_dest`: this dataset, another one, a copy cut short). The index is written
 last: DEST only has an ``index.json`` once every shard it lists is complete.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from ..errors import ShardifyError, StreamBatchError
+from ..errors import ShardifyError, StorageError
 from ..format.index import INDEX_NAME, ShardIndex, ShardInfo
 from ..io import storage
 from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
@@ -68,7 +68,7 @@ class _Keep:
 
 
 def _complete(dst: str, info: ShardInfo, keep: _Keep, storage_options: dict | None) -> bool:
-    """Is the shard at ``dst`` already the one the index lists (see :class:`_Keep`)? A shard whose sha256 the
+    """Is the shard at ``dst`` already the one the index lists (see `_Keep`)? A shard whose sha256 the
     index does not list is kept only where DEST holds this dataset."""
     try:
         if size_problem(storage.size(dst, storage_options), info.bytes):
@@ -105,7 +105,7 @@ def _copy_with_retries(
 ) -> Digest:
     """Copy ``src`` to the local file ``to[0]`` (the temporary file of ``to[1]``), hashing on the way; a remote
     read error is retried from the start (``ATTEMPTS`` in all). An error writing the copy is not retried: it is
-    raised naming ``to[1]`` (:func:`~streambatch.io.guards.write_error`)."""
+    raised naming ``to[1]`` (`write_error()`)."""
     attempt = 0
     while True:
         done = 0
@@ -131,7 +131,7 @@ def _copy_with_retries(
             time.sleep(0.5 * 2 ** (attempt - 1))
 
 
-class _WriteFailed(StreamBatchError):
+class _WriteFailed(StorageError):
     """An OS error writing the local copy (not the source's: never retried); it never leaves this module."""
 
     def __init__(self, error: OSError):
@@ -141,7 +141,7 @@ class _WriteFailed(StreamBatchError):
 
 class _Written:
     """The local copy, opened to write; its OS errors (opening, writing, ``fsync`` at the end) as
-    :class:`_WriteFailed`."""
+    `_WriteFailed`."""
 
     def __init__(self, path: str):
         self.path = path
@@ -187,9 +187,9 @@ def stage_dataset(
     """Copy the dataset at ``src`` (folder, URL or index file) to ``dest``; see the module docstring.
 
     ``workers`` shards are copied at a time (threads). The source's shard URLs must lie in its folder or under
-    ``shard_roots`` (:mod:`~streambatch.format.trust`); the staged copy holds them all. ``storage_options`` are
+    ``shard_roots`` (`trust`); the staged copy holds them all. ``storage_options`` are
     SRC's (and its shards'), ``dest_storage_options`` DEST's. A DEST holding another dataset is refused unless
-    ``overwrite`` (:mod:`.stage_dest`). The arguments are checked before DEST is touched (its lock included);
+    ``overwrite`` (`stage_dest`). The arguments are checked before DEST is touched (its lock included);
     the copy runs holding DEST's lock. Returns what was copied and kept."""
     src, dest = str(src), str(dest).rstrip("/") or "/"
     if int(workers) <= 0:
@@ -219,7 +219,7 @@ class _Job:
 
 @holds_lock(lambda a: (a.arguments["job"].dest, None, a.arguments["job"].dest_options), wait=True)
 def _stage(job: _Job) -> StageResult:
-    """Copy the shards DEST lacks, then write the index, holding DEST's lock (see :func:`stage_dataset`)."""
+    """Copy the shards DEST lacks, then write the index, holding DEST's lock (see `stage_dataset()`)."""
     dest, index, options = job.dest, job.index, job.dest_options
     names, rewrite = _dest_names(index)
     dsts = [storage.join_url(dest, *n.split("/")) for n in names]

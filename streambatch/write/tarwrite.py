@@ -2,7 +2,7 @@
 
 A shard is a plain POSIX (pax) tar with, per sample, ``KEY.json`` first and the payload members in name order;
 members have mtime 0 and no owner, so the same input gives byte-identical shards. Sizes are known before
-writing (:func:`plan_shards` decides every shard up front), which lets ``--resume`` recognise a complete shard.
+writing (`plan_shards()` decides every shard up front), which lets ``--resume`` recognise a complete shard.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import IO, Any, Final
 
 import numpy as np
 
-from ..errors import ShardifyError, StreamBatchError, os_problem, output_fits
+from ..errors import DataError, ShardifyError, os_problem, output_fits
 from ..format.index import ShardInfo
 from ..format.rules import keys_sha1
 from ..io import storage
@@ -174,7 +174,7 @@ class ShardTask:
 
 
 class _HashingWriter:
-    """A write target that passes everything on to ``f`` and feeds a :class:`Digest` (sha256 and size)."""
+    """A write target that passes everything on to ``f`` and feeds a `Digest` (sha256 and size)."""
 
     def __init__(self, f: Any):
         self.f, self.digest = f, Digest()
@@ -252,7 +252,7 @@ def _remove_temporary(tmp: str) -> None:
 
 
 def write_shard(task: ShardTask) -> ShardInfo:
-    """Write one shard so it appears only complete (see :func:`atomic_file`)."""
+    """Write one shard so it appears only complete (see `atomic_file()`)."""
     with atomic_file(task.url, task.storage_options) as tmp, open(tmp, "wb") as f:
         sha = _write_tar(f, task.samples, task.storage_options)
         try:
@@ -287,7 +287,7 @@ def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
     )
 
 
-class _Differs(StreamBatchError):
+class _Differs(DataError):
     """The shard on disk is not what the task would write."""
 
 

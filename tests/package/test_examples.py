@@ -107,7 +107,12 @@ def run_example(example: Example, folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
-@pytest.mark.parametrize("example", RUNNABLE, ids=lambda e: e.name)
+def _by_kind(example: Example) -> object:
+    """``example`` as a test parameter, marked ``cluster`` when it runs under torchrun."""
+    return pytest.param(example, marks=pytest.mark.cluster if example.first_line.startswith("# torchrun ") else ())
+
+
+@pytest.mark.parametrize("example", [_by_kind(e) for e in RUNNABLE], ids=lambda e: e.name)
 def test_example_runs_as_written(example, tmp_path):
     twice = example.lang == "python" and not example.first_line.startswith("# torchrun ")
     for attempt in ("first", "second")[: 2 if twice else 1]:

@@ -174,6 +174,7 @@ def test_draws_take_round_w_n_and_cover_before_repeating(n, w, seed):
         assert seen.max() - seen.min() <= 1
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("batch_by", [None, "dataset"])
 def test_torchrun_mixture_equal_steps_exact_counts_and_resume(mixture, tmp_path, batch_by):
     """Real torchrun ranks over the 3-dataset mixture: equal steps and exact per-dataset counts in each epoch,

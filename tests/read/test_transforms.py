@@ -98,6 +98,7 @@ def test_kill_and_resume_gives_bit_identical_augmented_batches(data, tmp_path, n
     assert all(shas[(0, k)] != shas[(1, k)] for k in keys), "an augmented sample was the same in two epochs"
 
 
+@pytest.mark.cluster
 def test_resume_on_another_world_size_keeps_every_augmented_tensor(data, tmp_path):
     """2 ranks under torchrun are killed mid-epoch, 3 ranks resume: every sample the resumed job emits is bit for
     bit the tensor the uninterrupted 2-rank job emitted for it, and none is lost or repeated."""

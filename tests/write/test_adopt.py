@@ -325,6 +325,7 @@ def test_output_length_tokens_counts_the_manifest_text(tmp_path):
     assert ShardIndex.load(str(src)).meta["output_length"]["tokenizer"]["kind"] == "tokenizers"
 
 
+@pytest.mark.cluster
 def test_two_ranks_stream_the_manifest_text(tmp_path):
     """torchrun, 2 ranks x 2 workers, planned rank-locally, over an adopted NeMo dataset: every key once, each
     with its manifest text."""
@@ -428,6 +429,7 @@ def test_clear_errors(tmp_path, capsys):
     assert cli("index", str(src), "--overwrite") == 0
 
 
+@pytest.mark.cluster
 def test_two_ranks_over_adopted_tars(tmp_path):
     """torchrun, 2 ranks (gloo) x 2 workers over adopted tars: equal steps = len(loader), every key once."""
     from torchrun_jobs import check_epoch, run_job
