@@ -136,15 +136,30 @@ def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
 # ---- the stores of this process ---------------------------------------------------------------------------------
 _STORES: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
+#: the process that first handed out a store: obstore's requests run on a tokio runtime that does not survive a
+#: fork, so a process forked after that (a loader's worker whose parent read shards itself) reads through fsspec
+_USED_BY: int | None = None
+
+
+def usable(url: str, storage_options: dict | None) -> bool:
+    """Whether :func:`store_for` would read ``url`` here, without making a store (nothing is started: a process
+    about to fork its loader's workers asks this)."""
+    if not enabled() or not handles(url) or _USED_BY not in (None, os.getpid()):
+        return False
+    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+        return False
+    if url.startswith("http"):
+        return not storage_options
+    return s3_config(storage_options) is not None
 
 
 def store_for(url: str, storage_options: dict | None, timeout: float | None = None) -> tuple[Any, str] | None:
     """(this process's obstore store for ``url``'s bucket or host, the object's path in it), or None where this
-    module does not read ``url`` (another scheme, unmapped options, a proxy in the environment, switched off).
+    module does not read ``url`` (another scheme, unmapped options, a proxy in the environment, switched off, a
+    process forked from one that used obstore).
     ``timeout``: seconds to connect and to wait for data; a whole request may take four times as long."""
-    if not enabled() or not handles(url):
-        return None
-    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+    global _USED_BY
+    if not usable(url, storage_options):
         return None
     scheme, _, rest = url.partition("://")
     where, _, path = rest.partition("/")
@@ -157,6 +172,7 @@ def store_for(url: str, storage_options: dict | None, timeout: float | None = No
             if store is None:
                 return None
             _STORES[key] = store
+        _USED_BY = os.getpid()
     return store, path
 
 

@@ -31,7 +31,7 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
     requests' URLs (50-100 ms of CPU), on a thread while the epoch is planned, so the first request does not wait."""
     if not urls or is_local(urls[0]):
         return
-    if objstore.store_for(urls[0], storage_options, timeout) is not None:  # a store is cheap: made now
+    if objstore.usable(urls[0], storage_options):  # a store is cheap: made at the first read, after any fork
         return
     threading.Thread(
         target=_warm, args=(urls[0], storage_options, timeout), name="streambatch-warm-up", daemon=True
@@ -42,7 +42,7 @@ def before_workers(urls: Sequence[str], storage_options: dict | None) -> None:
     """In a process about to fork a loader's workers: keep what the S3 client that read the index has loaded (its
     service descriptions) where each worker's own signing client finds it, 40-50 ms of CPU less per worker and
     epoch (:func:`~streambatch.io.s3_direct.keep_loader`; no request is made)."""
-    if urls and urls[0].partition("://")[0] in ("s3", "s3a") and objstore.store_for(urls[0], storage_options) is None:
+    if urls and urls[0].partition("://")[0] in ("s3", "s3a") and not objstore.usable(urls[0], storage_options):
         keep_loader(filesystem(urls[0], storage_options)[0])
 
 
