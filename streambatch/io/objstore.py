@@ -25,8 +25,9 @@ from typing import Any
 
 from ..errors import StreamBatchError
 
-#: bytes of an answer's body handed over at a time: what arrived before a break is kept up to the last piece
-PIECE = 1 << 20
+#: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
+#: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
+PIECE = 1
 #: s3fs options that only tune s3fs itself (caches, its own retries): nothing for a range read to honour
 _S3FS_ONLY = {
     "skip_instance_cache",
@@ -123,7 +124,7 @@ def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
                 kw["virtual_hosted_style_request"] = True
         else:
             return None
-    endpoint = kw.get("endpoint")
+    endpoint = kw.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         kw.setdefault("virtual_hosted_style_request", False)
         if str(endpoint).startswith("http://"):
@@ -261,26 +262,32 @@ def read_range(store: Any, path: str, url: str, start: int, end: int, sink: list
         raise _error(e, url) from e
     meta = result.meta
     heard.append(object_version(meta))
-    left = end - start
+    into = bytearray(end - start)  # the range's bytes land here once, as they arrive
+    view, got = memoryview(into), 0
     try:
         for piece in result.stream(min_chunk_size=PIECE):
             data = memoryview(piece)
             if skip:
                 cut = min(skip, len(data))
                 data, skip = data[cut:], skip - cut
-            if not len(data):
-                continue
-            if len(data) > left and not whole:
-                raise StoreError(f"{url}: the answer to bytes {start}-{end - 1} is longer than asked")
-            data = data[:left]
-            sink.append(bytes(data))
-            left -= len(data)
-            if left <= 0:
+            if len(data) > len(into) - got:
+                if not whole:
+                    raise StoreError(f"{url}: the answer to bytes {start}-{end - 1} is longer than asked")
+                data = data[: len(into) - got]
+            view[got : got + len(data)] = data
+            got += len(data)
+            if got >= len(into):
                 break
     except StoreError:
         raise
-    except Exception as e:  # noqa: BLE001 - a broken body: what arrived is in sink
+    except Exception as e:  # noqa: BLE001 - a broken body: what arrived goes to sink, the retry resumes after it
         raise _error(e, url) from e
+    finally:
+        view.release()
+        if got == len(into):
+            sink.append(into)  # type: ignore[arg-type] # bytes-like: every reader of a chunk takes a buffer
+        elif got:
+            sink.append(bytes(into[:got]))
     return int(meta["size"])
 
 
