@@ -177,7 +177,7 @@ def store_for(url: str, storage_options: dict | None, timeout: float | None = No
     return store, path
 
 
-def _timeouts(client: dict, timeout: float | None) -> dict:
+def _timeouts(client: dict, timeout: float | None) -> Any:
     if timeout:
         client.setdefault("connect_timeout", timedelta(seconds=timeout))
         client.setdefault("read_timeout", timedelta(seconds=timeout))
