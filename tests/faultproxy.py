@@ -10,7 +10,13 @@ every request, and on the requests that match its rules it misbehaves:
   (``reset=True``: with an RST); ``min_offset``: only requests whose Range starts at or after that byte;
 * ``Rule("truncate", match="shard-000002.tar", size=9000)``: the object looks truncated to 9000 bytes
   (HEAD, plain and ranged GETs agree, as if the object itself were cut);
-* ``Rule("stall", seconds=30)``: accept the request and answer nothing for that long.
+* ``Rule("stall", seconds=30)``: accept the request and answer nothing for that long;
+* ``Rule("whole")``: answer a ranged GET with ``200`` and the whole object (HTTP allows a server to ignore Range);
+* ``Rule("shift", size=100)``: answer a ranged GET with a ``206`` of another range, ``size`` bytes later (its
+  Content-Range says so, truthfully);
+* ``Rule("short", size=100)``: send the whole body but a Content-Length ``size`` bytes smaller (the rest of the
+  body lands on the connection as garbage before the next answer);
+* ``Rule("long", size=100)``: a Content-Length ``size`` bytes larger than the body, then close the connection.
 
 ``match`` is a substring of the request path (``""``: every object request); ``every`` picks every k-th
 matching GET; ``limit`` stops a rule after it acted that often. The proxy logs every request
@@ -40,7 +46,7 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 @dataclass
 class Rule:
-    action: str  # latency | error | drop | truncate | stall
+    action: str  # latency | error | drop | truncate | stall | whole | shift | short | long
     match: str = ""
     every: int = 1
     limit: int | None = None
@@ -194,8 +200,14 @@ class _Handler(BaseHTTPRequestHandler):
             return b"".join(out)
         return None
 
-    def _forward(self, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _forward(self, body: bytes | None, rng: str | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Forward the request upstream (with ``rng`` as its Range header instead of the client's where given: "" for
+        none)."""
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+        if rng is not None:
+            headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+            if rng:
+                headers["Range"] = rng
         if body is not None:
             headers["Content-Length"] = str(len(body))
         for attempt in range(2):
@@ -274,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
                 px._log(self.command, self.path, rng, r.status)
                 self._send(r.status, [("Content-Type", "application/xml")], msg)
                 return
-        status, headers, data = self._forward(body)
+        status, headers, data = self._forward(body, _asked(rules, self.command, rng))
         trunc = [r for r in px.rules if r.action == "truncate" and r.match and r.match in self.path]
         if trunc and status in (200, 206):
             status, headers, data, length = _truncate(self.command, status, headers, data, rng, trunc[0].size)
@@ -282,12 +294,31 @@ class _Handler(BaseHTTPRequestHandler):
             length = None
         drop = next((r for r in rules if r.action == "drop"), None)
         px._log(self.command, self.path, rng, status)
+        lying = next((r for r in rules if r.action in ("short", "long")), None)
+        if lying is not None and self.command == "GET" and status in (200, 206) and len(data) > lying.size:
+            declared = len(data) + (lying.size if lying.action == "long" else -lying.size)
+            self._send(status, headers, data, length=declared, cut_after=len(data) if lying.action == "long" else None)
+            return
         if drop is not None and self.command == "GET" and status in (200, 206) and len(data) > drop.drop_after:
             self._send(status, headers, data, cut_after=drop.drop_after, reset=drop.reset)
             return
         self._send(status, headers, data, length=length)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+
+def _asked(rules: list[Rule], method: str, rng: str | None) -> str | None:
+    """The Range to ask upstream for where a rule answers another than the client asked (None: the client's)."""
+    m = _RANGE.fullmatch((rng or "").strip())
+    if method != "GET" or m is None:
+        return None
+    for r in rules:
+        if r.action == "whole":
+            return ""
+        if r.action == "shift":
+            lo, hi = int(m.group(1)) + r.size, (int(m.group(2)) + r.size if m.group(2) else None)
+            return f"bytes={lo}-{'' if hi is None else hi}"
+    return None
 
 
 def _truncate(method, status, headers, data, rng, size):

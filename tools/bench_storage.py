@@ -2,7 +2,11 @@
 0, 20 or 100 ms late, with read-ahead on and off.
 
     python tools/bench_storage.py [--samples 2000] [--decode audio|none] [--workers 0] [--runs 3] [--only-100ms]
-                                  [--server lite|moto|both] [--tls]
+                                  [--server lite|moto|both] [--tls] [--clients obstore,old] [--latencies 0,100]
+
+``--clients``: the remote rows once per client, side by side in each run: ``obstore`` (streambatch/io/objstore.py)
+and ``old`` (the fsspec path: presigned URLs over urllib3, ``STREAMBATCH_OBSTORE=0``). ``--latencies``: the
+added milliseconds per request to measure (of 0, 20, 100).
 
 Two S3 servers, each in its own process on 127.0.0.1 (``--server`` picks, both by default):
 
@@ -64,6 +68,8 @@ BUCKET = "bench"
 START_TIMEOUT = 30.0
 #: latencies (seconds added per request) of the S3 rows, and their names
 LATENCIES = ((0.0, "loopback"), (0.02, "+20 ms/request"), (0.1, "+100 ms/request"))
+#: with ``--clients``: the default read-ahead only (not read-ahead off, nor the fixed-4 and 256M rows of +100 ms)
+ONLY_DEFAULT = False
 
 
 def rss_mb() -> float:
@@ -348,12 +354,15 @@ def lite_sources(procs: list[subprocess.Popen], local: str, latencies: list[tupl
 
 
 def run_child(spec: dict) -> dict:
-    """One configuration in a fresh process (its result is the last line it prints)."""
+    """One configuration in a fresh process (its result is the last line it prints); ``spec["client"]`` "old" reads
+    remote shards through the fsspec path instead of obstore."""
+    env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
+    env["STREAMBATCH_OBSTORE"] = "0" if spec.get("client") == "old" else "1"
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
-        env=dict(os.environ, AWS_DEFAULT_REGION="us-east-1"),
+        env=env,
     )
     if out.returncode:
         raise RuntimeError(f"configuration {spec} failed:\n{out.stderr[-3000:]}")
@@ -365,6 +374,8 @@ def read_aheads(name: str, remote: bool, read_ahead: str) -> list[tuple[str | in
     if not remote:
         return [(0, None)]
     if " TLS " in name:  # the default read-ahead only: what TLS adds to it
+        return [(read_ahead, None)]
+    if ONLY_DEFAULT:  # clients side by side: the default read-ahead
         return [(read_ahead, None)]
     if name.endswith("+100 ms/request"):  # the adaptive read-ahead beside the fixed 4 in flight it replaced
         return [(read_ahead, None), (read_ahead, 4), ("256M", None), (0, None)]
@@ -378,13 +389,17 @@ def measure_row(spec: dict, server_pids: list[int]) -> tuple[dict, float]:
     return r, sum(cpu_s(p) for p in server_pids) - before
 
 
-def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
-    """One run of every configuration, each in a fresh process; rows with the ratio to this run's local disk."""
+def measure(sources: list[tuple], base: dict, read_ahead: str, clients: list[str]) -> list[list]:
+    """One run of every configuration, each in a fresh process (a remote one once per client, interleaved); rows
+    with the ratio to this run's local disk."""
     rows: list[list] = []
     local_rate = local_steady = None
-    for name, source, so, pids in sources:
-        for ra, fixed in read_aheads(name, so is not None, read_ahead):
-            spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed)
+    for name_of_source, source, so, pids in sources:
+        for (ra, fixed), client in (
+            (x, c) for x in read_aheads(name_of_source, so is not None, read_ahead) for c in (clients if so else [""])
+        ):
+            name = f"{name_of_source} [{client}]" if client else name_of_source
+            spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed, client=client)
             r, server_cpu = measure_row(spec, pids)
             sps = r["samples"] / r["seconds"]
             steady = (r["samples"] - r["first_samples"]) / max(r["seconds"] - r["first"], 1e-9)
@@ -472,6 +487,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lite: tools/_s3_lite.py (latency inside, sendfile); moto: moto behind the latency proxy",
     )
     ap.add_argument("--tls", action="store_true", help="also the lite server over TLS (needs cryptography)")
+    ap.add_argument("--clients", default="", help="comma-separated: obstore, old (the remote rows once per client)")
+    ap.add_argument("--latencies", default="", help="comma-separated added ms per request, of 0, 20, 100 (all)")
     ap.add_argument("--work", default=os.path.join("/tmp", "streambatch-bench-storage"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -494,6 +511,11 @@ def main(argv: list[str] | None = None) -> None:
     made = time.perf_counter() - t0
     print(f"data: {ix.num_samples} utterances, {ix.num_shards} shards, {total:.1f} MiB (made in {made:.0f}s)")
     latencies = [x for x in LATENCIES if not a.only_100ms or x[0] == 0.1]
+    if a.latencies:
+        latencies = [x for x in latencies if round(x[0] * 1000) in {int(v) for v in a.latencies.split(",")}]
+    clients = [c for c in a.clients.split(",") if c] or ["obstore"]
+    global ONLY_DEFAULT
+    ONLY_DEFAULT = bool(a.clients)
     base = dict(budget=60 * a.sample_rate, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
     base["interleave"] = a.interleave
     procs: list[subprocess.Popen] = []
@@ -503,7 +525,7 @@ def main(argv: list[str] | None = None) -> None:
             sources += lite_sources(procs, local, latencies, self_signed(a.work) if a.tls else None)
         if a.server in ("moto", "both"):
             sources += moto_sources(procs, a.work, local, latencies)
-        report([measure(sources, base, a.read_ahead) for _ in range(a.runs)], a)
+        report([measure(sources, base, a.read_ahead, clients) for _ in range(a.runs)], a)
     finally:
         stop(procs)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ShardReadError
+from . import objstore
 from .digest import size_problem
 from .retry import RetryPolicy, call_with_retry, is_transient
 from .s3_direct import keep_loader, reader_for, same_bytes, signed_elsewhere
@@ -30,6 +31,8 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
     requests' URLs (50-100 ms of CPU), on a thread while the epoch is planned, so the first request does not wait."""
     if not urls or is_local(urls[0]):
         return
+    if objstore.usable(urls[0], storage_options):  # a store is cheap: made at the first read, after any fork
+        return
     threading.Thread(
         target=_warm, args=(urls[0], storage_options, timeout), name="streambatch-warm-up", daemon=True
     ).start()
@@ -39,7 +42,7 @@ def before_workers(urls: Sequence[str], storage_options: dict | None) -> None:
     """In a process about to fork a loader's workers: keep what the S3 client that read the index has loaded (its
     service descriptions) where each worker's own signing client finds it, 40-50 ms of CPU less per worker and
     epoch (`keep_loader()`; no request is made)."""
-    if urls and urls[0].partition("://")[0] in ("s3", "s3a"):
+    if urls and urls[0].partition("://")[0] in ("s3", "s3a") and not objstore.usable(urls[0], storage_options):
         keep_loader(filesystem(urls[0], storage_options)[0])
 
 
@@ -84,9 +87,18 @@ class RangeReader:
     def _fs(self, url: str) -> tuple[Any, str]:
         return reading_filesystem(url, self.storage_options, self.policy.timeout)
 
+    def _store(self, url: str) -> tuple[Any, str] | None:
+        """This process's obstore store for ``url`` and the object's path (None: fsspec reads it)."""
+        return objstore.store_for(url, self.storage_options, self.policy.timeout or None)
+
     def size(self, url: str, expected: int | None = None) -> int:
         """The object's size (a size request, retried), checked against ``expected`` (the index's)."""
-        fs, path = self._fs(url)
+        store = self._store(url)
+        if store is None:
+            fs, path = self._fs(url)
+            ask = lambda: object_size(fs, path)  # noqa: E731
+        else:
+            ask = lambda: objstore.head(store[0], store[1], url)[0]  # noqa: E731
 
         def on_retry(e: BaseException, attempt: int) -> None:
             self.count("retries")
@@ -100,7 +112,7 @@ class RangeReader:
             )
 
         try:
-            size = call_with_retry(lambda: object_size(fs, path), self.policy, url, on_retry)
+            size = call_with_retry(ask, self.policy, url, on_retry)
         except FileNotFoundError as e:
             raise ShardReadError(f"{url}: shard not found") from e
         except Exception as e:  # noqa: BLE001 - anything that leaves the shard unreadable
@@ -129,7 +141,8 @@ class RangeReader:
         first byte not yet received (progress resets the retry count). With ``expected_size`` (the
         index's), an answer that shows another object size is a bad shard; answers that name different
         versions of the object (it was rewritten between two of them) are too. ``versions`` gets each answer's."""
-        fs, path = self._fs(url)
+        store = self._store(url)
+        fs, path = store if store is not None else self._fs(url)
         timeout = self.policy.request_limit if self.policy.timeout else None
         parts: list[bytes] = []
         pos, attempt = start, 0
@@ -138,7 +151,7 @@ class RangeReader:
             if self.stop.is_set():
                 raise ShardReadError(f"{url}: reading stopped")
             sink: list[bytes] = []
-            err = self._request(fs, path, url, pos, end, sink, timeout, expected_size, seen)
+            err = self._request(fs, path, url, pos, end, sink, timeout, expected_size, seen, store is not None)
             got = sum(len(x) for x in sink)
             if got:
                 parts.extend(sink)
@@ -150,6 +163,8 @@ class RangeReader:
                 continue  # the object ended early? ask again for the rest (counts as no progress next time)
             if got:
                 attempt = 0  # progress: this break is a new one
+            if attempt == 0 and store and expected_size is not None and isinstance(err, objstore.StoreError):
+                self._same_size(store, url, expected_size)
             self._backoff(url, pos, end, attempt, err)
             attempt += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -165,13 +180,17 @@ class RangeReader:
         timeout: float | None,
         expected_size: int | None,
         versions: list[str | None],
+        obstore: bool = False,
     ) -> BaseException | None:
         """One range request into ``sink`` (its answer's version appended to ``versions``): the transient error it
         broke with (None if it did not); a permanent error, a wrong object size or an object rewritten since an
         earlier answer raises `ShardReadError`."""
         heard: list[str | None] = []
         try:
-            total = stream_range(fs, path, pos, end, sink, timeout, heard)
+            if obstore:  # ``fs`` is an obstore store
+                total = objstore.read_range(fs, path, url, pos, end, sink, heard)
+            else:
+                total = stream_range(fs, path, pos, end, sink, timeout, heard)
         except Exception as e:  # noqa: BLE001 - classified below
             _same_object(url, versions, heard)
             if not is_transient(e):
@@ -185,6 +204,17 @@ class RangeReader:
         if problem:
             raise ShardReadError(f"{url}: {problem}")
         return None
+
+    def _same_size(self, store: tuple[Any, str], url: str, expected_size: int) -> None:
+        """After a store's failure: whether the object still has the index's size (a range past the end of a shorter
+        object fails every time: that is the data's fault, said at once, not retried)."""
+        try:
+            size, _ = objstore.head(store[0], store[1], url)
+        except Exception:  # noqa: BLE001 - the store fails this too: the retry says what is wrong
+            return
+        problem = size_problem(size, expected_size)
+        if problem:
+            raise ShardReadError(f"{url}: {problem}")
 
     def _backoff(self, url: str, pos: int, end: int, attempt: int, err: BaseException | None) -> None:
         """Before retry ``attempt + 1`` at byte ``pos``: give up past the policy's retries, else count, log

@@ -71,7 +71,9 @@ class StreamBatchLoader:
       URLs are the ones read (``source`` then names the dataset in messages); not with a mixture.
     * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
       (``"language = 'de' AND snr > 10"``; DuckDB).
-    * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``).
+    * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``); for the range
+      reads of ``s3://`` shards mapped to obstore's store options (see `streambatch.io.objstore`), so the same
+      dictionary serves both.
 
     Batching (`BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
     ``cost``, ``quadratic_factor`` and ``packed`` as `make()` takes

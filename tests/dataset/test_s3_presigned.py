@@ -20,8 +20,10 @@ BUDGET = 12 * SR
 
 
 @pytest.fixture(autouse=True)
-def fresh_readers():
-    """Each test starts with no presigned reader made (a refusal switches a filesystem off for its process)."""
+def fresh_readers(monkeypatch):
+    """Each test starts with no presigned reader made (a refusal switches a filesystem off for its process), and
+    with obstore off: these are the fsspec path's tests (io/objstore.py reads S3 otherwise)."""
+    monkeypatch.setenv("STREAMBATCH_OBSTORE", "0")
     s3_direct._READERS.clear()
     yield
     s3_direct._READERS.clear()

@@ -11,7 +11,7 @@ import pytest
 from faultproxy import Rule
 
 from streambatch import ShardIndex
-from streambatch.io import ranges, readahead
+from streambatch.io import objstore, ranges, readahead
 from streambatch.plan.shards import Piece
 from streambatch.read.reader import ReadOptions, read_pieces
 
@@ -27,12 +27,19 @@ class Overlap:
     def __init__(self, request):
         self.request, self.now, self.peak, self.lock = request, 0, 0, threading.Lock()
 
+    def around(self, request):
+        """``request`` counted in the same count (the other path's function that makes requests)."""
+        return lambda *args, **kw: self._count(request, *args, **kw)
+
     def __call__(self, *args, **kw):
+        return self._count(self.request, *args, **kw)
+
+    def _count(self, request, *args, **kw):
         with self.lock:
             self.now += 1
             self.peak = max(self.peak, self.now)
         try:
-            return self.request(*args, **kw)
+            return request(*args, **kw)
         finally:
             with self.lock:
                 self.now -= 1
@@ -43,6 +50,7 @@ def counted(monkeypatch):
     """The overlap counter, and every read-ahead the test makes (for its own peaks)."""
     overlap = Overlap(ranges.stream_range)
     monkeypatch.setattr(ranges, "stream_range", overlap)
+    monkeypatch.setattr(objstore, "read_range", overlap.around(objstore.read_range))  # the obstore path's requests
     made: list[readahead.ReadAhead] = []
     init = readahead.ReadAhead.__init__
 

@@ -43,10 +43,12 @@ def one_pass(url: str, options: dict) -> tuple[list, dict]:
     return keys, loader.fault_stats()
 
 
-@pytest.mark.parametrize("presigned", [True, False])
-def test_each_remote_shard_is_hashed_once_per_node(remote, presigned, monkeypatch):
-    if not presigned:
-        monkeypatch.setenv("STREAMBATCH_S3_PRESIGNED", "0")  # the s3fs path names versions too
+@pytest.mark.parametrize("client", ["obstore", "presigned", "s3fs"])
+def test_each_remote_shard_is_hashed_once_per_node(remote, client, monkeypatch):
+    if client != "obstore":
+        monkeypatch.setenv("STREAMBATCH_OBSTORE", "0")  # the fsspec path names versions too
+    if client == "s3fs":
+        monkeypatch.setenv("STREAMBATCH_S3_PRESIGNED", "0")
     s3_direct._READERS.clear()
     url, options = remote
     keys, first = one_pass(url, options)
