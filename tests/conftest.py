@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,28 @@ def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, see
     subtype = "VORBIS" if fmt == "OGG" else "PCM_16"
     sf.write(str(path), wav, sr, format=fmt, subtype=subtype)
     return sf.info(str(path)).frames
+
+
+def copy_with_own_record(source: str, tmp_path: Path, monkeypatch: Any) -> Iterator[str]:
+    """For a fixture (``yield from``): a fresh copy of the dataset ``source`` and a node record of the test's own
+    (every shard hashed anew in the test, nothing remembered in the process)."""
+    from streambatch.io import verified
+
+    monkeypatch.setenv(verified.RECORD_ENV, str(tmp_path / "record"))
+    verified.forget_in_process()
+    copy = str(tmp_path / "ds")
+    shutil.copytree(source, copy)
+    yield copy
+    verified.forget_in_process()
+
+
+def error_of(fn: Any) -> tuple[type | None, str]:
+    """(type, message) of what ``fn()`` raises, keeping no traceback (so a DataLoader's workers stop at once)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None, ""
 
 
 def audio_dataset(root: Path, n: int, corpus_seed: int, sample_rate: int = SR, **write: Any) -> str:
@@ -425,13 +447,9 @@ def assert_same_dataset(parts_out, single_out) -> None:
 # ---- kinds of test: cluster, s3, slow (registered in pyproject.toml) -------------------------------------------
 #: the folders and modules whose every test is of a kind (relative to tests/); single tests elsewhere carry the
 #: mark themselves (``@pytest.mark.cluster``), or a module its ``pytestmark``
-KIND_PATHS = {
-    "cluster": ("cluster/", "write/test_ray_engine.py"),
-}
+KIND_PATHS = {"cluster": ("cluster/", "write/test_ray_engine.py")}
 #: a test that uses one of these fixtures (directly or through another fixture) is of the kind
-KIND_FIXTURES = {
-    "s3": ("s3_env",),
-}
+KIND_FIXTURES = {"s3": ("s3_env",)}
 #: single tests of a kind (``path::name`` marks every parameter, ``path::name[id]`` one): the slowest of the rest,
 #: found with ``--durations`` (each took several seconds; most start worker processes or a filter engine)
 KIND_TESTS = {
@@ -447,7 +465,7 @@ KIND_TESTS = {
         "loader/test_loader.py::test_without_index_an_epoch_of_skipped_samples_is_an_error",
         "loader/test_loader.py::test_a_resume_from_a_state_without_equalisation_yields_the_same_batches",
         "loader/test_loader.py::test_budget_as_a_duration_string_matches_the_cli",
-    },
+    }
 }
 
 

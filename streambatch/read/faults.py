@@ -137,10 +137,10 @@ def unreadable(url: str, reason: str, error: BaseException | None) -> ShardReadE
     a `ShardReadError`."""
     said = " ".join(reason.split())  # one line, whatever the cause's text held
     named = said if said.startswith(url) else f"{url}: {said}"
-    store = " (the store did not answer or refused, after every retry)" if storage_fault(error) else ""
+    advice = f"{_STORE_SAID}: the shard itself may be fine; {_STORE_ADVICE}" if storage_fault(error) else _DATA_ADVICE
     message = (
-        f"{named}{store}; the pass stops at a shard it cannot read: max_bad_shards=N skips up to N such shards per "
-        "epoch and rank instead (their samples re-drawn from others, counted in metrics())"
+        f"{named}. {advice[0].upper()}{advice[1:]}. The pass stops at a shard it cannot read: max_bad_shards=N skips "
+        "up to N such shards per epoch and rank instead (their samples re-drawn from others, counted in metrics())"
     )
     kind = type(error) if isinstance(error, ShardReadError) else ShardReadError
     try:

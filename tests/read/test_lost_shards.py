@@ -8,13 +8,11 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import shutil
 
 import pytest
-from conftest import audio_dataset
+from conftest import audio_dataset, copy_with_own_record, error_of
 
 from streambatch import ShardReadError, StreamBatchLoader
-from streambatch.io import verified
 from streambatch.read.reader import read_shard
 
 SR = 8000
@@ -28,26 +26,12 @@ def source(tmp_path_factory):
 
 @pytest.fixture
 def ds(source, tmp_path, monkeypatch):
-    """A fresh copy of the 4-shard dataset, with a node record of its own (every shard hashed in this test)."""
-    monkeypatch.setenv(verified.RECORD_ENV, str(tmp_path / "record"))
-    verified.forget_in_process()
-    copy = str(tmp_path / "ds")
-    shutil.copytree(source, copy)
-    yield copy
-    verified.forget_in_process()
+    """A fresh copy of the 4-shard dataset, with a node record of its own."""
+    yield from copy_with_own_record(source, tmp_path, monkeypatch)
 
 
 def shards_of(ds):
     return sorted(os.path.join(ds, f) for f in os.listdir(ds) if f.endswith(".tar"))
-
-
-def error_of(fn):
-    """(type, message) of what ``fn()`` raises, keeping no traceback (the DataLoader's workers stop at once)."""
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        return type(e), str(e)
-    return None, ""
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

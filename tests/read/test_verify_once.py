@@ -4,10 +4,9 @@ this node already computed for the same version of the file; a file changed in p
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
-from conftest import audio_dataset
+from conftest import audio_dataset, copy_with_own_record
 
 from streambatch import StreamBatchLoader
 from streambatch.io import verified
@@ -24,13 +23,8 @@ def source(tmp_path_factory):
 
 @pytest.fixture
 def ds(source, tmp_path, monkeypatch):
-    """A fresh copy of the dataset, and a node record of this test's own (nothing remembered in the process)."""
-    monkeypatch.setenv(verified.RECORD_ENV, str(tmp_path / "record"))
-    verified.forget_in_process()
-    copy = str(tmp_path / "ds")
-    shutil.copytree(source, copy)
-    yield copy
-    verified.forget_in_process()
+    """A fresh copy of the dataset, and a node record of this test's own."""
+    yield from copy_with_own_record(source, tmp_path, monkeypatch)
 
 
 def _pass(loader):
