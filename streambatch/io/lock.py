@@ -41,7 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
 from . import storage
-from .guards import CLEANUP_TIMEOUT, within
+from .guards import CLEANUP_TIMEOUT, names_errors, within
 
 LOCK_NAME = ".shardify.lock"
 PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
@@ -410,11 +410,12 @@ class _FileLock(_Lock):
             # dead writer's lock at the same instant can both remove it before either creates theirs)
             with contextlib.suppress(FileNotFoundError):
                 storage.remove(self.url, self.storage_options)
+        self.mine = mine  # ours from the moment it may be written: release() removes it if it is there
         try:
             create_only(self.url, json.dumps(mine).encode(), self.storage_options)
         except FileExistsError:
+            self.mine = None
             return _HELD  # another writer created its lock first
-        self.mine = mine
         self._beat = threading.Thread(target=self._heartbeat, name="shardify-lock", daemon=True)
         self._beat.start()
         return left
@@ -448,6 +449,7 @@ class _FileLock(_Lock):
         self.mine = None
 
 
+@names_errors(writes=True)  # a bucket that does not exist: one line naming it
 def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
     """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
     ``O_EXCL``, an object put with ``mode="create"`` (S3: ``If-None-Match: *``). Of writers racing, exactly one

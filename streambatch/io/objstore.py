@@ -23,7 +23,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from ..errors import StreamBatchError
+from ..errors import StorageError
 
 #: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
 #: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
@@ -57,7 +57,7 @@ _CONFIG_KWARGS = {"connect_timeout", "read_timeout", "retries", "max_pool_connec
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
 
 
-class StoreError(StreamBatchError, ConnectionError):
+class StoreError(StorageError, ConnectionError):
     """A request the store did not answer as asked (a 5xx, throttling, a broken or stalled answer, another range
     than asked): transient, retried from the first byte not yet received; the message names the URL."""
 

@@ -273,9 +273,10 @@ def test_a_write_to_a_stalled_store_fails_naming_the_url(corpus, proxy, watchdog
 
 def test_an_interrupt_while_the_lock_is_written_leaves_no_lock(corpus, proxy, moto_endpoint, watchdog):
     """The lock was ours only once read back after its upload: Ctrl-C in between left it, refusing the next writer
-    on another host for 5 minutes. Now it is ours from the upload on, and removed."""
+    on another host for 5 minutes. Now it is ours from the moment its create-only upload may land, and removed.
+    (Its first read, before the upload, is slowed so that the interrupt comes just after the upload.)"""
     url = f"s3://{_bucket()}/locked-{uuid.uuid4().hex[:8]}"
-    proxy.add(Rule("latency", match=LOCK_NAME, limit=1, seconds=20))  # its first GET: the read-back
+    proxy.add(Rule("latency", match=LOCK_NAME, limit=1, seconds=2, methods=("GET", "HEAD")))
     proc = _s3_write(corpus, url, proxy.url)
     _wait(lambda: _put(proxy, LOCK_NAME), proc, "lock upload")
     time.sleep(0.5)
