@@ -249,7 +249,7 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
     print()
     print(f"data: {shards} (index.json + {index.num_shards} shards); total time {time.perf_counter() - t_start:.1f} s")
     print(
-        f'use it: StreamBatchLoader("{shards}", budget={BUDGET_SECONDS} * {sr})  '
+        f'use it: StreamBatchLoader("{shards}", budget="{BUDGET_SECONDS}s")  '
         f"# from streambatch import StreamBatchLoader"
     )
     return 0
