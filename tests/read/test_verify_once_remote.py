@@ -91,6 +91,7 @@ def test_answers_naming_two_versions_are_refused(monkeypatch):
             raise ConnectionResetError("cut")  # a transient break after three bytes
         return None
 
+    monkeypatch.setenv("STREAMBATCH_OBSTORE", "0")  # the fsspec path, whose requests this test stands in for
     monkeypatch.setattr(ranges, "stream_range", fake)
     monkeypatch.setattr(ranges, "reading_filesystem", lambda url, opts, timeout: (None, url))
     reader = ranges.RangeReader(None, RetryPolicy(retries=2, backoff=0), "sha256", lambda *a: None, threading.Event())
