@@ -37,6 +37,11 @@ atexit.register(shutil.rmtree, _RECORD, True)
 _CHILD_TMP = tempfile.mkdtemp(prefix="streambatch-tests-tmp-")
 os.environ["TMPDIR"] = _CHILD_TMP
 atexit.register(shutil.rmtree, _CHILD_TMP, True)
+#: every process a test starts names its loopback peers without a DNS query (tests/netguard: torch.distributed's
+#: stores would otherwise send reverse queries for 127.0.0.1 to the machine's resolver)
+from netguard import install as _install_name_wrapper  # noqa: E402
+
+_install_name_wrapper()
 
 
 def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, seed: int = 0) -> int:
