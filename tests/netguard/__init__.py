@@ -71,11 +71,3 @@ def traced(cmd: list[str], log: str | os.PathLike) -> list[str]:
     the log with :func:`outside`. ``--seccomp-bpf`` stops only at those two calls, so the traced command runs
     at about its usual speed."""
     return ["strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=connect,sendto", "-o", str(log), *cmd]
-
-
-if __name__ == "__main__":  # python -m netguard <command ...>: audit any command, print what left loopback
-    with tempfile.NamedTemporaryFile("r", suffix=".strace") as log:
-        code = subprocess.run(traced(sys.argv[1:], log.name)).returncode
-        lines = outside(Path(log.name).read_text())
-    print("\n".join(lines) or "every connect/sendto stayed on loopback")
-    sys.exit(1 if lines else code)
