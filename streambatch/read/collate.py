@@ -8,7 +8,6 @@ sample's ``.txt``, ``.json`` text, or the index's ``text`` column), and every ot
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ import torch
 from ..errors import AudioError, OptionError, SampleError
 from ..format.audio import AUDIO_EXTENSIONS, open_clips
 from ..format.audio import decode as decode_audio
-from ..format.members import SEGMENT_FIELD
+from ..format.members import SEGMENT_FIELD, TokenIdsError, token_ids
 from ..units import resampled_count
 from .ring import slot_tensor
 from .transforms import as_payload, resample
@@ -75,7 +74,10 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         ids = sample.get("input_ids.npy")
         if ids is None:
             return None
-        return torch.from_numpy(np.load(io.BytesIO(ids)).astype(np.int64))
+        try:
+            return torch.from_numpy(token_ids(ids).astype(np.int64))
+        except TokenIdsError as e:  # which sample of which shard: the header check cannot say
+            raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: input_ids.npy: {e}") from e
     if decode == "none":
         return None
     raise OptionError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")

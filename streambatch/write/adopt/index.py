@@ -355,6 +355,8 @@ def adopt(
         if scan.fatal:
             res.problems.append(InputProblem(scan.url, f"{scan.fatal}; the whole tar is left out"))
             continue
+        for name, why in scan.dropped:  # no reader reads them: listed, never lost without a word
+            res.problems.append(InputProblem(scan.url, f"{name}: {why}; not indexed", key=name))
         lengths, stretch = _lengths(scan, tar, layout, unit, rate, res)
         pairs = [(row.sample, row.entry) for row in tar]
         outs = extras.add(scan.url, pairs, lengths, res.problems) if extras is not None else None
