@@ -163,7 +163,7 @@ def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
     if s.tokens == -2:
         s.problem = s.problem or _text_problem(key, members)
     elif s.audio is not None:  # a transcript (short); a text sample's document is not carried
-        s.text = members["txt"].decode("utf-8") if "txt" in members else _str(meta.get("text"))
+        s.text = members["txt"].decode("utf-8").strip() if "txt" in members else _str(meta.get("text"))
     s.meta = kept_fields(meta)
     return s
 
