@@ -1,6 +1,7 @@
-"""What real corpora hold and the first shardify runs met (issue 44, item 5): MP3 data in a WAV, GSM 6.10 WAVs cut
-into segments, tars adopted without a ``.json`` (their batches still say their ``sample_rate``), NeMo diarization
-manifests (``"duration": null``: to the end), a ``.txt`` with its newline, a dataset folder named ``*.json``."""
+"""What real corpora hold and the first shardify runs met (issue 44, items 5 and 6): MP3 data in a WAV, GSM 6.10
+WAVs cut into segments, tars adopted without a ``.json`` (their batches still say their ``sample_rate``), NeMo
+diarization manifests (``"duration": null``: to the end), a ``.txt`` with its newline, a dataset folder named
+``*.json``, a Shar folder's transcripts (in its cuts files, not its tars)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import soundfile as sf
 from conftest import TESTS
 
-from streambatch import StreamBatchLoader
+from streambatch import ShardIndex, StreamBatchLoader
 from streambatch.cli import main
 
 COMMON_VOICE = TESTS / "data" / "real" / "audio" / "common_voice_en_651325.mp3"
@@ -217,3 +218,27 @@ def test_a_dataset_folder_named_json_reads_back(tmp_path):
     assert main(["verify", str(out), "--no-progress"]) == 0
     assert main(["inspect", str(out)]) == 0
     assert sorted(stream(out)) == ["c0", "c1", "c2"]
+
+
+def test_shar_transcripts_come_from_its_cuts(tmp_path, monkeypatch):
+    """A Shar folder (lhotse's to_shar of the real AMI/LibriSpeech cuts): the texts of the cuts files' supervisions
+    are each sample's ``batch["text"]`` and what ``--output-length chars`` counts."""
+    import lhotse  # the test extra installs it
+
+    monkeypatch.chdir(TESTS / "data" / "real" / "manifests" / "lhotse")
+    cuts = lhotse.CutSet.from_file("cuts.jsonl.gz")
+    want = {c.id: " ".join(s.text for s in c.supervisions) for c in cuts}
+    assert all(want.values())
+    shar = tmp_path / "shar"
+    shar.mkdir()
+    cuts.to_shar(str(shar), fields={"recording": "flac"}, shard_size=2)
+    out = tmp_path / "index"
+    assert main(["index", str(shar), "--out", str(out), "--output-length", "chars", "--no-progress"]) == 0
+    got = stream(out, shard_roots=[str(shar)])
+    assert {k: v["text"] for k, v in got.items()} == want
+    ix = ShardIndex.load(str(out))
+    counted = {}
+    for s in range(ix.num_shards):
+        stored = ix.shards.reader.shard_samples(s)
+        counted.update(zip(stored["keys"], stored["output_lengths"].tolist()))
+    assert counted == {k: len(t) for k, t in want.items()}
