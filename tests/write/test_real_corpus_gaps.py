@@ -99,7 +99,8 @@ def gsm_recording(path: Path, seconds: float = 3.0, sr: int = 8000) -> None:
 
 def test_segments_of_a_gsm_wav_are_read_forward(tmp_path):
     """libsndfile cannot seek in GSM 6.10: each NeMo segment (and a diarization entry's ``"duration": null``: to
-    the end) is its stretch of the forward decode, under --on-error skip and fail alike."""
+    the end) and each Kaldi ``segments`` line is its stretch of the forward decode, under --on-error skip and fail
+    alike."""
     rec = tmp_path / "rec.wav"
     gsm_recording(rec)
     assert sf.info(str(rec)).subtype == "GSM610"
@@ -124,6 +125,15 @@ def test_segments_of_a_gsm_wav_are_read_forward(tmp_path):
         assert np.array_equal(got["rec_000000500"]["audio"], full[4000:12000])
         assert np.array_equal(got["rec_000001500"]["audio"], full[12000:20000])
         assert np.array_equal(got["rec_000002000"]["audio"], full[16000:])
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    (kaldi / "wav.scp").write_text(f"rec {rec}\n")
+    (kaldi / "segments").write_text("u1 rec 0.5 1.5\nu2 rec 1.25 2.75\n")
+    assert write(str(kaldi), str(tmp_path / "ds-kaldi"), "--on-error", "skip") == 0
+    got = stream(tmp_path / "ds-kaldi")
+    assert sorted(got) == ["u1", "u2"]
+    assert np.array_equal(got["u1"]["audio"], full[4000:12000])
+    assert np.array_equal(got["u2"]["audio"], full[10000:22000])
 
 
 def test_nemo_diarization_manifest_duration_null_is_the_whole_recording(tmp_path):
