@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import soundfile as sf
@@ -54,6 +54,25 @@ def _audio_extensions() -> tuple[str, ...]:
 AUDIO_EXTENSIONS = _audio_extensions()
 #: formats whose header states an estimate of the frame count: they are decoded to count the frames
 ESTIMATED_LENGTH_FORMATS = ("MP3", "MPEG")
+#: lossy codecs (soundfile subtypes) whose frame count a container states from its own bookkeeping (a WAV's
+#: ``fact`` chunk or data size), not from the decoded stream: MP3 data in a WAV (``WAVE_FORMAT_MPEGLAYER3``),
+#: GSM 6.10, ADPCM and G.72x. Files of these subtypes are decoded to count the frames, whatever the container. Ogg
+#: Vorbis and Opus are not listed: their frame count is the last page's granule position, exact.
+ESTIMATED_LENGTH_SUBTYPES = (
+    "MPEG_LAYER_I",
+    "MPEG_LAYER_II",
+    "MPEG_LAYER_III",
+    "GSM610",
+    "IMA_ADPCM",
+    "MS_ADPCM",
+    "VOX_ADPCM",
+    "G721_32",
+    "G723_24",
+    "G723_40",
+    "NMS_ADPCM_16",
+    "NMS_ADPCM_24",
+    "NMS_ADPCM_32",
+)
 #: how many fewer frames than its header's estimate an MP3 may decode to (encoder delay and padding, a fraction of
 #: an MPEG frame, under two frames of 1152) before it counts as cut short
 MP3_SLACK_FRAMES = 2 * 1152
@@ -74,7 +93,8 @@ class AudioInfo:
 def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
     """Read sample rate, frame count and channels from the header; the frame count is the number of frames that
     decode (what the loader emits). For a format whose header only estimates it (MP3:
-    `ESTIMATED_LENGTH_FORMATS`) the file is decoded to count them (about 1 ms per second of audio).
+    `ESTIMATED_LENGTH_FORMATS`) or a lossy codec in any container (`ESTIMATED_LENGTH_SUBTYPES`: MP3 data
+    in a WAV, GSM 6.10, ADPCM) the file is decoded to count them (about 1 ms per second of audio).
 
     ``check_end=True`` also checks that the audio the header declares is there (a cheap look at the file's
     end, not a decode of the whole file), so a truncated file raises `TruncatedAudio` here rather than
@@ -86,7 +106,7 @@ def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
             info = AudioInfo(
                 sample_rate=int(f.samplerate), frames=int(f.frames), channels=int(f.channels), format=str(f.format)
             )
-            if info.format in ESTIMATED_LENGTH_FORMATS:
+            if estimated_length(f):
                 info = _decoded_length(f, info, check_end)
             elif check_end:
                 _check_end(f, info)
@@ -97,6 +117,33 @@ def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
     if info.frames <= 0 and info.format != "OGG":
         raise AudioError(f"{name}: audio header reports {info.frames} frames")
     return info
+
+
+def estimated_length(f: sf.SoundFile) -> bool:
+    """Whether an open file's frame count is its container's estimate, not the frames that decode (its format or
+    its codec: `ESTIMATED_LENGTH_FORMATS`, `ESTIMATED_LENGTH_SUBTYPES`)."""
+    return f.format in ESTIMATED_LENGTH_FORMATS or f.subtype in ESTIMATED_LENGTH_SUBTYPES
+
+
+def read_stretch(f: sf.SoundFile, first: int, frames: int, **kw: Any) -> np.ndarray:
+    """``frames`` frames (-1: to the end) of an open file from frame ``first``: after a seek where the codec can
+    seek, else read forward and dropped, a block at a time (GSM 6.10, G.72x: libsndfile cannot seek in them)."""
+    if first and f.seekable():
+        f.seek(first)
+    elif first:
+        skip = np.empty((min(first, 65536), f.channels), dtype=np.float32)
+        left = first
+        while left > 0:
+            got = len(f.read(min(left, len(skip)), dtype="float32", always_2d=True, out=skip[: min(left, len(skip))]))
+            if not got:
+                break
+            left -= got
+    if frames < 0 and not f.seekable():  # soundfile needs a count where it cannot tell what is left
+        blocks = []
+        while len(got := f.read(65536, **kw)):
+            blocks.append(got)
+        return np.concatenate(blocks) if blocks else f.read(0, **kw)
+    return f.read(frames, **kw)
 
 
 #: how much audio at the end of a file ``probe(check_end=True)`` decodes, in seconds
@@ -182,7 +229,8 @@ def decode(data: bytes, mono: bool = True, segment: tuple[int, int] | None = Non
     ``(first frame, frames)``: only that stretch (a segment of a recording), as soundfile decodes it after a seek."""
     first, frames = segment if segment is not None else (0, -1)
     try:
-        wav, sr = sf.read(io.BytesIO(data), frames=frames, start=first, dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            wav, sr = read_stretch(f, first, frames, dtype="float32", always_2d=True), f.samplerate
     except Exception as e:
         wav, sr = _decode_torchaudio(data, e)
         wav = wav[first:] if frames < 0 else wav[first : first + frames]
@@ -199,6 +247,7 @@ class Clips:
     def __init__(self, files: list[sf.SoundFile], frames: list[int] | None = None):
         self.files = files
         self.frames = frames or [int(f.frames) for f in files]  # as the headers (or the segments) state them
+        self.rates = [int(f.samplerate) for f in files]
 
     def decode_into(self, out: np.ndarray) -> list[int]:
         """Decode clip ``i`` into ``out[i, :frames]``, zero the rest of the row; the frames each one gave."""
@@ -228,7 +277,7 @@ def open_clips(
             files.append(f)
             if f.channels != 1 or f.frames <= 0 or (sample_rate and f.samplerate != sample_rate):
                 break
-            if f.format in ESTIMATED_LENGTH_FORMATS:  # its header's frame count is not what decodes
+            if estimated_length(f) or not f.seekable():  # its header's frame count is not what decodes
                 break
             if segment is not None:
                 f.seek(segment[0])

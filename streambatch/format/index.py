@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import DatasetNotFound, OptionError, output_fits, path_option
-from ..io.storage import join_url, local_path, parent_url, read_whole, write_bytes_atomic
+from ..io.storage import is_local, join_url, local_path, parent_url, read_whole, write_bytes_atomic
 from ..stats import LengthStats, json_number, stream_stats
 from ..units import Unit
 from .columnar import FORMAT, INDEX_NAME, ColumnarIndex, IndexFormatError
@@ -404,7 +404,14 @@ def _absolute(url: str, root: str | None) -> str:
 
 def _index_url(url: str) -> str:
     url = str(url)
-    return url if url.endswith(".json") else join_url(url, INDEX_NAME)
+    return url if is_index_file(url) else join_url(url, INDEX_NAME)
+
+
+def is_index_file(url: str) -> bool:
+    """Whether ``url`` names an index file rather than a dataset folder: it ends in ``.json`` and is not a local
+    folder (a dataset folder may be named ``*.json``)."""
+    url = str(url)
+    return url.endswith(".json") and not (is_local(url) and os.path.isdir(local_path(url)))
 
 
 #: what `ShardIndex.load()` reads, for its messages

@@ -18,13 +18,14 @@ each group of members with one key is one sample. Tars adopted in place (``shard
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import IndexFormatError
+from ..errors import DataError, IndexFormatError
 from .audio import AUDIO_EXTENSIONS
 
 #: the index ``meta`` entry naming the member suffixes by which an adopted layout's names split into key and suffix
@@ -132,3 +133,27 @@ def shard_keys(index: Any, shard: int) -> list[str] | None:
         return reader.shard_values(int(shard), "key")
     keys = index.shards[int(shard)].keys
     return None if keys is None else list(keys)
+
+
+class TokenIdsError(DataError, ValueError):
+    """An ``input_ids.npy`` member that is not a 1-D array of whole numbers, or whose header claims more data than
+    the member holds."""
+
+
+def token_ids(data: bytes) -> np.ndarray:
+    """The token ids of an ``input_ids.npy`` member as a 1-D array. The ``.npy`` header (shape, dtype) is checked
+    against the bytes the member holds before anything is allocated: the data never chooses how much memory is
+    taken (a header claiming terabytes is a bad member, not a ``MemoryError``)."""
+    f = io.BytesIO(data)
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+    except (ValueError, OSError, SyntaxError, TypeError) as e:
+        raise TokenIdsError(f"not a .npy array ({e})") from None
+    if len(shape) != 1 or dtype.hasobject or dtype.kind not in "iu":
+        raise TokenIdsError(f"not a 1-D array of token ids (shape {shape}, dtype {dtype})")
+    need, held = int(shape[0]) * dtype.itemsize, len(data) - f.tell()
+    if need > held:
+        raise TokenIdsError(f"its header claims {shape[0]} ids ({need} bytes), the member holds {held} bytes")
+    return np.frombuffer(data, dtype=dtype, count=int(shape[0]), offset=f.tell())

@@ -61,9 +61,9 @@ def _skip(read: Callable[[int], bytes], n: int) -> int:
     return done
 
 
-def _pax_path(data: bytes, url: str) -> bytes | None:
-    """The ``path`` record of a pax extended header, if any."""
-    pos, path = 0, None
+def _pax_records(data: bytes, url: str) -> dict[bytes, bytes]:
+    """The records of a pax extended header (keyword → value)."""
+    pos, out = 0, {}
     while pos < len(data):
         space = data.find(b" ", pos)
         if space < 0:
@@ -73,10 +73,9 @@ def _pax_path(data: bytes, url: str) -> bytes | None:
         if length <= space - pos or pos + length > len(data):
             raise ShardReadError(f"{url}: not a readable tar shard (invalid pax header record)")
         key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        if key == b"path":
-            path = value
+        out[key] = value
         pos += length
-    return path
+    return out
 
 
 _EVEN_BYTES = int.from_bytes(b"\xff\x00" * 256, "little")
@@ -103,16 +102,45 @@ def _header(header: bytes, url: str) -> tuple[bytes, int]:
     return header[156:157], size
 
 
-class _Names:
-    """The name of each member, following GNU long-name (``L``) and pax ``path`` (``x``) records."""
+#: tar member types that hold no file and need no word when passed over: directories (also GNU dump
+#: directories), a GNU volume label
+_NOT_FILES = (b"5", b"D", b"V")
+#: tar member types that are a record for the member after them: GNU long name / long link name, pax headers
+_RECORDS = (b"L", b"K", b"x", b"g")
+#: why a member of each type is not read (the loader, like webdataset, reads only regular files)
+_NOT_READ = {
+    b"1": "a hard link{link}, not a regular file: store the file itself (tar --hard-dereference)",
+    b"2": "a symbolic link{link}, not a regular file: store the file itself (tar --dereference)",
+    b"S": "a GNU sparse file, not a regular file: store it without --sparse",
+    b"3": "a character device, not a regular file",
+    b"4": "a block device, not a regular file",
+    b"6": "a FIFO, not a regular file",
+    b"M": "the continuation of a file from another tar volume, not a whole file",
+}
 
-    def __init__(self, url: str) -> None:
+
+def _not_read(kind: bytes, link: bytes) -> str:
+    """Why a member of type ``kind`` (``link``: the name it links to) is passed over, not read."""
+    shown = f" to {link.decode('utf-8', 'surrogateescape')!r}" if link else ""
+    default = f"a tar member of type {kind.decode('latin-1')!r}, not a regular file"
+    return _NOT_READ.get(kind, default).format(link=shown)
+
+
+class _Names:
+    """The name of each member, following GNU long-name (``L``, ``K``) and pax (``x``) records; the members that
+    are not regular files are passed over, and with ``dropped`` (a list) each one is added to it as
+    ``(name, why it is not read)`` (directories excepted)."""
+
+    def __init__(self, url: str, dropped: list[tuple[str, str]] | None = None) -> None:
         self.long_name: bytes | None = None
+        self.long_link: bytes | None = None
+        self.sparse = False  # the pax records before this member describe a sparse file
         self.url = url
+        self.dropped = dropped
 
     def record(self, kind: bytes, size: int) -> None:
         """Refuse a long-name or pax record larger than `MAX_NAME_RECORD_BYTES` (it holds a name)."""
-        if kind in (b"L", b"x", b"g") and size > limits.MAX_NAME_RECORD_BYTES:
+        if kind in _RECORDS and size > limits.MAX_NAME_RECORD_BYTES:
             raise ShardReadError(
                 f"{self.url}: not a readable tar shard (a name record of {size} bytes, "
                 f"more than {limits.MAX_NAME_RECORD_BYTES})"
@@ -123,21 +151,40 @@ class _Names:
         if kind == b"L":  # GNU long name for the next member
             self.long_name = data.split(b"\0", 1)[0]
             return None
+        if kind == b"K":  # GNU long link name for the next member
+            self.long_link = data.split(b"\0", 1)[0]
+            return None
         if kind == b"x":  # pax header for the next member
-            self.long_name = _pax_path(data, self.url) or self.long_name
+            pax = _pax_records(data, self.url)
+            self.long_name = pax.get(b"GNU.sparse.name") or pax.get(b"path") or self.long_name
+            self.long_link = pax.get(b"linkpath") or self.long_link
+            self.sparse = any(k.startswith(b"GNU.sparse.") for k in pax)
+            return None
+        if kind == b"g":  # global pax header: no member
             return None
         name, self.long_name = self.long_name, None
-        if kind not in (b"0", b"\0", b"7"):  # directories, links, global pax headers: nothing to yield
-            return None
+        link, self.long_link = self.long_link, None
+        sparse, self.sparse = self.sparse, False
         if name is None:
             name = header[:100].split(b"\0", 1)[0]
             if header[257:262] == b"ustar":
                 prefix = header[345:500].split(b"\0", 1)[0]
                 if prefix:
                     name = prefix + b"/" + name
-        if name.endswith(b"/"):  # old-style directory entries are "files" named with a slash
+        if kind in _NOT_FILES or name.endswith(b"/"):  # old-style directory entries are "files" named with a slash
+            return None
+        if kind not in (b"0", b"\0", b"7") or sparse:
+            if self.dropped is not None:
+                why = _not_read(b"S" if sparse else kind, link or header[157:257].split(b"\0", 1)[0])
+                self.dropped.append((name.decode("utf-8", "surrogateescape"), why))
             return None
         return name.decode("utf-8", "surrogateescape")
+
+
+def _sparse_blocks(header: bytes) -> bool:
+    """Whether an old GNU sparse member's header is followed by sparse map blocks (its ``isextended`` flag): they
+    come before its data and are not counted in its size."""
+    return header[156:157] == b"S" and header[482] != 0
 
 
 class Readable(Protocol):
@@ -146,8 +193,12 @@ class Readable(Protocol):
     def read(self, n: int = ..., /) -> bytes: ...
 
 
-def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of each regular file in a tar stream, in tar order.
+def iter_members(
+    stream: Readable, url: str, dropped: list[tuple[str, str]] | None = None
+) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of each regular file in a tar stream, in tar order; every other member (a link, a sparse
+    file, a device: not a file the loader can read) is passed over, and added to ``dropped`` (a list, if given)
+    as ``(name, why)``.
 
     A small ustar reader (with GNU long names and pax ``path`` records, as Python's tarfile and webdataset
     write them) instead of `tarfile`: it checks each header's checksum and reads each member with one
@@ -155,7 +206,7 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
     """
     read = stream.read
     skip = getattr(stream, "skip", None) or functools.partial(_skip, read)  # padding passed over, not copied
-    names = _Names(url)
+    names = _Names(url, dropped)
     most = limits.max_member_bytes()
     while True:
         header = _read_exact(read, 512)
@@ -168,6 +219,12 @@ def iter_members(stream: Readable, url: str) -> Iterator[tuple[str, bytes]]:
         kind, size = _header(header, url)
         if size > limits.MAX_NAME_RECORD_BYTES:  # (most members are far smaller: no call for them)
             names.record(kind, size)
+        extended = _sparse_blocks(header)
+        while extended:  # an old GNU sparse member's map blocks, each saying whether another follows
+            block = _read_exact(read, 512)
+            if len(block) < 512:
+                raise ShardReadError(f"{url}: not a readable tar shard (truncated sparse map)")
+            extended = block[504] != 0
         if size > most:
             data: bytes = _oversize(size, most)
             got = _skip(read, size)
@@ -200,6 +257,12 @@ def buffer_members(buf: bytes, url: str, most: int | None = None) -> Iterator[tu
         if size > limits.MAX_NAME_RECORD_BYTES:  # (most members are far smaller: no call for them)
             names.record(kind, size)
         pos += 512
+        extended = _sparse_blocks(header)
+        while extended:  # an old GNU sparse member's map blocks, each saying whether another follows
+            if pos + 512 > end:
+                raise ShardReadError(f"{url}: not a readable tar shard (truncated sparse map)")
+            extended = buf[pos + 504] != 0
+            pos += 512
         if pos + size > end:
             raise ShardReadError(f"{url}: not a readable tar shard (a member ends early: truncated)")
         data = _oversize(size, most) if size > most else buf[pos : pos + size]

@@ -3,12 +3,13 @@
 Only emitted batches are decoded: buffers hold compressed bytes. A batch is a dict with the padded
 payload (``audio`` float32 ``[B, T]``, ``input_ids`` int64 ``[B, T]``, or ``inputs`` for a custom decoder),
 ``lengths`` int64 ``[B]``, ``padding_mask`` bool ``[B, T]`` (True on padding), ``keys``, ``text`` (each
-sample's ``.txt``, ``.json`` text, or the index's ``text`` column), and every other ``.json`` field as a list.
+sample's ``.txt``, ``.json`` text, or the index's ``text`` column), for audio ``sample_rate`` (each sample's rate
+in Hz as emitted: after resampling, and for tars adopted without a ``.json`` too), and every other ``.json`` field
+as a list.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from ..errors import AudioError, OptionError, SampleError
 from ..format.audio import AUDIO_EXTENSIONS, open_clips
 from ..format.audio import decode as decode_audio
-from ..format.members import SEGMENT_FIELD
+from ..format.members import SEGMENT_FIELD, TokenIdsError, token_ids
 from ..units import resampled_count
 from .ring import slot_tensor
 from .transforms import as_payload, resample
@@ -61,24 +62,33 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
     if callable(decode):
         return as_payload(decode(sample), "decode", decode, sample.get("__key__"))
     if decode == "audio":
-        ext = audio_ext(sample)
-        if ext is None:
-            raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
-        try:
-            wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
-        except AudioError as e:  # which sample of which shard: the decoder cannot say
-            raise AudioError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: {e}") from e
-        if sample_rate and sr != sample_rate:
-            wav = resample(wav, sr, sample_rate, resampled_count(len(wav), sr, sample_rate))
-        return torch.from_numpy(wav)
+        return decode_audio_sample(sample, sample_rate)[0]
     if decode == "text":
         ids = sample.get("input_ids.npy")
         if ids is None:
             return None
-        return torch.from_numpy(np.load(io.BytesIO(ids)).astype(np.int64))
+        try:
+            return torch.from_numpy(token_ids(ids).astype(np.int64))
+        except TokenIdsError as e:  # which sample of which shard: the header check cannot say
+            raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: input_ids.npy: {e}") from e
     if decode == "none":
         return None
     raise OptionError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
+
+
+def decode_audio_sample(sample: dict[str, Any], sample_rate: int | None = None) -> tuple[torch.Tensor, int]:
+    """A sample's audio decoded (resampled to ``sample_rate`` where given and its rate differs), and its rate."""
+    ext = audio_ext(sample)
+    if ext is None:
+        raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r} has no audio member")
+    try:
+        wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
+    except AudioError as e:  # which sample of which shard: the decoder cannot say
+        raise AudioError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: {e}") from e
+    if sample_rate and sr != sample_rate:
+        wav = resample(wav, sr, sample_rate, resampled_count(len(wav), sr, sample_rate))
+        sr = sample_rate
+    return torch.from_numpy(wav), int(sr)
 
 
 def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -115,8 +125,9 @@ def padding_mask(lengths: torch.Tensor, t: int, out: torch.Tensor | None = None)
 
 def _padded_audio(
     samples: Sequence[dict[str, Any]], sample_rate: int | None, pad_to_multiple_of: int | None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(lengths, padded audio) of mono clips decoded into their rows of the batch; None to decode one by one."""
+) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+    """(lengths, padded audio, rates) of mono clips decoded into their rows of the batch; None to decode one by
+    one."""
     exts = [e for e in map(audio_ext, samples) if e is not None]
     if not exts or len(exts) < len(samples):
         return None
@@ -132,7 +143,7 @@ def _padded_audio(
     finally:
         clips.close()
     t = _rounded(max(lengths), pad_to_multiple_of)
-    return torch.tensor(lengths, dtype=torch.int64), (out if t == t_max else out[:, :t].contiguous())
+    return torch.tensor(lengths, dtype=torch.int64), (out if t == t_max else out[:, :t].contiguous()), clips.rates
 
 
 def _rounded(n: int, multiple: int | None) -> int:
@@ -184,10 +195,14 @@ def collate(
     if mode == "audio" and not packed and pad_value == 0 and per_sample is None:
         direct = _padded_audio(samples, sample_rate, pad_to_multiple_of)
     if direct is not None:  # decoded straight into the batch
-        lengths, audio = batch["lengths"], batch["audio"] = direct
+        lengths, audio, batch["sample_rate"] = direct
+        batch["lengths"], batch["audio"] = lengths, audio
         batch["padding_mask"] = padding_mask(lengths, audio.shape[1], batch_tensor(tuple(audio.shape), torch.bool))
     else:
-        decoded = [decode_sample(s, mode, sample_rate) for s in samples]
+        if mode == "audio":  # each sample's rate: the batch says it whatever the shards' .json hold
+            decoded, batch["sample_rate"] = map(list, zip(*(decode_audio_sample(s, sample_rate) for s in samples)))
+        else:
+            decoded = [decode_sample(s, mode, sample_rate) for s in samples]
         payload = [p for p in decoded if p is not None]
         if len(payload) == len(decoded):
             name = "audio" if mode == "audio" else "input_ids" if mode == "text" else "inputs"
@@ -210,8 +225,8 @@ def collate(
 def sample_text(sample: dict[str, Any], meta: dict[str, Any]) -> str | None:
     """A sample's text: its ``.txt``, else its ``.json`` ``text``, else the sample table's (``__text__``)."""
     if "txt" in sample:  # raw bytes, or a str where webdataset's ``.decode()`` ran first
-        txt = sample["txt"]
-        return txt.decode("utf-8") if isinstance(txt, bytes) else txt
+        txt = sample["txt"]  # stripped, as every source's transcript is (a file's last newline is no word)
+        return (txt.decode("utf-8") if isinstance(txt, bytes) else txt).strip()
     return meta["text"] if "text" in meta else sample.get("__text__")
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from ..errors import DatasetNotFound, IndexFormatError, OptionError, number_option, path_option, shown
-from ..format.index import INDEX_NAME, ShardIndex
+from ..format.index import INDEX_NAME, ShardIndex, is_index_file
 from ..format.trust import Roots
 from ..io import storage
 from ..plan.mixing import MAX_PLAN_BYTES, DatasetDraw, Selection, check_plan_size
@@ -124,7 +124,7 @@ def _weight(name: str, value: Any) -> float:
 def _is_mixture_file(source: str) -> bool:
     if source.endswith(MIXTURE_SUFFIXES):
         return True
-    return source.endswith(".json") and os.path.basename(source) != INDEX_NAME and "datasets" in _read_spec(source)
+    return is_index_file(source) and os.path.basename(source) != INDEX_NAME and "datasets" in _read_spec(source)
 
 
 def _read_spec(url: str) -> dict:
@@ -258,7 +258,7 @@ class MixedIndex:
         ``max_plan_bytes`` is refused before it is built (`check_plan_size()`)."""
         indexes = []
         for s in sources:
-            url = s.url if s.url.endswith(".json") else storage.join_url(s.url, INDEX_NAME)
+            url = s.url if is_index_file(s.url) else storage.join_url(s.url, INDEX_NAME)
             if not storage.exists(url, storage_options):
                 raise DatasetNotFound(
                     f"dataset {s.name!r}: no {INDEX_NAME} at {s.url} (a mixture needs indexed datasets)"

@@ -9,7 +9,7 @@ from typing import Any
 import braceexpand
 
 from ..errors import DatasetNotFound, OptionError, path_option, shown
-from ..format.index import INDEX_NAME, ShardIndex
+from ..format.index import INDEX_NAME, ShardIndex, is_index_file
 from ..format.shared_index import load_index
 from ..io import storage
 from ..io.node_files import check_cache_dir
@@ -128,7 +128,7 @@ def resolve_source(
     source = path_option(
         "source", source, "a dataset folder or URL, an index file, a shard pattern or a list of shard URLs"
     )
-    if source.endswith(".json"):
+    if is_index_file(source):
         ix = load_index(source, storage_options, shard_roots, cache_dir)
         return ix, ShardURLs(ix)
     if source.endswith(".tar") or "{" in source:

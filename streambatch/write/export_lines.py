@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ def shard_entries(
     lengths = index.shard_lengths([shard])[0]
     texts = index.shard_values(shard, "text")
     seconds = index.seconds_per_unit()
+    rate = index.sample_rate if index.unit == "samples" else None  # lengths in samples at this rate
     with storage.open_url(url, "rb", storage_options) as f:
         for group, sample in enumerate(group_samples(iter_members(f, url), url, shard, members.suffixes)):
             if "__bad__" in sample:
@@ -78,7 +80,7 @@ def shard_entries(
                     result.left_out += 1
                     continue
                 text = texts[i] if texts is not None else (row.get("json") or {}).get("text")
-                entry = _entry(row, name, float(lengths[i]), seconds, url)
+                entry = _entry(row, name, float(lengths[i]), seconds, url, rate)
                 entry["text"] = _text(text, empty_text, url, row["__key__"])
                 entry["shard_id"] = shard
                 result.samples += 1
@@ -105,20 +107,36 @@ def _audio_member(sample: dict[str, Any], url: str) -> str:
     return f"{sample['__key__']}.{audio[0]}"
 
 
-def _entry(row: dict[str, Any], name: str, length: float, seconds: float | None, url: str) -> dict[str, Any]:
-    """``audio_filepath``, ``duration`` (the index's length in seconds) and a segment's ``offset``."""
+def _entry(
+    row: dict[str, Any], name: str, length: float, seconds: float | None, url: str, rate: int | None = None
+) -> dict[str, Any]:
+    """``audio_filepath``, ``duration`` (the index's length in seconds) and a segment's ``offset``, each written so
+    that NeMo's reader, which takes ``int(seconds × the file's rate)`` frames, gets the frames the index counts
+    (``rate``: the index's rate where its lengths count samples)."""
     if seconds is None:  # lengths in tokens or frames: the ``.json`` knows the duration
         duration = (row.get("json") or {}).get("duration")
         if not isinstance(duration, (int, float)) or isinstance(duration, bool):
             raise ShardifyError(f"{url}: sample {row['__key__']!r}: no duration (the index counts {length} tokens)")
         return {"audio_filepath": name, "duration": float(duration)}
-    entry: dict[str, Any] = {"audio_filepath": name, "duration": length * seconds}
-    if SEGMENT_FIELD in row:
-        import soundfile as sf
+    import soundfile as sf
 
+    native = sf.info(io.BytesIO(row[name.rsplit(".", 1)[1]])).samplerate
+    frames = int(length) if rate == native else round(length * seconds * native)
+    entry: dict[str, Any] = {"audio_filepath": name, "duration": nemo_seconds(frames, native)}
+    if SEGMENT_FIELD in row:
         start, _ = row[SEGMENT_FIELD]
-        entry["offset"] = start / sf.info(io.BytesIO(row[name.rsplit(".", 1)[1]])).samplerate
+        entry["offset"] = nemo_seconds(start, native)
     return entry
+
+
+def nemo_seconds(frames: int, rate: int) -> float:
+    """``frames`` at ``rate`` as the seconds NeMo reads back as exactly that many: the first float ``d`` with
+    ``int(d * rate) == frames`` (``frames / rate`` alone may give one frame less: 88218 / 22050 × 22050 is
+    88217.99999999999)."""
+    d = frames / rate
+    while int(d * rate) < frames:
+        d = math.nextafter(d, math.inf)
+    return d
 
 
 def _text(text: Any, empty_text: bool, url: str, key: str) -> str:

@@ -178,7 +178,8 @@ def record_from_audio_entry(
     value = entry[length_field]
     if speechbrain and isinstance(value, str):
         value = entry[length_field] = _number_or_str(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    to_the_end = value is None and length_field == "duration" and not speechbrain  # NeMo diarization manifests
+    if not to_the_end and (isinstance(value, bool) or not isinstance(value, (int, float))):
         problems.append(InputProblem(src, f"{length_field!r} is not a number: {value!r}", line, key))
         return None
     segment = entry_segment(entry[path_field], entry, offsets=not speechbrain)
@@ -211,7 +212,7 @@ def _number_or_str(value: str) -> Any:
 
 
 def entry_segment(value: Any, entry: dict, offsets: bool = True) -> Segment | str | None:
-    """The segment an entry names: NeMo's ``offset`` (+ ``duration``) in seconds, or SpeechBrain's
+    """The segment an entry names: NeMo's ``offset`` (+ ``duration``; null: to the end) in seconds, or SpeechBrain's
     ``{"file", "start", "stop"}`` in frames (``stop`` absent or equal to ``start``: to the end); None for a whole
     file, or what is wrong with a bad one (``value``: the entry's audio path field)."""
     if isinstance(value, dict):
@@ -227,8 +228,10 @@ def entry_segment(value: Any, entry: dict, offsets: bool = True) -> Segment | st
         return None
     offset: Any = entry["offset"]
     duration: Any = entry.get("duration")
-    if not _real(offset) or offset < 0 or not _real(duration) or duration <= 0:
-        return f"a segment needs offset >= 0 and duration > 0 (seconds), got {offset!r} and {duration!r}"
+    if not _real(offset) or offset < 0 or not (duration is None or _real(duration) and duration > 0):
+        return f"a segment needs offset >= 0 and duration > 0 or null (seconds), got {offset!r} and {duration!r}"
+    if duration is None:  # NeMo's diarization manifests: from the offset to the end of the recording
+        return None if offset == 0 else Segment(float(offset), None)
     return Segment(float(offset), float(duration))
 
 

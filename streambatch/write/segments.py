@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from ..format.audio import read_stretch
 from ..io import storage
 
 #: a segment may run past the end of its recording by this much (a tool's rounding) and is then cut at the end;
@@ -81,8 +82,7 @@ class SegmentAudio:
 
     def read(self) -> bytes:
         with storage.open_url(self.path, "rb", self.storage_options) as f, sf.SoundFile(f) as snd:
-            snd.seek(self.first)
-            data = snd.read(self.frames, dtype=self.dtype, always_2d=True)
+            data = read_stretch(snd, self.first, self.frames, dtype=self.dtype, always_2d=True)
         buf = io.BytesIO()
         sf.write(buf, data, self.sample_rate, subtype=self.subtype, format="WAV")
         return buf.getvalue()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from ..errors import ShardifyError, StorageError
-from ..format.index import INDEX_NAME, ShardIndex, ShardInfo
+from ..format.index import INDEX_NAME, ShardIndex, ShardInfo, is_index_file
 from ..io import storage
 from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
 from ..io.guards import write_error
@@ -46,7 +46,7 @@ class StageResult:
 
 
 def _index_url(src: str) -> str:
-    return src if src.endswith(".json") else storage.join_url(src, INDEX_NAME)
+    return src if is_index_file(src) else storage.join_url(src, INDEX_NAME)
 
 
 def _is_absolute(url: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 
 from ..errors import ShardifyError, os_problem
-from ..format.index import INDEX_NAME, ShardIndex
+from ..format.index import INDEX_NAME, ShardIndex, is_index_file
 from ..io import storage
 from ..io.lock import Where, holds_lock
 
@@ -20,7 +20,7 @@ from ..io.lock import Where, holds_lock
 def index_file(url: str) -> str:
     """The index file of ``url``: a folder's ``index.json``, or the ``.json`` named."""
     url = str(url).rstrip("/") or "/"
-    return url if url.endswith(".json") else storage.join_url(url, INDEX_NAME)
+    return url if is_index_file(url) else storage.join_url(url, INDEX_NAME)
 
 
 def _folder(a: inspect.BoundArguments) -> Where:

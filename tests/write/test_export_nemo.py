@@ -80,9 +80,9 @@ def nemo_read(manifest: Path, tars_spec: str | list[str]) -> list[dict[str, Any]
         file_id = os.path.splitext(os.path.basename(entry["audio_filepath"]))[0]
         found = [n for n in in_tar if wds_key(n)[0] == file_id and wds_key(n)[1] in NEMO_AUDIO]
         assert found == [entry["audio_filepath"]], (entry, sorted(in_tar))  # both readers take this member
-        with sf.SoundFile(io.BytesIO(in_tar[entry["audio_filepath"]])) as f:
-            f.seek(round(entry.get("offset", 0.0) * f.samplerate))
-            audio = f.read(round(entry["duration"] * f.samplerate), dtype="float32")
+        with sf.SoundFile(io.BytesIO(in_tar[entry["audio_filepath"]])) as f:  # as NeMo's AudioSegment.from_file
+            f.seek(int(entry.get("offset", 0.0) * f.samplerate))
+            audio = f.read(int(entry["duration"] * f.samplerate), dtype="float32")
         out.append({**entry, "audio": audio})
     return out
 
@@ -128,6 +128,34 @@ def test_round_trip_every_sample_member_duration_and_text_match_the_index(tmp_pa
             {k: v for k, v in e.items() if k != "audio"} for e in got if e["shard_id"] == shard
         ]
     assert "speaker" in got[0] and "length" not in got[0] and "sample_rate" not in got[0]
+
+
+def test_durations_read_back_as_the_frames_the_index_counts(tmp_path, capsys):
+    """NeMo reads ``int(duration × rate)`` frames: at 22.05 kHz ``frames / rate`` and ``frames × (1 / rate)`` read
+    one frame short for many counts (88218 / 22050 × 22050 is 88217.99999999999); every exported duration reads
+    back its whole clip."""
+    rate = 22050
+    short = [n for n in range(4000, 12000) if int(n / rate * rate) < n][:3]
+    short += [n for n in range(4000, 12000) if int(n * (1 / rate) * rate) < n][:3]
+    assert len(set(short)) == 6
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    want = {}
+    for i, n in enumerate(short):
+        x = (0.1 * np.random.default_rng(i).standard_normal(n)).astype("float32")
+        sf.write(str(folder / f"c{i}.wav"), x, rate, subtype="PCM_16")
+        (folder / f"c{i}.txt").write_text(f"clip {i}")
+        want[f"c{i}"] = sf.read(str(folder / f"c{i}.wav"), dtype="float32")[0]
+    assert shardify(capsys, "write", str(folder), str(tmp_path / "ds"), "--max-count", "4")[0] == 0
+    code, out, err = shardify(
+        capsys, "export", str(tmp_path / "ds"), "--format", "nemo-tarred", "--out", str(tmp_path / "n")
+    )
+    assert code == 0, err
+    pattern = re.search(r"tarred_audio_filepaths: (\S+)", out).group(1)  # type: ignore[union-attr]
+    got = nemo_read(tmp_path / "n" / "tarred_audio_manifest.json", pattern)
+    assert sorted(os.path.splitext(e["audio_filepath"])[0] for e in got) == sorted(want)
+    for e in got:
+        np.testing.assert_array_equal(e["audio"], want[os.path.splitext(e["audio_filepath"])[0]])
 
 
 def test_links_give_the_lhotse_loader_its_shard_ids(tmp_path, capsys, dataset):

@@ -56,13 +56,15 @@ class SampleExtras:
         self.fields: list[list[dict[str, Any]]] = []
         self.left_out: list[str] = []  # scalar fields past limits.DEFAULT_MAX_COLUMNS, not stored without --columns
 
-    def for_layout(self, layout: str) -> SampleExtras:
-        """Checked against the layout the tars turned out to have (text samples have no output length)."""
+    def for_layout(self, layout: str, text_column: bool = False) -> SampleExtras:
+        """Checked against the layout the tars turned out to have (text samples have no output length).
+        ``text_column``: the transcripts come from beside the tars (a Shar folder's cuts), so the index must hold
+        them, as it holds a NeMo manifest's."""
         if self.output is not None and layout == "text":
             raise ShardifyError(
                 "--output-length counts the transcripts of audio samples; a text sample's length is its tokens already"
             )
-        self.nemo = layout == "nemo"
+        self.nemo = layout == "nemo" or text_column
         return self
 
     def add(

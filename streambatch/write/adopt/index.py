@@ -47,6 +47,7 @@ from .fields import SampleExtras
 from .lengths import AUDIO_MEMBERS, sample_length
 from .nemo import MANIFEST_IS, Entry, manifests_to_read, match_manifest, read_manifests
 from .scan import SampleScan, ShardScan, scan_tar
+from .shar import SHAR_CUTS, shar_transcripts
 
 LAYOUTS = ("auto", "audio", "text", "nemo")
 
@@ -195,13 +196,15 @@ def index_tars(
     extras = SampleExtras(output_length, columns)
     suffixes = ADOPTED_SUFFIXES if manifests or shar else ()  # the layout says how names end: keys may hold dots
     scans = (engine.scan if engine else scan_tars)(tars, workers, progress, storage_options, suffixes)
+    if shar:  # the transcripts are in the cuts files, not in the tars
+        _add_transcripts(scans, shar_transcripts(src, storage_options))
     layout = "nemo" if manifests else _layout(layout, scans)
     kind = "text" if layout == "text" else "audio"
     unit = check_unit(kind, unit, sample_rate)
     named = match_manifest(read_manifests(manifests, storage_options), scans, part is None) if manifests else None
     rows = [tar_rows(scan, named[j] if named is not None else None) for j, scan in enumerate(scans)]
     rate = None if kind == "text" else index_rate(scans, rows, unit, sample_rate)
-    adopted = adopt(scans, rows, layout, unit, rate, out, extras.for_layout(layout))
+    adopted = adopt(scans, rows, layout, unit, rate, out, extras.for_layout(layout, text_column=shar))
     _report(adopted.problems, on_error)
     if not any(int(np.count_nonzero(i.lengths)) for i in adopted.infos):
         raise ShardifyError(f"{src}: no sample the loader could use; nothing was written")
@@ -219,13 +222,10 @@ def index_tars(
     return index
 
 
-_SHAR_CUTS = re.compile(r"^cuts\.\d+\.jsonl(?:\.gz)?$")
-
-
 def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> bool:
     """Whether ``src`` is a lhotse Shar folder (``cuts.NNNNNN.jsonl.gz`` beside the tars). It is not indexed in
     place: lhotse reads every file there as a Shar field, and ``CutSet.from_shar`` would fail on the index files."""
-    shar = any(_SHAR_CUTS.match(n) for n in storage.listdir(src, storage_options))
+    shar = any(SHAR_CUTS.match(n) for n in storage.listdir(src, storage_options))
     if shar and out.rstrip("/") == src.rstrip("/"):
         raise ShardifyError(
             f"{src} is a lhotse Shar folder: an index written there would break lhotse's CutSet.from_shar (it "
@@ -233,6 +233,14 @@ def _refuse_shar_in_place(src: str, out: str, storage_options: dict | None) -> b
             "the tars)"
         )
     return shar
+
+
+def _add_transcripts(scans: Sequence[ShardScan], texts: dict[str, str]) -> None:
+    """Give each audio sample without a transcript of its own the one ``texts`` holds for its key (a Shar cut's)."""
+    for scan in scans:
+        for s in scan.samples:
+            if s.audio is not None and s.text is None and s.key in texts:
+                s.text = texts[s.key]
 
 
 def _check_options(
@@ -355,6 +363,8 @@ def adopt(
         if scan.fatal:
             res.problems.append(InputProblem(scan.url, f"{scan.fatal}; the whole tar is left out"))
             continue
+        for name, why in scan.dropped:  # no reader reads them: listed, never lost without a word
+            res.problems.append(InputProblem(scan.url, f"{name}: {why}; not indexed", key=name))
         lengths, stretch = _lengths(scan, tar, layout, unit, rate, res)
         pairs = [(row.sample, row.entry) for row in tar]
         outs = extras.add(scan.url, pairs, lengths, res.problems) if extras is not None else None

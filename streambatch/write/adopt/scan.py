@@ -15,11 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ... import limits
 from ...errors import ShardReadError, shown
 from ...format.audio import AUDIO_EXTENSIONS, AudioError, TruncatedAudio, probe
+from ...format.members import TokenIdsError, token_ids
 from ...format.tar import Oversize, iter_members, split_name
 from ...io import storage
 from ...io.digest import HashingReader
@@ -48,8 +47,9 @@ class SampleScan:
 
 @dataclass
 class ShardScan:
-    """One tar read whole: its size and sha256, its samples in tar order with their byte ranges, and
-    ``fatal``: why the loader cannot read the tar at all (then the shard is left out of the index)."""
+    """One tar read whole: its size and sha256, its samples in tar order with their byte ranges,
+    ``fatal``: why the loader cannot read the tar at all (then the shard is left out of the index), and
+    ``dropped``: the members that are no sample's (links, sparse files: the readers pass over them), each with why."""
 
     url: str
     bytes: int = 0
@@ -58,6 +58,7 @@ class ShardScan:
     offsets: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     fatal: str | None = None
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # members no reader reads: (name, why)
 
 
 def scan_tar(url: str, storage_options: dict | None = None, suffixes: tuple[str, ...] = ()) -> ShardScan:
@@ -68,7 +69,7 @@ def scan_tar(url: str, storage_options: dict | None = None, suffixes: tuple[str,
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             reader = HashingReader(f.read)
-            _walk(iter_members(reader, url), reader, scan, suffixes)
+            _walk(iter_members(reader, url, scan.dropped), reader, scan, suffixes)
             if scan.fatal:
                 return scan
             digest = reader.drain()
@@ -88,28 +89,53 @@ def _walk(members: Any, reader: HashingReader, scan: ShardScan, suffixes: tuple[
     starts where the member before it ended (its headers included) and ends with its last member's padding."""
     key: str | None = None
     group: dict[str, bytes] = {}
+    twice: list[str] = []  # member suffixes of the current sample met more than once
     start = end = 0
     for name, data in members:
         k, ext = split_name(name, suffixes)
         if k != key:
             if key is not None:
-                _add(scan, key, group, start, end)
-            key, group, start = k, {}, end
+                _add(scan, key, group, start, end, twice)
+            key, group, twice, start = k, {}, [], end
+        if ext in group:
+            twice.append(ext)
         group[ext] = data
         end = reader.digest.bytes
         if scan.fatal:
             return
     if key is not None:
-        _add(scan, key, group, start, end)
+        _add(scan, key, group, start, end, twice)
+    _refuse_repeated_keys(scan)
 
 
-def _add(scan: ShardScan, key: str, group: dict[str, bytes], start: int, end: int) -> None:
+def _add(scan: ShardScan, key: str, group: dict[str, bytes], start: int, end: int, twice: list[str]) -> None:
     sample = scan_sample(key, group)
     if sample.problem is not None and sample.problem.startswith(_FATAL):
         scan.fatal = f"{key}.json: {sample.problem[len(_FATAL) :]}"
+    if twice:  # the readers keep the last member of a name: the first would be lost without a word
+        sample.problem = (
+            f"{key}.{twice[0]}: two members of this name in a row, of which the loader reads only the last; "
+            "give each member its own name"
+        )
     scan.samples.append(sample)
     scan.offsets.append(start)
     scan.sizes.append(end - start)
+
+
+def _refuse_repeated_keys(scan: ShardScan) -> None:
+    """Mark every sample whose key another sample of the tar has too (``shardify verify`` refuses such a tar:
+    samples are told apart by key), naming where each one is."""
+    where: dict[str, list[int]] = {}
+    for i, sample in enumerate(scan.samples):
+        where.setdefault(sample.key, []).append(i)
+    for key, at in where.items():
+        if len(at) > 1:
+            listed = ", ".join(str(i) for i in at[:5]) + (", ..." if len(at) > 5 else "")
+            for i in at:
+                scan.samples[i].problem = (
+                    f"{key}: {len(at)} samples of this tar have this key (samples {listed}); samples are told "
+                    "apart by key: give each its own name"
+                )
 
 
 #: the mark of a member problem that stops the loader reading the whole tar (an invalid ``.json``)
@@ -137,7 +163,7 @@ def scan_sample(key: str, members: dict[str, bytes]) -> SampleScan:
     if s.tokens == -2:
         s.problem = s.problem or _text_problem(key, members)
     elif s.audio is not None:  # a transcript (short); a text sample's document is not carried
-        s.text = members["txt"].decode("utf-8") if "txt" in members else _str(meta.get("text"))
+        s.text = members["txt"].decode("utf-8").strip() if "txt" in members else _str(meta.get("text"))
     s.meta = kept_fields(meta)
     return s
 
@@ -169,6 +195,10 @@ def _json(key: str, members: dict[str, bytes], s: SampleScan) -> dict[str, Any] 
 def _text_problem(key: str, members: dict[str, bytes]) -> str:
     """Why the sample's text member cannot be counted (`_tokens()` gave -2), naming the member."""
     if "input_ids.npy" in members:
+        try:
+            token_ids(members["input_ids.npy"])
+        except TokenIdsError as e:
+            return f"{key}.input_ids.npy: {e}"
         return f"{key}.input_ids.npy: not a 1-D array of token ids"
     try:
         members["txt"].decode("utf-8")
@@ -220,8 +250,7 @@ def _tokens(members: dict[str, bytes], meta: dict[str, Any]) -> int:
     ``.json`` ``text``; -1 when it has none, -2 when it cannot be read."""
     try:
         if "input_ids.npy" in members:
-            ids = np.load(io.BytesIO(members["input_ids.npy"]), allow_pickle=False)
-            return int(ids.shape[0]) if ids.ndim == 1 else -2
+            return len(token_ids(members["input_ids.npy"]))
         if "txt" in members:
             return len(members["txt"].decode("utf-8").split())
     except (ValueError, UnicodeDecodeError, OSError):
