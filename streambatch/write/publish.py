@@ -76,7 +76,12 @@ class Aside:
             try:
                 os.link(src, dst)
             except OSError:
-                shutil.copy2(src, dst)
+                try:
+                    shutil.copy2(src, dst)
+                except BaseException:  # no space for the copy: no partial one is ever put back
+                    with contextlib.suppress(OSError):
+                        os.remove(dst)
+                    raise
         open(os.path.join(self.path, ALL_ASIDE), "wb").close()
 
     def put_back(self, made: Callable[[], Iterable[str]], last: Callable[[str], Any]) -> None:

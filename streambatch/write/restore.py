@@ -36,6 +36,11 @@ def restored_on_failure(url: str, storage_options: dict | None = None) -> Iterat
     try:
         with output_fits(url, "a copy of it to put back should the write fail"):
             aside.keep([name])
+    except BaseException:  # nothing was changed: the file stays as it is
+        with contextlib.suppress(OSError):
+            aside.discard()
+        raise
+    try:
         yield
     except BaseException:
         with contextlib.suppress(OSError):  # best effort: the block's error is the one to report

@@ -8,6 +8,7 @@ the folder as a reader would, runs the recovery the next run runs, and reads it 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -141,3 +142,45 @@ def test_a_kill_at_any_step_leaves_the_old_set_or_the_new(case, tmp_path):
         # what the next run leaves: the old set or the new one, whole, and nothing hidden left over
         assert r["after"] in (old, new), r
         assert r["hidden"] == [], r
+
+
+NO_HARD_LINKS = textwrap.dedent(
+    """
+    import errno, os, resource, signal, sys
+
+    def no_link(*a, **kw):  # a filesystem without hard links: the file to keep is copied
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    os.link = no_link
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+    from streambatch.cli import main
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_merge_with_no_room_to_keep_the_errors_file_leaves_it_as_it_was(tmp_path):
+    """``merge`` keeps ``errors.jsonl`` to put it back should the index fail; on a filesystem without hard links
+    that is a copy, and a copy that does not fit ends the merge in one line naming the file, leaving the file
+    there as it was (never a partial copy put back over it) and nothing hidden beside it."""
+    src, out = tmp_path / "src.jsonl", tmp_path / "out"
+    src.write_text("".join(json.dumps({"id": f"s{i}", "text": "word " * (1 + i % 17)}) + "\n" for i in range(40)))
+    shardify = [sys.executable, "-m", "streambatch.cli"]
+    for i in range(2):
+        done = subprocess.run([*shardify, "write", str(src), str(out), "--part", f"{i}/2", "--no-progress"])
+        assert done.returncode == 0
+    errors = out / "errors.jsonl"
+    errors.write_text(
+        "".join(json.dumps({"source": f"x{i}", "error": "not readable audio"}) + "\n" for i in range(900))
+    )
+    before = errors.read_bytes()
+    assert len(before) > 16384
+    done = subprocess.run(
+        [sys.executable, "-c", NO_HARD_LINKS, "merge", str(out)], capture_output=True, text=True, timeout=300
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and str(errors) in lines[0], done.stderr
+    assert errors.read_bytes() == before
+    assert not (out / "index.json").exists()
+    assert [n for n in os.listdir(out) if n.startswith(".shardify-replaced")] == []
