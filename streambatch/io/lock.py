@@ -8,16 +8,24 @@ beside a whole write, a merge or another run of the same part. ``stage`` waits f
 refused: one stage per node is the rule, and a second one into the same folder (nodes sharing a "local" disk, a
 requeued job) finds the copy done and keeps it.
 
-Local folders (and network filesystems that support them) use the kernel's ``flock``: a writer that dies, even
-by ``kill -9``, loses its lock with its process, and the next writer takes it over, with a warning naming the
-writer that did not finish (its info is still in the file). Where ``flock`` is not available (object storage
-URLs, a filesystem refusing it) the lock is an object created only when absent, by the store itself: a
-create-only put (S3's ``If-None-Match: *``, through the filesystem's ``pipe_file(..., mode="create")``; a local
-file opened with ``O_EXCL``), so of two writers starting at the same instant exactly one wins. Its holder renews
-its mtime every `HEARTBEAT` seconds; it is stale, and taken over with a warning, when its pid is dead on this
-host, or when it was not renewed for `STALE_AFTER` seconds (another host). A store without create-only puts
-(an fsspec filesystem that ignores ``mode``) falls back to looking before writing, which two writers starting
-together can both pass. A clean exit removes the lock file.
+Local folders take the lock from `fasteners` (``InterProcessReaderWriterLock``): a reader-writer lock on the
+kernel's ``fcntl`` record locks, which the kernel releases when the holding process dies (``kill -9`` too) and
+which NFS carries between hosts. `fasteners` rather than `filelock`: filelock's file lock has no shared mode, and
+its reader-writer lock is an SQLite database (journal files beside the dataset, SQLite's own caveats on network
+filesystems). Record locks belong to a process, not to a descriptor, so this module refuses a second holder of
+one lock file inside its own process, and reads and writes the holder's info only through the lock's handle.
+The next writer after one that died takes the lock over with a warning naming the writer that did not finish
+(its info is still in the file). The last holder empties and removes the file; a writer that opened it just
+before checks, once locked, that the file it locked is still the one in the folder.
+
+Where record locks are not available (object storage URLs, a filesystem refusing them) the lock is an object
+created only when absent, by the store itself: a create-only put (S3's ``If-None-Match: *``, through the
+filesystem's ``pipe_file(..., mode="create")``; a local file opened with ``O_EXCL``), so of two writers
+starting at the same instant exactly one wins. Its holder renews its mtime every `HEARTBEAT` seconds; it is
+stale, and taken over with a warning, when its pid is dead on this host, or when it was not renewed for
+`STALE_AFTER` seconds (another host). A store without create-only puts (an fsspec filesystem that ignores
+``mode``) falls back to looking before writing, which two writers starting together can both pass. A clean exit
+removes the lock file.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import fnmatch
 import functools
 import inspect
 import json
+import logging
 import os
 import socket
 import sys
@@ -38,6 +47,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
+import fasteners
+
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
 from . import storage
@@ -46,11 +57,12 @@ from .guards import CLEANUP_TIMEOUT, names_errors, within
 LOCK_NAME = ".shardify.lock"
 PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
 PART_LOCK_GLOB = ".shardify-part-*.lock"
-#: seconds between two renewals of a lock file's mtime (where ``flock`` is not available)
+#: seconds between two renewals of a lock file's mtime (where record locks are not available)
 HEARTBEAT = 30.0
 #: seconds between two tries of a writer that waits for the lock (``stage``)
 WAIT_POLL = 1.0
-#: a lock file not renewed for this many seconds belongs to a writer that is gone (where ``flock`` is not available)
+#: a lock file not renewed for this many seconds belongs to a writer that is gone (where record locks are not
+#: available)
 STALE_AFTER = 300.0
 
 P = ParamSpec("P")
@@ -168,7 +180,7 @@ def _take(
 
 def _release(held: list[_Lock], patient: bool = True) -> None:
     """Release the locks taken, last first; one whose file cannot be removed (the folder made read-only meanwhile)
-    is still released (its ``flock`` ends with its file descriptor) and is a warning, never an error: the error
+    is still released (its record lock ends with its handle) and is a warning, never an error: the error
     of the write, if any, is the one to report. Not ``patient`` (after an interrupt or an error), a lock file on
     object storage gets `CLEANUP_TIMEOUT` seconds to go, then a warning names
     it: the cleanup of an interrupted write never waits long for a storage that does not answer."""
@@ -176,7 +188,7 @@ def _release(held: list[_Lock], patient: bool = True) -> None:
         try:
             if patient or storage.is_local(lock.url):
                 lock.release()
-            elif not within(CLEANUP_TIMEOUT, lock.release)[0]:
+            elif not within(CLEANUP_TIMEOUT, functools.partial(lock.release, quick=True))[0]:
                 print(
                     f"shardify: warning: gave up removing the lock file {lock.url} after {CLEANUP_TIMEOUT:g} s (the "
                     f"storage did not answer); remove it, or the next writer takes it over once it is "
@@ -247,8 +259,8 @@ def _part_holder(folder: str, storage_options: dict | None) -> dict[str, Any] | 
 
 def _no_running_parts(whole: _Lock, folder: str, storage_options: dict | None) -> None:
     """With the folder lock held exclusively: remove the part locks that parts which did not finish left (with
-    ``flock`` no part can be running), or (lock files with a heartbeat) refuse while a part's lock is live."""
-    kernel = isinstance(whole, _FlockLock) and whole.fallback is None
+    record locks no part can be running), or (lock files with a heartbeat) refuse while a part's lock is live."""
+    kernel = isinstance(whole, _KernelLock) and whole.fallback is None
     for name in storage.listdir(folder, storage_options):
         if not fnmatch.fnmatch(name, PART_LOCK_GLOB):
             continue
@@ -281,6 +293,11 @@ def _parse_info(data: bytes) -> dict[str, Any] | None:
 
 
 def _read_info(url: str, storage_options: dict | None) -> dict[str, Any] | None:
+    if storage.is_local(url):
+        with _IN_PROCESS_GUARD:
+            mine = _IN_PROCESS.get(os.path.realpath(storage.local_path(url)))
+        if mine is not None and mine.rw is not None:  # held here: read through its handle (see `_KernelLock`)
+            return _parse_info(os.pread(mine._fd(), 4096, 0))
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             return _parse_info(f.read(4096))
@@ -303,53 +320,78 @@ class _Lock:
     def holder(self) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def release(self) -> None:
+    def release(self, quick: bool = False) -> None:
         raise NotImplementedError
 
 
 def _lock_for(url: str, storage_options: dict | None) -> _Lock:
     if storage.is_local(url):
-        return _FlockLock(url)
+        return _KernelLock(url)
     return _FileLock(url, storage_options)
 
 
-class _FlockLock(_Lock):
-    """A local lock file held with ``flock`` (released by the kernel when its process dies)."""
+class _KernelLock(_Lock):
+    """A local lock file held with the kernel's record locks through `fasteners` (released by the kernel when its
+    process dies, ``kill -9`` included). The holder's info is read and written through the lock's own handle:
+    record locks belong to a process, and closing any other descriptor of the file would drop them."""
 
     def __init__(self, url: str) -> None:
         self.url, self.path = url, storage.local_path(url)
-        self.fd: int | None = None
+        self.key = os.path.realpath(self.path)
+        self.rw: fasteners.InterProcessReaderWriterLock | None = None
         self.shared = False
         self.fallback: _FileLock | None = None
 
     def acquire(self, shared: bool) -> Any:
-        import fcntl
-
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+        with _IN_PROCESS_GUARD:  # record locks never refuse their own process: a second holder here is refused
+            if self.key in _IN_PROCESS:
                 return _HELD
-            except OSError as e:  # a filesystem without flock: the lock file with a heartbeat
-                os.close(fd)
-                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                self.fallback = _FileLock(self.url, None)
-                return self.fallback.acquire(shared)
-            if self._still_there(fd):
-                break
-            os.close(fd)  # removed by its last holder between our open and our lock: lock the file there now
-        self.fd, self.shared = fd, shared
-        return self._write_mine(fd, shared)
-
-    def _still_there(self, fd: int) -> bool:
+            _IN_PROCESS[self.key] = self
         try:
-            st, now = os.fstat(fd), os.stat(self.path)
+            left = self._acquire(shared)
+        except BaseException:
+            self._forget()
+            raise
+        if left is _HELD:
+            self._forget()
+        return left
+
+    def _acquire(self, shared: bool) -> Any:
+        while True:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))  # a folder that cannot be written: its errno
+            rw = fasteners.InterProcessReaderWriterLock(self.path, logger=_QUIET)
+            try:
+                got = rw.acquire_read_lock(blocking=False) if shared else rw.acquire_write_lock(blocking=False)
+            except threading.ThreadError:  # a filesystem without record locks: the lock file with a heartbeat
+                rw.release_write_lock()  # closes its handle (unlocking nothing)
+                return self._fall_back(shared)
+            if not got:
+                rw.release_write_lock()
+                return _HELD
+            if self._still_there(rw):
+                break
+            rw.release_write_lock()  # removed by its last holder between our open and our lock: lock the new one
+        self.rw, self.shared = rw, shared
+        return self._write_mine(self._fd(), shared)
+
+    def _fd(self) -> int:
+        assert self.rw is not None and self.rw.lockfile is not None
+        return self.rw.lockfile.fileno()
+
+    def _still_there(self, rw: fasteners.InterProcessReaderWriterLock) -> bool:
+        try:
+            st, now = os.fstat(rw.lockfile.fileno()), os.stat(self.path)
         except FileNotFoundError:
             return False
         return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+    def _fall_back(self, shared: bool) -> Any:
+        """The lock file created only when absent (see `_FileLock`): the empty file the open above made goes."""
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.path) == 0:
+                os.remove(self.path)
+        self.fallback = _FileLock(self.url, None)
+        return self.fallback.acquire(shared)
 
     def _write_mine(self, fd: int, shared: bool) -> dict[str, Any] | None:
         """Our info into the file (a shared holder, one of several, leaves it empty); what a writer killed while
@@ -366,33 +408,51 @@ class _FlockLock(_Lock):
             return self.fallback.holder()
         return _read_info(self.url, None)
 
-    def release(self) -> None:
+    def release(self, quick: bool = False) -> None:
         if self.fallback is not None:
-            self.fallback.release()
+            try:
+                self.fallback.release(quick)
+            finally:
+                self._forget()
             return
-        if self.fd is None:
+        rw = self.rw
+        if rw is None:
             return
-        import fcntl
-
         try:
-            if self.shared:  # the last shared holder removes the file: only if nobody else holds it
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path)
-        except BlockingIOError:
-            pass
+            # the last holder empties and removes the file (a shared one only if no other part holds it)
+            if not self.shared or rw.acquire_write_lock(blocking=False):
+                os.ftruncate(self._fd(), 0)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path)
         finally:
-            os.close(self.fd)
-            self.fd = None
+            rw.release_write_lock()  # unlocks and closes its handle
+            self.rw = None
+            self._forget()
+
+    def _forget(self) -> None:
+        with _IN_PROCESS_GUARD:
+            if _IN_PROCESS.get(self.key) is self:
+                del _IN_PROCESS[self.key]
+
+
+#: the local lock files held by this process (record locks do not tell two holders in one process apart)
+_IN_PROCESS: dict[str, _KernelLock] = {}
+_IN_PROCESS_GUARD = threading.Lock()
+#: fasteners logs a failed unlock at error level: the caller handles what matters, so nothing is printed
+_QUIET = logging.getLogger("streambatch.io.lock.fasteners")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 class _FileLock(_Lock):
     """A lock file created only when absent, its mtime renewed by a heartbeat thread (object storage, or a
-    filesystem without ``flock``); shared holders (parts) check it is absent or stale without holding it."""
+    filesystem without record locks); shared holders (parts) check it is absent or stale without holding it."""
 
     def __init__(self, url: str, storage_options: dict | None) -> None:
         self.url, self.storage_options = url, storage_options
         self.mine: dict[str, Any] | None = None
+        #: our create-only put returned: the lock file is ours
+        self.landed = False
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -416,6 +476,7 @@ class _FileLock(_Lock):
         except FileExistsError:
             self.mine = None
             return _HELD  # another writer created its lock first
+        self.landed = True
         self._beat = threading.Thread(target=self._heartbeat, name="shardify-lock", daemon=True)
         self._beat.start()
         return left
@@ -437,16 +498,20 @@ class _FileLock(_Lock):
     def holder(self) -> dict[str, Any] | None:
         return _read_info(self.url, self.storage_options)
 
-    def release(self) -> None:
+    def release(self, quick: bool = False) -> None:
+        """Remove the lock file if it is ours. ``quick`` (the cleanup of an interrupted write, which has a few
+        seconds): once our create-only put has landed it is removed without reading it back first, one request
+        instead of two."""
         if self.mine is None:
             return
         self._stop.set()
         if self._beat is not None:
             self._beat.join()
-        if (self.holder() or {}).get("token") == self.mine["token"]:
+        if (quick and self.landed) or (self.holder() or {}).get("token") == self.mine["token"]:
             with contextlib.suppress(FileNotFoundError, OSError):
                 storage.remove(self.url, self.storage_options)
         self.mine = None
+        self.landed = False
 
 
 @names_errors(writes=True)  # a bucket that does not exist: one line naming it

@@ -20,7 +20,7 @@ which our ``shard-NNNNNN.tar`` names do not follow: `export_nemo()` can link ``a
 (``links=True``, local datasets) instead of renaming anything.
 
 Into a local folder, the export is written into a staging folder there and replaces the one in place as one set
-(`swap`): an error or interrupt at any point leaves the earlier export whole, and what a killed export left
+(`publish.Swap`): an error or interrupt at any point leaves the earlier export whole, and what a killed export left
 (its staging folder, temporary files, the earlier export set aside) is cleared or put back by the next one. On
 object storage each manifest appears whole when its upload completes, the whole manifest last.
 """
@@ -47,7 +47,7 @@ from ..io.lock import holds_lock, is_lock_file
 from ..io.tempname import is_temporary
 from .export_lines import read_shard
 from .ordered import ordered
-from .swap import Swap
+from .publish import Swap
 
 MANIFEST_NAME = "tarred_audio_manifest.json"
 SHARDED_DIR = "sharded_manifests"
@@ -57,7 +57,7 @@ LINKS_DIR = "audio"
 LINK_NAME = "audio_{}.tar"
 #: what an export writes into its folder, the whole manifest (which says the export is complete) last
 ENTRIES = (LINKS_DIR, SHARDED_DIR, PATHS_NAME, MANIFEST_NAME)
-#: the staging folder (a temporary name of it) and the aside folder of a local export (`swap`)
+#: the staging folder (a temporary name of it) and the aside folder of a local export (`publish.Swap`)
 STAGE_NAME, ASIDE_NAME = ".shardify-export", ".shardify-export-replaced"
 _SHARD_MANIFEST = re.compile(r"manifest_\d+\.json")
 _LINK = re.compile(r"audio_\d+\.tar")
@@ -126,7 +126,7 @@ def export_nemo(
 
 
 def _swap(out: str) -> Swap:
-    """How a local export replaces the one in ``out`` (`swap`)."""
+    """How a local export replaces the one in ``out`` (`publish.Swap`)."""
     return Swap(storage.local_path(out), ENTRIES, STAGE_NAME, ASIDE_NAME)
 
 

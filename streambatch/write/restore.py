@@ -2,31 +2,25 @@
 files written one after the other (``errors.jsonl``, then ``index.json`` of ``shardify merge``) change together
 or not at all.
 
-Locally the file is kept under a temporary name (`tempname`) by a hard link, which
-costs no space (a copy where the filesystem has no hard links), and renamed back on failure, which needs none;
-on object storage its bytes are kept in memory and uploaded again. A file that was not there is removed again.
+Locally the file is kept in a hidden folder beside it by the stage then swap transaction of `publish`
+(`publish.Aside.keep()`: a hard link, which costs no space, a copy where the filesystem has no hard links) and
+renamed back on failure, which needs none; on object storage its bytes are kept in memory and uploaded again. A
+file that was not there is removed again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from ..errors import output_fits
 from ..io import storage
-from ..io.tempname import is_temporary, temporary_name
+from ..io.tempname import is_temporary
+from .publish import Aside
 
-
-@dataclass
-class _Kept:
-    """How the file was before the block: ``there`` or not; locally its copy's path, else its bytes."""
-
-    there: bool
-    path: str | None = None
-    data: bytes | None = None
+#: the folder beside the file where it is kept while the block runs (hidden, like every aside folder of OUT)
+KEPT_NAME = ".shardify-replaced-kept"
 
 
 @contextlib.contextmanager
@@ -34,62 +28,62 @@ def restored_on_failure(url: str, storage_options: dict | None = None) -> Iterat
     """Run a block that may replace or remove the file at ``url``; if it fails or is interrupted (any exception,
     Ctrl-C), ``url`` is as it was before the block (put back, or removed if there was none) and the error is
     raised again."""
-    kept = _keep(url, storage_options)
+    if not storage.is_local(url):
+        with _kept_in_memory(url, storage_options):
+            yield
+        return
+    name, aside = _aside(url)
+    try:
+        with output_fits(url, "a copy of it to put back should the write fail"):
+            aside.keep([name])
+    except BaseException:  # nothing was changed: the file stays as it is
+        with contextlib.suppress(OSError):
+            aside.discard()
+        raise
     try:
         yield
     except BaseException:
-        _put_back(url, kept, storage_options)
+        with contextlib.suppress(OSError):  # best effort: the block's error is the one to report
+            aside.put_back(lambda: [name], lambda m: 0)
         raise
-    if kept.path is not None:
-        with contextlib.suppress(OSError):
-            os.remove(kept.path)
+    with contextlib.suppress(OSError):
+        aside.discard()
 
 
 def clear_kept(url: str) -> None:
-    """Remove the copies of a local ``url`` that runs killed inside `restored_on_failure()` left (and any
-    other temporary file of it): call it holding the folder's lock, before writing ``url`` again."""
+    """Remove what runs killed inside `restored_on_failure()` left beside a local ``url`` (its kept copy, and any
+    temporary file of it): call it holding the folder's lock, before writing ``url`` again."""
     if not storage.is_local(url):
         return
-    path = storage.local_path(url)
-    folder, name = os.path.split(path)
-    for other in os.listdir(folder or ".") if os.path.isdir(folder or ".") else []:
+    name, aside = _aside(url)
+    aside.clear_discarded()
+    aside.discard()
+    for other in os.listdir(aside.folder) if os.path.isdir(aside.folder) else []:
         if is_temporary(other, name):
             with contextlib.suppress(OSError):
-                os.remove(os.path.join(folder, other))
+                os.remove(os.path.join(aside.folder, other))
 
 
-def _keep(url: str, storage_options: dict | None) -> _Kept:
-    """Keep the file at ``url`` as it is now (see the module docstring)."""
-    if not storage.is_local(url):
-        try:
-            return _Kept(True, data=storage.read_whole(url, storage_options))
-        except FileNotFoundError:
-            return _Kept(False)
-    path = storage.local_path(url)
-    if not os.path.exists(path):
-        return _Kept(False)
-    copy = temporary_name(path)
+def _aside(url: str) -> tuple[str, Aside]:
+    folder, name = os.path.split(storage.local_path(url))
+    folder = folder or "."
+    return name, Aside(folder, os.path.join(folder, KEPT_NAME))
+
+
+@contextlib.contextmanager
+def _kept_in_memory(url: str, storage_options: dict | None) -> Iterator[None]:
+    """On object storage: the object's bytes kept in memory, uploaded again (or the object removed, where there
+    was none) if the block fails."""
     try:
-        os.link(path, copy)
-    except OSError:  # no hard links here: a copy (no space for it names the file, and nothing was changed)
-        try:
-            with output_fits(url, "a copy of it to put back should the write fail"):
-                shutil.copy2(path, copy)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(copy)
-            raise
-    return _Kept(True, path=copy)
-
-
-def _put_back(url: str, kept: _Kept, storage_options: dict | None) -> None:
-    """Make ``url`` as it was (best effort: the block's error is the one to report)."""
-    with contextlib.suppress(OSError):
-        if kept.path is not None:
-            os.replace(kept.path, storage.local_path(url))
-            if os.path.lexists(kept.path):  # both names were links to one file (never replaced): rename did nothing
-                os.remove(kept.path)
-        elif kept.data is not None:
-            storage.write_bytes_atomic(url, kept.data, storage_options)
-        else:
-            storage.remove(url, storage_options)
+        data: bytes | None = storage.read_whole(url, storage_options)
+    except FileNotFoundError:
+        data = None
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if data is not None:
+                storage.write_bytes_atomic(url, data, storage_options)
+            else:
+                storage.remove(url, storage_options)
+        raise

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import popen
 
-from streambatch.io.lock import _HELD, LOCK_NAME, PART_LOCK_NAME, STALE_AFTER, _FileLock, output_lock
+from streambatch.io.lock import _HELD, LOCK_NAME, PART_LOCK_NAME, STALE_AFTER, LockHeld, _FileLock, output_lock
 
 SHARDIFY = [sys.executable, "-m", "streambatch.cli"]
 ROWS = [{"id": f"s{i}", "text": " ".join(["word"] * (1 + i % 17))} for i in range(40)]
@@ -189,3 +189,47 @@ def test_file_lock_without_flock(tmp_path):
     assert json.loads(open(url).read())["pid"] == os.getpid()
     taken.release()
     assert not os.path.exists(url)
+
+
+HOLD_AND_FORK = """
+import os, sys, time
+from streambatch.io.lock import output_lock
+with output_lock(sys.argv[1]):
+    if os.fork() == 0:  # a worker of the writer: it outlives a writer killed with kill -9
+        time.sleep(300)
+        os._exit(0)
+    print("locked", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_lock_of_a_killed_writer_is_free_while_its_workers_still_run(tmp_path):
+    """A writer killed with ``kill -9`` whose forked workers still run (they end on their own later): its lock
+    is released with the writer itself, and the next write takes it over at once."""
+    out = tmp_path / "out"
+    holder = popen([sys.executable, "-c", HOLD_AND_FORK, str(out)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(timeout=60)
+    second = _run("write", str(_text_source(tmp_path / "src.jsonl")), str(out), "--no-progress")
+    assert second.returncode == 0, second.stderr
+    assert "taking over the lock of a writer that did not finish" in second.stderr
+    assert f"pid {holder.pid}" in second.stderr
+    assert _run("verify", str(out), "--no-progress").returncode == 0
+
+
+def test_one_process_holds_a_folder_lock_once(tmp_path):
+    """Two writers of one process (threads of a notebook, say) into one folder: the second is refused naming
+    this process, as one in another process is."""
+    out = tmp_path / "out"
+    with output_lock(str(out)):
+        with pytest.raises(LockHeld, match=f"pid {os.getpid()}"):
+            with output_lock(str(out)):
+                pass
+        with pytest.raises(LockHeld, match=f"pid {os.getpid()}"):
+            with output_lock(str(out), (0, 2)):
+                pass
+        other = _run("write", str(_text_source(tmp_path / "src.jsonl")), str(out), "--no-progress")
+        assert other.returncode == 2 and f"pid {os.getpid()}" in other.stderr  # still held after the refusals
+    with output_lock(str(tmp_path / "out")):  # released: free again
+        pass

@@ -28,8 +28,9 @@ from conftest import popen, samples_of, stop_tree
 
 from streambatch.errors import OutputError, ShardifyError
 from streambatch.io.lock import is_lock_file
-from streambatch.write import aside, writer
+from streambatch.write import writer
 from streambatch.write.parts import merge_parts
+from streambatch.write.publish import Aside
 from streambatch.write.writer import write_shards
 
 SHARDIFY = [sys.executable, "-m", "streambatch.cli"]
@@ -213,10 +214,10 @@ def test_aside_folder_of_a_finished_write_is_removed(tmp_path, sources, monkeypa
     out = tmp_path / "out"
     write_shards(str(sources[0]), str(out), **KW)
 
-    def killed(path: str) -> None:
+    def killed(self) -> None:
         raise SystemExit("killed")
 
-    monkeypatch.setattr(aside, "_discard", killed)
+    monkeypatch.setattr(Aside, "discard", killed)
     with pytest.raises(SystemExit):
         write_shards(str(sources[1]), str(out), overwrite=True, **KW)
     monkeypatch.undo()
@@ -250,7 +251,7 @@ def test_failed_overwrite_of_a_part_keeps_its_old_files(tmp_path, sources, monke
     with pytest.raises(KeyboardInterrupt):
         write_shards(str(sources[0]), str(out), part=(0, 2), overwrite=True, **KW)
     assert part0() == files
-    monkeypatch.setattr(aside, "_put_back", lambda *a: None)  # as if killed: nothing put back
+    monkeypatch.setattr(Aside, "put_back", lambda *a: None)  # as if killed: nothing put back
     with pytest.raises(KeyboardInterrupt):
         write_shards(str(sources[0]), str(out), part=(0, 2), overwrite=True, **KW)
     monkeypatch.undo()
@@ -356,7 +357,7 @@ def test_killed_while_setting_aside_or_putting_back(tmp_path, sources, monkeypat
 
         return rename
 
-    monkeypatch.setattr(aside, "_put_back", lambda *a: None)  # killed: nothing put back in this process
+    monkeypatch.setattr(Aside, "put_back", lambda *a: None)  # killed: nothing put back in this process
     monkeypatch.setattr(os, "rename", killed_at(real_rename))
     with pytest.raises(SystemExit):
         write_shards(str(sources[1]), str(out), overwrite=True, **KW)
