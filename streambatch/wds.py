@@ -6,20 +6,29 @@ same budget guarantee, the same rule for a sample that cannot fit), fed online w
 function you give, else the ``length`` our shards carry in their ``.json`` member. It holds no index and reads
 nothing itself, so it runs after webdataset's own shard splitting (``nodesplitter=wds.split_by_node``,
 ``workersplitter=wds.split_by_worker``), decoding and maps. The package does not import webdataset.
+`collate` pads a batch of the stage, whether its audio members are still the shard's bytes or were decoded by
+the pipeline itself (numpy arrays, torch tensors, webdataset's ``torch_audio`` pairs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
+import torch
 
 from .dist import process_info, worker_info
 from .errors import OptionError, SampleError, callable_option, int_option
 from .limits import LimitExceeded, loads
 from .plan.batcher import BucketBatcher, iter_batches
 from .plan.config import BatchingConfig, slot_seed
-from .read.collate import collate
+from .read.collate import Decode, audio_ext, decode_sample
+from .read.collate import collate as collate_samples
+from .read.transforms import resample
 from .read.worker import json_length, json_output_length
+from .units import resampled_count
 
 __all__ = ["BudgetBatches", "annotated_length", "collate"]
 
@@ -120,3 +129,57 @@ def _with_meta(sample: Sample) -> Sample:
             raise
         raise SampleError(f"{where}: its .json member is not JSON ({e})") from None
     return {**sample, "json": parsed}
+
+
+def collate(samples: Sequence[Sample], decode: Decode = "auto", *, sample_rate: int | None = None, **options: Any):
+    """Decode and pad one batch of the stage: the loader's batch (``audio`` float32 ``[B, T]``, ``lengths``,
+    ``padding_mask``, ``keys``, ``text``, the ``.json`` fields; see `streambatch.read.collate`).
+
+    An audio member (``.flac``, ``.wav``, …) may be the shard's bytes, or audio the pipeline decoded itself:
+    a numpy array or torch tensor ``[T]`` (or ``[T, C]``), or a ``(tensor [C, T], rate)`` pair as webdataset's
+    ``torch_audio`` decoder gives; one channel becomes ``[T]``, floats become float32. ``sample_rate``: resample
+    each clip to this rate (Hz); decoded audio then needs its rate, from the pair or the ``.json``'s
+    ``sample_rate``. ``options``: `collate_samples`'s (``pad_to_multiple_of``, ``pad_value``, ``packed``).
+    """
+    if decode in ("auto", "audio") and samples:
+        ext = audio_ext(samples[0])
+        if ext is not None and any(not isinstance(s.get(ext), (bytes, bytearray, memoryview)) for s in samples):
+            batch = collate_samples(samples, functools.partial(_decoded_audio, sample_rate=sample_rate), **options)
+            batch["audio"] = batch.pop("inputs")
+            return batch
+    return collate_samples(samples, decode, sample_rate=sample_rate, **options)
+
+
+def _decoded_audio(sample: Sample, sample_rate: int | None) -> torch.Tensor:
+    """One sample's audio ``[T]`` (or ``[T, C]``) from its audio member, decoded by the pipeline or not."""
+    ext = audio_ext(sample)
+    value = sample.get(ext) if ext is not None else None
+    if isinstance(value, (bytes, bytearray, memoryview)) or value is None:
+        return decode_sample(sample, "audio", sample_rate)  # names the sample where it has no audio
+    where = f"{sample.get('__url__')}: sample {sample.get('__key__')!r}"
+    rate = None
+    if isinstance(value, (tuple, list)) and len(value) == 2 and np.ndim(value[1]) == 0:
+        value, rate = value  # webdataset's torch_audio: (tensor [C, T], rate), channels first
+        value = value.T if np.ndim(value) == 2 else value
+    wav = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+    if wav.ndim == 2 and wav.shape[1] == 1:
+        wav = wav[:, 0]
+    if wav.ndim not in (1, 2) or not (wav.is_floating_point() or wav.dtype in (torch.int16, torch.int32)):
+        raise SampleError(
+            f"{where}: its decoded .{ext} is {wav.dtype} {tuple(wav.shape)}; collate takes audio [T] or [T, C] "
+            "(an array or tensor of numbers, or a (tensor [C, T], rate) pair)"
+        )
+    if wav.is_floating_point():
+        wav = wav.to(torch.float32)
+    if sample_rate:
+        meta = sample.get("json")
+        rate = rate or (meta.get("sample_rate") if isinstance(meta, dict) else None)
+        if not rate:
+            raise SampleError(
+                f"{where}: its .{ext} was decoded without its sample rate, so it cannot be resampled to "
+                f"{sample_rate} Hz: decode to a (tensor, rate) pair, or call collate without sample_rate"
+            )
+        if int(rate) != int(sample_rate):
+            n = resampled_count(wav.shape[0], int(rate), int(sample_rate))
+            wav = torch.from_numpy(resample(wav.numpy().astype(np.float32), int(rate), int(sample_rate), n))
+    return wav.contiguous()

@@ -94,7 +94,7 @@ def probe(src: str | IO[bytes], check_end: bool = False) -> AudioInfo:
     """Read sample rate, frame count and channels from the header; the frame count is the number of frames that
     decode (what the loader emits). For a format whose header only estimates it (MP3:
     `ESTIMATED_LENGTH_FORMATS`) or a lossy codec in any container (`ESTIMATED_LENGTH_SUBTYPES`: MP3 data
-    in a WAV, GSM 6.10, ADPCM) the file is decoded to count them (about 1 ms per second of audio).
+    in a WAV, GSM 6.10, ADPCM) the file is decoded to count them (a decode of the whole file).
 
     ``check_end=True`` also checks that the audio the header declares is there (a cheap look at the file's
     end, not a decode of the whole file), so a truncated file raises `TruncatedAudio` here rather than

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def column_numpy(col: Any) -> np.ndarray:
     """A numeric Arrow column (chunked or not) as numpy, read from its buffers where it has no nulls. Arrow's own
-    ``to_numpy`` imports pandas when pandas is installed: ~0.3 s and ~50 MB more in every reading process."""
+    ``to_numpy`` imports pandas when pandas is installed: pandas' import time and memory in every reading process."""
     import pyarrow.types as pt
 
     chunks = col.chunks if hasattr(col, "chunks") else [col]
@@ -32,8 +32,8 @@ class ParquetTable:
     """One Parquet table file open for reading row groups by column name, checksums verified.
 
     pyarrow.parquet.ParquetFile wraps the same reader but imports pyarrow's filesystem modules (the S3, GCS,
-    Azure and HDFS bindings: ~4 MB resident in every training process) and allocates from Arrow's default
-    pool (mimalloc: a ~4 MB arena that stays). The index is read once per process in small row groups, where
+    Azure and HDFS bindings, resident in every training process) and allocates from Arrow's default pool
+    (mimalloc: an arena that stays). The index is read once per process in small row groups, where
     neither pays off, so this opens pyarrow's reader directly on the system allocator."""
 
     def __init__(self, source: Any):

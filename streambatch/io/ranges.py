@@ -28,7 +28,8 @@ Count = Callable[..., None]  # count(name, n=1): add to a fault counter
 
 def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -> None:
     """Make this process's reading filesystem for the first shard's store, and the S3 client that signs its range
-    requests' URLs (50-100 ms of CPU), on a thread while the epoch is planned, so the first request does not wait."""
+    requests' URLs (loading its service descriptions takes CPU), on a thread while the epoch is planned, so the
+    first request does not wait."""
     if not urls or is_local(urls[0]):
         return
     if objstore.usable(urls[0], storage_options):  # a store is cheap: made at the first read, after any fork
@@ -40,7 +41,7 @@ def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -
 
 def before_workers(urls: Sequence[str], storage_options: dict | None) -> None:
     """In a process about to fork a loader's workers: keep what the S3 client that read the index has loaded (its
-    service descriptions) where each worker's own signing client finds it, 40-50 ms of CPU less per worker and
+    service descriptions) where each worker's own signing client finds it, so no worker parses them again each
     epoch (`keep_loader()`; no request is made)."""
     if urls and urls[0].partition("://")[0] in ("s3", "s3a") and not objstore.usable(urls[0], storage_options):
         keep_loader(filesystem(urls[0], storage_options)[0])

@@ -16,11 +16,11 @@ EVEN_BATCHES = ("split", "drop", "pad")
 MAX_WORKERS = 1024
 #: the most data-parallel ranks a plan takes (``world_size``, ``dp_size``, a mesh's or the job's): 64 times the
 #: 1,000+ ranks the project targets. Every rank deals the epoch over every (rank, worker) slot, and a whole-epoch
-#: plan (no process group, ``planning="global"``, a resume on another layout) plans each slot: about 0.1 ms and a
-#: few KiB per slot, so 65,536 ranks take seconds; a billion would take days and terabytes
+#: plan (no process group, ``planning="global"``, a resume on another layout) plans each slot, its time and memory
+#: growing with the slots: this bound keeps it to seconds, where a billion ranks would take days and terabytes
 MAX_WORLD_SIZE = 1 << 16
 #: the most (rank, worker) slots a plan takes: ``world_size × max(1, num_workers)``, each planned, dealt and held
-#: as above (262,144 slots: about half a minute and half a GiB for a whole-epoch plan)
+#: as above
 MAX_SLOTS = 1 << 18
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import OptionError
 from .lengths import LazyMask, Mask
 
-#: what the plan holds per sample id of a mixture's epoch (lengths, ids, order, masks), measured: about 45 bytes
+#: what the plan holds per sample id of a mixture's epoch (lengths, ids, order, masks), in bytes, rounded up
 PLAN_BYTES_PER_SAMPLE = 48
 #: what the plan holds per virtual shard (its block, offsets, its row of the shard table)
 PLAN_BYTES_PER_SHARD = 256

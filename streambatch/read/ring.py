@@ -1,8 +1,8 @@
 """Reused shared-memory buffers for the batches DataLoader workers send to the main process.
 
 torch passes a tensor from a worker by putting it in a fresh shared-memory segment: its pages are zero-filled
-on first touch and its handle travels through a socket, about 6 ms of worker time and 2 ms of main-process
-time for a 4 MB audio batch, against about 1 ms to fill memory already mapped. Here the main process maps, once,
+on first touch and its handle travels through a socket, worker and main-process time paid per batch that
+filling memory already mapped does not pay (docs/benchmarks.md). Here the main process maps, once,
 a ring of ``slots`` buffers per worker, each as large as a batch the budget allows (untouched pages cost no
 memory); a worker decodes a batch straight into a free buffer of its row and sends only where its tensors
 lie, and the main process turns that back into tensors viewing the buffer (`_placed()`): no copy, no new

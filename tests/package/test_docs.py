@@ -29,6 +29,15 @@ def test_the_docs_build_strictly(tmp_path):
     lines = re.sub(r"<[^>]+>", "", sig.group(1)).strip().splitlines() if sig else []
     assert len(lines) > 20 and max(map(len, lines)) <= 100, "StreamBatchLoader's signature is not one option a line"
     assert (tmp_path / "img" / "padding.png").exists() and (tmp_path / "img" / "dataflow.png").exists()
+    # the reference shows the public API: no internal helper of a public class or of the errors module
+    errors = (tmp_path / "reference" / "errors" / "index.html").read_text(encoding="utf-8")
+    for internal in ("LoaderState.resume_on", "LoaderState.equalised_on", "errors.int_option", "errors.os_problem"):
+        assert f'id="streambatch.{internal}"' not in api + errors, f"{internal} is internal but in the API reference"
+    for error in ("StreamBatchError", "OptionError", "ShardReadError", "StateError", "RetriesExhausted"):
+        assert re.search(rf'id="streambatch\.(errors\.)?{error}"', errors), f"{error} is missing from the errors page"
+    # the errors page says what the hierarchy is once
+    words = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", errors))
+    assert words.count("keeps the builtin base") == 1, "the errors page repeats its opening"
 
 
 def test_the_readme_stays_a_front_page():

@@ -147,3 +147,60 @@ def test_the_stage_checks_its_own_arguments_where_it_is_built():
     stage = BudgetBatches(12)
     with pytest.raises(OptionError, match="epoch must be a whole number"):
         stage.set_epoch(1.5)
+
+
+def _soundfile_audio(key: str, data: bytes):
+    """A pipeline's own audio decoder, as a webdataset handler: float32 numpy ``[T]`` from any audio member."""
+    import io
+
+    import soundfile
+
+    if key.rsplit(".", 1)[-1] not in ("flac", "wav"):
+        return None
+    audio, _ = soundfile.read(io.BytesIO(data), dtype="float32")
+    return audio
+
+
+def _tensor_audio(key: str, data: bytes):
+    """The same, as torch tensors with a (frames, sample rate) pair, as webdataset's ``torch_audio`` returns."""
+    import io
+
+    import soundfile
+
+    if key.rsplit(".", 1)[-1] not in ("flac", "wav"):
+        return None
+    audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    return torch.from_numpy(audio.T.copy()), rate  # [channels, frames], as torchaudio.load gives
+
+
+@pytest.mark.parametrize("decoder", [_soundfile_audio, _tensor_audio])
+def test_collate_after_a_pipeline_that_decodes_its_own_audio(tmp_path, decoder):
+    """A pipeline that decodes audio itself (its own webdataset handler: numpy arrays, or tensors with their rate)
+    gets the same padded batch from ``collate`` as one that leaves the bytes to streambatch."""
+    shards = audio_dataset(tmp_path, 12, corpus_seed=5, max_count=6)
+    urls = sorted(str(p) for p in Path(shards).glob("*.tar"))
+    budget = 16000 * 30
+    ours = [collate(b) for b in wds.WebDataset(urls, shardshuffle=False).decode().compose(BudgetBatches(budget))]
+    decoded = wds.WebDataset(urls, shardshuffle=False).decode(decoder, "torch").compose(BudgetBatches(budget))
+    theirs = list(torch.utils.data.DataLoader(decoded.map(collate), batch_size=None, num_workers=1))
+    assert [b["keys"] for b in theirs] == [b["keys"] for b in ours] and sum(len(b["keys"]) for b in ours) == 12
+    for mine, got in zip(ours, theirs):
+        assert got["audio"].dtype == torch.float32 and got["audio"].shape == mine["audio"].shape
+        assert torch.equal(got["lengths"], mine["lengths"]) and torch.equal(got["padding_mask"], mine["padding_mask"])
+        assert torch.allclose(got["audio"], mine["audio"], atol=1e-6)
+
+
+def test_collate_resamples_decoded_audio_by_its_own_rate(tmp_path):
+    """``sample_rate=`` resamples audio the pipeline decoded (its rate from the pair, or the ``.json``) as it
+    resamples the shard's bytes; decoded audio whose rate nobody knows is refused, naming the sample."""
+    shards = audio_dataset(tmp_path, 6, corpus_seed=7, max_count=6)
+    urls = sorted(str(p) for p in Path(shards).glob("*.tar"))
+    raw = list(wds.WebDataset(urls, shardshuffle=False).decode())
+    ours = collate(raw, sample_rate=8000)
+    for decoder in (_tensor_audio, _soundfile_audio):
+        got = collate(list(wds.WebDataset(urls, shardshuffle=False).decode(decoder)), sample_rate=8000)
+        assert got["audio"].shape == ours["audio"].shape and torch.equal(got["lengths"], ours["lengths"])
+        assert torch.allclose(got["audio"], ours["audio"], atol=1e-4)
+    unknown = [{**s, "json": {}} for s in wds.WebDataset(urls, shardshuffle=False).decode(_soundfile_audio)]
+    with pytest.raises(SampleError, match="without its sample rate"):
+        collate(unknown, sample_rate=8000)
