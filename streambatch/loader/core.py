@@ -6,46 +6,68 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader
 
-from ..errors import EmptyEpochError, int_option
+from ..errors import EmptyEpochError, OptionError, StateError, int_option
 from ..format.index import ShardIndex
 from ..io.prefetch import lengths_ahead
 from ..io.ranges import warm_up
 from ..plan.budget import parse_budget
-from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
+from ..plan.epoch import (
+    EpochPlan,
+    RankSchedule,
+    every_rank,
+    make_epoch_plan,
+    plan_rank,
+    plan_rank_local,
+    rank_raw_slots,
+    share_equalised,
+)
+from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
 from ..plan.resume import Resumed, excluded_in
-from ..plan.slot import Adjust, KeptSlots, per_worker
+from ..plan.skips import SkippedBatch, merged, step_ranges
+from ..plan.slot import Adjust, KeptSlots, interleave, per_worker
 from ..read.collate import Decode
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors, raised_in_workers
-from ..select.mixture import MixedIndex
+from ..select.mixture import AnyIndex, MixedIndex, dataset_names, draw_rows
+from ..select.schedule import WeightSchedule
+from ..select.source import ShardURLs
 from ..select.where import left_out, open_filter
 from .mesh import data_parallel
-from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
-from .metrics import EpochMeter, fault_summary, fault_warning, metered, metrics_line, planned_figures, storage_figures
-from .mixing import at_epoch, epoch_index, follow, open_scheduled, to_saved_epoch
-from .options import (
-    Index,
-    batching_config,
-    check_epoch_length,
-    collate_options,
-    option_groups,
-    sample_plan,
-    worker_callables,
+from .messages import (
+    check_shortest_fits,
+    empty_epoch_message,
+    mixture_report,
+    plan_line,
+    resume_line,
+    split_repeat_line,
+    unindexed_empty_message,
 )
-from .planning import between_passes, epoch_arg, old_steps, plan_schedule
+from .metrics import EpochMeter, fault_summary, fault_warning, metered, metrics_line, planned_figures, storage_figures
+from .mixing import began, open_scheduled
+from .options import batching_config, check_epoch_length, collate_options, option_groups, sample_plan, worker_callables
 from .state import MAX_EPOCH, LoaderState, batching_record, dataset_digest, pack_mask
-from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
-from .workers import check_sendable, make_dataloader, progress_bar
+from .steps import SkippedSteps, StepBatch, StepSamples, samples_of, skip_state
+from .workers import check_sendable, make_dataloader, progress_bar, start_method
 
 log = logging.getLogger("streambatch")
+
+#: the most per-sample lengths a loader holds from its planning to its next epoch's, for its own stream and for the
+#: workers it forks after planning, which then read no lengths from the index (above it, and in workers started by
+#: forkserver or kept from an earlier epoch, each worker reads its own shards' lengths)
+KEEP_LENGTHS_MAX = 1 << 26
+
+#: the loader's attributes that depend on how a scheduled mixture is laid out (what `_at_epoch()` puts back)
+MIXTURE_LAYOUT = ("index", "urls", "filter", "collate_options", "_bad_shards", "_schedules", "_dataloader")
 
 
 class StreamBatchLoader:
@@ -100,6 +122,7 @@ class StreamBatchLoader:
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
     _open_passes = 0  # passes begun and not ended: the ring is reclaimed only between passes
     _skips: SkippedSteps | None = None  # steps a resume skips (loader/steps.py)
+    _step_plan: tuple[int, Resumed | None, int, EpochPlan] | None = None  # `_layout_plan()`'s last plan
 
     def __init__(
         self,
@@ -176,12 +199,14 @@ class StreamBatchLoader:
         self._open(source, budget, weights, index, storage_options)
         self._configure(budget, batching, where)
 
-    def _open(self, source: Any, budget: Any, weights: Any, index: Any, storage_options: dict | None) -> None:
+    def _open(
+        self, source: Any, budget: Any, weights: Any, index: str | ShardIndex | None, storage_options: dict | None
+    ) -> None:
         """Resolve what to read: one dataset (index and shard URLs) or a mixture of several."""
         if budget is not None and not isinstance(budget, str):
             parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
-        self.index: Index | None
+        self.index: AnyIndex | None
         self.urls: Sequence[str]
         roots, limit, node = self.read_options.shard_roots, int(self.run.max_plan_bytes), self.read_options.cache_dir
         with lengths_ahead():  # the first epoch's lengths are fetched while the index and loader are built
@@ -252,18 +277,18 @@ class StreamBatchLoader:
         `StateError`: call it before ``iter(loader)``."""
         epoch = int_option("epoch", epoch, 0, MAX_EPOCH)
         if epoch != self.epoch:
-            between_passes(self, f"set_epoch({epoch})")
+            self._between_passes(f"set_epoch({epoch})")
             self._consumed = 0
         self.epoch = int(epoch)
-        follow(self, self.epoch)  # a weight schedule: the mixture of this epoch's weights
+        self._follow(self.epoch)  # a weight schedule: the mixture of this epoch's weights
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The epoch's plan for every rank and worker (requires an index). O(N): it reads every length; for
         inspection and tests. Iteration and ``len()`` use `schedule()`."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
-        e = epoch_arg(self, epoch)
-        with at_epoch(self, e):
+        e = self._epoch_arg(epoch)
+        with self._at_epoch(e):
             lengths = self._lengths(e)
             plan = self._whole_plan(e, lengths)
             if isinstance(self.index, MixedIndex):
@@ -271,14 +296,29 @@ class StreamBatchLoader:
         return plan
 
     def step_samples(self, step: int, rank: int | None = None, epoch: int | None = None) -> StepSamples:
-        """Which samples were (or will be) in ``step``, every rank's or ``rank``'s (`steps.step_samples()`)."""
-        return step_samples(self, step, rank, epoch)
+        """The samples of global step ``step`` of ``epoch`` (default: the current one), from the plan alone (no
+        shard is read): every rank's batch, or only ``rank``'s (`streambatch.loader.steps`). Steps count from
+        the epoch's start, as ``len()`` and ``consumed`` do; after a resume on another layout, the steps before it
+        are those the earlier layouts ran. Plans the whole epoch, O(N), once per epoch (like `plan()`); needs an
+        index. A step, rank or epoch that is not a whole number from 0, a step outside the epoch or a rank outside
+        the job is an `OptionError` naming it."""
+        if self.index is None:
+            raise TypeError("step_samples needs an index (index.json): without one the steps are not planned")
+        step = int_option("step", step, 0)
+        rank = None if rank is None else int_option("rank", rank, 0)
+        e = self._epoch_arg(epoch)
+        plan, first = self._plan_of_step(e, step)
+        if rank is not None and rank >= plan.world_size:
+            raise OptionError(f"rank={rank}: step {step} of epoch {e} ran on {plan.world_size} ranks")
+        ranks = range(plan.world_size) if rank is None else [rank]
+        offsets = self._lengths(e).offsets
+        return StepSamples(e, step, {r: self._step_batch(plan, r, step - first, offsets) for r in ranks})
 
     def _lengths(self, epoch: int) -> Lengths:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
         assert self.index is not None, "planned epochs come from an index"
         kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
-        return planned_lengths(index_lengths(epoch_index(self, epoch), kept), self.length_plan, self.config.seed, epoch)
+        return planned_lengths(index_lengths(self._epoch_index(epoch), kept), self.length_plan, self.config.seed, epoch)
 
     def _whole_plan(self, epoch: int, lengths: Lengths, keep: KeptSlots | None = None) -> EpochPlan:
         return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths), keep)
@@ -289,9 +329,9 @@ class StreamBatchLoader:
         (every rank must call it, as every DDP step does); else the whole epoch is planned on this rank, O(N)."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
-        e = epoch_arg(self, epoch)
+        e = self._epoch_arg(epoch)
         if e not in self._schedules:
-            self._schedules = {e: plan_schedule(self, e)}
+            self._schedules = {e: self._plan_schedule(e)}
         return self._schedules[e]
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
@@ -383,7 +423,7 @@ class StreamBatchLoader:
         return fault_summary(self._fault_counts, self._bad_shards, self.urls)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        between_passes(self, "a second iter(loader)")  # two passes at once would yield the same batches twice
+        self._between_passes("a second iter(loader)")  # two passes at once would yield the same batches twice
         if self.index is not None and self.consumed > 0 and self.remaining == 0:
             # the last pass yielded every batch of its epoch but its iterator was dropped before its end (Lightning's
             # Trainer, islice(loader, len(loader))): that pass is over, and this one is the next epoch's
@@ -400,7 +440,7 @@ class StreamBatchLoader:
         self._open_passes += 1
         try:
             for item in self._progress(
-                metered(skipping(self, raised_in_workers(self._dataloader)), self._meter), epoch, steps
+                metered(self._skipping(raised_in_workers(self._dataloader)), self._meter), epoch, steps
             ):
                 if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
                     yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
@@ -454,7 +494,7 @@ class StreamBatchLoader:
         out.update(storage_figures(self._fault_counts, self.fault_stats()))
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
-            with at_epoch(self, epoch):  # a weight schedule: that epoch's mixture
+            with self._at_epoch(epoch):  # a weight schedule: that epoch's mixture
                 out["planned"] = planned_figures(
                     self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget, self.config.cost
                 )
@@ -477,7 +517,7 @@ class StreamBatchLoader:
             seed=self.config.seed,
             **dataclasses.asdict(self.layout),
             num_samples=self.index.num_samples if self.index is not None else None,
-            mixture=self.index.state() if isinstance(self.index, MixedIndex) else None,
+            mixture=_mixture_state(self.index) if self.index is not None else None,
             where=self.filter.expr if self.filter is not None else None,
             dataset=self._digest,
             batching=batching_record(self.config, self.length_plan),
@@ -499,16 +539,249 @@ class StreamBatchLoader:
         out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
         steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (`steps`). Between
         passes only: during one (an iterator partly consumed) it is a `StateError`."""
-        between_passes(self, "load_state_dict()")
+        self._between_passes("load_state_dict()")
         saved = LoaderState.from_dict(state)
-        to_saved_epoch(self, saved)  # a weight schedule: the epoch's weights, checked against the saved ones
+        self._to_saved_epoch(saved)  # a weight schedule: the epoch's weights, checked against the saved ones
         saved.check(self._own_state())
         self.config = saved.keep_plan_version(self.config)
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         n = self.index.num_samples if self.index is not None else 0
-        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, partial(old_steps, self))
+        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
         self._saved_equalised = saved.equalised_on(self.layout)
         if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
             log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
-        self._skips = resume_skips(self, saved, skip_steps)
+        self._skips = self._resume_skips(saved, skip_steps)
+
+    # ---- planning an epoch ------------------------------------------------------------------------------
+    def _plan_schedule(self, epoch: int) -> RankSchedule:
+        """This rank's batches in ``epoch``, planned as ``planning`` says (rank-locally with one small collective
+        over the data-parallel ranks when a process group allows it, else the whole epoch on this rank, O(N)) and
+        logged in one line; an epoch that gives no batch (and none before a resume) is an `EmptyEpochError`."""
+        t0 = time.perf_counter()
+        lengths = self._lengths(epoch)
+        local = self._rank_local()
+        # without workers this process streams its slot: it takes the plan made here instead of planning it again
+        keep = KeptSlots(self.layout.rank_slots(self.rank)) if self.num_workers == 0 else None
+        if local:
+            excluded = self._excluded_in(epoch, lengths)
+            agree = self.data_parallel.gather  # one all_gather over the data-parallel ranks
+            sched = plan_rank_local(lengths, self.config, epoch, self.rank, self.layout, agree, excluded, keep)
+            sched = share_equalised(sched, agree)  # a second all_gather: every rank's equalisation, for the checkpoint
+        else:
+            sched = RankSchedule.of(self._whole_plan(epoch, lengths, keep), self.rank)
+        sched.kept = keep.plans if keep is not None else {}
+        sched.lengths = lengths if lengths.loaded <= KEEP_LENGTHS_MAX and self._lengths_taken() else None
+        log.info(plan_line(sched, self.layout, self.rank, local, lengths.loaded, time.perf_counter() - t0))
+        if sched.repeated and self.layout.even_batches == "split":
+            log.warning(split_repeat_line(sched, self.layout, local))
+        if sched.steps == 0 and self._earlier(epoch) == 0:
+            raise EmptyEpochError(empty_epoch_message(self, sched, local))
+        return sched
+
+    def _lengths_taken(self) -> bool:
+        """Whether anything takes the lengths an epoch is planned on: this process's own stream (no workers) or
+        workers forked after the planning (workers started by forkserver, behind a filter, or spawn read their own,
+        and so do ``persistent_workers`` forked in an earlier pass)."""
+        if self.num_workers == 0:
+            return True
+        running = self.persistent_workers and self._dataloader is not None
+        return not running and start_method(self.filter is not None) == "fork"
+
+    def _rank_local(self) -> bool:
+        """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""
+        possible = self.data_parallel.can_agree()
+        if self.planning == "local" and not possible:
+            raise OptionError(
+                f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "
+                f"{self.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
+            )
+        return self.planning != "global" and possible
+
+    def _epoch_arg(self, epoch: int | None) -> int:
+        """The epoch a planning call names (None: the current one), else an `OptionError` naming it."""
+        return self.epoch if epoch is None else int_option("epoch", epoch, 0, MAX_EPOCH)
+
+    def _between_passes(self, call: str) -> None:
+        """Refuse ``call`` (a move to another epoch or resume point) while a pass is under way: its iterator would go
+        on yielding the old epoch's batches while ``state_dict()`` named the new place (lost or repeated samples)."""
+        if self._open_passes:
+            raise StateError(
+                f"{call} during a pass of epoch {self.epoch} ({self._consumed} batches of it yielded): call it "
+                "between passes, before iter(loader) or once the pass has ended (or its iterator is closed: "
+                "it.close(), or del it)"
+            )
+
+    def _old_steps(self, layout: Layout, before: Resumed) -> int:
+        """The steps an old layout planned for the current epoch (a state saved before it recorded them): O(N),
+        once."""
+        e = self.epoch
+        lengths = self._lengths(e)
+        selection = left_out(self.index, self.filter, e, self._seed, lengths.offsets)
+        return make_epoch_plan(lengths, self.config, e, layout, before.consumed(lengths, self.config, selection)).steps
+
+    # ---- which samples were in step k (loader/steps.py) ---------------------------------------------------
+    def _plan_of_step(self, epoch: int, step: int) -> tuple[EpochPlan, int]:
+        """The whole plan of the layout that ran (or runs) ``step`` of the epoch, and the epoch step its step 0 is."""
+        resumed = self._resumed if self._resumed is not None and self._resumed.epoch == epoch else None
+        runs = resumed.layouts if resumed is not None else ()
+        first = 0
+        for i, run in enumerate(runs):
+            if first <= step < first + run.consumed:
+                return self._layout_plan(epoch, resumed, i), first
+            first += run.consumed
+        plan = self._layout_plan(epoch, resumed, len(runs))
+        if not first <= step < first + plan.steps:
+            raise OptionError(
+                f"step {step}: epoch {epoch} has {first + plan.steps} steps (0 to {first + plan.steps - 1})"
+            )
+        return plan, first
+
+    def _layout_plan(self, epoch: int, resumed: Resumed | None, i: int) -> EpochPlan:
+        """Layout ``i``'s plan of the epoch (the earlier layouts' first, then this loader's), kept for the next ask."""
+        got = self._step_plan
+        if got is not None and got[0] == epoch and got[1] is resumed and got[2] == i:
+            return got[3]
+        lengths = self._lengths(epoch)
+        if resumed is None or i == len(resumed.layouts):
+            plan = self._whole_plan(epoch, lengths)
+        else:  # an earlier layout, planned around what the ones before it consumed
+            before = Resumed(epoch, resumed.layouts[:i], resumed.base)
+            selection = left_out(self.index, self.filter, epoch, self._seed, lengths.offsets)
+            excluded = before.consumed(lengths, self.config, selection)
+            plan = make_epoch_plan(lengths, self.config, epoch, resumed.layouts[i].layout, excluded)
+        self._step_plan = (epoch, resumed, i, plan)
+        return plan
+
+    def _step_batch(self, plan: EpochPlan, rank: int, k: int, offsets: np.ndarray) -> StepBatch:
+        """Rank ``rank``'s batch at step ``k`` of ``plan``: worker and batch number in the DataLoader's order."""
+        assert self.index is not None, "steps are planned from an index"
+        w, i = plan.rank_order(rank)[k]
+        slot = plan.slots[rank * plan.num_workers + w]
+        gids = np.asarray(slot.gids[slot.batches[i]], dtype=np.int64)
+        return StepBatch(rank, tuple(samples_of(self.index, offsets, gids)), bool(slot.repeat[i]))
+
+    # ---- skipping steps on resume (loader/steps.py) -------------------------------------------------------
+    def _skipping(self, items: Iterable[Any]) -> Iterator[Any]:
+        """Stage (main process): a worker's `SkippedBatch` counts its step as consumed and is not passed on;
+        every other item is."""
+        for item in items:
+            if isinstance(item, SkippedBatch):
+                self._consumed += 1
+                continue
+            yield item
+
+    def _resume_skips(self, saved: LoaderState, skip_steps: Iterable[int]) -> SkippedSteps | None:
+        """The steps a resume skips: those the state recorded and ``skip_steps`` (checked against the epoch, logged
+        with their sample count on this rank); None when there are none."""
+        new = step_ranges(skip_steps)
+        if new:
+            self._check_and_log_skips(new)
+        ranges = merged([*(saved.skip_steps or []), *new])
+        return SkippedSteps(self.epoch, tuple(ranges), self._earlier(self.epoch)) if ranges else None
+
+    def _check_and_log_skips(self, ranges: list[tuple[int, int]]) -> None:
+        """Refuse steps already consumed or beyond the epoch; warn what is skipped."""
+        if self.index is None:
+            raise OptionError("skip_steps needs an index (index.json): without one the steps are not planned")
+        e, total, done = self.epoch, len(self), self.consumed
+        a, b = ranges[0][0], ranges[-1][1]
+        if a < done:
+            raise OptionError(
+                f"skip_steps: step {a} of epoch {e} was consumed before the state was saved (it resumes at step "
+                f"{done}); skip steps from {done} on"
+            )
+        if b > total:
+            raise OptionError(f"skip_steps: epoch {e} has {total} steps (0 to {total - 1}); step {b - 1} is beyond it")
+        said = ", ".join(f"{x}" if y == x + 1 else f"{x}-{y - 1}" for x, y in ranges)
+        n = sum(y - x for x, y in ranges)
+        log.warning(
+            f"rank {self.rank}: skipping steps {said} of epoch {e} ({n} steps, {self._samples_at(ranges):,} "
+            f"samples on this rank, not read); every rank skips them and yields the epoch's other {total - n} steps"
+        )
+
+    def _samples_at(self, ranges: list[tuple[int, int]]) -> int:
+        """Samples this rank's batches hold at the epoch steps ``ranges``: its own slots re-planned (batch sizes
+        only, O(N / world_size)), equalised to the agreed step count."""
+        e, layout, config = self.epoch, self.layout, self.config
+        lengths = self._lengths(e)
+        excluded = self._excluded_in(e, lengths)
+        raw = rank_raw_slots(lengths, config, e, self.rank, layout, excluded, counted=not layout.hardest_first)
+        rp = plan_rank(raw, self.schedule(e).steps, layout, config, e, self.rank, lengths)
+        order = interleave([len(s.batches) for s in rp.slots], rp.first_worker)
+        earlier = self._earlier(e)
+        return sum(len(rp.slots[w].batches[i]) for a, b in ranges for w, i in order[a - earlier : b - earlier])
+
+    # ---- a weight schedule: the mixture follows the epoch (loader/mixing.py) ------------------------------
+    def _follow(self, epoch: int) -> None:
+        """Lay the mixture out for ``epoch``'s weights (nothing without a schedule, or when it already is): the
+        epoch's plan, its workers and its bad-shard flags start afresh; the fault counters are kept."""
+        schedule: WeightSchedule | None = self.weight_schedule
+        if schedule is None:
+            return
+        ix = schedule.index_for(epoch)
+        assert isinstance(self.index, MixedIndex), "a weight schedule lays out a mixture"
+        if ix.state() == self.index.state():  # already laid out for these weights and windows
+            return
+        self.index, self.urls = ix, ShardURLs(ix)
+        if self.filter is not None:
+            self.filter = self.filter.relaid(ix)
+        self.collate_options = dataclasses.replace(self.collate_options, datasets=dataset_names(ix))
+        self._bad_shards = fault_tensors(self.num_workers, len(self.urls))[1]
+        self._schedules, self._dataloader = {}, None  # persistent workers too: they hold the old mixture
+
+    @contextmanager
+    def _at_epoch(self, epoch: int) -> Iterator[None]:
+        """The mixture laid out for ``epoch`` while the block runs (``plan(epoch)`` of another epoch than the
+        current one, ``metrics(planned=True)`` after a pass), then as it was."""
+        if self.weight_schedule is None or epoch == self.epoch:
+            yield
+            return
+        saved = {name: getattr(self, name) for name in MIXTURE_LAYOUT}
+        self._follow(epoch)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    def _epoch_index(self, epoch: int) -> AnyIndex:
+        """The index ``epoch`` is planned from; under a weight schedule it must be laid out for that epoch
+        (``schedule(epoch)`` of another epoch: set the epoch first)."""
+        assert self.index is not None, "planned epochs come from an index"
+        schedule: WeightSchedule | None = self.weight_schedule
+        if schedule is not None and schedule.index_for(epoch).state() != _mixture_state(self.index):
+            raise OptionError(
+                f"the mixture's weights follow a schedule and this loader is at epoch {self.epoch}: call "
+                f"set_epoch({epoch}) before planning epoch {epoch}"
+            )
+        return self.index
+
+    def _to_saved_epoch(self, saved: LoaderState) -> None:
+        """Move to the epoch of a state being loaded and, under a weight schedule, refuse a state whose epoch began
+        elsewhere in the datasets (earlier epochs took other samples) or, saved mid-epoch, ran on other weights
+        than the schedule gives it now (the samples it took would be lost or repeated), naming both. Other
+        mixtures are `mixture_problem()`'s to name."""
+        self.set_epoch(saved.epoch)
+        if self.weight_schedule is None or not saved.knows("mixture") or not saved.mixture:
+            return
+        assert isinstance(self.index, MixedIndex), "a weight schedule lays out a mixture"
+        then, now = draw_rows(saved.mixture, saved.epoch), draw_rows(self.index.state(), saved.epoch)
+        if [r[::2] for r in then] != [r[::2] for r in now]:  # other datasets (mixture_problem), or the same draw
+            return
+        if then == now or (not saved.mid_epoch and began(then) == began(now)):  # between epochs: where it begins
+            return
+        weights = {r[0]: r[1] for r in then}, {r[0]: r[1] for r in now}
+        what = f"the weights {weights[1]}"
+        if weights[0] == weights[1]:
+            what = "the same weights after other weights before it"
+        raise StateError(
+            f"state was saved at epoch {saved.epoch} with weights {weights[0]} (mixture {saved.mixture}); this "
+            f"loader's weight schedule gives epoch {saved.epoch} {what} (mixture {self.index.state()}): resume with "
+            "the schedule the state was saved with"
+        )
+
+
+def _mixture_state(index: AnyIndex) -> list | None:
+    """What a checkpoint records of a mixture's layout (None: one dataset)."""
+    return index.state() if isinstance(index, MixedIndex) else None

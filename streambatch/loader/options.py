@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
-from ..format.index import ShardIndex
 from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
 from ..plan.config import OPTIONS as BATCHING_OPTIONS
@@ -30,13 +29,10 @@ from ..plan.layout import MAX_WORKERS, Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
-from ..select.mixture import MixedIndex, dataset_names, datasets_of
+from ..select.mixture import AnyIndex, dataset_names, datasets_of
 from ..stats import stream_stats
 from ..units import Unit, parse_bytes
 from .mesh import check_data_parallel
-
-#: what the loader plans from: one dataset's index, or a mixture's datasets as one
-Index = ShardIndex | MixedIndex
 
 #: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
 PLANNING = ("auto", "local", "global")
@@ -185,7 +181,7 @@ class RunOptions:
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
 
 
-def check_epoch_length(run: RunOptions, index: Index | None, world_size: int) -> None:
+def check_epoch_length(run: RunOptions, index: AnyIndex | None, world_size: int) -> None:
     """Who says how long an epoch is: the index (its plan), or without one ``batches_per_epoch``, which several
     ranks need (else they would step unevenly, a DDP hang); both at once would leave ``batches_per_epoch`` unused."""
     if index is not None and run.batches_per_epoch is not None:
@@ -214,7 +210,7 @@ def worker_callables(sample: SampleOptions, run: RunOptions, config: BatchingCon
 
 
 def collate_options(
-    sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: Index | None, ops: Any
+    sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: AnyIndex | None, ops: Any
 ) -> CollateOptions:
     """How the workers turn a formed batch into tensors (``ops``: the per-sample stages of `sample_plan()`)."""
     return CollateOptions(
@@ -259,7 +255,7 @@ def _check_plain(given: dict[str, Any]) -> None:
 
 def batching_config(
     budget: float | None,
-    index: Index | None,
+    index: AnyIndex | None,
     options: dict[str, Any],
     length_plan: LengthPlan | None = None,
     storage_options: dict | None = None,
@@ -313,7 +309,7 @@ def _calibrated(
     return options, calibrated_budget if budget is None else budget
 
 
-def _window_figures(index: Index | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
+def _window_figures(index: AnyIndex | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
     """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
     if index is None or not index.num_samples:
         return None, None
@@ -327,7 +323,7 @@ def _window_figures(index: Index | None, length_plan: LengthPlan | None) -> tupl
     return mean, sum(sizes) / count if len(sizes) == len(indexes) and count else math.inf
 
 
-def _stats(index: Index, length_plan: LengthPlan | None) -> Any:
+def _stats(index: AnyIndex, length_plan: LengthPlan | None) -> Any:
     """Statistics of every length in the plan's unit (frames when planning in them; speed factors aside)."""
     if length_plan is None or not length_plan.in_frames:
         return index.length_stats()
@@ -349,7 +345,7 @@ def check_decode_unit(decode: Any, unit: Unit) -> None:
         )
 
 
-def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[LengthPlan | None, Any]:
+def sample_plan(o: SampleOptions, index: AnyIndex | None, seed: Any) -> tuple[LengthPlan | None, Any]:
     """The `LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (`SampleOps`; each worker sets the epoch), from the per-sample options."""
     from ..read.features import plans_in_frames

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import text_dataset
 
-import streambatch.loader.planning as planning
+import streambatch.loader.core as planning
 from streambatch import ShardIndex, StreamBatchLoader
 
 KW: dict[str, Any] = dict(budget=400, buffer_size=64, seed=3, num_workers=2)

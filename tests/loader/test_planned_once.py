@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import text_dataset
 
-import streambatch.loader.planning as planning
+import streambatch.loader.core as planning
 import streambatch.read.worker as worker
 from streambatch import StreamBatchLoader
 
