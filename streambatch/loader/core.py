@@ -36,6 +36,7 @@ from ..plan.resume import Resumed, excluded_in
 from ..plan.skips import SkippedBatch, merged, step_ranges
 from ..plan.slot import Adjust, KeptSlots, interleave, per_worker
 from ..read.collate import Decode
+from ..read.reader import ReadOptions
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors, raised_in_workers
 from ..select.mixture import AnyIndex, MixedIndex, dataset_names, draw_rows
@@ -54,7 +55,19 @@ from .messages import (
 )
 from .metrics import EpochMeter, fault_summary, fault_warning, metered, metrics_line, planned_figures, storage_figures
 from .mixing import began, open_scheduled
-from .options import batching_config, check_epoch_length, collate_options, option_groups, sample_plan, worker_callables
+from .options import (
+    GROUP_DEFAULT,
+    BatchingOptions,
+    RunOptions,
+    SampleOptions,
+    batching_config,
+    check_epoch_length,
+    check_plain,
+    collate_options,
+    sample_plan,
+    sort_options,
+    worker_callables,
+)
 from .state import MAX_EPOCH, LoaderState, batching_record, dataset_digest, pack_mask
 from .steps import SkippedSteps, StepBatch, StepSamples, samples_of, skip_state
 from .workers import check_sendable, make_dataloader, progress_bar, start_method
@@ -73,50 +86,40 @@ MIXTURE_LAYOUT = ("index", "urls", "filter", "collate_options", "_bad_shards", "
 class StreamBatchLoader:
     """Stream length-annotated shards and yield padded batches with ``n × max_len ≤ budget``.
 
-    Every option is a keyword of this constructor; each belongs to one typed group, where it is checked once and
-    documented in full: `BatchingConfig` (batching),
-    `ReadOptions` (reading), `SampleOptions`
-    (per sample) and `RunOptions` (the run). A bad value is an
-    `OptionError` naming the option.
+    A dozen everyday keywords are named here; every other option belongs to one of four typed groups, where its
+    default and meaning are written once, and it is checked once: ``batching=`` `BatchingOptions`,
+    ``reading=`` `ReadOptions`, ``per_sample=`` `SampleOptions` and ``run=`` `RunOptions`. Pass a group as an
+    object (``batching=BatchingOptions(num_buckets=8, drop_last=True)``) or its options flat by field name
+    (``num_buckets=8, drop_last=True``): both give the same loader. An unknown name, or one option given both flat
+    and in its group, is an `OptionError` naming it; a bad value is an `OptionError` naming the option.
 
-    What to read:
-
-    * ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file, a
-      brace-expanded shard pattern or a list of shard URLs (10⁷ at most; without an index, lengths come from each
-      sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}`` mapping, a
-      list of folders, or a mixture file.
-    * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
-      ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
-    * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
-      epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this process.
-    * ``index``: an index file or `ShardIndex` to plan from and read: its shard
-      URLs are the ones read (``source`` then names the dataset in messages); not with a mixture.
-    * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
-      (``"language = 'de' AND snr > 10"``; DuckDB).
-    * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``); for the range
-      reads of ``s3://`` shards mapped to obstore's store options (see `streambatch.io.objstore`), so the same
-      dictionary serves both.
-
-    Batching (`BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
-    ``cost``, ``quadratic_factor`` and ``packed`` as `make()` takes
-    them): ``buffer_size``, ``refill``, ``bucket_boundaries``, ``num_buckets``, ``bucket_spacing``,
-    ``max_batch_size``, ``batch_size_multiple_of``, ``min_length``, ``max_length``, ``drop_last``, ``strict``,
-    ``shuffle``, ``seed``, ``pad_to_multiple_of``, ``batch_order``, ``output_budget``, ``batch_by``, ``cost``
-    (``"padded"``, ``"quadratic"``, a callable ``cost(n, max_len)`` or a calibration file), ``quadratic_factor``,
-    ``packed``, ``interleave``.
-
-    Reading (`ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
-    ``max_read_concurrency``, ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``,
-    ``cache_size``, ``shard_roots``.
-
-    Per sample (`SampleOptions`): ``decode``, ``transform``,
-    ``speed_perturb``, ``features``.
-
-    The run (`RunOptions`): ``rank``, ``world_size``, ``dp_rank``,
-    ``dp_size``, ``dp_mesh`` (data parallelism inside a model-parallel mesh), ``num_workers``,
-    ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
-    ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
-    ``progress``, ``max_plan_bytes``.
+    :param source: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file,
+        a brace-expanded shard pattern or a list of shard URLs (10⁷ at most; without an index, lengths come from
+        each sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}``
+        mapping, a list of folders, or a mixture file.
+    :param budget: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
+        ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
+    :param weights: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
+        epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this
+        process.
+    :param index: an index file or `ShardIndex` to plan from and read: its shard URLs are the ones read
+        (``source`` then names the dataset in messages); not with a mixture.
+    :param where: keep only the samples for which this SQL expression over the sample table's columns is true
+        (``"language = 'de' AND snr > 10"``; DuckDB).
+    :param storage_options: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``); for the range
+        reads of ``s3://`` shards mapped to obstore's store options (see `streambatch.io.objstore`), so the same
+        dictionary serves both.
+    :param num_workers: DataLoader worker processes per rank (`RunOptions.num_workers`).
+    :param shuffle: shard and batch order follow ``(seed, epoch)`` (`BatchingOptions.shuffle`).
+    :param seed: the seed of every random choice (`BatchingOptions.seed`).
+    :param buffer_size: the window each worker's batches are formed from (`BatchingOptions.buffer_size`).
+    :param max_batch_size: at most this many samples per batch (`BatchingOptions.max_batch_size`).
+    :param decode: how a sample becomes an array (`SampleOptions.decode`).
+    :param batching: which batches form (`BatchingOptions`).
+    :param reading: how shards are read: range requests, retries, verification, the node cache (`ReadOptions`).
+    :param per_sample: transforms, speed perturbation and features in the workers (`SampleOptions`).
+    :param run: ranks, data parallelism, how the ranks step together, the DataLoader's knobs (`RunOptions`).
+    :param options: any field of the four groups by name (``drop_last=True``, ``rank=0``, ``chunk_size="16M"``).
     """
 
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
@@ -129,82 +132,44 @@ class StreamBatchLoader:
         source: str | Sequence[str] | dict[str, str] | ShardIndex,
         budget: float | str | None = None,
         *,
-        weights: dict[str, float] | Sequence[float] | None = None,
+        weights: dict[str, float] | Sequence[float] | Callable[[int], Any] | None = None,
         index: str | ShardIndex | None = None,
         where: str | None = None,
         storage_options: dict | None = None,
-        # batching: BatchingConfig
-        buffer_size: int | None = None,
-        refill: int | None = None,
-        bucket_boundaries: Sequence[float] | None = None,
-        num_buckets: int | None = None,
-        bucket_spacing: str = "quantile",
-        max_batch_size: int | None = None,
-        batch_size_multiple_of: int = 1,
-        min_length: float = 0,
-        max_length: float | None = None,
-        drop_last: bool = False,
-        strict: bool = False,
-        shuffle: bool = True,
-        seed: int = 0,
-        pad_to_multiple_of: int | None = None,
-        batch_order: str = "random",
-        output_budget: float | None = None,
-        batch_by: str | None = None,
-        cost: Any = "padded",
-        quadratic_factor: float | None = None,
-        packed: bool = False,
-        interleave: int = 8,
-        # reading: ReadOptions
-        chunk_size: int | str = "8M",
-        read_ahead: int | str = "64M",
-        read_concurrency: int = 4,
-        max_read_concurrency: int = 16,
-        retries: int = 8,
-        backoff: float = 0.25,
-        timeout: float = 60.0,
-        verify: str = "sha256",
-        max_bad_shards: int = 0,
-        cache_dir: str | None = None,
-        cache_size: int | str | None = None,
-        shard_roots: Sequence[str] = (),
-        # per sample: SampleOptions
-        decode: Decode = "auto",
-        transform: Callable[..., Any] | None = None,
-        speed_perturb: Any = None,
-        features: Any = None,
-        # the run: RunOptions
-        rank: int | None = None,
-        world_size: int | None = None,
-        dp_rank: int | None = None,
-        dp_size: int | None = None,
-        dp_mesh: Any = None,
-        num_workers: int = 0,
-        even_batches: str = "split",
-        hardest_first: bool = False,
-        planning: str = "auto",
-        batches_per_epoch: int | None = None,
-        micro_batches: int = 1,
-        loss_weight_by: str = "samples",
-        prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
-        pin_memory: bool = False,
-        worker_init_fn: Callable[[int], Any] | None = None,
-        progress: bool = False,
-        max_plan_bytes: int | str = "16G",
+        num_workers: int = GROUP_DEFAULT.num_workers,
+        shuffle: bool = GROUP_DEFAULT.shuffle,
+        seed: int = GROUP_DEFAULT.seed,
+        buffer_size: int | None = GROUP_DEFAULT.buffer_size,
+        max_batch_size: int | None = GROUP_DEFAULT.max_batch_size,
+        decode: Decode = GROUP_DEFAULT.decode,
+        batching: BatchingOptions | None = None,
+        reading: ReadOptions | None = None,
+        per_sample: SampleOptions | None = None,
+        run: RunOptions | None = None,
+        **options: Any,
     ):
-        batching, self.read_options, self.sample_options, self.run = option_groups(locals())
+        everyday = dict(
+            num_workers=num_workers,
+            shuffle=shuffle,
+            seed=seed,
+            buffer_size=buffer_size,
+            max_batch_size=max_batch_size,
+            decode=decode,
+        )
+        groups = dict(batching=batching, reading=reading, per_sample=per_sample, run=run)
+        check_plain(where, storage_options)
+        sorted_ = sort_options({**everyday, **options}, groups)
+        self.batching_options, self.read_options = sorted_.batching, sorted_.reading
+        self.sample_options, self.run = sorted_.per_sample, sorted_.run
         self.data_parallel = data_parallel(self.run)  # the plan's ranks: the data-parallel ones (loader/mesh.py)
         self.rank, self.layout = self.data_parallel.rank, self.run.layout(self.data_parallel.size)
-        self._open(source, budget, weights, index, storage_options)
-        self._configure(budget, batching, where)
+        # a number is checked (and taken) before reading anything; a string may need the dataset's unit
+        number = budget is not None and not isinstance(budget, str)
+        self._open(source, weights, index, storage_options)
+        self._configure(parse_budget(budget) if number else budget, where)
 
-    def _open(
-        self, source: Any, budget: Any, weights: Any, index: str | ShardIndex | None, storage_options: dict | None
-    ) -> None:
+    def _open(self, source: Any, weights: Any, index: str | ShardIndex | None, storage_options: dict | None) -> None:
         """Resolve what to read: one dataset (index and shard URLs) or a mixture of several."""
-        if budget is not None and not isinstance(budget, str):
-            parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
         self.index: AnyIndex | None
         self.urls: Sequence[str]
@@ -215,13 +180,15 @@ class StreamBatchLoader:
         if self.run.num_workers == 0:  # this process reads: its store client is made while the loader is built
             warm_up(self.urls, storage_options, self.read_options.timeout)
 
-    def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
+    def _configure(self, budget: float | str | None, where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
         ix, run, sample = self.index, self.run, self.sample_options
-        self.length_plan, ops = sample_plan(sample, ix, batching["seed"])
-        frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
-        unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
-        budget = None if budget is None else parse_budget(budget, unit, rate, frames)
+        self.length_plan, ops = sample_plan(sample, ix, self.batching_options.seed)
+        if isinstance(budget, str):  # parsed here, once, in the dataset's unit (frames when planning in them)
+            frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
+            unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
+            budget = parse_budget(budget, unit, rate, frames)
+        batching = self.batching_options.as_make_options()
         self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns

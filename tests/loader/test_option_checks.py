@@ -15,9 +15,7 @@ import pytest
 from conftest import text_dataset, text_mixture
 
 from streambatch import BudgetError, OptionError, StreamBatchLoader
-from streambatch.loader.options import RunOptions, SampleOptions, init_fields
-from streambatch.plan.config import OPTIONS as BATCHING_OPTIONS
-from streambatch.read.reader import ReadOptions
+from streambatch.loader.options import GROUPS, init_fields
 
 NAN, INF = float("nan"), float("inf")
 
@@ -192,8 +190,7 @@ def build(ds, name, value, extra):
 
 
 def test_every_option_has_a_bad_value_in_the_table():
-    groups = init_fields(ReadOptions) + init_fields(SampleOptions) + init_fields(RunOptions)
-    wanted = set(groups) | set(BATCHING_OPTIONS) | {"where", "storage_options", "budget"}
+    wanted = {name for group in GROUPS.values() for name in init_fields(group)} | {"where", "storage_options", "budget"}
     assert wanted <= {name for name, _, _ in BAD}, sorted(wanted - {name for name, _, _ in BAD})
 
 
@@ -325,7 +322,7 @@ def test_forked_workers_still_take_a_lambda(ds):
     [
         ({"num_workers": 1.5}, "num_workers must be a whole number, got 1.5"),
         ({"decode": "bogus"}, "decode must be one of"),
-        ({"shard_size": 3}, "options: unknown loader option: shard_size"),
+        ({"shard_size": 3}, "unknown loader option 'shard_size': did you mean 'dp_size'?"),
         ({"val_options": {"pin_memory": "no"}}, "pin_memory must be True or False, got 'no'"),
         ({"val_options": "fast"}, "val_options must be a dict of loader options"),
     ],
