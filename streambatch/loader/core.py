@@ -164,9 +164,9 @@ class StreamBatchLoader:
         self.data_parallel = data_parallel(self.run)  # the plan's ranks: the data-parallel ones (loader/mesh.py)
         self.rank, self.layout = self.data_parallel.rank, self.run.layout(self.data_parallel.size)
         # a number is checked (and taken) before reading anything; a string may need the dataset's unit
-        number = budget is not None and not isinstance(budget, str)
+        taken = parse_budget(budget) if budget is not None and not isinstance(budget, str) else budget
         self._open(source, weights, index, storage_options)
-        self._configure(parse_budget(budget) if number else budget, where)
+        self._configure(taken, where)
 
     def _open(self, source: Any, weights: Any, index: str | ShardIndex | None, storage_options: dict | None) -> None:
         """Resolve what to read: one dataset (index and shard URLs) or a mixture of several."""

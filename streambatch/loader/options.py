@@ -26,7 +26,7 @@ from ..errors import OptionError, bool_option, callable_option, choice_option, i
 from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
-from ..plan.layout import MAX_WORKERS, Layout, check_slots
+from ..plan.layout import EVEN_BATCHES, MAX_WORKERS, Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
@@ -43,6 +43,36 @@ LOSS_WEIGHT_BY = ("samples", "frames")
 DECODE = ("auto", "audio", "text", "none")
 #: the most batches a worker prepares ahead (``prefetch_factor``): each held in memory until the loop takes it
 MAX_PREFETCH_FACTOR = 64
+
+
+def whole(low: int | None = None, high: int | None = None) -> dict[str, Any]:
+    """A field's bounds: a whole number from ``low`` to ``high`` (None: unbounded; checked by `check_fields()`)."""
+    return {"whole": (low, high)}
+
+
+def one_of(*choices: Any) -> dict[str, Any]:
+    """A field's values: one of ``choices`` (checked by `check_fields()`)."""
+    return {"one_of": choices}
+
+
+#: a field that is True or False (checked by `check_fields()`)
+FLAG: dict[str, Any] = {"flag": True}
+
+
+def check_fields(options: Any) -> None:
+    """Check every field of a group whose metadata bounds it (`whole()`, `one_of()`, `FLAG`): the bounds are
+    written once, in the field; a field whose default is None may be None. A bad value is an `OptionError` naming
+    the field."""
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if value is None and f.default is None:
+            continue
+        if "whole" in f.metadata:
+            int_option(f.name, value, *f.metadata["whole"])
+        elif "one_of" in f.metadata:
+            choice_option(f.name, value, f.metadata["one_of"])
+        elif "flag" in f.metadata:
+            bool_option(f.name, value)
 
 
 @dataclass(frozen=True)
@@ -79,7 +109,7 @@ class BatchingOptions:
     """Raise `SampleTooLongError` instead of skipping a sample that can never fit."""
     shuffle: bool = BatchingConfig.shuffle
     """Shard order and batch order follow ``(seed, epoch)``; False keeps the index's order."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=whole(0, MAX_SEED))
     """The seed of every random choice (with the epoch), the same on every rank: a whole number from 0 to
     2³² − 1 (plans are keyed by its low 32 bits)."""
     pad_to_multiple_of: int | None = BatchingConfig.pad_to_multiple_of
@@ -105,9 +135,9 @@ class BatchingOptions:
     (1 to 64); 1 streams one shard after another."""
 
     def __post_init__(self) -> None:
-        # one whole number: an epoch's plan needs one (only `plan_batches` seeds a stream with a sequence); the other
-        # values are checked where `BatchingConfig` is built, with the index
-        int_option("seed", self.seed, 0, MAX_SEED)
+        # the seed one whole number: an epoch's plan needs one (only `plan_batches` seeds a stream with a sequence);
+        # the other values are checked where `BatchingConfig` is built, with the index
+        check_fields(self)
 
     def as_make_options(self) -> dict[str, Any]:
         """The options as `BatchingConfig.make()` takes them, by name."""
@@ -159,9 +189,9 @@ class SampleOptions:
 class RunOptions:
     """Where this process stands in the job and how its batches reach the training loop."""
 
-    rank: int | None = None
+    rank: int | None = field(default=None, metadata=whole(0))
     """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
-    world_size: int | None = None
+    world_size: int | None = field(default=None, metadata=whole(1))
     """Ranks in the job; None: detected as ``rank`` is, else 1. At most
     `MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
     `MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
@@ -179,64 +209,53 @@ class RunOptions:
     dp_mesh: Any = None
     """A torch ``DeviceMesh`` instead of ``dp_rank``/``dp_size``: its dimension named ``"dp"`` (or a 1-D
     mesh's only one) gives the data-parallel rank and size, and its process group agrees the step count."""
-    num_workers: int = 0
+    num_workers: int = field(default=0, metadata=whole(0, MAX_WORKERS))
     """DataLoader worker processes per rank (0: read in the training process); at most
     `MAX_WORKERS` (1,024): each is a process, and each is a slot every rank's plan
     deals the epoch over."""
-    even_batches: str = "split"
+    even_batches: str = field(default="split", metadata=one_of(*EVEN_BATCHES))
     """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
     `Layout`)."""
-    hardest_first: bool = False
+    hardest_first: bool = field(default=False, metadata=FLAG)
     """The most expensive batch at step 1 (checked by `Layout`)."""
-    planning: str = "auto"
+    planning: str = field(default="auto", metadata=one_of(*PLANNING))
     """Who plans the epoch (`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
     whole epoch on every rank; ``"local"`` requires the process group; ``"global"`` always the whole epoch."""
-    batches_per_epoch: int | None = None
+    batches_per_epoch: int | None = field(default=None, metadata=whole(1))
     """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch); with an index its
     plan gives the length (refused beside it)."""
-    micro_batches: int = 1
+    micro_batches: int = field(default=1, metadata=whole(1))
     """Yield each batch as this many micro-batches (a list of dicts with loss weights)."""
-    loss_weight_by: str = "samples"
+    loss_weight_by: str = field(default="samples", metadata=one_of(*LOSS_WEIGHT_BY))
     """What a micro-batch's loss weight counts (`LOSS_WEIGHT_BY`)."""
-    prefetch_factor: int | None = None
+    prefetch_factor: int | None = field(default=None, metadata=whole(1, MAX_PREFETCH_FACTOR))
     """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2), with workers only
     (``num_workers`` ≥ 1; the DataLoader refuses it without). At most `MAX_PREFETCH_FACTOR` (64): each
     worker holds that many formed batches in memory (each up to the budget's padded tensor), and a pass starts
     by queueing ``num_workers × prefetch_factor`` requests."""
-    persistent_workers: bool = False
+    persistent_workers: bool = field(default=False, metadata=FLAG)
     """Keep the workers between epochs (as in ``DataLoader``; only with ``num_workers``)."""
-    pin_memory: bool = False
+    pin_memory: bool = field(default=False, metadata=FLAG)
     """Batches in page-locked memory (as in ``DataLoader``)."""
     worker_init_fn: Callable[[int], Any] | None = None
     """Called in each worker with its id (after the loader's own set-up)."""
-    progress: bool = False
+    progress: bool = field(default=False, metadata=FLAG)
     """A tqdm bar per pass (total ``len(loader)``, starting at the batches already consumed)."""
     max_plan_bytes: int | str = "16G"
     """The most memory a mixture's epoch plan may take (about 48 bytes per sample its weights put in an epoch,
     every copy counted); larger weights are refused before anything is allocated. A size like ``"64G"``."""
 
     def __post_init__(self) -> None:
-        if self.rank is not None:
-            int_option("rank", self.rank, 0)
-        int_option("num_workers", self.num_workers, 0, MAX_WORKERS)
+        check_fields(self)
         if self.world_size is not None:
-            check_slots(int_option("world_size", self.world_size, 1), self.num_workers)
+            check_slots(self.world_size, self.num_workers)
         check_data_parallel(self)
-        choice_option("planning", self.planning, PLANNING)
-        if self.batches_per_epoch is not None:
-            int_option("batches_per_epoch", self.batches_per_epoch, 1)
-        int_option("micro_batches", self.micro_batches, 1)
-        choice_option("loss_weight_by", self.loss_weight_by, LOSS_WEIGHT_BY)
-        if self.prefetch_factor is not None:
-            int_option("prefetch_factor", self.prefetch_factor, 1, MAX_PREFETCH_FACTOR)
-            if self.num_workers == 0:
-                raise OptionError(
-                    f"prefetch_factor={self.prefetch_factor!r} is the batches each worker prepares ahead, and "
-                    "num_workers=0 starts none (the DataLoader refuses it too): give num_workers >= 1 or leave "
-                    "prefetch_factor=None"
-                )
-        for name in ("persistent_workers", "pin_memory", "progress"):
-            bool_option(name, getattr(self, name))
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise OptionError(
+                f"prefetch_factor={self.prefetch_factor!r} is the batches each worker prepares ahead, and "
+                "num_workers=0 starts none (the DataLoader refuses it too): give num_workers >= 1 or leave "
+                "prefetch_factor=None"
+            )
         if self.persistent_workers and self.num_workers == 0:  # as the DataLoader refuses it
             raise OptionError("persistent_workers=True keeps worker processes, and num_workers=0 starts none")
         if self.max_plan_bytes is None:
