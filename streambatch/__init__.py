@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # imported lazily below; named here for type checkers, IDEs a
     from .fit.calibrate import calibrate
     from .fit.oom import OOMGuard, run_with_oom_split
     from .loader import StreamBatchLoader
-    from .loader.options import RunOptions, SampleOptions
+    from .loader.options import BatchingOptions, RunOptions, SampleOptions
     from .loader.state import LoaderState
     from .read.reader import ReadOptions
     from .write.adopt.index import index_tars
@@ -58,6 +58,7 @@ __all__ = [
     "ShardIndex",
     "ShardInfo",
     "StreamBatchLoader",
+    "BatchingOptions",
     "ReadOptions",
     "SampleOptions",
     "RunOptions",
@@ -108,6 +109,7 @@ __all__ = [
 # so the `shardify` command and its worker processes start fast.
 _LAZY = {
     "StreamBatchLoader": ".loader",
+    "BatchingOptions": ".loader.options",
     "ReadOptions": ".read.reader",
     "SampleOptions": ".loader.options",
     "RunOptions": ".loader.options",

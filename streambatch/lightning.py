@@ -11,7 +11,6 @@ checkpoint (the guide "Lightning").
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,15 +116,11 @@ def _rewind(loader: StreamBatchLoader, epoch: int) -> None:
 def _check_options(options: Any, what: str) -> None:
     """The loader options a DataModule is given, checked now rather than when the Trainer sets it up: known names,
     and each value of the read, per-sample and run groups (the batching options are checked with the index)."""
-    from .loader.options import option_groups
+    from .loader.options import check_options
 
     if not isinstance(options, dict):
         raise OptionError(f"{what} must be a dict of loader options, got {options!r}")
-    params = inspect.signature(StreamBatchLoader).parameters
-    unknown = sorted(set(options) - (set(params) - {"source", "budget"}))  # those two are arguments of their own
-    if unknown:
-        raise OptionError(f"{what}: unknown loader option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
-    option_groups({**{k: p.default for k, p in params.items()}, **options})
+    check_options(options)
 
 
 class StreamBatchDataModule(pl.LightningDataModule):
@@ -163,7 +158,7 @@ class StreamBatchDataModule(pl.LightningDataModule):
     def _make(self, source: Any, options: dict[str, Any]) -> StreamBatchLoader:
         kwargs = dict(options)
         trainer = self.trainer
-        if trainer is not None:
+        if trainer is not None and kwargs.get("run") is None:  # a RunOptions given says its own rank
             kwargs.setdefault("rank", trainer.global_rank)
             kwargs.setdefault("world_size", trainer.world_size)
         return StreamBatchLoader(source, self.budget, **kwargs)

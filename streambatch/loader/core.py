@@ -6,182 +6,172 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader
 
-from ..errors import EmptyEpochError, int_option
+from ..errors import EmptyEpochError, OptionError, StateError, int_option
 from ..format.index import ShardIndex
 from ..io.prefetch import lengths_ahead
 from ..io.ranges import warm_up
 from ..plan.budget import parse_budget
-from ..plan.epoch import EpochPlan, RankSchedule, every_rank, make_epoch_plan
+from ..plan.epoch import (
+    EpochPlan,
+    RankSchedule,
+    every_rank,
+    make_epoch_plan,
+    plan_rank,
+    plan_rank_local,
+    rank_raw_slots,
+    share_equalised,
+)
+from ..plan.layout import Layout
 from ..plan.lengths import Lengths, index_lengths
 from ..plan.perturb import planned_lengths
 from ..plan.resume import Resumed, excluded_in
-from ..plan.slot import Adjust, KeptSlots, per_worker
+from ..plan.skips import SkippedBatch, merged, step_ranges
+from ..plan.slot import Adjust, KeptSlots, interleave, per_worker
 from ..read.collate import Decode
+from ..read.reader import ReadOptions
 from ..read.ring import BatchRing, batch_ring
 from ..read.worker import EpochState, EpochStream, SharedEpochState, SlotContext, fault_tensors, raised_in_workers
-from ..select.mixture import MixedIndex
+from ..select.mixture import AnyIndex, MixedIndex, dataset_names, draw_rows
+from ..select.schedule import WeightSchedule
+from ..select.source import ShardURLs
 from ..select.where import left_out, open_filter
 from .mesh import data_parallel
-from .messages import check_shortest_fits, mixture_report, resume_line, unindexed_empty_message
+from .messages import (
+    check_shortest_fits,
+    empty_epoch_message,
+    mixture_report,
+    plan_line,
+    resume_line,
+    split_repeat_line,
+    unindexed_empty_message,
+)
 from .metrics import EpochMeter, fault_summary, fault_warning, metered, metrics_line, planned_figures, storage_figures
-from .mixing import at_epoch, epoch_index, follow, open_scheduled, to_saved_epoch
+from .mixing import began, open_scheduled
 from .options import (
-    Index,
+    GROUP_DEFAULT,
+    BatchingOptions,
+    RunOptions,
+    SampleOptions,
     batching_config,
     check_epoch_length,
+    check_plain,
     collate_options,
-    option_groups,
     sample_plan,
+    sort_options,
     worker_callables,
 )
-from .planning import between_passes, epoch_arg, old_steps, plan_schedule
 from .state import MAX_EPOCH, LoaderState, batching_record, dataset_digest, pack_mask
-from .steps import SkippedSteps, StepSamples, resume_skips, skip_state, skipping, step_samples
-from .workers import check_sendable, make_dataloader, progress_bar
+from .steps import SkippedSteps, StepBatch, StepSamples, samples_of, skip_state
+from .workers import check_sendable, make_dataloader, progress_bar, start_method
 
 log = logging.getLogger("streambatch")
+
+#: the most per-sample lengths a loader holds from its planning to its next epoch's, for its own stream and for the
+#: workers it forks after planning, which then read no lengths from the index (above it, and in workers started by
+#: forkserver or kept from an earlier epoch, each worker reads its own shards' lengths)
+KEEP_LENGTHS_MAX = 1 << 26
+
+#: the loader's attributes that depend on how a scheduled mixture is laid out (what `_at_epoch()` puts back)
+MIXTURE_LAYOUT = ("index", "urls", "filter", "collate_options", "_bad_shards", "_schedules", "_dataloader")
 
 
 class StreamBatchLoader:
     """Stream length-annotated shards and yield padded batches with ``n × max_len ≤ budget``.
 
-    Every option is a keyword of this constructor; each belongs to one typed group, where it is checked once and
-    documented in full: `BatchingConfig` (batching),
-    `ReadOptions` (reading), `SampleOptions`
-    (per sample) and `RunOptions` (the run). A bad value is an
-    `OptionError` naming the option.
+    A dozen everyday keywords are named here; every other option belongs to one of four typed groups, where its
+    default and meaning are written once, and it is checked once: ``batching=`` `BatchingOptions`,
+    ``reading=`` `ReadOptions`, ``per_sample=`` `SampleOptions` and ``run=`` `RunOptions`. Pass a group as an
+    object (``batching=BatchingOptions(num_buckets=8, drop_last=True)``) or its options flat by field name
+    (``num_buckets=8, drop_last=True``): both give the same loader. An unknown name, or one option given both flat
+    and in its group, is an `OptionError` naming it; a bad value is an `OptionError` naming the option.
 
-    What to read:
-
-    * ``source``: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file, a
-      brace-expanded shard pattern or a list of shard URLs (10⁷ at most; without an index, lengths come from each
-      sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}`` mapping, a
-      list of folders, or a mixture file.
-    * ``budget``: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
-      ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
-    * ``weights``: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
-      epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this process.
-    * ``index``: an index file or `ShardIndex` to plan from and read: its shard
-      URLs are the ones read (``source`` then names the dataset in messages); not with a mixture.
-    * ``where``: keep only the samples for which this SQL expression over the sample table's columns is true
-      (``"language = 'de' AND snr > 10"``; DuckDB).
-    * ``storage_options``: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``); for the range
-      reads of ``s3://`` shards mapped to obstore's store options (see `streambatch.io.objstore`), so the same
-      dictionary serves both.
-
-    Batching (`BatchingConfig`'s fields; ``num_buckets``, ``bucket_spacing``,
-    ``cost``, ``quadratic_factor`` and ``packed`` as `make()` takes
-    them): ``buffer_size``, ``refill``, ``bucket_boundaries``, ``num_buckets``, ``bucket_spacing``,
-    ``max_batch_size``, ``batch_size_multiple_of``, ``min_length``, ``max_length``, ``drop_last``, ``strict``,
-    ``shuffle``, ``seed``, ``pad_to_multiple_of``, ``batch_order``, ``output_budget``, ``batch_by``, ``cost``
-    (``"padded"``, ``"quadratic"``, a callable ``cost(n, max_len)`` or a calibration file), ``quadratic_factor``,
-    ``packed``, ``interleave``.
-
-    Reading (`ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
-    ``max_read_concurrency``, ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``,
-    ``cache_size``, ``shard_roots``.
-
-    Per sample (`SampleOptions`): ``decode``, ``transform``,
-    ``speed_perturb``, ``features``.
-
-    The run (`RunOptions`): ``rank``, ``world_size``, ``dp_rank``,
-    ``dp_size``, ``dp_mesh`` (data parallelism inside a model-parallel mesh), ``num_workers``,
-    ``even_batches``, ``hardest_first``, ``planning``, ``batches_per_epoch``, ``micro_batches``,
-    ``loss_weight_by``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``worker_init_fn``,
-    ``progress``, ``max_plan_bytes``.
+    :param source: a dataset folder or URL written by ``shardify write`` (holding ``index.json``), an index file,
+        a brace-expanded shard pattern or a list of shard URLs (10⁷ at most; without an index, lengths come from
+        each sample's ``.json``; no ``len()``); or several datasets mixed by ``weights``: a ``{name: folder}``
+        mapping, a list of folders, or a mixture file.
+    :param budget: the largest padded size of a batch, ``n × max_len``, in the dataset's unit, or a duration like
+        ``"60s"`` for audio with an index; None only with a calibration file as ``cost``.
+    :param weights: per-dataset weights when ``source`` names several datasets, or a schedule of them: a list per
+        epoch (the last holds for later epochs) or a deterministic callable ``epoch -> weights``, run in this
+        process.
+    :param index: an index file or `ShardIndex` to plan from and read: its shard URLs are the ones read
+        (``source`` then names the dataset in messages); not with a mixture.
+    :param where: keep only the samples for which this SQL expression over the sample table's columns is true
+        (``"language = 'de' AND snr > 10"``; DuckDB).
+    :param storage_options: passed to fsspec (credentials, ``client_kwargs={"endpoint_url": ...}``); for the range
+        reads of ``s3://`` shards mapped to obstore's store options (see `streambatch.io.objstore`), so the same
+        dictionary serves both.
+    :param num_workers: DataLoader worker processes per rank (`RunOptions.num_workers`).
+    :param shuffle: shard and batch order follow ``(seed, epoch)`` (`BatchingOptions.shuffle`).
+    :param seed: the seed of every random choice (`BatchingOptions.seed`).
+    :param buffer_size: the window each worker's batches are formed from (`BatchingOptions.buffer_size`).
+    :param max_batch_size: at most this many samples per batch (`BatchingOptions.max_batch_size`).
+    :param decode: how a sample becomes an array (`SampleOptions.decode`).
+    :param batching: which batches form (`BatchingOptions`).
+    :param reading: how shards are read: range requests, retries, verification, the node cache (`ReadOptions`).
+    :param per_sample: transforms, speed perturbation and features in the workers (`SampleOptions`).
+    :param run: ranks, data parallelism, how the ranks step together, the DataLoader's knobs (`RunOptions`).
+    :param options: any field of the four groups by name (``drop_last=True``, ``rank=0``, ``chunk_size="16M"``).
     """
 
     _ring: BatchRing | None = None  # the workers' reused batch buffers, made with the first DataLoader
     _open_passes = 0  # passes begun and not ended: the ring is reclaimed only between passes
     _skips: SkippedSteps | None = None  # steps a resume skips (loader/steps.py)
+    _step_plan: tuple[int, Resumed | None, int, EpochPlan] | None = None  # `_layout_plan()`'s last plan
 
     def __init__(
         self,
         source: str | Sequence[str] | dict[str, str] | ShardIndex,
         budget: float | str | None = None,
         *,
-        weights: dict[str, float] | Sequence[float] | None = None,
+        weights: dict[str, float] | Sequence[float] | Callable[[int], Any] | None = None,
         index: str | ShardIndex | None = None,
         where: str | None = None,
         storage_options: dict | None = None,
-        # batching: BatchingConfig
-        buffer_size: int | None = None,
-        refill: int | None = None,
-        bucket_boundaries: Sequence[float] | None = None,
-        num_buckets: int | None = None,
-        bucket_spacing: str = "quantile",
-        max_batch_size: int | None = None,
-        batch_size_multiple_of: int = 1,
-        min_length: float = 0,
-        max_length: float | None = None,
-        drop_last: bool = False,
-        strict: bool = False,
-        shuffle: bool = True,
-        seed: int = 0,
-        pad_to_multiple_of: int | None = None,
-        batch_order: str = "random",
-        output_budget: float | None = None,
-        batch_by: str | None = None,
-        cost: Any = "padded",
-        quadratic_factor: float | None = None,
-        packed: bool = False,
-        interleave: int = 8,
-        # reading: ReadOptions
-        chunk_size: int | str = "8M",
-        read_ahead: int | str = "64M",
-        read_concurrency: int = 4,
-        max_read_concurrency: int = 16,
-        retries: int = 8,
-        backoff: float = 0.25,
-        timeout: float = 60.0,
-        verify: str = "sha256",
-        max_bad_shards: int = 0,
-        cache_dir: str | None = None,
-        cache_size: int | str | None = None,
-        shard_roots: Sequence[str] = (),
-        # per sample: SampleOptions
-        decode: Decode = "auto",
-        transform: Callable[..., Any] | None = None,
-        speed_perturb: Any = None,
-        features: Any = None,
-        # the run: RunOptions
-        rank: int | None = None,
-        world_size: int | None = None,
-        dp_rank: int | None = None,
-        dp_size: int | None = None,
-        dp_mesh: Any = None,
-        num_workers: int = 0,
-        even_batches: str = "split",
-        hardest_first: bool = False,
-        planning: str = "auto",
-        batches_per_epoch: int | None = None,
-        micro_batches: int = 1,
-        loss_weight_by: str = "samples",
-        prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
-        pin_memory: bool = False,
-        worker_init_fn: Callable[[int], Any] | None = None,
-        progress: bool = False,
-        max_plan_bytes: int | str = "16G",
+        num_workers: int = GROUP_DEFAULT.num_workers,
+        shuffle: bool = GROUP_DEFAULT.shuffle,
+        seed: int = GROUP_DEFAULT.seed,
+        buffer_size: int | None = GROUP_DEFAULT.buffer_size,
+        max_batch_size: int | None = GROUP_DEFAULT.max_batch_size,
+        decode: Decode = GROUP_DEFAULT.decode,
+        batching: BatchingOptions | None = None,
+        reading: ReadOptions | None = None,
+        per_sample: SampleOptions | None = None,
+        run: RunOptions | None = None,
+        **options: Any,
     ):
-        batching, self.read_options, self.sample_options, self.run = option_groups(locals())
+        everyday = dict(
+            num_workers=num_workers,
+            shuffle=shuffle,
+            seed=seed,
+            buffer_size=buffer_size,
+            max_batch_size=max_batch_size,
+            decode=decode,
+        )
+        groups = dict(batching=batching, reading=reading, per_sample=per_sample, run=run)
+        check_plain(where, storage_options)
+        sorted_ = sort_options({**everyday, **options}, groups)
+        self.batching_options, self.read_options = sorted_.batching, sorted_.reading
+        self.sample_options, self.run = sorted_.per_sample, sorted_.run
         self.data_parallel = data_parallel(self.run)  # the plan's ranks: the data-parallel ones (loader/mesh.py)
         self.rank, self.layout = self.data_parallel.rank, self.run.layout(self.data_parallel.size)
-        self._open(source, budget, weights, index, storage_options)
-        self._configure(budget, batching, where)
+        # a number is checked (and taken) before reading anything; a string may need the dataset's unit
+        taken = parse_budget(budget) if budget is not None and not isinstance(budget, str) else budget
+        self._open(source, weights, index, storage_options)
+        self._configure(taken, where)
 
-    def _open(self, source: Any, budget: Any, weights: Any, index: Any, storage_options: dict | None) -> None:
+    def _open(self, source: Any, weights: Any, index: str | ShardIndex | None, storage_options: dict | None) -> None:
         """Resolve what to read: one dataset (index and shard URLs) or a mixture of several."""
-        if budget is not None and not isinstance(budget, str):
-            parse_budget(budget)  # a number is checked before reading anything
         self.storage_options = storage_options
-        self.index: Index | None
+        self.index: AnyIndex | None
         self.urls: Sequence[str]
         roots, limit, node = self.read_options.shard_roots, int(self.run.max_plan_bytes), self.read_options.cache_dir
         with lengths_ahead():  # the first epoch's lengths are fetched while the index and loader are built
@@ -190,13 +180,15 @@ class StreamBatchLoader:
         if self.run.num_workers == 0:  # this process reads: its store client is made while the loader is built
             warm_up(self.urls, storage_options, self.read_options.timeout)
 
-    def _configure(self, budget: Any, batching: dict[str, Any], where: str | None) -> None:
+    def _configure(self, budget: float | str | None, where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
         ix, run, sample = self.index, self.run, self.sample_options
-        self.length_plan, ops = sample_plan(sample, ix, batching["seed"])
-        frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
-        unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
-        budget = None if budget is None else parse_budget(budget, unit, rate, frames)
+        self.length_plan, ops = sample_plan(sample, ix, self.batching_options.seed)
+        if isinstance(budget, str):  # parsed here, once, in the dataset's unit (frames when planning in them)
+            frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
+            unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
+            budget = parse_budget(budget, unit, rate, frames)
+        batching = self.batching_options.as_make_options()
         self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
         self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
@@ -252,18 +244,18 @@ class StreamBatchLoader:
         `StateError`: call it before ``iter(loader)``."""
         epoch = int_option("epoch", epoch, 0, MAX_EPOCH)
         if epoch != self.epoch:
-            between_passes(self, f"set_epoch({epoch})")
+            self._between_passes(f"set_epoch({epoch})")
             self._consumed = 0
         self.epoch = int(epoch)
-        follow(self, self.epoch)  # a weight schedule: the mixture of this epoch's weights
+        self._follow(self.epoch)  # a weight schedule: the mixture of this epoch's weights
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The epoch's plan for every rank and worker (requires an index). O(N): it reads every length; for
         inspection and tests. Iteration and ``len()`` use `schedule()`."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
-        e = epoch_arg(self, epoch)
-        with at_epoch(self, e):
+        e = self._epoch_arg(epoch)
+        with self._at_epoch(e):
             lengths = self._lengths(e)
             plan = self._whole_plan(e, lengths)
             if isinstance(self.index, MixedIndex):
@@ -271,14 +263,29 @@ class StreamBatchLoader:
         return plan
 
     def step_samples(self, step: int, rank: int | None = None, epoch: int | None = None) -> StepSamples:
-        """Which samples were (or will be) in ``step``, every rank's or ``rank``'s (`steps.step_samples()`)."""
-        return step_samples(self, step, rank, epoch)
+        """The samples of global step ``step`` of ``epoch`` (default: the current one), from the plan alone (no
+        shard is read): every rank's batch, or only ``rank``'s (`streambatch.loader.steps`). Steps count from
+        the epoch's start, as ``len()`` and ``consumed`` do; after a resume on another layout, the steps before it
+        are those the earlier layouts ran. Plans the whole epoch, O(N), once per epoch (like `plan()`); needs an
+        index. A step, rank or epoch that is not a whole number from 0, a step outside the epoch or a rank outside
+        the job is an `OptionError` naming it."""
+        if self.index is None:
+            raise TypeError("step_samples needs an index (index.json): without one the steps are not planned")
+        step = int_option("step", step, 0)
+        rank = None if rank is None else int_option("rank", rank, 0)
+        e = self._epoch_arg(epoch)
+        plan, first = self._plan_of_step(e, step)
+        if rank is not None and rank >= plan.world_size:
+            raise OptionError(f"rank={rank}: step {step} of epoch {e} ran on {plan.world_size} ranks")
+        ranks = range(plan.world_size) if rank is None else [rank]
+        offsets = self._lengths(e).offsets
+        return StepSamples(e, step, {r: self._step_batch(plan, r, step - first, offsets) for r in ranks})
 
     def _lengths(self, epoch: int) -> Lengths:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
         assert self.index is not None, "planned epochs come from an index"
         kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
-        return planned_lengths(index_lengths(epoch_index(self, epoch), kept), self.length_plan, self.config.seed, epoch)
+        return planned_lengths(index_lengths(self._epoch_index(epoch), kept), self.length_plan, self.config.seed, epoch)
 
     def _whole_plan(self, epoch: int, lengths: Lengths, keep: KeptSlots | None = None) -> EpochPlan:
         return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths), keep)
@@ -289,9 +296,9 @@ class StreamBatchLoader:
         (every rank must call it, as every DDP step does); else the whole epoch is planned on this rank, O(N)."""
         if self.index is None:
             raise TypeError("planning needs an index (index.json); this loader streams shards without one")
-        e = epoch_arg(self, epoch)
+        e = self._epoch_arg(epoch)
         if e not in self._schedules:
-            self._schedules = {e: plan_schedule(self, e)}
+            self._schedules = {e: self._plan_schedule(e)}
         return self._schedules[e]
 
     def _excluded_in(self, epoch: int, lengths: Lengths) -> Any:
@@ -383,7 +390,7 @@ class StreamBatchLoader:
         return fault_summary(self._fault_counts, self._bad_shards, self.urls)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        between_passes(self, "a second iter(loader)")  # two passes at once would yield the same batches twice
+        self._between_passes("a second iter(loader)")  # two passes at once would yield the same batches twice
         if self.index is not None and self.consumed > 0 and self.remaining == 0:
             # the last pass yielded every batch of its epoch but its iterator was dropped before its end (Lightning's
             # Trainer, islice(loader, len(loader))): that pass is over, and this one is the next epoch's
@@ -400,7 +407,7 @@ class StreamBatchLoader:
         self._open_passes += 1
         try:
             for item in self._progress(
-                metered(skipping(self, raised_in_workers(self._dataloader)), self._meter), epoch, steps
+                metered(self._skipping(raised_in_workers(self._dataloader)), self._meter), epoch, steps
             ):
                 if isinstance(item, list):  # the micro-batches of one batch: the batch counts as consumed once
                     yield from item[:-1]  # the last one is out (a state saved mid-batch resumes at its first)
@@ -454,7 +461,7 @@ class StreamBatchLoader:
         out.update(storage_figures(self._fault_counts, self.fault_stats()))
         if planned and self.index is not None:
             epoch = self._meter.epoch if self._meter is not None else self.epoch
-            with at_epoch(self, epoch):  # a weight schedule: that epoch's mixture
+            with self._at_epoch(epoch):  # a weight schedule: that epoch's mixture
                 out["planned"] = planned_figures(
                     self.plan(epoch), self.rank, self._lengths(epoch), self.config.budget, self.config.cost
                 )
@@ -477,7 +484,7 @@ class StreamBatchLoader:
             seed=self.config.seed,
             **dataclasses.asdict(self.layout),
             num_samples=self.index.num_samples if self.index is not None else None,
-            mixture=self.index.state() if isinstance(self.index, MixedIndex) else None,
+            mixture=_mixture_state(self.index) if self.index is not None else None,
             where=self.filter.expr if self.filter is not None else None,
             dataset=self._digest,
             batching=batching_record(self.config, self.length_plan),
@@ -499,16 +506,249 @@ class StreamBatchLoader:
         out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
         steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (`steps`). Between
         passes only: during one (an iterator partly consumed) it is a `StateError`."""
-        between_passes(self, "load_state_dict()")
+        self._between_passes("load_state_dict()")
         saved = LoaderState.from_dict(state)
-        to_saved_epoch(self, saved)  # a weight schedule: the epoch's weights, checked against the saved ones
+        self._to_saved_epoch(saved)  # a weight schedule: the epoch's weights, checked against the saved ones
         saved.check(self._own_state())
         self.config = saved.keep_plan_version(self.config)
         self._schedules = {}
         self._dataloader = None  # workers must see the new plan
         n = self.index.num_samples if self.index is not None else 0
-        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, partial(old_steps, self))
+        self._resumed, self._consumed, self._saved_steps = saved.resume_on(self.layout, n, self._old_steps)
         self._saved_equalised = saved.equalised_on(self.layout)
         if self._consumed == 0 and self._resumed is not None and self._resumed.layouts:
             log.info(resume_line(self.epoch, self.layout, self._resumed.layouts[-1]))
-        self._skips = resume_skips(self, saved, skip_steps)
+        self._skips = self._resume_skips(saved, skip_steps)
+
+    # ---- planning an epoch ------------------------------------------------------------------------------
+    def _plan_schedule(self, epoch: int) -> RankSchedule:
+        """This rank's batches in ``epoch``, planned as ``planning`` says (rank-locally with one small collective
+        over the data-parallel ranks when a process group allows it, else the whole epoch on this rank, O(N)) and
+        logged in one line; an epoch that gives no batch (and none before a resume) is an `EmptyEpochError`."""
+        t0 = time.perf_counter()
+        lengths = self._lengths(epoch)
+        local = self._rank_local()
+        # without workers this process streams its slot: it takes the plan made here instead of planning it again
+        keep = KeptSlots(self.layout.rank_slots(self.rank)) if self.num_workers == 0 else None
+        if local:
+            excluded = self._excluded_in(epoch, lengths)
+            agree = self.data_parallel.gather  # one all_gather over the data-parallel ranks
+            sched = plan_rank_local(lengths, self.config, epoch, self.rank, self.layout, agree, excluded, keep)
+            sched = share_equalised(sched, agree)  # a second all_gather: every rank's equalisation, for the checkpoint
+        else:
+            sched = RankSchedule.of(self._whole_plan(epoch, lengths, keep), self.rank)
+        sched.kept = keep.plans if keep is not None else {}
+        sched.lengths = lengths if lengths.loaded <= KEEP_LENGTHS_MAX and self._lengths_taken() else None
+        log.info(plan_line(sched, self.layout, self.rank, local, lengths.loaded, time.perf_counter() - t0))
+        if sched.repeated and self.layout.even_batches == "split":
+            log.warning(split_repeat_line(sched, self.layout, local))
+        if sched.steps == 0 and self._earlier(epoch) == 0:
+            raise EmptyEpochError(empty_epoch_message(self, sched, local))
+        return sched
+
+    def _lengths_taken(self) -> bool:
+        """Whether anything takes the lengths an epoch is planned on: this process's own stream (no workers) or
+        workers forked after the planning (workers started by forkserver, behind a filter, or spawn read their own,
+        and so do ``persistent_workers`` forked in an earlier pass)."""
+        if self.num_workers == 0:
+            return True
+        running = self.persistent_workers and self._dataloader is not None
+        return not running and start_method(self.filter is not None) == "fork"
+
+    def _rank_local(self) -> bool:
+        """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""
+        possible = self.data_parallel.can_agree()
+        if self.planning == "local" and not possible:
+            raise OptionError(
+                f"planning='local' needs an initialised torch.distributed group of rank {self.rank} in "
+                f"{self.world_size}; without one use planning='auto' (plans the whole epoch on each rank)"
+            )
+        return self.planning != "global" and possible
+
+    def _epoch_arg(self, epoch: int | None) -> int:
+        """The epoch a planning call names (None: the current one), else an `OptionError` naming it."""
+        return self.epoch if epoch is None else int_option("epoch", epoch, 0, MAX_EPOCH)
+
+    def _between_passes(self, call: str) -> None:
+        """Refuse ``call`` (a move to another epoch or resume point) while a pass is under way: its iterator would go
+        on yielding the old epoch's batches while ``state_dict()`` named the new place (lost or repeated samples)."""
+        if self._open_passes:
+            raise StateError(
+                f"{call} during a pass of epoch {self.epoch} ({self._consumed} batches of it yielded): call it "
+                "between passes, before iter(loader) or once the pass has ended (or its iterator is closed: "
+                "it.close(), or del it)"
+            )
+
+    def _old_steps(self, layout: Layout, before: Resumed) -> int:
+        """The steps an old layout planned for the current epoch (a state saved before it recorded them): O(N),
+        once."""
+        e = self.epoch
+        lengths = self._lengths(e)
+        selection = left_out(self.index, self.filter, e, self._seed, lengths.offsets)
+        return make_epoch_plan(lengths, self.config, e, layout, before.consumed(lengths, self.config, selection)).steps
+
+    # ---- which samples were in step k (loader/steps.py) ---------------------------------------------------
+    def _plan_of_step(self, epoch: int, step: int) -> tuple[EpochPlan, int]:
+        """The whole plan of the layout that ran (or runs) ``step`` of the epoch, and the epoch step its step 0 is."""
+        resumed = self._resumed if self._resumed is not None and self._resumed.epoch == epoch else None
+        runs = resumed.layouts if resumed is not None else ()
+        first = 0
+        for i, run in enumerate(runs):
+            if first <= step < first + run.consumed:
+                return self._layout_plan(epoch, resumed, i), first
+            first += run.consumed
+        plan = self._layout_plan(epoch, resumed, len(runs))
+        if not first <= step < first + plan.steps:
+            raise OptionError(
+                f"step {step}: epoch {epoch} has {first + plan.steps} steps (0 to {first + plan.steps - 1})"
+            )
+        return plan, first
+
+    def _layout_plan(self, epoch: int, resumed: Resumed | None, i: int) -> EpochPlan:
+        """Layout ``i``'s plan of the epoch (the earlier layouts' first, then this loader's), kept for the next ask."""
+        got = self._step_plan
+        if got is not None and got[0] == epoch and got[1] is resumed and got[2] == i:
+            return got[3]
+        lengths = self._lengths(epoch)
+        if resumed is None or i == len(resumed.layouts):
+            plan = self._whole_plan(epoch, lengths)
+        else:  # an earlier layout, planned around what the ones before it consumed
+            before = Resumed(epoch, resumed.layouts[:i], resumed.base)
+            selection = left_out(self.index, self.filter, epoch, self._seed, lengths.offsets)
+            excluded = before.consumed(lengths, self.config, selection)
+            plan = make_epoch_plan(lengths, self.config, epoch, resumed.layouts[i].layout, excluded)
+        self._step_plan = (epoch, resumed, i, plan)
+        return plan
+
+    def _step_batch(self, plan: EpochPlan, rank: int, k: int, offsets: np.ndarray) -> StepBatch:
+        """Rank ``rank``'s batch at step ``k`` of ``plan``: worker and batch number in the DataLoader's order."""
+        assert self.index is not None, "steps are planned from an index"
+        w, i = plan.rank_order(rank)[k]
+        slot = plan.slots[rank * plan.num_workers + w]
+        gids = np.asarray(slot.gids[slot.batches[i]], dtype=np.int64)
+        return StepBatch(rank, tuple(samples_of(self.index, offsets, gids)), bool(slot.repeat[i]))
+
+    # ---- skipping steps on resume (loader/steps.py) -------------------------------------------------------
+    def _skipping(self, items: Iterable[Any]) -> Iterator[Any]:
+        """Stage (main process): a worker's `SkippedBatch` counts its step as consumed and is not passed on;
+        every other item is."""
+        for item in items:
+            if isinstance(item, SkippedBatch):
+                self._consumed += 1
+                continue
+            yield item
+
+    def _resume_skips(self, saved: LoaderState, skip_steps: Iterable[int]) -> SkippedSteps | None:
+        """The steps a resume skips: those the state recorded and ``skip_steps`` (checked against the epoch, logged
+        with their sample count on this rank); None when there are none."""
+        new = step_ranges(skip_steps)
+        if new:
+            self._check_and_log_skips(new)
+        ranges = merged([*(saved.skip_steps or []), *new])
+        return SkippedSteps(self.epoch, tuple(ranges), self._earlier(self.epoch)) if ranges else None
+
+    def _check_and_log_skips(self, ranges: list[tuple[int, int]]) -> None:
+        """Refuse steps already consumed or beyond the epoch; warn what is skipped."""
+        if self.index is None:
+            raise OptionError("skip_steps needs an index (index.json): without one the steps are not planned")
+        e, total, done = self.epoch, len(self), self.consumed
+        a, b = ranges[0][0], ranges[-1][1]
+        if a < done:
+            raise OptionError(
+                f"skip_steps: step {a} of epoch {e} was consumed before the state was saved (it resumes at step "
+                f"{done}); skip steps from {done} on"
+            )
+        if b > total:
+            raise OptionError(f"skip_steps: epoch {e} has {total} steps (0 to {total - 1}); step {b - 1} is beyond it")
+        said = ", ".join(f"{x}" if y == x + 1 else f"{x}-{y - 1}" for x, y in ranges)
+        n = sum(y - x for x, y in ranges)
+        log.warning(
+            f"rank {self.rank}: skipping steps {said} of epoch {e} ({n} steps, {self._samples_at(ranges):,} "
+            f"samples on this rank, not read); every rank skips them and yields the epoch's other {total - n} steps"
+        )
+
+    def _samples_at(self, ranges: list[tuple[int, int]]) -> int:
+        """Samples this rank's batches hold at the epoch steps ``ranges``: its own slots re-planned (batch sizes
+        only, O(N / world_size)), equalised to the agreed step count."""
+        e, layout, config = self.epoch, self.layout, self.config
+        lengths = self._lengths(e)
+        excluded = self._excluded_in(e, lengths)
+        raw = rank_raw_slots(lengths, config, e, self.rank, layout, excluded, counted=not layout.hardest_first)
+        rp = plan_rank(raw, self.schedule(e).steps, layout, config, e, self.rank, lengths)
+        order = interleave([len(s.batches) for s in rp.slots], rp.first_worker)
+        earlier = self._earlier(e)
+        return sum(len(rp.slots[w].batches[i]) for a, b in ranges for w, i in order[a - earlier : b - earlier])
+
+    # ---- a weight schedule: the mixture follows the epoch (loader/mixing.py) ------------------------------
+    def _follow(self, epoch: int) -> None:
+        """Lay the mixture out for ``epoch``'s weights (nothing without a schedule, or when it already is): the
+        epoch's plan, its workers and its bad-shard flags start afresh; the fault counters are kept."""
+        schedule: WeightSchedule | None = self.weight_schedule
+        if schedule is None:
+            return
+        ix = schedule.index_for(epoch)
+        assert isinstance(self.index, MixedIndex), "a weight schedule lays out a mixture"
+        if ix.state() == self.index.state():  # already laid out for these weights and windows
+            return
+        self.index, self.urls = ix, ShardURLs(ix)
+        if self.filter is not None:
+            self.filter = self.filter.relaid(ix)
+        self.collate_options = dataclasses.replace(self.collate_options, datasets=dataset_names(ix))
+        self._bad_shards = fault_tensors(self.num_workers, len(self.urls))[1]
+        self._schedules, self._dataloader = {}, None  # persistent workers too: they hold the old mixture
+
+    @contextmanager
+    def _at_epoch(self, epoch: int) -> Iterator[None]:
+        """The mixture laid out for ``epoch`` while the block runs (``plan(epoch)`` of another epoch than the
+        current one, ``metrics(planned=True)`` after a pass), then as it was."""
+        if self.weight_schedule is None or epoch == self.epoch:
+            yield
+            return
+        saved = {name: getattr(self, name) for name in MIXTURE_LAYOUT}
+        self._follow(epoch)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    def _epoch_index(self, epoch: int) -> AnyIndex:
+        """The index ``epoch`` is planned from; under a weight schedule it must be laid out for that epoch
+        (``schedule(epoch)`` of another epoch: set the epoch first)."""
+        assert self.index is not None, "planned epochs come from an index"
+        schedule: WeightSchedule | None = self.weight_schedule
+        if schedule is not None and schedule.index_for(epoch).state() != _mixture_state(self.index):
+            raise OptionError(
+                f"the mixture's weights follow a schedule and this loader is at epoch {self.epoch}: call "
+                f"set_epoch({epoch}) before planning epoch {epoch}"
+            )
+        return self.index
+
+    def _to_saved_epoch(self, saved: LoaderState) -> None:
+        """Move to the epoch of a state being loaded and, under a weight schedule, refuse a state whose epoch began
+        elsewhere in the datasets (earlier epochs took other samples) or, saved mid-epoch, ran on other weights
+        than the schedule gives it now (the samples it took would be lost or repeated), naming both. Other
+        mixtures are `mixture_problem()`'s to name."""
+        self.set_epoch(saved.epoch)
+        if self.weight_schedule is None or not saved.knows("mixture") or not saved.mixture:
+            return
+        assert isinstance(self.index, MixedIndex), "a weight schedule lays out a mixture"
+        then, now = draw_rows(saved.mixture, saved.epoch), draw_rows(self.index.state(), saved.epoch)
+        if [r[::2] for r in then] != [r[::2] for r in now]:  # other datasets (mixture_problem), or the same draw
+            return
+        if then == now or (not saved.mid_epoch and began(then) == began(now)):  # between epochs: where it begins
+            return
+        weights = {r[0]: r[1] for r in then}, {r[0]: r[1] for r in now}
+        what = f"the weights {weights[1]}"
+        if weights[0] == weights[1]:
+            what = "the same weights after other weights before it"
+        raise StateError(
+            f"state was saved at epoch {saved.epoch} with weights {weights[0]} (mixture {saved.mixture}); this "
+            f"loader's weight schedule gives epoch {saved.epoch} {what} (mixture {self.index.state()}): resume with "
+            "the schedule the state was saved with"
+        )
+
+
+def _mixture_state(index: AnyIndex) -> list | None:
+    """What a checkpoint records of a mixture's layout (None: one dataset)."""
+    return index.state() if isinstance(index, MixedIndex) else None

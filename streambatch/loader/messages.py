@@ -3,39 +3,70 @@ mixture's epoch holds."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from ..errors import BudgetError
 from ..format.describe import length_text
+from ..format.index import ShardIndex
 from ..plan.batcher import BucketBatcher
 from ..plan.config import BatchingConfig
-from ..plan.epoch import RankSchedule
+from ..plan.epoch import EpochPlan, RankSchedule
 from ..plan.layout import Layout
+from ..plan.lengths import Lengths
 from ..plan.perturb import LengthPlan
 from ..plan.resume import EarlierRun
+from ..select.mixture import AnyIndex, MixedIndex, datasets_of
+from ..select.where import PlanFilter
 
 
-def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
+class EpochSetting(Protocol):
+    """What an empty epoch's message names: the dataset, its filter, the batching and the ranks and workers (a
+    `StreamBatchLoader` has these attributes)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def index(self) -> AnyIndex | None: ...
+    @property
+    def filter(self) -> PlanFilter | None: ...
+    @property
+    def config(self) -> BatchingConfig: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def even_batches(self) -> str: ...
+
+
+def unit_index(ix: AnyIndex) -> ShardIndex:
+    """An index that says the lengths' unit and rate: the dataset's, or a mixture's first (its datasets share
+    them)."""
+    return datasets_of(ix)[0][1]
+
+
+def empty_epoch_message(setting: EpochSetting, s: RankSchedule, local: bool) -> str:
     """Why an epoch plans no batch at all (``s``: the rank's schedule), and what to change."""
-    ix, slots = loader.index, f"{loader.world_size} × {max(1, loader.num_workers)}"
-    head = f"{loader.name}: epoch {s.epoch} has no batches"
+    ix, slots = setting.index, f"{setting.world_size} × {max(1, setting.num_workers)}"
+    assert ix is not None, "an epoch is planned from an index"
+    head = f"{setting.name}: epoch {s.epoch} has no batches"
     if not ix.num_samples:
         return f"{head}: the dataset has no samples"
     causes, fixes = [], []
     if s.skipped:
-        causes.append(f"{s.skipped:,} skipped ({kept_text(loader.config, ix)})")
+        causes.append(f"{s.skipped:,} skipped ({kept_text(setting.config, ix)})")
         fixes.append("widen min_length/max_length or raise the budget")
     if s.dropped:
         causes.append(f"{s.dropped:,} dropped by drop_last=True (no (rank, worker) slot of {slots} fills a batch)")
         fixes.append("use drop_last=False or fewer ranks/workers")
-    flt, mixed = loader.filter, hasattr(ix, "draws")
+    flt, mixed = setting.filter, isinstance(ix, MixedIndex)
     if flt is not None:  # the filter first: it is what most often leaves too few
         whose = "the datasets'" if mixed else "the dataset's"
         head += f" (where={flt.expr!r} keeps {flt.kept:,} of {whose} {flt.total:,} samples)"
     n = s.planned_samples if local else _epoch_samples(ix, flt, mixed)
-    few = f"too few for every rank to get a batch ({slots} (rank, worker) slots, even_batches={loader.even_batches!r})"
+    few = f"too few for every rank to get a batch ({slots} (rank, worker) slots, even_batches={setting.even_batches!r})"
     if n == 0 and local:
         causes.append(f"none reached this rank: the epoch's samples are {few}")
         fixes.append("use fewer ranks/workers")
@@ -50,24 +81,26 @@ def empty_epoch_message(loader: Any, s: Any, local: bool) -> str:
     return f"{head}: {of}{'; '.join(causes)}; {' or '.join(fixes)}"
 
 
-def _epoch_samples(ix: Any, flt: Any, mixed: bool) -> int | None:
+def _epoch_samples(ix: AnyIndex, flt: PlanFilter | None, mixed: bool) -> int | None:
     """The samples an epoch plans before batching: a mixture's draw (``round(w·N)`` each), a dataset's samples
     or what its filter keeps; None for a mixture's draw after a filter (known once planned)."""
     if mixed:
+        assert isinstance(ix, MixedIndex)
         return None if flt is not None else int(sum(d.take for d in ix.draws))
     return int(flt.kept) if flt is not None else int(ix.num_samples)
 
 
-def kept_text(cfg: BatchingConfig, ix: Any) -> str:
+def kept_text(cfg: BatchingConfig, ix: AnyIndex) -> str:
     """The dataset's length range and what the options keep: ``lengths 1 to 9 samples; kept: ...``."""
     table = ix.shard_table(("count", "min_length", "max_length"))
     full = table["count"] > 0
     lo, hi = table["min_length"][full].min(), table["max_length"][full].max()
+    unit = unit_index(ix)
     kept = [
-        f"{k}={length_text(v, ix)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v
+        f"{k}={length_text(v, unit)}" for k, v in (("min_length", cfg.min_length), ("max_length", cfg.max_length)) if v
     ]
-    kept.append(f"at most the budget {length_text(cfg.budget, ix)} alone")
-    return f"lengths {length_text(lo, ix)} to {length_text(hi, ix)}; kept: {', '.join(kept)}"
+    kept.append(f"at most the budget {length_text(cfg.budget, unit)} alone")
+    return f"lengths {length_text(lo, unit)} to {length_text(hi, unit)}; kept: {', '.join(kept)}"
 
 
 def unindexed_empty_message(name: str, num_urls: int, cfg: BatchingConfig, epoch: int, bad: int) -> str:
@@ -82,7 +115,7 @@ def unindexed_empty_message(name: str, num_urls: int, cfg: BatchingConfig, epoch
     )
 
 
-def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, float]]:
+def mixture_report(index: MixedIndex, plan: EpochPlan, lengths: Lengths) -> dict[str, dict[str, float]]:
     """Per dataset of a mixture, what the planned epoch holds: samples, total length (and hours for audio)
     and share of the epoch's samples — the batches every rank yields, repeats of ``pad`` not counted."""
     parts = [s.gids[b] for s in plan.slots for b, rep in zip(s.batches, s.repeat) if not rep]
@@ -104,7 +137,7 @@ def mixture_report(index: Any, plan: Any, lengths: Any) -> dict[str, dict[str, f
     return out
 
 
-def check_shortest_fits(cfg: BatchingConfig, ix: Any, length_plan: LengthPlan | None, name: str) -> None:
+def check_shortest_fits(cfg: BatchingConfig, ix: AnyIndex | None, length_plan: LengthPlan | None, name: str) -> None:
     """A budget that not even the shortest sample fits alone is an error now (from the index's shard table), not an
     epoch without batches later: a `BudgetError` naming both lengths."""
     if ix is None:
@@ -120,7 +153,8 @@ def check_shortest_fits(cfg: BatchingConfig, ix: Any, length_plan: LengthPlan | 
     padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
     how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
     frames = length_plan is not None and length_plan.in_frames
-    text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, ix))
+    unit = unit_index(ix)
+    text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, unit))
     raise BudgetError(
         f"{name}: budget {text(cfg.budget)} {how} the shortest sample, "
         f"{text(shortest)}: every sample would be skipped and no epoch would have a batch; "

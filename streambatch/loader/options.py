@@ -1,42 +1,39 @@
-"""The loader's options in typed groups, each value checked once, where its group is built.
+"""The loader's options in typed groups, each default written once (in its field, with its docstring) and each
+value checked once, where its group is built.
 
-* batching: `BatchingConfig` (the planner's object), built by `batching_config()`
-  from the names in `BATCHING_OPTIONS` and what the index says;
-* read: `ReadOptions`;
-* per sample: `SampleOptions` (decoding, transforms, speed perturbation, features);
-* run: `RunOptions` (rank, world size, workers, how the ranks step together, the DataLoader's knobs), whose
+``StreamBatchLoader`` takes a dozen everyday keywords by name and the rest in four groups, passed as objects or
+flat by field name (`sort_options()` maps them):
+
+* ``batching=`` `BatchingOptions`: which batches form; with what the index says it becomes the planner's
+  `BatchingConfig` (`batching_config()`);
+* ``reading=`` `ReadOptions`: how shards are read;
+* ``per_sample=`` `SampleOptions`: decoding, transforms, speed perturbation, features;
+* ``run=`` `RunOptions`: rank, world size, workers, how the ranks step together, the DataLoader's knobs; its
   `RunOptions.layout()` is the plan's `Layout`.
-
-``StreamBatchLoader.__init__`` names every option of these groups in its signature, with the same defaults
-(``tests/loader/test_options_surface.py`` holds the two together), and `option_groups()` sorts its
-arguments into them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from ..errors import OptionError, bool_option, callable_option, choice_option, int_option
-from ..format.index import ShardIndex
 from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
-from ..plan.config import OPTIONS as BATCHING_OPTIONS
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
-from ..plan.layout import MAX_WORKERS, Layout, check_slots
+from ..plan.layout import EVEN_BATCHES, MAX_WORKERS, Layout, check_slots
 from ..plan.perturb import LengthPlan, SpeedPerturb
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
-from ..select.mixture import MixedIndex, dataset_names, datasets_of
+from ..select.mixture import AnyIndex, dataset_names, datasets_of
 from ..stats import stream_stats
 from ..units import Unit, parse_bytes
 from .mesh import check_data_parallel
-
-#: what the loader plans from: one dataset's index, or a mixture's datasets as one
-Index = ShardIndex | MixedIndex
 
 #: how an epoch is planned: "auto" (rank-local with a process group, else whole), "local", "global"
 PLANNING = ("auto", "local", "global")
@@ -46,6 +43,105 @@ LOSS_WEIGHT_BY = ("samples", "frames")
 DECODE = ("auto", "audio", "text", "none")
 #: the most batches a worker prepares ahead (``prefetch_factor``): each held in memory until the loop takes it
 MAX_PREFETCH_FACTOR = 64
+
+
+def whole(low: int | None = None, high: int | None = None) -> dict[str, Any]:
+    """A field's bounds: a whole number from ``low`` to ``high`` (None: unbounded; checked by `check_fields()`)."""
+    return {"whole": (low, high)}
+
+
+def one_of(*choices: Any) -> dict[str, Any]:
+    """A field's values: one of ``choices`` (checked by `check_fields()`)."""
+    return {"one_of": choices}
+
+
+#: a field that is True or False (checked by `check_fields()`)
+FLAG: dict[str, Any] = {"flag": True}
+
+
+def check_fields(options: Any) -> None:
+    """Check every field of a group whose metadata bounds it (`whole()`, `one_of()`, `FLAG`): the bounds are
+    written once, in the field; a field whose default is None may be None. A bad value is an `OptionError` naming
+    the field."""
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if value is None and f.default is None:
+            continue
+        if "whole" in f.metadata:
+            int_option(f.name, value, *f.metadata["whole"])
+        elif "one_of" in f.metadata:
+            choice_option(f.name, value, f.metadata["one_of"])
+        elif "flag" in f.metadata:
+            bool_option(f.name, value)
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """Which batches form: the loader's batching options. With what the index says (its lengths, unit and bytes per
+    sample) they become the planner's `BatchingConfig` (`batching_config()`), where each value is checked; the
+    fields it shares with `BatchingConfig` take their defaults from there, so `plan_batches` and the loader form
+    the same batches from the same options (see the guide's "How a batch forms")."""
+
+    buffer_size: int | None = BatchingConfig.buffer_size
+    """The window of samples each worker's batches are formed from (it bounds memory); None: 64 batches of samples
+    of the dataset's mean length, at most 256 MiB of stored samples, never fewer than 2,000 samples
+    (`default_buffer_size()`; ``loader.config.buffer_size`` says what it chose)."""
+    refill: int | None = BatchingConfig.refill
+    """Samples that must leave the window before it waits for new ones; None (or 0): ``buffer_size // 4``."""
+    bucket_boundaries: Sequence[float] | None = None
+    """Lengths no batch straddles; None: each batch is cut from the length-sorted window directly (pads least)."""
+    num_buckets: int | None = None
+    """Estimate this many bucket boundaries from the index (1 to 4,096) instead of giving ``bucket_boundaries``."""
+    bucket_spacing: str = "quantile"
+    """How ``num_buckets`` boundaries are spaced: ``"quantile"`` (equal sample counts) or ``"exponential"``
+    (equal length ratios); needs ``num_buckets``."""
+    max_batch_size: int | None = BatchingConfig.max_batch_size
+    """At most this many samples per batch; None: only the budget limits it."""
+    batch_size_multiple_of: int = BatchingConfig.batch_size_multiple_of
+    """Batch sizes are multiples of this (8, 16 for tensor cores) where the budget leaves room for that many."""
+    min_length: float = BatchingConfig.min_length
+    """Shorter samples are never emitted (counted as skipped)."""
+    max_length: float | None = BatchingConfig.max_length
+    """Longer samples are never emitted (counted as skipped); None: only the budget limits them."""
+    drop_last: bool = BatchingConfig.drop_last
+    """Drop each worker's last incomplete batch (counted)."""
+    strict: bool = BatchingConfig.strict
+    """Raise `SampleTooLongError` instead of skipping a sample that can never fit."""
+    shuffle: bool = BatchingConfig.shuffle
+    """Shard order and batch order follow ``(seed, epoch)``; False keeps the index's order."""
+    seed: int = field(default=0, metadata=whole(0, MAX_SEED))
+    """The seed of every random choice (with the epoch), the same on every rank: a whole number from 0 to
+    2³² − 1 (plans are keyed by its low 32 bits)."""
+    pad_to_multiple_of: int | None = BatchingConfig.pad_to_multiple_of
+    """Pad ``T`` up to a multiple of this; the budget holds for the padded tensor."""
+    batch_order: str = BatchingConfig.batch_order
+    """The order a worker's batches leave in: ``"random"`` (seeded), or sorted by longest sample
+    (``"ascending"``, ``"descending"``); sorting needs an index."""
+    output_budget: float | None = BatchingConfig.output_budget
+    """A second budget: every batch also holds ``n × max output length ≤ output_budget`` (needs output lengths
+    in the index)."""
+    batch_by: str | None = BatchingConfig.batch_by
+    """``"dataset"``: every batch holds samples of one dataset of a mixture; None: any."""
+    cost: Any = "padded"
+    """What the budget bounds: ``"padded"`` (``n × max_len``), ``"quadratic"``, a callable ``cost(n, max_len)``
+    returning a finite number ≥ 0, or a calibration file (`streambatch.calibrate`; its budget serves when
+    ``budget`` is None)."""
+    quadratic_factor: float | None = None
+    """The weight of the quadratic term, only with ``cost="quadratic"``."""
+    packed: bool = False
+    """Pack samples end to end (cut by the sum of their lengths) instead of padding them; no ``cost``, no buckets."""
+    interleave: int = BatchingConfig.interleave
+    """Shards each worker streams at once, their samples merged in a seeded order that changes with the epoch
+    (1 to 64); 1 streams one shard after another."""
+
+    def __post_init__(self) -> None:
+        # the seed one whole number: an epoch's plan needs one (only `plan_batches` seeds a stream with a sequence);
+        # the other values are checked where `BatchingConfig` is built, with the index
+        check_fields(self)
+
+    def as_make_options(self) -> dict[str, Any]:
+        """The options as `BatchingConfig.make()` takes them, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)
@@ -93,9 +189,9 @@ class SampleOptions:
 class RunOptions:
     """Where this process stands in the job and how its batches reach the training loop."""
 
-    rank: int | None = None
+    rank: int | None = field(default=None, metadata=whole(0))
     """This process's rank; None: detected (torch.distributed, torchrun or SLURM variables), else 0."""
-    world_size: int | None = None
+    world_size: int | None = field(default=None, metadata=whole(1))
     """Ranks in the job; None: detected as ``rank`` is, else 1. At most
     `MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
     `MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
@@ -113,64 +209,53 @@ class RunOptions:
     dp_mesh: Any = None
     """A torch ``DeviceMesh`` instead of ``dp_rank``/``dp_size``: its dimension named ``"dp"`` (or a 1-D
     mesh's only one) gives the data-parallel rank and size, and its process group agrees the step count."""
-    num_workers: int = 0
+    num_workers: int = field(default=0, metadata=whole(0, MAX_WORKERS))
     """DataLoader worker processes per rank (0: read in the training process); at most
     `MAX_WORKERS` (1,024): each is a process, and each is a slot every rank's plan
     deals the epoch over."""
-    even_batches: str = "split"
+    even_batches: str = field(default="split", metadata=one_of(*EVEN_BATCHES))
     """How every rank gets the same step count: ``"split"``, ``"drop"`` or ``"pad"`` (checked by
     `Layout`)."""
-    hardest_first: bool = False
+    hardest_first: bool = field(default=False, metadata=FLAG)
     """The most expensive batch at step 1 (checked by `Layout`)."""
-    planning: str = "auto"
+    planning: str = field(default="auto", metadata=one_of(*PLANNING))
     """Who plans the epoch (`PLANNING`): ``"auto"`` rank-local with a matching process group, else the
     whole epoch on every rank; ``"local"`` requires the process group; ``"global"`` always the whole epoch."""
-    batches_per_epoch: int | None = None
+    batches_per_epoch: int | None = field(default=None, metadata=whole(1))
     """Without an index: every rank yields exactly this many batches per epoch (a nominal epoch); with an index its
     plan gives the length (refused beside it)."""
-    micro_batches: int = 1
+    micro_batches: int = field(default=1, metadata=whole(1))
     """Yield each batch as this many micro-batches (a list of dicts with loss weights)."""
-    loss_weight_by: str = "samples"
+    loss_weight_by: str = field(default="samples", metadata=one_of(*LOSS_WEIGHT_BY))
     """What a micro-batch's loss weight counts (`LOSS_WEIGHT_BY`)."""
-    prefetch_factor: int | None = None
+    prefetch_factor: int | None = field(default=None, metadata=whole(1, MAX_PREFETCH_FACTOR))
     """Batches each worker prepares ahead (as in ``torch.utils.data.DataLoader``; None: 2), with workers only
     (``num_workers`` ≥ 1; the DataLoader refuses it without). At most `MAX_PREFETCH_FACTOR` (64): each
     worker holds that many formed batches in memory (each up to the budget's padded tensor), and a pass starts
     by queueing ``num_workers × prefetch_factor`` requests."""
-    persistent_workers: bool = False
+    persistent_workers: bool = field(default=False, metadata=FLAG)
     """Keep the workers between epochs (as in ``DataLoader``; only with ``num_workers``)."""
-    pin_memory: bool = False
+    pin_memory: bool = field(default=False, metadata=FLAG)
     """Batches in page-locked memory (as in ``DataLoader``)."""
     worker_init_fn: Callable[[int], Any] | None = None
     """Called in each worker with its id (after the loader's own set-up)."""
-    progress: bool = False
+    progress: bool = field(default=False, metadata=FLAG)
     """A tqdm bar per pass (total ``len(loader)``, starting at the batches already consumed)."""
     max_plan_bytes: int | str = "16G"
     """The most memory a mixture's epoch plan may take (about 48 bytes per sample its weights put in an epoch,
     every copy counted); larger weights are refused before anything is allocated. A size like ``"64G"``."""
 
     def __post_init__(self) -> None:
-        if self.rank is not None:
-            int_option("rank", self.rank, 0)
-        int_option("num_workers", self.num_workers, 0, MAX_WORKERS)
+        check_fields(self)
         if self.world_size is not None:
-            check_slots(int_option("world_size", self.world_size, 1), self.num_workers)
+            check_slots(self.world_size, self.num_workers)
         check_data_parallel(self)
-        choice_option("planning", self.planning, PLANNING)
-        if self.batches_per_epoch is not None:
-            int_option("batches_per_epoch", self.batches_per_epoch, 1)
-        int_option("micro_batches", self.micro_batches, 1)
-        choice_option("loss_weight_by", self.loss_weight_by, LOSS_WEIGHT_BY)
-        if self.prefetch_factor is not None:
-            int_option("prefetch_factor", self.prefetch_factor, 1, MAX_PREFETCH_FACTOR)
-            if self.num_workers == 0:
-                raise OptionError(
-                    f"prefetch_factor={self.prefetch_factor!r} is the batches each worker prepares ahead, and "
-                    "num_workers=0 starts none (the DataLoader refuses it too): give num_workers >= 1 or leave "
-                    "prefetch_factor=None"
-                )
-        for name in ("persistent_workers", "pin_memory", "progress"):
-            bool_option(name, getattr(self, name))
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise OptionError(
+                f"prefetch_factor={self.prefetch_factor!r} is the batches each worker prepares ahead, and "
+                "num_workers=0 starts none (the DataLoader refuses it too): give num_workers >= 1 or leave "
+                "prefetch_factor=None"
+            )
         if self.persistent_workers and self.num_workers == 0:  # as the DataLoader refuses it
             raise OptionError("persistent_workers=True keeps worker processes, and num_workers=0 starts none")
         if self.max_plan_bytes is None:
@@ -185,7 +270,7 @@ class RunOptions:
         return Layout(world_size, max(1, self.num_workers), self.even_batches, self.hardest_first)
 
 
-def check_epoch_length(run: RunOptions, index: Index | None, world_size: int) -> None:
+def check_epoch_length(run: RunOptions, index: AnyIndex | None, world_size: int) -> None:
     """Who says how long an epoch is: the index (its plan), or without one ``batches_per_epoch``, which several
     ranks need (else they would step unevenly, a DDP hang); both at once would leave ``batches_per_epoch`` unused."""
     if index is not None and run.batches_per_epoch is not None:
@@ -214,7 +299,7 @@ def worker_callables(sample: SampleOptions, run: RunOptions, config: BatchingCon
 
 
 def collate_options(
-    sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: Index | None, ops: Any
+    sample: SampleOptions, run: RunOptions, config: BatchingConfig, index: AnyIndex | None, ops: Any
 ) -> CollateOptions:
     """How the workers turn a formed batch into tensors (``ops``: the per-sample stages of `sample_plan()`)."""
     return CollateOptions(
@@ -234,33 +319,121 @@ def init_fields(group: type) -> list[str]:
     return [f.name for f in dataclasses.fields(group) if f.init]
 
 
-def option_groups(given: dict[str, Any]) -> tuple[dict[str, Any], ReadOptions, SampleOptions, RunOptions]:
-    """The loader's arguments sorted into their groups: the batching options by name (`batching_config()`
-    turns them into a `BatchingConfig` once the index is open), and the other groups built (checked)."""
-    _check_plain(given)
-    batching = {k: given[k] for k in BATCHING_OPTIONS}
-    read = ReadOptions(**{k: given[k] for k in init_fields(ReadOptions)})
-    sample = SampleOptions(**{k: given[k] for k in init_fields(SampleOptions)})
-    run = RunOptions(**{k: given[k] for k in init_fields(RunOptions)})
-    return batching, read, sample, run
+#: the loader's option groups by the keyword that takes each
+GROUPS: dict[str, type] = {
+    "batching": BatchingOptions,
+    "reading": ReadOptions,
+    "per_sample": SampleOptions,
+    "run": RunOptions,
+}
+#: which group each option belongs to, by its name
+GROUP_OF: dict[str, str] = {name: keyword for keyword, group in GROUPS.items() for name in init_fields(group)}
+#: the loader's keywords that belong to no group
+PLAIN = ("weights", "index", "where", "storage_options")
 
 
-def _check_plain(given: dict[str, Any]) -> None:
-    """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping; and
-    ``seed`` one whole number (a `BatchingConfig` also takes a sequence, for one stream of ``plan_batches``;
-    an epoch's plan needs one)."""
-    int_option("seed", given.get("seed"), 0, MAX_SEED)
-    where, so = given.get("where"), given.get("storage_options")
+def field_default(group: type, name: str) -> Any:
+    """The default of field ``name`` of ``group``, as written in its declaration."""
+    f = next(f for f in dataclasses.fields(group) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+class FromGroup:
+    """The default of an everyday keyword that belongs to a group: its field's, written there once. It stands for
+    "not given" (so that a value given both here and in the group is caught) and shows as the field's default in
+    ``help()``."""
+
+    def __init__(self, group: type, name: str):
+        self.group, self.name = group, name
+
+    def __repr__(self) -> str:
+        return repr(field_default(self.group, self.name))
+
+
+#: the defaults of the everyday keywords `StreamBatchLoader` names that belong to a group (their fields' defaults)
+EVERYDAY = ("num_workers", "shuffle", "seed", "buffer_size", "max_batch_size", "decode")
+GROUP_DEFAULT: Any = SimpleNamespace(**{name: FromGroup(GROUPS[GROUP_OF[name]], name) for name in EVERYDAY})
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """A loader's options, sorted: its four groups, each built (checked) once."""
+
+    batching: BatchingOptions
+    reading: ReadOptions
+    per_sample: SampleOptions
+    run: RunOptions
+
+
+def sort_options(flat: Mapping[str, Any], groups: Mapping[str, Any] | None = None) -> LoaderOptions:
+    """The loader's options in their groups: ``groups`` the group objects given (by keyword, None: not given) and
+    ``flat`` the options given by name (an everyday keyword left at its `FromGroup` default is not given). A
+    flat option updates its group's object; an unknown name, a group that is not its class, or an option given
+    both flat and (other than its default) in its group is an `OptionError` naming it."""
+    given = {k: v for k, v in flat.items() if not isinstance(v, FromGroup)}
+    for name in given:
+        if name not in GROUP_OF:
+            raise OptionError(f"unknown loader option {name!r}{_closest(name)}")
+    built: dict[str, Any] = {}
+    for keyword, group in GROUPS.items():
+        obj = (groups or {}).get(keyword)
+        if obj is not None and not isinstance(obj, group):
+            name = group.__name__
+            raise OptionError(f"{keyword} must be a {name}, got a {type(obj).__name__}: pass {keyword}={name}(...)")
+        mine = {k: v for k, v in given.items() if GROUP_OF[k] == keyword}
+        if obj is None:
+            built[keyword] = group(**mine)
+            continue
+        for name in mine:
+            if not _is_default(getattr(obj, name), field_default(group, name)):
+                raise OptionError(
+                    f"{name} is given twice, as {name}={mine[name]!r} and in {keyword}={group.__name__}"
+                    f"({name}={getattr(obj, name)!r}): give it once"
+                )
+        built[keyword] = dataclasses.replace(cast(Any, obj), **mine) if mine else obj
+    return LoaderOptions(**built)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether a group's value is its field's default (an array compares as a whole)."""
+    try:
+        return bool(value is default or value == default)
+    except ValueError:  # numpy: an array's truth is ambiguous, and an array is no field's default
+        return False
+
+
+def _closest(name: str) -> str:
+    """``: did you mean X?`` with the closest option name, or the list of groups to look in."""
+    known = [*GROUP_OF, *PLAIN, *GROUPS, "source", "budget"]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f": did you mean {close[0]!r}?"
+    return f"; the options are the fields of {', '.join(g.__name__ for g in GROUPS.values())} and {', '.join(PLAIN)}"
+
+
+def check_plain(where: Any, storage_options: Any) -> None:
+    """The loader's options that belong to no group: ``where`` is SQL text, ``storage_options`` a mapping."""
     if where is not None and not isinstance(where, str):
         raise OptionError(f'where must be an SQL expression as text, like "snr > 10", got {where!r}')
-    if so is not None and not isinstance(so, Mapping):
-        raise OptionError(f"storage_options must be a dict of fsspec options, got {so!r}")
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise OptionError(f"storage_options must be a dict of fsspec options, got {storage_options!r}")
+
+
+def check_options(options: Mapping[str, Any]) -> LoaderOptions:
+    """Loader options by name (``source`` and ``budget`` aside), as a DataModule holds them to build its loaders:
+    checked now, the batching values with the index later. Group objects go by their keywords."""
+    flat = {k: v for k, v in options.items() if k not in GROUPS and k not in PLAIN}
+    for name in ("source", "budget"):
+        if name in flat:
+            raise OptionError(f"{name} is an argument of its own, not one of the loader options")
+    check_plain(options.get("where"), options.get("storage_options"))
+    return sort_options(flat, {k: options[k] for k in GROUPS if k in options})
 
 
 def batching_config(
     budget: float | None,
-    index: Index | None,
-    options: dict[str, Any],
+    index: AnyIndex | None,
+    options: Mapping[str, Any],
     length_plan: LengthPlan | None = None,
     storage_options: dict | None = None,
 ) -> BatchingConfig:
@@ -296,8 +469,8 @@ def batching_config(
 
 
 def _calibrated(
-    options: dict[str, Any], budget: float | None, indexed: bool, unit: str | None, storage_options: dict | None
-) -> tuple[dict[str, Any], float | None]:
+    options: Mapping[str, Any], budget: float | None, indexed: bool, unit: str | None, storage_options: dict | None
+) -> tuple[Mapping[str, Any], float | None]:
     """With ``cost`` a calibration file (read here, from any storage) or dict: its cost model, its budget where
     none was given, its batch-size cap (larger batches would be extrapolated, not measured), its unit checked."""
     cost = options.get("cost")
@@ -313,7 +486,7 @@ def _calibrated(
     return options, calibrated_budget if budget is None else budget
 
 
-def _window_figures(index: Index | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
+def _window_figures(index: AnyIndex | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
     """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
     if index is None or not index.num_samples:
         return None, None
@@ -327,7 +500,7 @@ def _window_figures(index: Index | None, length_plan: LengthPlan | None) -> tupl
     return mean, sum(sizes) / count if len(sizes) == len(indexes) and count else math.inf
 
 
-def _stats(index: Index, length_plan: LengthPlan | None) -> Any:
+def _stats(index: AnyIndex, length_plan: LengthPlan | None) -> Any:
     """Statistics of every length in the plan's unit (frames when planning in them; speed factors aside)."""
     if length_plan is None or not length_plan.in_frames:
         return index.length_stats()
@@ -349,7 +522,7 @@ def check_decode_unit(decode: Any, unit: Unit) -> None:
         )
 
 
-def sample_plan(o: SampleOptions, index: Index | None, seed: Any) -> tuple[LengthPlan | None, Any]:
+def sample_plan(o: SampleOptions, index: AnyIndex | None, seed: Any) -> tuple[LengthPlan | None, Any]:
     """The `LengthPlan` the epochs are planned with and the per-sample stages of the workers
     (`SampleOps`; each worker sets the epoch), from the per-sample options."""
     from ..read.features import plans_in_frames

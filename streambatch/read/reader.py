@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import OptionError, ShardReadError, choice_option, int_option, number_option
+from ..errors import OptionError, ShardReadError, bool_option, choice_option, int_option, number_option
 from ..format.members import PLAIN, ShardMembers
 from ..format.tar import group_samples, iter_members
 from ..format.trust import shard_roots_option
@@ -83,6 +83,10 @@ class ReadOptions:
     it names outside its dataset (``..``, an absolute path or ``file://`` elsewhere, another scheme or host) is
     refused before it is opened (`streambatch.format.trust`). Give the roots a dataset made by
     ``shardify index --out`` reports."""
+    read_by_position: bool = True
+    """Read local shards by position where the index records each sample's byte span (only the samples a batch
+    needs, no tar parsing); False streams every shard through the tar parser, as remote shards are (to check one
+    way of reading against the other)."""
 
     #: recent samples each worker keeps to re-draw samples lost with a bad shard
     reservoir: ClassVar[int] = 64
@@ -104,6 +108,7 @@ class ReadOptions:
         number_option("timeout", self.timeout, positive=True, maximum=MAX_TIMEOUT)
         choice_option("verify", self.verify, VERIFY)
         int_option("max_bad_shards", self.max_bad_shards, 0)
+        bool_option("read_by_position", self.read_by_position)
         object.__setattr__(self, "shard_roots", shard_roots_option(self.shard_roots))
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise OptionError(f"cache_dir must be a folder or None, got {self.cache_dir!r}")

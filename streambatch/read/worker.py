@@ -75,7 +75,7 @@ class SharedEpochState:
     def __getstate__(self) -> dict[str, Any]:  # a worker that does not fork reads the index itself
         return {**self.__dict__, "kept": {}, "planned": None}
 
-    def take_plans(self, epoch: int, sched: RankSchedule, index: Any) -> None:
+    def take_plans(self, epoch: int, sched: RankSchedule, index: AnyIndex) -> None:
         """Move the slot plans ``sched`` (a `RankSchedule` of ``epoch``) kept to
         this state, and hold the lengths it was planned on (of ``index``), where it kept them."""
         self.kept, sched.kept = {(epoch, s): p for s, p in sched.kept.items()}, {}
@@ -286,7 +286,7 @@ def _planned_batches(
     plan = apply_adjust(raw, adj, cfg.epoch_seed, epoch, slot, by_pos, cfg.cost)
 
     direct = None
-    if can_read_direct(ctx.urls, plan.pieces, index):  # local files: read by position, not streamed
+    if ctx.read.read_by_position and can_read_direct(ctx.urls, plan.pieces, index):  # local: by position
         direct = DirectShards(ctx.urls, index, plan.pieces, lengths.counts, ctx.read, faults)
 
     def run(part: SlotPlan, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:

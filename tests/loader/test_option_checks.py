@@ -5,6 +5,7 @@ is allocated, and a callable the workers cannot receive is named before they sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import re
@@ -15,13 +16,12 @@ import pytest
 from conftest import text_dataset, text_mixture
 
 from streambatch import BudgetError, OptionError, StreamBatchLoader
-from streambatch.loader.options import RunOptions, SampleOptions, init_fields
-from streambatch.plan.config import OPTIONS as BATCHING_OPTIONS
-from streambatch.read.reader import ReadOptions
+from streambatch.loader.options import GROUPS, init_fields
 
 NAN, INF = float("nan"), float("inf")
 
-#: (option, a bad value, other options it needs): at least one case for every option of every group
+#: (option, a bad value, other options it needs): the checks no field's metadata states (`generated()` makes the
+#: rest from the bounds written in the fields)
 BAD = [
     # batching: BatchingConfig and BatchingConfig.make
     ("buffer_size", 1.5, {}),
@@ -59,11 +59,7 @@ BAD = [
     ("drop_last", "yes", {}),
     ("strict", 0, {}),
     ("shuffle", "True", {}),
-    ("seed", 1.5, {}),
     ("seed", [1], {}),  # a sequence seeds one stream of plan_batches; accepted, then refused at len()
-    ("seed", -1, {}),
-    ("seed", True, {}),
-    ("seed", "1", {}),
     ("pad_to_multiple_of", 0, {}),
     ("pad_to_multiple_of", 2.5, {}),
     ("batch_order", "sorted", {}),
@@ -104,6 +100,7 @@ BAD = [
     ("verify", "md5", {}),
     ("max_bad_shards", -1, {}),
     ("max_bad_shards", 1.5, {}),
+    ("read_by_position", 1, {}),
     ("cache_dir", 3, {}),
     ("cache_size", "abc", {}),
     ("cache_size", -1, {}),
@@ -120,35 +117,13 @@ BAD = [
     ("features", "mfcc", {}),
     ("features", 3, {}),
     # the run: RunOptions
-    ("rank", -1, {}),
     ("rank", 3, {"world_size": 2}),
-    ("rank", 1.5, {}),
-    ("rank", True, {}),
-    ("world_size", 0, {}),
-    ("world_size", "2", {}),
     ("dp_rank", 2, {"dp_size": 2}),
     ("dp_rank", -1, {"dp_size": 2}),
     ("dp_rank", 1, {}),
     ("dp_size", 0, {"dp_rank": 0}),
     ("dp_mesh", "dp", {}),
-    ("num_workers", 1.5, {}),
-    ("num_workers", "2", {}),
-    ("num_workers", -1, {}),
-    ("num_workers", True, {}),
-    ("even_batches", "even", {}),
-    ("hardest_first", 1, {}),
-    ("planning", "both", {}),
-    ("batches_per_epoch", 0, {}),
-    ("batches_per_epoch", 1.5, {}),
-    ("micro_batches", 0, {}),
-    ("micro_batches", 2.0, {}),
-    ("loss_weight_by", "tokens", {}),
-    ("prefetch_factor", 0, {}),
-    ("prefetch_factor", 1.5, {}),
-    ("persistent_workers", 1, {}),
-    ("pin_memory", "no", {}),
     ("worker_init_fn", 3, {}),
-    ("progress", 1, {}),
     ("max_plan_bytes", 1.5, {}),
     ("max_plan_bytes", "lots", {}),
     ("max_plan_bytes", None, {}),
@@ -191,10 +166,39 @@ def build(ds, name, value, extra):
     return StreamBatchLoader(ds, budget, **options)
 
 
-def test_every_option_has_a_bad_value_in_the_table():
-    groups = init_fields(ReadOptions) + init_fields(SampleOptions) + init_fields(RunOptions)
-    wanted = set(groups) | set(BATCHING_OPTIONS) | {"where", "storage_options", "budget"}
-    assert wanted <= {name for name, _, _ in BAD}, sorted(wanted - {name for name, _, _ in BAD})
+def generated() -> list[tuple[str, object]]:
+    """Bad values of every field whose metadata bounds it: below and above its bounds, a fraction, text and a bool
+    where a whole number goes; a name outside its choices; a number where True or False goes."""
+    out: list[tuple[str, object]] = []
+    for group in GROUPS.values():
+        for f in dataclasses.fields(group):
+            if "whole" in f.metadata:
+                low, high = f.metadata["whole"]
+                out += [(f.name, v) for v in (1.5, "2", True)]
+                out += [(f.name, low - 1)] if low is not None else []
+                out += [(f.name, high + 1)] if high is not None else []
+            elif "one_of" in f.metadata:
+                out += [(f.name, "bogus"), (f.name, 3)]
+            elif "flag" in f.metadata:
+                out += [(f.name, 1), (f.name, "yes")]
+    return out
+
+
+GENERATED = generated()
+
+
+def test_every_option_has_a_bad_value():
+    wanted = {name for group in GROUPS.values() for name in init_fields(group)} | {"where", "storage_options", "budget"}
+    covered = {name for name, _, _ in BAD} | {name for name, _ in GENERATED}
+    assert wanted <= covered, sorted(wanted - covered)
+
+
+@pytest.mark.parametrize(("name", "value"), GENERATED, ids=[f"{n}={v!r}" for n, v in GENERATED])
+def test_a_value_outside_its_fields_bounds_is_one_line_naming_it(ds, name, value):
+    with pytest.raises(OptionError) as got:
+        StreamBatchLoader(ds, 400, **{name: value})
+    text = str(got.value)
+    assert "\n" not in text and name in text and any(s in text for s in shown(value)), text
 
 
 @pytest.mark.parametrize(("name", "value", "extra"), BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
@@ -325,7 +329,7 @@ def test_forked_workers_still_take_a_lambda(ds):
     [
         ({"num_workers": 1.5}, "num_workers must be a whole number, got 1.5"),
         ({"decode": "bogus"}, "decode must be one of"),
-        ({"shard_size": 3}, "options: unknown loader option: shard_size"),
+        ({"shard_size": 3}, "unknown loader option 'shard_size': did you mean 'dp_size'?"),
         ({"val_options": {"pin_memory": "no"}}, "pin_memory must be True or False, got 'no'"),
         ({"val_options": "fast"}, "val_options must be a dict of loader options"),
     ],

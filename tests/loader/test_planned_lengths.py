@@ -2,7 +2,7 @@
 instead of reading their shards' lengths from the index again (a round trip per worker and epoch on object
 storage), and yield exactly the batches of workers that read their own; workers kept from an earlier epoch
 (``persistent_workers``) read them, as before, while the loader holds none for them, and a loader whose workers do
-not fork holds none."""
+not fork holds none. Either way the batches are the planned ones (`step_samples`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from conftest import text_dataset
 
-import streambatch.loader.planning as planning
 from streambatch import ShardIndex, StreamBatchLoader
 
 KW: dict[str, Any] = dict(budget=400, buffer_size=64, seed=3, num_workers=2)
@@ -47,40 +46,43 @@ def _keys(loader: StreamBatchLoader, epochs: int = 2) -> list[list[str]]:
     return out
 
 
-def test_forked_workers_read_no_lengths_and_yield_the_same_batches(shards, readers, monkeypatch):
-    held = _keys(StreamBatchLoader(shards, **KW))
+def _planned(loader: StreamBatchLoader, epochs: int = 2) -> list[list[str]]:
+    """Every step's keys as the plan names them (`step_samples`), without reading a shard."""
+    out = []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        out += [loader.step_samples(k).keys()[0] for k in range(len(loader))]
+    return out
+
+
+def test_forked_workers_read_no_lengths_and_yield_the_planned_batches(shards, readers):
+    loader = StreamBatchLoader(shards, **KW)
+    held = _keys(loader)
     assert set(readers()) == {os.getpid()}, "a worker read lengths the loader had planned on"
-    monkeypatch.setattr(planning, "KEEP_LENGTHS_MAX", -1)  # nothing held: every worker reads its own
-    read = _keys(StreamBatchLoader(shards, **KW))
-    assert len(set(readers()) - {os.getpid()}) == 4  # the two workers of each of that run's two epochs did read
-    assert held == read and len(held) > 4
+    assert held == _planned(StreamBatchLoader(shards, **KW)) and len(held) > 4
 
 
-def test_the_loaders_own_stream_reads_no_lengths_either(shards, readers, monkeypatch):
-    kw = dict(KW, num_workers=0)
-    held = _keys(StreamBatchLoader(shards, **kw))
-    reads = len(readers())  # the planning's, once per epoch
-    monkeypatch.setattr(planning, "KEEP_LENGTHS_MAX", -1)
-    assert held == _keys(StreamBatchLoader(shards, **kw))
-    assert len(readers()) - reads == 2 * reads  # where nothing is held the stream reads them again
+def test_the_loaders_own_stream_reads_no_lengths_either(shards, readers):
+    loader = StreamBatchLoader(shards, **dict(KW, num_workers=0))
+    held = []
+    for e in range(2):
+        loader.set_epoch(e)
+        len(loader)  # the epoch is planned: its lengths read once
+        reads = len(readers())
+        held += [list(b["keys"]) for b in loader]
+        assert len(readers()) == reads, "the stream read the lengths its epoch was planned on again"
+    assert held == _planned(StreamBatchLoader(shards, **dict(KW, num_workers=0)))
 
 
-def test_persistent_workers_read_later_epochs_lengths_themselves(shards, readers, monkeypatch):
-    def worker_reads() -> int:
-        return sum(pid != os.getpid() for pid in readers())
-
+def test_persistent_workers_read_later_epochs_lengths_themselves(shards, readers):
     loader = StreamBatchLoader(shards, persistent_workers=True, **KW)
     held = _keys(loader, epochs=3)
-    inherited = worker_reads()
-    # the running workers cannot take what the loader plans on after they started: it holds nothing for them
-    assert loader._state.planned is None and loader.schedule(2).lengths is None
-    monkeypatch.setattr(planning, "KEEP_LENGTHS_MAX", -1)
-    assert held == _keys(StreamBatchLoader(shards, persistent_workers=True, **KW), epochs=3)
-    # epochs 1 and 2 read by the workers in both runs, epoch 0 only where nothing was held
-    assert inherited > 0 and 2 * (worker_reads() - inherited) == 3 * inherited
+    # the running workers cannot take what the loader plans on after they started: they read epochs 1 and 2
+    assert any(pid != os.getpid() for pid in readers()) and loader.schedule(2).lengths is None
+    assert held == _planned(StreamBatchLoader(shards, **KW), epochs=3)
 
 
 def test_a_loader_whose_workers_do_not_fork_holds_no_lengths(shards):
     loader = StreamBatchLoader(shards, where="length > 3", **KW)  # a filter starts the workers by forkserver
     assert _keys(loader, epochs=1)  # the workers read their own lengths (not counted here: nothing patched there)
-    assert loader.schedule(0).lengths is None and loader._state.planned is None  # nothing would take them
+    assert loader.schedule(0).lengths is None  # nothing would take them

@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 from conftest import text_dataset
 
-import streambatch.loader.planning as planning
-import streambatch.read.worker as worker
 from streambatch import StreamBatchLoader
 
 KW: dict[str, Any] = dict(budget=400, buffer_size=64, seed=3, num_workers=0)
@@ -23,35 +21,25 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
     return text_dataset(tmp_path_factory.mktemp("once"), 300, seed=2, max_count=40)
 
 
-@pytest.fixture
-def stream_plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the slots the stream plans itself (one entry per call of its ``plan_slot``)."""
-    calls: list[int] = []
-    plan_slot = worker.plan_slot
-
-    def counted(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return plan_slot(*a, **k)
-
-    monkeypatch.setattr(worker, "plan_slot", counted)
-    return calls
-
-
 def _keys(loader: StreamBatchLoader, epochs: int = 2) -> list[list[str]]:
     return [list(b["keys"]) for _ in range(epochs) for b in loader]
 
 
-def test_each_epoch_is_planned_once_with_the_same_batches(shards, stream_plans, monkeypatch):
+def test_the_stream_yields_the_planned_batches_as_a_worker_planning_its_own_would(shards):
+    """Without workers the stream takes its planner's slot plan; one worker (the same single slot) plans its own in
+    its process: the same batches, the planned ones, epoch after epoch."""
     once = _keys(StreamBatchLoader(shards, **KW))
-    assert not stream_plans, "the stream planned its slot again"
-    monkeypatch.setattr(planning, "KeptSlots", lambda slots: None)  # nothing kept: the stream plans its own
-    twice = _keys(StreamBatchLoader(shards, **KW))
-    assert len(stream_plans) == 2  # one per epoch
-    assert once == twice and len(once) > 4
+    planner = StreamBatchLoader(shards, **KW)
+    planned = []
+    for e in range(2):
+        planner.set_epoch(e)
+        planned += [planner.step_samples(k).keys()[0] for k in range(len(planner))]
+    own = _keys(StreamBatchLoader(shards, **dict(KW, num_workers=1)))
+    assert once == planned == own and len(once) > 4
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
-def test_a_resume_mid_epoch_yields_the_rest_as_planned(shards, stream_plans, world_size):
+def test_a_resume_mid_epoch_yields_the_rest_as_planned(shards, world_size):
     kw = dict(KW, rank=world_size - 1, world_size=world_size)
     whole = _keys(StreamBatchLoader(shards, **kw), epochs=1)
     first = StreamBatchLoader(shards, **kw)
@@ -64,4 +52,3 @@ def test_a_resume_mid_epoch_yields_the_rest_as_planned(shards, stream_plans, wor
     resumed.load_state_dict(state)
     rest = [list(b["keys"]) for b in resumed]
     assert head + rest == whole and head + again == whole
-    assert len(stream_plans) == 1  # the second pass only: a kept plan goes to one stream, and then is freed

@@ -11,7 +11,6 @@ from conftest import audio_dataset, text_dataset
 
 from streambatch import OptionError, StreamBatchLoader
 from streambatch.cli import main
-from streambatch.read import worker
 
 SR = 8000
 BUDGET = 12 * SR
@@ -109,11 +108,10 @@ SKIPS = [  # saved at step, skipped steps [a, b) (None: to the end), options, sh
 
 @pytest.mark.parametrize("saved,skip,options,streamed", SKIPS)
 def test_skipping_a_range_yields_exactly_the_other_steps_on_every_rank(
-    ds, saved, skip, options, streamed, caplog, monkeypatch
+    ds, saved, skip, options, streamed, caplog
 ):
-    if streamed:
-        monkeypatch.setattr(worker, "can_read_direct", lambda *a: False)  # every shard through the tar parser
-    options = {"num_workers": 2, **options}
+    # streamed: every shard through the tar parser, as remote shards are read
+    options = {"num_workers": 2, "read_by_position": not streamed, **options}
     counts = []
     for rank in range(WORLD):
         full = steps_of(loader(ds, rank, **options))
