@@ -58,7 +58,7 @@ def lengths_taken(loader: Any) -> bool:
     if loader.num_workers == 0:
         return True
     running = loader.persistent_workers and loader._dataloader is not None
-    return not running and start_method(loader.filter is not None) == "fork"
+    return not running and start_method(loader.filter is not None, loader.urls, loader.storage_options) == "fork"
 
 
 def rank_local(loader: Any) -> bool:
