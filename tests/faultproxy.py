@@ -23,7 +23,7 @@ every request, and on the requests that match its rules it misbehaves:
 ``match`` is a substring of the request path (``""``: every object request); ``every`` picks every k-th
 matching GET; ``limit`` stops a rule after it acted that often. The proxy logs every request
 (``proxy.requests``: method, path, Range header, status) for assertions, and each request's client
-(``proxy.clients``: its ``User-Agent`` and the access key its ``Authorization`` names).
+(``proxy.clients``: its path, ``User-Agent`` and the access key its ``Authorization`` names).
 
 Run as a program to put it in its own process (benchmarks): ``python tests/faultproxy.py --upstream URL
 --port P [--latency S]``.
@@ -133,7 +133,7 @@ class FaultProxy:
         self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
         self.rules: list[Rule] = []
         self.requests: list[tuple[str, str, str | None, int]] = []
-        self.clients: list[tuple[str, str]] = []
+        self.clients: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
         self.keep_log = True
         handler = type("Handler", (_Handler,), {"proxy": self})
@@ -280,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         with px.lock:
             key = _CREDENTIAL.search(self.headers.get("Authorization") or "")
-            px.clients.append((self.headers.get("User-Agent") or "", key.group(1) if key else ""))
+            px.clients.append((self.path, self.headers.get("User-Agent") or "", key.group(1) if key else ""))
         rules = px._pick(self.command, self.path, rng)
         if any(r.action == "outage" for r in rules):  # once begun, an outage holds every request (Rule.applies)
             px._log(self.command, self.path, rng, 0)

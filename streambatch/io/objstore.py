@@ -35,7 +35,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from ..errors import StorageError
+from ..errors import StorageError, UsageError
 
 #: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
 #: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
@@ -253,13 +253,29 @@ def _make(scheme: str, where: str, storage_options: dict | None, timeout: float 
     if mapped is None:
         return None
     kw, client = mapped
-    profile = kw.pop("profile", None)
-    if profile is not None:
+    provider = _credentials(kw.pop("profile", None), kw)
+    if provider is not None:
+        kw["credential_provider"] = provider
+    return S3Store(where, client_options=_timeouts(client, timeout), retry_config=no_retries, **kw)
+
+
+def _credentials(profile: str | None, kw: dict) -> Any:
+    """Where a store's credentials come from where the options name no keys: botocore's chain (a boto3 session, of
+    ``profile`` where given), the one s3fs uses, so the shared credentials and config files, ``AWS_PROFILE``, SSO and
+    the instance's role serve as they do for the index; None where the options or ``AWS_ACCESS_KEY_ID`` give keys,
+    requests go unsigned, or boto3 is not installed (then obstore reads the ``AWS_*`` environment itself)."""
+    if kw.get("access_key_id") or kw.get("skip_signature"):
+        return None
+    if profile is None and os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    try:
         import boto3
         from obstore.auth.boto3 import Boto3CredentialProvider
-
-        kw["credential_provider"] = Boto3CredentialProvider(boto3.Session(profile_name=profile))
-    return S3Store(where, client_options=_timeouts(client, timeout), retry_config=no_retries, **kw)
+    except ImportError:
+        if profile is not None:
+            raise UsageError(f"storage_options profile={profile!r} needs boto3: pip install boto3") from None
+        return None
+    return Boto3CredentialProvider(boto3.Session(profile_name=profile))
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------
