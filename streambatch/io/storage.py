@@ -84,10 +84,9 @@ def _aws_env() -> tuple:
 def reading_filesystem(
     url: str, storage_options: dict | None = None, timeout: float | None = None
 ) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path) for reading shards in this process: created here (never inherited over a fork),
-    cached per process, with the back-end's own retries turned off where we know how (streambatch retries
-    itself, resuming at the byte where a read broke) and ``timeout`` as the connect/read timeout, unless
-    ``storage_options`` set them."""
+    """(filesystem, path) for reading shards that obstore does not read (`objstore`) in this process: created here
+    (never inherited over a fork), cached per process, with botocore's own retries off for ``s3://`` (streambatch
+    retries each range itself) and ``timeout`` as the connect/read timeout, unless ``storage_options`` set them."""
     opts = dict(storage_options or {})
     if "::" in url:  # chained URLs (simplecache::s3://...): let fsspec build the chain
         return filesystem(url, opts)
