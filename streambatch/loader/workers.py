@@ -58,7 +58,12 @@ def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool)
             pickle.dumps(fn)
         except Exception as e:  # noqa: BLE001 - any failure to pickle is the same mistake, said in one line
             why = " ".join(f"{type(e).__name__}: {e}".split())
-            instead = "leave out where= (a filter starts the workers by forkserver)" if forkserver else "use fork"
+            instead = (
+                "leave out where= (a filter starts the workers by forkserver, as do object-store reads after this "
+                "process made its own: docs/guide/storage.md)"
+                if forkserver
+                else "use fork"
+            )
             raise OptionError(
                 f"{name}={fn!r} cannot be sent to the {run.num_workers} worker processes, which start by "
                 f"{method} ({why}): define it at the top level of a module (not a lambda or a function inside "
