@@ -205,8 +205,16 @@ def fork_unsafe(urls: Any, storage_options: dict | None) -> bool:
     """Whether processes forked from this one now could not read ``urls`` (a dataset's shards): some of them read
     through obstore, and its runtime already runs here (`runtime_running()`). A loader then starts its workers by
     ``forkserver``."""
-    first = next(iter(urls), None) if urls is not None else None
-    return first is not None and usable(str(first), storage_options) and runtime_running()
+    if urls is None or not runtime_running():
+        return False
+    schemes: set[str] = set()
+    for url in urls:  # a mixture may hold local shards and remote ones: one URL of each scheme is asked
+        scheme = str(url).partition("://")[0]
+        if scheme not in schemes:
+            schemes.add(scheme)
+            if usable(str(url), storage_options):
+                return True
+    return False
 
 
 def store_for(url: str, storage_options: dict | None, timeout: float | None = None) -> tuple[Any, str] | None:
