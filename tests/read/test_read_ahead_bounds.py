@@ -79,7 +79,7 @@ def local_samples(s3_data, shards: int = 3) -> list[tuple[str, bytes]]:
 def test_requests_in_flight_overlap_within_the_bounds(s3_data, proxy, counted):
     overlap, made = counted
     proxy.reset(Rule("latency", seconds=0.1, methods=("GET", "HEAD")))
-    read_ahead = 4 * CHUNK  # room for 4 chunks: the bytes bound caps the count below max_read_concurrency
+    read_ahead = 4 * CHUNK  # room for 4 chunks (more of the start's smaller pieces): bytes bound the requests too
     opts = ReadOptions(chunk_size=CHUNK, read_ahead=read_ahead, read_concurrency=1, max_read_concurrency=6)
     got = read_all(s3_data, opts)
     assert got == local_samples(s3_data)
