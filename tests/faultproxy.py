@@ -16,11 +16,14 @@ every request, and on the requests that match its rules it misbehaves:
   Content-Range says so, truthfully);
 * ``Rule("short", size=100)``: send the whole body but a Content-Length ``size`` bytes smaller (the rest of the
   body lands on the connection as garbage before the next answer);
-* ``Rule("long", size=100)``: a Content-Length ``size`` bytes larger than the body, then close the connection.
+* ``Rule("long", size=100)``: a Content-Length ``size`` bytes larger than the body, then close the connection;
+* ``Rule("outage", seconds=5)``: from the first matching request on, for that long, the store is gone: every
+  request (any method, any path) has its connection reset before an answer.
 
 ``match`` is a substring of the request path (``""``: every object request); ``every`` picks every k-th
 matching GET; ``limit`` stops a rule after it acted that often. The proxy logs every request
-(``proxy.requests``: method, path, Range header, status) for assertions.
+(``proxy.requests``: method, path, Range header, status) for assertions, and each request's client
+(``proxy.clients``: its path, ``User-Agent`` and the access key its ``Authorization`` names).
 
 Run as a program to put it in its own process (benchmarks): ``python tests/faultproxy.py --upstream URL
 --port P [--latency S]``.
@@ -42,11 +45,12 @@ from urllib.parse import urlsplit
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection", "te", "upgrade"}
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)")
 
 
 @dataclass
 class Rule:
-    action: str  # latency | error | drop | truncate | stall | whole | shift | short | long
+    action: str  # latency | error | drop | truncate | stall | whole | shift | short | long | outage
     match: str = ""
     every: int = 1
     limit: int | None = None
@@ -60,9 +64,12 @@ class Rule:
     methods: tuple[str, ...] = ("GET",)
     seen: int = field(default=0, init=False)
     acted: int = field(default=0, init=False)
+    since: float | None = field(default=None, init=False)  # an outage's start (time.monotonic())
 
     def applies(self, method: str, path: str, rng: str | None = None) -> bool:
         """Count a matching request; True when this one is hit."""
+        if self.action == "outage" and self.since is not None:
+            return time.monotonic() - self.since < self.seconds
         if method not in self.methods or self.match not in path or not _is_object(path):
             return False
         if self.min_offset:
@@ -75,6 +82,8 @@ class Rule:
         if self.limit is not None and self.acted >= self.limit:
             return False
         self.acted += 1
+        if self.action == "outage":
+            self.since = time.monotonic()
         return True
 
 
@@ -124,6 +133,7 @@ class FaultProxy:
         self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
         self.rules: list[Rule] = []
         self.requests: list[tuple[str, str, str | None, int]] = []
+        self.clients: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
         self.keep_log = True
         handler = type("Handler", (_Handler,), {"proxy": self})
@@ -148,6 +158,7 @@ class FaultProxy:
         with self.lock:
             self.rules = list(rules)
             self.requests = []
+            self.clients = []
 
     def add(self, rule: Rule) -> Rule:
         with self.lock:
@@ -267,7 +278,14 @@ class _Handler(BaseHTTPRequestHandler):
         px = self.proxy
         body = self._body() if self.command in ("PUT", "POST") else None
         rng = self.headers.get("Range")
+        with px.lock:
+            key = _CREDENTIAL.search(self.headers.get("Authorization") or "")
+            px.clients.append((self.path, self.headers.get("User-Agent") or "", key.group(1) if key else ""))
         rules = px._pick(self.command, self.path, rng)
+        if any(r.action == "outage" for r in rules):  # once begun, an outage holds every request (Rule.applies)
+            px._log(self.command, self.path, rng, 0)
+            self._cut(reset=True)
+            return
         for r in rules:
             if r.action == "latency":
                 time.sleep(r.seconds)

@@ -2,11 +2,10 @@
 0, 20 or 100 ms late, with read-ahead on and off.
 
     python tools/bench_storage.py [--samples 2000] [--decode audio|none] [--workers 0] [--runs 3] [--only-100ms]
-                                  [--server lite|moto|both] [--tls] [--clients obstore,old] [--latencies 0,100]
+                                  [--server lite|moto|both] [--tls] [--default-only] [--latencies 0,100]
 
-``--clients``: the remote rows once per client, side by side in each run: ``obstore`` (streambatch/io/objstore.py)
-and ``old`` (the fsspec path: presigned URLs over urllib3, ``STREAMBATCH_OBSTORE=0``). ``--latencies``: the
-added milliseconds per request to measure (of 0, 20, 100).
+Remote shards are read through obstore (streambatch/io/objstore.py). ``--default-only``: the default read-ahead
+rows only. ``--latencies``: the added milliseconds per request to measure (of 0, 20, 100).
 
 Two S3 servers, each in its own process on 127.0.0.1 (``--server`` picks, both by default):
 
@@ -22,8 +21,8 @@ the request threads then decrypt every byte, 16 KiB per ``recv``. Its server enc
 cores (its CPU is in the "server CPU s" column).
 
 With ``--runs N`` every configuration runs N times, each run beside its own local-disk run, and a last table
-gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the adaptive read-ahead
-(the default, up to ``max_read_concurrency`` requests in flight) beside the fixed 4 in flight it replaced.
+gives each row's ratio to local disk in every run and the worst. The +100 ms rows show the default read-ahead
+(up to ``max_read_concurrency`` 16 requests in flight) beside 4 in flight.
 
 Prints samples/s and MB/s of StreamBatchLoader over one epoch (timed from the start of its iteration), the ratio
 to local disk, the seconds the loader took to build (the index's header and shard table; its sample files and
@@ -68,7 +67,7 @@ BUCKET = "bench"
 START_TIMEOUT = 30.0
 #: latencies (seconds added per request) of the S3 rows, and their names
 LATENCIES = ((0.0, "loopback"), (0.02, "+20 ms/request"), (0.1, "+100 ms/request"))
-#: with ``--clients``: the default read-ahead only (not read-ahead off, nor the fixed-4 and 256M rows of +100 ms)
+#: with ``--default-only``: the default read-ahead only (not read-ahead off, nor the 4-in-flight and 256M rows)
 ONLY_DEFAULT = False
 
 
@@ -354,10 +353,8 @@ def lite_sources(procs: list[subprocess.Popen], local: str, latencies: list[tupl
 
 
 def run_child(spec: dict) -> dict:
-    """One configuration in a fresh process (its result is the last line it prints); ``spec["client"]`` "old" reads
-    remote shards through the fsspec path instead of obstore."""
-    env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
-    env["STREAMBATCH_OBSTORE"] = "0" if spec.get("client") == "old" else "1"
+    """One configuration in a fresh process (its result is the last line it prints)."""
+    env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
         capture_output=True,
@@ -375,9 +372,9 @@ def read_aheads(name: str, remote: bool, read_ahead: str) -> list[tuple[str | in
         return [(0, None)]
     if " TLS " in name:  # the default read-ahead only: what TLS adds to it
         return [(read_ahead, None)]
-    if ONLY_DEFAULT:  # clients side by side: the default read-ahead
+    if ONLY_DEFAULT:
         return [(read_ahead, None)]
-    if name.endswith("+100 ms/request"):  # the adaptive read-ahead beside the fixed 4 in flight it replaced
+    if name.endswith("+100 ms/request"):  # the default read-ahead beside 4 requests in flight
         return [(read_ahead, None), (read_ahead, 4), ("256M", None), (0, None)]
     return [(read_ahead, None), (0, None)]
 
@@ -389,22 +386,19 @@ def measure_row(spec: dict, server_pids: list[int]) -> tuple[dict, float]:
     return r, sum(cpu_s(p) for p in server_pids) - before
 
 
-def measure(sources: list[tuple], base: dict, read_ahead: str, clients: list[str]) -> list[list]:
-    """One run of every configuration, each in a fresh process (a remote one once per client, interleaved); rows
-    with the ratio to this run's local disk."""
+def measure(sources: list[tuple], base: dict, read_ahead: str) -> list[list]:
+    """One run of every configuration, each in a fresh process; rows with the ratio to this run's local disk."""
     rows: list[list] = []
     local_rate = local_steady = None
     for name_of_source, source, so, pids in sources:
-        for (ra, fixed), client in (
-            (x, c) for x in read_aheads(name_of_source, so is not None, read_ahead) for c in (clients if so else [""])
-        ):
-            name = f"{name_of_source} [{client}]" if client else name_of_source
-            spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed, client=client)
+        for ra, fixed in read_aheads(name_of_source, so is not None, read_ahead):
+            name = name_of_source
+            spec = dict(base, source=source, storage_options=so, read_ahead=ra, max_in_flight=fixed)
             r, server_cpu = measure_row(spec, pids)
             sps = r["samples"] / r["seconds"]
             steady = (r["samples"] - r["first_samples"]) / max(r["seconds"] - r["first"], 1e-9)
             local_rate, local_steady = local_rate or sps, local_steady or steady
-            ra_txt = "-" if so is None else ((f"on ({ra})" if ra else "off") + (f", fixed {fixed}" if fixed else ""))
+            ra_txt = "-" if so is None else ((f"on ({ra})" if ra else "off") + (f", {fixed} max" if fixed else ""))
             ratio, wait = f"{sps / local_rate:.2f}x", f"{r['storage_wait']:.2f}"
             server = f"{server_cpu:.2f}" if pids else "-"
             rows.append(
@@ -440,7 +434,7 @@ def report(runs: list[list[list]], a: argparse.Namespace) -> None:
     print(
         f"StreamBatchLoader, one epoch, decode={a.decode}, num_workers={a.workers}, buffer_size={a.buffer_size}, "
         f"interleave={a.interleave}, "
-        f"chunk_size 8M, read_concurrency 4 (adaptive up to max_read_concurrency 16 unless 'fixed'); {machine()}"
+        f"chunk_size 8M, max_read_concurrency 16 unless a row says another max; {machine()}"
     )
     for i, rows in enumerate(runs):
         print(f"\nrun {i + 1} of {len(runs)}:")
@@ -487,7 +481,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lite: tools/_s3_lite.py (latency inside, sendfile); moto: moto behind the latency proxy",
     )
     ap.add_argument("--tls", action="store_true", help="also the lite server over TLS (needs cryptography)")
-    ap.add_argument("--clients", default="", help="comma-separated: obstore, old (the remote rows once per client)")
+    ap.add_argument("--default-only", action="store_true", help="the default read-ahead rows only")
     ap.add_argument("--latencies", default="", help="comma-separated added ms per request, of 0, 20, 100 (all)")
     ap.add_argument("--work", default=os.path.join("/tmp", "streambatch-bench-storage"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -513,9 +507,8 @@ def main(argv: list[str] | None = None) -> None:
     latencies = [x for x in LATENCIES if not a.only_100ms or x[0] == 0.1]
     if a.latencies:
         latencies = [x for x in latencies if round(x[0] * 1000) in {int(v) for v in a.latencies.split(",")}]
-    clients = [c for c in a.clients.split(",") if c] or ["obstore"]
     global ONLY_DEFAULT
-    ONLY_DEFAULT = bool(a.clients)
+    ONLY_DEFAULT = a.default_only
     base = dict(budget=60 * a.sample_rate, decode=a.decode, workers=a.workers, buffer_size=a.buffer_size)
     base["interleave"] = a.interleave
     procs: list[subprocess.Popen] = []
@@ -525,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
             sources += lite_sources(procs, local, latencies, self_signed(a.work) if a.tls else None)
         if a.server in ("moto", "both"):
             sources += moto_sources(procs, a.work, local, latencies)
-        report([measure(sources, base, a.read_ahead, clients) for _ in range(a.runs)], a)
+        report([measure(sources, base, a.read_ahead) for _ in range(a.runs)], a)
     finally:
         stop(procs)
 

@@ -1,19 +1,31 @@
-"""Range reads of shards on object storage through obstore (Rust ``object_store``): ``s3://`` and ``http(s)://``.
+"""Range reads and heads of shards on object storage through obstore (Rust ``object_store``): ``s3://`` and
+``http(s)://``; every other scheme (and local paths) through fsspec.
 
-A store is made per process (never inherited over a fork) and kept per (process, scheme, bucket or host, options,
-``AWS_*`` environment, timeout), from the same s3fs-style ``storage_options`` users pass for every other storage call
-(`s3_config()`; the mapping is in the storage guide). Requests run in Rust with the interpreter lock released.
+A store is made per process and kept per (process, scheme, bucket or host, options, ``AWS_*`` environment, timeout),
+from the same s3fs-style ``storage_options`` users pass for every other storage call (`s3_config()`; the mapping is
+in the storage guide). Requests run in Rust with the interpreter lock released.
+
+**Fork.** obstore runs its requests on one tokio runtime per process, started by the first request, and a tokio
+runtime does not survive ``fork()``: the child inherits the runtime's state but not its threads, and its first
+request waits forever. So a loader's workers are forked only from a process where no such runtime runs
+(`fork_unsafe()`, asked where the workers are started): the runtime's threads are looked for in
+``/proc/self/task`` (they are there whoever started them: this package, the user's own obstore calls, another
+library built on tokio), and where one runs the workers start by ``forkserver`` instead, from a clean process.
+Looking is what makes this robust: keeping the parent away from obstore holds only until a pass without workers,
+a ``shardify verify`` or the user's own code makes one request, and starting every object-store dataset's
+workers by forkserver would cost each worker its own imports and length reads, and would refuse callables that do
+not pickle, where forking is safe. The training process plans from the index through fsspec (not obstore), so
+in the usual case the workers are forked.
 
 Every answer is checked against what was asked (`read_range()`): obstore itself checks the status and refuses a
 ``206`` of another range than asked (an error: retried); an answer with the whole object (``200``: HTTP allows a
 server to ignore ``Range``) is read and sliced; a body shorter than asked keeps what arrived, so the caller's retry
-resumes at the first missing byte (`RangeReader`: the one retry rule, so obstore's own retries are
-off); a body longer than asked is a broken answer. A store's failure is a `StoreError` (transient: counted as
-the store's, never as bad data); a missing object a `FileNotFoundError`; a refused request a
-`PermissionError`.
+resumes at the first missing byte (`RangeReader`: the one retry rule, so obstore's own retries are off); a body
+longer than asked is a broken answer. A store's failure is a `StoreError` (transient: counted as the store's, never
+as bad data); a missing object a `FileNotFoundError`; a refused request a `PermissionError`.
 
-Options this module does not map (a proxy, requester pays, server-side encryption keys, version-aware paths) and the
-environment ``STREAMBATCH_OBSTORE=0`` keep the fsspec path (`store_for()` answers None).
+``s3://`` options this module does not map (requester pays, server-side encryption keys, version-aware paths) read
+through fsspec's generic range read instead (`store_for()` answers None).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from ..errors import StorageError
+from ..errors import StorageError, UsageError
 
 #: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
 #: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
@@ -53,8 +65,15 @@ _CLIENT_KWARGS = {
     "aws_secret_access_key": "secret_access_key",
     "aws_session_token": "session_token",
 }
-_CONFIG_KWARGS = {"connect_timeout", "read_timeout", "retries", "max_pool_connections", "s3", "signature_version"}
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
+_CONFIG_KWARGS = {
+    "connect_timeout",
+    "read_timeout",
+    "retries",
+    "max_pool_connections",
+    "s3",
+    "signature_version",
+    "proxies",
+}
 
 
 class StoreError(StorageError, ConnectionError):
@@ -62,27 +81,39 @@ class StoreError(StorageError, ConnectionError):
     than asked): transient, retried from the first byte not yet received; the message names the URL."""
 
 
-def enabled() -> bool:
-    """Whether remote range reads go through obstore (not switched off with ``STREAMBATCH_OBSTORE=0``)."""
-    return os.environ.get("STREAMBATCH_OBSTORE", "1") != "0"
-
-
 def handles(url: str) -> bool:
     """Whether ``url``'s scheme is one this module reads (``s3``, ``s3a``, ``http``, ``https``)."""
     return url.partition("://")[0] in ("s3", "s3a", "http", "https") and "::" not in url
 
 
+def _proxy(endpoint: str | None, proxies: dict | None) -> dict:
+    """obstore's proxy options for requests to ``endpoint`` (None: AWS's, over HTTPS): botocore's ``proxies``
+    (``{"http": URL, "https": URL}``) where given, else the ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY``
+    environment as botocore reads it, with ``NO_PROXY`` the hosts that bypass it."""
+    scheme = "http" if str(endpoint or "").startswith("http://") else "https"
+    env = lambda name: os.environ.get(name) or os.environ.get(name.upper())  # noqa: E731
+    url = (proxies or {}).get(scheme) if proxies else env(f"{scheme}_proxy") or env("all_proxy")
+    if not url:
+        return {}
+    out = {"proxy_url": str(url)}
+    if not proxies and env("no_proxy"):
+        out["proxy_excludes"] = str(env("no_proxy"))
+    return out
+
+
 def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
     """``(S3Store keyword arguments, client options)`` for s3fs-style ``storage_options``; None where they ask for
-    something not mapped here (the fsspec path then reads). ``key``/``secret``/``token`` and their ``client_kwargs``
-    spellings are the credentials; ``endpoint_url`` (top level or in ``client_kwargs``) the endpoint, path-style
-    unless ``config_kwargs["s3"]["addressing_style"]`` is ``"virtual"``, plain HTTP allowed for an ``http://`` one;
-    ``region_name`` the region; ``anon`` unsigned requests; ``profile`` a boto3 session's credentials;
-    ``client_kwargs["verify"]=False`` accepts any certificate, a path as ``verify`` is the CA bundle;
-    ``config_kwargs`` timeouts in seconds. What is not given comes from the ``AWS_*`` environment, as s3fs does."""
+    something not mapped here (fsspec's generic range read then serves). ``key``/``secret``/``token`` and their
+    ``client_kwargs`` spellings are the credentials; ``endpoint_url`` (top level or in ``client_kwargs``) the
+    endpoint, path-style unless ``config_kwargs["s3"]["addressing_style"]`` is ``"virtual"``, plain HTTP allowed for
+    an ``http://`` one; ``region_name`` the region; ``anon`` unsigned requests; ``profile`` a boto3 session's
+    credentials; ``client_kwargs["verify"]=False`` accepts any certificate, a path as ``verify`` is the CA bundle;
+    ``config_kwargs`` timeouts in seconds and ``proxies``. What is not given comes from the ``AWS_*`` environment,
+    as s3fs does."""
     opts = dict(storage_options or {})
     kw: dict[str, Any] = {}
     client: dict[str, Any] = {}
+    proxies: dict | None = None
     for name, value in opts.items():
         if name in _S3FS_ONLY:
             continue
@@ -115,13 +146,14 @@ def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
                     return None
         elif name == "config_kwargs":
             cfg = dict(value or {})
-            if set(cfg) - _CONFIG_KWARGS or cfg.get("proxies"):
+            if set(cfg) - _CONFIG_KWARGS:
                 return None
             for k in ("connect_timeout", "read_timeout"):
                 if cfg.get(k):
                     client[k] = timedelta(seconds=float(cfg[k]))
             if (cfg.get("s3") or {}).get("addressing_style") == "virtual":
                 kw["virtual_hosted_style_request"] = True
+            proxies = cfg.get("proxies") or None
         else:
             return None
     endpoint = kw.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -129,6 +161,7 @@ def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
         kw.setdefault("virtual_hosted_style_request", False)
         if str(endpoint).startswith("http://"):
             client["allow_http"] = True
+    client.update(_proxy(endpoint, proxies))
     if "region" not in kw and not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
         kw["region"] = "us-east-1"
     return kw, client
@@ -137,34 +170,63 @@ def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
 # ---- the stores of this process ---------------------------------------------------------------------------------
 _STORES: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
-#: the process that first handed out a store: obstore's requests run on a tokio runtime that does not survive a
-#: fork, so a process forked after that (a loader's worker whose parent read shards itself) reads through fsspec
-_USED_BY: int | None = None
+#: the process that made an obstore request through this module (where ``/proc`` cannot be read: `fork_unsafe()`)
+_REQUESTED_IN: int | None = None
 
 
 def usable(url: str, storage_options: dict | None) -> bool:
-    """Whether `store_for()` would read ``url`` here, without making a store (nothing is started: a process
-    about to fork its loader's workers asks this)."""
-    if not enabled() or not handles(url) or _USED_BY not in (None, os.getpid()):
-        return False
-    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+    """Whether `store_for()` reads ``url`` through obstore, without making a store."""
+    if not handles(url):
         return False
     if url.startswith("http"):
         return not storage_options
     return s3_config(storage_options) is not None
 
 
+def runtime_running() -> bool:
+    """Whether a tokio runtime runs in this process (its worker threads are named ``tokio-...``): then a process
+    forked from this one cannot make obstore requests. Where ``/proc/self/task`` cannot be read, whether this
+    module made a request here."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return _REQUESTED_IN == os.getpid()
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("tokio-"):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
+def fork_unsafe(urls: Any, storage_options: dict | None) -> bool:
+    """Whether processes forked from this one now could not read ``urls`` (a dataset's shards): some of them read
+    through obstore, and its runtime already runs here (`runtime_running()`). A loader then starts its workers by
+    ``forkserver``."""
+    if urls is None or not runtime_running():
+        return False
+    schemes: set[str] = set()
+    for url in urls:  # a mixture may hold local shards and remote ones: one URL of each scheme is asked
+        scheme = str(url).partition("://")[0]
+        if scheme not in schemes:
+            schemes.add(scheme)
+            if usable(str(url), storage_options):
+                return True
+    return False
+
+
 def store_for(url: str, storage_options: dict | None, timeout: float | None = None) -> tuple[Any, str] | None:
     """(this process's obstore store for ``url``'s bucket or host, the object's path in it), or None where this
-    module does not read ``url`` (another scheme, unmapped options, a proxy in the environment, switched off, a
-    process forked from one that used obstore).
+    module does not read ``url`` (another scheme, unmapped options).
     ``timeout``: seconds to connect and to wait for data; a whole request may take four times as long."""
-    global _USED_BY
+    global _REQUESTED_IN
     if not usable(url, storage_options):
         return None
     scheme, _, rest = url.partition("://")
     where, _, path = rest.partition("/")
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") or k.lower().endswith("proxy")))
     key = (os.getpid(), scheme, where, repr(sorted((storage_options or {}).items())), timeout, env)
     with _LOCK:
         store = _STORES.get(key)
@@ -173,7 +235,7 @@ def store_for(url: str, storage_options: dict | None, timeout: float | None = No
             if store is None:
                 return None
             _STORES[key] = store
-        _USED_BY = os.getpid()
+        _REQUESTED_IN = os.getpid()
     return store, path
 
 
@@ -193,19 +255,35 @@ def _make(scheme: str, where: str, storage_options: dict | None, timeout: float 
     if scheme in ("http", "https"):
         if storage_options:  # aiohttp's client options (auth, headers, ...): fsspec's HTTP reads them
             return None
-        client = _timeouts({"allow_http": scheme == "http"}, timeout)
+        client = _timeouts({"allow_http": scheme == "http", **_proxy(f"{scheme}://", None)}, timeout)
         return HTTPStore.from_url(f"{scheme}://{where}", client_options=client, retry_config=no_retries)
     mapped = s3_config(storage_options)
     if mapped is None:
         return None
     kw, client = mapped
-    profile = kw.pop("profile", None)
-    if profile is not None:
+    provider = _credentials(kw.pop("profile", None), kw)
+    if provider is not None:
+        kw["credential_provider"] = provider
+    return S3Store(where, client_options=_timeouts(client, timeout), retry_config=no_retries, **kw)
+
+
+def _credentials(profile: str | None, kw: dict) -> Any:
+    """Where a store's credentials come from where the options name no keys: botocore's chain (a boto3 session, of
+    ``profile`` where given), the one s3fs uses, so the shared credentials and config files, ``AWS_PROFILE``, SSO and
+    the instance's role serve as they do for the index; None where the options or ``AWS_ACCESS_KEY_ID`` give keys,
+    requests go unsigned, or boto3 is not installed (then obstore reads the ``AWS_*`` environment itself)."""
+    if kw.get("access_key_id") or kw.get("skip_signature"):
+        return None
+    if profile is None and os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    try:
         import boto3
         from obstore.auth.boto3 import Boto3CredentialProvider
-
-        kw["credential_provider"] = Boto3CredentialProvider(boto3.Session(profile_name=profile))
-    return S3Store(where, client_options=_timeouts(client, timeout), retry_config=no_retries, **kw)
+    except ImportError:
+        if profile is not None:
+            raise UsageError(f"storage_options profile={profile!r} needs boto3: pip install boto3") from None
+        return None
+    return Boto3CredentialProvider(boto3.Session(profile_name=profile))
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------
@@ -222,11 +300,17 @@ def _error(e: BaseException, url: str) -> BaseException:
 
 
 def object_version(meta: Any) -> str | None:
-    """``ETAG@SECONDS[#VERSIONID]`` of an obstore ``ObjectMeta`` (`object_version()`)."""
-    from .s3_direct import object_version as version
+    """One version of an object's bytes as its store names it, from an obstore ``ObjectMeta``:
+    ``ETAG@SECONDS[#VERSIONID]`` (the ETag and the Last-Modified time change on every write); None without both."""
+    etag, modified, version = meta.get("e_tag"), meta.get("last_modified"), meta.get("version")
+    if not etag or modified is None:
+        return None
+    return f"{str(etag).strip()}@{int(modified.timestamp())}" + (f"#{version}" if version else "")
 
-    modified = meta.get("last_modified")
-    return version(meta.get("e_tag"), modified.timestamp() if modified is not None else None, meta.get("version"))
+
+def same_bytes(a: str | None, b: str | None) -> bool:
+    """Whether two answers' versions (`object_version()`) name the same bytes: their ETags."""
+    return (a or "").partition("@")[0] == (b or "").partition("@")[0]
 
 
 def head(store: Any, path: str, url: str) -> tuple[int, str | None]:

@@ -17,9 +17,9 @@ from typing import Any
 from ..errors import ShardReadError
 from . import objstore
 from .digest import size_problem
+from .objstore import same_bytes
 from .retry import RetryPolicy, call_with_retry, is_transient
-from .s3_direct import keep_loader, reader_for, same_bytes, signed_elsewhere
-from .storage import filesystem, is_local, object_size, reading_filesystem, stream_range
+from .storage import is_local, object_size, read_range_fsspec, reading_filesystem
 
 log = logging.getLogger("streambatch")
 
@@ -27,31 +27,18 @@ Count = Callable[..., None]  # count(name, n=1): add to a fault counter
 
 
 def warm_up(urls: Sequence[str], storage_options: dict | None, timeout: float) -> None:
-    """Make this process's reading filesystem for the first shard's store, and the S3 client that signs its range
-    requests' URLs (loading its service descriptions takes CPU), on a thread while the epoch is planned, so the
-    first request does not wait."""
-    if not urls or is_local(urls[0]):
-        return
-    if objstore.usable(urls[0], storage_options):  # a store is cheap: made at the first read, after any fork
+    """Make this process's fsspec filesystem for the first shard's store on a thread while the epoch is planned, so
+    the first request does not wait; nothing for a store obstore reads (made at the first read, cheaply)."""
+    if not urls or is_local(urls[0]) or objstore.usable(urls[0], storage_options):
         return
     threading.Thread(
         target=_warm, args=(urls[0], storage_options, timeout), name="streambatch-warm-up", daemon=True
     ).start()
 
 
-def before_workers(urls: Sequence[str], storage_options: dict | None) -> None:
-    """In a process about to fork a loader's workers: keep what the S3 client that read the index has loaded (its
-    service descriptions) where each worker's own signing client finds it, so no worker parses them again each
-    epoch (`keep_loader()`; no request is made)."""
-    if urls and urls[0].partition("://")[0] in ("s3", "s3a") and not objstore.usable(urls[0], storage_options):
-        keep_loader(filesystem(urls[0], storage_options)[0])
-
-
 def _warm(url: str, storage_options: dict | None, timeout: float) -> None:
     try:
-        fs, _ = reading_filesystem(url, storage_options, timeout)
-        if signed_elsewhere(fs):  # presigned range reads: make the client that signs them now
-            reader_for(fs)
+        reading_filesystem(url, storage_options, timeout)
     except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL
         pass
 
@@ -144,7 +131,6 @@ class RangeReader:
         versions of the object (it was rewritten between two of them) are too. ``versions`` gets each answer's."""
         store = self._store(url)
         fs, path = store if store is not None else self._fs(url)
-        timeout = self.policy.request_limit if self.policy.timeout else None
         parts: list[bytes] = []
         pos, attempt = start, 0
         seen: list[str | None] = [] if versions is None else versions
@@ -152,7 +138,7 @@ class RangeReader:
             if self.stop.is_set():
                 raise ShardReadError(f"{url}: reading stopped")
             sink: list[bytes] = []
-            err = self._request(fs, path, url, pos, end, sink, timeout, expected_size, seen, store is not None)
+            err = self._request(fs, path, url, pos, end, sink, expected_size, seen, store is not None)
             got = sum(len(x) for x in sink)
             if got:
                 parts.extend(sink)
@@ -178,7 +164,6 @@ class RangeReader:
         pos: int,
         end: int,
         sink: list[bytes],
-        timeout: float | None,
         expected_size: int | None,
         versions: list[str | None],
         obstore: bool = False,
@@ -191,7 +176,7 @@ class RangeReader:
             if obstore:  # ``fs`` is an obstore store
                 total = objstore.read_range(fs, path, url, pos, end, sink, heard)
             else:
-                total = stream_range(fs, path, pos, end, sink, timeout, heard)
+                total = read_range_fsspec(fs, path, pos, end, sink, heard)
         except Exception as e:  # noqa: BLE001 - classified below
             _same_object(url, versions, heard)
             if not is_transient(e):

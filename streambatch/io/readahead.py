@@ -15,10 +15,9 @@ from typing import Any, BinaryIO
 
 from ..errors import ShardReadError
 from .digest import Digest
-from .inflight import InFlight
+from .objstore import same_bytes as _same
 from .ranges import RangeReader
 from .retry import RetryPolicy
-from .s3_direct import same_bytes as _same
 from .verified import hashed_on_node
 
 
@@ -110,8 +109,8 @@ def ramp_pieces(chunk_size: int) -> int:
 class ReadAhead:
     """A background thread that walks ahead through a worker's jobs, prepares each and keeps up to
     ``read_ahead`` bytes of its chunks requested or waiting, so the latency of one request hides behind the
-    parsing of the bytes before it. How many requests are in flight at once adapts to the measured latency
-    (`InFlight`: from ``read_concurrency`` up to ``max_read_concurrency``)."""
+    parsing of the bytes before it, with at most ``max_read_concurrency`` requests in flight at once (obstore's
+    requests wait outside the interpreter lock: a waiting request costs a thread, not CPU)."""
 
     def __init__(
         self,
@@ -139,8 +138,9 @@ class ReadAhead:
         self._cond = threading.Condition()
         self._outstanding = 0  # bytes of chunks requested and not yet taken by the parser
         self.peak_outstanding = 0
-        self.in_flight = InFlight(opts.read_concurrency, opts.max_read_concurrency)
-        self._ramp_in_flight = 0  # requests of the ramp's pieces in flight (see _room)
+        self.bound = max(1, opts.max_read_concurrency)  # requests in flight at most
+        self.in_flight = 0  # requests submitted and not finished
+        self.peak_in_flight = 0
         self._consumer_at = 0
         self._thread = threading.Thread(target=self._run, name="streambatch-read-ahead", daemon=True)
         self._thread.start()
@@ -179,31 +179,22 @@ class ReadAhead:
 
     def _request_chunks(self, job: Job) -> None:
         """Submit the job's range requests, waiting while ``read_ahead`` bytes are outstanding or the in-flight
-        target is reached."""
+        bound is reached."""
         assert job.size is not None
         first = self.ramp and job.ordinal == 0
-        ramped = ramp_pieces(self.chunk_size) if first else 0
         for i, (off, n) in enumerate(job_chunks(job, self.chunk_size, ramp=first)):
-            ramp = i < ramped  # a piece of the first chunk, cut smaller
             with self._cond:
                 while (
                     not self.stop.is_set()
                     and not job.cancelled
-                    and ((self._outstanding > 0 and self._outstanding + n > self.limit) or not self._room(ramp))
+                    and ((self._outstanding > 0 and self._outstanding + n > self.limit) or self.in_flight >= self.bound)
                 ):
                     self._cond.wait(0.5)
                 if self.stop.is_set() or job.cancelled:
                     break
-                self._submit(job, i, off, n, ramp)
+                self._submit(job, i, off, n)
 
-    def _room(self, ramp: bool) -> bool:
-        """Whether a request may start. The start's smaller pieces of the first chunk (`chunk_ranges()`'s
-        ramp) stand for one chunk, so together they take one place of the in-flight target: the next shards'
-        requests start at once too, as they would without the ramp (one round trip sooner)."""
-        r = self._ramp_in_flight
-        return self.in_flight.room(r if ramp and r else max(0, r - 1))
-
-    def _submit(self, job: Job, number: int, off: int, n: int, ramp: bool) -> None:
+    def _submit(self, job: Job, number: int, off: int, n: int) -> None:
         """Request ``number`` of the job to the pool (called holding the condition)."""
         try:
             fut = self.pool.submit(self._timed_read, job, number, off, n)
@@ -212,27 +203,23 @@ class ReadAhead:
             return
         self._outstanding += n
         self.peak_outstanding = max(self.peak_outstanding, self._outstanding)
-        self.in_flight.started()
-        self._ramp_in_flight += ramp
-        fut.add_done_callback(functools.partial(self._ended, ramp))
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        fut.add_done_callback(self._ended)
         job.chunks.append((fut, n))
         self._cond.notify_all()
 
     def _timed_read(self, job: Job, number: int, off: int, n: int) -> bytes:
-        """One chunk's range request (in a pool thread), its duration measured for the in-flight target, and
-        hashed in order where the job is hashed."""
-        t0 = time.monotonic()
+        """One chunk's range request (in a pool thread), hashed in order where the job is hashed."""
         data, version = self.ranges.read_versioned(job.url, off, off + n, job.expected_size)
-        self.in_flight.measured(n, time.monotonic() - t0)
         if job.in_order is not None:
             job.in_order.arrived(number, data, version)
         return data
 
-    def _ended(self, ramp: bool, _fut: Future) -> None:
+    def _ended(self, _fut: Future) -> None:
         """A request finished, failed or was cancelled: room for the next."""
         with self._cond:
-            self.in_flight.ended()
-            self._ramp_in_flight -= ramp
+            self.in_flight -= 1
             self._cond.notify_all()
 
     # ---- the parser's side ------------------------------------------------------------------------------
@@ -258,7 +245,6 @@ class ReadAhead:
 
     def take(self, job: Job) -> bytes | None:
         """The job's next chunk (None at its end)."""
-        t0 = time.monotonic()
         with self._cond:
             self._wait("data", lambda: bool(job.chunks) or job.all_submitted or job.cancelled, job.url)
             if not job.chunks:
@@ -267,9 +253,7 @@ class ReadAhead:
                 return None
             fut, n = job.chunks.popleft()
         try:
-            data = fut.result(timeout=self.policy.worst_case)
-            self.in_flight.took(n, time.monotonic() - t0)
-            return data
+            return fut.result(timeout=self.policy.worst_case)
         except TimeoutError:  # the request outlived every retry's bound: a fetch error like the others
             raise ShardReadError(
                 f"{job.url}: no data after {self.policy.worst_case:.0f}s (read-ahead stalled)"

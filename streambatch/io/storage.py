@@ -11,13 +11,11 @@ import os
 import posixpath
 import shutil
 import threading
-from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
 import fsspec
 
 from ..errors import UnknownStorage
-from . import s3_direct
 from .guards import abort_upload, names_errors, open_local, write_error
 from .s3_timeouts import with_timeouts
 from .tempname import temporary_name
@@ -86,10 +84,9 @@ def _aws_env() -> tuple:
 def reading_filesystem(
     url: str, storage_options: dict | None = None, timeout: float | None = None
 ) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path) for reading shards in this process: created here (never inherited over a fork),
-    cached per process, with the back-end's own retries turned off where we know how (streambatch retries
-    itself, resuming at the byte where a read broke) and ``timeout`` as the connect/read timeout, unless
-    ``storage_options`` set them."""
+    """(filesystem, path) for reading shards that obstore does not read (`objstore`) in this process: created here
+    (never inherited over a fork), cached per process, with botocore's own retries off for ``s3://`` (streambatch
+    retries each range itself) and ``timeout`` as the connect/read timeout, unless ``storage_options`` set them."""
     opts = dict(storage_options or {})
     if "::" in url:  # chained URLs (simplecache::s3://...): let fsspec build the chain
         return filesystem(url, opts)
@@ -106,153 +103,37 @@ def reading_filesystem(
 
 
 def _make_reading_fs(protocol: str, opts: dict, timeout: float | None) -> fsspec.AbstractFileSystem:
-    own_retries = "retries" in opts
-    given, _ = with_timeouts(f"{protocol}://", opts)  # the options `filesystem()` read the index with
-    if protocol in ("s3", "s3a"):
+    if protocol in ("s3", "s3a"):  # unmapped options (objstore): s3fs, tried once, with the reader's timeouts
         cfg = dict(opts.get("config_kwargs") or {})
         if timeout:
             cfg.setdefault("connect_timeout", timeout)
             cfg.setdefault("read_timeout", timeout)
         cfg.setdefault("retries", {"total_max_attempts": 1})
-        cfg.setdefault("max_pool_connections", 64)  # botocore's 10 would queue an adaptive read-ahead's requests
         opts["config_kwargs"] = cfg
-        opts.pop("retries", None)
+        opts.pop("retries", None)  # s3fs's own retry loop stays its default: the one rule is the caller's
     elif protocol in ("http", "https") and timeout:
-        try:
-            import aiohttp
+        import aiohttp
 
-            ck = dict(opts.get("client_kwargs") or {})
-            ck.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
-            opts["client_kwargs"] = ck
-        except ImportError:  # pragma: no cover - fsspec's http needs aiohttp anyway
-            pass
-    fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
-    if protocol in ("s3", "s3a") and not own_retries:
-        fs.retries = 1  # s3fs's own retry loop: one attempt, ours does the rest
-    if protocol in ("s3", "s3a") and hasattr(fs, "connect") and not s3_direct.signs_for(fs, given):
-        try:  # the client now (tenths of a second of CPU), under the caller's lock: one per process, never two
-            fs.connect()
-        except Exception:  # noqa: BLE001 - the first request reports what is wrong, with its URL
-            pass
-    return fs
+        ck = dict(opts.get("client_kwargs") or {})
+        ck.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
+        opts["client_kwargs"] = ck
+    return fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
 
 
-def stream_range(
-    fs: fsspec.AbstractFileSystem,
-    path: str,
-    start: int,
-    end: int,
-    sink: list[bytes],
-    timeout: float | None = None,
-    heard: list | None = None,
+def read_range_fsspec(
+    fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, sink: list[bytes], heard: list
 ) -> int | None:
-    """Append the bytes ``[start, end)`` of an object to ``sink`` as they arrive; returns the object's whole
-    size when the answer tells it (``Content-Range``), else None. ``heard`` gets the version of the object the
-    answer names (`object_version()`, None if it names none) as soon as its headers are in, so it
-    is known for the bytes of an answer that breaks too.
-
-    If the request breaks, what arrived before the break is already in ``sink``, so a retry can ask for the
-    rest only. S3 (s3fs) and HTTP(S) stream the response body; other back-ends fetch the range whole.
-    ``timeout`` bounds the whole request (async back-ends)."""
-    protocol = _protocol(fs)
-    coro: Callable[..., Coroutine[Any, Any, int | None]]
-    heard = [] if heard is None else heard
-    reader = s3_direct.reader_for(fs) if protocol in ("s3", "s3a") else None
-    if reader is not None:
-        try:  # a presigned URL over urllib3: about half the CPU per byte (io/s3_direct.py)
-            return s3_direct.presigned_range(reader, path, start, end, sink, timeout, heard)
-        except s3_direct.Refused:
-            pass  # this filesystem reads through s3fs from now on
-    if protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
-        coro = _s3_range
-    elif protocol in ("http", "https") and hasattr(fs, "set_session"):
-        coro = _http_range
-    else:
-        sink.append(fs.cat_file(path, start=start, end=end))
-        heard.append(None)
-        return None
-    from fsspec.asyn import sync
-
-    return sync(fs.loop, coro, fs, path, start, end, sink, heard, timeout=timeout)
+    """Append the bytes ``[start, end)`` of an object fsspec reads (every scheme obstore does not: `objstore`) to
+    ``sink``, in one read, and None (the version the answer names: unknown) to ``heard``; the object's size is not
+    told (None). A read that breaks is asked again whole by the caller's retry."""
+    heard.append(None)
+    sink.append(fs.cat_file(path, start=start, end=end))
+    return None
 
 
 def _protocol(fs: Any) -> str:
     """The filesystem's protocol (the first of its names)."""
     return fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-
-
-_STREAM_PIECE = 1 << 18
-
-
-async def _s3_range(fs: Any, path: str, start: int, end: int, sink: list[bytes], heard: list) -> int | None:
-    bucket, key, version = fs.split_path(path)
-    kw = {"VersionId": version} if version else {}
-    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
-    modified = resp.get("LastModified")
-    seconds = modified.timestamp() if modified else None
-    heard.append(s3_direct.object_version(resp.get("ETag"), seconds, resp.get("VersionId")))
-    total = s3_direct.range_total(resp.get("ContentRange"))
-    body = resp["Body"]
-    left = end - start
-    try:
-        while left > 0:
-            piece = await body.read(min(_STREAM_PIECE, left))
-            if not piece:
-                break
-            sink.append(piece)
-            left -= len(piece)
-    except BaseException:
-        _salvage(getattr(getattr(body, "_raw_stream", None), "content", None), sink, left)
-        raise
-    finally:
-        body.close()
-    return total
-
-
-def _salvage(content: Any, sink: list[bytes], left: int) -> None:
-    """Bytes that arrived before a connection broke but were not read yet: aiohttp raises the error on the
-    next read and keeps them in its buffer. Taking them saves re-requesting them (best effort)."""
-    try:
-        buf = getattr(content, "_buffer", None)
-        if not buf:
-            return
-        data = b"".join(buf)[int(getattr(content, "_buffer_offset", 0) or 0) :]
-        buf.clear()
-        if data and left > 0:
-            sink.append(data[:left])
-    except Exception:  # noqa: BLE001 - internals changed: just re-request those bytes
-        pass
-
-
-async def _http_range(fs: Any, url: str, start: int, end: int, sink: list[bytes], heard: list) -> int | None:
-    session = await fs.set_session()
-    kw = dict(fs.kwargs)
-    headers = dict(kw.pop("headers", None) or {})
-    headers["Range"] = f"bytes={start}-{end - 1}"
-    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
-        if r.status == 404:
-            raise FileNotFoundError(url)
-        r.raise_for_status()
-        skip = start if r.status == 200 else 0  # a server that ignores Range sends the whole object
-        total = s3_direct.range_total(r.headers.get("Content-Range")) if r.status == 206 else r.content_length
-        heard.append(s3_direct.header_version(r.headers))
-        left = end - start
-        try:
-            async for piece in r.content.iter_chunked(_STREAM_PIECE):
-                if skip:
-                    cut = min(skip, len(piece))
-                    piece, skip = piece[cut:], skip - cut
-                if piece:
-                    piece = piece[:left]
-                    sink.append(piece)
-                    left -= len(piece)
-                if left <= 0:
-                    break
-        except BaseException:
-            if not skip:
-                _salvage(r.content, sink, left)
-            raise
-    return total
 
 
 def object_size(fs: fsspec.AbstractFileSystem, path: str) -> int:

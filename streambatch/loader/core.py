@@ -553,7 +553,7 @@ class StreamBatchLoader:
         if self.num_workers == 0:
             return True
         running = self.persistent_workers and self._dataloader is not None
-        return not running and start_method(self.filter is not None) == "fork"
+        return not running and start_method(self.filter is not None, self.urls, self.storage_options) == "fork"
 
     def _rank_local(self) -> bool:
         """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""

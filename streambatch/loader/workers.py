@@ -9,7 +9,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..errors import OptionError
-from ..io.ranges import before_workers
+from ..io.objstore import fork_unsafe
 from ..read.ring import BatchRing
 from ..read.worker import EpochStream
 from .options import RunOptions
@@ -35,11 +35,13 @@ class WorkerInit:
             self.user(worker_id)
 
 
-def start_method(forkserver: bool) -> str:
-    """How the workers start: by forkserver behind a filter, else as Python's multiprocessing starts processes."""
+def start_method(forkserver: bool, urls: Any = None, storage_options: dict | None = None) -> str:
+    """How the workers start: by forkserver behind a filter, or where a fork could not read ``urls`` (obstore's
+    runtime runs in this process: `fork_unsafe()`), else as Python's multiprocessing starts processes."""
     import multiprocessing
 
-    return "forkserver" if forkserver else multiprocessing.get_start_method()
+    method = "forkserver" if forkserver else multiprocessing.get_start_method()
+    return "forkserver" if method == "fork" and fork_unsafe(urls, storage_options) else method
 
 
 def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool) -> None:
@@ -56,7 +58,12 @@ def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool)
             pickle.dumps(fn)
         except Exception as e:  # noqa: BLE001 - any failure to pickle is the same mistake, said in one line
             why = " ".join(f"{type(e).__name__}: {e}".split())
-            instead = "leave out where= (a filter starts the workers by forkserver)" if forkserver else "use fork"
+            instead = (
+                "leave out where= (a filter starts the workers by forkserver, as do object-store reads after this "
+                "process made its own: docs/guide/storage.md)"
+                if forkserver
+                else "use fork"
+            )
             raise OptionError(
                 f"{name}={fn!r} cannot be sent to the {run.num_workers} worker processes, which start by "
                 f"{method} ({why}): define it at the top level of a module (not a lambda or a function inside "
@@ -75,10 +82,9 @@ def make_dataloader(
         kwargs["prefetch_factor"] = run.prefetch_factor or 2
         kwargs["persistent_workers"] = run.persistent_workers
         kwargs["worker_init_fn"] = WorkerInit(run.worker_init_fn)
+        forkserver = start_method(forkserver, stream.ctx.urls, stream.ctx.storage_options) == "forkserver"
         if forkserver:
             kwargs["multiprocessing_context"] = "forkserver"
-        if start_method(forkserver) == "fork":  # forked workers inherit what this process's S3 client has loaded
-            before_workers(stream.ctx.urls, stream.ctx.storage_options)
         check_sendable(callables, run, forkserver)
     return DataLoader(
         stream, batch_size=None, num_workers=run.num_workers, collate_fn=_identity, pin_memory=run.pin_memory, **kwargs

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from ..errors import ShardReadError, StreamBatchError
+from ..io import objstore
 from ..io.cache import ShardCache
 from ..io.digest import Digest, HashingReader, sha256_problem
 from ..io.node_files import object_version
@@ -224,13 +225,21 @@ class _Cached:
         where the index has none, the version the store names (ETag, version id, mtime: one request)."""
         if job.expected_sha:
             return "sha256:" + job.expected_sha
-        fs, path = reading_filesystem(job.url, self.ranges.storage_options, self.opts.timeout)
+        store = objstore.store_for(job.url, self.ranges.storage_options, self.opts.timeout or None)
+        if store is not None:
+            ask = lambda: objstore.head(store[0], store[1], job.url)  # noqa: E731
+        else:
+            fs, path = reading_filesystem(job.url, self.ranges.storage_options, self.opts.timeout)
+            ask = lambda: fs.info(path)  # noqa: E731
         try:
-            info = call_with_retry(lambda: fs.info(path), self.opts.retry, job.url)
+            info = call_with_retry(ask, self.opts.retry, job.url)
         except FileNotFoundError as e:
             raise ShardReadError(f"{job.url}: shard not found") from e
         except Exception as e:  # noqa: BLE001 - anything that leaves the shard unreadable
             raise ShardReadError(f"{job.url}: cannot open shard ({type(e).__name__}: {e})") from e
+        if store is not None:
+            size, version = info
+            return "store:" + object_version({"size": size, "ETag": version})
         return "store:" + object_version(info)
 
     def _larger_than_cache(self, job: Job) -> bool:

@@ -43,12 +43,11 @@ class ReadOptions:
     """Bytes each worker may hold in requested-but-unparsed chunks (one chunk is always let through, so a
     read-ahead below ``chunk_size`` holds one ``chunk_size``); 0 reads on demand."""
     read_concurrency: int = 4
-    """Range requests in flight at once per worker when reading starts (with read-ahead; the read-ahead then
-    adapts the count to the measured latency, up to ``max_read_concurrency``), and while a shard downloads
-    into the cache. At most ``max_read_concurrency``: raising it above 16 means raising that too."""
+    """Range requests in flight at once per worker while a shard downloads into the node cache. At most
+    ``max_read_concurrency``: raising it above 16 means raising that too."""
     max_read_concurrency: int = 16
-    """The most range requests one worker's read-ahead keeps in flight as it adapts to the store's latency
-    (`inflight`); a node has at most this many per worker process of each rank on it.
+    """The most range requests one worker's read-ahead keeps in flight (each waits for its answer outside the
+    interpreter lock); a node has at most this many per worker process of each rank on it.
     The bytes they hold stay within ``read_ahead``. At most `MAX_READ_CONCURRENCY` (256): each request in
     flight is a thread of the worker's fetch pool and a connection to the store."""
     retries: int = 8

@@ -85,14 +85,14 @@ def test_the_start_ramp_takes_one_place_and_the_next_shard_starts_at_once():
     assert first[:3] == [0, CHUNK // 8, CHUNK // 8 + CHUNK // 4], first  # the ramp: 1/8, 1/4, 1/2 of a chunk
     assert len(first) == 3, first  # the whole first shard: its three pieces
     assert ("s3://b/shard-1.tar", 0) in early, f"the next shard waited for the ramp's pieces: {early}"
-    assert ra.in_flight.peak <= 8
+    assert ra.peak_in_flight <= 8
 
 
 def test_the_ramp_never_passes_max_read_concurrency():
     early, ra, got, objects = read_through(concurrency=2, bound=2)
     assert got == list(objects.values())
     assert len(early) == 2, early
-    assert ra.in_flight.peak <= 2
+    assert ra.peak_in_flight <= 2
 
 
 def test_a_shut_pool_ends_the_read_ahead_quietly(monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 
 from streambatch import StreamBatchLoader
 from streambatch.errors import ShardReadError
-from streambatch.io import ranges, s3_direct, verified
+from streambatch.io import objstore, ranges, verified
 from streambatch.io.retry import RetryPolicy
 
 pytest_plugins = ["conftest_s3"]
@@ -43,13 +43,7 @@ def one_pass(url: str, options: dict) -> tuple[list, dict]:
     return keys, loader.fault_stats()
 
 
-@pytest.mark.parametrize("client", ["obstore", "presigned", "s3fs"])
-def test_each_remote_shard_is_hashed_once_per_node(remote, client, monkeypatch):
-    if client != "obstore":
-        monkeypatch.setenv("STREAMBATCH_OBSTORE", "0")  # the fsspec path names versions too
-    if client == "s3fs":
-        monkeypatch.setenv("STREAMBATCH_S3_PRESIGNED", "0")
-    s3_direct._READERS.clear()
+def test_each_remote_shard_is_hashed_once_per_node(remote):
     url, options = remote
     keys, first = one_pass(url, options)
     # every shard is checked in the pass that read it (the last one read to its end once the last batch is out)
@@ -58,7 +52,6 @@ def test_each_remote_shard_is_hashed_once_per_node(remote, client, monkeypatch):
     again, second = one_pass(url, options)
     assert again == keys and second["bad_shards"] == 0
     assert (second["sha256_hashed"], second["sha256_reused"]) == (0, 8)
-    s3_direct._READERS.clear()
 
 
 def test_a_rewritten_object_is_hashed_again_and_counted_bad(remote):
@@ -83,7 +76,7 @@ def test_answers_naming_two_versions_are_refused(monkeypatch):
 
     answers = iter([("abc", '"etag-1"@100'), ("def", '"etag-2"@200')])
 
-    def fake(fs, path, start, end, sink, timeout=None, heard=None):
+    def fake(store, path, url, start, end, sink, heard):
         data, version = next(answers)
         heard.append(version)
         sink.append(data.encode())
@@ -91,9 +84,8 @@ def test_answers_naming_two_versions_are_refused(monkeypatch):
             raise ConnectionResetError("cut")  # a transient break after three bytes
         return None
 
-    monkeypatch.setenv("STREAMBATCH_OBSTORE", "0")  # the fsspec path, whose requests this test stands in for
-    monkeypatch.setattr(ranges, "stream_range", fake)
-    monkeypatch.setattr(ranges, "reading_filesystem", lambda url, opts, timeout: (None, url))
+    monkeypatch.setattr(objstore, "read_range", fake)  # the store's answers, which this test stands in for
+    monkeypatch.setattr(objstore, "store_for", lambda url, opts, timeout=None: (None, url))
     reader = ranges.RangeReader(None, RetryPolicy(retries=2, backoff=0), "sha256", lambda *a: None, threading.Event())
     with pytest.raises(ShardReadError, match="changed while it was read"):
         reader.read_versioned("s3://b/x.tar", 0, 6, None)
