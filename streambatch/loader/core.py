@@ -81,7 +81,7 @@ class StreamBatchLoader:
     ``max_batch_size``, ``batch_size_multiple_of``, ``min_length``, ``max_length``, ``drop_last``, ``strict``,
     ``shuffle``, ``seed``, ``pad_to_multiple_of``, ``batch_order``, ``output_budget``, ``batch_by``, ``cost``
     (``"padded"``, ``"quadratic"``, a callable ``cost(n, max_len)`` or a calibration file), ``quadratic_factor``,
-    ``packed``, ``interleave``.
+    ``packed``, ``interleave``, ``step_balance``.
 
     Reading (`ReadOptions`): ``chunk_size``, ``read_ahead``, ``read_concurrency``,
     ``max_read_concurrency``, ``retries``, ``backoff``, ``timeout``, ``verify``, ``max_bad_shards``, ``cache_dir``,
@@ -132,6 +132,7 @@ class StreamBatchLoader:
         quadratic_factor: float | None = None,
         packed: bool = False,
         interleave: int = 8,
+        step_balance: Any = "attention",
         # reading: ReadOptions
         chunk_size: int | str = "8M",
         read_ahead: int | str = "64M",

@@ -18,11 +18,12 @@ import numpy as np
 from ..errors import OptionError, bool_option, choice_option, int_option, number_option, shown
 from ..stats import LengthStats
 from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
+from .balance import StepTime, resolve_step_time
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 #: the batching rule planned epochs follow (`BatchingConfig.plan_version`)
-PLAN_VERSION = 5
+PLAN_VERSION = 6
 
 #: the largest seed: every random stream is keyed by the seed's low 32 bits (`slot_seed()`), so a larger one
 #: would repeat a smaller one's plans without saying so
@@ -84,8 +85,15 @@ class BatchingConfig:
     changes with the epoch (each shard's own in tar order), so one shard's samples meet other shards' in its
     window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
     index only (at most `MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
+    step_balance: Any = "attention"
+    """Order each worker's planned batches so that step k takes about the same time on every rank (`balance`):
+    the time model of a step, a name of `STEP_TIMES` (``"attention"``: padded transformers, ``"conv"``,
+    ``"tokens"``), a `StepTime` fitted by ``calibrate``, or a dict of its coefficients; None keeps the random
+    order. Batches move only among those one batcher round formed together (no memory, same batches, same
+    steps); planned epochs of an index with ``shuffle`` and ``batch_order="random"`` only."""
 
-    #: the batching rule's version (not an option): 5 cuts a short stream (at most two windows) at level tops,
+    #: the batching rule's version (not an option): 6 orders a worker's batches for balanced steps
+    #: (``step_balance``), 5 cuts a short stream (at most two windows) at level tops,
     #: a level's samples in random order (`LevelCut`), 4 has ``even_batches="split"`` repeat what
     #: splits cannot reach (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades
     #: batch-mates among near runs (`mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
@@ -132,6 +140,7 @@ class BatchingConfig:
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
         _check_pad_fits(self)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
+        object.__setattr__(self, "step_balance", resolve_step_time(self.step_balance))
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
             check_budget(self.output_budget, "output_budget")
@@ -148,6 +157,13 @@ class BatchingConfig:
         """Shards a worker's planned stream merges at once: ``interleave``, or 1 under an older rule or without
         shuffling."""
         return self.interleave if self.shuffle and self.plan_version >= 3 else 1
+
+    @property
+    def balance(self) -> StepTime | None:
+        """The time model a planned epoch's batches are ordered by (`balance`), or None where they keep their
+        random order: no ``step_balance``, an older rule, no shuffle, or a sorted ``batch_order``."""
+        on = self.plan_version >= 6 and self.shuffle and self.batch_order == "random"
+        return self.step_balance if on else None
 
     @property
     def epoch_seed(self) -> int:

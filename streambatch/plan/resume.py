@@ -210,7 +210,9 @@ class Consumed(LazyMask):
             return
         self._ranks.add(rank)
         eq = self.run.rank(rank)
-        if eq is not None and self.config.batch_order == "random":
+        # a balanced order (plan_version 6) moves batches within their rounds after the equalisation: the rank is
+        # re-planned as it ran rather than read from its batcher's first rounds
+        if eq is not None and self.config.batch_order == "random" and self.config.balance is None:
             self._consume_prefix(rank, eq)
         else:
             self._replan_rank(rank)

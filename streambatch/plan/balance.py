@@ -1,0 +1,189 @@
+"""Balanced steps: each rank's batches ordered so that step k costs about the same *time* on every rank.
+
+In data-parallel training a step lasts as long as its slowest rank. The budget evens out each batch's padded
+cost, but not its time: attention grows with the lengths squared, so under one budget a batch of a few long
+samples takes longer than one of many short ones. Drawn in a random order, step k pairs a slow batch on one rank
+with fast ones on the others, and the fast ranks wait.
+
+The balanced order needs no collective. Every rank draws the same seeded sequence of *targets* (one quantile in
+[0, 1) per batch position of a worker, from ``(seed, epoch)`` only: every slot, on every rank, reads the same
+sequence), and each slot places its batches so that the position with the larger target gets the batch with the
+larger time. The batches are only moved among those one batcher round emitted together (`BatchPlan.rounds`):
+their samples are all in the window when the round is cut, so the order costs no memory and no reading ahead,
+the batch set, the step count and every resume stay what they were, and the order across steps stays random
+(targets are a seeded shuffle of strata). A repeated batch (``even_batches="pad"``) stays right after its
+original, and with ``hardest_first`` the hardest batch stays first.
+
+The time of a batch is a `StepTime` model, fitted from timed steps by ``calibrate`` (`fit_step_time()`), or one
+of `STEP_TIMES`. Only the order of the times of one round's batches matters, so a model's scale does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError, shown
+
+#: a stratum of the targets: every run of this many batch positions holds one target in each 1/STRATA of [0, 1)
+STRATA = 16
+#: keys the targets' random streams apart from the batcher's and the deal's
+_TARGET_STREAM = 0xBA1A
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The time of one training step on a batch, in any unit (seconds if fitted):
+    ``a + b·n + c·ΣL + d·ΣL² + e·n·max + f·n·max²`` for ``n`` samples of lengths ``L`` (``max``: the longest).
+
+    ``c``, ``d`` are the work of a model that sees each sample's own length (variable-length attention, packed
+    batches); ``e``, ``f`` that of a model run on the padded ``n × max`` tensor (``f``: padded attention);
+    ``a``, ``b`` the fixed cost of a step and of a sample. Lengths are in the index's unit. Every coefficient is
+    a finite number ≥ 0, not all zero."""
+
+    a: float = 0.0
+    b: float = 0.0
+    c: float = 0.0
+    d: float = 0.0
+    e: float = 0.0
+    f: float = 0.0
+
+    def __post_init__(self) -> None:
+        values = []
+        for name in COEFFICIENTS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 <= float(v) < math.inf):
+                raise OptionError(f"step_balance: StepTime.{name} must be a finite number >= 0, got {shown(v)}")
+            object.__setattr__(self, name, float(v))
+            values.append(float(v))
+        if not any(values):
+            raise OptionError("step_balance: a StepTime with every coefficient 0 times every batch alike; give one")
+
+    def times(self, batches: Sequence[np.ndarray], lengths: np.ndarray) -> np.ndarray:
+        """The time of each batch (non-empty arrays of positions into ``lengths``), as float64."""
+        if not len(batches):
+            return np.zeros(0)
+        sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+        x = np.asarray(lengths, dtype=np.float64)[np.concatenate([np.asarray(b) for b in batches])]
+        first = np.cumsum(sizes) - sizes
+        total, squares = np.add.reduceat(x, first), np.add.reduceat(x * x, first)
+        return self.of(sizes, total, squares, np.maximum.reduceat(x, first))
+
+    def of(self, n: Any, total: Any, squares: Any, longest: Any) -> Any:
+        """The time from a batch's figures: ``n`` samples, ``total`` = ΣL, ``squares`` = ΣL², ``longest`` = max
+        (numbers or arrays)."""
+        return (
+            self.a
+            + self.b * n
+            + self.c * total
+            + self.d * squares
+            + self.e * n * longest
+            + self.f * n * np.square(longest)
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+COEFFICIENTS = tuple(f.name for f in dataclasses.fields(StepTime))
+
+#: the named time models ``step_balance`` takes; only their terms' order matters, so they need no unit:
+#: ``attention``: a transformer on padded batches, whose attention work is ``n·max²`` (under the budget a batch of
+#: long samples is the slow one); ``conv``: a convolutional or recurrent encoder on padded batches, ``n·max``
+#: (about what the budget already evens out: the order then stays close to random); ``tokens``: a model whose
+#: time follows the real (unpadded) lengths, ``ΣL``
+STEP_TIMES: dict[str, StepTime] = {
+    "attention": StepTime(f=1.0),
+    "conv": StepTime(e=1.0),
+    "tokens": StepTime(c=1.0),
+}
+
+
+def resolve_step_time(value: Any) -> StepTime | None:
+    """``step_balance`` as a `StepTime`: None or False (batches in their random order), a name of `STEP_TIMES`,
+    a `StepTime`, or a mapping of its coefficients (a calibration file's ``step_time``)."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, StepTime):
+        return value
+    if isinstance(value, str):
+        if value not in STEP_TIMES:
+            raise OptionError(
+                f"step_balance={value!r}: use one of {', '.join(map(repr, STEP_TIMES))}, a StepTime (from "
+                "streambatch.calibrate), or None for the batches' random order"
+            )
+        return STEP_TIMES[value]
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(COEFFICIENTS))
+        if unknown:
+            raise OptionError(f"step_balance: unknown StepTime coefficient(s) {', '.join(map(str, unknown))}")
+        return StepTime(**value)
+    raise OptionError(
+        f"step_balance must be a name ({', '.join(map(repr, STEP_TIMES))}), a StepTime, a dict of its "
+        f"coefficients or None, got {shown(value)}"
+    )
+
+
+def targets(seed: int, epoch: int, start: int, count: int) -> np.ndarray:
+    """The targets of batch positions ``start`` to ``start + count`` of every slot in ``epoch``: each run of
+    `STRATA` positions from a multiple of it holds one value in each stratum ``[i/STRATA, (i+1)/STRATA)``, the
+    strata in a seeded random order (the same on every rank and worker)."""
+    out = np.empty(count)
+    first = start // STRATA
+    for blk in range(first, (start + count + STRATA - 1) // STRATA):
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), _TARGET_STREAM, blk])
+        vals = (rng.permutation(STRATA) + rng.random(STRATA)) / STRATA
+        lo, hi = max(start, blk * STRATA), min(start + count, (blk + 1) * STRATA)
+        out[lo - start : hi - start] = vals[lo - blk * STRATA : hi - blk * STRATA]
+    return out
+
+
+def balanced_order(
+    times: np.ndarray, rounds: Sequence[int], repeat: Sequence[bool], fixed_first: bool, goals: np.ndarray
+) -> np.ndarray:
+    """The permutation that balances one slot's batches: ``order[p]`` is the batch placed at position ``p``.
+
+    ``times``: each batch's time; ``rounds``: the batcher round each came from (batches of one round are
+    consecutive); ``repeat[i]``: batch ``i`` repeats batch ``i - 1`` (the pair stays where it is);
+    ``fixed_first``: position 0 stays (``hardest_first``); ``goals``: the target of each position
+    (`targets()`). Within each round the movable batches are matched to the movable positions, the slowest
+    to the position with the highest target (ties in their planned order)."""
+    n = len(times)
+    order = np.arange(n)
+    if n < 2:
+        return order
+    rounds = np.asarray(rounds)
+    rep = np.asarray(repeat, dtype=bool)
+    fixed = rep | np.append(rep[1:], False)  # a repeat and the batch it repeats
+    if fixed_first:
+        fixed[0] = True
+    change = np.flatnonzero(np.diff(rounds) != 0) + 1
+    for lo, hi in zip(np.concatenate([[0], change]), np.concatenate([change, [n]])):
+        pos = lo + np.flatnonzero(~fixed[lo:hi])
+        if len(pos) < 2:
+            continue
+        by_time = pos[np.argsort(times[pos], kind="stable")]
+        by_goal = pos[np.argsort(goals[pos], kind="stable")]
+        order[by_goal] = by_time
+    return order
+
+
+def step_balance(step_times: np.ndarray) -> dict[str, float]:
+    """How even the steps are, from each rank's step times (``ranks × steps``): the mean over steps of the
+    slowest rank's time over the mean rank's (``max_mean``, 1.0: perfectly even), and the share of rank-time
+    spent waiting for the slowest rank (``idle``)."""
+    t = np.asarray(step_times, dtype=np.float64)
+    if t.ndim != 2 or t.shape[1] == 0 or t.shape[0] == 0:
+        return {"max_mean": 1.0, "idle": 0.0}
+    slowest = t.max(axis=0)
+    mean = t.mean(axis=0)
+    return {
+        "max_mean": float(slowest.sum() / mean.sum()),
+        "idle": float(1.0 - mean.sum() / slowest.sum()) if slowest.sum() > 0 else 0.0,
+    }
