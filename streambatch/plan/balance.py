@@ -14,6 +14,10 @@ the batch set, the step count and every resume stay what they were, and the orde
 (targets are a seeded shuffle of strata). A repeated batch (``even_batches="pad"``) stays right after its
 original, and with ``hardest_first`` the hardest batch stays first.
 
+A batch may move further, among ``rounds`` consecutive rounds (`StepBalance`), at the price of the samples a
+worker then reads ahead or keeps back: by default as many rounds as keep that within `BALANCE_BYTES` where the
+index knows its samples' bytes (`balance_rounds()`: many for text, one for audio), else one.
+
 The time of a batch is a `StepTime` model, fitted from timed steps by ``calibrate`` (`fit_step_time()`), or one
 of `STEP_TIMES`. Only the order of the times of one round's batches matters, so a model's scale does not.
 """
@@ -105,29 +109,65 @@ STEP_TIMES: dict[str, StepTime] = {
 }
 
 
-def resolve_step_time(value: Any) -> StepTime | None:
-    """``step_balance`` as a `StepTime`: None or False (batches in their random order), a name of `STEP_TIMES`,
-    a `StepTime`, or a mapping of its coefficients (a calibration file's ``step_time``)."""
+#: what a worker may hold of samples read ahead or kept back for the balanced order (`StepBalance.rounds`), in bytes
+BALANCE_BYTES = 64 << 20
+#: the most consecutive batcher rounds one balanced group spans
+MAX_BALANCE_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class StepBalance:
+    """How a slot's batches are balanced: the time model, and how many consecutive batcher rounds a batch may
+    move within (1: the round it was formed in, which costs no memory; more: a batch may be yielded up to that
+    many rounds earlier or later, so a worker holds up to ``rounds - 1`` rounds of samples more)."""
+
+    time: StepTime
+    rounds: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.time, StepTime):
+            raise OptionError(f"step_balance: time must be a StepTime, got {shown(self.time)}")
+        r = self.rounds
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 1 <= int(r) <= MAX_BALANCE_ROUNDS:
+            raise OptionError(f"step_balance: rounds must be a whole number from 1 to {MAX_BALANCE_ROUNDS}, got {shown(r)}")
+        object.__setattr__(self, "rounds", int(r))
+
+
+def resolve_step_time(value: Any) -> StepBalance | None:
+    """``step_balance`` as a `StepBalance`: None or False (batches in their random order), a name of
+    `STEP_TIMES`, a `StepTime`, a `StepBalance`, or a mapping of StepTime coefficients (a calibration file's
+    ``step_time``, with ``rounds`` optionally)."""
     if value is None or value is False:
         return None
-    if isinstance(value, StepTime):
+    if isinstance(value, StepBalance):
         return value
+    if isinstance(value, StepTime):
+        return StepBalance(value)
     if isinstance(value, str):
         if value not in STEP_TIMES:
             raise OptionError(
                 f"step_balance={value!r}: use one of {', '.join(map(repr, STEP_TIMES))}, a StepTime (from "
                 "streambatch.calibrate), or None for the batches' random order"
             )
-        return STEP_TIMES[value]
+        return StepBalance(STEP_TIMES[value])
     if isinstance(value, Mapping):
-        unknown = sorted(set(value) - set(COEFFICIENTS))
+        unknown = sorted(set(value) - set(COEFFICIENTS) - {"rounds"})
         if unknown:
             raise OptionError(f"step_balance: unknown StepTime coefficient(s) {', '.join(map(str, unknown))}")
-        return StepTime(**value)
+        coef = {k: v for k, v in value.items() if k != "rounds"}
+        return StepBalance(StepTime(**coef), value.get("rounds", 1))
     raise OptionError(
-        f"step_balance must be a name ({', '.join(map(repr, STEP_TIMES))}), a StepTime, a dict of its "
-        f"coefficients or None, got {shown(value)}"
+        f"step_balance must be a name ({', '.join(map(repr, STEP_TIMES))}), a StepTime, a StepBalance, a dict of "
+        f"StepTime coefficients or None, got {shown(value)}"
     )
+
+
+def balance_rounds(refill: int, sample_bytes: float | None) -> int:
+    """Rounds a balanced group spans by default: as many as keep the samples a worker holds on their account
+    within `BALANCE_BYTES` (``refill`` samples a round, ``sample_bytes`` each); 1 where the bytes are unknown."""
+    if not sample_bytes or not math.isfinite(sample_bytes) or sample_bytes <= 0 or refill <= 0:
+        return 1
+    return int(max(1, min(MAX_BALANCE_ROUNDS, BALANCE_BYTES // (refill * float(sample_bytes)) + 1)))
 
 
 def targets(seed: int, epoch: int, start: int, count: int) -> np.ndarray:
@@ -145,20 +185,25 @@ def targets(seed: int, epoch: int, start: int, count: int) -> np.ndarray:
 
 
 def balanced_order(
-    times: np.ndarray, rounds: Sequence[int], repeat: Sequence[bool], fixed_first: bool, goals: np.ndarray
+    times: np.ndarray,
+    rounds: Sequence[int],
+    repeat: Sequence[bool],
+    fixed_first: bool,
+    goals: np.ndarray,
+    span: int = 1,
 ) -> np.ndarray:
     """The permutation that balances one slot's batches: ``order[p]`` is the batch placed at position ``p``.
 
     ``times``: each batch's time; ``rounds``: the batcher round each came from (batches of one round are
     consecutive); ``repeat[i]``: batch ``i`` repeats batch ``i - 1`` (the pair stays where it is);
     ``fixed_first``: position 0 stays (``hardest_first``); ``goals``: the target of each position
-    (`targets()`). Within each round the movable batches are matched to the movable positions, the slowest
+    (`targets()`); ``span``: consecutive rounds grouped (`StepBalance.rounds`). Within each group the movable batches are matched to the movable positions, the slowest
     to the position with the highest target (ties in their planned order)."""
     n = len(times)
     order = np.arange(n)
     if n < 2:
         return order
-    rounds = np.asarray(rounds)
+    rounds = np.asarray(rounds) // max(1, int(span))
     rep = np.asarray(repeat, dtype=bool)
     fixed = rep | np.append(rep[1:], False)  # a repeat and the batch it repeats
     if fixed_first:

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import OptionError, bool_option, choice_option, int_option, number_option, shown
 from ..stats import LengthStats
 from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
-from .balance import StepTime, resolve_step_time
+from .balance import StepBalance, balance_rounds, resolve_step_time
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
@@ -88,9 +88,12 @@ class BatchingConfig:
     step_balance: Any = "attention"
     """Order each worker's planned batches so that step k takes about the same time on every rank (`balance`):
     the time model of a step, a name of `STEP_TIMES` (``"attention"``: padded transformers, ``"conv"``,
-    ``"tokens"``), a `StepTime` fitted by ``calibrate``, or a dict of its coefficients; None keeps the random
-    order. Batches move only among those one batcher round formed together (no memory, same batches, same
-    steps); planned epochs of an index with ``shuffle`` and ``batch_order="random"`` only."""
+    ``"tokens"``), a `StepTime` fitted by ``calibrate``, a dict of its coefficients, or a `StepBalance` (a
+    time model and how many batcher rounds a batch may move within); None keeps the random order. Batches move
+    only among those a few consecutive batcher rounds formed (the same batches and steps; `make()` spans as many
+    rounds as keep the samples a worker holds for it within `BALANCE_BYTES` where the samples' bytes are known,
+    else one round, which costs no memory); planned epochs of an index with ``shuffle`` and
+    ``batch_order="random"`` only."""
 
     #: the batching rule's version (not an option): 6 orders a worker's batches for balanced steps
     #: (``step_balance``), 5 cuts a short stream (at most two windows) at level tops,
@@ -159,7 +162,7 @@ class BatchingConfig:
         return self.interleave if self.shuffle and self.plan_version >= 3 else 1
 
     @property
-    def balance(self) -> StepTime | None:
+    def balance(self) -> StepBalance | None:
         """The time model a planned epoch's batches are ordered by (`balance`), or None where they keep their
         random order: no ``step_balance``, an older rule, no shuffle, or a sorted ``batch_order``."""
         on = self.plan_version >= 6 and self.shuffle and self.batch_order == "random"
@@ -229,6 +232,11 @@ class BatchingConfig:
                 _mean(lengths) if mean_length is None else mean_length,
                 sample_bytes,
             )
+        balance = resolve_step_time(options.get("step_balance", "attention"))
+        if balance is not None and not isinstance(options.get("step_balance"), StepBalance):  # rounds: from the bytes
+            refill = options.get("refill") or int(options["buffer_size"]) // 4
+            rounds = balance_rounds(int(refill), sample_bytes)
+            options["step_balance"] = dataclasses.replace(balance, rounds=rounds)
         return cls(budget=budget, cost=model, **options)
 
     def replace(self, **changes: Any) -> BatchingConfig:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from .balance import StepTime, balanced_order, targets
+from .balance import StepBalance, balanced_order, targets
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .cost import CostModel
@@ -272,7 +272,7 @@ def apply_adjust(
     slot: int,
     lengths: np.ndarray | None = None,
     cost: CostModel | None = None,
-    balance: StepTime | None = None,
+    balance: StepBalance | None = None,
     first_kept: bool = False,
 ) -> SlotPlan:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan). With
@@ -301,7 +301,8 @@ def apply_adjust(
             if lengths is None:
                 raise ValueError("step_balance needs the slot's lengths by stream position")
             goals = targets(seed, epoch, 0, len(batches))
-            order = balanced_order(balance.times(batches, lengths), rounds, repeat, adj.hardest or first_kept, goals)
+            times = balance.time.times(batches, lengths)
+            order = balanced_order(times, rounds, repeat, adj.hardest or first_kept, goals, balance.rounds)
             batches, rounds = [batches[i] for i in order], [rounds[i] for i in order]
     out = SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
     out.rounds = rounds
