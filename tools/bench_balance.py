@@ -183,8 +183,8 @@ def main() -> None:
                 found = {}
                 nbytes = float(lengths.mean()) * unit_bytes + TAR_BYTES
                 auto = BatchingConfig.make(budget, lengths, buffer_size=buf, step_balance=unit_model, sample_bytes=nbytes)
-                rounds = auto.step_balance.rounds  # what the loader picks from the index's sample bytes
-                orders = [("today", None), (f"balanced, {rounds} round{'s' * (rounds > 1)}", auto.step_balance)]
+                rounds = auto.balance.rounds  # what the loader picks from the index's sample bytes
+                orders = [("today", None), (f"balanced, {rounds} round{'s' * (rounds > 1)}", auto.balance)]
                 if rounds > 1:
                     orders.insert(1, ("balanced, 1 round", StepBalance(unit_model, 1)))
                 for label, balance in orders:

@@ -124,6 +124,10 @@ class StepBalance:
     time: StepTime
     rounds: int = 1
 
+    def to_dict(self) -> dict[str, Any]:
+        """The coefficients and ``rounds`` as plain numbers (what a config holds and a checkpoint records)."""
+        return {**self.time.to_dict(), "rounds": self.rounds}
+
     def __post_init__(self) -> None:
         if not isinstance(self.time, StepTime):
             raise OptionError(f"step_balance: time must be a StepTime, got {shown(self.time)}")

@@ -93,7 +93,8 @@ class BatchingConfig:
     only among those a few consecutive batcher rounds formed (the same batches and steps; `make()` spans as many
     rounds as keep the samples a worker holds for it within `BALANCE_BYTES` where the samples' bytes are known,
     else one round, which costs no memory); planned epochs of an index with ``shuffle`` and
-    ``batch_order="random"`` only."""
+    ``batch_order="random"`` only. Held as a dict of the coefficients and ``rounds`` (`balance` gives the
+    `StepBalance`)."""
 
     #: the batching rule's version (not an option): 6 orders a worker's batches for balanced steps
     #: (``step_balance``), 5 cuts a short stream (at most two windows) at level tops,
@@ -143,7 +144,8 @@ class BatchingConfig:
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
         _check_pad_fits(self)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
-        object.__setattr__(self, "step_balance", resolve_step_time(self.step_balance))
+        balance = resolve_step_time(self.step_balance)  # held as plain numbers: a checkpoint records every field
+        object.__setattr__(self, "step_balance", None if balance is None else balance.to_dict())
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
             check_budget(self.output_budget, "output_budget")
@@ -166,7 +168,7 @@ class BatchingConfig:
         """The time model a planned epoch's batches are ordered by (`balance`), or None where they keep their
         random order: no ``step_balance``, an older rule, no shuffle, or a sorted ``batch_order``."""
         on = self.plan_version >= 6 and self.shuffle and self.batch_order == "random"
-        return self.step_balance if on else None
+        return resolve_step_time(self.step_balance) if on and self.step_balance is not None else None
 
     @property
     def epoch_seed(self) -> int:
@@ -233,7 +235,10 @@ class BatchingConfig:
                 sample_bytes,
             )
         balance = resolve_step_time(options.get("step_balance", "attention"))
-        if balance is not None and not isinstance(options.get("step_balance"), StepBalance):  # rounds: from the bytes
+        given = options.get("step_balance", "attention")
+        if balance is not None and not isinstance(given, StepBalance) and not (
+            isinstance(given, dict) and "rounds" in given
+        ):  # rounds: from the samples' bytes
             refill = options.get("refill") or int(options["buffer_size"]) // 4
             rounds = balance_rounds(int(refill), sample_bytes)
             options["step_balance"] = dataclasses.replace(balance, rounds=rounds)
