@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _bench_common import machine, table  # noqa: E402
 
 from streambatch.fit.calibrate import fit_step_time, time_steps  # noqa: E402
-from streambatch.plan.balance import StepBalance, StepTime, step_balance  # noqa: E402
+from streambatch.plan.balance import StepBalance, StepTime, rank_step_times, step_balance  # noqa: E402
 from streambatch.plan.config import BatchingConfig  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
 from streambatch.plan.layout import Layout  # noqa: E402
@@ -94,7 +94,7 @@ def encoder_model(quick: bool) -> tuple[StepTime, str]:
     for t in (16, 32, 64, 128, 256, 512) if quick else (16, 32, 64, 128, 256, 512, 1024):
         for n in sorted({max(1, tokens // t), max(1, tokens // (2 * t))}):
             grid.append([t] * n)
-    timed = time_steps(step, grid, warmup=1, repeat=2 if quick else 3)
+    timed = time_steps(step, grid, warmup=1, repeat=3 if quick else 5)
     fit = fit_step_time(timed, ("a", "b", "e", "f"))
     err = max(abs(fit.of(len(x), sum(x), sum(v * v for v in x), max(x)) / s - 1) for x, s in timed)
     how = (
@@ -102,18 +102,6 @@ def encoder_model(quick: bool) -> tuple[StepTime, str]:
         f"{len(timed)} shapes up to {tokens} padded frames, worst error {100 * err:.0f} %"
     )
     return fit, how
-
-
-def rank_times(plan, lengths: np.ndarray, model: StepTime) -> np.ndarray:
-    """Each rank's step times (ranks × steps) in the order its batches are yielded."""
-    out = np.zeros((plan.world_size, plan.steps))
-    for r in range(plan.world_size):
-        batches = []
-        for w, b in plan.rank_order(r):
-            sp = plan.slots[r * plan.num_workers + w]
-            batches.append(sp.gids[sp.batches[b]])
-        out[r, : len(batches)] = model.times(batches, lengths)
-    return out
 
 
 def lhotse_times(lengths: np.ndarray, world: int, budget: float, model: StepTime, steps: int) -> np.ndarray:
@@ -160,12 +148,17 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a small, fast run (8 and 64 ranks, coarse timing)")
     p.add_argument("--no-lhotse", action="store_true")
+    p.add_argument("--encoder", help="the encoder's fitted a,b,e,f (seconds; frames/tokens) instead of timing it")
     p.add_argument("--lengths", nargs="+", default=list(DATA), choices=list(DATA), help="which length distributions")
     args = p.parse_args()
     if args.quick:
         args.ranks, args.windows, args.lhotse_steps = [8, 64], 2.5, 60
     t0 = time.perf_counter()
-    encoder, how = encoder_model(args.quick)
+    if args.encoder:
+        a, b, e, f = (float(v) for v in args.encoder.split(","))
+        encoder, how = StepTime(a=a, b=b, e=e, f=f), f"encoder fit given: a={a:.3g} b={b:.3g} e={e:.3g} f={f:.3g}"
+    else:
+        encoder, how = encoder_model(args.quick)
     models = {"encoder": encoder, "ΣL²": StepTime(c=50.0, d=1.0)}
     print(f"machine: {machine()}, {time.strftime('%Y-%m-%d')}")
     print(how, f"({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -182,7 +175,9 @@ def main() -> None:
                 t1 = time.perf_counter()
                 found = {}
                 nbytes = float(lengths.mean()) * unit_bytes + TAR_BYTES
-                auto = BatchingConfig.make(budget, lengths, buffer_size=buf, step_balance=unit_model, sample_bytes=nbytes)
+                auto = BatchingConfig.make(
+                    budget, lengths, buffer_size=buf, step_balance=unit_model, sample_bytes=nbytes
+                )
                 rounds = auto.balance.rounds  # what the loader picks from the index's sample bytes
                 orders = [("today", None), (f"balanced, {rounds} round{'s' * (rounds > 1)}", auto.balance)]
                 if rounds > 1:
@@ -190,14 +185,22 @@ def main() -> None:
                 for label, balance in orders:
                     cfg = BatchingConfig.make(budget, lengths, seed=args.seed, buffer_size=buf, step_balance=balance)
                     plan = make_epoch_plan(shards, cfg, 0, Layout(world, WORKERS))
-                    found[label] = (step_balance(rank_times(plan, lengths, unit_model)), plan.steps)
+                    found[label] = (step_balance(rank_step_times(plan, lengths, unit_model)), plan.steps)
                 if not args.no_lhotse:
                     most = min(args.lhotse_steps, found["today"][1], max(3, -(-args.lhotse_batches // world)))
                     lt = lhotse_times(lengths, world, budget, unit_model, most)
                     found["lhotse sync_buckets"] = (step_balance(lt), lt.shape[1])
                 for label, (b, steps) in found.items():
                     rows.append(
-                        [name, f"{world:,}", mname, label, f"{steps:,}", f"{b['max_mean']:.3f}", f"{100 * b['idle']:.1f}"]
+                        [
+                            name,
+                            f"{world:,}",
+                            mname,
+                            label,
+                            f"{steps:,}",
+                            f"{b['max_mean']:.3f}",
+                            f"{100 * b['idle']:.1f}",
+                        ]
                     )
                 mine = found[orders[-1][0]][0]["max_mean"]
                 other = found.get("lhotse sync_buckets", (None,))[0]

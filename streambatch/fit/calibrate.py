@@ -491,7 +491,9 @@ def fit_step_time(timed: Sequence[tuple[Sequence[float], float]], terms: Sequenc
         x = np.asarray(lengths, dtype=np.float64)
         t = number_option("step time", seconds, positive=True)
         if x.ndim != 1 or not len(x) or not np.isfinite(x).all() or (x < 0).any():
-            raise OptionError(f"fit_step_time: a step's lengths must be a non-empty list of lengths ≥ 0, got {shown(lengths)}")
+            raise OptionError(
+                f"fit_step_time: a step's lengths must be a non-empty list of lengths ≥ 0, got {shown(lengths)}"
+            )
         n, m = float(len(x)), float(x.max())
         feats = {"a": 1.0, "b": n, "c": float(x.sum()), "d": float((x * x).sum()), "e": n * m, "f": n * m * m}
         rows.append([feats[k] / t for k in names])  # relative error: each row divided by its time

@@ -102,11 +102,7 @@ COEFFICIENTS = tuple(f.name for f in dataclasses.fields(StepTime))
 #: long samples is the slow one); ``conv``: a convolutional or recurrent encoder on padded batches, ``n·max``
 #: (about what the budget already evens out: the order then stays close to random); ``tokens``: a model whose
 #: time follows the real (unpadded) lengths, ``ΣL``
-STEP_TIMES: dict[str, StepTime] = {
-    "attention": StepTime(f=1.0),
-    "conv": StepTime(e=1.0),
-    "tokens": StepTime(c=1.0),
-}
+STEP_TIMES: dict[str, StepTime] = {"attention": StepTime(f=1.0), "conv": StepTime(e=1.0), "tokens": StepTime(c=1.0)}
 
 
 #: what a worker may hold of samples read ahead or kept back for the balanced order (`StepBalance.rounds`), in bytes
@@ -133,7 +129,9 @@ class StepBalance:
             raise OptionError(f"step_balance: time must be a StepTime, got {shown(self.time)}")
         r = self.rounds
         if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 1 <= int(r) <= MAX_BALANCE_ROUNDS:
-            raise OptionError(f"step_balance: rounds must be a whole number from 1 to {MAX_BALANCE_ROUNDS}, got {shown(r)}")
+            raise OptionError(
+                f"step_balance: rounds must be a whole number from 1 to {MAX_BALANCE_ROUNDS}, got {shown(r)}"
+            )
         object.__setattr__(self, "rounds", int(r))
 
 
@@ -201,8 +199,9 @@ def balanced_order(
     ``times``: each batch's time; ``rounds``: the batcher round each came from (batches of one round are
     consecutive); ``repeat[i]``: batch ``i`` repeats batch ``i - 1`` (the pair stays where it is);
     ``fixed_first``: position 0 stays (``hardest_first``); ``goals``: the target of each position
-    (`targets()`); ``span``: consecutive rounds grouped (`StepBalance.rounds`). Within each group the movable batches are matched to the movable positions, the slowest
-    to the position with the highest target (ties in their planned order)."""
+    (`targets()`); ``span``: consecutive rounds grouped (`StepBalance.rounds`). Within each group the movable
+    batches are matched to the movable positions, the slowest to the position with the highest target (ties in
+    their planned order)."""
     n = len(times)
     order = np.arange(n)
     if n < 2:
@@ -236,3 +235,19 @@ def step_balance(step_times: np.ndarray) -> dict[str, float]:
         "max_mean": float(slowest.sum() / mean.sum()),
         "idle": float(1.0 - mean.sum() / slowest.sum()) if slowest.sum() > 0 else 0.0,
     }
+
+
+def rank_step_times(plan: Any, lengths: Any, time: StepTime) -> np.ndarray:
+    """Each rank's step times (``ranks × steps``, in the model's unit) in an epoch plan (`EpochPlan`), its batches
+    in the order the rank yields them, timed on ``lengths`` by global id; what `step_balance()` takes."""
+    out = np.zeros((plan.world_size, plan.steps))
+    for r in range(plan.world_size):
+        batches = []
+        for w, b in plan.rank_order(r):
+            sp = plan.slots[r * plan.num_workers + w]
+            batches.append(sp.gids[sp.batches[b]])
+        if batches:
+            ids = np.concatenate(batches)
+            local = np.split(np.arange(len(ids)), np.cumsum([len(b) for b in batches])[:-1])
+            out[r, : len(batches)] = time.times(local, np.asarray(lengths[ids], dtype=np.float64))
+    return out

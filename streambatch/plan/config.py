@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import OptionError, bool_option, choice_option, int_option, number_option, shown
 from ..stats import LengthStats
-from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .balance import StepBalance, balance_rounds, resolve_step_time
+from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
@@ -236,8 +236,10 @@ class BatchingConfig:
             )
         balance = resolve_step_time(options.get("step_balance", "attention"))
         given = options.get("step_balance", "attention")
-        if balance is not None and not isinstance(given, StepBalance) and not (
-            isinstance(given, dict) and "rounds" in given
+        if (
+            balance is not None
+            and not isinstance(given, StepBalance)
+            and not (isinstance(given, dict) and "rounds" in given)
         ):  # rounds: from the samples' bytes
             refill = options.get("refill") or int(options["buffer_size"]) // 4
             rounds = balance_rounds(int(refill), sample_bytes)

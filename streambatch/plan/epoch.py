@@ -192,7 +192,15 @@ def plan_rank(
         adjust[w].take = t
         lens = lengths[s.gids] if config.balance is not None and s.rounds is not None else None
         slots[w] = s = apply_adjust(
-            s, Adjust(take=t), config.epoch_seed, epoch, first + w, lens, None, config.balance, w == start and moved >= 0
+            s,
+            Adjust(take=t),
+            config.epoch_seed,
+            epoch,
+            first + w,
+            lens,
+            None,
+            config.balance,
+            w == start and moved >= 0,
         )
         out.repeated += int(sum(len(b) for b, rep in zip(s.batches, s.repeat) if rep))
     out.equalised = _equalised(raw, adjust, start, moved)

@@ -13,10 +13,16 @@ from hypothesis import strategies as st
 
 from streambatch.errors import OptionError
 from streambatch.fit.calibrate import fit_step_time
-from streambatch.plan.balance import STRATA, StepBalance, StepTime, step_balance, targets
+from streambatch.plan.balance import STRATA, StepBalance, StepTime, rank_step_times, step_balance, targets
 from streambatch.plan.config import BatchingConfig, with_plan_version
-from streambatch.plan.epoch import RankSchedule, RankSummary, consumed_ids, make_epoch_plan, plan_rank_local
-from streambatch.plan.epoch import rank_raw_slots
+from streambatch.plan.epoch import (
+    RankSchedule,
+    RankSummary,
+    consumed_ids,
+    make_epoch_plan,
+    plan_rank_local,
+    rank_raw_slots,
+)
 from streambatch.plan.layout import Layout
 from streambatch.plan.lengths import Lengths
 from streambatch.plan.resume import Consumed, EarlierRun
@@ -127,13 +133,7 @@ def test_balanced_steps_wait_less_for_the_slowest_rank():
     for name, balance in (("random", None), ("balanced", StepBalance(model, 4))):
         cfg = BatchingConfig.make(16384, lengths, seed=0, buffer_size=4_000, step_balance=balance)
         plan = make_epoch_plan(shards, cfg, 0, Layout(8, 2))
-        times = np.array(
-            [
-                model.times([plan.slots[r * 2 + w].gids[plan.slots[r * 2 + w].batches[b]] for w, b in plan.rank_order(r)], lengths)
-                for r in range(8)
-            ]
-        )
-        idle[name] = step_balance(times)["idle"]
+        idle[name] = step_balance(rank_step_times(plan, lengths, model))["idle"]
     assert idle["balanced"] < 0.4 * idle["random"], idle
 
 
