@@ -38,7 +38,7 @@ def test_every_option_is_a_named_keyword_with_no_catch_all():
     wanted = set(batching).union(*groups) | {"source", "weights", "index", "where", "storage_options"}
     assert wanted <= set(PARAMS), sorted(wanted - set(PARAMS))
     assert set(PARAMS) <= wanted, sorted(set(PARAMS) - wanted)  # nothing in the signature outside a group
-    assert len(PARAMS) == 61  # the source and 60 options
+    assert len(PARAMS) == 62  # the source and 61 options
 
 
 def test_the_signature_defaults_are_the_groups_defaults():
