@@ -214,7 +214,9 @@ def _samples_in(loader: Any, ranges: list[tuple[int, int]]) -> int:
     e, layout, config = loader.epoch, loader.layout, loader.config
     lengths = loader._lengths(e)
     excluded = loader._excluded_in(e, lengths)
-    raw = rank_raw_slots(lengths, config, e, loader.rank, layout, excluded, counted=not layout.hardest_first)
+    # batch sizes alone order the batches unless the hardest comes first or the steps are balanced (by time)
+    counted = not layout.hardest_first and config.balance is None
+    raw = rank_raw_slots(lengths, config, e, loader.rank, layout, excluded, counted=counted)
     rp = plan_rank(raw, loader.schedule(e).steps, layout, config, e, loader.rank, lengths)
     order = interleave([len(s.batches) for s in rp.slots], rp.first_worker)
     earlier = loader._earlier(e)
