@@ -13,7 +13,7 @@ batches are timed, in the order the rank yields them, by two step-time models:
 
 The balanced rows span as many batcher rounds as ``BatchingConfig.make`` picks from the samples' stored bytes
 (16-bit audio, 4 bytes a token, plus 1.5 KiB of tar headers and .json each; `balance_rounds`): one round for
-audio, more for text, where a 1-round row is shown too.
+audio (two), more for text; a 1-round row is shown too.
 
 Rows: today's order (``step_balance=None``), the balanced order (``step_balance`` = the model the row times) and
 lhotse's ``DynamicBucketingSampler`` order with ``sync_buckets=True`` on the same lengths (its bucketer fed one

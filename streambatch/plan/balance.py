@@ -16,7 +16,7 @@ original, and with ``hardest_first`` the hardest batch stays first.
 
 A batch may move further, among ``rounds`` consecutive rounds (`StepBalance`), at the price of the samples a
 worker then reads ahead or keeps back: by default as many rounds as keep that within `BALANCE_BYTES` where the
-index knows its samples' bytes (`balance_rounds()`: many for text, one for audio), else one.
+index knows its samples' bytes (`balance_rounds()`: many for text, one or two for audio), else one.
 
 The time of a batch is a `StepTime` model, fitted from timed steps by ``calibrate`` (`fit_step_time()`), or one
 of `STEP_TIMES`. Only the order of the times of one round's batches matters, so a model's scale does not.
@@ -105,8 +105,9 @@ COEFFICIENTS = tuple(f.name for f in dataclasses.fields(StepTime))
 STEP_TIMES: dict[str, StepTime] = {"attention": StepTime(f=1.0), "conv": StepTime(e=1.0), "tokens": StepTime(c=1.0)}
 
 
-#: what a worker may hold of samples read ahead or kept back for the balanced order (`StepBalance.rounds`), in bytes
-BALANCE_BYTES = 64 << 20
+#: what a worker may hold of samples read ahead or kept back for the balanced order (`StepBalance.rounds`), in
+#: bytes: as much as an automatic window may hold (`buckets.WINDOW_BYTES`)
+BALANCE_BYTES = 256 << 20
 #: the most consecutive batcher rounds one balanced group spans
 MAX_BALANCE_ROUNDS = 64
 
