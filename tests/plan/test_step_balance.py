@@ -201,3 +201,11 @@ def test_the_default_spans_rounds_by_the_samples_bytes():
     assert large.balance.rounds == 1 and unknown.balance.rounds == 1
     assert BatchingConfig.make(16384, lengths, step_balance=None).balance is None
     assert BatchingConfig.make(16384, lengths, shuffle=False).balance is None
+
+
+def test_step_balance_is_the_slowest_rank_over_the_mean_and_the_idle_share():
+    # two ranks, two steps: the slowest take 3 and 2, the mean ranks 2 and 2
+    got = step_balance(np.array([[1.0, 2.0], [3.0, 2.0]]))
+    assert got["max_mean"] == pytest.approx(5 / 4)
+    assert got["idle"] == pytest.approx(1 - 4 / 5)
+    assert step_balance(np.ones((3, 4))) == {"max_mean": 1.0, "idle": 0.0}
