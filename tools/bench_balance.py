@@ -170,6 +170,7 @@ def main() -> None:
             n = int(world * WORKERS * buf * args.windows)
             lengths = gen(n, args.seed)
             shards = [lengths[i : i + SHARD] for i in range(0, n, SHARD)]
+            today = None  # the random order's plan: the same for every model
             for mname, model in models.items():
                 unit_model = in_units(model, per)
                 t1 = time.perf_counter()
@@ -184,7 +185,12 @@ def main() -> None:
                     orders.insert(1, ("balanced, 1 round", StepBalance(unit_model, 1)))
                 for label, balance in orders:
                     cfg = BatchingConfig.make(budget, lengths, seed=args.seed, buffer_size=buf, step_balance=balance)
-                    plan = make_epoch_plan(shards, cfg, 0, Layout(world, WORKERS))
+                    if balance is None and today is not None:
+                        plan = today
+                    else:
+                        plan = make_epoch_plan(shards, cfg, 0, Layout(world, WORKERS))
+                    if balance is None:
+                        today = plan
                     found[label] = (step_balance(rank_step_times(plan, lengths, unit_model)), plan.steps)
                 if not args.no_lhotse:
                     most = min(args.lhotse_steps, found["today"][1], max(3, -(-args.lhotse_batches // world)))
