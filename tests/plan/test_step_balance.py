@@ -195,7 +195,7 @@ def test_a_step_balance_that_is_not_a_time_model_is_refused(value, match):
 def test_the_default_spans_rounds_by_the_samples_bytes():
     lengths = text_like(10_000, 0)
     small = BatchingConfig.make(16384, lengths, sample_bytes=2_000)
-    large = BatchingConfig.make(16384, lengths, sample_bytes=500_000)
+    large = BatchingConfig.make(16384, lengths, sample_bytes=5_000_000)
     unknown = BatchingConfig.make(16384, lengths)
     assert small.balance.rounds > 1
     assert large.balance.rounds == 1 and unknown.balance.rounds == 1
