@@ -207,12 +207,12 @@ def balanced_order(
     order = np.arange(n)
     if n < 2:
         return order
-    rounds = np.asarray(rounds) // max(1, int(span))
+    group = np.asarray(rounds) // max(1, int(span))
     rep = np.asarray(repeat, dtype=bool)
     fixed = rep | np.append(rep[1:], False)  # a repeat and the batch it repeats
     if fixed_first:
         fixed[0] = True
-    change = np.flatnonzero(np.diff(rounds) != 0) + 1
+    change = np.flatnonzero(np.diff(group) != 0) + 1
     for lo, hi in zip(np.concatenate([[0], change]), np.concatenate([change, [n]])):
         pos = lo + np.flatnonzero(~fixed[lo:hi])
         if len(pos) < 2:
