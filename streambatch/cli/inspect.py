@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import BudgetError, ShardifyError
 from ..format.describe import hours_text, number_text
 from ..format.index import ShardIndex
+from ..plan.balance import STEP_TIMES, rank_step_times, step_balance
 from ..plan.buckets import MAX_BUCKETS, estimate_boundaries, suggest_budget
 from ..plan.config import MAX_SEED
 from ..plan.config import parse_budget as parse_any_budget
@@ -395,6 +396,8 @@ def planned_epoch(
     plan = make_epoch_plan(lengths, config, epoch, layout, excluded=selection_of(index, epoch, config.seed))
     after = make_epoch_plan(lengths, config, epoch + 1, layout, excluded=selection_of(index, epoch + 1, config.seed))
     kept = pairs_kept(epoch_batches(plan), epoch_batches(after), lengths.num_samples)
+    timed = config.balance.time if config.balance is not None else STEP_TIMES["attention"]  # step balance, timed so
+    even = step_balance(rank_step_times(plan, lengths, timed))
     ranks = [planned_batches(plan, r, lengths, config.budget, config.cost) for r in range(world_size)]
     every = {k: np.concatenate([b[k] for b in ranks]) for k in ranks[0]}
     sizes = every["size"].astype(np.int64).tolist()
@@ -407,6 +410,7 @@ def planned_epoch(
         "samples_per_rank": [int(b["size"].sum()) for b in ranks],
         **batch_figures(every),
         "pairs_kept_pct": 100 * kept,  # of this epoch's batch-mate pairs, batch-mates again in the next
+        "step_balance": {**even, "balanced": config.balance is not None, "time": timed.to_dict()},
         "left_out": plan.surplus_samples,
         "skipped": plan.skipped_samples,
         "batch_sizes": {
@@ -434,6 +438,12 @@ def print_planned(p: dict[str, Any], as_json: bool = False) -> None:
     )
     print(f"padding    {pct(p['padding_pct'])}; budget used {pct(p['budget_utilisation_pct'])} per batch on average")
     print(f"freshness  {p['pairs_kept_pct']:.1f}% of the batch-mate pairs meet again in the next epoch")
+    b = p["step_balance"]
+    print(
+        f"balance    slowest rank's step {b['max_mean']:.3f}x the mean rank's, "
+        f"{100 * b['idle']:.1f}% of rank-time idle "
+        f"({'balanced' if b['balanced'] else 'random'} order; step time {_terms(b['time'])})"
+    )
     print(
         f"samples    per rank {min(p['samples_per_rank']):,} to {max(p['samples_per_rank']):,}; "
         f"{p['left_out']:,} left out to equalise steps, {p['skipped']:,} skipped"
@@ -443,6 +453,12 @@ def print_planned(p: dict[str, Any], as_json: bool = False) -> None:
     top = max(h["counts"], default=1) or 1
     for c, lo, hi in zip(h["counts"], h["edges"], h["edges"][1:]):
         print(f"  {lo:7.1f}-{hi:<7.1f} {'#' * int(round(40 * c / top)):<40} {c:,}")
+
+
+def _terms(coefficients: dict[str, float]) -> str:
+    """A step-time model's non-zero terms, e.g. ``1·n·max²``."""
+    names = {"a": "", "b": "·n", "c": "·ΣL", "d": "·ΣL²", "e": "·n·max", "f": "·n·max²"}
+    return " + ".join(f"{v:.3g}{names[k]}" for k, v in coefficients.items() if k in names and v) or "0"
 
 
 def plot_planned(p: dict[str, Any], path: str) -> str:

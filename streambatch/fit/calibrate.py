@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, bool_option, int_option, number_option, output_fits
+from ..errors import OptionError, bool_option, int_option, number_option, output_fits, shown
+from ..plan.balance import COEFFICIENTS, StepTime
 from ..plan.cost import CALIBRATION_FORMAT, PaddedCost, QuadraticCost
 from ..units import Unit, parse_bytes
 from .memory import CalibrationError, DeviceMeasure, Trial, device_measure, resolve_device
@@ -471,3 +472,67 @@ def format_report(result: dict[str, Any]) -> str:
     else:
         lines.append(f"cost='padded', budget={result['budget']:.10g} {unit}")
     return "\n".join(lines)
+
+
+# ---- step time (balanced steps) ----------------------------------------------------------------------------
+def fit_step_time(timed: Sequence[tuple[Sequence[float], float]], terms: Sequence[str] | None = None) -> StepTime:
+    """A `StepTime` fitted to timed training steps, for ``step_balance``: ``timed`` holds each step's batch
+    (its samples' lengths, in the index's unit) and its time in seconds (at least as many steps as ``terms``, of
+    several shapes). ``terms``: the coefficients to fit (default all of `COEFFICIENTS`: ``a`` + ``b·n`` +
+    ``c·ΣL`` + ``d·ΣL²`` + ``e·n·max`` + ``f·n·max²``). The fit weighs each step's error relative to its time
+    (short steps count as much as long ones) and keeps every coefficient ≥ 0: a term whose least-squares
+    coefficient is negative is dropped and the rest fitted again."""
+    names = list(COEFFICIENTS if terms is None else terms)
+    unknown = sorted(set(names) - set(COEFFICIENTS))
+    if unknown or not names:
+        raise OptionError(f"terms: choose from {', '.join(COEFFICIENTS)}, got {shown(terms)}")
+    rows, times = [], []
+    for lengths, seconds in timed:
+        x = np.asarray(lengths, dtype=np.float64)
+        t = number_option("step time", seconds, positive=True)
+        if x.ndim != 1 or not len(x) or not np.isfinite(x).all() or (x < 0).any():
+            raise OptionError(
+                f"fit_step_time: a step's lengths must be a non-empty list of lengths ≥ 0, got {shown(lengths)}"
+            )
+        n, m = float(len(x)), float(x.max())
+        feats = {"a": 1.0, "b": n, "c": float(x.sum()), "d": float((x * x).sum()), "e": n * m, "f": n * m * m}
+        rows.append([feats[k] / t for k in names])  # relative error: each row divided by its time
+        times.append(1.0)
+    if len(rows) < len(names):
+        raise OptionError(f"fit_step_time: {len(rows)} timed steps cannot fit {len(names)} terms; time more shapes")
+    a, y = np.array(rows), np.array(times)
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    keep = list(range(len(names)))
+    coef = np.zeros(len(names))
+    while keep:
+        sol, *_ = np.linalg.lstsq(a[:, keep] / scale[keep], y, rcond=None)
+        sol = sol / scale[keep]
+        if (sol >= 0).all():
+            coef[keep] = sol
+            break
+        keep = [k for k, v in zip(keep, sol) if v >= 0] if (sol > 0).any() else []
+    if not coef.any():
+        raise OptionError("fit_step_time: no term of the model grows with these steps' times; time more shapes")
+    return StepTime(**dict(zip(names, coef.tolist())))
+
+
+def time_steps(
+    step: Callable[[Sequence[float]], Any], batches: Sequence[Sequence[float]], warmup: int = 1, repeat: int = 3
+) -> list[tuple[list[float], float]]:
+    """Time ``step(lengths)`` (one training step on a batch of samples of those lengths) on each of ``batches``:
+    ``warmup`` untimed calls first, then the fastest of ``repeat`` calls, in seconds. What `fit_step_time()`
+    takes."""
+    int_option("warmup", warmup, 0)
+    int_option("repeat", repeat, 1)
+    out = []
+    for lengths in batches:
+        for _ in range(warmup):
+            step(lengths)
+        best = math.inf
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            step(lengths)
+            best = min(best, time.perf_counter() - t0)
+        out.append(([float(v) for v in lengths], best))
+    return out

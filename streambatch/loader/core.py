@@ -673,7 +673,9 @@ class StreamBatchLoader:
         e, layout, config = self.epoch, self.layout, self.config
         lengths = self._lengths(e)
         excluded = self._excluded_in(e, lengths)
-        raw = rank_raw_slots(lengths, config, e, self.rank, layout, excluded, counted=not layout.hardest_first)
+        # batch sizes alone order the batches unless the hardest comes first or the steps are balanced (by time)
+        counted = not layout.hardest_first and config.balance is None
+        raw = rank_raw_slots(lengths, config, e, self.rank, layout, excluded, counted=counted)
         rp = plan_rank(raw, self.schedule(e).steps, layout, config, e, self.rank, lengths)
         order = interleave([len(s.batches) for s in rp.slots], rp.first_worker)
         earlier = self._earlier(e)

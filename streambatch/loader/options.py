@@ -133,6 +133,10 @@ class BatchingOptions:
     interleave: int = BatchingConfig.interleave
     """Shards each worker streams at once, their samples merged in a seeded order that changes with the epoch
     (1 to 64); 1 streams one shard after another."""
+    step_balance: Any = BatchingConfig.step_balance
+    """Order each worker's batches so that step k takes about the same time on every rank: a step-time model's
+    name (``"attention"``, ``"conv"``, ``"tokens"``), a `StepTime` fitted by ``calibrate``, a `StepBalance`, or
+    None for the plain seeded-random order (see `BatchingConfig.step_balance` and the balance guide)."""
 
     def __post_init__(self) -> None:
         # the seed one whole number: an epoch's plan needs one (only `plan_batches` seeds a stream with a sequence);

@@ -218,10 +218,12 @@ class BucketBatcher:
         rounds = list(self.rounds(lengths, outputs, groups))
         flat = np.concatenate([f for f, _ in rounds]) if rounds else np.zeros(0, dtype=self._out_dtype)
         counts = np.concatenate([k for _, k in rounds]) if rounds else np.zeros(0, dtype=np.int64)
+        per_round: np.ndarray | None = np.array([len(k) for _, k in rounds], dtype=np.int64)
         if self.config.batch_order != "random" and len(counts) > 1:
             flat, counts = sort_batches(flat, counts, np.asarray(lengths), self.config.batch_order == "descending")
+            per_round = None
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds)
+        return BatchPlan(skipped=self.skipped, dropped=self.dropped, flat=flat, bounds=bounds, rounds=per_round)
 
     def rounds(
         self, lengths: Sequence[float] | np.ndarray, outputs: np.ndarray | None = None, groups: np.ndarray | None = None

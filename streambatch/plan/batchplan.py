@@ -32,6 +32,7 @@ class BatchPlan(abc.Sequence):
         *,
         flat: np.ndarray | None = None,
         bounds: np.ndarray | None = None,
+        rounds: np.ndarray | None = None,
     ):
         if flat is None:
             arrays = [np.asarray(b) for b in batches]
@@ -43,6 +44,9 @@ class BatchPlan(abc.Sequence):
         self.flat, self.bounds = flat, bounds
         self.skipped = np.asarray(skipped, dtype=np.int64)
         self.dropped = np.asarray(dropped, dtype=np.int64)
+        #: batches each round of the batcher emitted, in order (None: not known, as for sorted batches); batches
+        #: of one round were formed from one window together (`balance`)
+        self.rounds = rounds
 
     def __len__(self) -> int:
         return len(self.bounds) - 1

@@ -17,12 +17,13 @@ import numpy as np
 
 from ..errors import OptionError, bool_option, choice_option, int_option, number_option, shown
 from ..stats import LengthStats
+from .balance import StepBalance, balance_rounds, resolve_step_time
 from .buckets import DEFAULT_BUFFER, MAX_BUCKETS, default_buffer_size, estimate_boundaries
 from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 #: the batching rule planned epochs follow (`BatchingConfig.plan_version`)
-PLAN_VERSION = 5
+PLAN_VERSION = 6
 
 #: the largest seed: every random stream is keyed by the seed's low 32 bits (`slot_seed()`), so a larger one
 #: would repeat a smaller one's plans without saying so
@@ -84,8 +85,19 @@ class BatchingConfig:
     changes with the epoch (each shard's own in tar order), so one shard's samples meet other shards' in its
     window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
     index only (at most `MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
+    step_balance: Any = "attention"
+    """Order each worker's planned batches so that step k takes about the same time on every rank (`balance`):
+    the time model of a step, a name of `STEP_TIMES` (``"attention"``: padded transformers, ``"conv"``,
+    ``"tokens"``), a `StepTime` fitted by ``calibrate``, a dict of its coefficients, or a `StepBalance` (a
+    time model and how many batcher rounds a batch may move within); None keeps the random order. Batches move
+    only among those a few consecutive batcher rounds formed (the same batches and steps; `make()` spans as many
+    rounds as keep the samples a worker holds for it within `BALANCE_BYTES` where the samples' bytes are known,
+    else one round, which costs no memory); planned epochs of an index with ``shuffle`` and
+    ``batch_order="random"`` only. Held as a dict of the coefficients and ``rounds`` (`balance` gives the
+    `StepBalance`)."""
 
-    #: the batching rule's version (not an option): 5 cuts a short stream (at most two windows) at level tops,
+    #: the batching rule's version (not an option): 6 orders a worker's batches for balanced steps
+    #: (``step_balance``), 5 cuts a short stream (at most two windows) at level tops,
     #: a level's samples in random order (`LevelCut`), 4 has ``even_batches="split"`` repeat what
     #: splits cannot reach (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades
     #: batch-mates among near runs (`mates`), 1 does neither; a checkpoint resumes its epoch by the rule it
@@ -132,6 +144,8 @@ class BatchingConfig:
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
         _check_pad_fits(self)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
+        balance = resolve_step_time(self.step_balance)  # held as plain numbers: a checkpoint records every field
+        object.__setattr__(self, "step_balance", None if balance is None else balance.to_dict())
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
         if self.output_budget is not None:
             check_budget(self.output_budget, "output_budget")
@@ -148,6 +162,13 @@ class BatchingConfig:
         """Shards a worker's planned stream merges at once: ``interleave``, or 1 under an older rule or without
         shuffling."""
         return self.interleave if self.shuffle and self.plan_version >= 3 else 1
+
+    @property
+    def balance(self) -> StepBalance | None:
+        """The time model a planned epoch's batches are ordered by (`balance`), or None where they keep their
+        random order: no ``step_balance``, an older rule, no shuffle, or a sorted ``batch_order``."""
+        on = self.plan_version >= 6 and self.shuffle and self.batch_order == "random"
+        return resolve_step_time(self.step_balance) if on and self.step_balance is not None else None
 
     @property
     def epoch_seed(self) -> int:
@@ -213,6 +234,16 @@ class BatchingConfig:
                 _mean(lengths) if mean_length is None else mean_length,
                 sample_bytes,
             )
+        balance = resolve_step_time(options.get("step_balance", "attention"))
+        given = options.get("step_balance", "attention")
+        if (
+            balance is not None
+            and not isinstance(given, StepBalance)
+            and not (isinstance(given, dict) and "rounds" in given)
+        ):  # rounds: from the samples' bytes
+            refill = options.get("refill") or int(options["buffer_size"]) // 4
+            rounds = balance_rounds(int(refill), sample_bytes)
+            options["step_balance"] = dataclasses.replace(balance, rounds=rounds)
         return cls(budget=budget, cost=model, **options)
 
     def replace(self, **changes: Any) -> BatchingConfig:

@@ -190,7 +190,18 @@ def plan_rank(
         s = slots[w]
         out.surplus += int(sum(len(b) for b, rep in zip(s.batches[t:], s.repeat[t:]) if not rep))
         adjust[w].take = t
-        slots[w] = s = apply_adjust(s, Adjust(take=t), config.epoch_seed, epoch, first + w)
+        lens = lengths[s.gids] if config.balance is not None and s.rounds is not None else None
+        slots[w] = s = apply_adjust(
+            s,
+            Adjust(take=t),
+            config.epoch_seed,
+            epoch,
+            first + w,
+            lens,
+            None,
+            config.balance,
+            w == start and moved >= 0,
+        )
         out.repeated += int(sum(len(b) for b, rep in zip(s.batches, s.repeat) if rep))
     out.equalised = _equalised(raw, adjust, start, moved)
     return out

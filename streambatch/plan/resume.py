@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, StateError, shown
+from .balance import balanced_order, targets
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .epoch import RankEqualised, SlotEqualised, plan_rank, rank_raw_slots
@@ -252,7 +253,8 @@ class Consumed(LazyMask):
             lens = lens[order]
             outs = None if outs is None else outs[order]
             keys = None if keys is None else keys[order]
-        prefix = PrefixOf(eq, k, epoch_rng(cfg.epoch_seed, self.epoch, slot, 1))
+        rng = epoch_rng(cfg.epoch_seed, self.epoch, slot, 1)
+        prefix = PrefixOf(eq, k, rng) if cfg.balance is None else BalancedPrefix(eq, k, rng, cfg, self.epoch, lens)
         for flat, sizes in BucketBatcher.for_slot(cfg, self.epoch, slot).rounds(lens, outs, keys):
             if prefix.add(flat, sizes):
                 break
@@ -320,6 +322,58 @@ class PrefixOf:
     def positions(self) -> np.ndarray:
         """Stream positions of the yielded batches' samples."""
         return np.concatenate(self.taken).astype(np.int64) if self.taken else np.zeros(0, dtype=np.int64)
+
+
+class BalancedPrefix(PrefixOf):
+    """`PrefixOf` for a balanced order (`balance`): every batch of the groups of rounds that the first ``k``
+    yielded batches come from is formed, each with its round, and they are equalised and ordered as
+    `apply_adjust()` orders them; a group is ordered on its own batches and positions alone, so its order in
+    this prefix is its order in the whole slot."""
+
+    def __init__(
+        self, eq: SlotEqualised, k: int, pad_rng: np.random.Generator, config: BatchingConfig, epoch: int, lens: Any
+    ):
+        super().__init__(eq, k, pad_rng)
+        self.k, self.config, self.epoch, self.lens = k, config, epoch, lens
+        self.needed = max(k + 1, eq.hardest + 1)  # a move to the front shifts the others by one at most
+        self.round = 0
+        self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
+
+    def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
+        starts = np.cumsum(sizes) - sizes
+        for a, n in zip(starts.tolist(), sizes.tolist()):
+            for piece in self._pieces(flat[a : a + n]):
+                self._entry(piece)
+        self.round += 1
+        span = self.config.balance.rounds if self.config.balance is not None else 1
+        return self.entry >= self.needed and self.round % span == 0
+
+    def _entry(self, piece: np.ndarray) -> None:
+        copies = 1 + (int(self.repeats[self.piece]) if self.piece < len(self.repeats) else 0)
+        self.entries += [(piece, c > 0, self.round) for c in range(copies)]
+        self.entry, self.piece = self.entry + copies, self.piece + 1
+
+    def positions(self) -> np.ndarray:
+        balance = self.config.balance
+        assert balance is not None
+        entries = list(self.entries)
+        if self.eq.hardest >= 0 and self.eq.hardest < len(entries):
+            entries.insert(0, entries.pop(self.eq.hardest))
+        entries = entries[: self.eq.take] if self.eq.take >= 0 else entries
+        if len(entries) > 1:
+            batches = [e[0] for e in entries]
+            goals = targets(self.config.epoch_seed, self.epoch, 0, len(entries))
+            order = balanced_order(
+                balance.time.times(batches, self.lens),
+                [e[2] for e in entries],
+                [e[1] for e in entries],
+                self.eq.hardest >= 0,
+                goals,
+                balance.rounds,
+            )
+            entries = [entries[i] for i in order]
+        taken = [e[0] for e in entries[: self.k] if not e[1]]
+        return np.concatenate(taken).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
 
 
 def excluded_in(

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
+from .balance import StepBalance, balanced_order, targets
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .cost import CostModel
@@ -39,6 +40,7 @@ class SlotPlan:
     samples: int = -1  # of a counted plan (`counted()`), whose ``gids`` are gone
     lengths: np.ndarray | None = None  # by stream position, when planned with ``keep_lengths``
     order: np.ndarray | None = None  # stream positions by arrival; None: they arrive in position order
+    rounds: list[int] | None = None  # the batcher round each batch came from (`balance`); None: not known
 
     @property
     def num_samples(self) -> int:
@@ -189,6 +191,7 @@ def plan_slot(
     if counted:
         return SlotPlan.counted(pieces, len(gids), bp)
     batches = list(bp) if order is None else [order[b] for b in bp]  # arrival ranks back to stream positions
+    rounds = np.repeat(np.arange(len(bp.rounds)), bp.rounds).tolist() if bp.rounds is not None else None
     return SlotPlan(
         pieces,
         gids,
@@ -198,6 +201,7 @@ def plan_slot(
         len(bp.dropped),
         lengths=lens if keep_lengths else None,
         order=order,
+        rounds=rounds,
     )
 
 
@@ -247,14 +251,17 @@ def cut_largest(sizes: np.ndarray) -> tuple[np.ndarray, int]:
     return sizes, i
 
 
-def halve_largest(batches: list[Any], times: int = 1) -> None:
+def halve_largest(batches: list[Any], times: int = 1, rounds: list[int] | None = None) -> None:
     """Split batches in place by `cut_largest()`, ``times`` over (sizes tracked in numpy: each cut costs
-    a copy in C, not a Python scan). The planner counts with the same rule on sizes alone."""
+    a copy in C, not a Python scan). The planner counts with the same rule on sizes alone. ``rounds`` (each
+    batch's batcher round) gets both halves the round of the batch they were cut from."""
     sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
     for _ in range(times):
         sizes, i = cut_largest(sizes)
         b = batches[i]
         batches[i : i + 1] = [b[: int(sizes[i])], b[int(sizes[i]) :]]
+        if rounds is not None:
+            rounds.insert(i, rounds[i])
 
 
 def apply_adjust(
@@ -265,39 +272,57 @@ def apply_adjust(
     slot: int,
     lengths: np.ndarray | None = None,
     cost: CostModel | None = None,
+    balance: StepBalance | None = None,
+    first_kept: bool = False,
 ) -> SlotPlan:
-    """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan)."""
+    """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan). With
+    ``balance`` (`BatchingConfig.balance`) the batches taken are then ordered for balanced steps
+    (`balanced_order()`, on ``lengths`` by stream position), the first one kept first where ``adj.hardest`` or
+    ``first_kept`` (hardest-first applied by an earlier call)."""
     batches, repeat = list(plan.batches), list(plan.repeat)
+    rounds = list(plan.rounds) if plan.rounds is not None else None
     if adj.split:
-        halve_largest(batches, adj.split)
+        halve_largest(batches, adj.split, rounds)
         repeat = [False] * len(batches)
     if adj.pad:
-        batches, repeat = _padded(batches, repeat, adj.pad, epoch_rng(seed, epoch, slot, 1))
+        batches, repeat, rounds = _padded(batches, repeat, adj.pad, epoch_rng(seed, epoch, slot, 1), rounds)
     if adj.hardest and batches:
         if lengths is None or cost is None:
             raise ValueError("hardest_first needs the slot's lengths by stream position and the cost model")
         h = hardest_batch(batches, repeat, lengths, cost)
         batches.insert(0, batches.pop(h))
         repeat.insert(0, repeat.pop(h))
+        if rounds is not None:
+            rounds.insert(0, rounds.pop(h))
     if adj.take >= 0:
         batches, repeat = batches[: adj.take], repeat[: adj.take]
-    return SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
+        rounds = rounds[: adj.take] if rounds is not None else None
+        if balance is not None and rounds is not None and len(batches) > 1:
+            if lengths is None:
+                raise ValueError("step_balance needs the slot's lengths by stream position")
+            goals = targets(seed, epoch, 0, len(batches))
+            times = balance.time.times(batches, lengths)
+            order = balanced_order(times, rounds, repeat, adj.hardest or first_kept, goals, balance.rounds)
+            batches, rounds = [batches[i] for i in order], [rounds[i] for i in order]
+    out = SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
+    out.rounds = rounds
+    return out
 
 
 def _padded(
-    batches: list[np.ndarray], repeat: list[bool], pad: int, rng: np.random.Generator
-) -> tuple[list[np.ndarray], list[bool]]:
-    """``pad`` seeded picks of batches, each repeated right after itself (marked as a repeat)."""
+    batches: list[np.ndarray], repeat: list[bool], pad: int, rng: np.random.Generator, rounds: list[int] | None = None
+) -> tuple[list[np.ndarray], list[bool], list[int] | None]:
+    """``pad`` seeded picks of batches, each repeated right after itself (marked as a repeat, of its round)."""
     picks = np.sort(rng.choice(len(batches), size=pad, replace=pad > len(batches)))
     count = np.bincount(picks, minlength=len(batches))
-    nb, nr = [], []
+    nb, nr, nk = [], [], []
     for i, b in enumerate(batches):
-        nb.append(b)
-        nr.append(repeat[i])
-        for _ in range(int(count[i])):
-            nb.append(b)
-            nr.append(True)
-    return nb, nr
+        k = 1 + int(count[i])
+        nb += [b] * k
+        nr += [repeat[i]] + [True] * (k - 1)
+        if rounds is not None:
+            nk += [rounds[i]] * k
+    return nb, nr, (nk if rounds is not None else None)
 
 
 def batch_costs(batches: Sequence[np.ndarray], lengths: np.ndarray, cost: CostModel) -> list[float]:

@@ -283,7 +283,7 @@ def _planned_batches(
     by_pos = raw.lengths
     assert by_pos is not None  # plan_slot(keep_lengths=True) keeps them
     index_pos = stream_lengths(pieces, lengths.base, excluded) if isinstance(lengths, PlannedLengths) else None
-    plan = apply_adjust(raw, adj, cfg.epoch_seed, epoch, slot, by_pos, cfg.cost)
+    plan = apply_adjust(raw, adj, cfg.epoch_seed, epoch, slot, by_pos, cfg.cost, cfg.balance)
 
     direct = None
     if ctx.read.read_by_position and can_read_direct(ctx.urls, plan.pieces, index):  # local: by position

@@ -134,7 +134,9 @@ def test_rank_local_plans_equal_the_global_plan_and_never_mix_datasets(case, epo
         for w, s in enumerate(oracle.rank_slots(rank)):  # what each worker does with its own slot
             own = plan_slots(lengths, world * workers, config.seed, epoch, config.shuffle, slots=range(s, s + 1))[s]
             raw = plan_slot(own, lengths, lengths.offsets, config, epoch, s)
-            got = apply_adjust(raw, local.adjust[w], config.seed, epoch, s)
+            got = apply_adjust(
+                raw, local.adjust[w], config.seed, epoch, s, lengths[raw.gids], config.cost, config.balance
+            )
             assert [raw.gids[b].tolist() for b in got.batches] == [
                 oracle.slots[s].gids[b].tolist() for b in oracle.slots[s].batches
             ]

@@ -66,7 +66,9 @@ def test_rank_local_plans_equal_the_global_plan(case, epoch):
             # what the worker does: deal its own slot, batch it, apply the rank's adjustment
             own = plan_slots(lengths, world * workers, config.seed, epoch, config.shuffle, slots=range(s, s + 1))[s]
             raw = plan_slot(own, lengths, lengths.offsets, config, epoch, s)
-            got = apply_adjust(raw, local.adjust[w], config.seed, epoch, s, lengths[raw.gids], config.cost)
+            got = apply_adjust(
+                raw, local.adjust[w], config.seed, epoch, s, lengths[raw.gids], config.cost, config.balance
+            )
             ref = oracle.slots[s]
             assert [list(raw.gids[b]) for b in got.batches] == [list(ref.gids[b]) for b in ref.batches]
             assert got.repeat == ref.repeat
