@@ -41,6 +41,7 @@ from ..errors import ShardifyError, StreamBatchError
 from ..format.index import INDEX_NAME, ShardIndex
 from ..format.index_swap import drop_tables, named_tables
 from ..io import storage
+from ..io.tempname import is_temporary
 from .publish import Aside
 
 #: the marker in DEST naming the dataset a stage under way (or cut short) copies there
@@ -235,11 +236,14 @@ def publish(
 
 def finish(dest: str, state: DestState, names: list[str], options: dict | None) -> None:
     """Once the new index is written: remove the files of the index it replaced that it does not list (shards,
-    tables), what waited, then the marker."""
+    tables), what waited, then the marker (and temporary ones of stages killed while writing it)."""
     listed = set(names) | named_tables(storage.join_url(dest, INDEX_NAME), options) | {INDEX_NAME}
     drop_tables(dest, state.old_files - listed, options)
     storage.remove(storage.join_url(dest, WAITING_NAME), options, recursive=True)
     storage.remove(storage.join_url(dest, STAGING_NAME), options)
+    for name in storage.listdir(dest, options) if storage.is_local(dest) else []:
+        if is_temporary(name, STAGING_NAME):  # the marker of a stage killed while writing it
+            storage.remove(storage.join_url(dest, name))
 
 
 def _top(name: str) -> str:
