@@ -217,7 +217,8 @@ def publish(
             aside.set_aside([INDEX_NAME, *sorted(state.replaces)])  # the index first
             for name in waiting:
                 target = storage.local_path(storage.join_url(dest, *name.split("/")))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if not os.path.isdir(os.path.dirname(target)):
+                    os.makedirs(os.path.dirname(target))
                 os.rename(storage.local_path(waiting_url(dest, name)), target)
             write_index()
         except BaseException:
