@@ -373,12 +373,16 @@ def _copy_shards(
         info, dst = index.shards[i], dsts[i]
         if state.waits(names[i]):
             there = _complete(dst, info, keep, dest_options)  # its bytes already under its name (sha256 checked)
+            if there and state.local:  # the old index names the file there: it waits as a hard link too
+                wait_in_place(dst, waiting_url(job.dest, names[i]))
             if state.local or not there:  # on an object store a shard already there needs no move
                 with lock:
                     waiting.append(names[i])
-                if there:  # the old index names the file there: it waits as a hard link
-                    wait_in_place(dst, waiting_url(job.dest, names[i]))
-                dst = waiting_url(job.dest, names[i])
+            if there:
+                with lock:
+                    bar.update(info.bytes)
+                return i, None
+            dst = waiting_url(job.dest, names[i])
         if _complete(dst, info, keep, dest_options):
             with lock:
                 bar.update(info.bytes)
