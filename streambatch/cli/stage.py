@@ -14,7 +14,8 @@ DESCRIPTION = (
     "index only once every shard it lists is complete. Run it again to finish an interrupted copy: where DEST "
     "holds this dataset (its index, or a copy of it cut short), shards there with the index's size are kept "
     "(re-hashed with --verify). A DEST holding another dataset is refused unless --overwrite; then, as for files "
-    "of unknown origin, a shard there is kept only when its sha256 is the index's, and the replaced dataset's "
+    "of unknown origin, a shard there is kept only when its sha256 is the index's, the old dataset stays "
+    "readable until every shard is copied and is then swapped for the new one, and the replaced dataset's "
     "files this one does not list are removed after its index is written. Nothing else in DEST is touched. "
     "Train from DEST afterwards."
 )

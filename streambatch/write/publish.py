@@ -13,10 +13,13 @@ folder removed), anything else is undone (the old set put back).
 
 Its users: ``write --overwrite`` of a local OUT (`aside`: the dataset, written in place while the old one waits
 aside), ``export --overwrite`` (`Swap`: the new set written into a staging folder first, then moved in with a
-handful of renames) and ``merge`` (`restore`: the files it replaces kept by hard links, `Aside.keep()`, so that
-readers still find them until the new ones are written). Object storage has no rename: there the rule is an
-index written last in one atomic step, its tables under names the index in place does not use
-(`format.index_swap`), and for ``stage`` a marker naming the dataset a copy under way is of (`stage_dest`).
+handful of renames), ``merge`` (`restore`: the files it replaces kept by hard links, `Aside.keep()`, so that
+readers still find them until the new ones are written) and ``stage --overwrite`` into a local DEST
+(`stage_dest.publish()`: the new shards copied to a waiting folder while the old dataset stays readable, then
+swapped in). Object storage has no rename: there the rule is an index written last in one atomic step, its
+tables under names the index in place does not use (`format.index_swap`, which needs no aside folder locally
+either: its one rename of the header is the swap), and ``stage`` removes the old index only where a new file
+must take one of its files' names. ``write --resume`` (`rerun`) only checks what OUT holds and replaces nothing.
 """
 
 from __future__ import annotations

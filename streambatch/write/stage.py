@@ -4,7 +4,8 @@ Each shard is copied to a temporary name, checked against the index (size, and s
 copying) and renamed; a shard already complete in DEST is kept, so stage can be re-run to finish a copy. Whether
 a shard there counts as complete at its size, or only when its sha256 matches, and whether DEST may be replaced,
 depends on what DEST holds (`stage_dest`: this dataset, another one, a copy cut short). The index is written
-last: DEST only has an ``index.json`` once every shard it lists is complete.
+last: DEST only has an ``index.json`` once every shard it lists is complete. With ``--overwrite`` the dataset
+DEST held stays readable until every shard is copied, then the two are swapped (`stage_dest.publish()`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..io import storage
 from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
 from ..io.guards import write_error
 from ..io.lock import holds_lock
-from .stage_dest import DestState, begin, finish, survey
+from .stage_dest import DestState, begin, finish, publish, recover, survey, wait_in_place, waiting_url
 from .tarwrite import atomic_file
 
 CHUNK = 4 << 20
@@ -224,12 +225,14 @@ def _stage(job: _Job) -> StageResult:
     names, rewrite = _dest_names(index)
     dsts = [storage.join_url(dest, *n.split("/")) for n in names]
     storage.makedirs(dest, options)
+    recover(dest)
     state = survey(dest, job.raw, index, names, rewrite, job.overwrite, options)
     begin(dest, state, index, names, job.src, options)
     result = StageResult(dest=dest, index=index)
     keep = _Keep(trusted=state.trusted, rehash=job.verify)
-    _copy_shards(index, dsts, names, result, keep, job.workers, job.src_options, options, job.progress)
-    _write_index(job, names if rewrite else None, state)
+    waiting = _copy_shards(index, dsts, names, result, keep, state, job, options)
+    tables = set() if rewrite else _table_names(index)
+    publish(dest, state, waiting, tables, lambda: _write_index(job, names if rewrite else None, state), options)
     finish(dest, state, names, options)
     result.index = ShardIndex.load(storage.join_url(dest, INDEX_NAME), options)
     return result
@@ -289,6 +292,13 @@ def _copy_tables(index: ShardIndex, dest: str, keep: bool, src_options: dict | N
                 raise ShardifyError(f"{src}: {problem}")
 
 
+def _table_names(index: ShardIndex) -> set[str]:
+    """The table files (paths beside the index) a version 2 index copied byte for byte names."""
+    if index.version < 2:
+        return set()
+    return {rel for rel, _ in index.shards.reader.table_files()}  # type: ignore[attr-defined]
+
+
 def _complete_size(url: str, nbytes: int, options: dict | None) -> bool:
     try:
         return storage.size(url, options) == nbytes
@@ -338,13 +348,14 @@ def _copy_shards(
     names: list[str],
     result: StageResult,
     keep: _Keep,
-    workers: int,
-    src_options: dict | None,
+    state: DestState,
+    job: _Job,
     dest_options: dict | None,
-    progress: bool,
-) -> None:
-    """Copy every shard not already complete at its ``dsts`` entry, ``workers`` at a time (threads); record
-    what was copied and kept in ``result``."""
+) -> list[str]:
+    """Copy every shard not already complete at its ``dsts`` entry, ``job.workers`` at a time (threads); record
+    what was copied and kept in ``result``. A shard that would replace a file of the dataset DEST holds is copied
+    to its waiting place instead (`DestState.waits()`); returns the names of those waiting there."""
+    src_options, workers, progress = job.src_options, job.workers, job.progress
     srcs = index.shard_urls()
     bar = tqdm(
         total=sum(info.bytes for info in index.shards),
@@ -356,14 +367,27 @@ def _copy_shards(
         disable=None if progress else True,
     )
     lock = threading.Lock()
+    waiting: list[str] = []
 
     def one(i: int) -> tuple[int, int | None]:
-        info = index.shards[i]
-        if _complete(dsts[i], info, keep, dest_options):
+        info, dst = index.shards[i], dsts[i]
+        if state.waits(names[i]):
+            there = _complete(dst, info, keep, dest_options)  # its bytes already under its name (sha256 checked)
+            if there and state.local:  # the old index names the file there: it waits as a hard link too
+                wait_in_place(dst, waiting_url(job.dest, names[i]))
+            if state.local or not there:  # on an object store a shard already there needs no move
+                with lock:
+                    waiting.append(names[i])
+            if there:
+                with lock:
+                    bar.update(info.bytes)
+                return i, None
+            dst = waiting_url(job.dest, names[i])
+        if _complete(dst, info, keep, dest_options):
             with lock:
                 bar.update(info.bytes)
             return i, None
-        return i, _copy_one(srcs[i], dsts[i], info, src_options, dest_options, bar, lock)
+        return i, _copy_one(srcs[i], dst, info, src_options, dest_options, bar, lock)
 
     try:
         with cf.ThreadPoolExecutor(max_workers=workers) as ex:
@@ -384,6 +408,7 @@ def _copy_shards(
         bar.close()
     result.copied.sort()
     result.kept.sort()
+    return sorted(waiting)
 
 
 def _same_place(a: str, b: str) -> bool:

@@ -231,6 +231,48 @@ def test_stage_into_s3_with_dest_storage_options(corpora, moto_endpoint, capsys)
     assert verify_dataset(staged, s3_options(moto_endpoint), progress=False) == []
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_stage_overwrite_cut_short_leaves_the_old_dataset_readable(corpora, tmp_path, monkeypatch, where, request):
+    """An interrupt while the new shards are copied (the long part of a ``stage --overwrite``) leaves the dataset
+    DEST held whole and readable there, in a folder or on the loopback S3 server; the next run replaces it."""
+    options = None
+    url = str(tmp_path / "st")
+    if where == "s3":
+        from conftest_s3 import BUCKET, s3_options
+
+        options = s3_options(request.getfixturevalue("moto_endpoint"))
+        url = f"s3://{BUCKET}/over-{os.getpid()}-{time.monotonic_ns()}"
+    stage_module.stage_dataset(str(corpora["a"]), url, dest_storage_options=options, progress=False)
+    real, calls = stage_module._copy_one, []
+
+    def copy_one(*args, **kw):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(args[1])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(stage_module, "_copy_one", copy_one)
+    with pytest.raises(KeyboardInterrupt):
+        stage_module.stage_dataset(
+            str(corpora["b"]), url, overwrite=True, workers=1, dest_storage_options=options, progress=False
+        )
+    assert len(calls) == 3
+    old = ShardIndex.load(url, options)
+    assert [s.sha256 for s in old.shards] == [s.sha256 for s in ShardIndex.load(str(corpora["a"])).shards]
+    assert verify_dataset(old, options, progress=False) == []
+    monkeypatch.undo()
+    res = stage_module.stage_dataset(
+        str(corpora["b"]), url, overwrite=True, workers=1, dest_storage_options=options, progress=False
+    )
+    assert len(res.kept) == 3 and len(res.copied) == 3, res  # the copies the interrupted run made are kept
+    new = ShardIndex.load(url, options)
+    assert [s.sha256 for s in new.shards] == [s.sha256 for s in ShardIndex.load(str(corpora["b"])).shards]
+    assert verify_dataset(new, options, progress=False) == []
+    from streambatch.io import storage
+
+    assert [n for n in storage.listdir(url, options) if n.startswith(".shardify")] == []
+
+
 # ---- upgrade: the folder's lock ----------------------------------------------------------------------
 def _v1(corpora: dict[str, Path], path: Path) -> Path:
     write_shards(str(corpora["audio"]), str(path), max_count=5, progress=False, index_version=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,90 @@ def test_a_merge_with_no_room_to_keep_the_errors_file_leaves_it_as_it_was(tmp_pa
     assert errors.read_bytes() == before
     assert not (out / "index.json").exists()
     assert [n for n in os.listdir(out) if n.startswith(".shardify-replaced")] == []
+
+
+STAGE_DRIVER = textwrap.dedent(
+    r'''
+    import builtins, json, os, shutil, sys, tempfile
+
+    from streambatch.format.index import ShardIndex
+    from streambatch.io.lock import is_lock_file
+    from streambatch.write.stage import stage_dataset
+    from streambatch.write.verify import verify_dataset
+
+    exec(sys.argv[5])  # die_at(), as the driver above defines it
+    old, new, template, work = sys.argv[1:5]
+
+
+    def seen(root):
+        """What a reader finds in ``root``: "old" or "new" (that dataset's index, every shard verified), "none"
+        (no index), or what else it finds."""
+        if not os.path.exists(os.path.join(root, "index.json")):
+            return "none"
+        raw = open(os.path.join(root, "index.json"), "rb").read()
+        which = {open(os.path.join(d, "index.json"), "rb").read(): n for n, d in (("old", old), ("new", new))}
+        try:
+            problems = verify_dataset(ShardIndex.load(root), progress=False)
+        except Exception as e:
+            problems = [repr(e)]
+        return which.get(raw, "another index") + (f" broken: {problems[:1]}" if problems else "")
+
+
+    def stage(root):
+        stage_dataset(new, root, overwrite=True, workers=1, progress=False)
+
+
+    results = []
+    for k in range(1, 400):
+        root = os.path.join(tempfile.mkdtemp(dir=work), "dest")
+        shutil.copytree(template, root)
+        pid = os.fork()
+        if pid == 0:
+            die_at(k)
+            stage(root)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        found = seen(root)
+        stage(root)  # the next run: it finishes the replacement
+        hidden = sorted(n for n in os.listdir(root) if n.startswith(".") and not is_lock_file(n))
+        results.append({"k": k, "code": code, "seen": found, "after": seen(root), "hidden": hidden})
+        shutil.rmtree(os.path.dirname(root))
+        if code == 0:
+            break
+    print(json.dumps(results))
+    '''
+)
+
+
+def test_a_stage_overwrite_killed_at_any_step_leaves_the_old_dataset_or_the_new(tmp_path):
+    """``shardify stage --overwrite``: while the new shards are copied the old dataset stays readable (its index
+    in place, every shard it lists intact); the swap at the end leaves the old dataset or the new one, never a mix,
+    and the next stage finishes the replacement, leaving nothing hidden behind."""
+    from streambatch.synthetic import write_audio_corpus
+    from streambatch.write.stage import stage_dataset
+    from streambatch.write.writer import write_shards
+
+    write_audio_corpus(str(tmp_path / "audio"), 12, seed=5)
+    shutil.copytree(tmp_path / "audio", tmp_path / "audio2")
+    for txt in sorted((tmp_path / "audio2").glob("*.txt")):  # the same audio, other transcripts: other bytes
+        txt.write_text("Z" + txt.read_text()[1:])
+    write_shards(str(tmp_path / "audio"), str(tmp_path / "old"), max_count=2, progress=False)
+    write_shards(str(tmp_path / "audio2"), str(tmp_path / "new"), max_count=2, progress=False)
+    stage_dataset(str(tmp_path / "old"), str(tmp_path / "template"), progress=False)
+    die_at = DRIVER[DRIVER.index("def die_at") : DRIVER.index("def export_swap")]
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [str(tmp_path / n) for n in ("old", "new", "template")] + [str(work), die_at]
+    done = subprocess.run([sys.executable, "-c", STAGE_DRIVER, *argv], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert results[-1]["code"] == 0 and results[-1]["seen"] == "new", results[-1]
+    seen = [r["seen"] for r in results]
+    assert set(seen) <= {"old", "none", "new"}, seen  # never a broken dataset or a mix of the two
+    # in that order: the old dataset, a short swap with no index at all, then the new one
+    assert seen == sorted(seen, key=["old", "none", "new"].index), seen
+    shards = len(os.listdir(tmp_path / "new")) - 3  # index.json and its two tables aside
+    assert seen.count("old") >= 2 * shards, seen  # each shard copied (a write, a rename) with the old index there
+    for r in results:
+        assert r["after"] == "new" and r["hidden"] == [], r
