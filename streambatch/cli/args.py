@@ -321,3 +321,11 @@ def engine(args: argparse.Namespace) -> Iterator[Any]:
 
     with RayEngine(args.ray_address, args.tasks) as ray_engine:
         yield ray_engine
+
+
+def count(s: str) -> int:
+    """A whole number of at least 1 from ``1000``, ``10k``, ``2.5M`` (an argparse type; `parse_count()`, the
+    grammar of amounts)."""
+    from ..units import parse_count
+
+    return _argument(lambda text: parse_count(text, "count", minimum=1), s)

@@ -10,7 +10,7 @@ from typing import Any
 from ..format.columns import left_out_note
 from ..format.describe import total_text, unit_text
 from ..limits import DEFAULT_MAX_COLUMNS
-from .args import PROG, add_engine, add_shared, add_storage, engine, non_negative, positive_int, shared_keywords, size
+from .args import PROG, add_engine, add_shared, add_storage, count, engine, non_negative, shared_keywords, size
 
 SOURCE_HELP = (
     "Hugging Face datasets: hf:NAME[:SPLIT] or hf:NAME:CONFIG:SPLIT (from the hub, needs a network), or "
@@ -112,7 +112,7 @@ def _add_source(w: argparse.ArgumentParser) -> None:
 def _add_sharding(w: argparse.ArgumentParser) -> None:
     """How samples go into shards: count and size per shard, order."""
     w.add_argument(
-        "--max-count", type=positive_int, default=1000, metavar="N", help="at most N samples per shard (default 1000)"
+        "--max-count", type=count, default=1000, metavar="N", help="at most N samples per shard: 1000 (default), 10k, ..."
     )
     w.add_argument(
         "--max-size",
