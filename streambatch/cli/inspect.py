@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -201,7 +202,8 @@ def inspect_dataset(
     The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
     the samples this filter keeps (`where`), and what fraction that is."""
     given = parse_budget(budget_text, index, dataset) if budget_text else None  # refused before any length is read
-    lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
+    bar = not as_json and sys.stderr.isatty()  # a bar redraws itself with \r: on a terminal only, never in a log
+    lengths = index.length_stats(progress=bar) if where is None else _kept(index, where)
     summary = _summary(index, dataset, lengths)
     if where is not None:
         total = sum(ix.num_samples for _, ix in datasets_of(index))

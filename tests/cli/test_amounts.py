@@ -68,3 +68,20 @@ def test_write_takes_a_count_in_the_grammar(capsys, tmp_path, ds):
     assert "5 samples in 1 shards" in out
     code, _, err = run(capsys, "write", tmp_path / "audio", tmp_path / "o2", "--max-count", "1.5", "--no-progress")
     assert code == 2 and "--max-count" in err and "amounts.md" in err
+
+
+def test_inspect_leaves_no_carriage_returns_in_a_log(ds, tmp_path):
+    """stderr into a file (a job's log): no progress bar's ``\\r`` redraws in it, the summary whole on stdout."""
+    import subprocess
+    import sys
+
+    with open(tmp_path / "err.log", "wb") as log:
+        done = subprocess.run(
+            [sys.executable, "-m", "streambatch.cli", "inspect", ds, "--budget", "60s"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            timeout=120,
+        )
+    assert done.returncode == 0
+    assert b"\r" not in (tmp_path / "err.log").read_bytes() and b"\r" not in done.stdout
+    assert b"budget" in done.stdout
