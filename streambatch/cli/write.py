@@ -72,21 +72,9 @@ def _add_source(w: argparse.ArgumentParser) -> None:
         help="what to write: a folder, manifest, Kaldi folder, lhotse cuts, text JSONL or hf:NAME (below)",
     )
     w.add_argument("out", metavar="OUT", help="output folder or fsspec URL (s3://bucket/prefix, ...)")
-    w.add_argument(
-        "--kind",
-        choices=KINDS,
-        help="what SRC is (default: detected from its files and fields)",
-    )
-    add_shared(
-        w,
-        "unit",
-        "length unit (default: samples for audio, tokens for text)",
-    )
-    add_shared(
-        w,
-        "sample_rate",
-        "count lengths at R Hz, the loader resampling to it (needed for mixed rates)",
-    )
+    w.add_argument("--kind", choices=KINDS, help="what SRC is (default: detected from its files and fields)")
+    add_shared(w, "unit", "length unit (default: samples for audio, tokens for text)")
+    add_shared(w, "sample_rate", "count lengths at R Hz, the loader resampling to it (needed for mixed rates)")
     w.add_argument(
         "--data-root", metavar="DIR", help="folder relative audio paths are read from ({data_root} in SpeechBrain)"
     )
@@ -95,7 +83,11 @@ def _add_source(w: argparse.ArgumentParser) -> None:
 def _add_sharding(w: argparse.ArgumentParser) -> None:
     """How samples go into shards: count and size per shard, order."""
     w.add_argument(
-        "--max-count", type=count, default=1000, metavar="N", help="at most N samples per shard: 1000 (default), 10k, ..."
+        "--max-count",
+        type=count,
+        default=1000,
+        metavar="N",
+        help="at most N samples per shard: 1000 (default), 10k, ...",
     )
     w.add_argument(
         "--max-size",
@@ -110,21 +102,13 @@ def _add_sharding(w: argparse.ArgumentParser) -> None:
 
 def _add_run(w: argparse.ArgumentParser) -> None:
     """How the write runs: workers, bad input, what OUT may hold (overwrite, resume, part), index version."""
+    add_shared(w, "workers", "processes probing and writing (default 1; the output is the same for any N)")
     add_shared(
-        w, "workers", "processes probing and writing (default 1; the output is the same for any N)"
-    )
-    add_shared(
-        w,
-        "on_error",
-        "bad input: fail = write nothing (default); skip = write the rest, list them in OUT/errors.jsonl",
+        w, "on_error", "bad input: fail = write nothing (default); skip = write the rest, list them in OUT/errors.jsonl"
     )
     add_shared(w, "overwrite", OVERWRITE_HELP)
     w.add_argument("--resume", action="store_true", help=RESUME_HELP)
-    add_shared(
-        w,
-        "part",
-        "write only part I of N (I = 0 .. N-1) into OUT; then `shardify merge OUT`",
-    )
+    add_shared(w, "part", "write only part I of N (I = 0 .. N-1) into OUT; then `shardify merge OUT`")
     w.add_argument(
         "--index-version",
         type=int,
@@ -141,11 +125,7 @@ def _add_text(w: argparse.ArgumentParser) -> None:
         metavar="NAME_OR_PATH",
         help="text: store input_ids of this tokenizer (tokenizer.json, sentencepiece .model, hub name)",
     )
-    add_shared(
-        w,
-        "output_length",
-        "audio: a second length per sample, its transcript's chars or tokens:TOKENIZER",
-    )
+    add_shared(w, "output_length", "audio: a second length per sample, its transcript's chars or tokens:TOKENIZER")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ BUDGET_ERROR = (
     "from a calibration file given as cost=...; got {budget}"
 )
 
+
 def check_budget(budget: Any, name: str = "budget") -> float:
     """``budget`` as a float once it is a positive finite number (not text, not True), else a `BudgetError`
     naming the option (``name``: ``output_budget`` for the second budget)."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import posixpath
 import re
+import sys
 from collections.abc import Generator
 from typing import Any
 

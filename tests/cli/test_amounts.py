@@ -40,7 +40,7 @@ def test_counts_and_durations_read_alike_in_inspect_and_the_loader(capsys, ds, t
     assert StreamBatchLoader(ds, text).config.budget == seconds * rate
     code, out, err = run(capsys, "inspect", ds, "--budget", text, "--json")
     assert code == 0, err
-    assert '"budget": %d' % (seconds * rate) in out
+    assert f'"budget": {int(seconds * rate)}' in out
 
 
 def test_the_grammar():
