@@ -196,9 +196,9 @@ def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
     for path in glob.glob(os.path.join(audio, "utt-*.flac")) + glob.glob(os.path.join(audio, "utt-*.txt")):
         os.remove(path)
     t0 = time.perf_counter()
-    say(f"step 1/3: writing {num_utterances:,} synthetic utterances to {audio} ...")
+    say(f"writing {num_utterances:,} synthetic utterances to {audio} ...")
     write_audio_corpus(audio, num_utterances, seed)
-    say(f"step 2/3: writing them as shards to {shards} ({time.perf_counter() - t0:.1f} s so far) ...")
+    say(f"writing them as shards to {shards} ({time.perf_counter() - t0:.1f} s so far) ...")
     # the bars `shardify write` shows, on a terminal only (never \r redraws in a log)
     index = write_shards(audio, shards, max_count=SHARD_COUNT, overwrite=True, progress=sys.stderr.isatty())
     return index, False
@@ -286,7 +286,7 @@ def _describe(index: Any, out: str, shards: str, reused: bool, asked: int, t_dat
     )
     budget = BUDGET_SECONDS * sr
     print(f"budget: {BUDGET_SECONDS} s of audio per batch ({budget:,} samples @ {sr} Hz) = max padded size n x max_len")
-    say(f"step 3/3: streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
+    say(f"streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
     print()
 
 

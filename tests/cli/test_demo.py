@@ -96,7 +96,7 @@ def test_demo_says_what_it_does_before_the_data_is_written(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err.decode()
-    assert first.startswith("step 1/3: writing 200 synthetic utterances") and not written
+    assert first.startswith("writing 200 synthetic utterances") and not written
     text = first + rest.decode()
-    assert "step 2/3" in text and "step 3/3" in text
+    assert "writing them as shards" in text and "\nstreaming: " in text
     assert b"\r" not in err and "\r" not in text
