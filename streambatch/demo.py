@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -194,9 +195,18 @@ def prepare_data(out: str, num_utterances: int, seed: int) -> tuple[Any, bool]:
     # a run interrupted before the index was written: start its audio over (only our own file names)
     for path in glob.glob(os.path.join(audio, "utt-*.flac")) + glob.glob(os.path.join(audio, "utt-*.txt")):
         os.remove(path)
+    t0 = time.perf_counter()
+    say(f"writing {num_utterances:,} synthetic utterances to {audio} ...")
     write_audio_corpus(audio, num_utterances, seed)
-    index = write_shards(audio, shards, max_count=SHARD_COUNT, overwrite=True, progress=False)
+    say(f"writing them as shards to {shards} ({time.perf_counter() - t0:.1f} s so far) ...")
+    # the bars `shardify write` shows, on a terminal only (never \r redraws in a log)
+    index = write_shards(audio, shards, max_count=SHARD_COUNT, overwrite=True, progress=sys.stderr.isatty())
     return index, False
+
+
+def say(line: str) -> None:
+    """Print one line of the demo's progress at once (stdout is block-buffered into a pipe or a log)."""
+    print(line, flush=True)
 
 
 def claim_folder(out: str) -> None:
@@ -276,7 +286,7 @@ def _describe(index: Any, out: str, shards: str, reused: bool, asked: int, t_dat
     )
     budget = BUDGET_SECONDS * sr
     print(f"budget: {BUDGET_SECONDS} s of audio per batch ({budget:,} samples @ {sr} Hz) = max padded size n x max_len")
-    print(f"streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
+    say(f"streaming: {NUM_WORKERS} DataLoader worker, torch.set_num_threads(1), one epoch per method ...")
     print()
 
 

@@ -1,7 +1,10 @@
 """The unit a dataset's lengths count: `Unit`, parsed once where a unit enters (an index header, ``--unit``,
 an option) and compared as a value everywhere after.
 
-Sizes in bytes are read here too (`parse_bytes()`: ``"64M"``, ``"8MiB"``), one way for every option that takes one.
+The one grammar of amounts a user writes is here too (docs/guide/amounts.md): a length in the dataset's unit or
+a duration (`parse_length()`: ``"960000"``, ``"3.2M"``, ``"3.2M samples"``, ``"60s"``, ``"1.5min"``, ``"1h"``), a
+count (`parse_count()`: ``"10k"``), a duration (`parse_duration()`) and a size in bytes (`parse_bytes()`:
+``"64M"``, ``"8MiB"``), one way for every option that takes one.
 
 A leaf module beside `errors`: the index (``dataset/``), the planner (``plan/``), the writer and the
 calibration all name units, and none of them should import another to do it.
@@ -17,7 +20,7 @@ from collections.abc import Iterable
 
 from .errors import OptionError, shown
 
-__all__ = ["Unit", "parse_bytes", "resampled_count", "same_length"]
+__all__ = ["Unit", "parse_bytes", "parse_count", "parse_duration", "parse_length", "resampled_count", "same_length"]
 
 
 class Unit(str, enum.Enum):
@@ -137,3 +140,118 @@ def parse_bytes(size: int | str | None, what: str = "size") -> int | None:
     if n > MAX_BYTES:
         raise OptionError(f"{what} must be at most {MAX_BYTES:,} bytes (8 EiB), got {shown(size)}")
     return n
+
+
+# ---- the grammar of amounts: NUMBER [MULTIPLIER] [WORD] -----------------------------------------------------------
+#: duration words, in seconds (any case; ``m`` alone is a million, not a minute: write ``min``)
+DURATIONS: dict[str, float] = {
+    **dict.fromkeys(("ms", "msec", "millisecond", "milliseconds"), 1e-3),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
+}
+#: multipliers of a count or length (powers of 1000; sizes in bytes count K, M, G, T in powers of 1024)
+MULTIPLIERS: dict[str, float] = {"k": 1e3, "m": 1e6, "g": 1e9}
+#: where the grammar is written down (named by every message about an amount it cannot read)
+GRAMMAR_DOC = "docs/guide/amounts.md"
+
+_NUMBER = re.compile(r"\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?nan|[-+]?inf(?:inity)?)", re.I)
+
+
+def read_amount(text: str) -> tuple[float, str]:
+    """``text`` as ``NUMBER [MULTIPLIER] [WORD]``: the number (times its multiplier, k/M/G = 10³/10⁶/10⁹) and
+    the word after it, lower case ("" for none): a duration word, a unit's name or anything else (the caller
+    decides). A ``ValueError`` where no number starts it or something follows the word."""
+    m = _NUMBER.match(text)
+    if m is None:
+        raise ValueError(f"no number in {text!r}")
+    number, rest = float(m.group(1)), text[m.end() :].strip().lower()
+    if rest in DURATIONS or rest[:1] not in MULTIPLIERS:
+        word, times = rest, 1.0
+    else:
+        word, times = rest[1:].strip(), MULTIPLIERS[rest[0]]
+    if word and not word.isalpha():
+        raise ValueError(f"cannot read {rest!r} after the number in {text!r}")
+    return number * times, word
+
+
+def _amount_error(what: str, value: object, expected: str) -> OptionError:
+    return OptionError(f"{what}: cannot read {shown(value)}; expected {expected} (the grammar: {GRAMMAR_DOC})")
+
+
+def parse_duration(value: object, what: str = "duration") -> float:
+    """Seconds from a number of seconds or text: ``"90"``, ``"500ms"``, ``"1.5min"``, ``"2h"`` (`DURATIONS`);
+    finite and not negative, else an `OptionError` naming ``what`` and the grammar."""
+    expected = "a duration like 90, 500ms, 60s, 1.5min or 2h"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        try:
+            number, word = read_amount(value)
+        except ValueError:
+            raise _amount_error(what, value, expected) from None
+        if word and word not in DURATIONS:
+            raise _amount_error(what, value, expected)
+        seconds = number * DURATIONS.get(word, 1.0)
+    else:
+        raise _amount_error(what, value, expected)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise OptionError(f"{what} must be a finite duration of 0 or more, got {shown(value)}")
+    return seconds
+
+
+def parse_count(value: object, what: str = "count", minimum: int = 0) -> int:
+    """A whole number from a number or text: ``"1000"``, ``"10k"``, ``"2.5M"`` (`MULTIPLIERS`), at least
+    ``minimum``, else an `OptionError` naming ``what`` and the grammar."""
+    expected = "a whole number like 1000, 10k or 2.5M"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number, word = float(value), ""
+    elif isinstance(value, str):
+        try:
+            number, word = read_amount(value)
+        except ValueError:
+            raise _amount_error(what, value, expected) from None
+    else:
+        raise _amount_error(what, value, expected)
+    if word or not math.isfinite(number) or not float(number).is_integer():
+        raise _amount_error(what, value, expected)
+    if number < minimum:
+        raise OptionError(f"{what} must be at least {minimum}, got {shown(value)}")
+    return int(number)
+
+
+def parse_length(value: str, unit: str | None, sample_rate: int | None, what: str = "length") -> float:
+    """A length in the dataset's ``unit`` from text: a number in that unit (``"960000"``, ``"3.2M"``,
+    ``"3.2M samples"``) or a duration of audio (``"60s"``, ``"1h"``) converted at ``sample_rate`` when lengths
+    count samples. ``unit`` None (no index): a number as it is, a unit word any of them. Not checked for sign
+    (the caller's range); an `OptionError` naming ``what`` for text it cannot read, a word that is neither a
+    duration nor the dataset's unit, or a duration where lengths are not audio."""
+    expected = "a number in the dataset's unit (960000, 3.2M) or a duration (60s, 1.5min, 1h)"
+    try:
+        number, word = read_amount(value)
+    except ValueError:
+        raise _amount_error(what, value, expected) from None
+    if not word or (unit is not None and Unit(unit).names(word)):
+        return number
+    if unit is None and word not in DURATIONS and any(u.names(word) for u in Unit):
+        return number
+    if word not in DURATIONS:
+        known = f"not this dataset's unit, {unit}" if unit else f"not one of {', '.join(u.value for u in Unit)}"
+        raise OptionError(
+            f"{what} {value!r}: {word!r} is {known}, nor a duration (60s, 500ms, 1.5min, 1h; the grammar: "
+            f"{GRAMMAR_DOC})"
+        )
+    seconds = number * DURATIONS[word]
+    if unit == Unit.SECONDS:
+        return seconds
+    if unit == Unit.SAMPLES and sample_rate:
+        return seconds * float(sample_rate)
+    if unit is None:
+        raise OptionError(
+            f"{what} {value!r}: a duration needs the dataset's unit and sample rate from its index; without one "
+            "give it in the dataset's unit"
+        )
+    raise OptionError(
+        f"{what} {value!r}: seconds only make sense for audio, this dataset's lengths are in {unit}"
+        + (" without a sample rate" if unit == Unit.SAMPLES else "")
+    )

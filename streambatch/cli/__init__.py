@@ -13,11 +13,14 @@ retries exhausted, no room) and the state — and an OS error about a path the u
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import gc
 import os
+import re
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +35,9 @@ from .args import PROG, os_error_text
 #: the subcommands, in the order ``shardify --help`` lists them
 COMMANDS = (write, index, merge, stage, inspect, verify, export, upgrade, demo, calibrate)
 
+#: the width a laid-out help's description is wrapped at
+HELP_WIDTH = 79
+
 #: the kinds of error reported in one line with exit code 2 (each raised on purpose, its message says what and where)
 EXIT_2 = KINDS
 
@@ -43,30 +49,61 @@ INPUT_ERRNOS |= NO_SPACE_ERRNOS
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardify`` parser with every subcommand of `COMMANDS`."""
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``shardify`` parser and each subcommand's, by name."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Write, inspect and verify length-annotated WebDataset shards for streambatch."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subcommands = {}
     for command in COMMANDS:
         name = command.__name__.rsplit(".", 1)[-1]
         epilog = getattr(command, "EPILOG", None)
-        p = sub.add_parser(name, help=command.HELP, description=command.DESCRIPTION, epilog=epilog)
+        laid_out = bool(epilog and "\n" in epilog)  # an epilog laid out in lines (examples) is printed as written
+        p = sub.add_parser(
+            name,
+            help=command.HELP,
+            description=textwrap.fill(command.DESCRIPTION, HELP_WIDTH) if laid_out else command.DESCRIPTION,
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter if laid_out else argparse.HelpFormatter,
+        )
         command.add_arguments(p)
         p.set_defaults(func=command.run)
-    return parser
+        subcommands[name] = p
+    return parser, subcommands
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; an argument the command does not take is a usage error of that command (its usage, not
+    the top-level one), naming the closest option it has."""
+    parser, subcommands = _parsers()
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    command = subcommands.get(getattr(args, "command", None) or "")
+    if command is None:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    options = sorted(set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", command.format_help())))
+    flag = next((u for u in unknown if u.startswith("-")), unknown[0]).split("=", 1)[0]
+    close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6) if flag.startswith("-") else []
+    hint = f"; did you mean {close[0]}?" if close else f"; `{PROG} {args.command} --help` lists its options"
+    command.error(f"unrecognized argument{'s' if len(unknown) > 1 else ''}: {' '.join(unknown)}{hint}")
+    raise AssertionError("argparse's error() exits")  # pragma: no cover
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardify`` with ``argv`` (default: the process's arguments); returns the exit code."""
     program = argv is None  # the process's own run: nothing may change its exit code once the command is done
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(argv)
     except SystemExit as e:  # --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
+        build_parser().print_help(sys.stderr)
         return 2
     with _Signals(program) as signals:
         if args.func is calibrate.run:  # runs the user's step: its errors keep their full traceback

@@ -290,22 +290,15 @@ def add_engine(p: argparse.ArgumentParser, steps: str) -> None:
         "--engine",
         choices=ENGINES,
         default="local",
-        help=f"local (default): this process and its --workers; ray: {steps} in Ray tasks, the rest (the plan, the "
-        "index) here; the result is byte for byte the local one's. Needs pip install 'streambatch[ray]'",
+        help=f"local (default): this process and its --workers; ray: {steps} in Ray tasks "
+        "(pip install 'streambatch[ray]')",
     )
     g.add_argument(
         "--ray-address",
         metavar="ADDRESS",
-        help="with --engine ray: the Ray cluster to join (HOST:PORT of its head, auto, ray://...); default "
-        "RAY_ADDRESS, else a local Ray instance started for this command",
+        help="the Ray cluster to join (HOST:PORT, auto, ray://...; default RAY_ADDRESS, else a local one)",
     )
-    g.add_argument(
-        "--tasks",
-        type=positive_int,
-        metavar="N",
-        help="with --engine ray: Ray tasks per step, each on a contiguous slice (default: the cluster's CPUs); "
-        "the output does not depend on N",
-    )
+    g.add_argument("--tasks", type=positive_int, metavar="N", help="Ray tasks per step (default: the cluster's CPUs)")
 
 
 @contextlib.contextmanager
@@ -321,3 +314,11 @@ def engine(args: argparse.Namespace) -> Iterator[Any]:
 
     with RayEngine(args.ray_address, args.tasks) as ray_engine:
         yield ray_engine
+
+
+def count(s: str) -> int:
+    """A whole number of at least 1 from ``1000``, ``10k``, ``2.5M`` (an argparse type; `parse_count()`, the
+    grammar of amounts)."""
+    from ..units import parse_count
+
+    return _argument(lambda text: parse_count(text, "count", minimum=1), s)

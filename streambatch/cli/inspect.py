@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -164,7 +165,7 @@ def _inspect_plan(index: Dataset, args: argparse.Namespace) -> int:
     if args.where is not None:
         raise ShardifyError("--where filters the summary and --step; --plan plans every sample: drop one of them")
     options = {"num_buckets": args.num_buckets, "seed": args.seed} if args.num_buckets else {"seed": args.seed}
-    budget = parse_budget(args.budget, index)
+    budget = parse_budget(args.budget, index, args.out)
     layout = Layout(args.world_size, args.num_workers, args.even_batches)
     p = planned_epoch(index, budget, layout.world_size, layout.num_workers, args.epoch, layout.even_batches, **options)
     if args.plot:
@@ -174,12 +175,19 @@ def _inspect_plan(index: Dataset, args: argparse.Namespace) -> int:
 
 
 # ---- the dataset's summary ---------------------------------------------------------------------
-def parse_budget(text: str, index: Dataset) -> float:
-    """``--budget``: a number in the dataset's unit, or a duration like ``60s`` for audio (the loader's parser)."""
+def parse_budget(text: str, index: Dataset, name: str) -> float:
+    """``--budget``: a number in the dataset's unit, or a duration like ``60s`` for audio (the loader's parser),
+    refused as the loader refuses it where not even the dataset's shortest sample fits it alone (``name``: the
+    dataset, as the message names it)."""
     try:
-        return parse_any_budget(text, index.unit, index.sample_rate)
+        budget = parse_any_budget(text, index.unit, index.sample_rate)
     except BudgetError as e:
         raise BudgetError(f"--{e}") from None
+    from ..loader.messages import check_shortest_fits  # the loader's own rule (without torch)
+    from ..plan.config import BatchingConfig
+
+    check_shortest_fits(BatchingConfig.make(budget), index, None, name)
+    return budget
 
 
 def inspect_dataset(
@@ -194,7 +202,9 @@ def inspect_dataset(
     """``shardify inspect``: print the summary (or JSON), optionally save a histogram; returns the exit code.
     The lengths are streamed shard by shard (bounded memory at any dataset size). ``where``: summarise only
     the samples this filter keeps (`where`), and what fraction that is."""
-    lengths = index.length_stats(progress=not as_json) if where is None else _kept(index, where)
+    given = parse_budget(budget_text, index, dataset) if budget_text else None  # refused before any length is read
+    bar = not as_json and sys.stderr.isatty()  # a bar redraws itself with \r: on a terminal only, never in a log
+    lengths = index.length_stats(progress=bar) if where is None else _kept(index, where)
     summary = _summary(index, dataset, lengths)
     if where is not None:
         total = sum(ix.num_samples for _, ix in datasets_of(index))
@@ -206,7 +216,7 @@ def inspect_dataset(
         }
     budget = boundaries = None
     if lengths.count:
-        budget, boundaries = _suggestions(index, lengths, budget_text, num_buckets, summary)
+        budget, boundaries = _suggestions(index, lengths, given, num_buckets, summary)
     if plot:
         summary["plot"] = _plot(lengths, index, boundaries, plot)
     if as_json:
@@ -244,11 +254,11 @@ def _summary(index: Dataset, dataset: str, lengths: LengthStats) -> dict[str, An
 
 
 def _suggestions(
-    index: Dataset, lengths: LengthStats, budget_text: str | None, num_buckets: int | None, summary: dict[str, Any]
+    index: Dataset, lengths: LengthStats, given: float | None, num_buckets: int | None, summary: dict[str, Any]
 ) -> tuple[float, list[float]]:
     """The given or a suggested budget, and bucket boundaries under it (also recorded in ``summary``)."""
-    if budget_text:
-        budget = parse_budget(budget_text, index)
+    if given is not None:
+        budget = given
         summary["budget_source"] = "given"
     else:
         budget = float(suggest_budget(lengths, index.unit, index.sample_rate))

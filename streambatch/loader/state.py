@@ -1,6 +1,7 @@
 """A loader's checkpoint, typed: `LoaderState`, with its plain-dict form (what ``state_dict()`` returns and a
 training script saves with the model), the checks that a state belongs to a loader, and the layout an interrupted
-epoch ran on. States saved by earlier versions load: a key they lack is simply not checked."""
+epoch ran on. States saved by earlier versions load: a key they lack is simply not checked; fields that disagree
+(a plan rule edited down, a digest removed) are refused."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.perturb import LengthPlan
 from ..plan.resume import MAX_COUNT, EarlierRun, Resumed, equalised_of, state_count
 from .mixing import mixture_problem
+
+#: the first plan rule whose states saved with an index always hold a dataset digest (``dataset``)
+DIGEST_ALWAYS = 4
 
 #: the largest epoch number (``set_epoch``, a checkpoint's ``epoch``): 2³¹ - 1, as 32-bit epoch counters hold;
 #: a loader's shared state holds it in 64 bits, and no run reaches it
@@ -98,6 +102,7 @@ class LoaderState:
         out._check_position()
         out._check_layout()
         out._check_resume()
+        out._check_consistent()
         return out
 
     def _check_position(self) -> None:
@@ -155,6 +160,26 @@ class LoaderState:
             equalised_of(self.equalised, Layout(self.world_size, self.num_workers), self.steps)
         elif self.equalised is not None and not isinstance(self.equalised, (list, tuple)):
             raise StateError(f"loader state: equalised must be None or a list per rank, got {shown(self.equalised)}")
+
+    def _check_consistent(self) -> None:
+        """Fields that must agree with each other, so that a hand edit that keeps each in range is refused: the
+        plan rule against the one the batching record repeats (a lower rule would plan other batches: samples
+        repeated and missed), and a state saved with an index holding its
+        dataset's digest (without it the dataset would go unchecked)."""
+        version = int(self.plan_version) if self.knows("plan_version") else 1
+        said = self.batching.get("plan_version") if isinstance(self.batching, Mapping) else None
+        if said is not None and said != version:
+            raise StateError(
+                f"loader state: plan_version {version if self.knows('plan_version') else '(absent: 1)'} differs "
+                f"from the {shown(said)} its batching record was saved with; the state was edited: resume from "
+                "the state as saved (another rule would repeat and miss samples)"
+            )
+        saved_digest = version >= DIGEST_ALWAYS or said is not None
+        if saved_digest and self.num_samples is not None and self.dataset is None:
+            raise StateError(
+                f"loader state: no dataset digest, which a state of plan rule {version} saved with an index always "
+                "holds; the state was edited: resume from it as saved (without it the dataset goes unchecked)"
+            )
 
     @classmethod
     def current(cls, **values: Any) -> LoaderState:
@@ -245,6 +270,7 @@ def batching_record(config: BatchingConfig, length_plan: LengthPlan | None = Non
     that a mid-epoch resume with other options is refused rather than silently losing or repeating samples (a
     new field is recorded as well)."""
     out = {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    out["plan_version"] = config.plan_version  # the state's plan_version again: an edit of one is refused
     speed = length_plan.speed if length_plan is not None else None
     out["speed_perturb"] = None if speed is None else [_plain(speed.factors), _plain(speed.weights)]
     frames = length_plan.frames if length_plan is not None and length_plan.in_frames else None
@@ -286,7 +312,7 @@ def _plain(value: Any) -> Any:
 
 
 def _check_batching(saved: dict[str, Any], mine: dict[str, Any]) -> None:
-    differ = [k for k in saved if k in mine and saved[k] != mine[k]]
+    differ = [k for k in saved if k in mine and saved[k] != mine[k] and k != "plan_version"]  # the state keeps its rule
     if differ:
         said = ", ".join(f"{k}={saved[k]!r} (now {mine[k]!r})" for k in differ)
         raise StateError(

@@ -1,25 +1,20 @@
-"""The batch budget: the one parser of what a user writes for it (``960000``, ``"960000 samples"``, ``"60s"``), for
-``StreamBatchLoader(budget=...)``, `BatchingConfig.make()` and ``shardify inspect --budget``."""
+"""The batch budget: the one parser of what a user writes for it (``960000``, ``"3.2M samples"``, ``"60s"``,
+``"1h"``: the grammar of lengths, `streambatch.units.parse_length()`), for ``StreamBatchLoader(budget=...)``,
+`BatchingConfig.make()` and ``shardify inspect --budget``."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BudgetError, shown
+from ..errors import BudgetError, OptionError, shown
+from ..units import parse_length
 
 BUDGET_ERROR = (
     "budget must be a positive finite number in the dataset's unit, a duration like '60s' for audio, or come "
     "from a calibration file given as cost=...; got {budget}"
 )
-
-#: duration suffixes a budget string may carry (audio only), in seconds
-DURATIONS = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "min": 60.0}
-#: length units a budget string may name (it must be the dataset's own)
-UNITS = ("samples", "seconds", "tokens", "frames")
-_BUDGET_TEXT = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?nan|[-+]?inf(?:inity)?)\s*([a-z]*)$")
 
 
 def check_budget(budget: Any, name: str = "budget") -> float:
@@ -53,35 +48,13 @@ def parse_budget(
 
 
 def _parse(value: Any, unit: str | None, sample_rate: int | None) -> float:
-    """A budget in the dataset's ``unit`` (see `parse_budget()`)."""
+    """A budget in the dataset's ``unit`` (see `parse_budget()`): the grammar of lengths, `parse_length()`."""
     if not isinstance(value, str):
         return check_budget(value)
-    m = _BUDGET_TEXT.match(value.strip().lower())
-    if m is None:
-        raise BudgetError(f"budget {value!r}: expected a number in the dataset's unit, or a duration like '60s'")
-    number, suffix = float(m.group(1)), m.group(2)
-    if suffix in DURATIONS and suffix != unit:
-        number = _seconds_to_unit(value, number * DURATIONS[suffix], unit, sample_rate)
-    elif suffix and not any(suffix in (u, u[:-1]) for u in ([unit] if unit else UNITS)):
-        known = f"not this dataset's unit, {unit}" if unit else f"not one of {', '.join(UNITS)}"
-        raise BudgetError(f"budget {value!r}: {suffix!r} is {known} (durations: 60s, 500ms, 1.5min)")
+    try:
+        number = parse_length(value, unit, sample_rate, "budget")
+    except OptionError as e:
+        raise BudgetError(str(e)) from None
     if not math.isfinite(number) or number <= 0:
         raise BudgetError(BUDGET_ERROR.format(budget=shown(value)))
     return number
-
-
-def _seconds_to_unit(text: str, seconds: float, unit: str | None, sample_rate: int | None) -> float:
-    """A duration in the dataset's unit: seconds as they are, samples at the index's sample rate."""
-    if unit == "seconds":
-        return seconds
-    if unit == "samples" and sample_rate:
-        return seconds * float(sample_rate)
-    if unit is None:
-        raise BudgetError(
-            f"budget {text!r}: a duration needs the dataset's unit and sample rate from its index; "
-            "without one give the budget in the dataset's unit"
-        )
-    raise BudgetError(
-        f"budget {text!r}: seconds only make sense for audio, this dataset's lengths are in {unit}"
-        + (" without a sample rate" if unit == "samples" else "")
-    )

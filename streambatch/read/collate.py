@@ -68,9 +68,14 @@ def decode_sample(sample: dict[str, Any], decode: Decode, sample_rate: int | Non
         if ids is None:
             return None
         try:
-            return torch.from_numpy(token_ids(ids).astype(np.int64))
+            out = token_ids(ids).astype(np.int64)
         except TokenIdsError as e:  # which sample of which shard: the header check cannot say
             raise SampleError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: input_ids.npy: {e}") from e
+        if out.size and out.min() < 0:  # an embedding lookup would index from the end or fail on the device
+            raise SampleError(
+                f"{sample.get('__url__')}: sample {sample['__key__']!r}: negative token id {int(out.min())}"
+            )
+        return torch.from_numpy(out)
     if decode == "none":
         return None
     raise OptionError(f"unknown decode mode {decode!r}: use 'auto', 'audio', 'text', 'none' or a callable")
@@ -85,6 +90,8 @@ def decode_audio_sample(sample: dict[str, Any], sample_rate: int | None = None) 
         wav, sr = decode_audio(sample[ext], segment=sample.get(SEGMENT_FIELD))
     except AudioError as e:  # which sample of which shard: the decoder cannot say
         raise AudioError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: {e}") from e
+    if wav.size and not math.isfinite(float(wav.sum(dtype=np.float64))):  # NaN or inf: would poison a loss
+        raise AudioError(f"{sample.get('__url__')}: sample {sample['__key__']!r}: its audio holds NaN or inf")
     if sample_rate and sr != sample_rate:
         wav = resample(wav, sr, sample_rate, resampled_count(len(wav), sr, sample_rate))
         sr = sample_rate
@@ -138,6 +145,8 @@ def _padded_audio(
         t_max = _rounded(max(clips.frames), pad_to_multiple_of)
         out = batch_tensor((len(samples), t_max), torch.float32)
         lengths = clips.decode_into(out.numpy())
+        if not math.isfinite(float(out.numpy().sum(dtype=np.float64))):  # NaN or inf: named one by one
+            return None
     except Exception:  # noqa: BLE001 - decoded one by one, which raises the clear error
         return None
     finally:

@@ -4,7 +4,8 @@ transcript) and ``utt2spk`` (utterance id → speaker).
 
 With ``segments``, each utterance is a segment of its recording (`segments`); without, each recording is a
 sample (its id the utterance id, as Kaldi has it). A relative path in ``wav.scp`` is relative to ``--data-root``
-when given, else to the working directory (Kaldi runs from the recipe's folder). A command (``... |``) or an
+when given, else to the working directory (Kaldi runs from the recipe's folder); where not one of them is found,
+one line says so with the first path and ``--data-root``. A command (``... |``) or an
 archive offset (``file.ark:123``) in ``wav.scp`` is an input error naming its line: shardify never runs commands.
 """
 
@@ -55,6 +56,7 @@ def _wav_scp(folder: str, data_root: str | None, problems: list[InputProblem]) -
     src = os.path.join(folder, WAV_SCP)
     base = data_root or os.getcwd()
     out: dict[str, tuple[str, int]] = {}
+    relative: list[tuple[int, str, str]] = []  # (line, as written, resolved)
     for n, (rec, spec) in _table(src, problems, 2):
         spec = spec.strip()
         if spec.endswith("|") or spec.startswith("-"):
@@ -74,7 +76,25 @@ def _wav_scp(folder: str, data_root: str | None, problems: list[InputProblem]) -
             problems.append(InputProblem(src, f"recording {rec!r} listed twice (also at line {out[rec][1]})", n))
             continue
         out[rec] = (resolve_path(spec, base, None, f"{src}:{n}"), n)
+        if not os.path.isabs(spec) and "://" not in spec:
+            relative.append((n, spec, out[rec][0]))
+    _check_root(src, data_root, base, relative)
     return out
+
+
+def _check_root(src: str, data_root: str | None, base: str, relative: list[tuple[int, str, str]]) -> None:
+    """Relative paths of which not one is found: the folder they are relative to is another (one line with the
+    count, the first path and ``--data-root``, not a "not found" line per recording). One found is enough to go on
+    (the check stops there): files missing among found ones are each reported as bad input."""
+    if not relative or not os.path.isdir(base) or any(os.path.exists(path) for _, _, path in relative):
+        return
+    n, spec, path = relative[0]
+    where = f"--data-root {data_root}" if data_root else f"the working directory {base}"
+    fix = "check --data-root" if data_root else "pass --data-root DIR, the folder they are relative to"
+    raise ShardifyError(
+        f"{src}: none of its {len(relative):,} relative audio path{'s' if len(relative) != 1 else ''} is found "
+        f"from {where} (the first, line {n}: {spec!r} -> {path}); {fix}"
+    )
 
 
 def read_kaldi(folder: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:

@@ -14,6 +14,7 @@ import contextlib
 import os
 import posixpath
 import re
+import sys
 from collections.abc import Generator
 from typing import Any
 
@@ -264,9 +265,24 @@ def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[list[Record],
     for n, obj in iter_jsonl(src, problems):
         rec = record_from_audio_entry(obj, src, n, entry_key(obj), base, data_root, problems)
         if rec is not None:
+            rec.fields = compact_fields(rec.fields)
             records.append(rec)
     _fill_path_keys(records, base)
     return records, problems
+
+
+#: the longest text value `compact_fields()` shares between records (a language, a speaker, a split name)
+SHARED_VALUE_CHARS = 32
+
+
+def compact_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A record's fields holding each name, and each short text value, once for the whole source: a JSON parser
+    makes new strings on every line, and a manifest of millions of lines repeats the same few names (``duration``,
+    ``lang``, ``speaker``) and values on each, which the write holds until its index is written."""
+    return {
+        sys.intern(k): sys.intern(v) if type(v) is str and len(v) <= SHARED_VALUE_CHARS else v
+        for k, v in fields.items()
+    }
 
 
 def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
