@@ -155,7 +155,9 @@ def _decoded_audio(sample: Sample, sample_rate: int | None) -> torch.Tensor:
     ext = audio_ext(sample)
     value = sample.get(ext) if ext is not None else None
     if isinstance(value, (bytes, bytearray, memoryview)) or value is None:
-        return decode_sample(sample, "audio", sample_rate)  # names the sample where it has no audio
+        out = decode_sample(sample, "audio", sample_rate)  # names the sample where it has no audio
+        assert out is not None  # audio decoding gives a tensor or raises
+        return out
     where = f"{sample.get('__url__')}: sample {sample.get('__key__')!r}"
     rate = None
     if isinstance(value, (tuple, list)) and len(value) == 2 and np.ndim(value[1]) == 0:

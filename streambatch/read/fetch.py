@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from ..errors import ShardReadError, StreamBatchError
 from ..io import objstore
@@ -240,7 +240,7 @@ class _Cached:
         if store is not None:
             size, version = info
             return "store:" + object_version({"size": size, "ETag": version})
-        return "store:" + object_version(info)
+        return "store:" + object_version(cast("dict[str, Any]", info))
 
     def _larger_than_cache(self, job: Job) -> bool:
         """A shard larger than the whole cache (``cache_size``) is streamed as without a cache (it would evict

@@ -2,9 +2,9 @@
 
 ``install()`` (called by the root conftest before any test starts a process) builds ``loopback_names.c`` once per
 run and puts it in ``LD_PRELOAD``, so torch.distributed's stores name their loopback peers without a DNS query (see
-the C file for why glibc would ask one). ``traced(cmd, log)`` runs a command under ``strace -f`` and ``outside(log text)`` lists every
-connect/sendto target outside loopback, for the test that holds the promise and for auditing a whole test folder by
-hand: ``python -m netguard pytest tests/cluster``, from ``tests/``."""
+the C file for why glibc would ask one). ``traced(cmd, log)`` runs a command under ``strace -f`` and
+``outside(log text)`` lists every connect/sendto target outside loopback, for the test that holds the promise and
+for auditing a whole test folder by hand: ``python -m netguard python -m pytest cluster``, from ``tests/``."""
 
 from __future__ import annotations
 
