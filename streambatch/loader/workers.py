@@ -35,20 +35,21 @@ class WorkerInit:
             self.user(worker_id)
 
 
-def start_method(forkserver: bool) -> str:
-    """How the workers start: by forkserver behind a filter, else as Python's multiprocessing starts processes."""
+def start_method() -> str:
+    """How the workers start: as Python's multiprocessing starts processes (a filter changes nothing: the workers
+    read its answers from the loader's bit mask and never load its engine)."""
     import multiprocessing
 
-    return "forkserver" if forkserver else multiprocessing.get_start_method()
+    return multiprocessing.get_start_method()
 
 
-def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool) -> None:
+def check_sendable(callables: dict[str, Any], run: RunOptions) -> None:
     """With workers that do not fork (spawn, forkserver), every user callable the workers run must pickle: one
     that does not (a lambda, a function defined inside another) is an `OptionError` naming the option and
     the fix, here, instead of a pickling traceback from inside the DataLoader. Forked workers inherit it as is."""
     import pickle
 
-    method = start_method(forkserver)
+    method = start_method()
     if run.num_workers == 0 or method == "fork":
         return
     for name, fn in callables.items():
@@ -56,30 +57,26 @@ def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool)
             pickle.dumps(fn)
         except Exception as e:  # noqa: BLE001 - any failure to pickle is the same mistake, said in one line
             why = " ".join(f"{type(e).__name__}: {e}".split())
-            instead = "leave out where= (a filter starts the workers by forkserver)" if forkserver else "use fork"
             raise OptionError(
                 f"{name}={fn!r} cannot be sent to the {run.num_workers} worker processes, which start by "
                 f"{method} ({why}): define it at the top level of a module (not a lambda or a function inside "
-                f"another), or pass num_workers=0, or {instead}"
+                f"another), or pass num_workers=0, or use fork"
             ) from None
 
 
 def make_dataloader(
-    stream: EpochStream, run: RunOptions, ring: BatchRing | None, forkserver: bool, callables: dict[str, Any]
+    stream: EpochStream, run: RunOptions, ring: BatchRing | None, callables: dict[str, Any]
 ) -> DataLoader:
     """The DataLoader of one pass (or of every pass, with persistent workers); ``ring``: the workers' reused batch
-    buffers; ``forkserver``: workers start from a clean forkserver (DuckDB, behind a filter, is not fork-safe);
-    ``callables``: the user's functions the workers run, by option (`check_sendable()`)."""
+    buffers; ``callables``: the user's functions the workers run, by option (`check_sendable()`)."""
     kwargs: dict[str, Any] = {}
     if run.num_workers > 0:
         kwargs["prefetch_factor"] = run.prefetch_factor or 2
         kwargs["persistent_workers"] = run.persistent_workers
         kwargs["worker_init_fn"] = WorkerInit(run.worker_init_fn)
-        if forkserver:
-            kwargs["multiprocessing_context"] = "forkserver"
-        if start_method(forkserver) == "fork":  # forked workers inherit what this process's S3 client has loaded
+        if start_method() == "fork":  # forked workers inherit what this process's S3 client has loaded
             before_workers(stream.ctx.urls, stream.ctx.storage_options)
-        check_sendable(callables, run, forkserver)
+        check_sendable(callables, run)
     return DataLoader(
         stream, batch_size=None, num_workers=run.num_workers, collate_fn=_identity, pin_memory=run.pin_memory, **kwargs
     )
