@@ -267,7 +267,8 @@ def check(con: Any, catalog: Catalog, expr: str, columns: dict[str, str]) -> Non
     why = refusal(catalog, f"SELECT\n{expr}\nFROM {_TABLE}", {k.lower() for k in columns}, columns)
     if why:
         raise EngineError(why)
-    empty = pa.schema([(k, pa.type_for_alias(t)) for k, t in columns.items()]).empty_table()
+    schema = pa.schema([(k, pa.type_for_alias(t)) for k, t in columns.items()])
+    empty = pa.Table.from_batches([], schema=schema)  # (Schema.empty_table() imports pandas: seconds, for nothing)
     kind = result_type(con, expr, empty)
     if kind not in ("BOOLEAN", "NULL"):
         raise EngineError(f"it gives {kind}, not true/false (compare it: e.g. snr > 10)")
