@@ -98,10 +98,28 @@ def evaluate(con: Any, expr: str, table: Any) -> np.ndarray:
         raise
     except duckdb.Error as e:
         raise EngineError(_first_line(e)) from None
-    arr = keep.column("keep").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False)
+    arr = _true(keep.column("keep").combine_chunks())
     if len(arr) != table.num_rows:
         raise EngineError(f"{len(arr)} results for {table.num_rows} rows")
     return np.asarray(arr, dtype=bool)
+
+
+def _true(col: Any) -> np.ndarray:
+    """Which values of an Arrow boolean (or all-NULL) array are true, NULL as false, read from its bit buffers
+    (Arrow's ``fill_null(False)`` makes a scalar, which imports pandas: seconds in a fresh child)."""
+    n, bits = len(col), np.zeros(len(col), dtype=bool)
+    buffers = col.buffers()
+    if len(buffers) < 2 or buffers[1] is None or n == 0:
+        return bits  # the NULL type: nothing is true
+
+    def unpack(buf: Any) -> np.ndarray:
+        raw = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")
+        return raw[col.offset : col.offset + n].astype(bool)
+
+    bits = unpack(buffers[1])
+    if buffers[0] is not None and col.null_count:
+        bits &= unpack(buffers[0])
+    return bits
 
 
 def result_type(con: Any, expr: str, table: Any) -> str:
@@ -387,6 +405,8 @@ def main() -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _serve(sys.stdin.buffer, answers, int(sys.argv[1]), float(sys.argv[2]))
+    answers.flush()
+    os._exit(0)  # every answer is sent: no interpreter teardown (DuckDB's takes a while) for the parent to wait on
 
 
 if __name__ == "<run_path>":  # the child (run by path, so it imports nothing of streambatch)
