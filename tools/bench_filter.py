@@ -3,12 +3,12 @@
 once, in the engine's child process) and streaming one epoch, with 0 and 2 DataLoader workers, unfiltered and
 with a filter that keeps about 70 % of the samples.
 
-Writes a dataset of N short synthetic clips (WAV, 0.1-0.6 s at 16 kHz, ``speaker``/``snr`` columns in the
-sample table) with ``shardify``'s writer, then times each case ``--runs`` times, the cases interleaved within a
+Writes a dataset of N short synthetic clips (WAV at 16 kHz, ``--seconds`` long, uniformly; ``speaker``/``snr``
+columns in the sample table) with ``shardify``'s writer, then times each case ``--runs`` times, the cases interleaved within a
 run (so a load that comes and goes on a shared machine falls on every case alike), and prints the median and
 the fastest of each, and the filtered pass over the unfiltered one.
 
-Usage: ``python tools/bench_filter.py [--samples 3000] [--runs 3]``.
+Usage: ``python tools/bench_filter.py [--samples 3000] [--seconds 0.5 2.0] [--runs 3]``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ SR = 16000
 WHERE = "snr < 7"  # snr is uniform over 0..10: keeps about 70 %
 
 
-def build(folder: str, n: int, seed: int = 0) -> str:
-    """A dataset of ``n`` clips with scalar columns; its folder."""
+def build(folder: str, n: int, seconds: tuple[float, float], seed: int = 0) -> str:
+    """A dataset of ``n`` clips (``seconds``: shortest and longest) with scalar columns; its folder."""
     import soundfile as sf
 
     rng = np.random.default_rng(seed)
@@ -42,7 +42,7 @@ def build(folder: str, n: int, seed: int = 0) -> str:
     manifest = os.path.join(folder, "manifest.jsonl")
     with open(manifest, "w") as f:
         for i in range(n):
-            frames = int(rng.uniform(0.1, 0.6) * SR)
+            frames = int(rng.uniform(*seconds) * SR)
             path = f"wavs/c{i:06d}.wav"
             sf.write(os.path.join(folder, path), 0.1 * rng.standard_normal(frames).astype(np.float32), SR)
             row = {"audio_filepath": path, "duration": frames / SR, "speaker": f"s{i % 20}", "snr": rng.uniform(0, 10)}
@@ -63,13 +63,14 @@ def one_pass(ds: str, workers: int, where: str | None) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=3000)
+    p.add_argument("--seconds", type=float, nargs=2, default=(0.5, 2.0), metavar=("SHORTEST", "LONGEST"))
     p.add_argument("--runs", type=int, default=3)
     a = p.parse_args(argv)
     cases = [(w, f) for w in (0, 2) for f in (None, WHERE)]
     times: dict[tuple[int, str | None], list[float]] = {c: [] for c in cases}
     counts: dict[tuple[int, str | None], int] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        ds = build(tmp, a.samples)
+        ds = build(tmp, a.samples, tuple(a.seconds))
         one_pass(ds, 0, WHERE)  # the page cache and the imports warm, for every case alike
         for _ in range(a.runs):
             for c in cases:
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 [w, f or "(none)", f"{counts[(w, f)]:,}", f"{med:.2f}", f"{min(t):.2f}", f"{med / base:.2f}x"]
             )
-    print(f"# one pass (build + 1 epoch), {a.samples:,} clips, {a.runs} interleaved runs ({machine()})")
+    lo, hi = a.seconds
+    print(f"# one pass (build + 1 epoch), {a.samples:,} clips of {lo:g}-{hi:g} s, {a.runs} interleaved runs ({machine()})")
     print(table(rows, ["workers", "where", "samples", "median s", "fastest s", "vs unfiltered"], "rlrrrr"))
     return 0
 
