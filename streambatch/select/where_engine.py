@@ -5,9 +5,8 @@ DuckDB's own ``memory_limit`` does not bound what an expression allocates (``rep
 ``range(100000000)`` grow past it), nor does it have a statement timeout. So the check of an expression and the
 first pass over every row group (the planner's) run in a child process started for it: its address space is
 capped (``RLIMIT_AS``: DuckDB then fails with a clean out-of-memory error), a watchdog thread interrupts a row
-group that runs past its time limit, and the parent kills the child if even that does not stop it. What the
-child evaluated within those limits, the workers later evaluate in their own process: the same deterministic
-expression over the same row groups.
+group that runs past its time limit, and the parent kills the child if even that does not stop it. The loader
+keeps the child's answers (a bit a sample) and its workers read them: neither loads DuckDB.
 
 The check admits only deterministic expressions (`refusal()`): DuckDB parses the expression and every
 function it calls must be one DuckDB lists as *consistent* (the same answer for the same arguments, no side
