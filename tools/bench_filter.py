@@ -3,10 +3,10 @@
 once, in the engine's child process) and streaming one epoch, with 0 and 2 DataLoader workers, unfiltered and
 with a filter that keeps about 70 % of the samples.
 
-Writes a dataset of N short synthetic clips (WAV at 16 kHz, ``--seconds`` long, uniformly; ``speaker``/``snr``
-columns in the sample table) with ``shardify``'s writer, then times each case ``--runs`` times, the cases interleaved within a
-run (so a load that comes and goes on a shared machine falls on every case alike), and prints the median and
-the fastest of each, and the filtered pass over the unfiltered one.
+Writes a dataset of N short synthetic clips (WAV at 16 kHz, ``--seconds`` long, uniformly; ``speaker`` and
+``snr`` columns in the sample table) with ``shardify``'s writer, then times each case ``--runs`` times, the
+cases interleaved within a run (so a load that comes and goes on a shared machine falls on every case alike),
+and prints the median and the fastest of each, and the filtered pass over the unfiltered one.
 
 Usage: ``python tools/bench_filter.py [--samples 3000] [--seconds 0.5 2.0] [--runs 3]``.
 """
@@ -82,11 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         for f in (None, WHERE):
             t = times[(w, f)]
             med = statistics.median(t)
-            rows.append(
-                [w, f or "(none)", f"{counts[(w, f)]:,}", f"{med:.2f}", f"{min(t):.2f}", f"{med / base:.2f}x"]
-            )
+            rows.append([w, f or "(none)", f"{counts[(w, f)]:,}", f"{med:.2f}", f"{min(t):.2f}", f"{med / base:.2f}x"])
     lo, hi = a.seconds
-    print(f"# one pass (build + 1 epoch), {a.samples:,} clips of {lo:g}-{hi:g} s, {a.runs} interleaved runs ({machine()})")
+    what = f"{a.samples:,} clips of {lo:g}-{hi:g} s, {a.runs} interleaved runs"
+    print(f"# one pass (build + 1 epoch), {what} ({machine()})")
     print(table(rows, ["workers", "where", "samples", "median s", "fastest s", "vs unfiltered"], "rlrrrr"))
     return 0
 
