@@ -191,10 +191,10 @@ class StreamBatchLoader:
         batching = self.batching_options.as_make_options()
         self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
         check_shortest_fits(self.config, ix, self.length_plan, self.name)
-        self.filter = open_filter(ix, where)  # evaluated by DuckDB over the sample table's columns
+        self.filter = open_filter(ix, where)  # evaluated once, in DuckDB's child process; workers read its bits
         self._digest = dataset_digest(ix)  # what a checkpoint names the dataset by
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
-        check_sendable(worker_callables(sample, run, self.config), run, self.filter is not None)
+        check_sendable(worker_callables(sample, run, self.config), run)
         check_epoch_length(run, ix, self.world_size)
         self._meter: EpochMeter | None = None
         self.epoch = 0
@@ -339,7 +339,7 @@ class StreamBatchLoader:
                 self.num_workers, self.config.budget, self.collate_options.decode, self.run.prefetch_factor
             )
         callables = worker_callables(self.sample_options, self.run, self.config)
-        return make_dataloader(EpochStream(self._context()), self.run, self._ring, self.filter is not None, callables)
+        return make_dataloader(EpochStream(self._context()), self.run, self._ring, callables)
 
     def _context(self) -> SlotContext:
         """What every DataLoader worker of this loader gets once."""
@@ -548,12 +548,12 @@ class StreamBatchLoader:
 
     def _lengths_taken(self) -> bool:
         """Whether anything takes the lengths an epoch is planned on: this process's own stream (no workers) or
-        workers forked after the planning (workers started by forkserver, behind a filter, or spawn read their own,
-        and so do ``persistent_workers`` forked in an earlier pass)."""
+        workers forked after the planning (workers started by spawn or forkserver read their own, and so do
+        ``persistent_workers`` forked in an earlier pass)."""
         if self.num_workers == 0:
             return True
         running = self.persistent_workers and self._dataloader is not None
-        return not running and start_method(self.filter is not None, self.urls, self.storage_options) == "fork"
+        return not running and start_method(self.urls, self.storage_options) == "fork"
 
     def _rank_local(self) -> bool:
         """Whether the epoch is planned rank-locally (the ``planning`` option and a process group of this layout)."""

@@ -35,22 +35,26 @@ class WorkerInit:
             self.user(worker_id)
 
 
-def start_method(forkserver: bool, urls: Any = None, storage_options: dict | None = None) -> str:
-    """How the workers start: by forkserver behind a filter, or where a fork could not read ``urls`` (obstore's
-    runtime runs in this process: `fork_unsafe()`), else as Python's multiprocessing starts processes."""
+def start_method(urls: Any = None, storage_options: dict | None = None) -> str:
+    """How the workers start: by forkserver where a fork could not read ``urls`` (obstore's runtime runs in this
+    process: `fork_unsafe()`), else as Python's multiprocessing starts processes. A filter changes nothing: the
+    workers read its answers from the loader's bit mask and never load its engine."""
     import multiprocessing
 
-    method = "forkserver" if forkserver else multiprocessing.get_start_method()
+    method = multiprocessing.get_start_method()
     return "forkserver" if method == "fork" and fork_unsafe(urls, storage_options) else method
 
 
-def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool) -> None:
+def check_sendable(
+    callables: dict[str, Any], run: RunOptions, urls: Any = None, storage_options: dict | None = None
+) -> None:
     """With workers that do not fork (spawn, forkserver), every user callable the workers run must pickle: one
     that does not (a lambda, a function defined inside another) is an `OptionError` naming the option and
     the fix, here, instead of a pickling traceback from inside the DataLoader. Forked workers inherit it as is."""
+    import multiprocessing
     import pickle
 
-    method = start_method(forkserver)
+    method = start_method(urls, storage_options)
     if run.num_workers == 0 or method == "fork":
         return
     for name, fn in callables.items():
@@ -59,9 +63,9 @@ def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool)
         except Exception as e:  # noqa: BLE001 - any failure to pickle is the same mistake, said in one line
             why = " ".join(f"{type(e).__name__}: {e}".split())
             instead = (
-                "leave out where= (a filter starts the workers by forkserver, as do object-store reads after this "
-                "process made its own: docs/guide/storage.md)"
-                if forkserver
+                "read object storage only in the workers (they start by forkserver once this process has made "
+                "object-store requests itself: docs/guide/storage.md)"
+                if multiprocessing.get_start_method() == "fork"
                 else "use fork"
             )
             raise OptionError(
@@ -72,20 +76,19 @@ def check_sendable(callables: dict[str, Any], run: RunOptions, forkserver: bool)
 
 
 def make_dataloader(
-    stream: EpochStream, run: RunOptions, ring: BatchRing | None, forkserver: bool, callables: dict[str, Any]
+    stream: EpochStream, run: RunOptions, ring: BatchRing | None, callables: dict[str, Any]
 ) -> DataLoader:
     """The DataLoader of one pass (or of every pass, with persistent workers); ``ring``: the workers' reused batch
-    buffers; ``forkserver``: workers start from a clean forkserver (DuckDB, behind a filter, is not fork-safe);
-    ``callables``: the user's functions the workers run, by option (`check_sendable()`)."""
+    buffers; ``callables``: the user's functions the workers run, by option (`check_sendable()`)."""
     kwargs: dict[str, Any] = {}
     if run.num_workers > 0:
         kwargs["prefetch_factor"] = run.prefetch_factor or 2
         kwargs["persistent_workers"] = run.persistent_workers
         kwargs["worker_init_fn"] = WorkerInit(run.worker_init_fn)
-        forkserver = start_method(forkserver, stream.ctx.urls, stream.ctx.storage_options) == "forkserver"
+        forkserver = start_method(stream.ctx.urls, stream.ctx.storage_options) == "forkserver"
         if forkserver:
             kwargs["multiprocessing_context"] = "forkserver"
-        check_sendable(callables, run, forkserver)
+        check_sendable(callables, run, stream.ctx.urls, stream.ctx.storage_options)
     return DataLoader(
         stream, batch_size=None, num_workers=run.num_workers, collate_fn=_identity, pin_memory=run.pin_memory, **kwargs
     )

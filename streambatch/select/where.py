@@ -6,8 +6,11 @@ group at a time; nothing is ever passed to Python's ``eval``, and DuckDB runs wi
 The check and the first pass over every row group run in a child process whose memory and time are bounded
 (`where_engine`; `limits.filter_memory()`, `limits.filter_seconds()`), and only deterministic
 functions are allowed, so every rank and worker keeps the same samples.
-`SampleFilter` applies it to an index: which samples of a shard it keeps (cached per row group), the
-kept share of each shard's length (so shards are dealt by the length they keep), and the kept lengths.
+`SampleFilter` applies it to an index: which samples of a shard it keeps, the kept share of each shard's
+length (so shards are dealt by the length they keep), and the kept lengths. The loader's process evaluates the
+filter once, in the engine's child, and keeps the answers as a bit mask (one bit a sample, `KeepBits`); the
+DataLoader workers read which samples they keep from that mask, so they never load DuckDB and fork like the
+workers of an unfiltered loader.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
 from .where_engine import EngineError, connect, evaluate
 from .where_sandbox import Engine
 
-#: up to this many samples, the deal pass keeps every row group's answers (1 byte a sample) for the plan
-CACHE_ALL = 1 << 24
 _STRING = re.compile(r"'(?:[^']|'')*'")
 _IDENT = re.compile(r'"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*)')
 
@@ -133,17 +134,41 @@ def _table_reader(index: ShardIndex) -> ColumnarIndex:
     return index.shards.reader
 
 
+class KeepBits:
+    """Which samples of a dataset a filter keeps, one bit a sample (in sample-table row order, each row group's
+    bits starting on a byte): 1/8 byte per sample in the loader's process, shared by its forked workers (sent
+    whole to workers that do not fork). Filled once, a row group at a time, by the engine's first pass."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, np.ndarray] = {}  # row group -> its packed bits (numpy.packbits, big-endian bits)
+
+    def add(self, group: int, keep: np.ndarray) -> None:
+        self.groups[group] = np.packbits(keep)
+
+    def take(self, group: int, start: int, count: int) -> np.ndarray | None:
+        """Rows ``start`` to ``start + count`` of row group ``group`` (a bool array), None if not filled."""
+        bits = self.groups.get(group)
+        if bits is None:
+            return None
+        first, skip = divmod(start, 8)
+        chunk = bits[first : first + (skip + count + 7) // 8]
+        return np.unpackbits(chunk, count=skip + count)[skip:].astype(bool)
+
+    @property
+    def nbytes(self) -> int:
+        """The mask's size in bytes (about one eighth of the samples filled)."""
+        return sum(b.nbytes for b in self.groups.values())
+
+
 class SampleFilter:
-    """A `Where` applied to one dataset's index: kept samples per shard, evaluated per row group.
+    """A `Where` applied to one dataset's index: kept samples per shard, evaluated a row group at a time by the
+    engine's first pass (`scan()`) and then read from its bit mask (`KeepBits`), never evaluated again.
     ``checker``: the engine that checks the expression (None: one started for the check)."""
 
     def __init__(self, index: ShardIndex, expr: str, what: str = "where", checker: Engine | None = None):
         self.index, self.where = index, Where(expr, filter_columns(index), what, checker)
         self.reader = _table_reader(index)
-        self._cache: dict[int, np.ndarray] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cache": {}}
+        self.bits = KeepBits()
 
     def _group(
         self, g: int, lengths: bool = False, within: Engine | None = None
@@ -155,25 +180,24 @@ class SampleFilter:
         return keep, (column_numpy(table.column("length")) if lengths else None)
 
     def keep(self, shard: int) -> np.ndarray:
-        """Which samples of ``shard`` (tar order) the filter keeps; its row group is evaluated once."""
+        """Which samples of ``shard`` (tar order) the filter keeps, from the bit mask of the first pass (a row
+        group that pass did not reach, only outside the loader, is evaluated here, in this process)."""
         r = self.reader
-        g = int(r.shard_group[shard])
-        got = self._cache.get(g)
+        g, start, count = int(r.shard_group[shard]), int(r.shard_row[shard]), int(r.columns.count[shard])
+        got = self.bits.take(g, start, count)
         if got is None:
-            got = self._cache[g] = self._group(g)[0]
-        start = int(r.shard_row[shard])
-        return got[start : start + int(r.columns.count[shard])]
+            keep = self._group(g)[0]
+            self.bits.add(g, keep)
+            return keep[start : start + count]
+        return got
 
     def scan(self, within: Engine) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(first shard, keep, lengths) of every row group in order, one in memory at a time (kept for
-        `keep()` only when the whole dataset's answers are small: up to `CACHE_ALL` samples).
-        Evaluated ``within`` an engine: this first pass is what proves the filter keeps to the limits on this
-        data, before any process evaluates it in its own memory (`keep()`)."""
-        small = int(self.reader.group_rows.sum()) <= CACHE_ALL
+        """(first shard, keep, lengths) of every row group in order, one in memory at a time; the answers are kept
+        as bits (`KeepBits`) for `keep()`. Evaluated ``within`` an engine: this first pass is what proves the
+        filter keeps to the limits on this data, and the only pass the loader makes."""
         for g in range(len(self.reader.group_start)):
             keep, lengths = self._group(g, lengths=True, within=within)
-            if small:
-                self._cache[g] = keep
+            self.bits.add(g, keep)
             yield int(self.reader.group_start[g]), keep, lengths  # type: ignore[misc]
 
     def kept_totals(self, within: Engine) -> tuple[np.ndarray, np.ndarray]:

@@ -5,9 +5,8 @@ DuckDB's own ``memory_limit`` does not bound what an expression allocates (``rep
 ``range(100000000)`` grow past it), nor does it have a statement timeout. So the check of an expression and the
 first pass over every row group (the planner's) run in a child process started for it: its address space is
 capped (``RLIMIT_AS``: DuckDB then fails with a clean out-of-memory error), a watchdog thread interrupts a row
-group that runs past its time limit, and the parent kills the child if even that does not stop it. What the
-child evaluated within those limits, the workers later evaluate in their own process: the same deterministic
-expression over the same row groups.
+group that runs past its time limit, and the parent kills the child if even that does not stop it. The loader
+keeps the child's answers (a bit a sample) and its workers read them: neither loads DuckDB.
 
 The check admits only deterministic expressions (`refusal()`): DuckDB parses the expression and every
 function it calls must be one DuckDB lists as *consistent* (the same answer for the same arguments, no side
@@ -98,10 +97,28 @@ def evaluate(con: Any, expr: str, table: Any) -> np.ndarray:
         raise
     except duckdb.Error as e:
         raise EngineError(_first_line(e)) from None
-    arr = keep.column("keep").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False)
+    arr = _true(keep.column("keep").combine_chunks())
     if len(arr) != table.num_rows:
         raise EngineError(f"{len(arr)} results for {table.num_rows} rows")
     return np.asarray(arr, dtype=bool)
+
+
+def _true(col: Any) -> np.ndarray:
+    """Which values of an Arrow boolean (or all-NULL) array are true, NULL as false, read from its bit buffers
+    (Arrow's ``fill_null(False)`` makes a scalar, which imports pandas: seconds in a fresh child)."""
+    n, bits = len(col), np.zeros(len(col), dtype=bool)
+    buffers = col.buffers()
+    if len(buffers) < 2 or buffers[1] is None or n == 0:
+        return bits  # the NULL type: nothing is true
+
+    def unpack(buf: Any) -> np.ndarray:
+        raw = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")
+        return raw[col.offset : col.offset + n].astype(bool)
+
+    bits = unpack(buffers[1])
+    if buffers[0] is not None and col.null_count:
+        bits &= unpack(buffers[0])
+    return bits
 
 
 def result_type(con: Any, expr: str, table: Any) -> str:
@@ -267,7 +284,8 @@ def check(con: Any, catalog: Catalog, expr: str, columns: dict[str, str]) -> Non
     why = refusal(catalog, f"SELECT\n{expr}\nFROM {_TABLE}", {k.lower() for k in columns}, columns)
     if why:
         raise EngineError(why)
-    empty = pa.schema([(k, pa.type_for_alias(t)) for k, t in columns.items()]).empty_table()
+    schema = pa.schema([(k, pa.type_for_alias(t)) for k, t in columns.items()])
+    empty = pa.Table.from_batches([], schema=schema)  # (Schema.empty_table() imports pandas: seconds, for nothing)
     kind = result_type(con, expr, empty)
     if kind not in ("BOOLEAN", "NULL"):
         raise EngineError(f"it gives {kind}, not true/false (compare it: e.g. snr > 10)")
@@ -386,6 +404,8 @@ def main() -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _serve(sys.stdin.buffer, answers, int(sys.argv[1]), float(sys.argv[2]))
+    answers.flush()
+    os._exit(0)  # every answer is sent: no interpreter teardown (DuckDB's takes a while) for the parent to wait on
 
 
 if __name__ == "<run_path>":  # the child (run by path, so it imports nothing of streambatch)

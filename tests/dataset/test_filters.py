@@ -198,6 +198,46 @@ def test_resume_on_another_world_size_with_a_filter(dataset, manifest):
     assert Counter(seen + rest) == Counter(want)  # the rest re-planned on one rank: each kept sample once
 
 
+# ---- the workers of a filtered loader read the parent's answers: they never load DuckDB -----------------------
+_PROBE = """
+import os, sys
+
+
+def transform(sample, rng):
+    with open(os.path.join(os.environ["PROBE_DIR"], str(os.getpid())), "w") as f:
+        f.write("duckdb" if "duckdb" in sys.modules else "none")
+    return sample
+"""
+_PROBE_RUN = """
+import json, os, sys
+from collections import Counter
+from probe import transform
+from streambatch import StreamBatchLoader
+loader = StreamBatchLoader(sys.argv[1], budget=int(sys.argv[2]), where=sys.argv[3], num_workers=2,
+                           transform=transform, seed=2)
+keys = [k for b in loader for k in b["keys"]]
+print(json.dumps({"keys": keys, "parent_duckdb": "duckdb" in sys.modules, "pid": os.getpid()}))
+"""
+
+
+def test_workers_of_a_filtered_loader_never_load_duckdb(dataset, manifest, tmp_path):
+    """The filter is evaluated once, in the engine's child process; the training process and its DataLoader
+    workers only read the answers, so none of them loads DuckDB (which is not safe to fork)."""
+    (tmp_path / "probe.py").write_text(_PROBE)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    env = {**os.environ, "PROBE_DIR": str(seen), "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    cmd = [sys.executable, "-c", _PROBE_RUN, dataset, str(BUDGET), DE_LOUD]
+    proc = popen(cmd, env=env, stdout=subprocess.PIPE, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, f"the filtered loader exited with {proc.returncode}"
+    got = json.loads(out)
+    assert Counter(got["keys"]) == Counter(expected(manifest[1], de_loud))
+    workers = {p.name: p.read_text() for p in seen.iterdir() if p.name != str(got["pid"])}
+    assert len(workers) == 2 and set(workers.values()) == {"none"}, workers
+    assert not got["parent_duckdb"]
+
+
 # ---- a filter's answer does not depend on the process's time zone ---------------------------------------
 #: the hour of the day (UTC) each sample was recorded at, as a time-zone-aware string; under Asia/Tokyo (UTC+9) a
 #: session that follows TZ reads hours 9..23 and 0..8, and dates a day later from 15:00 UTC on

@@ -6,6 +6,7 @@ not fork holds none. Either way the batches are the planned ones (`step_samples`
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
 from typing import Any
@@ -82,7 +83,24 @@ def test_persistent_workers_read_later_epochs_lengths_themselves(shards, readers
     assert held == _planned(StreamBatchLoader(shards, **KW), epochs=3)
 
 
-def test_a_loader_whose_workers_do_not_fork_holds_no_lengths(shards):
-    loader = StreamBatchLoader(shards, where="length > 3", **KW)  # a filter starts the workers by forkserver
+@pytest.fixture
+def spawned() -> Any:
+    """Workers start by spawn for the test (then as before)."""
+    before = multiprocessing.get_start_method()
+    multiprocessing.set_start_method("spawn", force=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
+
+def test_a_loader_whose_workers_do_not_fork_holds_no_lengths(shards, spawned):
+    loader = StreamBatchLoader(shards, **KW)
     assert _keys(loader, epochs=1)  # the workers read their own lengths (not counted here: nothing patched there)
     assert loader.schedule(0).lengths is None  # nothing would take them
+
+
+def test_a_filtered_loaders_workers_fork_and_take_its_lengths(shards, readers):
+    loader = StreamBatchLoader(shards, where="length > 3", **KW)
+    held = _keys(loader)
+    assert loader.schedule(1).lengths is not None  # held for the workers forked after planning
+    assert set(readers()) == {os.getpid()}, "a worker of a filtered loader read lengths the loader had planned on"
+    assert held == _planned(StreamBatchLoader(shards, where="length > 3", **KW)) and len(held) > 4
