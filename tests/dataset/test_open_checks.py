@@ -78,8 +78,9 @@ def test_a_file_is_not_an_index(mix):
 
 def test_an_index_json_that_is_a_folder_is_not_an_index(tmp_path):
     (tmp_path / "index.json").mkdir()
-    for path in (tmp_path, tmp_path / "index.json"):
-        refused(IndexFormatError, lambda p=path: ShardIndex.load(p), str(tmp_path / "index.json"), "folder", "shardify")
+    refused(IndexFormatError, lambda: ShardIndex.load(tmp_path), str(tmp_path / "index.json"), "folder", "shardify")
+    # the folder itself is read as a dataset folder (a dataset may be named *.json), holding no index
+    refused(DatasetNotFound, lambda: ShardIndex.load(tmp_path / "index.json"), str(tmp_path / "index.json"))
 
 
 def test_nothing_there_is_a_dataset_not_found_error_as_for_the_loader(tmp_path):
