@@ -8,6 +8,7 @@ for auditing a whole test folder by hand: ``python -m netguard python -m pytest 
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -30,12 +31,18 @@ def install() -> str | None:
     if not sys.platform.startswith("linux") or cc is None:
         os.environ[ENV] = ""
         return None
-    out = Path(tempfile.mkdtemp(prefix="streambatch-tests-netguard-")) / "loopback_names.so"
+    folder = Path(tempfile.mkdtemp(prefix="streambatch-tests-netguard-"))
+    atexit.register(shutil.rmtree, folder, True)
+    out = folder / "loopback_names.so"
     done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SOURCE), "-ldl"],
                           capture_output=True, text=True)
     if done.returncode != 0:
         os.environ[ENV] = ""
         return None
+    # readable by every user: some tests run a command as another user (permission checks), and ld.so refuses a
+    # preload it cannot open with a line on stderr
+    folder.chmod(0o755)
+    out.chmod(0o755)
     preload = os.environ.get("LD_PRELOAD", "")
     os.environ["LD_PRELOAD"] = f"{out} {preload}".strip()
     os.environ[ENV] = str(out)
