@@ -33,6 +33,8 @@ BAD = [
     ("interleave", 0, {}),
     ("interleave", 65, {}),  # that many open shards per worker
     ("interleave", 2.5, {}),
+    ("step_balance", "quadratic-ish", {}),  # not a step-time model's name
+    ("step_balance", 3, {}),
     ("refill", 2.5, {}),
     ("bucket_boundaries", [10, NAN], {}),
     ("bucket_boundaries", "abc", {}),
