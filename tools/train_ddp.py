@@ -239,7 +239,7 @@ def train(a: argparse.Namespace, rank: int, world: int, device: torch.device, st
     from streambatch.select.mixture import open_index
 
     index = open_index(a.data, None, a.shard_root)  # a dataset, or a mixture file naming several
-    budget = parse_budget(a.budget, index)
+    budget = parse_budget(a.budget, index, a.data)
     seconds_per_sample = 1.0 / (index.sample_rate or 16000)  # batch["lengths"] count decoded samples
     torch.manual_seed(a.seed)
     model = SpeechModel(a.channels).to(device)

@@ -9,6 +9,7 @@ real shards: a tiny local model, nothing downloaded.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,29 @@ def test_trainer_under_torchrun_resumes_each_rank_exactly(data, tmp_path):
         assert result["full"] == result["resumed"] == [len(full), len(full)] and result["same_weights"]
         seen += [key for b in full[:n0] for key in b]
     assert len(seen) == len(set(seen)) == data["samples"]  # epoch 0: every sample once over the two ranks
+
+
+def test_accelerate_launch_multi_process_on_cpu_splits_the_epoch(data, tmp_path):
+    """``accelerate launch --multi_gpu --num_processes 2`` with ``Accelerator(cpu=True)`` (the guide's command):
+    two processes in one gloo group, each yielding its own rank's share, the same number of batches on each."""
+    import socket
+
+    from conftest import finish, popen
+
+    with socket.socket() as s:  # a free port on loopback for the process group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = str(Path(hf_runs.__file__).with_name("accelerate_ranks.py"))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    cmd += ["--num_machines", "1", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    finish(popen([*cmd, script, data["shards"], str(tmp_path)], env=env), 300, "accelerate launch")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["world"] == 2 and "MULTI_CPU" in r["distributed_type"] for r in ranks), ranks
+    assert all(r["same_object"] for r in ranks)  # prepare() passes the loader through
+    steps = [len(r["batches"]) for r in ranks]
+    assert steps[0] == steps[1] == ranks[0]["len"] == ranks[1]["len"] > 0
+    seen = [k for r in ranks for b in r["batches"] for k in b]
+    assert len(seen) == len(set(seen))  # the ranks' shares are disjoint
+    planned = StreamBatchLoader(data["shards"], 400, seed=3, rank=0, world_size=2).plan()
+    assert len(seen) + planned.surplus_samples == data["samples"]  # every sample once but the counted surplus
