@@ -11,6 +11,7 @@ imported on first use (version 1 indexes never need it).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ SMALL_PART_MAX = 1 << 20  # a sample file up to this size: fetched whole once pe
 ID_KEY = b"streambatch.index_id"
 LENGTH_TYPES = ("int64", "float64")
 _NUMPY_NAME = {"double": "float64"}  # the header names Arrow types
+log = logging.getLogger("streambatch")
 _LOCK = threading.Lock()  # guards the indexes' caches and open files (held for dict updates only)
 
 
@@ -171,7 +173,8 @@ class ColumnarIndex:
         tables: dict[str, str] | None = None,
     ) -> None:
         self.root, self.header, self.storage_options, self.source = root, header, storage_options, source
-        self.tables = dict(tables or {})  # local copies of table files (`shared_index`), checked as the originals
+        self.tables = dict(tables or {})  # local copies of table files (`shared_index`), checked as the originals;
+        # a copy deleted once the index is open (its cache folder cleared) is read from the original instead
         try:
             self.length_type = _NUMPY_NAME.get(str(header["columns"]["length"]), str(header["columns"]["length"]))
             self.parts = list(header["tables"]["samples"])
@@ -220,10 +223,21 @@ class ColumnarIndex:
         """A verified `ParquetTable`: size as the header says, footer readable, the same write id, the row
         count. ``whole``: fetch the file in one read first (the shard table: one request, not one per column chunk)."""
 
-        url = self.tables.get(rel) or table_url(self.root, rel)
+        url, copy = table_url(self.root, rel), self.tables.get(rel)
         want = int(entry["bytes"])
-        try:  # a small table in one read of at most one byte more than the header says
-            f, size = open_sized(url, want, self.storage_options, whole and want <= WHOLE_READ_MAX)
+        whole = whole and want <= WHOLE_READ_MAX  # a small table: one read of at most one byte more than it should be
+        try:
+            if copy is not None:
+                try:
+                    f, size = open_sized(copy, want, None, whole)
+                    url = copy
+                except (FileNotFoundError, NotADirectoryError):
+                    # the node copy was deleted (the cache folder cleared mid-run) after the index was opened from
+                    # it, e.g. before a worker started: the original it copied, checked the same way below
+                    log.info("streambatch: the node copy %s is gone; reading %s from the store", copy, url)
+                    f, size = open_sized(url, want, self.storage_options, whole)
+            else:
+                f, size = open_sized(url, want, self.storage_options, whole)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise IndexFormatError(f"{url}: missing ({e})") from e
         if size != want:

@@ -35,8 +35,8 @@ def texts(url, options, cache):
 
 
 def shard_texts(url, options, cache, size, sha256):
-    """{key: transcript in the .json member} of the one shard ``url``, read through the node cache ``cache`` (``sha256``: the index's,
-    or None for an index that names none)."""
+    """{key: transcript in the .json member} of the one shard ``url``, read through the node cache ``cache``
+    (``sha256``: the index's, or None for an index that names none)."""
     ro = ReadOptions(cache_dir=cache, **FAST)
     shards = [SimpleNamespace(bytes=size, sha256=sha256)]
     samples = read_pieces([url], [Piece(0, 0, 1 << 62)], options, ro, shards, FaultLog())
