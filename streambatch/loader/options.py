@@ -199,7 +199,8 @@ class RunOptions:
     """Ranks in the job; None: detected as ``rank`` is, else 1. At most
     `MAX_WORLD_SIZE` (65,536) ranks and, with ``num_workers``,
     `MAX_SLOTS` (262,144) (rank, worker) slots: every rank deals the epoch over
-    every slot, and a whole-epoch plan plans each one (about 0.1 ms and a few KiB per slot)."""
+    every slot, and a whole-epoch plan plans each one, in time and memory that grow with the slots (the
+    benchmarks page has the figures)."""
     dp_rank: int | None = None
     """With tensor, context or pipeline parallelism: this process's data-parallel rank (``0 <= dp_rank <
     dp_size``), given with ``dp_size``. The processes of one rank (its peers) get bit-identical batches, the

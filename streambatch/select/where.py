@@ -1,16 +1,18 @@
-"""Filters: ``where="language = 'de' AND snr > 10"`` evaluated by DuckDB over the sample table's columns.
+"""Filters: ``where="language = 'de' AND snr > 10"``, an SQL expression over the sample table's columns.
 
 `Where` is one SQL expression, checked once against the table's columns (one clear line naming the
 bad column or the syntax error, with the columns there are) and then evaluated on Arrow tables of one row
-group at a time; nothing is ever passed to Python's ``eval``, and DuckDB runs with file access disabled.
-The check and the first pass over every row group run in a child process whose memory and time are bounded
-(`where_engine`; `limits.filter_memory()`, `limits.filter_seconds()`), and only deterministic
-functions are allowed, so every rank and worker keeps the same samples.
+group at a time; nothing is ever passed to Python's ``eval``. Plain comparisons joined by AND, OR and NOT (the
+short path, `where_arrow`) are evaluated by Arrow's compute functions in the loader's process, as DuckDB would
+answer them. Any other expression goes to DuckDB, with file access disabled: its check and the first pass over
+every row group run in a child process whose memory and time are bounded (`where_engine`;
+`limits.filter_memory()`, `limits.filter_seconds()`), and only deterministic functions are allowed, so every
+rank and worker keeps the same samples.
 `SampleFilter` applies it to an index: which samples of a shard it keeps, the kept share of each shard's
 length (so shards are dealt by the length they keep), and the kept lengths. The loader's process evaluates the
-filter once, in the engine's child, and keeps the answers as a bit mask (one bit a sample, `KeepBits`); the
-DataLoader workers read which samples they keep from that mask, so they never load DuckDB and fork like the
-workers of an unfiltered loader.
+filter once (by Arrow, or in the engine's child) and keeps the answers as a bit mask (one bit a sample,
+`KeepBits`); the DataLoader workers read which samples they keep from that mask, so they never load DuckDB and
+fork like the workers of an unfiltered loader.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..plan.lengths import Mask
 from ..plan.mixing import any_of
 from ..stats import LengthStats, stream_stats
 from .mixture import AnyIndex, MixedIndex, datasets_of, selection_of
+from .where_arrow import ArrowWhere, compile_where
 from .where_engine import EngineError, connect, evaluate
 from .where_sandbox import Engine
 
@@ -47,7 +50,9 @@ def engine() -> Engine:
 
 class Where:
     """One filter expression over columns ``{name: arrow type}``; True keeps a sample (NULL does not).
-    ``checker``: the engine that checks it (None: one started for the check)."""
+    An expression the short path reads (`where_arrow`: plain comparisons joined by AND, OR and NOT) is evaluated
+    by Arrow in this process and needs no engine; any other is checked by the engine ``checker`` (None: one
+    started for the check) and evaluated by DuckDB."""
 
     def __init__(self, expr: str, columns: dict[str, str], what: str = "where", checker: Engine | None = None):
         self.expr, self.columns, self.what = str(expr), dict(columns), what
@@ -55,7 +60,8 @@ class Where:
         self._con: Any = None
         self._pid = -1
         self._lock = threading.Lock()
-        self.used = self._check(checker)
+        self.arrow: ArrowWhere | None = compile_where(self.expr, self.columns)
+        self.used = self.arrow.used if self.arrow is not None else self._check(checker)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_con": None, "_pid": -1, "_lock": None}
@@ -105,10 +111,13 @@ class Where:
 
     def evaluate(self, table: Any, within: Engine | None = None) -> np.ndarray:
         """Which rows of an Arrow table (holding at least `used`) the expression keeps, in row order;
-        ``within``: evaluate in that engine (the first pass over a dataset), else in this process."""
+        ``within``: evaluate in that engine (the first pass over a dataset), else in this process; the short
+        path's expressions always in this process, by Arrow."""
         if table.num_rows == 0:
             return np.zeros(0, dtype=bool)
         table = table.select(self.used) if self.used else table
+        if self.arrow is not None:
+            return self.arrow.keep(table)
         try:
             if within is not None:
                 return within.keep(self.expr, table)

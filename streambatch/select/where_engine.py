@@ -97,13 +97,13 @@ def evaluate(con: Any, expr: str, table: Any) -> np.ndarray:
         raise
     except duckdb.Error as e:
         raise EngineError(_first_line(e)) from None
-    arr = _true(keep.column("keep").combine_chunks())
+    arr = truth(keep.column("keep").combine_chunks())
     if len(arr) != table.num_rows:
         raise EngineError(f"{len(arr)} results for {table.num_rows} rows")
     return np.asarray(arr, dtype=bool)
 
 
-def _true(col: Any) -> np.ndarray:
+def truth(col: Any) -> np.ndarray:
     """Which values of an Arrow boolean (or all-NULL) array are true, NULL as false, read from its bit buffers
     (Arrow's ``fill_null(False)`` makes a scalar, which imports pandas: seconds in a fresh child)."""
     n, bits = len(col), np.zeros(len(col), dtype=bool)

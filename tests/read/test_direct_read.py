@@ -9,7 +9,6 @@ import torch
 from conftest import audio_dataset
 
 from streambatch import StreamBatchLoader
-from streambatch.read import worker
 
 SR = 8000
 BUDGET = 13 * SR  # the longest synthetic clip is 12 s: every sample fits
@@ -34,11 +33,9 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("kw", [{}, {"num_workers": 2}, {"hardest_first": True, "pad_to_multiple_of": 320}])
-def test_read_by_position_gives_the_streamed_batches(ds, monkeypatch, kw):
+def test_read_by_position_gives_the_streamed_batches(ds, kw):
     direct = _batches(ds, **kw)
-    with monkeypatch.context() as m:
-        m.setattr(worker, "can_read_direct", lambda *a: False)  # every shard streamed through the tar parser
-        streamed = _batches(ds, **kw)
+    streamed = _batches(ds, read_by_position=False, **kw)  # every shard streamed through the tar parser
     _same(direct, streamed)
     assert sum(len(k) for k, *_ in direct) == 120
 

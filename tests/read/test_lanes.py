@@ -10,7 +10,6 @@ import pytest
 from conftest import text_dataset
 
 from streambatch import StreamBatchLoader
-from streambatch.read import worker
 from streambatch.read.lanes import lane_options
 from streambatch.read.reader import ReadOptions, read_shard
 
@@ -23,9 +22,8 @@ def ds(tmp_path_factory):
     return text_dataset(tmp_path_factory.mktemp("lanes"), 240, 5, max_count=20)
 
 
-@pytest.fixture
-def streamed(monkeypatch):
-    monkeypatch.setattr(worker, "can_read_direct", lambda *a: False)  # every shard through the tar parser, in lanes
+#: every shard through the tar parser, in lanes
+STREAMED = dict(read_by_position=False)
 
 
 def _keys(loader: StreamBatchLoader) -> list[list[str]]:
@@ -33,21 +31,19 @@ def _keys(loader: StreamBatchLoader) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("interleave,num_workers", [(2, 0), (8, 0), (3, 2)])
-def test_lanes_give_the_batches_read_by_position(ds, monkeypatch, interleave, num_workers):
+def test_lanes_give_the_batches_read_by_position(ds, interleave, num_workers):
     """Lanes (several groups of shards per worker at interleave 2 and 3) yield exactly what positioned reads give,
     every sample once; and interleaving changes the batches against one shard at a time."""
     kw = dict(budget=BUDGET, seed=4, interleave=interleave, num_workers=num_workers)
     direct = _keys(StreamBatchLoader(ds, **kw))
-    with monkeypatch.context() as m:
-        m.setattr(worker, "can_read_direct", lambda *a: False)
-        lanes = _keys(StreamBatchLoader(ds, **kw))
+    lanes = _keys(StreamBatchLoader(ds, **kw, **STREAMED))
     assert lanes == direct
     assert sorted(k for b in lanes for k in b) == sorted(f"s{i}" for i in range(240))
     assert _keys(StreamBatchLoader(ds, **{**kw, "interleave": 1})) != direct
 
 
-def test_a_resume_mid_epoch_streams_the_remaining_batches(ds, streamed):
-    kw = dict(budget=BUDGET, seed=4, interleave=4)
+def test_a_resume_mid_epoch_streams_the_remaining_batches(ds):
+    kw = dict(budget=BUDGET, seed=4, interleave=4, **STREAMED)
     full = _keys(StreamBatchLoader(ds, **kw))
     loader = StreamBatchLoader(ds, **kw)
     it = iter(loader)
@@ -59,9 +55,9 @@ def test_a_resume_mid_epoch_streams_the_remaining_batches(ds, streamed):
     assert _keys(again) == full[5:]
 
 
-def test_a_resume_on_two_workers_from_one_streams_the_rest_once(ds, streamed):
+def test_a_resume_on_two_workers_from_one_streams_the_rest_once(ds):
     """Another layout: the new plan interleaves what the old one left, and every sample comes exactly once."""
-    kw = dict(budget=BUDGET, seed=4, interleave=4)
+    kw = dict(budget=BUDGET, seed=4, interleave=4, **STREAMED)
     loader = StreamBatchLoader(ds, **kw)
     it = iter(loader)
     first = [list(next(it)["keys"]) for _ in range(6)]
@@ -71,7 +67,7 @@ def test_a_resume_on_two_workers_from_one_streams_the_rest_once(ds, streamed):
     assert sorted(k for b in first + rest for k in b) == sorted(f"s{i}" for i in range(240))
 
 
-def test_a_bad_shard_in_one_lane_costs_that_shard_only(ds, streamed, tmp_path):
+def test_a_bad_shard_in_one_lane_costs_that_shard_only(ds, tmp_path):
     import shutil
 
     copy = str(tmp_path / "ds")
@@ -80,7 +76,7 @@ def test_a_bad_shard_in_one_lane_costs_that_shard_only(ds, streamed, tmp_path):
     lost = {s["__key__"] for s in read_shard(path)}
     with open(path, "r+b") as f:  # cut inside the shard: its tail is gone
         f.truncate(os.path.getsize(path) // 2)
-    loader = StreamBatchLoader(copy, budget=BUDGET, seed=4, interleave=4, max_bad_shards=2)
+    loader = StreamBatchLoader(copy, budget=BUDGET, seed=4, interleave=4, max_bad_shards=2, **STREAMED)
     batches = [list(b["keys"]) for b in loader]
     assert len(batches) == len(loader)  # equal steps, fault or not
     stats = loader.fault_stats()

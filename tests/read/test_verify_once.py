@@ -10,7 +10,6 @@ from conftest import audio_dataset, copy_with_own_record
 
 from streambatch import StreamBatchLoader
 from streambatch.io import verified
-from streambatch.read import worker
 
 SR = 8000
 BUDGET = 13 * SR
@@ -41,15 +40,18 @@ def _flip_a_byte(path: str) -> None:
         f.write(bytes([byte[0] ^ 0x55]))
 
 
+#: every shard through the tar parser
+STREAMED = {"read_by_position": False}
+
+
 @pytest.fixture(params=["by position", "streamed"])
-def read_mode(request, monkeypatch):
-    if request.param == "streamed":
-        monkeypatch.setattr(worker, "can_read_direct", lambda *a: False)  # every shard through the tar parser
-    return request.param
+def read_mode(request):
+    """The loader's reading options: local shards read by position, or streamed."""
+    return STREAMED if request.param == "streamed" else {}
 
 
 def test_each_shard_is_hashed_once_per_node(ds, read_mode):
-    loader = StreamBatchLoader(ds, budget=BUDGET, seed=3)
+    loader = StreamBatchLoader(ds, budget=BUDGET, seed=3, **read_mode)
     n = len(loader.index.shards)
     # every shard is checked in the pass that read it (a stream reads its last shards to the end once its last
     # batch is out), each hashed once
@@ -58,14 +60,14 @@ def test_each_shard_is_hashed_once_per_node(ds, read_mode):
     again, hashed2, reused, bad = _pass(loader)  # epoch 2 of the same process
     assert (hashed2, reused, bad, again) == (0, n, [], keys)
     verified.forget_in_process()  # worker processes (and another loader) see only the node record
-    other = StreamBatchLoader(ds, budget=BUDGET, seed=3, num_workers=2)
+    other = StreamBatchLoader(ds, budget=BUDGET, seed=3, num_workers=2, **read_mode)
     got, hashed3, reused, bad = _pass(other)
     assert (hashed3, reused, bad, got) == (0, n, [], keys)
     assert os.listdir(os.path.join(os.path.dirname(ds), "record"))
 
 
 def test_a_shard_changed_in_place_is_hashed_again_and_counted_bad(ds, read_mode):
-    loader = StreamBatchLoader(ds, budget=BUDGET, seed=3, max_bad_shards=2)
+    loader = StreamBatchLoader(ds, budget=BUDGET, seed=3, max_bad_shards=2, **read_mode)
     _pass(loader)
     _pass(loader)  # (streamed: by now every shard has been hashed whole once)
     path = os.path.join(ds, "shard-000001.tar")
@@ -75,11 +77,13 @@ def test_a_shard_changed_in_place_is_hashed_again_and_counted_bad(ds, read_mode)
     _, hashed, _, bad = _pass(loader)
     assert bad == [path] and hashed >= 1
     verified.forget_in_process()
-    _, hashed, _, bad = _pass(StreamBatchLoader(ds, budget=BUDGET, seed=3, num_workers=2, max_bad_shards=2))
+    _, hashed, _, bad = _pass(
+        StreamBatchLoader(ds, budget=BUDGET, seed=3, num_workers=2, max_bad_shards=2, **read_mode)
+    )
     assert bad == [path]  # a wrong hash never vouches for the file
     # (read by position, the hash is known before a sample is used; a stream of interleaved shards may reach the
     # changed sample, which no longer decodes, before the shard's end, where its hash is known)
-    assert hashed >= 1 or read_mode == "streamed"
+    assert hashed >= 1 or read_mode == STREAMED
 
 
 def _recorded(path, st):
