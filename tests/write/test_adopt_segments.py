@@ -97,12 +97,10 @@ def kept(batches) -> list[dict]:
 
 
 @pytest.fixture(params=["by position", "streamed"])
-def read(request, monkeypatch):
-    """Local shards are read by position (read/direct.py); patched, they are streamed through the tar parser
-    (read/reader.py), as remote shards are (DataLoader workers fork, so they see the patch)."""
-    if request.param == "streamed":
-        monkeypatch.setattr(worker, "can_read_direct", lambda *a: False)
-    return request.param
+def read(request) -> dict:
+    """The loader's read options: local shards read by position (the default), or streamed through the tar
+    parser as remote shards are (``read_by_position=False``)."""
+    return {"read_by_position": request.param == "by position"}
 
 
 def check_epoch(batches: list[dict], want: dict[str, tuple[np.ndarray, str | None]]) -> None:
@@ -147,15 +145,15 @@ def test_segments_are_samples_of_one_member(nemo):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_segments_stream_once_each_as_their_slice(nemo, read, workers):
     src, want = nemo
-    check_epoch(epoch(str(src), workers), want)
+    check_epoch(epoch(str(src), workers, **read), want)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch_gives_exactly_the_rest(nemo, read, workers):
     src, want = nemo
-    full = epoch(str(src), workers)
+    full = epoch(str(src), workers, **read)
     assert len(full) >= 4
-    kw = {**OPTIONS, "num_workers": workers}
+    kw = {**OPTIONS, "num_workers": workers, **read}
     first = StreamBatchLoader(str(src), **kw)
     it = iter(first)
     head = kept(next(it) for _ in range(2))
@@ -217,7 +215,7 @@ def test_a_filter_leaves_out_segments_and_the_rest_stream_from_inside_a_member(n
     real = worker.skip_left_out
     monkeypatch.setattr(worker, "skip_left_out", lambda *a: spans.extend(p for p, _ in real(*a)) or real(*a))
     left_out = ("second", "third")
-    batches = epoch(str(src), workers, where=" and ".join(f"text != '{t}'" for t in left_out))
+    batches = epoch(str(src), workers, where=" and ".join(f"text != '{t}'" for t in left_out), **read)
     check_epoch(batches, {k: v for k, v in want.items() if v[1] not in left_out})
-    if read == "streamed" and workers == 0:
+    if not read["read_by_position"] and workers == 0:
         assert sorted((p.start, p.stop) for p in spans if p.shard == 0 and hasattr(p, "first_byte")) == [(0, 1), (3, 5)]
