@@ -17,7 +17,9 @@ A node copy is read exactly as the original is: its header by the same parser, i
 the error raised. Sample-table row groups are not copied: each rank reads its own shards' row groups from the store,
 as without a cache. Only remote indexes are shared (a local path is read directly), as for the shard cache. A
 ``cache_dir`` that cannot be written is an `OptionError`; a disk too full for the copy
-just now makes the process read the index from the store, as without a cache (warned).
+just now makes the process read the index from the store, as without a cache (warned). A copy deleted while a job
+runs (the cache folder cleared) is not needed again: a process that reads a shard-table column later (a DataLoader
+worker) opens the original beside the index in the store instead, with the same checks.
 """
 
 from __future__ import annotations
