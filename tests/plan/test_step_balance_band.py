@@ -74,3 +74,51 @@ def test_sliding_evens_speech_steps_more_than_groups_of_the_same_span():
         plan = make_epoch_plan(shards, with_plan_version(cfg.replace(), version), 0, Layout(8, 2))
         got[version] = step_balance(rank_step_times(plan, lengths, MODEL))["max_mean"]
     assert got[7] <= 1.03 < got[6], got
+
+
+def _batches(loader, n=None):
+    it = iter(loader)
+    return [tuple(b["keys"]) for _, b in zip(range(n if n is not None else 10**9), it)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_resumed_mid_epoch_yields_the_rest_of_the_sliding_order(tmp_path, workers):
+    from conftest import text_dataset
+
+    from streambatch import StreamBatchLoader
+
+    ds = text_dataset(tmp_path, 600, seed=2, max_count=50)
+    opts = dict(seed=5, buffer_size=24, num_workers=workers, step_balance=StepBalance(StepTime(c=50.0, d=1.0), 3))
+    whole = _batches(StreamBatchLoader(ds, 1000, **opts))
+    plain = _batches(StreamBatchLoader(ds, 1000, **{**opts, "step_balance": None}))
+    assert Counter(whole) == Counter(plain) and whole != plain  # the same batches, in the balanced order
+    for k in (1, len(whole) // 3, len(whole) - 2):
+        first = StreamBatchLoader(ds, 1000, **opts)
+        head = _batches(first, k)
+        again = StreamBatchLoader(ds, 1000, **opts)
+        again.load_state_dict(first.state_dict())
+        assert head + _batches(again) == whole
+
+
+@pytest.mark.parametrize("span", [2, 4])
+def test_a_checkpoints_equalisation_marks_exactly_the_batches_yielded_before_it(span):
+    """Resuming on another layout marks what the old ranks yielded from the checkpoint's equalisation alone: the
+    sliding order of the old slots' first batches is found again from the rounds that formed them and the rounds
+    their order read ahead, at any step."""
+    from streambatch.plan.epoch import consumed_ids
+    from streambatch.plan.lengths import Lengths
+    from streambatch.plan.resume import Consumed, EarlierRun
+
+    lengths, shards = _speech(2, windows=2.0, buffer=400)
+    cfg = BatchingConfig.make(
+        200 * SAMPLE_RATE, lengths, seed=3, buffer_size=400, step_balance=StepBalance(MODEL, span)
+    )
+    layout = Layout(2, 2)
+    plan = make_epoch_plan(shards, cfg, 1, layout)
+    known = Lengths.of(shards)
+    everything = np.arange(len(lengths))
+    for k in range(1, plan.steps, max(1, plan.steps // 23)):
+        oracle = np.zeros(len(lengths), dtype=bool)
+        oracle[consumed_ids(plan, k)] = True
+        fast = Consumed(known, cfg, 1, EarlierRun(layout, plan.steps, k, tuple(plan.equalised)))
+        assert np.array_equal(fast[everything], oracle), k
