@@ -96,8 +96,8 @@ class BatchingConfig:
     ``batch_order="random"`` only. Held as a dict of the coefficients and ``rounds`` (`balance` gives the
     `StepBalance`)."""
 
-    #: the batching rule's version (not an option): 7 slides a balanced span of 2 to 8 rounds (`band_order`)
-    #: where 6 matched whole groups of rounds, 6 orders a worker's batches for balanced steps
+    #: the batching rule's version (not an option): 7 slides a balanced span of 2 to 8 rounds (`band_order`;
+    #: 6 matched whole groups of rounds), 6 orders a worker's batches for balanced steps
     #: (``step_balance``), 5 cuts a short stream (at most two windows) at level tops,
     #: a level's samples in random order (`LevelCut`), 4 has ``even_batches="split"`` repeat what
     #: splits cannot reach (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades

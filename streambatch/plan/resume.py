@@ -338,6 +338,7 @@ class BalancedPrefix(PrefixOf):
         self.k, self.config, self.epoch, self.lens = k, config, epoch, lens
         self.needed = max(k + 1, eq.hardest + 1)  # a move to the front shifts the others by one at most
         self.round = 0
+        self.balance = config.balance  # resolved once: add() reads it every round
         self.reached: int | None = None
         self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
 
@@ -347,7 +348,7 @@ class BalancedPrefix(PrefixOf):
             for piece in self._pieces(flat[a : a + n]):
                 self._entry(piece)
         self.round += 1
-        balance = self.config.balance
+        balance = self.balance
         span = balance.rounds if balance is not None else 1
         if balance is not None and balance.band and 2 <= span <= BAND_ROUNDS:
             if self.reached is None and self.entry >= self.needed:
