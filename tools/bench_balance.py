@@ -12,8 +12,9 @@ batches are timed, in the order the rank yields them, by two step-time models:
 * ``ΣL²``: Σ(L² + 50·L) per batch (an attention-dominated model), L in frames or tokens.
 
 The balanced rows span as many batcher rounds as ``BatchingConfig.make`` picks from the samples' stored bytes
-(16-bit audio, 4 bytes a token, plus 1.5 KiB of tar headers and .json each; `balance_rounds`): one round for
-audio (two), more for text; a 1-round row is shown too.
+(16-bit audio, 4 bytes a token, plus 1.5 KiB of tar headers and .json each; `balance_rounds`): two or four for
+audio, more for text; a 1-round row is shown too, and where the span slides (2 to ``BAND_ROUNDS`` rounds, plan
+rule 7) the same span as rule 6's whole groups of rounds (what a rule-6 checkpoint's epoch keeps).
 
 Rows: today's order (``step_balance=None``), the balanced order (``step_balance`` = the model the row times) and
 lhotse's ``DynamicBucketingSampler`` order with ``sync_buckets=True`` on the same lengths (its bucketer fed one
@@ -45,8 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _bench_common import machine, table  # noqa: E402
 
 from streambatch.fit.calibrate import fit_step_time, time_steps  # noqa: E402
-from streambatch.plan.balance import StepBalance, StepTime, rank_step_times, step_balance  # noqa: E402
-from streambatch.plan.config import BatchingConfig  # noqa: E402
+from streambatch.plan.balance import BAND_ROUNDS, StepBalance, StepTime, rank_step_times, step_balance  # noqa: E402
+from streambatch.plan.config import PLAN_VERSION, BatchingConfig, with_plan_version  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
 from streambatch.plan.layout import Layout  # noqa: E402
 from streambatch.synthetic import SAMPLE_RATE, commonvoice_like, librispeech_like, text_like  # noqa: E402
@@ -180,11 +181,17 @@ def main() -> None:
                     budget, lengths, buffer_size=buf, step_balance=unit_model, sample_bytes=nbytes
                 )
                 rounds = auto.balance.rounds  # what the loader picks from the index's sample bytes
-                orders = [("today", None), (f"balanced, {rounds} round{'s' * (rounds > 1)}", auto.balance)]
+                orders = [
+                    ("today", None, PLAN_VERSION),
+                    (f"balanced, {rounds} round{'s' * (rounds > 1)}", auto.balance, PLAN_VERSION),
+                ]
                 if rounds > 1:
-                    orders.insert(1, ("balanced, 1 round", StepBalance(unit_model, 1)))
-                for label, balance in orders:
+                    orders.insert(1, ("balanced, 1 round", StepBalance(unit_model, 1), PLAN_VERSION))
+                if 2 <= rounds <= BAND_ROUNDS:  # rule 6 matched whole groups of these rounds
+                    orders.insert(-1, (f"groups (rule 6), {rounds} rounds", auto.balance, 6))
+                for label, balance, version in orders:
                     cfg = BatchingConfig.make(budget, lengths, seed=args.seed, buffer_size=buf, step_balance=balance)
+                    cfg = with_plan_version(cfg, version)
                     if balance is None and today is not None:
                         plan = today
                     else:

@@ -110,6 +110,13 @@ STEP_TIMES: dict[str, StepTime] = {"attention": StepTime(f=1.0), "conv": StepTim
 BALANCE_BYTES = 256 << 20
 #: the most consecutive batcher rounds one balanced group spans
 MAX_BALANCE_ROUNDS = 64
+#: spans of at most this many rounds slide (`band_order()`, plan version 7 on): each round's positions choose
+#: their batches among the rounds within ``rounds - 1`` of theirs; longer spans (small samples: text) are matched
+#: as whole groups of rounds, which holds most of a run's batches at once and matches them better there
+BAND_ROUNDS = 8
+#: rounds after a round whose batches (with it and the earlier ones) give the times a goal is read against
+#: (`band_order()`): planning reads them ahead from the index, the worker holds none of their samples
+REFERENCE_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,9 @@ class StepBalance:
 
     time: StepTime
     rounds: int = 1
+    #: whether spans of 2 to `BAND_ROUNDS` rounds slide (`band_order()`): set from the plan version by
+    #: `BatchingConfig.balance` (7 on), not an option, so not in `to_dict()`
+    band: bool = dataclasses.field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The coefficients and ``rounds`` as plain numbers (what a config holds and a checkpoint records)."""
@@ -194,6 +204,7 @@ def balanced_order(
     fixed_first: bool,
     goals: np.ndarray,
     span: int = 1,
+    band: bool = False,
 ) -> np.ndarray:
     """The permutation that balances one slot's batches: ``order[p]`` is the batch placed at position ``p``.
 
@@ -202,7 +213,8 @@ def balanced_order(
     ``fixed_first``: position 0 stays (``hardest_first``); ``goals``: the target of each position
     (`targets()`); ``span``: consecutive rounds grouped (`StepBalance.rounds`). Within each group the movable
     batches are matched to the movable positions, the slowest to the position with the highest target (ties in
-    their planned order)."""
+    their planned order). With ``band`` and a span of 2 to `BAND_ROUNDS` rounds the movable batches slide instead
+    (`band_order()`)."""
     n = len(times)
     order = np.arange(n)
     if n < 2:
@@ -212,6 +224,12 @@ def balanced_order(
     fixed = rep | np.append(rep[1:], False)  # a repeat and the batch it repeats
     if fixed_first:
         fixed[0] = True
+    if band and 2 <= int(span) <= BAND_ROUNDS:
+        pos = np.flatnonzero(~fixed)
+        if len(pos) > 1:
+            t, r = np.asarray(times, dtype=np.float64)[pos], np.asarray(rounds, dtype=np.int64)[pos]
+            order[pos] = pos[band_order(t, r, np.asarray(goals, dtype=np.float64)[pos], int(span))]
+        return order
     change = np.flatnonzero(np.diff(group) != 0) + 1
     for lo, hi in zip(np.concatenate([[0], change]), np.concatenate([change, [n]])):
         pos = lo + np.flatnonzero(~fixed[lo:hi])
@@ -221,6 +239,89 @@ def balanced_order(
         by_goal = pos[np.argsort(goals[pos], kind="stable")]
         order[by_goal] = by_time
     return order
+
+
+def band_order(times: np.ndarray, rounds: np.ndarray, goals: np.ndarray, span: int) -> np.ndarray:
+    """The sliding balanced order of batches in their planned order (``rounds``: each one's batcher round, in
+    non-decreasing order; position ``p`` belongs to batch ``p``'s round): ``order[p]`` is the batch at ``p``.
+
+    A batch of round ``r`` may take a position of rounds ``r - span + 1`` to ``r + span - 1``, so a worker reads
+    at most ``span - 1`` rounds ahead and holds a batch back at most ``span - 1`` rounds: at most ``span`` rounds
+    of batches at once, as a group of ``span`` rounds. Round by round, the round's positions (sorted by goal) are
+    matched in order to as many of the batches they may take (sorted by time), the choice that brings each
+    batch's time closest to the time at its position's goal among the batches of this round, the earlier ones
+    and the `REFERENCE_ROUNDS` after it (dynamic programming); the batches that would otherwise miss their last
+    round are taken first (earliest last round first). A goal then reads about the same time on every rank,
+    where a group's own ranks drift with the few slow or fast batches it happens to hold.
+
+    Each round's choice depends on the rounds up to `REFERENCE_ROUNDS` and ``2·span - 2`` after it only, so a
+    prefix of the rounds orders its first rounds as the whole slot does."""
+    m = len(times)
+    out = np.empty(m, dtype=np.int64)
+    placed = np.zeros(m, dtype=bool)
+    starts = np.flatnonzero(np.r_[True, rounds[1:] != rounds[:-1]])
+    ends = np.r_[starts[1:], m]
+    for lo, hi in zip(starts.tolist(), ends.tolist()):
+        rho = int(rounds[lo])
+        cand = np.flatnonzero(~placed[: int(np.searchsorted(rounds, rho + span - 1, side="right"))])
+        ref = np.sort(times[: int(np.searchsorted(rounds, rho + REFERENCE_ROUNDS, side="right"))])
+        here = np.arange(lo, hi)
+        by_goal = here[np.argsort(goals[here], kind="stable")]
+        want = ref[np.minimum((goals[by_goal] * len(ref)).astype(np.int64), len(ref) - 1)]
+        by_time = cand[np.argsort(times[cand], kind="stable")]
+        last = rounds[by_time] + span - 1  # the last round each may take
+        forced = last <= rho
+        cost = np.abs(times[by_time][None, :] - want[:, None])
+        while True:
+            pick = _matched(cost, forced)
+            short = _short(last, pick, rounds, hi)
+            if short is None:
+                break
+            # too few of the batches due by round ``x`` taken for the positions left before it: take the
+            # ones closest to this round's median goal time as well
+            x, deficit = short
+            free = np.flatnonzero((last <= x) & ~np.isin(np.arange(len(by_time)), pick))
+            mid = want[len(want) // 2]
+            forced[free[np.argsort(np.abs(times[by_time][free] - mid), kind="stable")[:deficit]]] = True
+        out[by_goal] = by_time[pick]
+        placed[by_time[pick]] = True
+    return out
+
+
+def _short(last: np.ndarray, pick: np.ndarray, rounds: np.ndarray, hi: int) -> tuple[int, int] | None:
+    """The first round ``x`` by which the candidates due (``last`` ≤ x) and not picked outnumber the positions
+    of the rounds after this one (which ends at position ``hi``) up to ``x``, with how many more must be picked
+    now; None when every later round can still take its due batches."""
+    left = np.ones(len(last), dtype=bool)
+    left[pick] = False
+    for x in np.unique(last).tolist():
+        due = int(np.count_nonzero(left & (last <= x)))
+        room = int(np.searchsorted(rounds, x, side="right")) - hi
+        if due > room:
+            return int(x), due - room
+    return None
+
+
+def _matched(cost: np.ndarray, forced: np.ndarray) -> np.ndarray:
+    """The cheapest order-keeping match of every row (a position, by goal) to a distinct column (a batch, by
+    time), every ``forced`` column matched: ``cost[i, j]`` for row ``i`` and column ``j``; each row's column."""
+    rows, cols = cost.shape
+    best = np.full(rows + 1, np.inf)
+    best[0] = 0.0
+    took = np.zeros((cols, rows + 1), dtype=bool)
+    for j in range(cols):
+        take = np.full(rows + 1, np.inf)
+        take[1:] = best[:-1] + cost[:, j]
+        skip = np.full(rows + 1, np.inf) if forced[j] else best
+        took[j] = take < skip
+        best = np.where(took[j], take, skip)
+    out = np.empty(rows, dtype=np.int64)
+    i = rows
+    for j in range(cols - 1, -1, -1):
+        if i and took[j, i]:
+            i -= 1
+            out[i] = j
+    return out
 
 
 def step_balance(step_times: np.ndarray) -> dict[str, float]:

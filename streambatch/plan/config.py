@@ -23,7 +23,7 @@ from .budget import check_budget, parse_budget
 from .cost import CostModel, PackedCost, PaddedCost, resolve_cost
 
 #: the batching rule planned epochs follow (`BatchingConfig.plan_version`)
-PLAN_VERSION = 6
+PLAN_VERSION = 7
 
 #: the largest seed: every random stream is keyed by the seed's low 32 bits (`slot_seed()`), so a larger one
 #: would repeat a smaller one's plans without saying so
@@ -96,7 +96,8 @@ class BatchingConfig:
     ``batch_order="random"`` only. Held as a dict of the coefficients and ``rounds`` (`balance` gives the
     `StepBalance`)."""
 
-    #: the batching rule's version (not an option): 6 orders a worker's batches for balanced steps
+    #: the batching rule's version (not an option): 7 slides a balanced span of 2 to 8 rounds (`band_order`;
+    #: 6 matched whole groups of rounds), 6 orders a worker's batches for balanced steps
     #: (``step_balance``), 5 cuts a short stream (at most two windows) at level tops,
     #: a level's samples in random order (`LevelCut`), 4 has ``even_batches="split"`` repeat what
     #: splits cannot reach (3 left it out), 3 streams ``interleave`` shards at once per worker, 2 trades
@@ -168,7 +169,8 @@ class BatchingConfig:
         """The time model a planned epoch's batches are ordered by (`balance`), or None where they keep their
         random order: no ``step_balance``, an older rule, no shuffle, or a sorted ``batch_order``."""
         on = self.plan_version >= 6 and self.shuffle and self.batch_order == "random"
-        return resolve_step_time(self.step_balance) if on and self.step_balance is not None else None
+        balance = resolve_step_time(self.step_balance) if on and self.step_balance is not None else None
+        return dataclasses.replace(balance, band=True) if balance is not None and self.plan_version >= 7 else balance
 
     @property
     def epoch_seed(self) -> int:

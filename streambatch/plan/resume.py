@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, StateError, shown
-from .balance import balanced_order, targets
+from .balance import BAND_ROUNDS, REFERENCE_ROUNDS, balanced_order, targets
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .epoch import RankEqualised, SlotEqualised, plan_rank, rank_raw_slots
@@ -328,7 +328,8 @@ class BalancedPrefix(PrefixOf):
     """`PrefixOf` for a balanced order (`balance`): every batch of the groups of rounds that the first ``k``
     yielded batches come from is formed, each with its round, and they are equalised and ordered as
     `apply_adjust()` orders them; a group is ordered on its own batches and positions alone, so its order in
-    this prefix is its order in the whole slot."""
+    this prefix is its order in the whole slot. A sliding span (`band_order()`) orders a round on the rounds
+    after it too: the prefix then runs on past the first ``k`` batches' rounds by as many rounds as that reads."""
 
     def __init__(
         self, eq: SlotEqualised, k: int, pad_rng: np.random.Generator, config: BatchingConfig, epoch: int, lens: Any
@@ -337,6 +338,8 @@ class BalancedPrefix(PrefixOf):
         self.k, self.config, self.epoch, self.lens = k, config, epoch, lens
         self.needed = max(k + 1, eq.hardest + 1)  # a move to the front shifts the others by one at most
         self.round = 0
+        self.balance = config.balance  # resolved once: add() reads it every round
+        self.reached: int | None = None
         self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
 
     def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
@@ -345,7 +348,13 @@ class BalancedPrefix(PrefixOf):
             for piece in self._pieces(flat[a : a + n]):
                 self._entry(piece)
         self.round += 1
-        span = self.config.balance.rounds if self.config.balance is not None else 1
+        balance = self.balance
+        span = balance.rounds if balance is not None else 1
+        if balance is not None and balance.band and 2 <= span <= BAND_ROUNDS:
+            if self.reached is None and self.entry >= self.needed:
+                self.reached = self.round - 1  # the round that forms the needed-th batch
+            ahead = max(REFERENCE_ROUNDS, 2 * span - 2)  # the rounds after a round that its order reads
+            return self.reached is not None and self.round > self.reached + ahead
         return self.entry >= self.needed and self.round % span == 0
 
     def _entry(self, piece: np.ndarray) -> None:
@@ -370,6 +379,7 @@ class BalancedPrefix(PrefixOf):
                 self.eq.hardest >= 0,
                 goals,
                 balance.rounds,
+                balance.band,
             )
             entries = [entries[i] for i in order]
         taken = [e[0] for e in entries[: self.k] if not e[1]]

@@ -302,7 +302,8 @@ def apply_adjust(
                 raise ValueError("step_balance needs the slot's lengths by stream position")
             goals = targets(seed, epoch, 0, len(batches))
             times = balance.time.times(batches, lengths)
-            order = balanced_order(times, rounds, repeat, adj.hardest or first_kept, goals, balance.rounds)
+            first = adj.hardest or first_kept
+            order = balanced_order(times, rounds, repeat, first, goals, balance.rounds, balance.band)
             batches, rounds = [batches[i] for i in order], [rounds[i] for i in order]
     out = SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
     out.rounds = rounds

@@ -100,12 +100,12 @@ def test_pairs_kept_counts_the_pairs_that_meet_again(seed):
 
 def test_an_old_checkpoint_keeps_rule_1_and_a_new_one_records_its_rule():
     cfg = BatchingConfig(budget=1000.0)
-    assert cfg.plan_version == PLAN_VERSION == 6
+    assert cfg.plan_version == PLAN_VERSION == 7
     assert LoaderState.from_dict({"epoch": 3}).keep_plan_version(cfg).plan_version == 1
-    for version in (2, 3, 4, 5):
+    for version in (2, 3, 4, 5, 6):
         assert (
             LoaderState.from_dict({"epoch": 3, "plan_version": version}).keep_plan_version(cfg).plan_version == version
         )
     assert LoaderState.current(epoch=0).to_dict()["plan_version"] == PLAN_VERSION
-    with pytest.raises(OptionError, match="plan_version 7"):
-        LoaderState.from_dict({"epoch": 3, "plan_version": 7}).keep_plan_version(cfg)
+    with pytest.raises(OptionError, match="plan_version 8"):
+        LoaderState.from_dict({"epoch": 3, "plan_version": 8}).keep_plan_version(cfg)

@@ -40,7 +40,9 @@ def cases(draw):
         buffer_size=draw(st.integers(1, 60)),
         seed=draw(st.integers(0, 3)),
         max_batch_size=draw(st.sampled_from([None, 3, 16])),
-        step_balance=StepBalance(StepTime(c=draw(st.sampled_from([0.0, 50.0])), d=1.0), draw(st.integers(1, 3))),
+        step_balance=StepBalance(
+            StepTime(c=draw(st.sampled_from([0.0, 50.0])), d=1.0), draw(st.sampled_from([1, 2, 3, 6, 8, 9]))
+        ),
     )
     layout = Layout(
         draw(st.integers(1, 4)),
