@@ -153,7 +153,9 @@ def write_shards(
     chosen, left_out = _columns(samples, columns, index_version)
     with _replacing(out, scope, overwrite, storage_options):
         tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, resume, storage_options)
+        del records, samples  # held by the tasks alone, let go once written: the index has what it needs of them
         infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
+        del tasks
         errors_url = storage.join_url(out, scope.errors_name)
         write_errors(errors_url, [p.to_json() for p in problems], storage_options, remove_stale=resume)
         meta = {
@@ -255,10 +257,12 @@ def _write_tasks(
     stats: dict[str, int] | None,
     engine: Engine | None = None,
 ) -> list[ShardInfo]:
-    """Write the planned shards (here, or on ``engine``) and attach each one's metadata columns (for filters)."""
+    """Write the planned shards (here, or on ``engine``) and attach each one's metadata columns (for filters),
+    taken from its samples' ``.json`` dicts one shard at a time."""
+    columns = [column_values([s.meta for s in task.samples] if chosen else [], chosen) for task in tasks]
     infos = (engine.write if engine else write_planned)(tasks, workers, progress, stats)
-    for info, task in zip(infos, tasks):
-        info.columns = column_values([s.meta for s in task.samples], chosen)
+    for info, values in zip(infos, columns):
+        info.columns = values
     return infos
 
 
