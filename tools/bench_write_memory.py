@@ -92,7 +92,12 @@ def main() -> None:
         slope = (r["peak_rss"] - base["peak_rss"]) / dn if dn else None
         r["bytes_per_line"] = None if slope is None else round(slope)
         rows.append(
-            [f"{r['lines']:,}", f"{r['peak_rss'] // 1024:,}", "-" if slope is None else f"{slope:,.0f}", f"{r['wall_s']:.1f}"]
+            [
+                f"{r['lines']:,}",
+                f"{r['peak_rss'] // 1024:,}",
+                "-" if slope is None else f"{slope:,.0f}",
+                f"{r['wall_s']:.1f}",
+            ]
         )
     print(f"shardify write of a {a.kind} source, one worker; {machine()}")
     print(table(rows, ["lines", "peak RSS KiB", f"B/line over {base['lines']:,}", "wall s"]))

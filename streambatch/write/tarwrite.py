@@ -59,12 +59,7 @@ class Sample:
 
     __slots__ = ("key", "length", "output_length", "tar_bytes", "_rec", "_rate", "_frames", "_nbytes", "_emitted")
 
-    def __init__(
-        self,
-        rec: Record,
-        length: int | float,
-        audio: tuple[int, int, int, int | None] | None = None,
-    ):
+    def __init__(self, rec: Record, length: int | float, audio: tuple[int, int, int, int | None] | None = None):
         self.key, self.length, self.output_length = rec.key, length, rec.output_length
         self._rec = rec
         # the file's rate, frames and bytes and the rate the loader emits; a text sample's rate is 0
