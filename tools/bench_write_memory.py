@@ -5,7 +5,8 @@ For each size N, a NeMo manifest of N lines (six fields: ``audio_filepath``, ``d
 ``speaker``, ``id``) over a few distinct 10 ms WAV files is written with ``shardify write --no-progress
 --workers 1`` in a child process of its own, and that child's peak resident set (``ru_maxrss`` from
 ``os.wait4``) is read. The slope between sizes (bytes per line) is what a longer manifest costs: what the write
-holds per line until its index is written. ``--kind text`` measures a text JSON-lines source instead.
+holds per line until its index is written. Wall seconds move with the machine's load; CPU seconds (user and
+system, of the child) far less. ``--kind text`` measures a text JSON-lines source instead.
 
 Usage: ``python tools/bench_write_memory.py [--sizes 5000,20000] [--kind manifest|text] [--json FILE]``.
 """
@@ -52,8 +53,9 @@ def make_source(folder: str, lines: int, kind: str) -> str:
     return path
 
 
-def peak_rss(src: str, out: str, kind: str) -> tuple[int, float]:
-    """(peak RSS in bytes, wall seconds) of ``shardify write SRC OUT`` run in a child process of its own."""
+def peak_rss(src: str, out: str, kind: str) -> tuple[int, float, float]:
+    """(peak RSS in bytes, wall seconds, CPU seconds: user and system) of ``shardify write SRC OUT``, run in a
+    child process of its own."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_root(), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-c", _WRITE, "write", src, out, "--kind", kind, "--no-progress", "--workers", "1"]
     t0 = time.perf_counter()
@@ -64,7 +66,7 @@ def peak_rss(src: str, out: str, kind: str) -> tuple[int, float]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode != 0:
         raise SystemExit(f"shardify write failed (exit {proc.returncode}): {err.strip()[-500:]}")
-    return usage.ru_maxrss * 1024, wall  # ru_maxrss is in KiB on Linux
+    return usage.ru_maxrss * 1024, wall, usage.ru_utime + usage.ru_stime  # ru_maxrss is in KiB on Linux
 
 
 def _root() -> str:
@@ -84,8 +86,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             src = make_source(tmp, n, a.kind)
-            rss, wall = peak_rss(src, os.path.join(tmp, f"out-{n}"), a.kind)
-            results.append({"lines": n, "peak_rss": rss, "wall_s": round(wall, 2)})
+            rss, wall, cpu = peak_rss(src, os.path.join(tmp, f"out-{n}"), a.kind)
+            results.append({"lines": n, "peak_rss": rss, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
     base = results[0]
     for r in results:
         dn = r["lines"] - base["lines"]
@@ -97,10 +99,11 @@ def main() -> None:
                 f"{r['peak_rss'] // 1024:,}",
                 "-" if slope is None else f"{slope:,.0f}",
                 f"{r['wall_s']:.1f}",
+                f"{r['cpu_s']:.1f}",
             ]
         )
     print(f"shardify write of a {a.kind} source, one worker; {machine()}")
-    print(table(rows, ["lines", "peak RSS KiB", f"B/line over {base['lines']:,}", "wall s"]))
+    print(table(rows, ["lines", "peak RSS KiB", f"B/line over {base['lines']:,}", "wall s", "CPU s"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"kind": a.kind, "machine": machine(), "results": results}, f, indent=1)
