@@ -206,24 +206,22 @@ def _in_worker(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 def probe_records(
     records: Sequence[Record], workers: int = 1, progress: bool = True, storage_options: dict | None = None
-) -> list[tuple[int, int, int] | str]:
-    """Probe every record's audio header (in ``workers`` processes); results in record order."""
-    args = [(r.path if r.audio is None else r.audio, storage_options) for r in records]
-    bar = tqdm(total=len(args), desc="probing", unit="file", file=sys.stderr, disable=None if progress else True)
+) -> Iterator[tuple[int, int, int] | str]:
+    """Probe every record's audio header (in ``workers`` processes); results in record order, each as soon as it
+    is in (one process holds no list of them all)."""
+    args = ((r.path if r.audio is None else r.audio, storage_options) for r in records)
+    bar = tqdm(total=len(records), desc="probing", unit="file", file=sys.stderr, disable=None if progress else True)
     try:
-        if workers <= 1 or len(args) < 2:
-            results = []
+        if workers <= 1 or len(records) < 2:
             for a in args:
-                results.append(_probe_one(a))
+                yield _probe_one(a)
                 bar.update()
-            return results
+            return
         remote = any(r.path and not storage.is_local(r.path) for r in records)
         with process_pool(workers, remote) as ex:
-            results = []
-            for res in ex.map(_probe_one, args, chunksize=max(1, min(256, len(args) // (workers * 8)))):
-                results.append(res)
+            for res in ex.map(_probe_one, args, chunksize=max(1, min(256, len(records) // (workers * 8)))):
+                yield res
                 bar.update()
-            return results
     finally:
         bar.close()
 
@@ -363,11 +361,14 @@ def _index_rate(probed: Sequence[_Probed], unit: Unit, sample_rate: int | None) 
 
 
 def _audio_samples(
-    probed: Sequence[_Probed], unit: Unit, index_rate: int | None, problems: list[InputProblem]
+    probed: list[_Probed], unit: Unit, index_rate: int | None, problems: list[InputProblem]
 ) -> list[Sample]:
-    """The probed records as samples; one that is 0 samples long at ``index_rate`` goes to ``problems``."""
+    """The probed records as samples; one that is 0 samples long at ``index_rate`` goes to ``problems``. The list
+    is emptied as its samples are made: a long manifest's probe results and samples are not held at once."""
     samples: list[Sample] = []
-    for rec, sr, frames, nbytes in probed:
+    probed.reverse()
+    while probed:
+        rec, sr, frames, nbytes = probed.pop()
         length = unit.audio_length(frames, sr, index_rate)
         if unit is Unit.SAMPLES and length <= 0:
             problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))

@@ -25,12 +25,13 @@ KEY_FIELDS = ("id", "utt_id", "key")
 DATA_ROOT_PLACEHOLDERS = ("{data_root}", "${data_root}", "$data_root")
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """One sample to write. ``path`` is the resolved audio file (None for text); ``audio`` instead reads audio
     kept inside the source (a Hugging Face dataset row: ``read()`` and ``ext``); ``length`` is a length the
     source declares itself (text: a precomputed token count); ``output_length`` is the sample's second length
-    (``--output-length``); ``fields`` are the source's other fields."""
+    (``--output-length``); ``fields`` are the source's other fields. Slotted (no dict per instance): a write
+    holds one for each line of its source until the index is written."""
 
     key: str
     path: str | None = None

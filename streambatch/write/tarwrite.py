@@ -15,7 +15,7 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any, Final
 
 import numpy as np
@@ -47,21 +47,63 @@ class Member:
     blob: Any = None
 
 
-@dataclass
 class Sample:
-    """One sample to write: its key, its length in the index's unit, its tar members in tar order, and its
-    ``.json`` dict (``meta``: where the index's metadata columns come from); ``output_length``: its second length
-    (``--output-length``), when the write counts one."""
+    """One sample to write: its key, its length in the index's unit, its second length (``output_length``, when
+    the write counts one), and the bytes its tar members take (``tar_bytes``, what the shard plan cuts by).
 
-    key: str
-    length: int | float
-    members: list[Member]
-    meta: dict[str, Any] = field(default_factory=dict)
-    output_length: int | None = None
+    Its ``.json`` dict (``meta``: where the index's metadata columns come from) and its tar ``members`` (``KEY.json``
+    first, then the payload in name order) are made from its record each time they are asked for, when its shard
+    is written, and dropped after: a write of millions of lines holds per sample this object and its record, not
+    the ``.json`` bytes and dicts of every sample at once. Both are made from the record alone, so they are the same
+    bytes every time (and ``tar_bytes`` is exact)."""
+
+    __slots__ = ("key", "length", "output_length", "tar_bytes", "_rec", "_rate", "_frames", "_nbytes", "_emitted")
+
+    def __init__(self, rec: Record, length: int | float, audio: tuple[int, int, int, int | None] | None = None):
+        self.key, self.length, self.output_length = rec.key, length, rec.output_length
+        self._rec = rec
+        # the file's rate, frames and bytes and the rate the loader emits; a text sample's rate is 0
+        self._rate, self._frames, self._nbytes, self._emitted = audio if audio is not None else (0, 0, 0, None)
+        self.tar_bytes = sum(member_tar_bytes(m.name, m.size) for m in self.members)
 
     @property
-    def tar_bytes(self) -> int:
-        return sum(member_tar_bytes(m.name, m.size) for m in self.members)
+    def meta(self) -> dict[str, Any]:
+        """The sample's ``.json`` dict (made anew on each call)."""
+        rec, length = self._rec, self.length
+        if not self._rate:  # text
+            return _with_fields(_lengths(rec, length), rec.fields)
+        rate = self._emitted or self._rate
+        meta: dict[str, Any] = {**_lengths(rec, length), "sample_rate": rate}
+        if rate != self._rate:
+            meta["original_sample_rate"] = self._rate
+        meta["duration"] = rec.fields["duration"] if "duration" in rec.fields else round(self._frames / self._rate, 6)
+        if rec.text is not None:
+            meta["text"] = rec.text
+        return _with_fields(meta, rec.fields, skip=("duration",))
+
+    @property
+    def members(self) -> list[Member]:
+        """The sample's tar members in tar order (made anew on each call)."""
+        rec = self._rec
+        payload = []
+        if self._rate:
+            payload.append(Member(f"{rec.key}.{rec.ext}", self._nbytes, path=rec.path, blob=rec.audio))
+        else:
+            if rec.text is not None:
+                text = rec.text.encode("utf-8")
+                payload.append(Member(f"{rec.key}.txt", len(text), data=text))
+            if rec.input_ids is not None:
+                buf = io.BytesIO()
+                np.save(buf, np.asarray(rec.input_ids, dtype=np.int32))
+                ids = buf.getvalue()
+                payload.append(Member(f"{rec.key}.input_ids.npy", len(ids), data=ids))
+        return _members(rec.key, self.meta, payload)
+
+    @property
+    def remote_path(self) -> bool:
+        """Whether the sample's audio is a file on remote storage (its writer must start fresh processes)."""
+        path = self._rec.path
+        return bool(self._rate) and path is not None and not storage.is_local(path)
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
@@ -113,31 +155,12 @@ def audio_sample(
     the audio file's original bytes. ``sample_rate`` is the file's rate, ``emitted_rate`` the one the loader
     resamples it to (``--sample-rate``): the ``.json``'s ``sample_rate`` is the emitted one, and the file's is
     kept as ``original_sample_rate`` when they differ."""
-    rate = emitted_rate or sample_rate
-    meta: dict[str, Any] = {**_lengths(rec, length), "sample_rate": rate}
-    if rate != sample_rate:
-        meta["original_sample_rate"] = sample_rate
-    meta["duration"] = rec.fields["duration"] if "duration" in rec.fields else round(frames / sample_rate, 6)
-    if rec.text is not None:
-        meta["text"] = rec.text
-    _with_fields(meta, rec.fields, skip=("duration",))
-    payload = [Member(f"{rec.key}.{rec.ext}", nbytes, path=rec.path, blob=rec.audio)]
-    return Sample(rec.key, length, _members(rec.key, meta, payload), meta, rec.output_length)
+    return Sample(rec, length, (sample_rate, frames, nbytes, emitted_rate))
 
 
 def text_sample(rec: Record, length: int) -> Sample:
     """A text record as a sample: its ``.json`` and ``.txt`` and/or ``.input_ids.npy`` (int32)."""
-    meta = _with_fields(_lengths(rec, length), rec.fields)
-    payload = []
-    if rec.text is not None:
-        text = rec.text.encode("utf-8")
-        payload.append(Member(f"{rec.key}.txt", len(text), data=text))
-    if rec.input_ids is not None:
-        buf = io.BytesIO()
-        np.save(buf, np.asarray(rec.input_ids, dtype=np.int32))
-        ids = buf.getvalue()
-        payload.append(Member(f"{rec.key}.input_ids.npy", len(ids), data=ids))
-    return Sample(rec.key, length, _members(rec.key, meta, payload), meta, rec.output_length)
+    return Sample(rec, length)
 
 
 # ---- which samples go in which shard -----------------------------------------------------------

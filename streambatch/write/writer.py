@@ -142,13 +142,20 @@ def write_shards(
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
     records, unusable = text.apply(records)
-    probed = (engine.probe if engine else probe_slice)(records, medium, workers, progress, storage_options)
-    samples, more, index_rate = measured(probed, medium, unit, sample_rate, on_error)
+    samples, more, index_rate = measured(
+        (engine.probe if engine else probe_slice)(records, medium, workers, progress, storage_options),
+        medium,
+        unit,
+        sample_rate,
+        on_error,
+    )  # the probe's list of results is not kept: the samples hold what the write needs of it
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
     chosen, left_out = _columns(samples, columns, index_version)
     with _replacing(out, scope, overwrite, storage_options):
         tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, resume, storage_options)
+        del records, samples  # held by the tasks alone, let go once written: the index has what it needs of them
         infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
+        del tasks
         errors_url = storage.join_url(out, scope.errors_name)
         write_errors(errors_url, [p.to_json() for p in problems], storage_options, remove_stale=resume)
         meta = {
@@ -250,10 +257,12 @@ def _write_tasks(
     stats: dict[str, int] | None,
     engine: Engine | None = None,
 ) -> list[ShardInfo]:
-    """Write the planned shards (here, or on ``engine``) and attach each one's metadata columns (for filters)."""
+    """Write the planned shards (here, or on ``engine``) and attach each one's metadata columns (for filters),
+    taken from its samples' ``.json`` dicts one shard at a time."""
+    columns = [column_values([s.meta for s in task.samples] if chosen else [], chosen) for task in tasks]
     infos = (engine.write if engine else write_planned)(tasks, workers, progress, stats)
-    for info, task in zip(infos, tasks):
-        info.columns = column_values([s.meta for s in task.samples], chosen)
+    for info, values in zip(infos, columns):
+        info.columns = values
     return infos
 
 
@@ -283,10 +292,26 @@ def _columns(
             raise ShardifyError("--columns needs the version 2 index (a version 1 index has no sample table)")
         return {}, []
     try:
-        chosen = choose_columns([s.meta for s in samples], names)
+        chosen = choose_columns(_Metas(samples), names)
     except ColumnError as e:
         raise ShardifyError(str(e)) from None
     return bounded(chosen) if names is None else (chosen, [])
+
+
+class _Metas(Sequence[dict[str, Any]]):
+    """The samples' ``.json`` dicts, each made when it is read (`Sample.meta`): the column choice reads every
+    one once, and a list of them all would hold every sample's dict at once."""
+
+    def __init__(self, samples: Sequence[Any]):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: Any) -> Any:  # an index or a slice, as a list's
+        if isinstance(i, slice):
+            return [s.meta for s in self.samples[i]]
+        return self.samples[i].meta
 
 
 def _check_options(
@@ -451,9 +476,7 @@ def write_planned(
 def _write_in_pool(tasks: Sequence[ShardTask], workers: int, finished: Callable[[int, ShardInfo, bool], None]) -> None:
     """Run the tasks in ``workers`` processes with at most ``2 * workers`` in flight (their samples' bytes
     stay bounded); a failure cancels the tasks not started."""
-    remote = any(not storage.is_local(t.url) for t in tasks) or any(
-        m.path and not storage.is_local(m.path) for t in tasks for s in t.samples for m in s.members
-    )
+    remote = any(not storage.is_local(t.url) for t in tasks) or any(s.remote_path for t in tasks for s in t.samples)
     with process_pool(workers, remote) as ex:
         pending: dict[cf.Future, int] = {}
         try:
