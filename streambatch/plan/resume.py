@@ -2,8 +2,9 @@
 
 A checkpoint names the layouts an epoch ran on before it (ranks × workers, equalisation, agreed steps,
 batches consumed), not the consumed samples: those follow from the plan. When the new layout's planner asks
-whether some samples were consumed, `Consumed` re-plans only the old ranks whose slots held those
-samples' shards, so a rank resuming on another world size reads O(N / world) lengths, never the whole index.
+whether some samples were consumed, `Consumed` batches only the old slots that held those samples, and each only
+as far as the batches it yielded before the save, so a rank resuming on another world size reads O(N / world)
+lengths, never the whole index, and batches about as many samples as a fresh plan of its own slots.
 """
 
 from __future__ import annotations
@@ -156,8 +157,10 @@ class Resumed:
 
 class Consumed(LazyMask):
     """The samples consumed under ``layout`` (after those of ``prior``), as a lazily computed mask over global
-    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs
-    a re-plan of the old ranks that held them (once per rank), and nothing else."""
+    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs,
+    once, the first batches of the old slots that held them (where the checkpoint holds the old ranks'
+    equalisation; else a re-plan of their old ranks), and nothing else: a rank resuming on more ranks than
+    the state was saved on batches only the old slots its own shards came from, not their ranks' other slots."""
 
     def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, run: EarlierRun, prior: Any = None):
         self.lengths, self.config, self.epoch, self.run, self.prior = lengths, config, epoch, run, prior
@@ -166,54 +169,75 @@ class Consumed(LazyMask):
         self._deal = Deal.of(lengths, run.layout.num_slots, seed, epoch, config.shuffle)
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)
-        self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of ranks re-planned)
-        self._ranks: set[int] = set()  # old ranks re-planned so far
+        self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of slots worked out)
+        self._slots: set[int] = set()  # old slots whose consumed samples are marked so far
+        self._ranks: set[int] = set()  # old ranks re-planned in full (a state without their equalisation)
+
+    def __getitem__(self, key: Any) -> Any:
+        # a slice inside one shard (what the planner asks of each piece): no id array, no grouping by shard
+        if isinstance(key, slice) and key.step in (None, 1) and key.start is not None and key.stop is not None:
+            offsets = self.lengths.offsets
+            lo, hi = int(key.start), int(key.stop)
+            s = int(np.searchsorted(offsets, lo, side="right")) - 1 if hi > lo else -1
+            if 0 <= s < self.lengths.num_shards and hi <= offsets[s + 1]:
+                out = self._shard_mask(s, slice(lo - int(offsets[s]), hi - int(offsets[s])), hi - lo)
+                if self.prior is not None:
+                    out |= np.asarray(self.prior[lo:hi], dtype=bool)
+                return out
+        return super().__getitem__(key)
 
     def _mask(self, gids: np.ndarray) -> np.ndarray:
-        """Whether each sample was consumed: re-plan the old ranks that held these samples (once each)."""
+        """Whether each sample was consumed: work out the old slots that held these samples (once each)."""
         out = np.zeros(gids.size, dtype=bool)
         offsets = self.lengths.offsets
         for s, sel in by_shard(gids, offsets):
-            pos = gids[sel] - offsets[s]
-            if not self._ranks.issuperset(self._candidate_ranks(s)):
-                for r in np.unique(self._old_slots(s)[pos] // self.layout.num_workers):
-                    self._consume_rank(int(r))
-            if s in self._marks:
-                out[sel] = self._marks[s][pos]
+            out[sel] = self._shard_mask(s, gids[sel] - offsets[s], int(sel.size))
         if self.prior is not None and gids.size:
             out |= np.asarray(self.prior[gids], dtype=bool)
         return out
 
-    def _candidate_ranks(self, shard: int) -> range:
-        """The old ranks the shard's samples can have gone to, from its span of the running total alone (a
-        superset of `_old_slots()`'s ranks): once they are all re-planned, no sample needs its slot."""
+    def _shard_mask(self, shard: int, pos: Any, size: int) -> np.ndarray:
+        """Whether the samples at ``pos`` (positions in the shard: a slice or an array) were consumed."""
+        if not self._slots.issuperset(self._candidate_slots(shard)):
+            for slot in np.unique(self._old_slots(shard)[pos]).tolist():
+                self._consume_slot(int(slot))
+        marks = self._marks.get(shard)
+        return np.zeros(size, dtype=bool) if marks is None else marks[pos].copy()
+
+    def _candidate_slots(self, shard: int) -> range:
+        """The old slots the shard's samples can have gone to, from its span of the running total alone (a
+        superset of `_old_slots()`'s): once they are all worked out, no sample needs its slot."""
         deal = self._deal
         if deal.total <= 0:
             return range(1)
-        p, slack = int(self._position[shard]), 1e-9 * deal.total  # slack: rounding of the sums never drops a rank
+        p, slack = int(self._position[shard]), 1e-9 * deal.total  # slack: rounding of the sums never drops a slot
         lo, hi = (
             min(int(v * deal.num_slots / deal.total), deal.num_slots - 1)
             for v in (max(0.0, deal.prefix[p] - slack), deal.prefix[p + 1] + slack)
         )
-        return range(lo // self.layout.num_workers, hi // self.layout.num_workers + 1)
+        return range(lo, hi + 1)
 
     def _old_slots(self, shard: int) -> np.ndarray:
         """The old slot each sample of the shard was dealt to (recomputed when asked, not kept: it would
         cost 8 bytes a sample, the most of a resume's memory)."""
-        if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to rank 0, which has none
+        if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to slot 0, which has none
             return np.zeros(int(self.lengths.counts[shard]), dtype=np.int64)
         return self._deal.slot_of(int(self._position[shard]))
 
-    def _consume_rank(self, rank: int) -> None:
-        """Mark the samples of the old rank's first ``consumed`` batches: from the batches its slots formed up to
-        them where the checkpoint holds the rank's equalisation, else by re-planning the rank as it ran."""
-        if rank in self._ranks:
+    def _consume_slot(self, slot: int) -> None:
+        """Mark the samples of the old slot's first yielded batches: from the batches the slot formed up to them
+        where the checkpoint holds its rank's equalisation, else by re-planning the old rank as it ran (all its
+        slots at once)."""
+        if slot in self._slots:
             return
-        self._ranks.add(rank)
+        self._slots.add(slot)
+        rank, worker = divmod(slot, self.layout.num_workers)
         eq = self.run.rank(rank)
         if eq is not None and self.config.batch_order == "random":
-            self._consume_prefix(rank, eq)
-        else:
+            self._consume_prefix(slot, eq, worker)
+        elif rank not in self._ranks:
+            self._ranks.add(rank)
+            self._slots.update(self.layout.rank_slots(rank))
             self._replan_rank(rank)
 
     def _replan_rank(self, rank: int) -> None:
@@ -227,20 +251,20 @@ class Consumed(LazyMask):
         if taken:
             self._mark(np.concatenate(taken))
 
-    def _consume_prefix(self, rank: int, eq: RankEqualised) -> None:
-        """Mark the old rank's consumed samples knowing its equalisation: each slot's batcher runs only until
-        the batches the slot yielded before the save are formed (`PrefixOf`)."""
+    def _consume_prefix(self, slot: int, eq: RankEqualised, worker: int) -> None:
+        """Mark the old slot's consumed samples knowing its rank's equalisation: the batches each of the rank's
+        workers yielded follow from the equalisation alone, and the slot's batcher runs only until its yielded
+        batches are formed (`PrefixOf`)."""
         run, cfg = self.run, self.config
-        slots = run.layout.rank_slots(rank)
-        done = per_worker([s.take for s in eq.slots], run.consumed, eq.start)
-        if not any(done):
+        k = per_worker([s.take for s in eq.slots], run.consumed, eq.start)[worker]
+        if not k:
             return
+        one = range(slot, slot + 1)
+        layout = run.layout
         dealt = plan_slots(
-            self.lengths, run.layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, slots
+            self.lengths, layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, one, self._deal
         )
-        for w, k in enumerate(done):
-            if k:
-                self._mark(self._slot_prefix(dealt[slots[w]], slots[w], eq.slots[w], k))
+        self._mark(self._slot_prefix(dealt[slot], slot, eq.slots[worker], k))
 
     def _slot_prefix(self, pieces: list[Piece], slot: int, eq: SlotEqualised, k: int) -> np.ndarray:
         """Global ids of the samples of one old slot's first ``k`` batches, batching its stream no further."""
@@ -340,10 +364,21 @@ class BalancedPrefix(PrefixOf):
         self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
 
     def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
-        starts = np.cumsum(sizes) - sizes
-        for a, n in zip(starts.tolist(), sizes.tolist()):
-            for piece in self._pieces(flat[a : a + n]):
-                self._entry(piece)
+        t = self.eq.cut_size
+        if len(sizes) and (not self.eq.cut_ties or int(sizes.max()) < t):  # no batch of the round is split
+            pieces = np.split(flat, np.cumsum(sizes)[:-1])
+            extra = self.repeats[self.piece : self.piece + len(pieces)]
+            if not extra.any():
+                self.entries += [(piece, False, self.round) for piece in pieces]
+                self.entry, self.piece = self.entry + len(pieces), self.piece + len(pieces)
+            else:
+                for piece in pieces:
+                    self._entry(piece)
+        else:
+            starts = np.cumsum(sizes) - sizes
+            for a, n in zip(starts.tolist(), sizes.tolist()):
+                for piece in self._pieces(flat[a : a + n]):
+                    self._entry(piece)
         self.round += 1
         span = self.config.balance.rounds if self.config.balance is not None else 1
         return self.entry >= self.needed and self.round % span == 0
@@ -360,19 +395,26 @@ class BalancedPrefix(PrefixOf):
         if self.eq.hardest >= 0 and self.eq.hardest < len(entries):
             entries.insert(0, entries.pop(self.eq.hardest))
         entries = entries[: self.eq.take] if self.eq.take >= 0 else entries
-        if len(entries) > 1:
-            batches = [e[0] for e in entries]
-            goals = targets(self.config.epoch_seed, self.epoch, 0, len(entries))
+        n, k = len(entries), min(self.k, len(entries))
+        if n > 1 and k:
+            # the order moves batches only within a group of rounds: every group before the one holding
+            # position k - 1 is yielded whole, whatever its order, so only that group is ordered here
+            group = np.asarray([e[2] for e in entries]) // max(1, balance.rounds)
+            bounds = np.concatenate([[0], np.flatnonzero(np.diff(group) != 0) + 1, [n]])
+            i = int(np.searchsorted(bounds, k - 1, side="right")) - 1
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            stop = min(hi + 1, n)  # and the next batch, which says whether the group's last one is repeated
+            part = entries[lo:stop]
             order = balanced_order(
-                balance.time.times(batches, self.lens),
-                [e[2] for e in entries],
-                [e[1] for e in entries],
-                self.eq.hardest >= 0,
-                goals,
+                balance.time.times([e[0] for e in part], self.lens),
+                [e[2] for e in part],
+                [e[1] for e in part],
+                lo == 0 and self.eq.hardest >= 0,
+                targets(self.config.epoch_seed, self.epoch, lo, stop - lo),
                 balance.rounds,
             )
-            entries = [entries[i] for i in order]
-        taken = [e[0] for e in entries[: self.k] if not e[1]]
+            entries[lo:stop] = [part[i] for i in order]
+        taken = [e[0] for e in entries[:k] if not e[1]]
         return np.concatenate(taken).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
 
 

@@ -26,6 +26,7 @@ def cases(draw):
         buffer_size=draw(st.integers(1, 80)),
         seed=draw(st.integers(0, 3)),
         max_batch_size=draw(st.sampled_from([None, 3, 16])),
+        step_balance=draw(st.sampled_from(["attention", {"f": 1.0, "rounds": 3}, None])),
     )
     layout = Layout(
         draw(st.integers(1, 5)),
@@ -128,3 +129,29 @@ def test_a_chain_of_resumes_marks_from_yielded_batches_exactly(case, world, work
     prior = Consumed(lengths, config, 1, EarlierRun(layout, one.steps, k1, tuple(one.equalised)))
     lazy = Consumed(lengths, config, 1, EarlierRun(second, two.steps, k2, tuple(two.equalised)), prior)
     assert np.array_equal(lazy[np.arange(n)], mask)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases(), st.integers(0, 2**16))
+def test_asked_a_shard_at_a_time_the_mask_is_the_oracles(case, order_seed):
+    """The planner asks about one piece of a shard at a time (what a resuming rank's own shards hold), in its own
+    order: each answer, worked out from only the old slots those samples came from, is the oracle's."""
+    shard_lengths, config, layout, fraction = case
+    try:
+        old = make_epoch_plan(shard_lengths, config, 1, layout)
+    except ValueError:
+        return
+    k = int(old.steps * fraction)
+    lengths = Lengths.of(shard_lengths)
+    oracle = np.zeros(lengths.num_samples, dtype=bool)
+    oracle[consumed_ids(old, k)] = True
+    lazy = Consumed(lengths, config, 1, EarlierRun(layout, old.steps, k, tuple(old.equalised)))
+    rng = np.random.default_rng(order_seed)
+    for s in rng.permutation(lengths.num_shards).tolist():
+        lo, hi = int(lengths.offsets[s]), int(lengths.offsets[s + 1])
+        cut = int(rng.integers(lo, hi + 1))
+        for a, b in ((cut, hi), (lo, cut)):
+            assert np.array_equal(lazy[a:b], oracle[a:b])
+        if hi > lo:
+            gid = int(rng.integers(lo, hi))
+            assert lazy[gid] == oracle[gid]
