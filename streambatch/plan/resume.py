@@ -174,16 +174,20 @@ class Consumed(LazyMask):
         self._ranks: set[int] = set()  # old ranks re-planned in full (a state without their equalisation)
 
     def __getitem__(self, key: Any) -> Any:
-        # a slice inside one shard (what the planner asks of each piece): no id array, no grouping by shard
+        # ids inside one shard (what the planner asks of each piece): no grouping by shard
+        offsets = self.lengths.offsets
         if isinstance(key, slice) and key.step in (None, 1) and key.start is not None and key.stop is not None:
-            offsets = self.lengths.offsets
             lo, hi = int(key.start), int(key.stop)
             s = int(np.searchsorted(offsets, lo, side="right")) - 1 if hi > lo else -1
             if 0 <= s < self.lengths.num_shards and hi <= offsets[s + 1]:
                 out = self._shard_mask(s, slice(lo - int(offsets[s]), hi - int(offsets[s])), hi - lo)
-                if self.prior is not None:
-                    out |= np.asarray(self.prior[lo:hi], dtype=bool)
-                return out
+                return out if self.prior is None else out | np.asarray(self.prior[lo:hi], dtype=bool)
+        elif isinstance(key, np.ndarray) and key.ndim == 1 and key.size and key.dtype.kind in "iu":
+            lo, hi = int(key.min()), int(key.max())
+            s = int(np.searchsorted(offsets, lo, side="right")) - 1
+            if 0 <= lo and 0 <= s < self.lengths.num_shards and hi < offsets[s + 1]:
+                out = self._shard_mask(s, key - int(offsets[s]), key.size)
+                return out if self.prior is None else out | np.asarray(self.prior[key], dtype=bool)
         return super().__getitem__(key)
 
     def _mask(self, gids: np.ndarray) -> np.ndarray:
@@ -361,12 +365,14 @@ class BalancedPrefix(PrefixOf):
         self.k, self.config, self.epoch, self.lens = k, config, epoch, lens
         self.needed = max(k + 1, eq.hardest + 1)  # a move to the front shifts the others by one at most
         self.round = 0
+        self.span = config.balance.rounds if config.balance is not None else 1
         self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
 
     def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
         t = self.eq.cut_size
         if len(sizes) and (not self.eq.cut_ties or int(sizes.max()) < t):  # no batch of the round is split
-            pieces = np.split(flat, np.cumsum(sizes)[:-1])
+            ends = np.cumsum(sizes).tolist()
+            pieces = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
             extra = self.repeats[self.piece : self.piece + len(pieces)]
             if not extra.any():
                 self.entries += [(piece, False, self.round) for piece in pieces]
@@ -380,8 +386,7 @@ class BalancedPrefix(PrefixOf):
                 for piece in self._pieces(flat[a : a + n]):
                     self._entry(piece)
         self.round += 1
-        span = self.config.balance.rounds if self.config.balance is not None else 1
-        return self.entry >= self.needed and self.round % span == 0
+        return self.entry >= self.needed and self.round % self.span == 0
 
     def _entry(self, piece: np.ndarray) -> None:
         copies = 1 + (int(self.repeats[self.piece]) if self.piece < len(self.repeats) else 0)

@@ -155,3 +155,37 @@ def test_asked_a_shard_at_a_time_the_mask_is_the_oracles(case, order_seed):
         if hi > lo:
             gid = int(rng.integers(lo, hi))
             assert lazy[gid] == oracle[gid]
+
+
+def test_a_resume_on_more_ranks_batches_about_what_a_fresh_plan_does(monkeypatch):
+    """A rank resuming half an epoch saved on half as many ranks batches its own remaining samples and the
+    consumed part of only the old slots its shards came from: about as many samples as a fresh plan of its slots
+    (not its old rank's other slots too, which would make it 1.5 times as many)."""
+    from streambatch.plan.batcher import BucketBatcher
+    from streambatch.plan.epoch import plan_rank_local
+    from streambatch.plan.resume import Resumed
+
+    batched = [0]
+    rounds = BucketBatcher.rounds
+
+    def counted(self, *args, **kwargs):
+        for flat, sizes in rounds(self, *args, **kwargs):
+            batched[0] += int(np.sum(sizes))
+            yield flat, sizes
+
+    monkeypatch.setattr(BucketBatcher, "rounds", counted)
+    rng = np.random.default_rng(7)
+    shard_lengths = [rng.integers(50, 400, 100) for _ in range(120)]
+    config = BatchingConfig(budget=2_000.0, buffer_size=40)
+    old, new = Layout(2, 2), Layout(4, 2)
+    saved = make_epoch_plan(shard_lengths, config, 1, old)
+    lengths = Lengths.of(shard_lengths)
+    for rank in range(new.world_size):
+        batched[0] = 0
+        plan_rank_local(lengths, config, 1, rank, new, lambda mine: [mine] * new.world_size)
+        fresh = batched[0]
+        batched[0] = 0
+        done = Resumed(1, (EarlierRun(old, saved.steps, saved.steps // 2, tuple(saved.equalised)),))
+        excluded = done.consumed(lengths, config)
+        plan_rank_local(lengths, config, 1, rank, new, lambda mine: [mine] * new.world_size, excluded)
+        assert batched[0] <= 1.2 * fresh
