@@ -120,10 +120,11 @@ def resume_grown(index, world: int, workers: int, rank: int) -> dict:
     return resume_local(index, world, workers, rank, max(1, world // 2))
 
 
-def checkpoint(index_url: str, old_world: int, workers: int, rank: int) -> dict:
-    """What a checkpoint saved on ``old_world`` ranks holds for the resume of ``rank``'s shards: the step count
-    (old rank ``rank``'s own) and every old rank's equalisation — planned from batch counts for ranks ``rank - 1 …
-    rank + 2`` (those that can hold the resuming rank's shards), the rest stood in for by the first of them (never
+def checkpoint(index_url: str, old_world: int, workers: int, world: int, rank: int) -> dict:
+    """What a checkpoint saved on ``old_world`` ranks holds for the resume of rank ``rank`` of ``world``: the step
+    count (the first old rank's own) and every old rank's equalisation — planned from batch counts for the old
+    ranks that hold the resuming rank's shards (a sample's old and new slots follow from the same running total,
+    so with a whole ratio of ranks they are exactly these), the rest stood in for by the first of them (never
     asked about)."""
     from streambatch.format.index import ShardIndex
     from streambatch.plan.epoch import RankSummary, plan_rank, rank_raw_slots
@@ -136,8 +137,8 @@ def checkpoint(index_url: str, old_world: int, workers: int, rank: int) -> dict:
     def counted(r):
         return rank_raw_slots(lengths, config, 0, r, layout, counted=True)
 
-    steps = RankSummary.of(counted(rank)).batches
-    near = range(max(0, rank - 1), min(layout.world_size, rank + 3))
+    near = range(rank * old_world // world, max(rank * old_world // world + 1, -(-(rank + 1) * old_world // world)))
+    steps = RankSummary.of(counted(near[0])).batches
     eq = {r: plan_rank(counted(r), steps, layout, config, 0, r, lengths).equalised for r in near}
     return {"steps": steps, "equalised": [eq.get(r, eq[near[0]]).to_ints() for r in range(layout.world_size)]}
 
@@ -170,7 +171,7 @@ def measure(index_url: str, world: int, workers: int, mode: str, folder: str) ->
     if mode in ("resume", "grown"):
         old_world = 2 * world if mode == "resume" else max(1, world // 2)
         path = os.path.join(folder, f"checkpoint-{old_world}.json")
-        saved = _run("--checkpoint", index_url, str(old_world), str(workers), str(rank * old_world // world))
+        saved = _run("--checkpoint", index_url, str(old_world), str(workers), str(world), str(rank))
         with open(path, "w") as f:
             f.write(saved)
         env["BENCH_CHECKPOINT"] = path
@@ -245,8 +246,8 @@ def requests_table(folder: str, n: int, per_shard: int, world: int, per_node: in
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--checkpoint":
-        _, _, url, world, workers, rank = sys.argv
-        print(json.dumps(checkpoint(url, int(world), int(workers), int(rank))))
+        _, _, url, old_world, workers, world, rank = sys.argv
+        print(json.dumps(checkpoint(url, int(old_world), int(workers), int(world), int(rank))))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _, _, url, world, workers, rank, mode = sys.argv

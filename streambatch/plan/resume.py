@@ -26,7 +26,7 @@ from .layout import EVEN_BATCHES, Layout
 from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
 from .shards import Deal, Piece, epoch_rng, plan_slots
-from .slot import per_worker, slot_order, slot_stream, stream_groups, stream_lengths, stream_outputs
+from .slot import per_worker, piece_excluded, slot_order, stream_groups, stream_lengths, stream_outputs
 
 
 @dataclass(frozen=True)
@@ -268,10 +268,11 @@ class Consumed(LazyMask):
         dealt = plan_slots(
             self.lengths, layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, one, self._deal
         )
-        self._mark(self._slot_prefix(dealt[slot], slot, eq.slots[worker], k))
+        self._mark_stream(dealt[slot], self._slot_prefix(dealt[slot], slot, eq.slots[worker], k))
 
     def _slot_prefix(self, pieces: list[Piece], slot: int, eq: SlotEqualised, k: int) -> np.ndarray:
-        """Global ids of the samples of one old slot's first ``k`` batches, batching its stream no further."""
+        """Stream positions of the samples of one old slot's first ``k`` batches, batching its stream no
+        further."""
         cfg, lengths, prior = self.config, self.lengths, self.prior
         lens = stream_lengths(pieces, lengths, prior)
         outs = stream_outputs(pieces, lengths, prior) if cfg.output_budget is not None else None
@@ -286,8 +287,27 @@ class Consumed(LazyMask):
         for flat, sizes in BucketBatcher.for_slot(cfg, self.epoch, slot).rounds(lens, outs, keys):
             if prefix.add(flat, sizes):
                 break
-        taken = prefix.positions() if order is None else order[prefix.positions()]
-        return slot_stream(pieces, lengths.offsets, prior)[taken]
+        return prefix.positions() if order is None else order[prefix.positions()]
+
+    def _mark_stream(self, pieces: list[Piece], taken: np.ndarray) -> None:
+        """Mark the samples at stream positions ``taken`` of a slot streaming ``pieces`` (a piece at a time: no
+        sort of the samples' ids)."""
+        if not taken.size:
+            return
+        lengths, prior = self.lengths, self.prior
+        kept = [~piece_excluded(p, lengths.offsets, prior) for p in pieces] if prior is not None else None
+        hit = np.zeros(sum(int(x.sum()) for x in kept) if kept is not None else sum(p.count for p in pieces), bool)
+        hit[taken] = True
+        at = 0
+        for i, p in enumerate(pieces):
+            n = p.count if kept is None else int(kept[i].sum())
+            seg, at = hit[at : at + n], at + n
+            if seg.any():
+                mask = self._marks.setdefault(p.shard, np.zeros(int(lengths.counts[p.shard]), dtype=bool))
+                if kept is None:
+                    mask[p.start : p.stop] |= seg
+                else:
+                    mask[p.start : p.stop][kept[i]] |= seg
 
     def _mark(self, gids: np.ndarray) -> None:
         offsets = self.lengths.offsets
@@ -366,16 +386,20 @@ class BalancedPrefix(PrefixOf):
         self.needed = max(k + 1, eq.hardest + 1)  # a move to the front shifts the others by one at most
         self.round = 0
         self.span = config.balance.rounds if config.balance is not None else 1
-        self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
+        # the batches after splits and pads, as three lists: positions, whether a repeat, round
+        self.batches: list[np.ndarray] = []
+        self.repeated: list[bool] = []
+        self.rounds: list[int] = []
 
     def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
         t = self.eq.cut_size
         if len(sizes) and (not self.eq.cut_ties or int(sizes.max()) < t):  # no batch of the round is split
             ends = np.cumsum(sizes).tolist()
             pieces = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-            extra = self.repeats[self.piece : self.piece + len(pieces)]
-            if not extra.any():
-                self.entries += [(piece, False, self.round) for piece in pieces]
+            if not self.repeats[self.piece : self.piece + len(pieces)].any():
+                self.batches += pieces
+                self.repeated += [False] * len(pieces)
+                self.rounds += [self.round] * len(pieces)
                 self.entry, self.piece = self.entry + len(pieces), self.piece + len(pieces)
             else:
                 for piece in pieces:
@@ -390,36 +414,40 @@ class BalancedPrefix(PrefixOf):
 
     def _entry(self, piece: np.ndarray) -> None:
         copies = 1 + (int(self.repeats[self.piece]) if self.piece < len(self.repeats) else 0)
-        self.entries += [(piece, c > 0, self.round) for c in range(copies)]
+        self.batches += [piece] * copies
+        self.repeated += [c > 0 for c in range(copies)]
+        self.rounds += [self.round] * copies
         self.entry, self.piece = self.entry + copies, self.piece + 1
 
     def positions(self) -> np.ndarray:
         balance = self.config.balance
         assert balance is not None
-        entries = list(self.entries)
-        if self.eq.hardest >= 0 and self.eq.hardest < len(entries):
-            entries.insert(0, entries.pop(self.eq.hardest))
-        entries = entries[: self.eq.take] if self.eq.take >= 0 else entries
-        n, k = len(entries), min(self.k, len(entries))
+        idx = np.arange(len(self.batches))
+        if 0 <= self.eq.hardest < len(idx):
+            idx = np.concatenate([[self.eq.hardest], idx[: self.eq.hardest], idx[self.eq.hardest + 1 :]])
+        idx = idx[: self.eq.take] if self.eq.take >= 0 else idx
+        n, k = len(idx), min(self.k, len(idx))
+        repeated = np.asarray(self.repeated, dtype=bool)
         if n > 1 and k:
             # the order moves batches only within a group of rounds: every group before the one holding
             # position k - 1 is yielded whole, whatever its order, so only that group is ordered here
-            group = np.asarray([e[2] for e in entries]) // max(1, balance.rounds)
+            rounds = np.asarray(self.rounds, dtype=np.int64)[idx]
+            group = rounds // max(1, balance.rounds)
             bounds = np.concatenate([[0], np.flatnonzero(np.diff(group) != 0) + 1, [n]])
             i = int(np.searchsorted(bounds, k - 1, side="right")) - 1
             lo, hi = int(bounds[i]), int(bounds[i + 1])
             stop = min(hi + 1, n)  # and the next batch, which says whether the group's last one is repeated
-            part = entries[lo:stop]
+            part = idx[lo:stop]
             order = balanced_order(
-                balance.time.times([e[0] for e in part], self.lens),
-                [e[2] for e in part],
-                [e[1] for e in part],
+                balance.time.times([self.batches[j] for j in part], self.lens),
+                rounds[lo:stop],
+                repeated[part],
                 lo == 0 and self.eq.hardest >= 0,
                 targets(self.config.epoch_seed, self.epoch, lo, stop - lo),
                 balance.rounds,
             )
-            entries[lo:stop] = [part[i] for i in order]
-        taken = [e[0] for e in entries[:k] if not e[1]]
+            idx[lo:stop] = part[order]
+        taken = [self.batches[j] for j in idx[:k].tolist() if not repeated[j]]
         return np.concatenate(taken).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
 
 
