@@ -281,6 +281,7 @@ def main() -> int:
         versions = [2] + ([1] if n <= args.v1_max else [])
         urls = {v: make(folder, n, args.per_shard, v) for v in versions}
         rows = [(world, 2, mode) for world in args.ranks for mode in ("local", "resume", "grown")]
+        rows = [r for r in rows if r[2] != "grown" or r[0] >= 2]  # from W/2 needs two ranks at least
         rows += [(world, 1, "global") for world in args.ranks if 1 in versions]
         rows += [(1, v, "stats") for v in versions]
         rows = [r for r in rows if r[2] in args.only]
