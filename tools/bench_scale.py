@@ -10,15 +10,16 @@ then opens the index and plans the rank's epoch:
   summary, which costs nothing to measure);
 * ``v1 whole-epoch``: the JSON index and every slot of every rank (what every rank did before rank-local
   planning, and still does without a process group);
-* ``v2 resume from 2W``: a rank of W resuming an epoch saved on 2W ranks after half its steps (it re-plans
-  only the old ranks that held its own shards);
+* ``v2 resume from 2W`` / ``from W/2``: a rank of W resuming an epoch saved on 2W (or W/2) ranks after half its
+  steps: it batches only the old slots that held its own shards, each only up to the batches it yielded (a
+  resume on the same layout plans exactly the fresh plan, then skips the consumed steps);
 * ``v1/v2 inspect stats``: ``shardify inspect``'s numbers, every length streamed into a bounded summary;
 * ``requests``: the storage requests of one epoch's start on the largest ``--ranks`` as ``--ranks-per-node`` ranks a
   node (1,024 ranks on 128 nodes by default), counted by ``tools/startup_requests.py`` over a ``--requests-samples``
   index: each rank reading the index itself, against one copy per node (``cache_dir``).
 
 Usage: ``python tools/bench_scale.py [--samples 10000000 100000000] [--per-shard 1000] [--ranks 8 64 1024]
-[--workers 8] [--v1-max 10000000] [--torchrun 4] [--only local resume global stats requests] [--ranks-per-node 8]
+[--workers 8] [--v1-max 10000000] [--torchrun 4] [--only local resume grown global stats requests] [--ranks-per-node 8]
 [--requests-samples 1000000] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
 """
 
@@ -47,13 +48,14 @@ def child(index_url: str, world: int, workers: int, rank: int, mode: str) -> dic
     from streambatch.format.index import ShardIndex
 
     base = proc_status("VmRSS")["VmRSS"]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     index = ShardIndex.load(index_url)
     t_open = time.perf_counter() - t0
     out = STEPS[mode](index, world, workers, rank)
     out.update(
         open_s=t_open,
-        seconds=time.perf_counter() - t0 - out.pop("setup_s", 0.0),
+        seconds=time.perf_counter() - t0,
+        cpu_s=time.process_time() - c0,  # what a shared machine's load changes least
         peak_mb=(proc_status("VmHWM")["VmHWM"] - base) / 2**20,
     )
     return out
@@ -81,26 +83,26 @@ def plan_global(index, world: int, workers: int, rank: int) -> dict:
     return {"batches": sched.steps, "lengths_read": lengths.loaded}
 
 
-def resume_local(index, world: int, workers: int, rank: int) -> dict:
-    """One rank of ``world`` resuming an epoch that ran on ``2 × world`` ranks until half its steps: the rank
-    marks what the old ranks that held its shards consumed. The checkpoint's part — the old step count and every
-    old rank's equalisation — is stood in for by the old ranks around this one planned from batch counts first
-    (not timed; the old step count is old rank ``2 × rank``'s own). ``--no-equalised``: a checkpoint of the
-    previous version, which holds no equalisation (the old ranks are re-planned in full)."""
-    from streambatch.plan.epoch import plan_rank_local
+def resume_local(index, world: int, workers: int, rank: int, old_world: int | None = None) -> dict:
+    """One rank of ``world`` resuming an epoch that ran on ``old_world`` ranks (default ``2 × world``) until half
+    its steps: the rank marks what the old slots that held its shards consumed. The checkpoint's part — the old
+    step count and every old rank's equalisation — comes from another process (`checkpoint()`, not measured), as
+    a state_dict() would. ``BENCH_NO_EQUALISED=1``: a checkpoint of an older version, which holds no
+    equalisation (the old ranks are re-planned in full)."""
+    from streambatch.plan.epoch import RankEqualised, plan_rank_local
     from streambatch.plan.layout import Layout
     from streambatch.plan.lengths import index_lengths
     from streambatch.plan.resume import EarlierRun, Resumed
 
-    t0 = time.perf_counter()
+    old_world = old_world or 2 * world
+    with open(os.environ["BENCH_CHECKPOINT"]) as f:
+        saved = json.load(f)
     lengths, config = index_lengths(index), _config()
-    old_layout = Layout(2 * world, workers, "split")
-    old_steps, equalised = _checkpoint_of(lengths, config, old_layout, 2 * rank)
-    setup = time.perf_counter() - t0  # not part of a resume: the checkpoint holds all this
-    lengths = index_lengths(index)  # start afresh: count only what the resume itself reads
+    old_layout = Layout(old_world, workers, "split")
+    equalised = tuple(RankEqualised.of_ints(r) for r in saved["equalised"])
     if os.environ.get("BENCH_NO_EQUALISED"):
         equalised = ()
-    done = Resumed(0, (EarlierRun(old_layout, old_steps, old_steps // 2, equalised),))
+    done = Resumed(0, (EarlierRun(old_layout, saved["steps"], saved["steps"] // 2, equalised),))
     sched = plan_rank_local(
         lengths,
         config,
@@ -110,22 +112,35 @@ def resume_local(index, world: int, workers: int, rank: int) -> dict:
         lambda mine: [mine] * world,
         done.consumed(lengths, config),
     )
-    return {"batches": sched.steps, "lengths_read": lengths.loaded, "setup_s": setup}
+    return {"batches": sched.steps, "lengths_read": lengths.loaded}
 
 
-def _checkpoint_of(lengths, config, layout, rank: int) -> tuple[int, tuple]:
-    """What a checkpoint saved on ``layout`` holds for the bench: the step count (old rank ``rank``'s own) and the
-    equalisation of ranks ``rank - 1 … rank + 2`` (those that can hold the resuming rank's shards), from batch
-    counts; the rest are stood in for by the first of them (never asked about)."""
+def resume_grown(index, world: int, workers: int, rank: int) -> dict:
+    """`resume_local()` from an epoch saved on ``world // 2`` ranks (a job restarted on more nodes)."""
+    return resume_local(index, world, workers, rank, max(1, world // 2))
+
+
+def checkpoint(index_url: str, old_world: int, workers: int, world: int, rank: int) -> dict:
+    """What a checkpoint saved on ``old_world`` ranks holds for the resume of rank ``rank`` of ``world``: the step
+    count (the first old rank's own) and every old rank's equalisation — planned from batch counts for the old
+    ranks that hold the resuming rank's shards (a sample's old and new slots follow from the same running total,
+    so with a whole ratio of ranks they are exactly these), the rest stood in for by the first of them (never
+    asked about)."""
+    from streambatch.format.index import ShardIndex
     from streambatch.plan.epoch import RankSummary, plan_rank, rank_raw_slots
+    from streambatch.plan.layout import Layout
+    from streambatch.plan.lengths import index_lengths
+
+    lengths, config = index_lengths(ShardIndex.load(index_url)), _config()
+    layout = Layout(old_world, workers, "split")
 
     def counted(r):
         return rank_raw_slots(lengths, config, 0, r, layout, counted=True)
 
-    steps = RankSummary.of(counted(rank)).batches
-    near = range(max(0, rank - 1), min(layout.world_size, rank + 3))
+    near = range(rank * old_world // world, max(rank * old_world // world + 1, -(-(rank + 1) * old_world // world)))
+    steps = RankSummary.of(counted(near[0])).batches
     eq = {r: plan_rank(counted(r), steps, layout, config, 0, r, lengths).equalised for r in near}
-    return steps, tuple(eq.get(r, eq[near[0]]) for r in range(layout.world_size))
+    return {"steps": steps, "equalised": [eq.get(r, eq[near[0]]).to_ints() for r in range(layout.world_size)]}
 
 
 def stats(index, world: int, workers: int, rank: int) -> dict:
@@ -140,20 +155,35 @@ def _config():
     return BatchingConfig(budget=float(BUDGET))
 
 
-STEPS = {"local": plan_local, "global": plan_global, "resume": resume_local, "stats": stats}
+STEPS = {"local": plan_local, "global": plan_global, "resume": resume_local, "grown": resume_grown, "stats": stats}
 LABELS = {
     "local": "v2 rank-local",
     "global": "v1 whole-epoch",
     "resume": "v2 resume from 2W",
+    "grown": "v2 resume from W/2",
     "stats": "{v} inspect stats",
 }
 
 
-def measure(index_url: str, world: int, workers: int, mode: str) -> dict:
+def measure(index_url: str, world: int, workers: int, mode: str, folder: str) -> dict:
     rank = world // 2  # a rank in the middle of the shard order
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", index_url, str(world), str(workers), str(rank), mode]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    env = dict(os.environ)
+    if mode in ("resume", "grown"):
+        old_world = 2 * world if mode == "resume" else max(1, world // 2)
+        path = os.path.join(folder, f"checkpoint-{old_world}.json")
+        saved = _run("--checkpoint", index_url, str(old_world), str(workers), str(world), str(rank))
+        with open(path, "w") as f:
+            f.write(saved)
+        env["BENCH_CHECKPOINT"] = path
+    return json.loads(_run("--child", index_url, str(world), str(workers), str(rank), mode, env=env))
+
+
+def _run(*args: str, env: dict | None = None) -> str:
+    """This script in a fresh process; its last line of output."""
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True, check=True, env=env
+    )
+    return out.stdout.strip().splitlines()[-1]
 
 
 def torchrun_ratio(index_url: str, nproc: int, folder: str) -> None:
@@ -215,6 +245,10 @@ def requests_table(folder: str, n: int, per_shard: int, world: int, per_node: in
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--checkpoint":
+        _, _, url, old_world, workers, world, rank = sys.argv
+        print(json.dumps(checkpoint(url, int(old_world), int(workers), int(world), int(rank))))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _, _, url, world, workers, rank, mode = sys.argv
         print(json.dumps(child(url, int(world), int(workers), int(rank), mode)))
@@ -241,22 +275,23 @@ def main() -> int:
     folder = args.dir or tempfile.mkdtemp(prefix="bench_scale-")
     print(
         f"{'samples':>13} {'ranks':>5} x{args.workers} {'index / plan':<18} {'open s':>7} {'open+plan s':>11} "
-        f"{'peak MB':>8} {'lengths read':>13} {'batches':>7}"
+        f"{'CPU s':>7} {'peak MB':>8} {'lengths read':>13} {'batches':>7}"
     )
     for n in [int(x) for x in args.samples]:
         versions = [2] + ([1] if n <= args.v1_max else [])
         urls = {v: make(folder, n, args.per_shard, v) for v in versions}
-        rows = [(world, 2, mode) for world in args.ranks for mode in ("local", "resume")]
+        rows = [(world, 2, mode) for world in args.ranks for mode in ("local", "resume", "grown")]
+        rows = [r for r in rows if r[2] != "grown" or r[0] >= 2]  # from W/2 needs two ranks at least
         rows += [(world, 1, "global") for world in args.ranks if 1 in versions]
         rows += [(1, v, "stats") for v in versions]
         rows = [r for r in rows if r[2] in args.only]
         for world, v, mode in sorted(rows, key=lambda r: (r[2] == "stats", r[0], r[1] == 1)):
-            r = measure(urls[v], world, args.workers, mode)
+            r = measure(urls[v], world, args.workers, mode, folder)
             label = LABELS[mode].format(v=f"v{v}")
             shown = "-" if mode == "stats" else f"{world:>5}"
             print(
                 f"{n:>13,} {shown:>5} x{args.workers} {label:<18} {r['open_s']:>7.2f} {r['seconds']:>11.2f} "
-                f"{r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}",
+                f"{r['cpu_s']:>7.2f} {r['peak_mb']:>8.0f} {r['lengths_read']:>13,} {r['batches']:>7,}",
                 flush=True,
             )
     if "requests" in args.only:
@@ -266,7 +301,8 @@ def main() -> int:
         torchrun_ratio(make(folder, int(args.samples[0]), args.per_shard, 2), args.torchrun, folder)
     print(
         f"indexes in {folder}; peak MB = VmHWM - VmRSS after imports (numpy, pyarrow, streambatch), one fresh "
-        "process per row; batches = the measured rank's own count before the ranks agree on the step count"
+        "process per row; CPU s = the process's CPU seconds over open+plan; batches = the measured rank's own "
+        "count before the ranks agree on the step count"
     )
     return 0
 

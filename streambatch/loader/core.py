@@ -503,9 +503,10 @@ class StreamBatchLoader:
         With the same world size and workers, the remaining batches are exactly those the uninterrupted run
         would have yielded. With another layout (a job restarted on more or fewer nodes), the samples not
         yet consumed are planned again over the new layout: none is seen twice, none is lost. Each rank works
-        out what was consumed by re-planning only the old ranks that held its own shards. ``skip_steps``: epoch
-        steps to skip after a loss spike, e.g. ``range(1200, 1300)`` (`steps`). Between
-        passes only: during one (an iterator partly consumed) it is a `StateError`."""
+        out what was consumed by batching only the old slots that held its own shards, each up to the batches it
+        yielded (about the price of a fresh plan). ``skip_steps``: epoch steps to skip after a loss spike, e.g.
+        ``range(1200, 1300)`` (`steps`). Between passes only: during one (an iterator partly consumed) it is a
+        `StateError`."""
         self._between_passes("load_state_dict()")
         saved = LoaderState.from_dict(state)
         self._to_saved_epoch(saved)  # a weight schedule: the epoch's weights, checked against the saved ones

@@ -2,8 +2,9 @@
 
 A checkpoint names the layouts an epoch ran on before it (ranks × workers, equalisation, agreed steps,
 batches consumed), not the consumed samples: those follow from the plan. When the new layout's planner asks
-whether some samples were consumed, `Consumed` re-plans only the old ranks whose slots held those
-samples' shards, so a rank resuming on another world size reads O(N / world) lengths, never the whole index.
+whether some samples were consumed, `Consumed` batches only the old slots that held those samples, and each only
+as far as the batches it yielded before the save, so a rank resuming on another world size reads O(N / world)
+lengths, never the whole index, and batches about as many samples as a fresh plan of its own slots.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .layout import EVEN_BATCHES, Layout
 from .lengths import LazyMask, Lengths, by_shard
 from .mixing import any_of
 from .shards import Deal, Piece, epoch_rng, plan_slots
-from .slot import per_worker, slot_order, slot_stream, stream_groups, stream_lengths, stream_outputs
+from .slot import per_worker, piece_excluded, slot_order, stream_groups, stream_lengths, stream_outputs
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,10 @@ class Resumed:
 
 class Consumed(LazyMask):
     """The samples consumed under ``layout`` (after those of ``prior``), as a lazily computed mask over global
-    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs
-    a re-plan of the old ranks that held them (once per rank), and nothing else."""
+    ids: ``consumed[gids]``, ``consumed[lo:hi]`` and ``consumed[gid]`` give booleans. Asking about samples costs,
+    once, the first batches of the old slots that held them (where the checkpoint holds the old ranks'
+    equalisation; else a re-plan of their old ranks), and nothing else: a rank resuming on more ranks than
+    the state was saved on batches only the old slots its own shards came from, not their ranks' other slots."""
 
     def __init__(self, lengths: Lengths, config: BatchingConfig, epoch: int, run: EarlierRun, prior: Any = None):
         self.lengths, self.config, self.epoch, self.run, self.prior = lengths, config, epoch, run, prior
@@ -166,54 +169,79 @@ class Consumed(LazyMask):
         self._deal = Deal.of(lengths, run.layout.num_slots, seed, epoch, config.shuffle)
         self._position = np.empty(lengths.num_shards, dtype=np.int64)
         self._position[self._deal.order] = np.arange(lengths.num_shards)
-        self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of ranks re-planned)
-        self._ranks: set[int] = set()  # old ranks re-planned so far
+        self._marks: dict[int, np.ndarray] = {}  # shard -> samples consumed under this layout (of slots worked out)
+        self._slots: set[int] = set()  # old slots whose consumed samples are marked so far
+        self._ranks: set[int] = set()  # old ranks re-planned in full (a state without their equalisation)
+
+    def __getitem__(self, key: Any) -> Any:
+        # ids inside one shard (what the planner asks of each piece): no grouping by shard
+        offsets = self.lengths.offsets
+        if isinstance(key, slice) and key.step in (None, 1) and key.start is not None and key.stop is not None:
+            lo, hi = int(key.start), int(key.stop)
+            s = int(np.searchsorted(offsets, lo, side="right")) - 1 if hi > lo else -1
+            if 0 <= s < self.lengths.num_shards and hi <= offsets[s + 1]:
+                out = self._shard_mask(s, slice(lo - int(offsets[s]), hi - int(offsets[s])), hi - lo)
+                return out if self.prior is None else out | np.asarray(self.prior[lo:hi], dtype=bool)
+        elif isinstance(key, np.ndarray) and key.ndim == 1 and key.size and key.dtype.kind in "iu":
+            lo, hi = int(key.min()), int(key.max())
+            s = int(np.searchsorted(offsets, lo, side="right")) - 1
+            if 0 <= lo and 0 <= s < self.lengths.num_shards and hi < offsets[s + 1]:
+                out = self._shard_mask(s, key - int(offsets[s]), key.size)
+                return out if self.prior is None else out | np.asarray(self.prior[key], dtype=bool)
+        return super().__getitem__(key)
 
     def _mask(self, gids: np.ndarray) -> np.ndarray:
-        """Whether each sample was consumed: re-plan the old ranks that held these samples (once each)."""
+        """Whether each sample was consumed: work out the old slots that held these samples (once each)."""
         out = np.zeros(gids.size, dtype=bool)
         offsets = self.lengths.offsets
         for s, sel in by_shard(gids, offsets):
-            pos = gids[sel] - offsets[s]
-            if not self._ranks.issuperset(self._candidate_ranks(s)):
-                for r in np.unique(self._old_slots(s)[pos] // self.layout.num_workers):
-                    self._consume_rank(int(r))
-            if s in self._marks:
-                out[sel] = self._marks[s][pos]
+            out[sel] = self._shard_mask(s, gids[sel] - offsets[s], int(sel.size))
         if self.prior is not None and gids.size:
             out |= np.asarray(self.prior[gids], dtype=bool)
         return out
 
-    def _candidate_ranks(self, shard: int) -> range:
-        """The old ranks the shard's samples can have gone to, from its span of the running total alone (a
-        superset of `_old_slots()`'s ranks): once they are all re-planned, no sample needs its slot."""
+    def _shard_mask(self, shard: int, pos: Any, size: int) -> np.ndarray:
+        """Whether the samples at ``pos`` (positions in the shard: a slice or an array) were consumed."""
+        if not self._slots.issuperset(self._candidate_slots(shard)):
+            for slot in np.unique(self._old_slots(shard)[pos]).tolist():
+                self._consume_slot(int(slot))
+        marks = self._marks.get(shard)
+        return np.zeros(size, dtype=bool) if marks is None else marks[pos].copy()
+
+    def _candidate_slots(self, shard: int) -> range:
+        """The old slots the shard's samples can have gone to, from its span of the running total alone (a
+        superset of `_old_slots()`'s): once they are all worked out, no sample needs its slot."""
         deal = self._deal
         if deal.total <= 0:
             return range(1)
-        p, slack = int(self._position[shard]), 1e-9 * deal.total  # slack: rounding of the sums never drops a rank
+        p, slack = int(self._position[shard]), 1e-9 * deal.total  # slack: rounding of the sums never drops a slot
         lo, hi = (
             min(int(v * deal.num_slots / deal.total), deal.num_slots - 1)
             for v in (max(0.0, deal.prefix[p] - slack), deal.prefix[p + 1] + slack)
         )
-        return range(lo // self.layout.num_workers, hi // self.layout.num_workers + 1)
+        return range(lo, hi + 1)
 
     def _old_slots(self, shard: int) -> np.ndarray:
         """The old slot each sample of the shard was dealt to (recomputed when asked, not kept: it would
         cost 8 bytes a sample, the most of a resume's memory)."""
-        if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to rank 0, which has none
+        if self._deal.total <= 0:  # nothing was dealt: every sample "belongs" to slot 0, which has none
             return np.zeros(int(self.lengths.counts[shard]), dtype=np.int64)
         return self._deal.slot_of(int(self._position[shard]))
 
-    def _consume_rank(self, rank: int) -> None:
-        """Mark the samples of the old rank's first ``consumed`` batches: from the batches its slots formed up to
-        them where the checkpoint holds the rank's equalisation, else by re-planning the rank as it ran."""
-        if rank in self._ranks:
+    def _consume_slot(self, slot: int) -> None:
+        """Mark the samples of the old slot's first yielded batches: from the batches the slot formed up to them
+        where the checkpoint holds its rank's equalisation, else by re-planning the old rank as it ran (all its
+        slots at once)."""
+        if slot in self._slots:
             return
-        self._ranks.add(rank)
+        self._slots.add(slot)
+        rank, worker = divmod(slot, self.layout.num_workers)
         eq = self.run.rank(rank)
         if eq is not None and self.config.batch_order == "random":
-            self._consume_prefix(rank, eq)
-        else:
+            self._consume_prefix(slot, eq, worker)
+        elif rank not in self._ranks:
+            self._ranks.add(rank)
+            self._slots.update(self.layout.rank_slots(rank))
             self._replan_rank(rank)
 
     def _replan_rank(self, rank: int) -> None:
@@ -227,23 +255,24 @@ class Consumed(LazyMask):
         if taken:
             self._mark(np.concatenate(taken))
 
-    def _consume_prefix(self, rank: int, eq: RankEqualised) -> None:
-        """Mark the old rank's consumed samples knowing its equalisation: each slot's batcher runs only until
-        the batches the slot yielded before the save are formed (`PrefixOf`)."""
+    def _consume_prefix(self, slot: int, eq: RankEqualised, worker: int) -> None:
+        """Mark the old slot's consumed samples knowing its rank's equalisation: the batches each of the rank's
+        workers yielded follow from the equalisation alone, and the slot's batcher runs only until its yielded
+        batches are formed (`PrefixOf`)."""
         run, cfg = self.run, self.config
-        slots = run.layout.rank_slots(rank)
-        done = per_worker([s.take for s in eq.slots], run.consumed, eq.start)
-        if not any(done):
+        k = per_worker([s.take for s in eq.slots], run.consumed, eq.start)[worker]
+        if not k:
             return
+        one = range(slot, slot + 1)
+        layout = run.layout
         dealt = plan_slots(
-            self.lengths, run.layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, slots
+            self.lengths, layout.num_slots, cfg.epoch_seed, self.epoch, cfg.shuffle, self.prior, one, self._deal
         )
-        for w, k in enumerate(done):
-            if k:
-                self._mark(self._slot_prefix(dealt[slots[w]], slots[w], eq.slots[w], k))
+        self._mark_stream(dealt[slot], self._slot_prefix(dealt[slot], slot, eq.slots[worker], k))
 
     def _slot_prefix(self, pieces: list[Piece], slot: int, eq: SlotEqualised, k: int) -> np.ndarray:
-        """Global ids of the samples of one old slot's first ``k`` batches, batching its stream no further."""
+        """Stream positions of the samples of one old slot's first ``k`` batches, batching its stream no
+        further."""
         cfg, lengths, prior = self.config, self.lengths, self.prior
         lens = stream_lengths(pieces, lengths, prior)
         outs = stream_outputs(pieces, lengths, prior) if cfg.output_budget is not None else None
@@ -258,8 +287,27 @@ class Consumed(LazyMask):
         for flat, sizes in BucketBatcher.for_slot(cfg, self.epoch, slot).rounds(lens, outs, keys):
             if prefix.add(flat, sizes):
                 break
-        taken = prefix.positions() if order is None else order[prefix.positions()]
-        return slot_stream(pieces, lengths.offsets, prior)[taken]
+        return prefix.positions() if order is None else order[prefix.positions()]
+
+    def _mark_stream(self, pieces: list[Piece], taken: np.ndarray) -> None:
+        """Mark the samples at stream positions ``taken`` of a slot streaming ``pieces`` (a piece at a time: no
+        sort of the samples' ids)."""
+        if not taken.size:
+            return
+        lengths, prior = self.lengths, self.prior
+        kept = [~piece_excluded(p, lengths.offsets, prior) for p in pieces] if prior is not None else None
+        hit = np.zeros(sum(int(x.sum()) for x in kept) if kept is not None else sum(p.count for p in pieces), bool)
+        hit[taken] = True
+        at = 0
+        for i, p in enumerate(pieces):
+            n = p.count if kept is None else int(kept[i].sum())
+            seg, at = hit[at : at + n], at + n
+            if seg.any():
+                mask = self._marks.setdefault(p.shard, np.zeros(int(lengths.counts[p.shard]), dtype=bool))
+                if kept is None:
+                    mask[p.start : p.stop] |= seg
+                else:
+                    mask[p.start : p.stop][kept[i]] |= seg
 
     def _mark(self, gids: np.ndarray) -> None:
         offsets = self.lengths.offsets
@@ -339,50 +387,81 @@ class BalancedPrefix(PrefixOf):
         self.needed = max(k + 1, eq.hardest + 1)  # a move to the front shifts the others by one at most
         self.round = 0
         self.balance = config.balance  # resolved once: add() reads it every round
+        self.span = self.balance.rounds if self.balance is not None else 1
+        # a sliding span orders each round against the rounds around it (`band_order()`), not in groups
+        self.sliding = self.balance is not None and bool(self.balance.band) and 2 <= self.span <= BAND_ROUNDS
         self.reached: int | None = None
-        self.entries: list[tuple[np.ndarray, bool, int]] = []  # (positions, a repeat, round) after splits and pads
+        # the batches after splits and pads, as three lists: positions, whether a repeat, round
+        self.batches: list[np.ndarray] = []
+        self.repeated: list[bool] = []
+        self.rounds: list[int] = []
 
     def add(self, flat: np.ndarray, sizes: np.ndarray) -> bool:
-        starts = np.cumsum(sizes) - sizes
-        for a, n in zip(starts.tolist(), sizes.tolist()):
-            for piece in self._pieces(flat[a : a + n]):
-                self._entry(piece)
+        t = self.eq.cut_size
+        if len(sizes) and (not self.eq.cut_ties or int(sizes.max()) < t):  # no batch of the round is split
+            ends = np.cumsum(sizes).tolist()
+            pieces = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+            if not self.repeats[self.piece : self.piece + len(pieces)].any():
+                self.batches += pieces
+                self.repeated += [False] * len(pieces)
+                self.rounds += [self.round] * len(pieces)
+                self.entry, self.piece = self.entry + len(pieces), self.piece + len(pieces)
+            else:
+                for piece in pieces:
+                    self._entry(piece)
+        else:
+            starts = np.cumsum(sizes) - sizes
+            for a, n in zip(starts.tolist(), sizes.tolist()):
+                for piece in self._pieces(flat[a : a + n]):
+                    self._entry(piece)
         self.round += 1
-        balance = self.balance
-        span = balance.rounds if balance is not None else 1
-        if balance is not None and balance.band and 2 <= span <= BAND_ROUNDS:
+        if self.sliding:
             if self.reached is None and self.entry >= self.needed:
                 self.reached = self.round - 1  # the round that forms the needed-th batch
-            ahead = max(REFERENCE_ROUNDS, 2 * span - 2)  # the rounds after a round that its order reads
+            ahead = max(REFERENCE_ROUNDS, 2 * self.span - 2)  # the rounds after a round that its order reads
             return self.reached is not None and self.round > self.reached + ahead
-        return self.entry >= self.needed and self.round % span == 0
+        return self.entry >= self.needed and self.round % self.span == 0
 
     def _entry(self, piece: np.ndarray) -> None:
         copies = 1 + (int(self.repeats[self.piece]) if self.piece < len(self.repeats) else 0)
-        self.entries += [(piece, c > 0, self.round) for c in range(copies)]
+        self.batches += [piece] * copies
+        self.repeated += [c > 0 for c in range(copies)]
+        self.rounds += [self.round] * copies
         self.entry, self.piece = self.entry + copies, self.piece + 1
 
     def positions(self) -> np.ndarray:
         balance = self.config.balance
         assert balance is not None
-        entries = list(self.entries)
-        if self.eq.hardest >= 0 and self.eq.hardest < len(entries):
-            entries.insert(0, entries.pop(self.eq.hardest))
-        entries = entries[: self.eq.take] if self.eq.take >= 0 else entries
-        if len(entries) > 1:
-            batches = [e[0] for e in entries]
-            goals = targets(self.config.epoch_seed, self.epoch, 0, len(entries))
+        idx = np.arange(len(self.batches))
+        if 0 <= self.eq.hardest < len(idx):
+            idx = np.concatenate([[self.eq.hardest], idx[: self.eq.hardest], idx[self.eq.hardest + 1 :]])
+        idx = idx[: self.eq.take] if self.eq.take >= 0 else idx
+        n, k = len(idx), min(self.k, len(idx))
+        repeated = np.asarray(self.repeated, dtype=bool)
+        if n > 1 and k:
+            rounds = np.asarray(self.rounds, dtype=np.int64)[idx]
+            if self.sliding:  # a batch may move across rounds: the whole prefix is ordered
+                lo, stop = 0, n
+            else:
+                # the order moves batches only within a group of rounds: every group before the one holding
+                # position k - 1 is yielded whole, whatever its order, so only that group is ordered here
+                group = rounds // max(1, balance.rounds)
+                bounds = np.concatenate([[0], np.flatnonzero(np.diff(group) != 0) + 1, [n]])
+                i = int(np.searchsorted(bounds, k - 1, side="right")) - 1
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                stop = min(hi + 1, n)  # and the next batch, which says whether the group's last one is repeated
+            part = idx[lo:stop]
             order = balanced_order(
-                balance.time.times(batches, self.lens),
-                [e[2] for e in entries],
-                [e[1] for e in entries],
-                self.eq.hardest >= 0,
-                goals,
+                balance.time.times([self.batches[j] for j in part], self.lens),
+                rounds[lo:stop],
+                repeated[part],
+                lo == 0 and self.eq.hardest >= 0,
+                targets(self.config.epoch_seed, self.epoch, lo, stop - lo),
                 balance.rounds,
                 balance.band,
             )
-            entries = [entries[i] for i in order]
-        taken = [e[0] for e in entries[: self.k] if not e[1]]
+            idx[lo:stop] = part[order]
+        taken = [self.batches[j] for j in idx[:k].tolist() if not repeated[j]]
         return np.concatenate(taken).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
 
 

@@ -64,6 +64,7 @@ def plan_slots(
     shuffle: bool = True,
     excluded: Mask | None = None,
     slots: range | None = None,
+    deal: Deal | None = None,
 ) -> list[list[Piece]]:
     """The pieces each of ``num_slots`` slots streams this epoch (only ``slots`` are filled when given).
 
@@ -74,12 +75,14 @@ def plan_slots(
     the shard table's prefix sum plus a sum inside the shard, so a rank finds its own slots' pieces from the
     shard table and the lengths of just the shards they touch. ``excluded`` (a mask over global ids, or a
     `Consumed`) leaves out samples consumed before a resume: they are dealt
-    as in a fresh epoch and then dropped, so a slot's share needs no other shard's lengths.
+    as in a fresh epoch and then dropped, so a slot's share needs no other shard's lengths. ``deal``: the
+    epoch's `Deal` of these lengths over ``num_slots`` slots, where the caller holds it (a resume dealing one old
+    slot at a time shuffles the shard table once, not once a slot).
     """
     lengths = lengths if isinstance(lengths, Lengths) else Lengths.of(lengths)
     wanted = slots if slots is not None else range(num_slots)
     out: list[list[Piece]] = [[] for _ in range(num_slots)]
-    deal = Deal.of(lengths, num_slots, seed, epoch, shuffle)
+    deal = deal if deal is not None else Deal.of(lengths, num_slots, seed, epoch, shuffle)
     if not len(wanted) or deal.total <= 0:
         return out
     positions = deal.positions(wanted.start, wanted.stop)

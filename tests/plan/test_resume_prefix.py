@@ -26,6 +26,7 @@ def cases(draw):
         buffer_size=draw(st.integers(1, 80)),
         seed=draw(st.integers(0, 3)),
         max_batch_size=draw(st.sampled_from([None, 3, 16])),
+        step_balance=draw(st.sampled_from(["attention", {"f": 1.0, "rounds": 3}, None])),
     )
     layout = Layout(
         draw(st.integers(1, 5)),
@@ -128,3 +129,63 @@ def test_a_chain_of_resumes_marks_from_yielded_batches_exactly(case, world, work
     prior = Consumed(lengths, config, 1, EarlierRun(layout, one.steps, k1, tuple(one.equalised)))
     lazy = Consumed(lengths, config, 1, EarlierRun(second, two.steps, k2, tuple(two.equalised)), prior)
     assert np.array_equal(lazy[np.arange(n)], mask)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases(), st.integers(0, 2**16))
+def test_asked_a_shard_at_a_time_the_mask_is_the_oracles(case, order_seed):
+    """The planner asks about one piece of a shard at a time (what a resuming rank's own shards hold), in its own
+    order: each answer, worked out from only the old slots those samples came from, is the oracle's."""
+    shard_lengths, config, layout, fraction = case
+    try:
+        old = make_epoch_plan(shard_lengths, config, 1, layout)
+    except ValueError:
+        return
+    k = int(old.steps * fraction)
+    lengths = Lengths.of(shard_lengths)
+    oracle = np.zeros(lengths.num_samples, dtype=bool)
+    oracle[consumed_ids(old, k)] = True
+    lazy = Consumed(lengths, config, 1, EarlierRun(layout, old.steps, k, tuple(old.equalised)))
+    rng = np.random.default_rng(order_seed)
+    for s in rng.permutation(lengths.num_shards).tolist():
+        lo, hi = int(lengths.offsets[s]), int(lengths.offsets[s + 1])
+        cut = int(rng.integers(lo, hi + 1))
+        for a, b in ((cut, hi), (lo, cut)):
+            assert np.array_equal(lazy[a:b], oracle[a:b])
+        if hi > lo:
+            gid = int(rng.integers(lo, hi))
+            assert lazy[gid] == oracle[gid]
+
+
+def test_a_resume_on_more_ranks_batches_about_what_a_fresh_plan_does(monkeypatch):
+    """A rank resuming half an epoch saved on half as many ranks batches its own remaining samples and the
+    consumed part of only the old slots its shards came from: about as many samples as a fresh plan of its slots
+    (not its old rank's other slots too, which would make it 1.5 times as many)."""
+    from streambatch.plan.batcher import BucketBatcher
+    from streambatch.plan.epoch import plan_rank_local
+    from streambatch.plan.resume import Resumed
+
+    batched = [0]
+    rounds = BucketBatcher.rounds
+
+    def counted(self, *args, **kwargs):
+        for flat, sizes in rounds(self, *args, **kwargs):
+            batched[0] += int(np.sum(sizes))
+            yield flat, sizes
+
+    monkeypatch.setattr(BucketBatcher, "rounds", counted)
+    rng = np.random.default_rng(7)
+    shard_lengths = [rng.integers(50, 400, 100) for _ in range(120)]
+    config = BatchingConfig(budget=2_000.0, buffer_size=40)
+    old, new = Layout(2, 2), Layout(4, 2)
+    saved = make_epoch_plan(shard_lengths, config, 1, old)
+    lengths = Lengths.of(shard_lengths)
+    for rank in range(new.world_size):
+        batched[0] = 0
+        plan_rank_local(lengths, config, 1, rank, new, lambda mine: [mine] * new.world_size)
+        fresh = batched[0]
+        batched[0] = 0
+        done = Resumed(1, (EarlierRun(old, saved.steps, saved.steps // 2, tuple(saved.equalised)),))
+        excluded = done.consumed(lengths, config)
+        plan_rank_local(lengths, config, 1, rank, new, lambda mine: [mine] * new.world_size, excluded)
+        assert batched[0] <= 1.2 * fresh
