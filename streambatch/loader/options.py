@@ -133,6 +133,9 @@ class BatchingOptions:
     interleave: int = BatchingConfig.interleave
     """Shards each worker streams at once, their samples merged in a seeded order that changes with the epoch
     (1 to 64); 1 streams one shard after another."""
+    level_width: float | None = BatchingConfig.level_width
+    """Fresher batch-mates for more batches: cut each window at length levels this far apart (the dataset's unit),
+    a level's samples in a random order per epoch (see `BatchingConfig.level_width`); None: off."""
     step_balance: Any = BatchingConfig.step_balance
     """Order each worker's batches so that step k takes about the same time on every rank: a step-time model's
     name (``"attention"``, ``"conv"``, ``"tokens"``), a `StepTime` fitted by ``calibrate``, a `StepBalance`, or

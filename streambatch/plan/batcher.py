@@ -70,8 +70,9 @@ class BucketBatcher:
         trades = c.shuffle and c.plan_version >= 2 and c.output_budget is None
         self._mates = self.rng.spawn(1)[0] if trades else None
         # a short stream is cut at level tops, a level's samples in random order (`mates.LevelCut`; v5)
+        # (``level_width``: every stream, at levels that many length units apart)
         cut = trades and c.plan_version >= 5 and not self.cost.packed and not self.boundaries.size
-        self._level_cut = LevelCut(self.rng.spawn(1)[0], self._capacity) if cut else None
+        self._level_cut = LevelCut(self.rng.spawn(1)[0], self._capacity, c.level_width) if cut else None
         self._ids = np.zeros(self.buffer_size, dtype=np.int64)
         self._out_dtype: type = np.int64  # batches as int32 positions when the whole stream is known to fit
         self._lens = np.zeros(self.buffer_size, dtype=np.float64)
@@ -179,7 +180,10 @@ class BucketBatcher:
                 yield self._round_flat(final=False)
 
     def _cut_short(self) -> LevelCut | None:
-        """The level cut, where this stream is short enough for it (`LEVEL_CUT_WINDOWS` windows)."""
+        """The level cut, where this stream is short enough for it (`LEVEL_CUT_WINDOWS` windows) or
+        ``level_width`` asks for it."""
+        if self.config.level_width is not None:
+            return self._level_cut
         n = self.stream_length
         return self._level_cut if n is not None and n <= LEVEL_CUT_WINDOWS * self.buffer_size else None
 

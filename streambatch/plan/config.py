@@ -85,6 +85,13 @@ class BatchingConfig:
     changes with the epoch (each shard's own in tar order), so one shard's samples meet other shards' in its
     window and batches change more from epoch to epoch; 1 streams one shard after another. Planned epochs of an
     index only (at most `MAX_INTERLEAVE`); ``shuffle=False`` streams one shard after another."""
+    level_width: float | None = None
+    """Fresher batch-mates for more batches (`mates`): each worker's window is cut at the tops of length levels
+    this many length units apart (the dataset's unit, edges shifted by a seeded phase each epoch), a level's
+    samples in a random order that changes with the epoch; a batch is sized for its level's top, so padding grows
+    by up to one level. Wider levels keep fewer of an epoch's batch-mate pairs and cost more batches (the curve in
+    the benchmarks); None cuts by the samples' own lengths (a stream of at most two windows still at fine levels).
+    Above 0; padded batches with shuffling only, no buckets, no ``output_budget``."""
     step_balance: Any = "attention"
     """Order each worker's planned batches so that step k takes about the same time on every rank (`balance`):
     the time model of a step, a name of `STEP_TIMES` (``"attention"``: padded transformers, ``"conv"``,
@@ -145,6 +152,7 @@ class BatchingConfig:
         _optional(int_option, "pad_to_multiple_of", self.pad_to_multiple_of, 1)
         _check_pad_fits(self)
         choice_option("batch_order", self.batch_order, BATCH_ORDERS)
+        _check_level_width(self)
         balance = resolve_step_time(self.step_balance)  # held as plain numbers: a checkpoint records every field
         object.__setattr__(self, "step_balance", None if balance is None else balance.to_dict())
         choice_option("batch_by", self.batch_by, (None, *BATCH_BY))
@@ -291,6 +299,30 @@ def _check_pad_fits(config: BatchingConfig) -> None:
             f"pad_to_multiple_of={m!r} pads every batch to a length of at least {m:,}, and one sample of that "
             f"length costs more than the budget {config.budget:,g} ({config.cost.name} cost): use a smaller "
             "pad_to_multiple_of or a larger budget"
+        )
+
+
+def _check_level_width(config: BatchingConfig) -> None:
+    """``level_width``: None, or a length above 0 where the batches are cut from a shuffled, sorted window (else it
+    would be ignored: an `OptionError` saying which option stands in its way)."""
+    if config.level_width is None:
+        return
+    number_option("level_width", config.level_width, None, True)
+    other = (
+        "packed=True"
+        if config.cost.packed
+        else "bucket_boundaries"
+        if config.bucket_boundaries is not None and len(config.bucket_boundaries)
+        else "output_budget"
+        if config.output_budget is not None
+        else "shuffle=False"
+        if not config.shuffle
+        else None
+    )
+    if other:
+        raise OptionError(
+            f"level_width={config.level_width!r} cuts a shuffled, length-sorted window at levels; with {other} it "
+            "would be ignored: leave level_width None"
         )
 
 

@@ -14,6 +14,12 @@ samples into one window every epoch) would still be cut into nearly the same run
 `LevelCut` also cuts the window at each sample's level top (levels shifted by a seeded phase per epoch)
 with the samples of a level in a seeded random order, so where the runs begin and end moves from epoch to epoch.
 A batch stays within the budget at its longest level top, so padding grows by at most a level again.
+
+``level_width`` (`BatchingConfig`) cuts every stream so, at levels of that many length units instead of `LEVELS`
+per doubling: the dial between batch count and fresh batch-mates. A level of fixed width spans many short samples'
+lengths (whose large batches hold most of the pairs, ``k (k - 1) / 2`` in a batch of ``k``) and few long ones'
+(whose padding weighs most), so it frees the most pairs for the least padding; wider levels keep fewer pairs and
+cost more batches (`tools/bench_freshness.py` prints the curve).
 """
 
 from __future__ import annotations
@@ -80,6 +86,13 @@ def level(lengths: np.ndarray, phase: float) -> np.ndarray:
     return exponent.astype(np.int64) * (LEVELS + 1) + np.floor((2 * mantissa - 1) * LEVELS + phase).astype(np.int64)
 
 
+def width_top(lengths: np.ndarray, width: float, phase: float) -> np.ndarray:
+    """The upper edge of each length's level when levels are ``width`` apart (edges at ``(j - phase) × width``,
+    ``phase`` in [0, 1)); never below the length."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return np.maximum((np.floor(lengths / width + phase) + 1 - phase) * width, lengths)
+
+
 def level_top(lengths: np.ndarray, phase: float) -> np.ndarray:
     """The upper edge of each length's `level()` (never below the length, never past the next power of two,
     where the next doubling's levels begin); exact arithmetic like `level()`."""
@@ -91,20 +104,24 @@ def level_top(lengths: np.ndarray, phase: float) -> np.ndarray:
 
 
 class LevelCut:
-    """A short stream's cut, fresh every epoch: the lengths the window is sorted and cut by are the samples'
+    """A short stream's cut (or every stream's, at levels ``width`` apart: `width_top()`), fresh every epoch: the
+    lengths the window is sorted and cut by are the samples'
     level tops (`level_top()`, at a phase drawn once per batcher, that is per epoch and slot), and the samples
     of one level are sorted in a random order, by a seeded hash of their own lengths (so the order does not depend
     on the order they arrived in; samples of one length keep it). A sample keeps its own length where its level
     top would fit no batch (``capacity`` below 1)."""
 
-    def __init__(self, rng: np.random.Generator, capacity: Callable[[np.ndarray], np.ndarray]):
+    def __init__(
+        self, rng: np.random.Generator, capacity: Callable[[np.ndarray], np.ndarray], width: float | None = None
+    ):
         self.phase = float(rng.random())
         self.key = np.uint64(rng.integers(0, 1 << 63))
         self.capacity = capacity
+        self.width = None if width is None else float(width)
 
     def lengths(self, lengths: np.ndarray) -> np.ndarray:
         """The lengths to sort and cut by: each sample's level top where a batch can hold it."""
-        top = level_top(lengths, self.phase)
+        top = level_top(lengths, self.phase) if self.width is None else width_top(lengths, self.width, self.phase)
         return np.where(self.capacity(top) >= 1, top, lengths)
 
     def ties(self, lengths: np.ndarray) -> np.ndarray:

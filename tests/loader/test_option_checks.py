@@ -33,6 +33,9 @@ BAD = [
     ("interleave", 0, {}),
     ("interleave", 65, {}),  # that many open shards per worker
     ("interleave", 2.5, {}),
+    ("level_width", 0, {}),
+    ("level_width", "1s", {}),
+    ("level_width", 16000.0, {"num_buckets": 4}),  # buckets: the level cut would be ignored
     ("step_balance", "quadratic-ish", {}),  # not a step-time model's name
     ("step_balance", 3, {}),
     ("refill", 2.5, {}),

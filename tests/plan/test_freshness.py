@@ -109,3 +109,51 @@ def test_an_old_checkpoint_keeps_rule_1_and_a_new_one_records_its_rule():
     assert LoaderState.current(epoch=0).to_dict()["plan_version"] == PLAN_VERSION
     with pytest.raises(OptionError, match="plan_version 8"):
         LoaderState.from_dict({"epoch": 3, "plan_version": 8}).keep_plan_version(cfg)
+
+
+def _two_epochs(lengths, shards, **options):
+    cfg = BatchingConfig.make(200 * SAMPLE_RATE, lengths, seed=0, **options)
+    return [epoch_batches(make_epoch_plan(shards, cfg, e, Layout(1, 2))) for e in (0, 1)]
+
+
+def test_a_wider_level_width_keeps_fewer_batch_mates_for_more_batches():
+    """``level_width`` is the dial: off (the default), a width of a few hundredths of a second (about the
+    default's batches), and one of 4 s (under half the pairs of epoch 0 meet again in epoch 1, at more batches);
+    each epoch holds every sample once and no batch goes over the budget."""
+    lengths = librispeech_like(8000, seed=1)
+    shards = [lengths[i : i + 500] for i in range(0, len(lengths), 500)]
+    kept = {}
+    for width in (None, 0.02, 4.0):
+        e0, e1 = _two_epochs(lengths, shards, level_width=None if width is None else width * SAMPLE_RATE)
+        for epoch in (e0, e1):
+            assert sorted(np.concatenate(epoch).tolist()) == list(range(len(lengths)))
+            assert all(len(b) * lengths[b].max() <= 200 * SAMPLE_RATE for b in epoch)
+        kept[width] = (pairs_kept(e0, e1, len(lengths)), len(e0))
+    assert kept[4.0][0] < 0.5 * kept[None][0]
+    assert kept[4.0][1] > kept[None][1]
+    assert kept[0.02][1] <= 1.01 * kept[None][1]
+
+
+def test_level_width_plans_as_the_online_batcher_cuts():
+    lengths = librispeech_like(3000, seed=2)
+    cfg = BatchingConfig.make(200 * SAMPLE_RATE, lengths, buffer_size=500, seed=1, level_width=SAMPLE_RATE)
+    planned = BucketBatcher(cfg).plan(lengths)
+    online = BucketBatcher(cfg, stream_length=len(lengths))
+    pushed = [x for i, n in enumerate(lengths.tolist()) for x in online.push(i, n)] + online.flush()
+    assert [x.tolist() for x in pushed] == [x.tolist() for x in planned]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(level_width=0),
+        dict(level_width=-1.0),
+        dict(level_width="wide"),
+        dict(level_width=1000.0, packed=True),
+        dict(level_width=1000.0, num_buckets=4),
+        dict(level_width=1000.0, shuffle=False),
+    ],
+)
+def test_a_level_width_that_would_be_ignored_or_is_not_a_length_is_refused(options):
+    with pytest.raises(OptionError, match="level_width"):
+        BatchingConfig.make(200 * SAMPLE_RATE, librispeech_like(100, seed=0), **options)
