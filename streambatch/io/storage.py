@@ -3,9 +3,11 @@
 Every module that touches storage goes through here, so local folders, ``file://``, ``s3://``, ``gs://``, ``az://``
 and ``http(s)://`` behave the same. Object stores go through obstore (`objstore`: ``s3://``, ``gs://``, ``az://``;
 ``http(s)://`` read only), with the timeouts of `s3_timeouts` and its number of tries unless ``storage_options`` set
-them; a write there is one upload that becomes visible whole, a create-only put where a publish must be exclusive
-(`lock`). fsspec serves local paths, every other scheme, and options obstore is not given (`objstore.store_for()`
-answers None: s3fs, gcsfs or adlfs then), so ``storage_options`` reach the one that serves the URL.
+them: every write (one upload that becomes visible whole; a create-only put where a publish must be exclusive,
+`lock`), and every read once the process runs obstore's runtime (`store_of()`: a read never starts it, so that a
+training process can still fork its workers). fsspec serves local paths, every other scheme, options obstore is
+not given (`objstore.store_for()` answers None: s3fs, gcsfs or adlfs then) and those first reads, so
+``storage_options`` reach the one that serves the URL.
 """
 
 from __future__ import annotations
@@ -34,13 +36,26 @@ READ_BLOCK = 8 * 1024 * 1024
 
 def store_of(url: str, storage_options: dict | None, writes: bool = False) -> tuple[Any, str] | None:
     """(this process's obstore store for ``url``, the object's path in it) for the calls here, or None where fsspec
-    serves ``url``: a local path, another scheme, options obstore is not given, or a write to ``http(s)://``."""
+    serves ``url``: a local path, another scheme, options obstore is not given, a write to ``http(s)://``, or a
+    read (not ``writes``) in a process where obstore's runtime does not run yet.
+
+    Reads start no runtime: a process that has made no obstore request can still fork workers that make them
+    (`objstore.fork_unsafe()`), so a training process that plans from a remote index keeps forked DataLoader
+    workers (which share its lengths and may run callables that do not pickle). A write starts it (a writer's
+    first request is its lock's create-only put), and from then on the process reads through obstore too."""
     if is_local(url) or not objstore.usable(url, storage_options):
         return None
     if writes and url.startswith("http"):
         return None
+    if not writes and not objstore.runtime_running():
+        return None
     return objstore.store_for(
-        url, storage_options, READ_TIMEOUT, connect=CONNECT_TIMEOUT, retries=ATTEMPTS - 1, part=PART if writes else None
+        url,
+        storage_options,
+        READ_TIMEOUT,
+        connect=CONNECT_TIMEOUT,
+        retries=ATTEMPTS - 1,
+        part=PART if writes else None,
     )
 
 
