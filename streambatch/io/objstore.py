@@ -500,14 +500,14 @@ def _error(e: BaseException, url: str, writes: bool = False) -> BaseException:
     )
 
     said = str(e)
-    if isinstance(e, NotFoundError):
+    if isinstance(e, (NotFoundError, FileNotFoundError)):  # obstore raises the built-in one for a 404
         if writes and "NoSuchBucket" in said:  # S3's error code for the bucket, in its answer's body
             bucket = url.split("://", 1)[1].split("/", 1)[0]
             return StorageError(f"{url}: the bucket {bucket!r} does not exist; create it, or check the URL")
         return FileNotFoundError(f"{url}: no such object")
-    if isinstance(e, (AlreadyExistsError, PreconditionError)):
+    if isinstance(e, (AlreadyExistsError, PreconditionError, FileExistsError)):
         return FileExistsError(f"{url}: already there")
-    if isinstance(e, (PermissionDeniedError, UnauthenticatedError)):
+    if isinstance(e, (PermissionDeniedError, UnauthenticatedError, PermissionError)):
         return PermissionError(f"{url}: the store refused the request ({type(e).__name__})")
     first = said.strip().splitlines()[0] if said.strip() else type(e).__name__
     if any(w in said.lower() for w in _NO_ANSWER):
@@ -519,14 +519,49 @@ def _error(e: BaseException, url: str, writes: bool = False) -> BaseException:
 
 
 def call(url: str, fn: Any, writes: bool = False) -> Any:
-    """``fn()`` (an obstore request about ``url``), its obstore error raised as the package classifies it
-    (`_error()`)."""
+    """``fn()`` (an obstore request about ``url``), its error raised as the package classifies it (`_error()`).
+
+    On the main thread the request runs on a daemon thread while the main thread waits: obstore blocks in Rust
+    until its request ends (a stalled store: its whole deadline), and Python runs a signal's handler (Ctrl-C,
+    ``SIGTERM``) only between its own instructions, so waiting on a helper keeps a stalled request from delaying
+    an interrupt and its cleanup. An abandoned request ends on its own, and does not hold up the exit."""
+    try:
+        return fn() if threading.current_thread() is not threading.main_thread() else _on_helper(fn)
+    except (StorageError, UsageError):
+        raise
+    except Exception as e:
+        if _is_obstore(e):
+            raise _error(e, url, writes) from e
+        raise
+
+
+def _on_helper(fn: Any) -> Any:
+    """``fn()`` on a daemon thread, waited for in a way a signal interrupts."""
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="streambatch-objstore", daemon=True).start()
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _is_obstore(e: BaseException) -> bool:
+    """Whether ``e`` is obstore's: its own exception classes, or the built-in OS errors it raises for a missing
+    object, a refusal or a transport failure."""
     from obstore.exceptions import BaseError
 
-    try:
-        return fn()
-    except BaseError as e:
-        raise _error(e, url, writes) from e
+    return isinstance(e, (BaseError, OSError))
 
 
 def object_version(meta: Any) -> str | None:

@@ -50,12 +50,7 @@ def store_of(url: str, storage_options: dict | None, writes: bool = False) -> tu
     if not writes and not objstore.runtime_running():
         return None
     return objstore.store_for(
-        url,
-        storage_options,
-        READ_TIMEOUT,
-        connect=CONNECT_TIMEOUT,
-        retries=ATTEMPTS - 1,
-        part=PART if writes else None,
+        url, storage_options, READ_TIMEOUT, connect=CONNECT_TIMEOUT, retries=ATTEMPTS - 1, part=PART if writes else None
     )
 
 
@@ -480,32 +475,42 @@ class AtomicWriter:
 class _ObjectWriter(io.RawIOBase):
     """An upload through obstore, as a binary file to write: obstore's buffered writer (a multipart upload in
     `PART`-byte parts once it outgrows one), whose object appears whole when `close()` completes it and never if
-    `discard()` comes first; ``tell()`` is the bytes written. Errors name the URL as `objstore.call()` says."""
+    `discard()` comes first; ``tell()`` is the bytes written. What is written is gathered here and handed to obstore
+    a part at a time (one request's worth per `objstore.call()`). Errors name the URL as `objstore.call()` says."""
 
     def __init__(self, store: Any, path: str, url: str) -> None:
         import obstore
 
         super().__init__()
-        self.name, self._written = url, 0
+        self.name, self._written, self._held = url, 0, bytearray()
         self._file = objstore.call(url, lambda: obstore.open_writer(store, path, buffer_size=PART), writes=True)
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        n = objstore.call(self.name, lambda: self._file.write(data), writes=True)
+        n = len(memoryview(data).cast("B"))
+        self._held += data
         self._written += n
+        if len(self._held) >= PART:
+            self._hand_over()
         return n
+
+    def _hand_over(self) -> None:
+        held, self._held = bytes(self._held), bytearray()
+        objstore.call(self.name, lambda: self._file.write(held), writes=True)
 
     def tell(self) -> int:
         return self._written
 
     def flush(self) -> None:
-        """Nothing to do: obstore sends each part once it is full, the rest when the upload is completed."""
+        """Nothing to do: a part goes once it is full, the rest when the upload is completed (`close()`)."""
 
     def close(self) -> None:
         if not self.closed:
             try:
+                if self._held:
+                    self._hand_over()
                 objstore.call(self.name, self._file.close, writes=True)
             finally:
                 super().close()
@@ -515,6 +520,7 @@ class _ObjectWriter(io.RawIOBase):
         at most `CLEANUP_TIMEOUT` seconds."""
         if self.closed:
             return
+        self._held = bytearray()
         error = RuntimeError("the upload is discarded")
         try:  # the context manager's exit on an exception is obstore's one way to abort its upload
             within(CLEANUP_TIMEOUT, lambda: self._file.__exit__(RuntimeError, error, None))
