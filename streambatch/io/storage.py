@@ -37,21 +37,32 @@ READ_BLOCK = 8 * 1024 * 1024
 def store_of(url: str, storage_options: dict | None, writes: bool = False) -> tuple[Any, str] | None:
     """(this process's obstore store for ``url``, the object's path in it) for the calls here, or None where fsspec
     serves ``url``: a local path, another scheme, options obstore is not given, a write to ``http(s)://``, or a
-    read (not ``writes``) in a process where obstore's runtime does not run yet.
+    read (not ``writes``) in a process where obstore's runtime does not run yet, of a scheme whose fsspec package
+    is installed.
 
-    Reads start no runtime: a process that has made no obstore request can still fork workers that make them
+    Such reads start no runtime: a process that has made no obstore request can still fork workers that make them
     (`objstore.fork_unsafe()`), so a training process that plans from a remote index keeps forked DataLoader
     workers (which share its lengths and may run callables that do not pickle). A write starts it (a writer's
-    first request is its lock's create-only put), and from then on the process reads through obstore too."""
+    first request is its lock's create-only put), and from then on the process reads through obstore too; so does
+    a read of ``gs://`` or ``az://`` without gcsfs or adlfs (its workers then start by forkserver)."""
     if is_local(url) or not objstore.usable(url, storage_options):
         return None
     if writes and url.startswith("http"):
         return None
-    if not writes and not objstore.runtime_running():
+    if not writes and not objstore.runtime_running() and _fsspec_serves(url):
         return None
     return objstore.store_for(
         url, storage_options, READ_TIMEOUT, connect=CONNECT_TIMEOUT, retries=ATTEMPTS - 1, part=PART if writes else None
     )
+
+
+def _fsspec_serves(url: str) -> bool:
+    """Whether an installed fsspec back-end serves ``url``'s scheme."""
+    try:
+        filesystem_class(url)
+    except UnknownStorage:
+        return False
+    return True
 
 
 def _dir(path: str) -> str:

@@ -129,6 +129,18 @@ def test_a_read_starts_no_obstore_runtime():
     assert out.stdout.split() == ["True", "False"], out.stderr
 
 
+@pytest.mark.parametrize(("url", "package"), [("gs://bucket/ds/index.json", "gcsfs"), ("az://c/ds/i.json", "adlfs")])
+def test_gs_and_az_are_read_through_obstore_without_their_fsspec_package(url, package):
+    """No gcsfs (adlfs): a read goes through obstore rather than failing for want of the package."""
+    try:
+        __import__(package)
+        pytest.skip(f"{package} is installed: fsspec serves the first reads")
+    except ImportError:
+        pass
+    options = {"token": "anon"} if url.startswith("gs") else {"account_name": "acct", "anon": True}
+    assert storage.store_of(url, options) is not None
+
+
 def test_gcs_and_azure_stores_take_their_settings(monkeypatch):
     """The mapped settings reach the store (read back through obstore's public ``config``)."""
     for name in ("GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY"):
