@@ -222,7 +222,9 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
         try:
             objstore.call(url, lambda: obstore.head(store, path))
             return True
-        except FileNotFoundError:  # a folder (a prefix some objects start with) is there too
+        except FileNotFoundError:  # a folder (a prefix some objects start with) is there too; HTTP has none
+            if url.startswith("http"):
+                return False
             first = lambda: next(iter(obstore.list(store, _dir(path), chunk_size=1)), [])  # noqa: E731
             return bool(objstore.call(url, first))
     fs, path = filesystem(url, storage_options)
@@ -324,14 +326,30 @@ def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> by
             return f.read(limit)
     target = store_of(url, storage_options)
     if target is not None:
-        import obstore
-
         if limit <= 0:
             return b""
-        get = lambda: bytes(obstore.get(*target, options={"range": (0, limit)}).bytes())  # noqa: E731
-        return objstore.call(url, get)[:limit]  # a server may answer the whole object (HTTP lets it)
+        return objstore.call(url, lambda: _prefix(*target, limit))
     fs, path = filesystem(url, storage_options)
-    return bytes(fs.cat_file(path, start=0, end=limit))
+    return bytes(fs.cat_file(path, start=0, end=limit))[:limit]  # an HTTP server may answer the whole object
+
+
+def _prefix(store: Any, path: str, limit: int) -> bytes:
+    """The first ``limit`` bytes of an object through obstore: one ranged GET; where the server does not serve
+    ranges (HTTP lets it answer the whole object), one plain GET read only as far as ``limit``."""
+    import obstore
+    from obstore.exceptions import GenericError, NotSupportedError
+
+    try:
+        return bytes(obstore.get(store, path, options={"range": (0, limit)}).bytes())[:limit]
+    except (NotSupportedError, GenericError) as e:
+        if isinstance(e, GenericError) and "non-partial" not in str(e):
+            raise
+    got = bytearray()
+    for piece in obstore.get(store, path).stream():
+        got += memoryview(piece)[: limit - len(got)]
+        if len(got) >= limit:
+            break
+    return bytes(got)
 
 
 def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:
