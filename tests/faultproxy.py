@@ -20,8 +20,8 @@ every request, and on the requests that match its rules it misbehaves:
 * ``Rule("outage", seconds=5)``: from the first matching request on, for that long, the store is gone: every
   request (any method, any path) has its connection reset before an answer.
 
-``match`` is a substring of the request path (``""``: every object request); ``every`` picks every k-th
-matching GET; ``limit`` stops a rule after it acted that often. The proxy logs every request
+``match`` is a substring of the request path (``""``: every object request; ``buckets=True``: a bucket's too);
+``every`` picks every k-th matching GET; ``limit`` stops a rule after it acted that often. The proxy logs every request
 (``proxy.requests``: method, path, Range header, status) for assertions, and each request's client
 (``proxy.clients``: its path, ``User-Agent`` and the access key its ``Authorization`` names).
 
@@ -62,6 +62,8 @@ class Rule:
     reset: bool = False
     min_offset: int = 0
     methods: tuple[str, ...] = ("GET",)
+    #: also requests for a bucket (listings, a bulk delete: ``POST /bucket?delete``), not only for an object
+    buckets: bool = False
     seen: int = field(default=0, init=False)
     acted: int = field(default=0, init=False)
     since: float | None = field(default=None, init=False)  # an outage's start (time.monotonic())
@@ -70,7 +72,7 @@ class Rule:
         """Count a matching request; True when this one is hit."""
         if self.action == "outage" and self.since is not None:
             return time.monotonic() - self.since < self.seconds
-        if method not in self.methods or self.match not in path or not _is_object(path):
+        if method not in self.methods or self.match not in path or not (self.buckets or _is_object(path)):
             return False
         if self.min_offset:
             m = _RANGE.fullmatch((rng or "").strip())

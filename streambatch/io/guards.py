@@ -74,7 +74,7 @@ def named_error(url: str, e: BaseException, writes: bool = False) -> Exception |
         return None
     if type(e).__name__ in CREDENTIAL_ERRORS:
         what = f"{url}: no credentials for {_protocol(url)} storage ({type(e).__name__})"
-        return MissingCredentials(f"{what}: {_hint(url)}")
+        return MissingCredentials(f"{what}: {credentials_hint(url)}")
     if any(c.__name__ in NO_ANSWER_ERRORS for c in type(e).__mro__[:-2]):
         said = (str(e).strip().splitlines() or [""])[0]
         return StorageError(
@@ -91,7 +91,7 @@ def _protocol(url: str) -> str:
     return url.split("://")[0]
 
 
-def _hint(url: str) -> str:
+def credentials_hint(url: str) -> str:
     """Where credentials for ``url``'s storage come from."""
     if _protocol(url) in ("s3", "s3a"):
         return (

@@ -19,8 +19,9 @@ The next writer after one that died takes the lock over with a warning naming th
 before checks, once locked, that the file it locked is still the one in the folder.
 
 Where record locks are not available (object storage URLs, a filesystem refusing them) the lock is an object
-created only when absent, by the store itself: a create-only put (S3's ``If-None-Match: *``, through the
-filesystem's ``pipe_file(..., mode="create")``; a local file opened with ``O_EXCL``), so of two writers
+created only when absent, by the store itself: a create-only put (obstore's ``mode="create"``: S3's and Azure's
+``If-None-Match: *``, GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` for a store obstore
+is not given; a local file opened with ``O_EXCL``), so of two writers
 starting at the same instant exactly one wins. Its holder renews its mtime every `HEARTBEAT` seconds; it is
 stale, and taken over with a warning, when its pid is dead on this host, or when it was not renewed for
 `STALE_AFTER` seconds (another host). A store without create-only puts (an fsspec filesystem that ignores
@@ -51,7 +52,7 @@ import fasteners
 
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
-from . import storage
+from . import objstore, storage
 from .guards import CLEANUP_TIMEOUT, names_errors, within
 
 LOCK_NAME = ".shardify.lock"
@@ -524,6 +525,12 @@ def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return
+    target = storage.store_of(url, storage_options, writes=True)
+    if target is not None:
+        import obstore
+
+        objstore.call(url, lambda: obstore.put(*target, data, mode="create"), writes=True)
+        return
     fs, path = storage.filesystem(url, storage_options)
     fs.pipe_file(path, data, mode="create")
 
@@ -531,5 +538,10 @@ def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
 def _mtime(url: str, storage_options: dict | None) -> float:
     if storage.is_local(url):
         return os.stat(storage.local_path(url)).st_mtime
+    target = storage.store_of(url, storage_options)
+    if target is not None:
+        import obstore
+
+        return objstore.call(url, lambda: obstore.head(*target))["last_modified"].timestamp()
     fs, path = storage.filesystem(url, storage_options)
     return fs.modified(path).timestamp()

@@ -1,9 +1,11 @@
-"""Range reads and heads of shards on object storage through obstore (Rust ``object_store``): ``s3://`` and
-``http(s)://``; every other scheme (and local paths) through fsspec.
+"""Object storage through obstore (Rust ``object_store``): ``s3://``, ``gs://``, ``az://`` (``abfs://``) and
+``http(s)://``, for the shard reader's range reads and heads and for `storage`'s whole-object reads, writes,
+listings and sizes; every other scheme (and local paths) through fsspec.
 
-A store is made per process and kept per (process, scheme, bucket or host, options, ``AWS_*`` environment, timeout),
-from the same s3fs-style ``storage_options`` users pass for every other storage call (`s3_config()`; the mapping is
-in the storage guide). Requests run in Rust with the interpreter lock released.
+A store is made per process and kept per (process, scheme, bucket or host, options, the store's environment,
+timeouts, retries), from the same fsspec-style ``storage_options`` users pass for every other storage call: s3fs's
+for ``s3://`` (`s3_config()`), gcsfs's for ``gs://`` (`gcs_config()`), adlfs's for ``az://`` (`azure_config()`); the
+mapping is in the storage guide. Requests run in Rust with the interpreter lock released.
 
 **Fork.** obstore runs its requests on one tokio runtime per process, started by the first request, and a tokio
 runtime does not survive ``fork()``: the child inherits the runtime's state but not its threads, and its first
@@ -24,8 +26,9 @@ resumes at the first missing byte (`RangeReader`: the one retry rule, so obstore
 longer than asked is a broken answer. A store's failure is a `StoreError` (transient: counted as the store's, never
 as bad data); a missing object a `FileNotFoundError`; a refused request a `PermissionError`.
 
-``s3://`` options this module does not map (requester pays, server-side encryption keys, version-aware paths) read
-through fsspec's generic range read instead (`store_for()` answers None).
+Options this module does not map (``s3://``: requester pays, server-side encryption keys, version-aware paths;
+``gs://``: requester pays, user credentials; ``az://``: a credential object) go through fsspec instead (`store_for()`
+answers None), which for ``gs://`` and ``az://`` needs gcsfs or adlfs installed.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from ..errors import StorageError, UsageError
+from ..errors import MissingCredentials, StorageError, UsageError
+from .guards import credentials_hint
+from .s3_timeouts import UPLOAD_RATE
 
 #: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
 #: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
@@ -81,9 +86,19 @@ class StoreError(StorageError, ConnectionError):
     than asked): transient, retried from the first byte not yet received; the message names the URL."""
 
 
+#: the schemes of each kind of store (fsspec's names for them)
+S3_SCHEMES = ("s3", "s3a")
+GCS_SCHEMES = ("gs", "gcs")
+AZURE_SCHEMES = ("az", "abfs", "abfss")
+HTTP_SCHEMES = ("http", "https")
+#: the environment variables each kind of store reads (a store made under other values is not reused)
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+
+
 def handles(url: str) -> bool:
-    """Whether ``url``'s scheme is one this module reads (``s3``, ``s3a``, ``http``, ``https``)."""
-    return url.partition("://")[0] in ("s3", "s3a", "http", "https") and "::" not in url
+    """Whether ``url``'s scheme is one this module reads (`S3_SCHEMES`, `GCS_SCHEMES`, `AZURE_SCHEMES`,
+    `HTTP_SCHEMES`)."""
+    return url.partition("://")[0] in S3_SCHEMES + GCS_SCHEMES + AZURE_SCHEMES + HTTP_SCHEMES and "::" not in url
 
 
 def _proxy(endpoint: str | None, proxies: dict | None) -> dict:
@@ -167,6 +182,141 @@ def s3_config(storage_options: dict | None) -> tuple[dict, dict] | None:
     return kw, client
 
 
+#: gcsfs options that only tune gcsfs itself (caches, its session): nothing for a request to honour
+_GCSFS_ONLY = {
+    "project",
+    "access",
+    "consistency",
+    "cache_timeout",
+    "secure_serialize",
+    "check_connection",
+    "block_size",
+    "skip_instance_cache",
+    "use_listings_cache",
+    "listings_expiry_time",
+    "asynchronous",
+    "loop",
+    "session_kwargs",
+    "retries",
+}
+
+
+def gcs_config(storage_options: dict | None) -> tuple[dict, dict] | None:
+    """``(GCSStore keyword arguments, client options)`` for gcsfs-style ``storage_options``; None where they ask for
+    something not mapped here (gcsfs then serves). ``token``: a service account's JSON key file (a path) or its
+    parsed contents (a dict), ``"anon"`` for unsigned requests, ``None``/``"google_default"``/``"cloud"`` for the
+    default credentials (``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server); ``endpoint_url`` the endpoint (an
+    emulator's; plain HTTP allowed for an ``http://`` one); ``requests_timeout`` seconds to connect and to wait
+    for data. Requester pays and user (OAuth) credentials are not mapped."""
+    import json
+
+    kw: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    for name, value in (storage_options or {}).items():
+        if name in _GCSFS_ONLY:
+            continue
+        if name == "token":
+            if value in (None, "google_default", "cloud"):
+                continue
+            if value == "anon":
+                kw["skip_signature"] = True
+            elif isinstance(value, dict) and value.get("type") == "service_account":
+                kw["service_account_key"] = json.dumps(value)
+            elif isinstance(value, (str, os.PathLike)) and str(value) not in ("browser",):
+                kw["service_account"] = os.fspath(value)
+            else:
+                return None
+        elif name == "endpoint_url":
+            if value:
+                kw["base_url"] = str(value).rstrip("/")
+                if str(value).startswith("http://"):
+                    client["allow_http"] = True
+        elif name == "requests_timeout":
+            if value:
+                client["connect_timeout"] = client["read_timeout"] = timedelta(seconds=float(value))
+        elif name == "requester_pays":
+            if value:
+                return None
+        else:
+            return None
+    return kw, client
+
+
+#: adlfs options that only tune adlfs itself (block sizes, caches, its threads): nothing for a request to honour
+_ADLFS_ONLY = {
+    "blocksize",
+    "default_fill_cache",
+    "default_cache_type",
+    "version_aware",
+    "assume_container_exists",
+    "max_concurrency",
+    "timeout",
+    "connection_timeout",
+    "read_timeout",
+    "skip_instance_cache",
+    "use_listings_cache",
+    "listings_expiry_time",
+    "asynchronous",
+    "loop",
+}
+#: adlfs's names for what a store is told, and obstore's
+_AZURE_NAMES = {
+    "account_name": "account_name",
+    "account_key": "account_key",
+    "sas_token": "sas_key",
+    "tenant_id": "tenant_id",
+    "client_id": "client_id",
+    "client_secret": "client_secret",
+}
+#: a connection string's fields, and obstore's names for them
+_CONNECTION_FIELDS = {"AccountName": "account_name", "AccountKey": "account_key", "SharedAccessSignature": "sas_key"}
+
+
+def azure_config(storage_options: dict | None, where: str = "") -> tuple[dict, dict] | None:
+    """``(AzureStore keyword arguments, client options)`` for adlfs-style ``storage_options`` and the URL's
+    container part ``where`` (``container`` or ``container@account.host``); None where they ask for something not
+    mapped here (adlfs then serves). ``account_name``, ``account_key``, ``sas_token``, ``tenant_id``/``client_id``/
+    ``client_secret`` (a service principal) as named; ``connection_string`` read for the account, key, SAS and blob
+    endpoint (``UseDevelopmentStorage=true``: the Azurite emulator); ``account_host`` the host of the endpoint;
+    ``anon`` unsigned requests. What is not given comes from the ``AZURE_STORAGE_*`` environment, as adlfs does.
+    A credential object (``credential``) is not mapped."""
+    kw: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    container, _, host = where.partition("@")
+    if host:
+        kw["account_name"] = host.split(".", 1)[0]
+    for name, value in (storage_options or {}).items():
+        if name in _ADLFS_ONLY:
+            continue
+        if name in _AZURE_NAMES:
+            if value is not None:
+                kw[_AZURE_NAMES[name]] = str(value).lstrip("?") if name == "sas_token" else str(value)
+        elif name == "connection_string":
+            if not value:
+                continue
+            fields = dict(p.split("=", 1) for p in str(value).split(";") if "=" in p)
+            if fields.get("UseDevelopmentStorage", "").lower() == "true":
+                kw["use_emulator"] = True
+            for field, key in _CONNECTION_FIELDS.items():
+                if fields.get(field):
+                    kw[key] = fields[field].lstrip("?") if key == "sas_key" else fields[field]
+            if fields.get("BlobEndpoint"):
+                kw["endpoint"] = fields["BlobEndpoint"].rstrip("/")
+        elif name == "account_host":
+            if value:
+                kw["endpoint"] = f"https://{value}"
+        elif name == "anon":
+            if value:
+                kw["skip_signature"] = True
+        else:
+            return None
+    if str(kw.get("endpoint", "")).startswith("http://"):
+        client["allow_http"] = True
+    if kw.get("use_emulator"):
+        client["allow_http"] = True
+    return kw, client
+
+
 # ---- the stores of this process ---------------------------------------------------------------------------------
 _STORES: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
@@ -175,11 +325,16 @@ _REQUESTED_IN: int | None = None
 
 
 def usable(url: str, storage_options: dict | None) -> bool:
-    """Whether `store_for()` reads ``url`` through obstore, without making a store."""
+    """Whether `store_for()` serves ``url`` through obstore, without making a store."""
     if not handles(url):
         return False
-    if url.startswith("http"):
+    scheme, _, rest = url.partition("://")
+    if scheme in HTTP_SCHEMES:
         return not storage_options
+    if scheme in GCS_SCHEMES:
+        return gcs_config(storage_options) is not None
+    if scheme in AZURE_SCHEMES:
+        return azure_config(storage_options, rest.partition("/")[0]) is not None
     return s3_config(storage_options) is not None
 
 
@@ -217,21 +372,36 @@ def fork_unsafe(urls: Any, storage_options: dict | None) -> bool:
     return False
 
 
-def store_for(url: str, storage_options: dict | None, timeout: float | None = None) -> tuple[Any, str] | None:
+def store_for(
+    url: str,
+    storage_options: dict | None,
+    timeout: float | None = None,
+    *,
+    connect: float | None = None,
+    retries: int = 0,
+    part: int | None = None,
+) -> tuple[Any, str] | None:
     """(this process's obstore store for ``url``'s bucket or host, the object's path in it), or None where this
-    module does not read ``url`` (another scheme, unmapped options).
-    ``timeout``: seconds to connect and to wait for data; a whole request may take four times as long."""
+    module does not serve ``url`` (another scheme, unmapped options).
+    ``timeout``: seconds to wait for data, and to connect unless ``connect`` says (where the options set neither).
+    A whole request may take four times ``timeout``; with ``part`` (the largest body a request sends, in bytes)
+    the two timeouts plus a second per `UPLOAD_RATE` bytes of it instead (a stalled upload fails, a slow one
+    finishes), and without ``part`` or ``timeout`` no limit beyond them. ``retries``: obstore's own retries of a
+    failed request (backoff with jitter; 0 for the shard reader, whose one retry rule resumes at the byte)."""
     global _REQUESTED_IN
     if not usable(url, storage_options):
         return None
     scheme, _, rest = url.partition("://")
     where, _, path = rest.partition("/")
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") or k.lower().endswith("proxy")))
-    key = (os.getpid(), scheme, where, repr(sorted((storage_options or {}).items())), timeout, env)
+    env = tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k.lower().endswith("proxy"))
+    )
+    options = repr(sorted((storage_options or {}).items()))
+    key = (os.getpid(), scheme, where, options, timeout, connect, retries, part, env)
     with _LOCK:
         store = _STORES.get(key)
         if store is None:
-            store = _make(scheme, where, storage_options, timeout)
+            store = _make(url, scheme, where, storage_options, (timeout, connect, part), retries)
             if store is None:
                 return None
             _STORES[key] = store
@@ -239,39 +409,62 @@ def store_for(url: str, storage_options: dict | None, timeout: float | None = No
     return store, path
 
 
-def _timeouts(client: dict, timeout: float | None) -> Any:
+def _timeouts(client: dict, limits: tuple) -> Any:
+    """``client`` with the timeouts of `store_for()`'s ``(timeout, connect, part)`` where the options set none."""
+    timeout, connect, part = limits
     if timeout:
-        client.setdefault("connect_timeout", timedelta(seconds=timeout))
+        client.setdefault("connect_timeout", timedelta(seconds=connect or timeout))
         client.setdefault("read_timeout", timedelta(seconds=timeout))
-        client.setdefault("timeout", timedelta(seconds=4 * timeout))
+        if part:
+            waits = client["connect_timeout"] + client["read_timeout"]
+            client.setdefault("timeout", waits + timedelta(seconds=part / UPLOAD_RATE))
+        elif connect is None:
+            client.setdefault("timeout", timedelta(seconds=4 * timeout))
     return client
 
 
-def _make(scheme: str, where: str, storage_options: dict | None, timeout: float | None) -> Any:
-    """A new store for bucket (or host) ``where``; None where the options are not mapped."""
-    from obstore.store import HTTPStore, S3Store
+def _make(url: str, scheme: str, where: str, storage_options: dict | None, limits: tuple, retries: int) -> Any:
+    """A new store for bucket, container (or host) ``where``; None where the options are not mapped."""
+    from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
 
-    no_retries: Any = {"max_retries": 0}  # the one retry rule is the caller's: resume at the byte
-    if scheme in ("http", "https"):
+    retry: Any = {"max_retries": retries}
+    if scheme in HTTP_SCHEMES:
         if storage_options:  # aiohttp's client options (auth, headers, ...): fsspec's HTTP reads them
             return None
-        client = _timeouts({"allow_http": scheme == "http", **_proxy(f"{scheme}://", None)}, timeout)
-        return HTTPStore.from_url(f"{scheme}://{where}", client_options=client, retry_config=no_retries)
+        client = _timeouts({"allow_http": scheme == "http", **_proxy(f"{scheme}://", None)}, limits)
+        return HTTPStore.from_url(f"{scheme}://{where}", client_options=client, retry_config=retry)
+    if scheme in GCS_SCHEMES:
+        mapped = gcs_config(storage_options)
+        if mapped is None:
+            return None
+        kw, client = mapped
+        client.update(_proxy(kw.get("base_url"), None))
+        return GCSStore(where, client_options=_timeouts(client, limits), retry_config=retry, **kw)
+    if scheme in AZURE_SCHEMES:
+        mapped = azure_config(storage_options, where)
+        if mapped is None:
+            return None
+        kw, client = mapped
+        client.update(_proxy(kw.get("endpoint"), None))
+        container = where.partition("@")[0]
+        return AzureStore(container, client_options=_timeouts(client, limits), retry_config=retry, **kw)
     mapped = s3_config(storage_options)
     if mapped is None:
         return None
     kw, client = mapped
-    provider = _credentials(kw.pop("profile", None), kw)
+    provider = _credentials(url, kw.pop("profile", None), kw)
     if provider is not None:
         kw["credential_provider"] = provider
-    return S3Store(where, client_options=_timeouts(client, timeout), retry_config=no_retries, **kw)
+    return S3Store(where, client_options=_timeouts(client, limits), retry_config=retry, **kw)
 
 
-def _credentials(profile: str | None, kw: dict) -> Any:
+def _credentials(url: str, profile: str | None, kw: dict) -> Any:
     """Where a store's credentials come from where the options name no keys: botocore's chain (a boto3 session, of
     ``profile`` where given), the one s3fs uses, so the shared credentials and config files, ``AWS_PROFILE``, SSO and
     the instance's role serve as they do for the index; None where the options or ``AWS_ACCESS_KEY_ID`` give keys,
-    requests go unsigned, or boto3 is not installed (then obstore reads the ``AWS_*`` environment itself)."""
+    requests go unsigned, or boto3 is not installed (then obstore reads the ``AWS_*`` environment itself). A chain that
+    finds none is a `MissingCredentials` naming ``url`` (obstore would otherwise ask the instance metadata service,
+    which a machine outside AWS does not answer)."""
     if kw.get("access_key_id") or kw.get("skip_signature"):
         return None
     if profile is None and os.environ.get("AWS_ACCESS_KEY_ID"):
@@ -283,20 +476,92 @@ def _credentials(profile: str | None, kw: dict) -> Any:
         if profile is not None:
             raise UsageError(f"storage_options profile={profile!r} needs boto3: pip install boto3") from None
         return None
-    return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+    session = boto3.Session(profile_name=profile)
+    if session.get_credentials() is None:
+        raise MissingCredentials(f"{url}: no credentials for s3 storage (NoCredentialsError): {credentials_hint(url)}")
+    return Boto3CredentialProvider(session)
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------
-def _error(e: BaseException, url: str) -> BaseException:
-    """An obstore error as the caller classifies it: a missing object, a refusal, or the store's failure."""
-    from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
+#: words of a transport failure in an obstore error (the request never got an answer)
+_NO_ANSWER = ("error sending request", "timed out", "connection", "dns error")
 
-    if isinstance(e, NotFoundError):
+
+def _error(e: BaseException, url: str, writes: bool = False) -> BaseException:
+    """An obstore error as the caller classifies it: a missing object (``writes``: a missing bucket is a
+    `StorageError` naming it), an object a create-only put found there (`FileExistsError`), a refusal, or the store's
+    failure (`StoreError`: no answer in time, a 5xx after the store's retries)."""
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        NotFoundError,
+        PermissionDeniedError,
+        PreconditionError,
+        UnauthenticatedError,
+    )
+
+    said = str(e)
+    if isinstance(e, (NotFoundError, FileNotFoundError)):  # obstore raises the built-in one for a 404
+        if writes and "NoSuchBucket" in said:  # S3's error code for the bucket, in its answer's body
+            bucket = url.split("://", 1)[1].split("/", 1)[0]
+            return StorageError(f"{url}: the bucket {bucket!r} does not exist; create it, or check the URL")
         return FileNotFoundError(f"{url}: no such object")
-    if isinstance(e, (PermissionDeniedError, UnauthenticatedError)):
+    if isinstance(e, (AlreadyExistsError, PreconditionError, FileExistsError)):
+        return FileExistsError(f"{url}: already there")
+    if isinstance(e, (PermissionDeniedError, UnauthenticatedError, PermissionError)):
         return PermissionError(f"{url}: the store refused the request ({type(e).__name__})")
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = said.strip().splitlines()[0] if said.strip() else type(e).__name__
+    if any(w in said.lower() for w in _NO_ANSWER):
+        return StoreError(
+            f"{url}: the storage did not answer ({first}); check the endpoint and the network (the storage options' "
+            "timeouts set how long it is waited for)"
+        )
     return StoreError(f"{url}: {first}")
+
+
+def call(url: str, fn: Any, writes: bool = False) -> Any:
+    """``fn()`` (an obstore request about ``url``), its error raised as the package classifies it (`_error()`).
+
+    On the main thread the request runs on a daemon thread while the main thread waits: obstore blocks in Rust
+    until its request ends (a stalled store: its whole deadline), and Python runs a signal's handler (Ctrl-C,
+    ``SIGTERM``) only between its own instructions, so waiting on a helper keeps a stalled request from delaying
+    an interrupt and its cleanup. An abandoned request ends on its own, and does not hold up the exit."""
+    try:
+        return fn() if threading.current_thread() is not threading.main_thread() else _on_helper(fn)
+    except (StorageError, UsageError):
+        raise
+    except Exception as e:
+        if _is_obstore(e):
+            raise _error(e, url, writes) from e
+        raise
+
+
+def _on_helper(fn: Any) -> Any:
+    """``fn()`` on a daemon thread, waited for in a way a signal interrupts."""
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="streambatch-objstore", daemon=True).start()
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _is_obstore(e: BaseException) -> bool:
+    """Whether ``e`` is obstore's: its own exception classes, or the built-in OS errors it raises for a missing
+    object, a refusal or a transport failure."""
+    from obstore.exceptions import BaseError
+
+    return isinstance(e, (BaseError, OSError))
 
 
 def object_version(meta: Any) -> str | None:
@@ -373,9 +638,3 @@ def read_range(store: Any, path: str, url: str, start: int, end: int, sink: list
         elif got:
             sink.append(bytes(into[:got]))
     return int(meta["size"])
-
-
-def store_of(url: str, storage_options: dict | None) -> tuple[Any, str] | None:
-    """This process's store for ``url`` and the object's path in it (for other rooms: locks, create-only puts);
-    None where fsspec handles ``url``."""
-    return store_for(url, storage_options)

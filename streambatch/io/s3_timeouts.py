@@ -1,5 +1,7 @@
-"""How long object-storage calls wait: every ``s3://`` filesystem `filesystem()` makes (all storage
-calls but the shard reader's, which has its own: `ReadOptions`).
+"""How long object-storage calls wait: every obstore store `storage.store_of()` makes (its timeouts, tries and
+upload deadline are these: `objstore.store_for()`) and every ``s3://`` filesystem `filesystem()` makes (s3fs: for
+options obstore is not given, reads before obstore's runtime runs, and its callers outside `storage`); all
+storage calls but the shard reader's, which has its own: `ReadOptions`.
 
 Unless ``storage_options`` set them (``config_kwargs.connect_timeout``, ``read_timeout``, ``retries``), a request
 waits at most `CONNECT_TIMEOUT` seconds to connect and `READ_TIMEOUT` seconds for data, and is tried

@@ -1,7 +1,13 @@
-"""Paths and fsspec URLs, one way: open, join, list, and write whole objects atomically.
+"""Paths and URLs, one way: open, join, list, and write whole objects atomically.
 
-Every module that touches storage goes through here, so local folders, ``file://``, ``s3://``, ``gs://`` and
-``http(s)://`` behave the same, and ``storage_options`` (credentials, ``endpoint_url``) reach fsspec.
+Every module that touches storage goes through here, so local folders, ``file://``, ``s3://``, ``gs://``, ``az://``
+and ``http(s)://`` behave the same. Object stores go through obstore (`objstore`: ``s3://``, ``gs://``, ``az://``;
+``http(s)://`` read only), with the timeouts of `s3_timeouts` and its number of tries unless ``storage_options`` set
+them: every write (one upload that becomes visible whole; a create-only put where a publish must be exclusive,
+`lock`), and every read once the process runs obstore's runtime (`store_of()`: a read never starts it, so that a
+training process can still fork its workers). fsspec serves local paths, every other scheme, options obstore is
+not given (`objstore.store_for()` answers None: s3fs, gcsfs or adlfs then) and those first reads, so
+``storage_options`` reach the one that serves the URL.
 """
 
 from __future__ import annotations
@@ -16,9 +22,53 @@ from typing import IO, Any
 import fsspec
 
 from ..errors import UnknownStorage
-from .guards import abort_upload, names_errors, open_local, write_error
-from .s3_timeouts import with_timeouts
+from . import objstore
+from .guards import CLEANUP_TIMEOUT, abort_upload, names_errors, open_local, within, write_error
+from .s3_timeouts import ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT, with_timeouts
 from .tempname import temporary_name
+
+#: the largest body one upload request sends, in bytes: a bigger object goes up in parts of this size (a multipart
+#: upload, visible only once complete), so each request's deadline (`objstore.store_for()`) stays short
+PART = 8 * 1024 * 1024
+#: bytes a file opened to read (`open_url()`) asks for at a time: a small object in one request
+READ_BLOCK = 8 * 1024 * 1024
+
+
+def store_of(url: str, storage_options: dict | None, writes: bool = False) -> tuple[Any, str] | None:
+    """(this process's obstore store for ``url``, the object's path in it) for the calls here, or None where fsspec
+    serves ``url``: a local path, another scheme, options obstore is not given, a write to ``http(s)://``, or a
+    read (not ``writes``) in a process where obstore's runtime does not run yet, of a scheme whose fsspec package
+    is installed.
+
+    Such reads start no runtime: a process that has made no obstore request can still fork workers that make them
+    (`objstore.fork_unsafe()`), so a training process that plans from a remote index keeps forked DataLoader
+    workers (which share its lengths and may run callables that do not pickle). A write starts it (a writer's
+    first request is its lock's create-only put), and from then on the process reads through obstore too; so does
+    a read of ``gs://`` or ``az://`` without gcsfs or adlfs (its workers then start by forkserver)."""
+    if is_local(url) or not objstore.usable(url, storage_options):
+        return None
+    if writes and url.startswith("http"):
+        return None
+    if not writes and not objstore.runtime_running() and _fsspec_serves(url):
+        return None
+    return objstore.store_for(
+        url, storage_options, READ_TIMEOUT, connect=CONNECT_TIMEOUT, retries=ATTEMPTS - 1, part=PART if writes else None
+    )
+
+
+def _fsspec_serves(url: str) -> bool:
+    """Whether an installed fsspec back-end serves ``url``'s scheme."""
+    try:
+        filesystem_class(url)
+    except UnknownStorage:
+        return False
+    return True
+
+
+def _dir(path: str) -> str:
+    """An object path as a folder's prefix (``a/b/``; the bucket's root: empty)."""
+    path = path.strip("/")
+    return f"{path}/" if path else ""
 
 
 def is_local(url: str) -> bool:
@@ -149,6 +199,13 @@ def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) ->
     """Open a local path or fsspec URL (a local shard only if it is a regular file: `open_local()`)."""
     if is_local(url):
         return open_local(local_path(url), mode)
+    target = store_of(url, storage_options, writes="r" not in mode)
+    if target is not None and mode in ("rb", "r"):
+        raw = ObjectFile(*target, url)
+        buffered = io.BufferedReader(raw, READ_BLOCK)  # type: ignore[arg-type]
+        return buffered if mode == "rb" else io.TextIOWrapper(buffered, encoding="utf-8")
+    if target is not None and mode == "wb":
+        return AtomicWriter(url, storage_options).file
     fs, path = filesystem(url, storage_options)
     return fs.open(path, mode)
 
@@ -157,6 +214,19 @@ def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) ->
 def exists(url: str, storage_options: dict | None = None) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))
+    target = store_of(url, storage_options)
+    if target is not None:
+        import obstore
+
+        store, path = target
+        try:
+            objstore.call(url, lambda: obstore.head(store, path))
+            return True
+        except FileNotFoundError:  # a folder (a prefix some objects start with) is there too; HTTP has none
+            if url.startswith("http"):
+                return False
+            first = lambda: next(iter(obstore.list(store, _dir(path), chunk_size=1)), [])  # noqa: E731
+            return bool(objstore.call(url, first))
     fs, path = filesystem(url, storage_options)
     return fs.exists(path)
 
@@ -166,6 +236,8 @@ def makedirs(url: str, storage_options: dict | None = None) -> None:
     if is_local(url):
         os.makedirs(local_path(url), exist_ok=True)
         return
+    if store_of(url, storage_options, writes=True) is not None:
+        return  # an object store has no folders: an object's name makes its own
     fs, path = filesystem(url, storage_options)
     fs.makedirs(path, exist_ok=True)
 
@@ -176,6 +248,16 @@ def listdir(url: str, storage_options: dict | None = None) -> list[str]:
     if is_local(url):
         p = local_path(url)
         return sorted(os.listdir(p)) if os.path.isdir(p) else []
+    target = store_of(url, storage_options)
+    if target is not None and not url.startswith("http"):
+        import obstore
+
+        store, path = target
+        prefix = _dir(path)
+        listed = objstore.call(url, lambda: obstore.list_with_delimiter(store, prefix or None))
+        names = [posixpath.basename(p.rstrip("/")) for p in listed["common_prefixes"]]
+        names += [posixpath.basename(o["path"]) for o in listed["objects"] if o["path"] != prefix]
+        return sorted(set(names))
     fs, path = filesystem(url, storage_options)
     if not fs.exists(path):
         return []
@@ -192,6 +274,17 @@ def remove(url: str, storage_options: dict | None = None, recursive: bool = Fals
         elif os.path.exists(p):
             os.remove(p)
         return
+    target = store_of(url, storage_options, writes=True)
+    if target is not None:
+        import obstore
+
+        store, path = target
+        objstore.call(url, lambda: obstore.delete(store, path), writes=True)  # nothing there: no error
+        if recursive:
+            below = objstore.call(url, lambda: [o["path"] for part in obstore.list(store, _dir(path)) for o in part])
+            if below:
+                objstore.call(url, lambda: obstore.delete(store, below), writes=True)
+        return
     fs, path = filesystem(url, storage_options)
     if fs.exists(path):
         fs.rm(path, recursive=recursive)
@@ -201,6 +294,9 @@ def remove(url: str, storage_options: dict | None = None, recursive: bool = Fals
 def size(url: str, storage_options: dict | None = None) -> int:
     if is_local(url):
         return os.path.getsize(local_path(url))
+    target = store_of(url, storage_options)
+    if target is not None:
+        return objstore.call(url, lambda: objstore.head(*target, url))[0]
     fs, path = filesystem(url, storage_options)
     return int(fs.size(path))
 
@@ -211,6 +307,11 @@ def read_whole(url: str, storage_options: dict | None = None) -> bytes:
     if is_local(url):
         with open_local(local_path(url), "rb", regular=True) as f:
             return f.read()
+    target = store_of(url, storage_options)
+    if target is not None:
+        import obstore
+
+        return objstore.call(url, lambda: bytes(obstore.get(*target).bytes()))
     fs, path = filesystem(url, storage_options)
     s3 = _protocol(fs) in ("s3", "s3a")
     return bytes(fs.cat_file(path, **({"max_concurrency": 1} if s3 else {})))  # s3fs: no size request to split it
@@ -223,8 +324,32 @@ def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> by
     if is_local(url):
         with open_local(local_path(url), "rb", regular=True) as f:
             return f.read(limit)
+    target = store_of(url, storage_options)
+    if target is not None:
+        if limit <= 0:
+            return b""
+        return objstore.call(url, lambda: _prefix(*target, limit))
     fs, path = filesystem(url, storage_options)
-    return bytes(fs.cat_file(path, start=0, end=limit))
+    return bytes(fs.cat_file(path, start=0, end=limit))[:limit]  # an HTTP server may answer the whole object
+
+
+def _prefix(store: Any, path: str, limit: int) -> bytes:
+    """The first ``limit`` bytes of an object through obstore: one ranged GET; where the server does not serve
+    ranges (HTTP lets it answer the whole object), one plain GET read only as far as ``limit``."""
+    import obstore
+    from obstore.exceptions import GenericError, NotSupportedError
+
+    try:
+        return bytes(obstore.get(store, path, options={"range": (0, limit)}).bytes())[:limit]
+    except (NotSupportedError, GenericError) as e:
+        if isinstance(e, GenericError) and "non-partial" not in str(e):
+            raise
+    got = bytearray()
+    for piece in obstore.get(store, path).stream():
+        got += memoryview(piece)[: limit - len(got)]
+        if len(got) >= limit:
+            break
+    return bytes(got)
 
 
 def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:
@@ -245,8 +370,53 @@ def open_random(url: str, storage_options: dict | None = None) -> IO[bytes]:
     asked for, with no read-ahead block around them."""
     if is_local(url):
         return open_local(local_path(url), "rb", regular=True)
+    target = store_of(url, storage_options)
+    if target is not None:
+        return ObjectFile(*target, url)  # type: ignore[return-value]
     fs, path = filesystem(url, storage_options)
     return fs.open(path, "rb", cache_type="none")
+
+
+class ObjectFile(io.RawIOBase):
+    """An object read through obstore as a seekable binary file: its size asked once when opened (one ``HEAD``),
+    then each read one ranged ``GET`` of exactly the bytes asked for (wrap it in ``io.BufferedReader`` to read
+    ahead). A failed request raises as `objstore.call()` classifies it."""
+
+    def __init__(self, store: Any, path: str, url: str) -> None:
+        super().__init__()
+        self._store, self._path, self.name = store, path, url
+        self._size = objstore.call(url, lambda: objstore.head(store, path, url))[0]
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: seek to a negative position")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        import obstore
+
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._size - self._pos))
+        if n == 0:
+            return 0
+        start = self._pos
+        data = objstore.call(self.name, lambda: obstore.get_range(self._store, self._path, start=start, length=n))
+        got = len(data)
+        view[:got] = memoryview(data)
+        self._pos += got
+        return got
 
 
 class AtomicWriter:
@@ -254,8 +424,9 @@ class AtomicWriter:
 
     Local targets: a temporary file in the target's folder, fsync'ed by `finish()` and renamed into place
     by `publish()` (atomic on POSIX), so several files can be finished first and published together.
-    Object stores: an upload that becomes visible only when `finish()` completes it. `abort()` throws
-    an unfinished file away. As a context manager: publish on success, abort on an exception.
+    Object stores: an upload that becomes visible only when `finish()` completes it (obstore's: in parts of
+    `PART` bytes once it outgrows one). `abort()` throws an unfinished file away. As a context manager: publish on
+    success, abort on an exception.
     """
 
     def __init__(self, url: str, storage_options: dict | None = None) -> None:
@@ -267,6 +438,8 @@ class AtomicWriter:
             os.makedirs(os.path.dirname(self.dst) or ".", exist_ok=True)
             self.tmp = temporary_name(self.dst)
             self.file: IO[bytes] = open(self.tmp, "wb")
+        elif (target := store_of(url, storage_options, writes=True)) is not None:
+            self.file = _ObjectWriter(*target, url)  # type: ignore[assignment]
         else:
             fs, path = filesystem(url, storage_options)
             self.file = fs.open(path, "wb")
@@ -307,6 +480,8 @@ class AtomicWriter:
                 if os.path.exists(self.tmp):
                     os.remove(self.tmp)
                 self.tmp = None
+            elif self.nbytes is None and isinstance(self.file, _ObjectWriter):
+                self.file.discard()
             elif self.nbytes is None:
                 abort_upload(self.file, self.url)
         except Exception:  # noqa: BLE001 - cleaning up after another error: that error is the one to see
@@ -326,6 +501,62 @@ class AtomicWriter:
             raise
 
 
+class _ObjectWriter(io.RawIOBase):
+    """An upload through obstore, as a binary file to write: obstore's buffered writer (a multipart upload in
+    `PART`-byte parts once it outgrows one), whose object appears whole when `close()` completes it and never if
+    `discard()` comes first; ``tell()`` is the bytes written. What is written is gathered here and handed to obstore
+    a part at a time (one request's worth per `objstore.call()`). Errors name the URL as `objstore.call()` says."""
+
+    def __init__(self, store: Any, path: str, url: str) -> None:
+        import obstore
+
+        super().__init__()
+        self.name, self._written, self._held = url, 0, bytearray()
+        self._file = objstore.call(url, lambda: obstore.open_writer(store, path, buffer_size=PART), writes=True)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        n = len(memoryview(data).cast("B"))
+        self._held += data
+        self._written += n
+        if len(self._held) >= PART:
+            self._hand_over()
+        return n
+
+    def _hand_over(self) -> None:
+        held, self._held = bytes(self._held), bytearray()
+        objstore.call(self.name, lambda: self._file.write(held), writes=True)
+
+    def tell(self) -> int:
+        return self._written
+
+    def flush(self) -> None:
+        """Nothing to do: a part goes once it is full, the rest when the upload is completed (`close()`)."""
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                if self._held:
+                    self._hand_over()
+                objstore.call(self.name, self._file.close, writes=True)
+            finally:
+                super().close()
+
+    def discard(self) -> None:
+        """Abort the upload (what was sent is thrown away; nothing appears under the name), waiting for the storage
+        at most `CLEANUP_TIMEOUT` seconds."""
+        if self.closed:
+            return
+        self._held = bytearray()
+        error = RuntimeError("the upload is discarded")
+        try:  # the context manager's exit on an exception is obstore's one way to abort its upload
+            within(CLEANUP_TIMEOUT, lambda: self._file.__exit__(RuntimeError, error, None))
+        finally:
+            super().close()
+
+
 def put_file_atomic(local_src: str, url: str, storage_options: dict | None = None) -> None:
     """Move/upload a finished local file to ``url`` so it appears only complete.
 
@@ -343,6 +574,15 @@ def put_file_atomic(local_src: str, url: str, storage_options: dict | None = Non
 @names_errors(writes=True)
 def _upload(url: str, local_src: str, storage_options: dict | None) -> None:
     """Upload a local file to an object store's ``url`` (one whole-object upload)."""
+    target = store_of(url, storage_options, writes=True)
+    if target is not None:
+        import pathlib
+
+        import obstore
+
+        put = lambda: obstore.put(*target, pathlib.Path(local_src), chunk_size=PART)  # noqa: E731
+        objstore.call(url, put, writes=True)
+        return
     fs, path = filesystem(url, storage_options)
     fs.put_file(local_src, path)
 
@@ -353,6 +593,12 @@ def write_bytes_atomic(url: str, data: bytes, storage_options: dict | None = Non
     if is_local(url):
         with AtomicWriter(url) as w:
             w.file.write(data)
+        return
+    target = store_of(url, storage_options, writes=True)
+    if target is not None:
+        import obstore
+
+        objstore.call(url, lambda: obstore.put(*target, data, chunk_size=PART), writes=True)
         return
     fs, path = filesystem(url, storage_options)
     fs.pipe_file(path, data)

@@ -234,8 +234,8 @@ def _put(proxy, name: str) -> bool:
         return any(method == "PUT" and path.split("?")[0].endswith(name) for method, path, _, _ in proxy.requests)
 
 
-#: every object request answers nothing for a minute
-STALL = Rule("stall", seconds=60, methods=("GET", "HEAD", "PUT", "POST", "DELETE"))
+#: every request answers nothing for a minute (for an object, and for a bucket: a listing, a bulk delete)
+STALL = Rule("stall", seconds=60, methods=("GET", "HEAD", "PUT", "POST", "DELETE"), buckets=True)
 
 
 def test_an_interrupted_write_to_a_stalled_store_ends_in_seconds(corpus, proxy, watchdog):
