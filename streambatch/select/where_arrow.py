@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError
+
 #: DuckDB's keywords that are not free to be a bare column name (``duckdb_keywords()`` of DuckDB 2.0, every
 #: category but "unreserved"): a bare one in an expression goes to the engine
 KEYWORDS = frozenset(
@@ -66,8 +68,8 @@ _EXACT_FLOAT = 2**53  # integers up to this magnitude are one double each
 _INT64 = 2**63
 
 
-class _Decline(Exception):
-    """The expression is outside the short path (the engine takes it)."""
+class _Decline(UsageError):
+    """The expression is outside the short path (the engine takes it): caught here, never raised to a caller."""
 
 
 # ---- the syntax tree: values (columns, literals) and predicates -------------------------------------------------
