@@ -202,7 +202,7 @@ def open_url(url: str, mode: str = "rb", storage_options: dict | None = None) ->
     target = store_of(url, storage_options, writes="r" not in mode)
     if target is not None and mode in ("rb", "r"):
         raw = ObjectFile(*target, url)
-        buffered = io.BufferedReader(raw, READ_BLOCK)  # type: ignore[arg-type]
+        buffered = io.BufferedReader(raw, READ_BLOCK)
         return buffered if mode == "rb" else io.TextIOWrapper(buffered, encoding="utf-8")
     if target is not None and mode == "wb":
         return AtomicWriter(url, storage_options).file
@@ -225,7 +225,10 @@ def exists(url: str, storage_options: dict | None = None) -> bool:
         except FileNotFoundError:  # a folder (a prefix some objects start with) is there too; HTTP has none
             if url.startswith("http"):
                 return False
-            first = lambda: next(iter(obstore.list(store, _dir(path), chunk_size=1)), [])  # noqa: E731
+
+            def first() -> Any:
+                return next(iter(obstore.list(store, _dir(path), chunk_size=1)), [])
+
             return bool(objstore.call(url, first))
     fs, path = filesystem(url, storage_options)
     return fs.exists(path)

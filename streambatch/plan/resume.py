@@ -453,8 +453,8 @@ class BalancedPrefix(PrefixOf):
             part = idx[lo:stop]
             order = balanced_order(
                 balance.time.times([self.batches[j] for j in part], self.lens),
-                rounds[lo:stop],
-                repeated[part],
+                rounds[lo:stop].tolist(),
+                repeated[part].tolist(),
                 lo == 0 and self.eq.hardest >= 0,
                 targets(self.config.epoch_seed, self.epoch, lo, stop - lo),
                 balance.rounds,
