@@ -7,6 +7,8 @@ interrupt is lost. Receiving a tensor's file descriptor from a DataLoader worker
 sharer) is the same in effect: cut in the middle, the worker prints the broken connection's traceback.
 `Interrupter` raises KeyboardInterrupt at once, unless the code interrupted is one of those: then it has the
 same signal sent to the thread again a moment later, and its handler raises it then, once that code has returned.
+A finalizer (``__del__``: a DataLoader iterator's, stopping its workers, as a pass ends) is the same: what it raises
+is printed as ``Exception ignored in`` and dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ MAX_DELAY = 2.0
 def uninterruptible(frame: FrameType | None) -> bool:
     """Whether ``frame`` (a signal handler's) or one of its callers is code an exception must not be raised in."""
     while frame is not None:
+        if frame.f_code.co_name == "__del__":  # a finalizer: Python prints what it raises and drops it
+            return True
         name = os.path.basename(frame.f_code.co_filename)
         if name in _UNINTERRUPTIBLE:
             names = _UNINTERRUPTIBLE[name]

@@ -430,3 +430,40 @@ def test_no_interrupt_is_raised_inside_soundfiles_code():
 
     assert uninterruptible(frame_in("/site-packages/soundfile.py"))
     assert not uninterruptible(frame_in("/site-packages/other.py"))
+
+
+FINALIZER = """\
+import os, signal, time
+from streambatch.interrupts import Interrupter
+
+interrupter = Interrupter()
+interrupter.arm()
+signal.signal(signal.SIGINT, interrupter.interrupt)
+
+
+class Held:
+    def __del__(self):  # the signal arrives while a finalizer runs (a DataLoader iterator's, as a pass ends)
+        os.kill(os.getpid(), signal.SIGINT)
+        start = time.monotonic()
+        while time.monotonic() - start < 0.05:
+            pass
+
+
+try:
+    held = Held()
+    del held
+    start = time.monotonic()
+    while time.monotonic() - start < 1.0:
+        pass
+    print("lost")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_an_interrupt_that_lands_in_a_finalizer_is_not_lost():
+    """Ctrl-C during a finalizer (a DataLoader iterator's ``__del__`` stopping its workers at the end of a pass):
+    Python prints what a finalizer raises as "Exception ignored" and drops it, and the run went on to exit 0. The
+    interrupt is raised once the finalizer has returned."""
+    out = subprocess.run([sys.executable, "-c", FINALIZER], capture_output=True, text=True, timeout=60)
+    assert (out.stdout.strip(), out.stderr.strip()) == ("interrupted", "")
