@@ -182,13 +182,10 @@ def test_trainer_under_torchrun_resumes_each_rank_exactly(data, tmp_path):
 def test_accelerate_launch_multi_process_on_cpu_splits_the_epoch(data, tmp_path):
     """``accelerate launch --multi_gpu --num_processes 2`` with ``Accelerator(cpu=True)`` (the guide's command):
     two processes in one gloo group, each yielding its own rank's share, the same number of batches on each."""
-    import socket
-
     from conftest import finish, popen
+    from conftest_s3 import free_port
 
-    with socket.socket() as s:  # a free port on loopback for the process group's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # on loopback, for the process group's rendezvous
     script = str(Path(hf_runs.__file__).with_name("accelerate_ranks.py"))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     cmd += ["--num_machines", "1", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
