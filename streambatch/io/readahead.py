@@ -33,6 +33,7 @@ class Job:
         self.file: BinaryIO | None = None  # the cached copy, opened when prepared (eviction cannot take it)
         self.verified = False  # the cached copy was checked in full when it was downloaded
         self.stat: os.stat_result | None = None  # a local file's stat when it was prepared (io/verified.py)
+        self.opened: BinaryIO | None = None  # the local file the reader streams, open until the job's end
         self.reused = False  # a local file whose sha256 this node already computed for this version of it
         self.error: BaseException | None = None
         self.ready = False

@@ -27,7 +27,7 @@ from ..io.ranges import Count, RangeReader, check_size
 from ..io.readahead import InOrder, Job, ReadAhead, job_chunks
 from ..io.retry import call_with_retry
 from ..io.storage import is_local, local_path, reading_filesystem
-from ..io.verified import changed_since, object_key, recorded_sha256, remember, remember_sha256
+from ..io.verified import changed_since, fd_changed, object_key, recorded_sha256, remember, remember_sha256
 from .faults import ChecksumMismatch, FaultLog, waiting_on_storage
 
 log = logging.getLogger("streambatch")
@@ -387,7 +387,7 @@ class Fetcher:
     def _chunk_source(self, job: Job) -> tuple[Callable[[], bytes | None], Callable[[], None] | None]:
         """The job's next-chunk function, and what closes its file (None: nothing to close)."""
         if job.local is not None:
-            f = _opened(job)
+            f = job.opened = _opened(job)
             cs = min(self.opts.chunk_size, 1 << 20)
             if job.byte_range is not None:
                 return _local_range(f, *job.byte_range, cs), f.close
@@ -430,7 +430,7 @@ class Fetcher:
         assert job.stat is not None and job.local is not None
         if job.reused:
             self._count("sha256_reused")
-            return "the file changed while it was read" if changed_since(job.local, job.stat) else None
+            return "the file changed while it was read" if _changed(job) else None
         if stream.digest is not None:
             with contextlib.suppress(OSError):
                 remember_sha256(job.local, job.stat, os.stat(job.local), stream.digest.hexdigest(), self.opts.cache_dir)
@@ -477,6 +477,17 @@ def _opened(job: Job) -> BinaryIO:
         return open(job.local or "", "rb")
     except OSError as e:
         raise ShardReadError(f"{job.url}: cannot open shard ({e})") from e
+
+
+def _changed(job: Job) -> bool:
+    """Whether a local file read whole is no longer the version its stat at preparation describes. Asked of the
+    open file where the reader still holds it, so a file deleted or renamed after it was opened (its bytes kept by
+    the descriptor) is still that version (`fd_changed()`)."""
+    assert job.local is not None and job.stat is not None
+    f = job.opened
+    if f is not None and not f.closed:
+        return fd_changed(f.fileno(), job.stat, job.local)
+    return changed_since(job.local, job.stat)
 
 
 def _release(job: Job) -> None:

@@ -12,8 +12,9 @@ import os
 import pytest
 from conftest import audio_dataset, copy_with_own_record, error_of
 
-from streambatch import ShardReadError, StreamBatchLoader
-from streambatch.read.reader import read_shard
+from streambatch import ShardIndex, ShardReadError, StreamBatchLoader
+from streambatch.plan.shards import Piece
+from streambatch.read.reader import ReadOptions, read_pieces, read_shard
 
 SR = 8000
 BUDGET = 6 * SR
@@ -84,3 +85,21 @@ def test_a_shard_removed_after_it_was_read_whole_is_not_bad(ds, num_workers, how
     assert gone is not None
     assert sorted(seen) == sorted(planned)  # every planned sample once
     assert loader.fault_stats()["bad_shards"] == 0
+
+
+
+@pytest.mark.parametrize("how", ["deleted", "renamed"])
+def test_a_streamed_shard_whose_hash_this_node_knows_is_not_bad_once_removed_after_its_last_sample(ds, how):
+    """A shard streamed through the tar reader a second time: its sha256 comes from the node's record, so the reader
+    checks that the file is still the version the record vouches for. Removed after its last sample was read, but
+    before the reader reached the end of the tar, it still is (the open file kept its bytes)."""
+    ix = ShardIndex.load(ds)
+    urls = [s.url if os.path.isabs(s.url) else os.path.join(ds, s.url) for s in ix.shards]
+    pieces = [Piece(i, 0, s.count) for i, s in enumerate(ix.shards)]
+    first = [s["__key__"] for s in read_pieces(urls, pieces, None, ReadOptions(), ix.shards)]  # hashes recorded
+    gone = urls[1]
+    samples = read_pieces(urls, pieces[1:2], None, ReadOptions(), ix.shards)
+    got = [next(samples)["__key__"] for _ in range(ix.shards[1].count)]  # every sample, the tar's end not reached
+    os.remove(gone) if how == "deleted" else os.rename(gone, gone + ".old")
+    got += [s["__key__"] for s in samples]  # the reader reaches the end and checks the shard
+    assert got == first[ix.shards[0].count : ix.shards[0].count + ix.shards[1].count]
