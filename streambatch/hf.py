@@ -107,6 +107,24 @@ class _FollowEpochs(TrainerCallback):
         state.epoch = self.view.epoch
 
 
+class _SaveLoaderState(TrainerCallback):
+    """After the Trainer saved a checkpoint (its ``on_save`` event, sent right after the save), this rank's loader
+    state goes into that checkpoint's folder, ``checkpoint-{global_step}`` under ``args.output_dir``."""
+
+    def __init__(self, view: TrainerLoader):
+        self.view = view
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not os.path.isdir(folder):  # a checkpoint saved elsewhere (a hyperparameter search's trial folders)
+            raise StreamBatchError(
+                f"StreamBatchTrainer: the checkpoint of step {state.global_step} is not at {folder}, so its loader "
+                "state has nowhere to go; save checkpoints under args.output_dir (hyperparameter search is not "
+                "supported)"
+            )
+        write_loader_state(folder, args.process_index, self.view.state_dict())
+
+
 class StreamBatchTrainer(Trainer):
     """A ``transformers.Trainer`` that trains on ``train_loader`` (a `StreamBatchLoader` of this rank)
     and resumes it exactly from its checkpoints.
@@ -131,6 +149,7 @@ class StreamBatchTrainer(Trainer):
         self.train_loader = view
         a.ignore_data_skip = True  # the loader's state says where to go on: nothing is replayed
         self.add_callback(_FollowEpochs(view))
+        self.add_callback(_SaveLoaderState(view))
 
     def get_train_dataloader(self) -> TrainerLoader:  # type: ignore[override]
         """The run as one pass (`TrainerLoader`); sets ``args.max_steps`` to its optimizer steps."""
@@ -157,12 +176,6 @@ class StreamBatchTrainer(Trainer):
         if resume_from_checkpoint:
             self.train_loader.load_state_dict(read_loader_state(str(resume_from_checkpoint), self.args.process_index))
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
-
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """The Trainer's checkpoint, then this rank's loader state in its folder."""
-        super()._save_checkpoint(model, trial)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        write_loader_state(folder, self.args.process_index, self.train_loader.state_dict())
 
 
 def write_loader_state(folder: str, rank: int, state: dict[str, Any]) -> str:
