@@ -12,7 +12,6 @@ import faulthandler
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 
 import pytest
-from conftest import LONG_LIVED, keep_running
+from conftest import LONG_LIVED, free_port, keep_running
 
 from streambatch.procs import set_parent_death_signal
 
@@ -29,11 +28,6 @@ BUCKET = "sb-test"
 #: a test that runs longer than this is stuck: its stacks are dumped and the run stops, loudly
 WATCHDOG_SECONDS = float(os.environ.get("STREAMBATCH_TEST_WATCHDOG", "120"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def s3_options(endpoint: str) -> dict:

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from torchrun_jobs import BUDGET, SR, batches, check_epoch, kill_when_stopped, read_logs, run_job, torchrun, wait
 
 from streambatch import ShardIndex
 from streambatch.synthetic import write_audio_corpus
 from streambatch.write.writer import write_shards
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

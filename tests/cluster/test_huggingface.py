@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from conftest import text_dataset  # noqa: E402
+from conftest import free_port, text_dataset  # noqa: E402
 from huggingface import hf_runs  # noqa: E402
 
 from streambatch import ShardIndex, StreamBatchLoader  # noqa: E402
@@ -183,7 +183,6 @@ def test_accelerate_launch_multi_process_on_cpu_splits_the_epoch(data, tmp_path)
     """``accelerate launch --multi_gpu --num_processes 2`` with ``Accelerator(cpu=True)`` (the guide's command):
     two processes in one gloo group, each yielding its own rank's share, the same number of batches on each."""
     from conftest import finish, popen
-    from conftest_s3 import free_port
 
     port = free_port()  # on loopback, for the process group's rendezvous
     script = str(Path(hf_runs.__file__).with_name("accelerate_ranks.py"))

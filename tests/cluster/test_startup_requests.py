@@ -6,11 +6,10 @@ real S3-compatible server on loopback."""
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
-from conftest import TESTS, popen
+from conftest import TESTS, free_port, popen
 from faultproxy import FaultProxy, byte_range, times_read
 from torchrun_jobs import BUDGET, SR, batches, read_logs, wait
 
@@ -25,11 +24,6 @@ pytestmark = pytest.mark.usefixtures("watchdog")
 
 INDEX, TABLE, PART = "index.json", "index.shards.parquet", "part-00000.parquet"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def opts(endpoint: str) -> dict:

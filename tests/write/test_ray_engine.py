@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import LONG_LIVED, keep_running, kill_tree, make_audio
+from conftest import LONG_LIVED, free_port, keep_running, kill_tree, make_audio
 
 from streambatch.cli import main
 
@@ -30,11 +29,6 @@ TASKS = 3
 def ray_installed() -> None:
     pytest.importorskip("ray")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ray_env(home: Path, **more: str) -> dict[str, str]:
