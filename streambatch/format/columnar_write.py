@@ -49,8 +49,7 @@ def write_id(index_name: str) -> str:
 
 
 def _arrow() -> tuple[Any, Any]:
-    """pyarrow and pyarrow.parquet, imported when a version 2 index is first written (reading needs less:
-    `ParquetTable`)."""
+    """pyarrow and pyarrow.parquet, imported when a version 2 index is first written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -29,22 +29,22 @@ def column_numpy(col: Any) -> np.ndarray:
 
 
 class ParquetTable:
-    """One Parquet table file open for reading row groups by column name, checksums verified.
+    """One Parquet table file open for reading row groups by column name, checksums verified, one thread.
 
-    pyarrow.parquet.ParquetFile wraps the same reader but imports pyarrow's filesystem modules (the S3, GCS,
-    Azure and HDFS bindings, resident in every training process) and allocates from Arrow's default pool
-    (mimalloc: an arena that stays). The index is read once per process in small row groups, where
-    neither pays off, so this opens pyarrow's reader directly on the system allocator."""
+    Through pyarrow's public ``ParquetFile``: importing it loads pyarrow's filesystem bindings too, and it
+    allocates from Arrow's default memory pool, a price each reading process pays once (figures in
+    docs/benchmarks.md)."""
 
     def __init__(self, source: Any):
-        import pyarrow as pa
-        from pyarrow._parquet import ParquetReader
+        import pyarrow.parquet as pq
 
-        self._reader = ParquetReader(memory_pool=pa.system_memory_pool())
-        self._reader.open(source, page_checksum_verification=True, pre_buffer=False)
-        self.metadata = self._reader.metadata
+        self._file = pq.ParquetFile(source, pre_buffer=False, page_checksum_verification=True)
+        self.metadata = self._file.metadata
+        self._names = frozenset(self._file.schema_arrow.names)
 
     def read_row_group(self, rg: int, columns: Sequence[str]) -> pa.Table:
         """Row group ``rg``, the ``columns`` named (a name the table lacks is a KeyError), one thread."""
-        indices = [self._reader.column_name_idx(c) for c in columns]
-        return self._reader.read_row_group(rg, column_indices=indices, use_threads=False)
+        for c in columns:
+            if c not in self._names:
+                raise KeyError(c)
+        return self._file.read_row_group(rg, columns=list(columns), use_threads=False)
