@@ -24,6 +24,7 @@ import fsspec
 from ..errors import UnknownStorage
 from . import objstore
 from .guards import CLEANUP_TIMEOUT, abort_upload, names_errors, open_local, within, write_error
+from .node_files import object_version
 from .s3_timeouts import ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT, with_timeouts
 from .tempname import temporary_name
 
@@ -324,35 +325,82 @@ def read_whole(url: str, storage_options: dict | None = None) -> bytes:
 def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> bytes:
     """At most ``limit`` bytes from the start of ``url``, in one read: for an object store a single ranged GET, with
     no size request before it (a small table the index knows the size of costs one round trip, not two)."""
+    return _read_range(url, 0, limit, storage_options)
+
+
+@names_errors()
+def read_range(url: str, start: int, end: int, storage_options: dict | None = None) -> bytes:
+    """The bytes ``[start, end)`` of ``url`` (fewer where it ends first), in one read with no size request before
+    it: for an object store one ranged GET. ``start`` must lie inside the object (a store refuses a range that
+    starts at or past its end)."""
+    return _read_range(url, start, end, storage_options)
+
+
+def _read_range(url: str, start: int, end: int, storage_options: dict | None) -> bytes:
+    if end <= start:
+        return b""
     if is_local(url):
         with open_local(local_path(url), "rb", regular=True) as f:
-            return f.read(limit)
+            f.seek(start)
+            return f.read(end - start)
     target = store_of(url, storage_options)
     if target is not None:
-        if limit <= 0:
-            return b""
-        return objstore.call(url, lambda: _prefix(*target, limit))
+        return objstore.call(url, lambda: _range(*target, start, end))
     fs, path = filesystem(url, storage_options)
-    return bytes(fs.cat_file(path, start=0, end=limit))[:limit]  # an HTTP server may answer the whole object
+    got = bytes(fs.cat_file(path, start=start, end=end))
+    return got[: end - start] if start == 0 else got  # an HTTP server may answer the whole object
 
 
-def _prefix(store: Any, path: str, limit: int) -> bytes:
-    """The first ``limit`` bytes of an object through obstore: one ranged GET; where the server does not serve
-    ranges (HTTP lets it answer the whole object), one plain GET read only as far as ``limit``."""
+def _range(store: Any, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of an object through obstore: one ranged GET; where the server does not serve
+    ranges (HTTP lets it answer the whole object), one plain GET read only as far as ``end``."""
     import obstore
     from obstore.exceptions import GenericError, NotSupportedError
 
     try:
-        return bytes(obstore.get(store, path, options={"range": (0, limit)}).bytes())[:limit]
+        return bytes(obstore.get(store, path, options={"range": (start, end)}).bytes())[: end - start]
     except (NotSupportedError, GenericError) as e:
         if isinstance(e, GenericError) and "non-partial" not in str(e):
             raise
     got = bytearray()
     for piece in obstore.get(store, path).stream():
-        got += memoryview(piece)[: limit - len(got)]
-        if len(got) >= limit:
+        got += piece
+        if len(got) >= end:
             break
-    return bytes(got)
+    return bytes(got[start:end])
+
+
+@names_errors()
+def version(url: str, storage_options: dict | None = None) -> str:
+    """One version of the object's bytes as its store reports it, in one request (an object store's ``HEAD``): its
+    size and its ETag, version id, generation or mtime. Compared only with another answer about the same URL (a
+    cache key): a rewrite in place answers another. No object there: `FileNotFoundError`."""
+    if is_local(url):
+        st = os.stat(local_path(url))
+        return object_version({"size": st.st_size, "mtime": st.st_mtime_ns})
+    target = store_of(url, storage_options)
+    if target is not None:
+        size, named = objstore.call(url, lambda: objstore.head(*target, url))
+        return object_version({"size": size, "ETag": named})
+    fs, path = filesystem(url, storage_options)
+    return object_version(fs.info(path))
+
+
+@names_errors(writes=True)
+def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
+    """Copy the file or object ``src`` to ``dst``, two URLs of one storage (two local paths, two objects of one
+    bucket), replacing what is there; an object store copies it itself (no byte passes through this process)."""
+    if is_local(src) and is_local(dst):
+        shutil.copyfile(local_path(src), local_path(dst))
+        return
+    a, b = store_of(src, storage_options, writes=True), store_of(dst, storage_options, writes=True)
+    if a is not None and b is not None and a[0] is b[0]:
+        import obstore
+
+        objstore.call(dst, lambda: obstore.copy(a[0], a[1], b[1]), writes=True)
+        return
+    fs, path = filesystem(src, storage_options)
+    fs.copy(path, filesystem(dst, storage_options)[1])
 
 
 def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:
