@@ -56,7 +56,8 @@ import fasteners
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
 from . import objstore, storage
-from .guards import CLEANUP_TIMEOUT, names_errors, within
+from .storage import CLEANUP_TIMEOUT, names_errors, within
+from .tempname import temporary_name
 
 LOCK_NAME = ".shardify.lock"
 PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
@@ -411,7 +412,7 @@ class _KernelLock(_Lock):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.holder_url)
         if not shared:
-            storage.write_bytes_atomic(self.holder_url, json.dumps(_my_info()).encode())
+            _write_holder(self.holder_url, _my_info())
         return left
 
     def holder(self) -> dict[str, Any] | None:
@@ -462,6 +463,20 @@ class _KernelLock(_Lock):
         with _IN_PROCESS_GUARD:
             if _IN_PROCESS.get(self.key) is self:
                 del _IN_PROCESS[self.key]
+
+
+def _write_holder(path: str, info: dict[str, Any]) -> None:
+    """``info`` into the side file ``path``, whole (under a temporary name, then renamed: a reader sees none or
+    all). Not synced, and a failure is let go: the details serve messages only (a reader finding none says so),
+    and a disk that cannot take them fails the write itself, naming its own file."""
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(info))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 #: the local lock files held by this process (record locks do not tell two holders in one process apart)

@@ -39,9 +39,16 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import MissingCredentials, StorageError, UsageError
-from .guards import credentials_hint
-from .s3_timeouts import UPLOAD_RATE
 
+#: seconds to wait for a connection to object storage (where the options set none: every store `storage` makes, and
+#: every ``s3://`` filesystem for the fsspec path)
+CONNECT_TIMEOUT = 10.0
+#: seconds a request to object storage may wait for data (as the shard reader's default ``timeout``)
+READ_TIMEOUT = 60.0
+#: tries of a request to object storage (the first and two retries)
+ATTEMPTS = 3
+#: the slowest upload that is not taken for a stalled one, in bytes per second (256 KiB/s, about 2 Mbit/s)
+UPLOAD_RATE = 256 * 1024
 #: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
 #: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
 PIECE = 1
@@ -315,6 +322,17 @@ def azure_config(storage_options: dict | None, where: str = "") -> tuple[dict, d
     if kw.get("use_emulator"):
         client["allow_http"] = True
     return kw, client
+
+
+def credentials_hint(url: str) -> str:
+    """Where credentials for ``url``'s storage come from."""
+    if url.partition("://")[0] in ("s3", "s3a"):
+        return (
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --storage-option key=... "
+            "--storage-option secret=... (Python: storage_options={'key': ..., 'secret': ...}); anon=true for a "
+            "public bucket"
+        )
+    return "pass them with --storage-option KEY=VALUE (Python: storage_options={...})"
 
 
 # ---- the stores of this process ---------------------------------------------------------------------------------
