@@ -1,12 +1,12 @@
 """One writer per folder: the lock that ``write``, ``index``, ``merge`` and ``stage`` hold on their output folder.
 
-A lock file in the folder, ``.shardify.lock``, holds its writer's host, pid, start time and command (JSON), so a
-second writer is refused with one line naming the first (`LockHeld`, exit 2). The parts of an array job
-(``--part I/N``) write different files of one folder and run at the same time: each holds the folder lock
-*shared* and its own part's lock ``.shardify-part-IIII.lock`` exclusively, so parts run together but never
-beside a whole write, a merge or another run of the same part. ``stage`` waits for the lock instead of being
-refused: one stage per node is the rule, and a second one into the same folder (nodes sharing a "local" disk, a
-requeued job) finds the copy done and keeps it.
+A lock file in the folder, ``.shardify.lock``, and its writer's host, pid, start time and command (JSON: beside it
+in a local folder, in it on object storage), so a second writer is refused with one line naming the first
+(`LockHeld`, exit 2). The parts of an array job (``--part I/N``) write different files of one folder and run at
+the same time: each holds the folder lock *shared* and its own part's lock ``.shardify-part-IIII.lock``
+exclusively, so parts run together but never beside a whole write, a merge or another run of the same part.
+``stage`` waits for the lock instead of being refused: one stage per node is the rule, and a second one into the
+same folder (nodes sharing a "local" disk, a requeued job) finds the copy done and keeps it.
 
 Local folders take the lock from `fasteners` (``InterProcessReaderWriterLock``): a reader-writer lock on the
 kernel's ``fcntl`` record locks, which the kernel releases when the holding process dies (``kill -9`` too) and
@@ -17,10 +17,11 @@ filesystems). Only its public calls are used: the holder's info goes to a side f
 the lock and removed before it lets go, so a side file found by a writer that *got* the lock is the one a writer
 that did not finish left: it is named in a warning and replaced, never obeyed. Record locks belong to a process,
 not to a descriptor, and closing any descriptor of a locked file drops them, so this module refuses a second
-holder of one lock file inside its own process and never opens a lock file it holds but through the one
-descriptor it keeps open from before the lock until after it. That descriptor also tells, once locked, whether
-the file locked is still the one in the folder (its last holder removes it; a writer that opened it just before
-then locks the new one instead).
+holder of one lock file inside its own process and never opens a lock file it holds again: fasteners' handle and
+one descriptor of this module's own, open from before the lock until after it, are the only ones. That descriptor
+also tells, once locked, whether the file locked is still the one in the folder (its last holder removes it; a
+writer that opened it just before then locks the new one instead).
+
 Where record locks are not available (object storage URLs, a filesystem refusing them) the lock is an object
 created only when absent, by the store itself: a create-only put (obstore's ``mode="create"``: S3's and Azure's
 ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` for a store obstore
