@@ -23,10 +23,10 @@ also tells, once locked, whether the file locked is still the one in the folder 
 writer that opened it just before then locks the new one instead).
 
 Where record locks are not available (object storage URLs, a filesystem refusing them) the lock is an object
-created only when absent, by the store itself: a create-only put (obstore's ``mode="create"``: S3's and Azure's
-``If-None-Match: *``, GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` for a store obstore
-is not given; a local file opened with ``O_EXCL``), so of two writers
-starting at the same instant exactly one wins. Its holder renews its mtime every `HEARTBEAT` seconds; it is
+created only when absent, by the store itself (`storage.create_only()`: obstore's ``mode="create"``, S3's and
+Azure's ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` for a store
+obstore is not given; a local file opened with ``O_EXCL``), so of two writers starting at the same instant exactly
+one wins. Its holder renews its mtime every `HEARTBEAT` seconds; it is
 stale, and taken over with a warning, when its pid is dead on this host, or when it was not renewed for
 `STALE_AFTER` seconds (another host). A store without create-only puts (an fsspec filesystem that ignores
 ``mode``) falls back to looking before writing, which two writers starting together can both pass. A clean exit
@@ -56,8 +56,8 @@ import fasteners
 
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
-from . import objstore, storage
-from .storage import CLEANUP_TIMEOUT, names_errors, within
+from . import storage
+from .storage import CLEANUP_TIMEOUT, within
 from .tempname import temporary_name
 
 LOCK_NAME = ".shardify.lock"
@@ -517,7 +517,7 @@ class _FileLock(_Lock):
                 storage.remove(self.url, self.storage_options)
         self.mine = mine  # ours from the moment it may be written: release() removes it if it is there
         try:
-            create_only(self.url, json.dumps(mine).encode(), self.storage_options)
+            storage.create_only(self.url, json.dumps(mine).encode(), self.storage_options)
         except FileExistsError:
             self.mine = None
             return _HELD  # another writer created its lock first
@@ -531,7 +531,7 @@ class _FileLock(_Lock):
         if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
             return not alive(info["pid"])
         try:
-            return time.time() - _mtime(self.url, self.storage_options) > STALE_AFTER
+            return time.time() - storage.modified(self.url, self.storage_options) > STALE_AFTER
         except (FileNotFoundError, OSError):
             return True
 
@@ -557,35 +557,3 @@ class _FileLock(_Lock):
                 storage.remove(self.url, self.storage_options)
         self.mine = None
         self.landed = False
-
-
-@names_errors(writes=True)  # a bucket that does not exist: one line naming it
-def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
-    """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
-    ``O_EXCL``, an object put with ``mode="create"`` (S3: ``If-None-Match: *``). Of writers racing, exactly one
-    succeeds; the others get `FileExistsError`."""
-    if storage.is_local(url):
-        fd = os.open(storage.local_path(url), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return
-    target = storage.store_of(url, storage_options, writes=True)
-    if target is not None:
-        import obstore
-
-        objstore.call(url, lambda: obstore.put(*target, data, mode="create"), writes=True)
-        return
-    fs, path = storage.filesystem(url, storage_options)
-    fs.pipe_file(path, data, mode="create")
-
-
-def _mtime(url: str, storage_options: dict | None) -> float:
-    if storage.is_local(url):
-        return os.stat(storage.local_path(url)).st_mtime
-    target = storage.store_of(url, storage_options)
-    if target is not None:
-        import obstore
-
-        return objstore.call(url, lambda: obstore.head(*target))["last_modified"].timestamp()
-    fs, path = storage.filesystem(url, storage_options)
-    return fs.modified(path).timestamp()

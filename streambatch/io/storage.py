@@ -644,6 +644,41 @@ def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
     fs.copy(path, filesystem(dst, storage_options)[1])
 
 
+@names_errors(writes=True)  # a bucket that does not exist: one line naming it
+def create_only(url: str, data: bytes, storage_options: dict | None = None) -> None:
+    """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
+    ``O_EXCL``, an object put with ``mode="create"`` (S3's and Azure's ``If-None-Match: *``, GCS's
+    ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` where obstore does not serve the URL). Of
+    writers racing, exactly one succeeds; the others get `FileExistsError`."""
+    if is_local(url):
+        fd = os.open(local_path(url), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return
+    target = store_of(url, storage_options, writes=True)
+    if target is not None:
+        import obstore
+
+        objstore.call(url, lambda: obstore.put(*target, data, mode="create"), writes=True)
+        return
+    fs, path = filesystem(url, storage_options)
+    fs.pipe_file(path, data, mode="create")
+
+
+@names_errors()
+def modified(url: str, storage_options: dict | None = None) -> float:
+    """When ``url`` was last written, in seconds since the epoch (a local file's mtime, an object's Last-Modified)."""
+    if is_local(url):
+        return os.stat(local_path(url)).st_mtime
+    target = store_of(url, storage_options)
+    if target is not None:
+        import obstore
+
+        return objstore.call(url, lambda: obstore.head(*target))["last_modified"].timestamp()
+    fs, path = filesystem(url, storage_options)
+    return fs.modified(path).timestamp()
+
+
 def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:
     """A random-access file over ``url`` and its size, to check against the ``want`` bytes an index says. ``whole``:
     its first ``want + 1`` bytes read at once (`read_prefix()`) and served from memory, so a larger object is
