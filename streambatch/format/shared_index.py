@@ -34,12 +34,12 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from .. import limits
 from ..errors import NO_SPACE_ERRNOS, DatasetNotFound, IndexFormatError, os_problem
-from ..io.node_files import cache_folder, cache_name, file_lock, object_version
-from ..io.storage import filesystem, is_local
+from ..io import storage
+from ..io.node_files import cache_folder, cache_name, file_lock
+from ..io.storage import is_local
 from .columnar import beside_index
 from .index import ShardIndex, _index_url
 
@@ -118,12 +118,10 @@ def job_key() -> str | None:
 
 def remote_version(url: str, storage_options: dict | None = None) -> str:
     """The index file's version as the store reports it (size and ETag, version id or mtime): one request."""
-    fs, path = filesystem(url, storage_options)
     try:
-        info = fs.info(path)
+        return storage.version(url, storage_options)
     except FileNotFoundError as e:
         raise DatasetNotFound(f"no dataset index at {url}") from e
-    return object_version(info)
 
 
 class NodeCopies:
@@ -175,14 +173,14 @@ class NodeCopies:
         tmp = f"{final}.tmp-{os.getpid():x}-{uuid.uuid4().hex[:8]}"
         os.makedirs(tmp)
         try:
-            fs, path = filesystem(url, storage_options)
-            copy_object(fs, path, os.path.join(tmp, "index.json"))
+            with open(os.path.join(tmp, "index.json"), "wb") as out:
+                out.write(storage.read_whole(url, storage_options))
             entry = _shard_table_entry(os.path.join(tmp, "index.json"))
             if entry is not None:
                 rel, size = entry
-                table = path.rsplit("/", 1)[0] + "/" + rel
+                table = storage.join_url(storage.parent_url(url), rel)
                 try:  # one byte more than the header says: a longer table shows when the copy is checked
-                    copy_object(fs, table, os.path.join(tmp, SHARD_TABLE), size + 1)
+                    copy_object(table, os.path.join(tmp, SHARD_TABLE), size + 1, storage_options)
                 except FileNotFoundError as e:
                     raise IndexFormatError(f"{url}: its shard table {rel} is missing ({e})") from e
             shutil.rmtree(final, ignore_errors=True)  # a copy of this version that failed its checks
@@ -207,14 +205,15 @@ class NodeCopies:
             raise
 
 
-def copy_object(fs: Any, path: str, dest: str, limit: int | None = None) -> None:
-    """Write the object ``path`` (at most ``limit`` bytes of it) to the local file ``dest``, in ranged reads of
-    `CHUNK` bytes: a small object is one request."""
+def copy_object(url: str, dest: str, limit: int, storage_options: dict | None) -> None:
+    """Write at most ``limit`` bytes of the object ``url`` to the local file ``dest``, in ranged reads of about
+    `CHUNK` bytes (a small object is one request); ``limit`` is one byte more than the object should hold. A last
+    read of one byte alone is joined to the one before it: a read starting at the object's end is refused."""
     at = 0
     with open(dest, "wb") as out:
-        while limit is None or at < limit:
-            want = CHUNK if limit is None else min(CHUNK, limit - at)
-            data = fs.cat_file(path, start=at, end=at + want)
+        while at < limit:
+            want = limit - at if limit - at <= CHUNK + 1 else CHUNK
+            data = storage.read_range(url, at, at + want, storage_options)
             out.write(data)
             at += len(data)
             if len(data) < want:

@@ -1,28 +1,32 @@
 """One writer per folder: the lock that ``write``, ``index``, ``merge`` and ``stage`` hold on their output folder.
 
-A lock file in the folder, ``.shardify.lock``, holds its writer's host, pid, start time and command (JSON), so a
-second writer is refused with one line naming the first (`LockHeld`, exit 2). The parts of an array job
-(``--part I/N``) write different files of one folder and run at the same time: each holds the folder lock
-*shared* and its own part's lock ``.shardify-part-IIII.lock`` exclusively, so parts run together but never
-beside a whole write, a merge or another run of the same part. ``stage`` waits for the lock instead of being
-refused: one stage per node is the rule, and a second one into the same folder (nodes sharing a "local" disk, a
-requeued job) finds the copy done and keeps it.
+A lock file in the folder, ``.shardify.lock``, and its writer's host, pid, start time and command (JSON: beside it
+in a local folder, in it on object storage), so a second writer is refused with one line naming the first
+(`LockHeld`, exit 2). The parts of an array job (``--part I/N``) write different files of one folder and run at
+the same time: each holds the folder lock *shared* and its own part's lock ``.shardify-part-IIII.lock``
+exclusively, so parts run together but never beside a whole write, a merge or another run of the same part.
+``stage`` waits for the lock instead of being refused: one stage per node is the rule, and a second one into the
+same folder (nodes sharing a "local" disk, a requeued job) finds the copy done and keeps it.
 
 Local folders take the lock from `fasteners` (``InterProcessReaderWriterLock``): a reader-writer lock on the
 kernel's ``fcntl`` record locks, which the kernel releases when the holding process dies (``kill -9`` too) and
 which NFS carries between hosts. `fasteners` rather than `filelock`: filelock's file lock has no shared mode, and
 its reader-writer lock is an SQLite database (journal files beside the dataset, SQLite's own caveats on network
-filesystems). Record locks belong to a process, not to a descriptor, so this module refuses a second holder of
-one lock file inside its own process, and reads and writes the holder's info only through the lock's handle.
-The next writer after one that died takes the lock over with a warning naming the writer that did not finish
-(its info is still in the file). The last holder empties and removes the file; a writer that opened it just
-before checks, once locked, that the file it locked is still the one in the folder.
+filesystems). Only its public calls are used: the holder's info goes to a side file beside the lock,
+``.shardify.lock.holder`` (``LOCK.holder`` for a part's lock), written whole by the exclusive holder once it holds
+the lock and removed before it lets go, so a side file found by a writer that *got* the lock is the one a writer
+that did not finish left: it is named in a warning and replaced, never obeyed. Record locks belong to a process,
+not to a descriptor, and closing any descriptor of a locked file drops them, so this module refuses a second
+holder of one lock file inside its own process and never opens a lock file it holds again: fasteners' handle and
+one descriptor of this module's own, open from before the lock until after it, are the only ones. That descriptor
+also tells, once locked, whether the file locked is still the one in the folder (its last holder removes it; a
+writer that opened it just before then locks the new one instead).
 
 Where record locks are not available (object storage URLs, a filesystem refusing them) the lock is an object
-created only when absent, by the store itself: a create-only put (obstore's ``mode="create"``: S3's and Azure's
-``If-None-Match: *``, GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` for a store obstore
-is not given; a local file opened with ``O_EXCL``), so of two writers
-starting at the same instant exactly one wins. Its holder renews its mtime every `HEARTBEAT` seconds; it is
+created only when absent, by the store itself (`storage.create_only()`: obstore's ``mode="create"``, S3's and
+Azure's ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` for a store
+obstore is not given; a local file opened with ``O_EXCL``), so of two writers starting at the same instant exactly
+one wins. Its holder renews its mtime every `HEARTBEAT` seconds; it is
 stale, and taken over with a warning, when its pid is dead on this host, or when it was not renewed for
 `STALE_AFTER` seconds (another host). A store without create-only puts (an fsspec filesystem that ignores
 ``mode``) falls back to looking before writing, which two writers starting together can both pass. A clean exit
@@ -52,12 +56,15 @@ import fasteners
 
 from ..errors import ShardifyError, os_problem
 from ..procs import alive
-from . import objstore, storage
-from .guards import CLEANUP_TIMEOUT, names_errors, within
+from . import storage
+from .storage import CLEANUP_TIMEOUT, within
+from .tempname import temporary_name
 
 LOCK_NAME = ".shardify.lock"
 PART_LOCK_NAME = ".shardify-part-{:04d}.lock"
 PART_LOCK_GLOB = ".shardify-part-*.lock"
+#: what follows a local lock file's name in the name of its side file, which holds the holder's info (JSON)
+HOLDER_SUFFIX = ".holder"
 #: seconds between two renewals of a lock file's mtime (where record locks are not available)
 HEARTBEAT = 30.0
 #: seconds between two tries of a writer that waits for the lock (``stage``)
@@ -76,8 +83,9 @@ class LockHeld(ShardifyError):
 
 
 def is_lock_file(name: str) -> bool:
-    """Whether a file name in an output folder is one of these locks (not part of any dataset)."""
-    return name == LOCK_NAME or fnmatch.fnmatch(name, PART_LOCK_GLOB)
+    """Whether a file name in an output folder is one of these locks or their holders' side files (and their
+    temporaries): not part of any dataset."""
+    return any(fnmatch.fnmatch(name, p + s) for p in (LOCK_NAME, PART_LOCK_GLOB) for s in ("", HOLDER_SUFFIX + "*"))
 
 
 #: the OS errors of a folder that cannot be written: its lock file cannot be made there
@@ -252,7 +260,7 @@ def _part_holder(folder: str, storage_options: dict | None) -> dict[str, Any] | 
     """The info of a running part writer (the folder lock's shared holders write theirs in their part lock)."""
     for name in storage.listdir(folder, storage_options):
         if fnmatch.fnmatch(name, PART_LOCK_GLOB):
-            info = _read_info(storage.join_url(folder, name), storage_options)
+            info = _lock_for(storage.join_url(folder, name), storage_options).holder()
             if info:
                 return info
     return None
@@ -271,8 +279,9 @@ def _no_running_parts(whole: _Lock, folder: str, storage_options: dict | None) -
             info = part.holder()
             if not part._stale(info):
                 raise LockHeld(_held_text(folder, info, url))
-        with contextlib.suppress(FileNotFoundError):
-            storage.remove(url, storage_options)
+        for gone in (url, url + HOLDER_SUFFIX) if kernel else (url,):
+            with contextlib.suppress(FileNotFoundError):
+                storage.remove(gone, storage_options)
 
 
 def _my_info() -> dict[str, Any]:
@@ -294,11 +303,6 @@ def _parse_info(data: bytes) -> dict[str, Any] | None:
 
 
 def _read_info(url: str, storage_options: dict | None) -> dict[str, Any] | None:
-    if storage.is_local(url):
-        with _IN_PROCESS_GUARD:
-            mine = _IN_PROCESS.get(os.path.realpath(storage.local_path(url)))
-        if mine is not None and mine.rw is not None:  # held here: read through its handle (see `_KernelLock`)
-            return _parse_info(os.pread(mine._fd(), 4096, 0))
     try:
         with storage.open_url(url, "rb", storage_options) as f:
             return _parse_info(f.read(4096))
@@ -333,13 +337,15 @@ def _lock_for(url: str, storage_options: dict | None) -> _Lock:
 
 class _KernelLock(_Lock):
     """A local lock file held with the kernel's record locks through `fasteners` (released by the kernel when its
-    process dies, ``kill -9`` included). The holder's info is read and written through the lock's own handle:
-    record locks belong to a process, and closing any other descriptor of the file would drop them."""
+    process dies, ``kill -9`` included); the exclusive holder's info in the side file ``PATH.holder``. ``fd``: this
+    module's own descriptor of the lock file, open from before the lock until after it (see the module)."""
 
     def __init__(self, url: str) -> None:
         self.url, self.path = url, storage.local_path(url)
+        self.holder_url = url + HOLDER_SUFFIX
         self.key = os.path.realpath(self.path)
         self.rw: fasteners.InterProcessReaderWriterLock | None = None
+        self.fd: int | None = None
         self.shared = False
         self.fallback: _FileLock | None = None
 
@@ -351,6 +357,8 @@ class _KernelLock(_Lock):
         try:
             left = self._acquire(shared)
         except BaseException:
+            rw, self.rw = self.rw, None
+            self._let_go(rw)
             self._forget()
             raise
         if left is _HELD:
@@ -359,29 +367,28 @@ class _KernelLock(_Lock):
 
     def _acquire(self, shared: bool) -> Any:
         while True:
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))  # a folder that cannot be written: its errno
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a folder that cannot be written: its errno
             rw = fasteners.InterProcessReaderWriterLock(self.path, logger=_QUIET)
             try:
                 got = rw.acquire_read_lock(blocking=False) if shared else rw.acquire_write_lock(blocking=False)
             except threading.ThreadError:  # a filesystem without record locks: the lock file with a heartbeat
-                rw.release_write_lock()  # closes its handle (unlocking nothing)
+                self._let_go(rw)
                 return self._fall_back(shared)
             if not got:
-                rw.release_write_lock()
+                self._let_go(rw)
                 return _HELD
-            if self._still_there(rw):
+            if self._still_there():
                 break
-            rw.release_write_lock()  # removed by its last holder between our open and our lock: lock the new one
+            self._let_go(rw)  # removed by its last holder between our open and our lock: lock the new one
         self.rw, self.shared = rw, shared
-        return self._write_mine(self._fd(), shared)
+        return self._take_holder(shared)
 
-    def _fd(self) -> int:
-        assert self.rw is not None and self.rw.lockfile is not None
-        return self.rw.lockfile.fileno()
-
-    def _still_there(self, rw: fasteners.InterProcessReaderWriterLock) -> bool:
+    def _still_there(self) -> bool:
+        """Whether the file our descriptor opened is still the one in the folder: kept open, its inode is not
+        reused, so the same inode under the name is the same file."""
+        assert self.fd is not None
         try:
-            st, now = os.fstat(rw.lockfile.fileno()), os.stat(self.path)
+            st, now = os.fstat(self.fd), os.stat(self.path)
         except FileNotFoundError:
             return False
         return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
@@ -394,20 +401,30 @@ class _KernelLock(_Lock):
         self.fallback = _FileLock(self.url, None)
         return self.fallback.acquire(shared)
 
-    def _write_mine(self, fd: int, shared: bool) -> dict[str, Any] | None:
-        """Our info into the file (a shared holder, one of several, leaves it empty); what a writer killed while
-        holding it exclusively left there (None when empty)."""
-        left = _parse_info(os.pread(fd, 4096, 0))
-        if left is not None or not shared:
-            os.ftruncate(fd, 0)
+    def _take_holder(self, shared: bool) -> dict[str, Any] | None:
+        """What a writer killed while holding the lock exclusively left (its side file, or the info an older
+        version wrote into the lock file itself; None: nothing), cleared; then our info into the side file,
+        holding it exclusively (a shared holder, one of several, writes none)."""
+        assert self.fd is not None
+        left = _read_info(self.holder_url, None) or _parse_info(os.pread(self.fd, 4096, 0))
+        if left is not None:
+            os.ftruncate(self.fd, 0)
+            if shared:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.holder_url)
         if not shared:
-            os.pwrite(fd, json.dumps(_my_info()).encode(), 0)
+            _write_holder(self.holder_url, _my_info())
         return left
 
     def holder(self) -> dict[str, Any] | None:
         if self.fallback is not None:
             return self.fallback.holder()
-        return _read_info(self.url, None)
+        info = _read_info(self.holder_url, None)
+        with _IN_PROCESS_GUARD:
+            held_here = self.key in _IN_PROCESS
+        if info is None and not held_here:  # no side file: a lock file of an older version or one without record
+            info = _read_info(self.url, None)  # locks holds its writer's info itself (opened only if not held here)
+        return info
 
     def release(self, quick: bool = False) -> None:
         if self.fallback is not None:
@@ -420,20 +437,47 @@ class _KernelLock(_Lock):
         if rw is None:
             return
         try:
-            # the last holder empties and removes the file (a shared one only if no other part holds it)
+            # the last holder removes its side file, then the lock file (a shared one only if no other part holds it)
             if not self.shared or rw.acquire_write_lock(blocking=False):
-                os.ftruncate(self._fd(), 0)
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.path)
+                for gone in (self.holder_url, self.path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(gone)
         finally:
-            rw.release_write_lock()  # unlocks and closes its handle
             self.rw = None
-            self._forget()
+            try:
+                self._let_go(rw)
+            finally:
+                self._forget()
+
+    def _let_go(self, rw: fasteners.InterProcessReaderWriterLock | None) -> None:
+        """Unlock (``rw``'s release closes its handle), then close our own descriptor (closing it first would drop
+        the lock early; closed, it drops what is left of it)."""
+        try:
+            if rw is not None:
+                rw.release_write_lock()  # unlocks and closes its handle (whichever mode it held)
+        finally:
+            if self.fd is not None:
+                fd, self.fd = self.fd, None
+                os.close(fd)
 
     def _forget(self) -> None:
         with _IN_PROCESS_GUARD:
             if _IN_PROCESS.get(self.key) is self:
                 del _IN_PROCESS[self.key]
+
+
+def _write_holder(path: str, info: dict[str, Any]) -> None:
+    """``info`` into the side file ``path``, whole (under a temporary name, then renamed: a reader sees none or
+    all). Not synced, and a failure is let go: the details serve messages only (a reader finding none says so),
+    and a disk that cannot take them fails the write itself, naming its own file."""
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(info))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 #: the local lock files held by this process (record locks do not tell two holders in one process apart)
@@ -473,7 +517,7 @@ class _FileLock(_Lock):
                 storage.remove(self.url, self.storage_options)
         self.mine = mine  # ours from the moment it may be written: release() removes it if it is there
         try:
-            create_only(self.url, json.dumps(mine).encode(), self.storage_options)
+            storage.create_only(self.url, json.dumps(mine).encode(), self.storage_options)
         except FileExistsError:
             self.mine = None
             return _HELD  # another writer created its lock first
@@ -487,7 +531,7 @@ class _FileLock(_Lock):
         if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
             return not alive(info["pid"])
         try:
-            return time.time() - _mtime(self.url, self.storage_options) > STALE_AFTER
+            return time.time() - storage.modified(self.url, self.storage_options) > STALE_AFTER
         except (FileNotFoundError, OSError):
             return True
 
@@ -513,35 +557,3 @@ class _FileLock(_Lock):
                 storage.remove(self.url, self.storage_options)
         self.mine = None
         self.landed = False
-
-
-@names_errors(writes=True)  # a bucket that does not exist: one line naming it
-def create_only(url: str, data: bytes, storage_options: dict | None) -> None:
-    """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
-    ``O_EXCL``, an object put with ``mode="create"`` (S3: ``If-None-Match: *``). Of writers racing, exactly one
-    succeeds; the others get `FileExistsError`."""
-    if storage.is_local(url):
-        fd = os.open(storage.local_path(url), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return
-    target = storage.store_of(url, storage_options, writes=True)
-    if target is not None:
-        import obstore
-
-        objstore.call(url, lambda: obstore.put(*target, data, mode="create"), writes=True)
-        return
-    fs, path = storage.filesystem(url, storage_options)
-    fs.pipe_file(path, data, mode="create")
-
-
-def _mtime(url: str, storage_options: dict | None) -> float:
-    if storage.is_local(url):
-        return os.stat(storage.local_path(url)).st_mtime
-    target = storage.store_of(url, storage_options)
-    if target is not None:
-        import obstore
-
-        return objstore.call(url, lambda: obstore.head(*target))["last_modified"].timestamp()
-    fs, path = storage.filesystem(url, storage_options)
-    return fs.modified(path).timestamp()

@@ -10,9 +10,12 @@ mapping is in the storage guide. Requests run in Rust with the interpreter lock 
 **Fork.** obstore runs its requests on one tokio runtime per process, started by the first request, and a tokio
 runtime does not survive ``fork()``: the child inherits the runtime's state but not its threads, and its first
 request waits forever. So a loader's workers are forked only from a process where no such runtime runs
-(`fork_unsafe()`, asked where the workers are started): the runtime's threads are looked for in
-``/proc/self/task`` (they are there whoever started them: this package, the user's own obstore calls, another
-library built on tokio), and where one runs the workers start by ``forkserver`` instead, from a clean process.
+(`fork_unsafe()`, asked where the workers are started): a process where this module made a request runs it (a
+flag of the process, set by the calls that make them: `call()`, `head()`, `read_range()`), and so does one where
+the runtime's threads are in ``/proc/self/task`` (they are there whoever started them: the user's own obstore
+calls, another library built on tokio; obstore has no call that tells, and its threads take their ``tokio-``
+names a moment after they start, so the flag is what answers at once for this package's own requests); where one
+runs, the workers start by ``forkserver`` instead, from a clean process.
 Looking is what makes this robust: keeping the parent away from obstore holds only until a pass without workers,
 a ``shardify verify`` or the user's own code makes one request, and starting every object-store dataset's
 workers by forkserver would cost each worker its own imports and length reads, and would refuse callables that do
@@ -39,9 +42,16 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import MissingCredentials, StorageError, UsageError
-from .guards import credentials_hint
-from .s3_timeouts import UPLOAD_RATE
 
+#: seconds to wait for a connection to object storage (where the options set none: every store `storage` makes, and
+#: every ``s3://`` filesystem for the fsspec path)
+CONNECT_TIMEOUT = 10.0
+#: seconds a request to object storage may wait for data (as the shard reader's default ``timeout``)
+READ_TIMEOUT = 60.0
+#: tries of a request to object storage (the first and two retries)
+ATTEMPTS = 3
+#: the slowest upload that is not taken for a stalled one, in bytes per second (256 KiB/s, about 2 Mbit/s)
+UPLOAD_RATE = 256 * 1024
 #: the fewest bytes obstore hands over at a time: 1, each piece as it arrives, so that what arrived before a break
 #: is kept (obstore drops a piece it had not handed over) and the retry asks only for the rest
 PIECE = 1
@@ -317,11 +327,29 @@ def azure_config(storage_options: dict | None, where: str = "") -> tuple[dict, d
     return kw, client
 
 
+def credentials_hint(url: str) -> str:
+    """Where credentials for ``url``'s storage come from."""
+    if url.partition("://")[0] in ("s3", "s3a"):
+        return (
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --storage-option key=... "
+            "--storage-option secret=... (Python: storage_options={'key': ..., 'secret': ...}); anon=true for a "
+            "public bucket"
+        )
+    return "pass them with --storage-option KEY=VALUE (Python: storage_options={...})"
+
+
 # ---- the stores of this process ---------------------------------------------------------------------------------
 _STORES: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
-#: the process that made an obstore request through this module (where ``/proc`` cannot be read: `fork_unsafe()`)
+#: the process that made an obstore request through this module (its runtime runs there: `runtime_running()`); a
+#: forked child is another process, so it starts unset there
 _REQUESTED_IN: int | None = None
+
+
+def _requesting() -> None:
+    """Note that this process makes an obstore request (so its runtime runs here from now on)."""
+    global _REQUESTED_IN
+    _REQUESTED_IN = os.getpid()
 
 
 def usable(url: str, storage_options: dict | None) -> bool:
@@ -339,13 +367,15 @@ def usable(url: str, storage_options: dict | None) -> bool:
 
 
 def runtime_running() -> bool:
-    """Whether a tokio runtime runs in this process (its worker threads are named ``tokio-...``): then a process
-    forked from this one cannot make obstore requests. Where ``/proc/self/task`` cannot be read, whether this
-    module made a request here."""
+    """Whether a tokio runtime runs in this process, so that a process forked from this one cannot make obstore
+    requests: this module made a request here, or a thread named ``tokio-...`` runs (someone else's runtime; not
+    seen where ``/proc/self/task`` cannot be read)."""
+    if _REQUESTED_IN == os.getpid():
+        return True
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return _REQUESTED_IN == os.getpid()
+        return False
     for tid in tasks:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
@@ -388,7 +418,6 @@ def store_for(
     the two timeouts plus a second per `UPLOAD_RATE` bytes of it instead (a stalled upload fails, a slow one
     finishes), and without ``part`` or ``timeout`` no limit beyond them. ``retries``: obstore's own retries of a
     failed request (backoff with jitter; 0 for the shard reader, whose one retry rule resumes at the byte)."""
-    global _REQUESTED_IN
     if not usable(url, storage_options):
         return None
     scheme, _, rest = url.partition("://")
@@ -405,7 +434,6 @@ def store_for(
             if store is None:
                 return None
             _STORES[key] = store
-        _REQUESTED_IN = os.getpid()
     return store, path
 
 
@@ -525,6 +553,7 @@ def call(url: str, fn: Any, writes: bool = False) -> Any:
     until its request ends (a stalled store: its whole deadline), and Python runs a signal's handler (Ctrl-C,
     ``SIGTERM``) only between its own instructions, so waiting on a helper keeps a stalled request from delaying
     an interrupt and its cleanup. An abandoned request ends on its own, and does not hold up the exit."""
+    _requesting()
     try:
         return fn() if threading.current_thread() is not threading.main_thread() else _on_helper(fn)
     except (StorageError, UsageError):
@@ -582,6 +611,7 @@ def head(store: Any, path: str, url: str) -> tuple[int, str | None]:
     """The object's size in bytes and its version (None where the store names none)."""
     import obstore
 
+    _requesting()
     try:
         meta = obstore.head(store, path)
     except Exception as e:  # noqa: BLE001 - obstore's errors, classified
@@ -595,6 +625,8 @@ def read_range(store: Any, path: str, url: str, start: int, end: int, sink: list
     leaves what arrived in ``sink`` (the caller asks again for the rest); a longer one raises `StoreError`."""
     import obstore
     from obstore.exceptions import GenericError
+
+    _requesting()
 
     try:
         result = obstore.get(store, path, options={"range": (start, end)})

@@ -2,29 +2,40 @@
 
 Every module that touches storage goes through here, so local folders, ``file://``, ``s3://``, ``gs://``, ``az://``
 and ``http(s)://`` behave the same. Object stores go through obstore (`objstore`: ``s3://``, ``gs://``, ``az://``;
-``http(s)://`` read only), with the timeouts of `s3_timeouts` and its number of tries unless ``storage_options`` set
-them: every write (one upload that becomes visible whole; a create-only put where a publish must be exclusive,
-`lock`), and every read once the process runs obstore's runtime (`store_of()`: a read never starts it, so that a
-training process can still fork its workers). fsspec serves local paths, every other scheme, options obstore is
-not given (`objstore.store_for()` answers None: s3fs, gcsfs or adlfs then) and those first reads, so
-``storage_options`` reach the one that serves the URL.
+``http(s)://`` read only), with `objstore`'s timeouts and number of tries unless ``storage_options`` set them:
+every write (one upload that becomes visible whole; a create-only put where a publish must be exclusive, `lock`),
+and every read once the process runs obstore's runtime (`store_of()`: a read never starts it, so that a training
+process can still fork its workers). fsspec serves local paths, every other scheme, options obstore is not given
+(`objstore.store_for()` answers None: s3fs, gcsfs or adlfs then) and those first reads, so ``storage_options``
+reach the one that serves the URL.
+
+Around every back-end: its exception about a URL (missing credentials, no answer, a bucket that does not exist)
+becomes the package's error naming the URL (`names_errors()`); cleanup after an interrupt or an error (a lock file
+removed, an upload aborted) waits for the storage at most `CLEANUP_TIMEOUT` seconds (`within()`); a shard, an index
+or its table is read only from a regular file (`open_local()`: opening a FIFO waits for a writer forever).
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import functools
+import inspect
 import io
 import os
 import posixpath
 import shutil
+import stat
+import sys
 import threading
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 import fsspec
 
-from ..errors import UnknownStorage
+from ..errors import MissingCredentials, StorageError, UnknownStorage
 from . import objstore
-from .guards import CLEANUP_TIMEOUT, abort_upload, names_errors, open_local, within, write_error
-from .s3_timeouts import ATTEMPTS, CONNECT_TIMEOUT, READ_TIMEOUT, with_timeouts
+from .node_files import object_version
 from .tempname import temporary_name
 
 #: the largest body one upload request sends, in bytes: a bigger object goes up in parts of this size (a multipart
@@ -34,6 +45,165 @@ PART = 8 * 1024 * 1024
 READ_BLOCK = 8 * 1024 * 1024
 
 
+#: seconds a cleanup call to object storage may take (removing a lock file, aborting an upload) before it is given up
+CLEANUP_TIMEOUT = 5.0
+
+T = TypeVar("T")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+# ---- errors named with their URL ---------------------------------------------------------------------------------
+#: botocore's (and google-auth's) exceptions for credentials that are missing or incomplete
+CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError")
+#: the exceptions of a storage endpoint that did not answer or could not be reached (botocore, aiohttp, fsspec)
+NO_ANSWER_ERRORS = frozenset(
+    {
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ServerTimeoutError",
+        "FSTimeoutError",
+        "TimeoutError",
+    }
+)
+
+
+def names_errors(writes: bool = False) -> Callable[[_F], _F]:
+    """Decorate a storage call whose first argument is a URL: a back-end's exception about it becomes the package's
+    error naming it (`named_error()`; ``writes``: a bucket that does not exist is one too, where the call
+    writes: reading one is a plain not-found)."""
+
+    def decorate(func: _F) -> _F:
+        @functools.wraps(func)
+        def wrapper(url: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(url, *args, **kwargs)
+            except Exception as e:
+                named = named_error(url, e, writes)
+                if named is None:
+                    raise
+                raise named from e
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def named_error(url: str, e: BaseException, writes: bool = False) -> Exception | None:
+    """The package's error for the back-end's exception ``e`` about ``url``: missing credentials, no answer from
+    the endpoint in time (after its retries), a bucket that does not exist (``writes``); None for any other."""
+    if isinstance(e, (StorageError, MissingCredentials)) or "://" not in url or url.startswith("file://"):
+        return None
+    if type(e).__name__ in CREDENTIAL_ERRORS:
+        what = f"{url}: no credentials for {url.partition('://')[0]} storage ({type(e).__name__})"
+        return MissingCredentials(f"{what}: {objstore.credentials_hint(url)}")
+    if any(c.__name__ in NO_ANSWER_ERRORS for c in type(e).__mro__[:-2]):
+        said = (str(e).strip().splitlines() or [""])[0]
+        return StorageError(
+            f"{url}: the storage did not answer ({type(e).__name__}{': ' + said if said else ''}); check the "
+            "endpoint and the network (config_kwargs.read_timeout and connect_timeout set how long it is waited for)"
+        )
+    if writes and isinstance(e, FileNotFoundError) and _error_code(e.__cause__) == "NoSuchBucket":
+        bucket = url.split("://", 1)[1].split("/", 1)[0]
+        return StorageError(f"{url}: the bucket {bucket!r} does not exist; create it, or check the URL")
+    return None
+
+
+def _error_code(e: BaseException | None) -> str | None:
+    """The error code of a botocore ``ClientError`` (``NoSuchBucket``, ...); None for anything else."""
+    response = getattr(e, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def write_error(url: str, e: Exception) -> Exception:
+    """``e``, raised while ``url`` was written, saying which file it is about: an object store's error as the
+    package's (`named_error()`), a disk's input/output error as a `StorageError`, and an OS error about
+    no file (``fsync``, ``close``) with ``url`` as its ``filename``."""
+    named = named_error(url, e, writes=True)
+    if named is not None:
+        return named
+    if isinstance(e, OSError) and e.errno == errno.EIO:
+        return StorageError(
+            f"{url}: input/output error while writing it (the disk or the filesystem failed); nothing was left "
+            "under its name"
+        )
+    if isinstance(e, OSError) and e.filename is None:
+        e.filename = url
+    return e
+
+
+# ---- bounded cleanup ---------------------------------------------------------------------------------------------
+def within(seconds: float, fn: Callable[[], T]) -> tuple[bool, T | None]:
+    """``fn()`` on a daemon thread, waited for at most ``seconds``: ``(True, its result)``, or ``(False, None)``
+    when it has not returned by then (it is left to end on its own, unheard); its exception is raised here."""
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, e))
+
+    thread = threading.Thread(target=run, name="streambatch-cleanup", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not box:
+        return False, None
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return True, value
+
+
+def abort_upload(file: Any, url: str) -> None:
+    """Abort an object store's unfinished upload to ``url`` (s3fs: its multipart upload), waiting for the storage
+    at most `CLEANUP_TIMEOUT` seconds (then a warning says what may be left); closing ``file`` later uploads
+    nothing."""
+    discard = getattr(file, "discard", None)
+    try:
+        if callable(discard) and not within(CLEANUP_TIMEOUT, discard)[0]:
+            print(
+                f"shardify: warning: gave up aborting the upload of {url} after {CLEANUP_TIMEOUT:g} s (the storage "
+                "did not answer); the parts it received may stay until a lifecycle rule removes them",
+                file=sys.stderr,
+            )
+    finally:
+        file.closed = True
+
+
+# ---- local files -------------------------------------------------------------------------------------------------
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+
+#: what only a regular file may be, to be read: a tar (every shard is one; its reader needs its size and seeks)
+REGULAR_ONLY = (".tar",)
+
+
+def open_local(path: str, mode: str, regular: bool | None = None) -> IO[Any]:
+    """``open(path, mode)``; to read with ``regular`` (None: for a tar, `REGULAR_ONLY`), only a regular file
+    (or a folder, which ``open`` refuses itself): a FIFO, socket or device named like a shard or an index is a
+    `StorageError` naming it, before it is opened — opening a FIFO to read waits for a writer forever. A
+    source read as a stream (a manifest) may be a FIFO."""
+    if regular is None:
+        regular = path.endswith(REGULAR_ONLY)
+    if regular and "r" in mode and "+" not in mode:
+        check_regular(path)
+    return open(path, mode)
+
+
+def check_regular(path: str) -> None:
+    """Raise `StorageError` if ``path`` is there and is neither a regular file nor a folder."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # open() says what is wrong with it
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise StorageError(f"{path}: {kind}, not a regular file; streambatch reads data from regular files only")
+
+
+# ---- URLs ------------------------------------------------------------------------------------------------------
 def store_of(url: str, storage_options: dict | None, writes: bool = False) -> tuple[Any, str] | None:
     """(this process's obstore store for ``url``, the object's path in it) for the calls here, or None where fsspec
     serves ``url``: a local path, another scheme, options obstore is not given, a write to ``http(s)://``, or a
@@ -52,7 +222,12 @@ def store_of(url: str, storage_options: dict | None, writes: bool = False) -> tu
     if not writes and not objstore.runtime_running() and _fsspec_serves(url):
         return None
     return objstore.store_for(
-        url, storage_options, READ_TIMEOUT, connect=CONNECT_TIMEOUT, retries=ATTEMPTS - 1, part=PART if writes else None
+        url,
+        storage_options,
+        objstore.READ_TIMEOUT,
+        connect=objstore.CONNECT_TIMEOUT,
+        retries=objstore.ATTEMPTS - 1,
+        part=PART if writes else None,
     )
 
 
@@ -93,9 +268,9 @@ def parent_url(url: str) -> str:
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path inside it; an object store's with timeouts and a bounded
-    number of tries unless ``storage_options`` set them (`with_timeouts()`)."""
+    number of tries unless ``storage_options`` set them (`_with_timeouts()`)."""
     filesystem_class(url)
-    opts, tries = with_timeouts(url, storage_options)
+    opts, tries = _with_timeouts(url, storage_options)
     fs, path = fsspec.core.url_to_fs(url, **opts)
     if tries:
         fs.retries = tries
@@ -118,6 +293,73 @@ def _scheme_class(url: str, protocol: str) -> type[fsspec.AbstractFileSystem]:
         raise UnknownStorage(f"{url}: unknown storage scheme {protocol!r} (no fsspec back-end has it)") from None
     except ImportError as e:  # a known scheme whose package is missing: fsspec says which to install
         raise UnknownStorage(f"{url}: {protocol}:// storage needs a package that is not installed ({e})") from None
+
+
+# ---- the fsspec path for ``s3://`` (s3fs): reads before obstore's runtime runs, options obstore is not given ------
+# Unless ``storage_options`` set them (``config_kwargs.connect_timeout``, ``read_timeout``, ``retries``), a request
+# waits at most `objstore.CONNECT_TIMEOUT` seconds to connect and `objstore.READ_TIMEOUT` for data, and is tried
+# `objstore.ATTEMPTS` times (botocore's ``standard`` retry mode; s3fs's own retry loop is off unless
+# ``storage_options["retries"]`` turns it on). aiohttp times an upload only once its body is sent (the wait for
+# ``100 Continue`` and a body the storage stops taking have no timeout), so an upload also has a deadline,
+# `_upload_deadline()`, as obstore's uploads have: a stalled endpoint fails a write in one line naming the URL.
+def _with_timeouts(url: str, storage_options: dict | None) -> tuple[dict, int]:
+    """``storage_options`` for ``url``'s filesystem with this section's defaults where it is an ``s3://`` URL, and how
+    many times s3fs itself tries a call there (0: not an ``s3://`` URL)."""
+    opts = dict(storage_options or {})
+    if "::" in url or fsspec.core.split_protocol(url)[0] not in ("s3", "s3a"):
+        return opts, 0
+    cfg = dict(opts.get("config_kwargs") or {})
+    cfg.setdefault("connect_timeout", objstore.CONNECT_TIMEOUT)
+    cfg.setdefault("read_timeout", objstore.READ_TIMEOUT)
+    cfg.setdefault("retries", {"mode": "standard", "total_max_attempts": objstore.ATTEMPTS})
+    session = _deadline_session(float(cfg["connect_timeout"]), float(cfg["read_timeout"]))
+    if session is not None:
+        cfg.setdefault("http_session_cls", session)
+    opts["config_kwargs"] = cfg
+    return opts, int(opts.get("retries", 1))
+
+
+def _upload_deadline(method: str, headers: Any, connect: float, read: float) -> float | None:
+    """Seconds an HTTP request may take in all, or None for no deadline: an upload (``PUT``: PutObject, UploadPart)
+    gets ``connect + read`` plus a second per `objstore.UPLOAD_RATE` bytes of its body; any other request is
+    timed by aiohttp alone (its small body is sent at once, then the read timeout runs)."""
+    if method.upper() != "PUT":
+        return None
+    size = 0
+    for name in ("Content-Length", "X-Amz-Decoded-Content-Length"):
+        value = headers.get(name) if hasattr(headers, "get") else None
+        if value is not None:
+            size = max(size, int(value.decode() if isinstance(value, bytes) else value))
+    return connect + read + size / objstore.UPLOAD_RATE
+
+
+@functools.cache
+def _deadline_session(connect: float, read: float) -> type | None:
+    """aiobotocore's HTTP session class with `_upload_deadline()` (one class per pair of timeouts: fsspec tells
+    cached filesystems apart by their options' text); None where this aiobotocore has no ``http_session_cls``."""
+    try:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.httpsession import AIOHTTPSession
+        from botocore.exceptions import ReadTimeoutError
+    except ImportError:  # pragma: no cover - s3fs needs both
+        return None
+    if "http_session_cls" not in inspect.signature(AioConfig.__init__).parameters:
+        return None
+
+    class DeadlineSession(AIOHTTPSession):
+        """aiobotocore's session; an upload past its deadline is a read timeout (retried like one)."""
+
+        async def send(self, request: Any) -> Any:
+            deadline = _upload_deadline(request.method, request.headers, connect, read)
+            if deadline is None:
+                return await super().send(request)
+            try:
+                return await asyncio.wait_for(super().send(request), deadline)
+            except asyncio.TimeoutError as e:
+                raise ReadTimeoutError(endpoint_url=request.url, error=e) from e
+
+    DeadlineSession.__qualname__ = DeadlineSession.__name__ = f"DeadlineSession_{connect:g}s_{read:g}s"
+    return DeadlineSession
 
 
 # ---- filesystems for reading shards ----------------------------------------------------------------
@@ -324,35 +566,117 @@ def read_whole(url: str, storage_options: dict | None = None) -> bytes:
 def read_prefix(url: str, limit: int, storage_options: dict | None = None) -> bytes:
     """At most ``limit`` bytes from the start of ``url``, in one read: for an object store a single ranged GET, with
     no size request before it (a small table the index knows the size of costs one round trip, not two)."""
+    return _read_range(url, 0, limit, storage_options)
+
+
+@names_errors()
+def read_range(url: str, start: int, end: int, storage_options: dict | None = None) -> bytes:
+    """The bytes ``[start, end)`` of ``url`` (fewer where it ends first), in one read with no size request before
+    it: for an object store one ranged GET. ``start`` must lie inside the object (a store refuses a range that
+    starts at or past its end)."""
+    return _read_range(url, start, end, storage_options)
+
+
+def _read_range(url: str, start: int, end: int, storage_options: dict | None) -> bytes:
+    if end <= start:
+        return b""
     if is_local(url):
         with open_local(local_path(url), "rb", regular=True) as f:
-            return f.read(limit)
+            f.seek(start)
+            return f.read(end - start)
     target = store_of(url, storage_options)
     if target is not None:
-        if limit <= 0:
-            return b""
-        return objstore.call(url, lambda: _prefix(*target, limit))
+        return objstore.call(url, lambda: _range(*target, start, end))
     fs, path = filesystem(url, storage_options)
-    return bytes(fs.cat_file(path, start=0, end=limit))[:limit]  # an HTTP server may answer the whole object
+    got = bytes(fs.cat_file(path, start=start, end=end))
+    return got[: end - start] if start == 0 else got  # an HTTP server may answer the whole object
 
 
-def _prefix(store: Any, path: str, limit: int) -> bytes:
-    """The first ``limit`` bytes of an object through obstore: one ranged GET; where the server does not serve
-    ranges (HTTP lets it answer the whole object), one plain GET read only as far as ``limit``."""
+def _range(store: Any, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of an object through obstore: one ranged GET; where the server does not serve
+    ranges (HTTP lets it answer the whole object), one plain GET read only as far as ``end``."""
     import obstore
     from obstore.exceptions import GenericError, NotSupportedError
 
     try:
-        return bytes(obstore.get(store, path, options={"range": (0, limit)}).bytes())[:limit]
+        return bytes(obstore.get(store, path, options={"range": (start, end)}).bytes())[: end - start]
     except (NotSupportedError, GenericError) as e:
         if isinstance(e, GenericError) and "non-partial" not in str(e):
             raise
     got = bytearray()
     for piece in obstore.get(store, path).stream():
-        got += memoryview(piece)[: limit - len(got)]
-        if len(got) >= limit:
+        got += piece
+        if len(got) >= end:
             break
-    return bytes(got)
+    return bytes(got[start:end])
+
+
+@names_errors()
+def version(url: str, storage_options: dict | None = None) -> str:
+    """One version of the object's bytes as its store reports it, in one request (an object store's ``HEAD``): its
+    size and its ETag, version id, generation or mtime. Compared only with another answer about the same URL (a
+    cache key): a rewrite in place answers another. No object there: `FileNotFoundError`."""
+    if is_local(url):
+        st = os.stat(local_path(url))
+        return object_version({"size": st.st_size, "mtime": st.st_mtime_ns})
+    target = store_of(url, storage_options)
+    if target is not None:
+        size, named = objstore.call(url, lambda: objstore.head(*target, url))
+        return object_version({"size": size, "ETag": named})
+    fs, path = filesystem(url, storage_options)
+    return object_version(fs.info(path))
+
+
+@names_errors(writes=True)
+def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
+    """Copy the file or object ``src`` to ``dst``, two URLs of one storage (two local paths, two objects of one
+    bucket), replacing what is there; an object store copies it itself (no byte passes through this process)."""
+    if is_local(src) and is_local(dst):
+        shutil.copyfile(local_path(src), local_path(dst))
+        return
+    a, b = store_of(src, storage_options, writes=True), store_of(dst, storage_options, writes=True)
+    if a is not None and b is not None and a[0] is b[0]:
+        import obstore
+
+        objstore.call(dst, lambda: obstore.copy(a[0], a[1], b[1]), writes=True)
+        return
+    fs, path = filesystem(src, storage_options)
+    fs.copy(path, filesystem(dst, storage_options)[1])
+
+
+@names_errors(writes=True)  # a bucket that does not exist: one line naming it
+def create_only(url: str, data: bytes, storage_options: dict | None = None) -> None:
+    """Write ``data`` to ``url`` only if nothing is there, in one step the store decides: a local file opened with
+    ``O_EXCL``, an object put with ``mode="create"`` (S3's and Azure's ``If-None-Match: *``, GCS's
+    ``ifGenerationMatch=0``; fsspec's ``pipe_file(..., mode="create")`` where obstore does not serve the URL). Of
+    writers racing, exactly one succeeds; the others get `FileExistsError`."""
+    if is_local(url):
+        fd = os.open(local_path(url), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return
+    target = store_of(url, storage_options, writes=True)
+    if target is not None:
+        import obstore
+
+        objstore.call(url, lambda: obstore.put(*target, data, mode="create"), writes=True)
+        return
+    fs, path = filesystem(url, storage_options)
+    fs.pipe_file(path, data, mode="create")
+
+
+@names_errors()
+def modified(url: str, storage_options: dict | None = None) -> float:
+    """When ``url`` was last written, in seconds since the epoch (a local file's mtime, an object's Last-Modified)."""
+    if is_local(url):
+        return os.stat(local_path(url)).st_mtime
+    target = store_of(url, storage_options)
+    if target is not None:
+        import obstore
+
+        return objstore.call(url, lambda: obstore.head(*target))["last_modified"].timestamp()
+    fs, path = filesystem(url, storage_options)
+    return fs.modified(path).timestamp()
 
 
 def open_sized(url: str, want: int, storage_options: dict | None, whole: bool) -> tuple[IO[bytes], int]:

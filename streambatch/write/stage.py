@@ -26,7 +26,6 @@ from ..errors import ShardifyError, StorageError
 from ..format.index import INDEX_NAME, ShardIndex, ShardInfo, is_index_file
 from ..io import storage
 from ..io.digest import Digest, HashingReader, sha256_problem, size_problem
-from ..io.guards import write_error
 from ..io.lock import holds_lock
 from .stage_dest import DestState, begin, finish, publish, recover, survey, wait_in_place, waiting_url
 from .tarwrite import atomic_file
@@ -106,7 +105,7 @@ def _copy_with_retries(
 ) -> Digest:
     """Copy ``src`` to the local file ``to[0]`` (the temporary file of ``to[1]``), hashing on the way; a remote
     read error is retried from the start (``ATTEMPTS`` in all). An error writing the copy is not retried: it is
-    raised naming ``to[1]`` (`write_error()`)."""
+    raised naming ``to[1]`` (`storage.write_error()`)."""
     attempt = 0
     while True:
         done = 0
@@ -120,7 +119,7 @@ def _copy_with_retries(
                     done += len(chunk)
             return reader.digest
         except _WriteFailed as e:
-            raise write_error(to[1], e.error) from None
+            raise storage.write_error(to[1], e.error) from None
         except FileNotFoundError:
             raise ShardifyError(f"{src}: listed in the index but missing") from None
         except OSError:

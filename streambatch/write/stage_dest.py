@@ -230,8 +230,7 @@ def publish(
         if waiting or tables & state.old_files:  # never an old index beside a new file under one of its names
             storage.remove(storage.join_url(dest, INDEX_NAME), options)
         for name in waiting:
-            fs, src = storage.filesystem(waiting_url(dest, name), options)
-            fs.copy(src, storage.filesystem(storage.join_url(dest, *name.split("/")), options)[1])
+            storage.copy(waiting_url(dest, name), storage.join_url(dest, *name.split("/")), options)
         write_index()
 
 

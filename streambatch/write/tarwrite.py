@@ -25,7 +25,6 @@ from ..format.index import ShardInfo
 from ..format.rules import keys_sha1
 from ..io import storage
 from ..io.digest import Digest, size_problem
-from ..io.guards import write_error
 from ..io.tempname import temporary_name
 from .records import Record
 
@@ -282,7 +281,7 @@ def write_shard(task: ShardTask) -> ShardInfo:
             f.flush()
             os.fsync(f.fileno())
         except OSError as e:  # named: the disk's input/output error as the package's error, others with the shard
-            raise write_error(task.url, e) from None
+            raise storage.write_error(task.url, e) from None
         nbytes = f.tell()
     return _shard_info(task, nbytes, sha)
 

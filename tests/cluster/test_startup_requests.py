@@ -129,6 +129,18 @@ def test_a_node_copy_is_checked_like_the_original(moto_endpoint, tmp_path):
     assert load_shared(url, str(tmp_path), opts(moto_endpoint), job="j").num_shards == 2
 
 
+@pytest.mark.parametrize("reads", [1, 2, 3])
+def test_a_table_copied_in_several_reads_is_whole(dataset, moto_endpoint, tmp_path, monkeypatch, reads):
+    """The shard table copied to the node in reads of a fixed size, its size a whole number of them (no read may
+    start at its end: a store refuses such a range) or not: the copy is the table, and the index loads."""
+    from streambatch.format import shared_index
+
+    table = ShardIndex.load(dataset, opts(moto_endpoint)).shards.reader.shard_entry["bytes"]
+    monkeypatch.setattr(shared_index, "CHUNK", max(1, table // reads))
+    ix = load_shared(dataset, str(tmp_path), opts(moto_endpoint), job=None)
+    assert (ix.num_samples, ix.num_shards) == (80, 8)
+
+
 def row_group_spans(url: str, endpoint: str) -> list[tuple[int, int]]:
     """Byte span of each row group of the sample table (column chunks first to last)."""
     import pyarrow.parquet as pq

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 PROBE = r"""
-import functools, http.server, json, sys, threading
+import functools, http.server, json, sys, threading, time
 import obstore
 from obstore.store import MemoryStore
 from streambatch.io import objstore, storage
@@ -22,7 +22,10 @@ base = f"http://127.0.0.1:{server.server_address[1]}"
 out = {}
 for when in ("before", "after"):
     if when == "after":
-        obstore.put(MemoryStore(), "x", b"x")  # obstore's runtime now runs in this process
+        obstore.put(MemoryStore(), "x", b"x")  # obstore's runtime now runs in this process (not streambatch's call:
+        deadline = time.monotonic() + 10  # seen by its threads' names, which they take a moment after they start)
+        while not objstore.runtime_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
     out[when] = {
         "through_obstore": storage.store_of(f"{base}/index.json", None) is not None,
         "whole": storage.read_whole(f"{base}/index.json").decode(),

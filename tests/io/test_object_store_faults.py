@@ -54,3 +54,41 @@ def test_a_store_that_does_not_answer_is_a_storage_fault_naming_the_url():
     assert out.pop("through_obstore") is True  # the write started obstore's runtime: the reads went through it too
     # transient (a ConnectionError: retried where a caller retries), a StorageError, the URL named
     assert out == {name: ["StorageError", True, True] for name in out}, out
+
+
+READS_FIRST = r"""
+import json, sys
+from streambatch.errors import StorageError
+from streambatch.io import objstore, storage
+
+opts = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": sys.argv[1]},
+        "config_kwargs": {"connect_timeout": 1, "read_timeout": 1}}
+url = "s3://bucket/ds/index.json"
+out = {}
+for name, call in [
+    ("read_whole", lambda: storage.read_whole(url, opts)),
+    ("read_range", lambda: storage.read_range(url, 5, 10, opts)),
+    ("version", lambda: storage.version(url, opts)),
+    ("exists", lambda: storage.exists(url, opts)),
+]:
+    try:
+        call()
+        out[name] = "no error"
+    except StorageError as e:
+        out[name] = ["StorageError", url in str(e)]
+    except Exception as e:
+        out[name] = type(e).__name__
+out["runtime_after"] = objstore.runtime_running()
+print(json.dumps(out))
+"""
+
+
+def test_reads_before_any_write_fail_the_same_way_and_start_no_runtime():
+    """A process that has written nothing reads through fsspec (so it can still fork workers): a store that does
+    not answer is a storage fault naming the URL there too, and no obstore runtime was started."""
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    run = subprocess.run([sys.executable, "-c", READS_FIRST, endpoint], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out.pop("runtime_after") is False
+    assert out == {name: ["StorageError", True] for name in out}, out

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 from conftest import popen
 
-from streambatch.io.lock import _HELD, LOCK_NAME, PART_LOCK_NAME, STALE_AFTER, LockHeld, _FileLock, output_lock
+from streambatch.io.lock import (
+    _HELD,
+    HOLDER_SUFFIX,
+    LOCK_NAME,
+    PART_LOCK_NAME,
+    STALE_AFTER,
+    LockHeld,
+    _FileLock,
+    is_lock_file,
+    output_lock,
+)
 
 SHARDIFY = [sys.executable, "-m", "streambatch.cli"]
 ROWS = [{"id": f"s{i}", "text": " ".join(["word"] * (1 + i % 17))} for i in range(40)]
@@ -30,12 +40,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def _wait_for_lock(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> dict:
-    """The info a running writer wrote into its lock file (once it has)."""
+    """The info a running writer wrote beside its lock file (once it has)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the writer exited with {proc.returncode} before taking its lock"
         try:
-            return json.loads(path.read_text())
+            return json.loads(Path(str(path) + HOLDER_SUFFIX).read_text())
         except (FileNotFoundError, ValueError):
             time.sleep(0.05)
     pytest.fail(f"no lock at {path} after {timeout} s")
@@ -65,7 +75,7 @@ def test_second_writer_is_refused_naming_the_first(tmp_path):
         assert part in lines[0]
     _feed(fifo)
     assert first.wait(timeout=300) == 0, first.stderr.read()
-    assert not (out / LOCK_NAME).exists()  # a clean exit leaves no lock behind
+    assert not [n for n in os.listdir(out) if is_lock_file(n)]  # a clean exit leaves no lock (nor its holder) behind
     assert _run("verify", str(out), "--no-progress").returncode == 0
 
 
@@ -111,6 +121,23 @@ def test_lock_file_of_a_dead_pid_is_taken_over(tmp_path):
     assert not (out / LOCK_NAME).exists()
 
 
+def test_a_holder_file_a_dead_writer_left_blocks_no_one(tmp_path):
+    """The holder's details beside a free lock (its writer died): the next writer is not refused, names the dead
+    one in its warning, and leaves neither file behind; a part (a shared holder) takes over the same way."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    src = _text_source(tmp_path / "src.jsonl")
+    for args in (["--no-progress"], ["--part", "0/1", "--no-progress"]):
+        out = tmp_path / f"out{len(args)}"
+        out.mkdir()
+        left = {"host": "a-host", "pid": dead.pid, "since": "2020-01-01T00:00:00+00:00", "command": "shardify write"}
+        (out / (LOCK_NAME + HOLDER_SUFFIX)).write_text(json.dumps(left))
+        done = _run("write", str(src), str(out), *args)
+        assert done.returncode == 0, done.stderr
+        assert f"pid {dead.pid}" in done.stderr and "did not finish" in done.stderr
+        assert not [n for n in os.listdir(out) if is_lock_file(n)]
+
+
 def test_parts_run_together_but_not_beside_a_whole_write(tmp_path):
     """While part 1 of 2 runs (its lock held here), part 0 writes; a whole write, a merge and a second run of
     part 1 are refused naming it. Then part 1 writes and the merged dataset verifies."""
@@ -128,7 +155,7 @@ def test_parts_run_together_but_not_beside_a_whole_write(tmp_path):
     assert part1.returncode == 0, part1.stderr
     assert _run("merge", str(out)).returncode == 0
     assert _run("verify", str(out), "--no-progress").returncode == 0
-    assert not [n for n in os.listdir(out) if n.endswith(".lock")]
+    assert not [n for n in os.listdir(out) if is_lock_file(n)]
 
 
 def test_parts_started_together_all_write(tmp_path):
