@@ -627,10 +627,17 @@ def version(url: str, storage_options: dict | None = None) -> str:
     return object_version(fs.info(path))
 
 
+#: the largest object an object store copies in one request (S3's CopyObject: 5 GiB); a larger one is copied
+#: through this process in parts of `COPY_PIECE` bytes
+COPY_IN_STORE = 5 << 30
+COPY_PIECE = 64 << 20
+
+
 @names_errors(writes=True)
 def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
     """Copy the file or object ``src`` to ``dst``, two URLs of one storage (two local paths, two objects of one
-    bucket), replacing what is there; an object store copies it itself (no byte passes through this process)."""
+    bucket), replacing what is there; an object store copies it itself (no byte passes through this process) up to
+    `COPY_IN_STORE` bytes."""
     if is_local(src) and is_local(dst):
         shutil.copyfile(local_path(src), local_path(dst))
         return
@@ -638,7 +645,17 @@ def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
     if a is not None and b is not None and a[0] is b[0]:
         import obstore
 
-        objstore.call(dst, lambda: obstore.copy(a[0], a[1], b[1]), writes=True)
+        store = a[0]
+        if objstore.call(src, lambda: obstore.head(store, a[1]))["size"] <= COPY_IN_STORE:
+            objstore.call(dst, lambda: obstore.copy(store, a[1], b[1]), writes=True)
+        else:  # larger than one copy request may be (S3's CopyObject): through this process, in parts
+            import asyncio
+
+            async def in_parts() -> None:  # the download's stream fed to a multipart upload, a piece at a time
+                got = await obstore.get_async(store, a[1])
+                await obstore.put_async(store, b[1], got.stream(min_chunk_size=COPY_PIECE), chunk_size=COPY_PIECE)
+
+            objstore.call(dst, lambda: asyncio.run(in_parts()), writes=True)
         return
     fs, path = filesystem(src, storage_options)
     fs.copy(path, filesystem(dst, storage_options)[1])
