@@ -494,8 +494,6 @@ KIND_TESTS = {
         "cli/test_demo.py::test_demo_reuses_existing_data",
         "cli/test_demo.py::test_demo_says_what_it_does_before_the_data_is_written",
         "cli/test_demo.py::test_demo_table",
-        "cli/test_inspect_freshness.py::test_inspect_plan_plans_the_seed_epoch_and_even_batches_given",
-        "cli/test_inspect_freshness.py::test_inspect_plan_reports_the_pairs_kept_from_epoch_0_to_1",
         "cli/test_interrupts.py::test_a_process_pool_left_on_an_interrupt_stops_its_workers",
         "cli/test_interrupts.py::test_a_signal_after_the_summary_keeps_the_success",
         "cli/test_interrupts.py::test_index_of_a_really_read_only_folder",
