@@ -99,6 +99,19 @@ def corpus(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """A dataset of 40 utterances in 2 shards, laid out as :func:`corpus`, for the tests that need a dataset to name
+    but not the time its reading takes (making the large corpus is most of what those tests would cost)."""
+    from streambatch.synthetic import write_audio_corpus
+    from streambatch.write.writer import write_shards
+
+    root = tmp_path_factory.mktemp("signals-small")
+    write_audio_corpus(str(root / "audio"), 40, seed=3)
+    write_shards(str(root / "audio"), str(root / "ds"), max_count=20, progress=False)
+    return root
+
+
 # ---- signals in worker processes, in C callbacks -----------------------------------------------------------------
 @pytest.mark.parametrize(
     "sig, workers, group",
@@ -183,12 +196,12 @@ def _imports_under_way(proc: subprocess.Popen) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_signal_during_the_imports_is_one_line(corpus, sig):
+def test_a_signal_during_the_imports_is_one_line(small_corpus, sig):
     """The console script sets its handlers before it imports the package: a signal in the first few tenths of a
     second was a KeyboardInterrupt traceback, or (SIGTERM) an exit without a word."""
     if "streambatch_shardify" not in SCRIPT.read_text():
         pytest.skip(f"{SCRIPT} is an older entry point: pip install -e . makes the new one")
-    proc = _start([str(SCRIPT), "verify", str(corpus / "ds"), "--no-progress"])
+    proc = _start([str(SCRIPT), "verify", str(small_corpus / "ds"), "--no-progress"])
     _wait(lambda: _imports_under_way(proc), proc, "import of numpy", timeout=30)
     os.kill(proc.pid, sig)
     code, err = _ended(proc)
@@ -371,7 +384,7 @@ def test_the_demo_claims_a_missing_or_empty_folder_and_its_own(tmp_path):
         claim_folder(str(out))  # its own, not empty now: still the demo's
 
 
-def test_a_disk_input_output_error_while_staging_names_the_shard(corpus, tmp_path, monkeypatch, capsys):
+def test_a_disk_input_output_error_while_staging_names_the_shard(small_corpus, tmp_path, monkeypatch, capsys):
     """stage's own copy: EIO from its fsync was retried as a read error, then "OSError: [Errno 5]", no file named;
     DEST keeps no shard under its name."""
     fsync = os.fsync
@@ -383,7 +396,7 @@ def test_a_disk_input_output_error_while_staging_names_the_shard(corpus, tmp_pat
 
     monkeypatch.setattr(os, "fsync", eio)
     dest = tmp_path / "dest"
-    code = main(["stage", str(corpus / "ds"), str(dest), "--no-progress"])
+    code = main(["stage", str(small_corpus / "ds"), str(dest), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{dest}/shard-0000" in err and ".tar: input/output error while writing it" in err, err
