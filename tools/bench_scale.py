@@ -20,7 +20,8 @@ then opens the index and plans the rank's epoch:
 
 Usage: ``python tools/bench_scale.py [--samples 10000000 100000000] [--per-shard 1000] [--ranks 8 64 1024]
 [--workers 8] [--v1-max 10000000] [--torchrun 4] [--only local resume grown global stats requests] [--ranks-per-node 8]
-[--requests-samples 1000000] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder).
+[--requests-samples 1000000] [--dir DIR]``. Indexes are kept in ``--dir`` (default: a temporary folder), and an index
+already there is reused (a large one takes minutes to write).
 """
 
 from __future__ import annotations

@@ -254,8 +254,8 @@ def band_order(times: np.ndarray, rounds: np.ndarray, goals: np.ndarray, span: i
     round are taken first (earliest last round first). A goal then reads about the same time on every rank,
     where a group's own ranks drift with the few slow or fast batches it happens to hold.
 
-    Each round's choice depends on the rounds up to `REFERENCE_ROUNDS` and ``2·span - 2`` after it only, so a
-    prefix of the rounds orders its first rounds as the whole slot does."""
+    Each round's choice depends only on the rounds up to `band_read_ahead()` after it, so a prefix of the
+    rounds orders its first rounds as the whole slot does."""
     m = len(times)
     out = np.empty(m, dtype=np.int64)
     placed = np.zeros(m, dtype=bool)
@@ -286,6 +286,15 @@ def band_order(times: np.ndarray, rounds: np.ndarray, goals: np.ndarray, span: i
         out[by_goal] = by_time[pick]
         placed[by_time[pick]] = True
     return out
+
+
+def band_read_ahead(span: int) -> int:
+    """The rounds after a round that `band_order()` reads to order it, for a sliding span of ``span`` rounds:
+    the `REFERENCE_ROUNDS` its goals' times are read against, and ``2·span - 2``: its candidates come from up to
+    ``span - 1`` rounds ahead, and whether the rounds after it can still take the ones due is counted over the
+    positions up to their last round, ``span - 1`` rounds further (`_short()`). A prefix of a slot's rounds
+    that runs this far past a round orders that round as the whole slot does (`resume.BalancedPrefix`)."""
+    return max(REFERENCE_ROUNDS, 2 * int(span) - 2)
 
 
 def _short(last: np.ndarray, pick: np.ndarray, rounds: np.ndarray, hi: int) -> tuple[int, int] | None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, StateError, shown
-from .balance import BAND_ROUNDS, REFERENCE_ROUNDS, balanced_order, targets
+from .balance import BAND_ROUNDS, balanced_order, band_read_ahead, targets
 from .batcher import BucketBatcher
 from .config import BatchingConfig
 from .epoch import RankEqualised, SlotEqualised, plan_rank, rank_raw_slots
@@ -418,8 +418,7 @@ class BalancedPrefix(PrefixOf):
         if self.sliding:
             if self.reached is None and self.entry >= self.needed:
                 self.reached = self.round - 1  # the round that forms the needed-th batch
-            ahead = max(REFERENCE_ROUNDS, 2 * self.span - 2)  # the rounds after a round that its order reads
-            return self.reached is not None and self.round > self.reached + ahead
+            return self.reached is not None and self.round > self.reached + band_read_ahead(self.span)
         return self.entry >= self.needed and self.round % self.span == 0
 
     def _entry(self, piece: np.ndarray) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,8 +116,20 @@ class Deal:
 
     @classmethod
     def of(cls, lengths: Lengths, num_slots: int, seed: int, epoch: int, shuffle: bool) -> Deal:
+        """The deal over ``num_slots`` slots. The order and running total depend on the lengths and the epoch,
+        not on the slot count: while a deal of the same lengths and epoch is alive (a resume's deal of the old
+        layout, beside the new layout's), they are shared with it rather than shuffled and held twice."""
+        key = (id(lengths), int(seed), int(epoch), bool(shuffle))
+        held = _LIVE_DEALS.get(key)
+        if held is not None and held.lengths is lengths:  # a live deal holds ``lengths``: its id is not reused
+            return cls(lengths, num_slots, held.order, held.prefix)
         order = shard_order(lengths.num_shards, seed, epoch, shuffle, blocks=shard_blocks(lengths.offsets))
-        return cls(lengths, num_slots, order, np.concatenate([[0.0], np.cumsum(lengths.totals[order])]))
+        order.flags.writeable = False
+        prefix = np.concatenate([[0.0], np.cumsum(lengths.totals[order])])
+        prefix.flags.writeable = False
+        deal = cls(lengths, num_slots, order, prefix)
+        _LIVE_DEALS[key] = deal
+        return deal
 
     @property
     def total(self) -> float:
@@ -137,3 +150,7 @@ class Deal:
             x = x * self.lengths.scale[shard]
         mid = self.prefix[position] + np.cumsum(x) - x / 2
         return np.minimum((mid * self.num_slots / self.total).astype(np.int64), self.num_slots - 1)
+
+
+#: the deals alive now, by (lengths, seed, epoch, shuffle): an entry goes with its deal, so sharing holds no memory
+_LIVE_DEALS: weakref.WeakValueDictionary[tuple[int, int, int, bool], Deal] = weakref.WeakValueDictionary()

@@ -189,3 +189,36 @@ def test_a_resume_on_more_ranks_batches_about_what_a_fresh_plan_does(monkeypatch
         excluded = done.consumed(lengths, config)
         plan_rank_local(lengths, config, 1, rank, new, lambda mine: [mine] * new.world_size, excluded)
         assert batched[0] <= 1.2 * fresh
+
+
+def test_a_resume_on_another_layout_holds_about_the_memory_of_a_fresh_plan():
+    """Issue #47: a rank resuming on another world size needs at most 1.2 times a fresh plan's peak memory, also
+    where the shard table is what costs (many small shards, few samples a rank): the old layout's deal of the
+    shards is not held twice."""
+    import tracemalloc
+
+    from streambatch.plan.epoch import RankSummary, plan_rank, plan_rank_local, rank_raw_slots
+    from streambatch.plan.resume import Resumed
+
+    rng = np.random.default_rng(3)
+    lengths = Lengths.of([rng.integers(50, 400, 2) for _ in range(60_000)])
+    config = BatchingConfig(budget=2_000.0, buffer_size=40)
+    old, new, rank = Layout(512, 2), Layout(256, 2), 100
+    near = (2 * rank, 2 * rank + 1)  # the old ranks that held the resuming rank's shards
+    counted = {r: rank_raw_slots(lengths, config, 1, r, old, counted=True) for r in near}
+    steps = RankSummary.of(counted[near[0]]).batches
+    eq = {r: plan_rank(counted[r], steps, old, config, 1, r, lengths).equalised for r in near}
+    equalised = tuple(eq.get(r, eq[near[0]]) for r in range(old.world_size))
+    done = Resumed(1, (EarlierRun(old, steps, steps // 2, equalised),))
+
+    def peak(resumed):
+        tracemalloc.start()
+        excluded = done.consumed(lengths, config) if resumed else None
+        plan_rank_local(lengths, config, 1, rank, new, lambda mine: [mine] * new.world_size, excluded)
+        top = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return top
+
+    peak(True)  # a first resume imports the modules it uses, which are not its plan's memory
+    fresh, resumed = peak(False), peak(True)
+    assert resumed <= 1.2 * fresh
