@@ -109,7 +109,7 @@ def streambatch_batches(shards: str, budget: float, seed: int, epoch: int) -> li
     return [s.gids[b] for s in plan.slots for b in s.batches]
 
 
-class PlannedBatches(IterableDataset):
+class InOrderBatches(IterableDataset):
     """Stream every shard once, in order, with the plain tar reader; hold each sample's raw bytes until
     the last sample of its batch has been read, then decode and pad the batch with ``collate``.
 
@@ -164,7 +164,7 @@ def _run(name: str, batches_iter, budget: float) -> Result:
 def run_fixed(name: str, index, batches: Sequence[np.ndarray], budget: float, num_workers: int = NUM_WORKERS) -> Result:
     from torch.utils.data import DataLoader
 
-    ds = PlannedBatches(index.shard_urls(), [s.count for s in index.shards], batches, index.sample_rate)
+    ds = InOrderBatches(index.shard_urls(), [s.count for s in index.shards], batches, index.sample_rate)
     dl = DataLoader(ds, batch_size=None, num_workers=num_workers, collate_fn=_identity)
     return _run(name, dl, budget)
 

@@ -23,7 +23,7 @@ from streambatch import BatchingConfig, StreamBatchLoader  # noqa: E402
 from streambatch.plan.epoch import make_epoch_plan  # noqa: E402
 from streambatch.plan.layout import Layout  # noqa: E402
 from streambatch.plan.lengths import Lengths  # noqa: E402
-from streambatch.plan.perturb import LengthPlan, SpeedPerturb, planned_lengths  # noqa: E402
+from streambatch.plan.perturb import LengthTransform, SpeedPerturb, planned_lengths  # noqa: E402
 from streambatch.read.features import Fbank  # noqa: E402
 from streambatch.synthetic import commonvoice_like, write_audio_corpus  # noqa: E402
 from streambatch.write.writer import write_shards  # noqa: E402
@@ -56,8 +56,8 @@ def planning(n: int) -> list[list[object]]:
     rows, base = [], None
     for name, plan in [
         ("index lengths", None),
-        ("speed_perturb", LengthPlan(SR, SpeedPerturb.make((0.9, 1.0, 1.1)))),
-        ("speed + fbank frames", LengthPlan(SR, SpeedPerturb.make((0.9, 1.0, 1.1)), Fbank())),
+        ("speed_perturb", LengthTransform(SR, SpeedPerturb.make((0.9, 1.0, 1.1)))),
+        ("speed + fbank frames", LengthTransform(SR, SpeedPerturb.make((0.9, 1.0, 1.1)), Fbank())),
     ]:
         cfg = BatchingConfig(budget=6000 if plan is not None and plan.in_frames else 60 * SR, buffer_size=2000)
         t0 = time.perf_counter()

@@ -11,7 +11,7 @@ comes and goes on a shared machine falls on every case alike); the table has the
 and the filtered median over the unfiltered one with the same workers.
 
 Part 2, the filter's pass over a version 2 index of ``--index-samples`` samples (1,000 a shard; ``speaker``,
-``language`` and ``snr`` columns; no shards, only the index is read): `PlanFilter` streams the columns and
+``language`` and ``snr`` columns; no shards, only the index is read): `IndexFilter` streams the columns and
 lengths of every row group and evaluates the expression on each (best of ``--repeat``), by each path; the rate
 and what 10^9 samples would take at it.
 
@@ -36,7 +36,7 @@ from _bench_common import machine, table  # noqa: E402
 
 from streambatch import StreamBatchLoader  # noqa: E402
 from streambatch.format.index import ShardIndex, ShardInfo  # noqa: E402
-from streambatch.select.where import PlanFilter  # noqa: E402
+from streambatch.select.where import IndexFilter  # noqa: E402
 from streambatch.synthetic import SAMPLE_RATE, librispeech_like  # noqa: E402
 from streambatch.units import Unit  # noqa: E402
 from streambatch.write.writer import write_shards  # noqa: E402
@@ -150,7 +150,7 @@ def index_passes(a: argparse.Namespace) -> list[list[str]]:
             for _ in range(a.repeat):
                 index = ShardIndex.load(tmp)
                 t0 = time.perf_counter()
-                flt = PlanFilter(index, expr)
+                flt = IndexFilter(index, expr)
                 times.append(time.perf_counter() - t0)
             assert flt is not None
             rate = n / min(times)

@@ -183,14 +183,18 @@ class StreamBatchLoader:
     def _configure(self, budget: float | str | None, where: str | None) -> None:
         """The plan's configuration from the options and the index: lengths, batching, filter, layout, workers."""
         ix, run, sample = self.index, self.run, self.sample_options
-        self.length_plan, ops = sample_plan(sample, ix, self.batching_options.seed)
+        self.length_transform, ops = sample_plan(sample, ix, self.batching_options.seed)
         if isinstance(budget, str):  # parsed here, once, in the dataset's unit (frames when planning in them)
-            frames = self.length_plan.frames if self.length_plan is not None and self.length_plan.in_frames else None
+            frames = (
+                self.length_transform.frames
+                if self.length_transform is not None and self.length_transform.in_frames
+                else None
+            )
             unit, rate = (ix.unit, ix.sample_rate) if ix is not None else (None, None)
             budget = parse_budget(budget, unit, rate, frames)
         batching = self.batching_options.as_make_options()
-        self.config = batching_config(budget, ix, batching, self.length_plan, self.storage_options)
-        check_shortest_fits(self.config, ix, self.length_plan, self.name)
+        self.config = batching_config(budget, ix, batching, self.length_transform, self.storage_options)
+        check_shortest_fits(self.config, ix, self.length_transform, self.name)
         self.filter = open_filter(ix, where)  # evaluated once, in DuckDB's child process; workers read its bits
         self._digest = dataset_digest(ix)  # what a checkpoint names the dataset by
         self.collate_options = collate_options(sample, run, self.config, ix, ops)
@@ -285,7 +289,9 @@ class StreamBatchLoader:
         """The lengths ``epoch`` is planned on: the index's, or as speed perturbation and features make them."""
         assert self.index is not None, "planned epochs come from an index"
         kept = self.filter.scale if self.filter is not None else None  # where=: shards dealt by kept length
-        return planned_lengths(index_lengths(self._epoch_index(epoch), kept), self.length_plan, self.config.seed, epoch)
+        return planned_lengths(
+            index_lengths(self._epoch_index(epoch), kept), self.length_transform, self.config.seed, epoch
+        )
 
     def _whole_plan(self, epoch: int, lengths: Lengths, keep: KeptSlots | None = None) -> EpochPlan:
         return make_epoch_plan(lengths, self.config, epoch, self.layout, self._excluded_in(epoch, lengths), keep)
@@ -357,7 +363,7 @@ class StreamBatchLoader:
             faults=self._fault_counts,
             bad=self._bad_shards,
             resumed=self._resumed,
-            length_plan=self.length_plan,
+            length_transform=self.length_transform,
             filter=self.filter,
             ring=self._ring,
             skips=self._skips,
@@ -487,7 +493,7 @@ class StreamBatchLoader:
             mixture=_mixture_state(self.index) if self.index is not None else None,
             where=self.filter.expr if self.filter is not None else None,
             dataset=self._digest,
-            batching=batching_record(self.config, self.length_plan),
+            batching=batching_record(self.config, self.length_transform),
             earlier_layouts=[run.state_dict() for run in resumed.layouts] if resumed else [],
             excluded=pack_mask(resumed.base) if resumed is not None and resumed.base is not None else None,
             skip_steps=skip_state(self._skips, self.epoch),

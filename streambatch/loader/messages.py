@@ -15,10 +15,10 @@ from ..plan.config import BatchingConfig
 from ..plan.epoch import EpochPlan, RankSchedule
 from ..plan.layout import Layout
 from ..plan.lengths import Lengths
-from ..plan.perturb import LengthPlan
+from ..plan.perturb import LengthTransform
 from ..plan.resume import EarlierRun
 from ..select.mixture import AnyIndex, MixedIndex, datasets_of
-from ..select.where import PlanFilter
+from ..select.where import IndexFilter
 
 
 class EpochSetting(Protocol):
@@ -30,7 +30,7 @@ class EpochSetting(Protocol):
     @property
     def index(self) -> AnyIndex | None: ...
     @property
-    def filter(self) -> PlanFilter | None: ...
+    def filter(self) -> IndexFilter | None: ...
     @property
     def config(self) -> BatchingConfig: ...
     @property
@@ -81,7 +81,7 @@ def empty_epoch_message(setting: EpochSetting, s: RankSchedule, local: bool) -> 
     return f"{head}: {of}{'; '.join(causes)}; {' or '.join(fixes)}"
 
 
-def _epoch_samples(ix: AnyIndex, flt: PlanFilter | None, mixed: bool) -> int | None:
+def _epoch_samples(ix: AnyIndex, flt: IndexFilter | None, mixed: bool) -> int | None:
     """The samples an epoch plans before batching: a mixture's draw (``round(w·N)`` each), a dataset's samples
     or what its filter keeps; None for a mixture's draw after a filter (known once planned)."""
     if mixed:
@@ -137,7 +137,9 @@ def mixture_report(index: MixedIndex, plan: EpochPlan, lengths: Lengths) -> dict
     return out
 
 
-def check_shortest_fits(cfg: BatchingConfig, ix: AnyIndex | None, length_plan: LengthPlan | None, name: str) -> None:
+def check_shortest_fits(
+    cfg: BatchingConfig, ix: AnyIndex | None, length_transform: LengthTransform | None, name: str
+) -> None:
     """A budget that not even the shortest sample fits alone is an error now (from the index's shard table), not an
     epoch without batches later: a `BudgetError` naming both lengths."""
     if ix is None:
@@ -145,14 +147,14 @@ def check_shortest_fits(cfg: BatchingConfig, ix: AnyIndex | None, length_plan: L
     table = ix.shard_table(("count", "min_length"))
     mins = table["min_length"][table["count"] > 0]
     shortest = float(mins.min()) if mins.size else 0.0
-    if length_plan is not None:
-        shortest = length_plan.shortest(shortest)
+    if length_transform is not None:
+        shortest = length_transform.shortest(shortest)
     alone = BucketBatcher(cfg.replace(min_length=0, max_length=None, strict=False, buffer_size=1))
     if shortest <= 0 or alone.accepts(shortest):
         return
     padded = cfg.cost.name == "padded" and not cfg.pad_to_multiple_of
     how = "is smaller than" if padded else f"({cfg.cost.name} cost) cannot hold even"
-    frames = length_plan is not None and length_plan.in_frames
+    frames = length_transform is not None and length_transform.in_frames
     unit = unit_index(ix)
     text = (lambda x: f"{x:,.0f} frames") if frames else (lambda x: length_text(x, unit))
     raise BudgetError(

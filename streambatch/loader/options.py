@@ -27,7 +27,7 @@ from ..io import storage
 from ..plan.config import MAX_SEED, BatchingConfig
 from ..plan.cost import calibration_cost, is_calibration_path, read_calibration
 from ..plan.layout import EVEN_BATCHES, MAX_WORKERS, Layout, check_slots
-from ..plan.perturb import LengthPlan, SpeedPerturb
+from ..plan.perturb import LengthTransform, SpeedPerturb
 from ..read.reader import ReadOptions
 from ..read.worker import CollateOptions
 from ..select.mixture import AnyIndex, dataset_names, datasets_of
@@ -442,7 +442,7 @@ def batching_config(
     budget: float | None,
     index: AnyIndex | None,
     options: Mapping[str, Any],
-    length_plan: LengthPlan | None = None,
+    length_transform: LengthTransform | None = None,
     storage_options: dict | None = None,
 ) -> BatchingConfig:
     """The loader's `BatchingConfig`: a calibration file's budget, batch cap and unit check, and
@@ -463,16 +463,22 @@ def batching_config(
             f"batch_order={options['batch_order']!r} sorts each worker's planned batches, which needs "
             "an index (write one with `shardify index`); without one batches leave as they form"
         )
-    unit = "frames" if length_plan is not None and length_plan.in_frames else index.unit if index is not None else None
+    unit = (
+        "frames"
+        if length_transform is not None and length_transform.in_frames
+        else index.unit
+        if index is not None
+        else None
+    )
     options, budget = _calibrated(options, budget, index is not None, unit, storage_options)
     if index is not None and index.unit == "seconds":
         options = {**options, "pad_to_multiple_of": None}
     # every length, streamed in bounded memory, read once where an option needs them
-    stats = _stats(index, length_plan) if index is not None and options.get("num_buckets") else None
-    mean, sample_bytes = _window_figures(index, length_plan)
+    stats = _stats(index, length_transform) if index is not None and options.get("num_buckets") else None
+    mean, sample_bytes = _window_figures(index, length_transform)
     config = BatchingConfig.make(budget, stats, mean_length=mean, sample_bytes=sample_bytes, **options)
     if hasattr(config.cost, "check_monotone") and index is not None:
-        config.cost.check_monotone(stats if stats is not None else _stats(index, length_plan))
+        config.cost.check_monotone(stats if stats is not None else _stats(index, length_transform))
     return config
 
 
@@ -494,25 +500,27 @@ def _calibrated(
     return options, calibrated_budget if budget is None else budget
 
 
-def _window_figures(index: AnyIndex | None, length_plan: LengthPlan | None) -> tuple[float | None, float | None]:
+def _window_figures(
+    index: AnyIndex | None, length_transform: LengthTransform | None
+) -> tuple[float | None, float | None]:
     """The mean length (in the plan's unit) and mean stored bytes of a sample that size the default window."""
     if index is None or not index.num_samples:
         return None, None
     indexes = [ix for _, ix in datasets_of(index)]  # a mixture: its datasets' own figures
     count = sum(ix.num_samples for ix in indexes)
     mean = sum(ix.total_length for ix in indexes) / count if count else None
-    if mean is not None and length_plan is not None and length_plan.in_frames:
-        mean = float(length_plan.frames(int(mean)))
+    if mean is not None and length_transform is not None and length_transform.in_frames:
+        mean = float(length_transform.frames(int(mean)))
     sizes = [ix.total_bytes for ix in indexes if ix.total_bytes is not None]
     # an index that does not say its bytes (written before its header carried them): the floor, not a guess
     return mean, sum(sizes) / count if len(sizes) == len(indexes) and count else math.inf
 
 
-def _stats(index: AnyIndex, length_plan: LengthPlan | None) -> Any:
+def _stats(index: AnyIndex, length_transform: LengthTransform | None) -> Any:
     """Statistics of every length in the plan's unit (frames when planning in them; speed factors aside)."""
-    if length_plan is None or not length_plan.in_frames:
+    if length_transform is None or not length_transform.in_frames:
         return index.length_stats()
-    return stream_stats(length_plan.frames(x) for _, ix in datasets_of(index) for x in ix.iter_lengths())
+    return stream_stats(length_transform.frames(x) for _, ix in datasets_of(index) for x in ix.iter_lengths())
 
 
 def check_decode_unit(decode: Any, unit: Unit) -> None:
@@ -530,8 +538,8 @@ def check_decode_unit(decode: Any, unit: Unit) -> None:
         )
 
 
-def sample_plan(o: SampleOptions, index: AnyIndex | None, seed: Any) -> tuple[LengthPlan | None, Any]:
-    """The `LengthPlan` the epochs are planned with and the per-sample stages of the workers
+def sample_plan(o: SampleOptions, index: AnyIndex | None, seed: Any) -> tuple[LengthTransform | None, Any]:
+    """The `LengthTransform` the epochs are planned with and the per-sample stages of the workers
     (`SampleOps`; each worker sets the epoch), from the per-sample options."""
     from ..read.features import plans_in_frames
     from ..read.transforms import SampleOps
@@ -555,5 +563,7 @@ def sample_plan(o: SampleOptions, index: AnyIndex | None, seed: Any) -> tuple[Le
         if o.decode not in ("auto", "audio"):
             raise OptionError(f"speed_perturb and features work on decoded audio; decode={o.decode!r}")
     frames = features if plans_in_frames(features) else None
-    plan = LengthPlan(int(index.sample_rate or 0), speed, frames) if speed is not None or frames is not None else None
+    plan = (
+        LengthTransform(int(index.sample_rate or 0), speed, frames) if speed is not None or frames is not None else None
+    )
     return plan, SampleOps(o.transform, speed, features, seed, 0, index.sample_rate)

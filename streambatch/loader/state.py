@@ -18,7 +18,7 @@ from ..errors import StateError, shown
 from ..plan.config import PLAN_VERSION, BatchingConfig, with_plan_version
 from ..plan.cost import CostModel
 from ..plan.layout import EVEN_BATCHES, Layout
-from ..plan.perturb import LengthPlan
+from ..plan.perturb import LengthTransform
 from ..plan.resume import MAX_COUNT, EarlierRun, Resumed, equalised_of, state_count
 from .mixing import mixture_problem
 
@@ -264,16 +264,16 @@ class LoaderState:
         return self.equalised if self.layout(layout) == layout else None
 
 
-def batching_record(config: BatchingConfig, length_plan: LengthPlan | None = None) -> dict[str, Any]:
+def batching_record(config: BatchingConfig, length_transform: LengthTransform | None = None) -> dict[str, Any]:
     """Every field of the batching config as plain values, and how the planned lengths follow from the index's
     (the speed factors and weights; the frame counts ``features`` gives a few lengths): a checkpoint holds them so
     that a mid-epoch resume with other options is refused rather than silently losing or repeating samples (a
     new field is recorded as well)."""
     out = {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
     out["plan_version"] = config.plan_version  # the state's plan_version again: an edit of one is refused
-    speed = length_plan.speed if length_plan is not None else None
+    speed = length_transform.speed if length_transform is not None else None
     out["speed_perturb"] = None if speed is None else [_plain(speed.factors), _plain(speed.weights)]
-    frames = length_plan.frames if length_plan is not None and length_plan.in_frames else None
+    frames = length_transform.frames if length_transform is not None and length_transform.in_frames else None
     out["features_frames"] = _plain(list(frames(_FRAME_PROBES))) if frames is not None else None
     return out
 

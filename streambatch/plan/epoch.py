@@ -21,7 +21,7 @@ from .shards import plan_slots
 from .slot import (
     Adjust,
     KeptSlots,
-    SlotPlan,
+    SlotEpoch,
     apply_adjust,
     batch_costs,
     cut_largest,
@@ -39,7 +39,7 @@ class EpochPlan:
     epoch: int
     world_size: int
     num_workers: int
-    slots: list[SlotPlan]
+    slots: list[SlotEpoch]
     adjust: list[Adjust]
     steps: int
     first_worker: list[int] = field(default_factory=list)  # per rank: the worker its first batch comes from
@@ -74,7 +74,7 @@ class RankSummary:
     spare: int
 
     @classmethod
-    def of(cls, slots: Sequence[SlotPlan]) -> RankSummary:
+    def of(cls, slots: Sequence[SlotEpoch]) -> RankSummary:
         return cls(sum(len(s.batches) for s in slots), sum(len(b) - 1 for s in slots for b in s.batches))
 
 
@@ -136,10 +136,10 @@ def split_rule(sizes: np.ndarray, times: int) -> tuple[int, int]:
 
 
 @dataclass
-class RankPlan:
+class RankEpoch:
     """One rank's equalised slots, with the first worker of its round and its counts."""
 
-    slots: list[SlotPlan]
+    slots: list[SlotEpoch]
     adjust: list[Adjust]
     first_worker: int = 0
     surplus: int = 0
@@ -161,8 +161,14 @@ def agreed_steps(summaries: Sequence[RankSummary], even_batches: str, plan_versi
 
 
 def plan_rank(
-    raw: Sequence[SlotPlan], steps: int, layout: Layout, config: BatchingConfig, epoch: int, rank: int, lengths: Lengths
-) -> RankPlan:
+    raw: Sequence[SlotEpoch],
+    steps: int,
+    layout: Layout,
+    config: BatchingConfig,
+    epoch: int,
+    rank: int,
+    lengths: Lengths,
+) -> RankEpoch:
     """Equalise one rank's slots to ``steps`` batches: split (repeating what splits cannot reach) or pad, then
     hardest first, then take."""
     nw = len(raw)
@@ -185,7 +191,7 @@ def plan_rank(
         slots[start] = apply_adjust(
             s, Adjust(hardest=True), config.epoch_seed, epoch, first + start, lengths[s.gids], config.cost
         )
-    out = RankPlan(slots, adjust, start, splits=splits)
+    out = RankEpoch(slots, adjust, start, splits=splits)
     for w, t in enumerate(per_worker([len(s.batches) for s in slots], steps, start)):
         s = slots[w]
         out.surplus += int(sum(len(b) for b, rep in zip(s.batches[t:], s.repeat[t:]) if not rep))
@@ -207,7 +213,7 @@ def plan_rank(
     return out
 
 
-def _equalised(raw: Sequence[SlotPlan], adjust: Sequence[Adjust], start: int, moved: int) -> RankEqualised:
+def _equalised(raw: Sequence[SlotEpoch], adjust: Sequence[Adjust], start: int, moved: int) -> RankEqualised:
     """The rank's equalisation as `RankEqualised` (``moved``: the index of the start worker's batch that
     hardest-first moved to the front, -1 for none)."""
     slots = []
@@ -219,7 +225,7 @@ def _equalised(raw: Sequence[SlotPlan], adjust: Sequence[Adjust], start: int, mo
     return RankEqualised(start, tuple(slots))
 
 
-def _split_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust]) -> int:
+def _split_counts(raw: Sequence[SlotEpoch], need: int, adjust: list[Adjust]) -> int:
     """Decide which workers split how often: each time the worker holding the largest batch (the first on
     ties) cuts it by `cut_largest()`, the rule that worker applies to its real batches."""
     sizes = [np.fromiter((len(b) for b in s.batches), dtype=np.int64, count=len(s.batches)) for s in raw]
@@ -230,7 +236,7 @@ def _split_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust]) -> i
     return need
 
 
-def _pad_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust], rank: int, num_samples: int) -> None:
+def _pad_counts(raw: Sequence[SlotEpoch], need: int, adjust: list[Adjust], rank: int, num_samples: int) -> None:
     """Spread ``need`` repeated batches over the workers that have any, round robin."""
     have = [w for w, s in enumerate(raw) if s.batches]
     if not have:
@@ -242,7 +248,7 @@ def _pad_counts(raw: Sequence[SlotPlan], need: int, adjust: list[Adjust], rank: 
         adjust[have[i % len(have)]].pad += 1
 
 
-def _hardest_worker(slots: Sequence[SlotPlan], lengths: Lengths, config: BatchingConfig) -> int:
+def _hardest_worker(slots: Sequence[SlotEpoch], lengths: Lengths, config: BatchingConfig) -> int:
     """The worker holding the rank's most expensive batch (the first on ties)."""
     best = (-1.0, 0)
     for w, sp in enumerate(slots):
@@ -308,7 +314,7 @@ class RankSchedule:
     """This rank's equalisation."""
     every_rank: tuple[RankEqualised, ...] = ()
     """Every rank's (what a checkpoint holds: `every_rank()`), once the ranks have shared them."""
-    kept: dict[int, SlotPlan] = field(default_factory=dict, repr=False, compare=False)
+    kept: dict[int, SlotEpoch] = field(default_factory=dict, repr=False, compare=False)
     """Slot plans kept whole for this process's stream (`KeptSlots`), by slot number."""
     lengths: Lengths | None = field(default=None, repr=False, compare=False)
     """The lengths the schedule was planned on (with the per-sample lengths of the shards it read)."""
@@ -363,10 +369,10 @@ def rank_raw_slots(
     excluded: Mask | None = None,
     counted: bool = False,
     keep: KeptSlots | None = None,
-) -> list[SlotPlan]:
+) -> list[SlotEpoch]:
     """A rank's slots before equalisation, dealt and batched from the shard table and its own shards
     (``excluded``: samples consumed before a resume, a mask over global ids or a lazy one). ``counted``: keep
-    only what counting steps needs (`SlotPlan.counted()`), one slot's full plan in memory at a time; ``keep``:
+    only what counting steps needs (`SlotEpoch.counted()`), one slot's full plan in memory at a time; ``keep``:
     slots kept whole for the process that streams them."""
     slots = layout.rank_slots(rank)
     dealt = plan_slots(lengths, layout.num_slots, config.epoch_seed, epoch, config.shuffle, excluded, slots)

@@ -3,7 +3,7 @@
 
 Everything here is a pure function of those numbers, so a worker, the planner of any rank and a job resumed on
 another world size agree on every sample's factor and generator. The plan batches the lengths the emitted
-tensors will have (`LengthPlan`), so the budget holds on them; shards are still dealt to slots by the
+tensors will have (`LengthTransform`), so the budget holds on them; shards are still dealt to slots by the
 index's own lengths (`PlannedLengths`).
 """
 
@@ -123,7 +123,7 @@ def kaldi_num_frames(
 
 
 @dataclass(frozen=True)
-class LengthPlan:
+class LengthTransform:
     """How the lengths the plan batches follow from the index's (in samples): speed perturbation, then the
     frame count of ``features`` (an object with ``num_frames(num_samples, sample_rate)``) when planning in frames."""
 
@@ -158,7 +158,7 @@ class PlannedLengths(Lengths):
     ``shard()`` and ``totals`` stay the index's, so shards are dealt to slots as without perturbation.
     ``base`` is the index's `Lengths` (sharing its loaded shards)."""
 
-    def __init__(self, base: Lengths, plan: LengthPlan, seed: Any, epoch: int):
+    def __init__(self, base: Lengths, plan: LengthTransform, seed: Any, epoch: int):
         super().__init__(base.counts, base.totals, base._load)
         self.scale = base.scale  # a mixture's deal scale (``totals`` are already scaled)
         self.load_outputs, self._outputs = base.load_outputs, base._outputs
@@ -175,6 +175,6 @@ class PlannedLengths(Lengths):
         return self.plan_lengths(super().__getitem__(gids), gids)
 
 
-def planned_lengths(lengths: Lengths, plan: LengthPlan | None, seed: Any, epoch: int) -> Lengths:
-    """``lengths`` as the epoch is planned on them: unchanged without a `LengthPlan`."""
+def planned_lengths(lengths: Lengths, plan: LengthTransform | None, seed: Any, epoch: int) -> Lengths:
+    """``lengths`` as the epoch is planned on them: unchanged without a `LengthTransform`."""
     return lengths if plan is None else PlannedLengths(lengths, plan, seed, epoch)

@@ -24,7 +24,7 @@ from .shards import Piece, epoch_rng
 
 
 @dataclass
-class SlotPlan:
+class SlotEpoch:
     """One slot's epoch: pieces to stream, the global ids of its samples in stream order, and its batches
     (arrays of stream positions). ``repeat[i]`` marks batch ``i`` as a repeat of batch ``i - 1`` (pad).
 
@@ -48,7 +48,7 @@ class SlotPlan:
         return self.samples if self.samples >= 0 else len(self.gids)
 
     @classmethod
-    def counted(cls, pieces: list[Piece], streamed: int, plan: Any) -> SlotPlan:
+    def counted(cls, pieces: list[Piece], streamed: int, plan: Any) -> SlotEpoch:
         """The plan as a rank's main process needs it to count and equalise steps: each batch stood in for by
         ``range(size)`` (what the split and pad rules look at) and no ids — a fraction of the memory."""
         sizes = plan.sizes.tolist()
@@ -172,27 +172,27 @@ def plan_slot(
     excluded: Mask | None = None,
     keep_lengths: bool = False,
     counted: bool = False,
-) -> SlotPlan:
+) -> SlotEpoch:
     """One slot's batches before equalisation: the slot's batcher run over its stream's lengths.
 
     ``lengths`` gives lengths by global id: a `Lengths` or an array.
     ``keep_lengths``: the plan keeps the stream's lengths (a worker needs them; a planner of every slot not).
-    ``counted``: only the batch sizes (`SlotPlan.counted()`), planned without listing the samples' ids."""
+    ``counted``: only the batch sizes (`SlotEpoch.counted()`), planned without listing the samples' ids."""
     outs = stream_outputs(pieces, lengths, excluded) if config.output_budget is not None else None
     keys = stream_groups(pieces, lengths, excluded, config.batch_by) if config.batch_by is not None else None
     order = slot_order(pieces, offsets, excluded, config, epoch, slot)
     if counted and hasattr(lengths, "shard"):
         lens = stream_lengths(pieces, lengths, excluded)
         bp = _batched(lens, outs, keys, order, BucketBatcher.for_slot(config, epoch, slot))
-        return SlotPlan.counted(pieces, len(lens), bp)
+        return SlotEpoch.counted(pieces, len(lens), bp)
     gids = slot_stream(pieces, offsets, excluded)
     lens = stream_lengths(pieces, lengths, excluded) if hasattr(lengths, "shard") else lengths[gids]
     bp = _batched(lens, outs, keys, order, BucketBatcher.for_slot(config, epoch, slot))
     if counted:
-        return SlotPlan.counted(pieces, len(gids), bp)
+        return SlotEpoch.counted(pieces, len(gids), bp)
     batches = list(bp) if order is None else [order[b] for b in bp]  # arrival ranks back to stream positions
     rounds = np.repeat(np.arange(len(bp.rounds)), bp.rounds).tolist() if bp.rounds is not None else None
-    return SlotPlan(
+    return SlotEpoch(
         pieces,
         gids,
         batches,
@@ -211,7 +211,7 @@ class KeptSlots:
     (``num_workers=0``: the loader's own): that stream takes its plan from here instead of planning it again."""
 
     slots: range
-    plans: dict[int, SlotPlan] = field(default_factory=dict)
+    plans: dict[int, SlotEpoch] = field(default_factory=dict)
 
     def plan(
         self,
@@ -223,7 +223,7 @@ class KeptSlots:
         slot: int,
         excluded: Mask | None = None,
         counted: bool = False,
-    ) -> SlotPlan:
+    ) -> SlotEpoch:
         """`plan_slot()`; a slot of `slots` is planned whole with its lengths and kept (the planner then
         counts its steps from the whole plan: the same counts)."""
         if slot not in self.slots:
@@ -265,7 +265,7 @@ def halve_largest(batches: list[Any], times: int = 1, rounds: list[int] | None =
 
 
 def apply_adjust(
-    plan: SlotPlan,
+    plan: SlotEpoch,
     adj: Adjust,
     seed: int,
     epoch: int,
@@ -274,7 +274,7 @@ def apply_adjust(
     cost: CostModel | None = None,
     balance: StepBalance | None = None,
     first_kept: bool = False,
-) -> SlotPlan:
+) -> SlotEpoch:
     """Equalise one slot's batches as the epoch plan decided (deterministic from the slot's own plan). With
     ``balance`` (`BatchingConfig.balance`) the batches taken are then ordered for balanced steps
     (`balanced_order()`, on ``lengths`` by stream position), the first one kept first where ``adj.hardest`` or
@@ -305,7 +305,7 @@ def apply_adjust(
             first = adj.hardest or first_kept
             order = balanced_order(times, rounds, repeat, first, goals, balance.rounds, balance.band)
             batches, rounds = [batches[i] for i in order], [rounds[i] for i in order]
-    out = SlotPlan(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
+    out = SlotEpoch(plan.pieces, plan.gids, batches, repeat, plan.skipped, plan.dropped, order=plan.order)
     out.rounds = rounds
     return out
 

@@ -18,13 +18,13 @@ import numpy as np
 from ..errors import IndexMismatch, TooManyBadShards
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
-from ..plan.slot import SlotPlan, piece_excluded
+from ..plan.slot import SlotEpoch, piece_excluded
 from ..units import same_length
 from .direct import _MISMATCH, DirectShards
 from .faults import FaultLog, ShardFault, bad_sample
 
 
-def pieces_needed(plan: SlotPlan, first: int, offsets: np.ndarray, excluded: Mask | None) -> list[tuple[Piece, int]]:
+def pieces_needed(plan: SlotEpoch, first: int, offsets: np.ndarray, excluded: Mask | None) -> list[tuple[Piece, int]]:
     """(piece, stream position of its first sample) for the pieces holding a sample of a batch still to
     come; pieces whose samples were all consumed before a resume are not read again."""
     needed_pos = np.zeros(len(plan.gids), dtype=bool)
@@ -131,7 +131,7 @@ class _Executor:
     def __init__(
         self,
         samples: Iterator[tuple[int, int, dict[str, Any] | None] | Invalid],
-        plan: SlotPlan,
+        plan: SlotEpoch,
         first: int,
         lengths: np.ndarray,
         faults: FaultLog | None,
@@ -269,7 +269,7 @@ class _DirectExecutor(_Executor):
     def __init__(
         self,
         shards: DirectShards,
-        plan: SlotPlan,
+        plan: SlotEpoch,
         first: int,
         lengths: np.ndarray,
         offsets: np.ndarray,
@@ -312,7 +312,7 @@ class _DirectExecutor(_Executor):
         return _END
 
 
-def _run(ex: _Executor, plan: SlotPlan, first: int) -> Iterator[list[dict[str, Any]]]:
+def _run(ex: _Executor, plan: SlotEpoch, first: int) -> Iterator[list[dict[str, Any]]]:
     todo, repeat = plan.batches[first:], plan.repeat[first:]
     last: list[dict[str, Any]] = []
     for k, b in enumerate(todo):
@@ -326,7 +326,7 @@ def _run(ex: _Executor, plan: SlotPlan, first: int) -> Iterator[list[dict[str, A
 
 def execute_plan(
     samples: Iterator[Any],
-    plan: SlotPlan,
+    plan: SlotEpoch,
     first: int,
     lengths: np.ndarray,
     faults: FaultLog | None = None,
@@ -353,7 +353,7 @@ def execute_plan(
 
 def execute_direct(
     shards: DirectShards,
-    plan: SlotPlan,
+    plan: SlotEpoch,
     first: int,
     lengths: np.ndarray,
     offsets: np.ndarray,

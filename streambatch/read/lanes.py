@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import IndexMismatch
 from ..plan.lengths import Mask
 from ..plan.shards import Piece
-from ..plan.slot import SlotPlan, kept_counts
+from ..plan.slot import SlotEpoch, kept_counts
 from .execute import _MISMATCH, Invalid, positioned
 from .reader import OpenedPieces, ReadOptions
 
@@ -49,7 +49,7 @@ def lane_options(opts: ReadOptions, lanes: int) -> ReadOptions:
 
 def interleaved(
     needed: Sequence[tuple[Piece, int]],
-    plan: SlotPlan,
+    plan: SlotEpoch,
     offsets: np.ndarray,
     excluded: Mask | None,
     streams: int,

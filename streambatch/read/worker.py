@@ -23,13 +23,13 @@ from ..plan.batcher import BucketBatcher, iter_batches
 from ..plan.config import BatchingConfig
 from ..plan.epoch import RankSchedule
 from ..plan.lengths import Lengths, index_lengths
-from ..plan.perturb import LengthPlan, PlannedLengths, planned_lengths
+from ..plan.perturb import LengthTransform, PlannedLengths, planned_lengths
 from ..plan.resume import Resumed, excluded_in
 from ..plan.shards import Piece, plan_slots, shard_order
 from ..plan.skips import SkippedBatch, SkippedSteps, batch_runs
-from ..plan.slot import Adjust, SlotPlan, apply_adjust, per_worker, plan_slot, stream_lengths
+from ..plan.slot import Adjust, SlotEpoch, apply_adjust, per_worker, plan_slot, stream_lengths
 from ..select.mixture import AnyIndex, DatasetNames
-from ..select.where import PlanFilter, left_out
+from ..select.where import IndexFilter, left_out
 from .collate import Decode, collate, split_micro_batches
 from .direct import DirectShards, can_read_direct
 from .execute import execute_direct, execute_plan, pieces_needed, positioned
@@ -67,7 +67,7 @@ class SharedEpochState:
         self.num_workers = max(1, num_workers)
         self.tensor = torch.zeros(len(_HEAD) + len(_PER_WORKER) * self.num_workers, dtype=torch.int64).share_memory_()
         #: slot plans the loader's planner kept for this process's own stream (no workers), by (epoch, slot)
-        self.kept: dict[tuple[int, int], SlotPlan] = {}
+        self.kept: dict[tuple[int, int], SlotEpoch] = {}
         #: the lengths the loader planned an epoch on, with the index they are of: this process's stream and workers
         #: forked after the planning take them instead of reading the index again (`SlotContext.lengths()`)
         self.planned: tuple[int, Any, Lengths] | None = None
@@ -134,8 +134,8 @@ class SlotContext:
     faults: torch.Tensor
     bad: torch.Tensor
     resumed: Resumed | None = None
-    length_plan: LengthPlan | None = None  # speed perturbation / feature frames (plan/perturb.py)
-    filter: PlanFilter | None = None  # ``where=``
+    length_transform: LengthTransform | None = None  # speed perturbation / feature frames (plan/perturb.py)
+    filter: IndexFilter | None = None  # ``where=``
     ring: BatchRing | None = None  # reused shared-memory batch buffers per worker (read/ring.py)
     skips: SkippedSteps | None = None  # steps a resume skips (plan/skips.py)
 
@@ -151,7 +151,7 @@ class SlotContext:
         if planned is not None and planned[0] == epoch and planned[1] is index:  # the loader's, at hand (or forked)
             return planned[2]
         kept = self.filter.scale if self.filter is not None else None
-        return planned_lengths(index_lengths(index, kept), self.length_plan, self.config.epoch_seed, epoch)
+        return planned_lengths(index_lengths(index, kept), self.length_transform, self.config.epoch_seed, epoch)
 
 
 class EpochStream(IterableDataset):
@@ -289,7 +289,7 @@ def _planned_batches(
     if ctx.read.read_by_position and can_read_direct(ctx.urls, plan.pieces, index):  # local: by position
         direct = DirectShards(ctx.urls, index, plan.pieces, lengths.counts, ctx.read, faults)
 
-    def run(part: SlotPlan, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:
+    def run(part: SlotEpoch, start: int, last: bool = True) -> Iterator[list[dict[str, Any]]]:
         if direct is not None:
             return execute_direct(direct, part, start, by_pos, offsets, faults, ctx.read.reservoir, last, index_pos)
         needed = skip_left_out(

@@ -231,7 +231,7 @@ class SampleFilter:
             yield lengths[keep]
 
 
-class PlanFilter:
+class IndexFilter:
     """A filter over the plan's shards (one dataset's, or a mixture's virtual shards; each dataset filtered by
     the same expression): which samples a shard keeps, the kept share of each shard's length (``scale``, to deal
     shards by the length they keep; computed once, by streaming the filter's columns), and the lazy mask of the
@@ -258,7 +258,7 @@ class PlanFilter:
             return self.shares[0]
         return np.concatenate([self.shares[d] for d, _ in blocks]) if blocks else np.zeros(0)
 
-    def relaid(self, index: MixedIndex) -> PlanFilter:
+    def relaid(self, index: MixedIndex) -> IndexFilter:
         """The same filter over the same datasets laid out as another epoch's mixture (a weight schedule's), without
         evaluating it again."""
         out = copy.copy(self)
@@ -286,7 +286,7 @@ def _share(kept: np.ndarray, total: np.ndarray) -> np.ndarray:
     return out
 
 
-def open_filter(index: AnyIndex | None, where: str | None) -> PlanFilter | None:
+def open_filter(index: AnyIndex | None, where: str | None) -> IndexFilter | None:
     """The loader's filter (None without ``where``); a filter needs an index to read the columns from."""
     if where is None:
         return None
@@ -295,10 +295,12 @@ def open_filter(index: AnyIndex | None, where: str | None) -> PlanFilter | None:
             f"where={where!r} needs a dataset index (index.json with metadata columns): write the "
             "dataset with `shardify write`, or load it by its folder"
         )
-    return PlanFilter(index, where)
+    return IndexFilter(index, where)
 
 
-def left_out(index: AnyIndex | None, flt: PlanFilter | None, epoch: int, seed: int, offsets: np.ndarray) -> Mask | None:
+def left_out(
+    index: AnyIndex | None, flt: IndexFilter | None, epoch: int, seed: int, offsets: np.ndarray
+) -> Mask | None:
     """What epoch ``epoch`` leaves out before any resume: a mixture's unselected samples and the filtered ones,
     one lazy mask over the plan's global ids (None: nothing) — the same in the planner and in every worker."""
     return any_of(selection_of(index, epoch, seed), flt.mask(offsets) if flt is not None else None)

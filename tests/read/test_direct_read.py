@@ -76,7 +76,7 @@ def test_samples_of_a_shard_found_bad_later_are_not_redrawn():
     leave the re-draw pool (a later lost sample is replaced by a good one), as they do from a stream."""
     import numpy as np
 
-    from streambatch.plan.slot import SlotPlan
+    from streambatch.plan.slot import SlotEpoch
     from streambatch.read.execute import _DirectExecutor
 
     class Shards:  # two shards of two samples each; shard 0 turns out bad once its samples were emitted
@@ -92,7 +92,7 @@ def test_samples_of_a_shard_found_bad_later_are_not_redrawn():
             return {"__key__": f"k{shard}{i}", "__url__": self.urls[shard]}
 
     shards = Shards()
-    plan = SlotPlan([], np.arange(4), [np.array([0]), np.array([2]), np.array([3])])
+    plan = SlotEpoch([], np.arange(4), [np.array([0]), np.array([2]), np.array([3])])
     lengths = np.array([6, 5, 4, 6])  # k00 fits the lost k11's place better than k10
     ex = _DirectExecutor(shards, plan, 0, lengths.astype(float), np.array([0, 2, 4]), None, 8, lengths)
     got = []

@@ -19,7 +19,7 @@ import pytest
 from streambatch import StreamBatchLoader
 from streambatch.io import verified
 from streambatch.plan.shards import Piece
-from streambatch.plan.slot import SlotPlan
+from streambatch.plan.slot import SlotEpoch
 from streambatch.read import direct
 from streambatch.read.execute import execute_plan
 
@@ -147,8 +147,8 @@ def _positions(n: int, tail: list[str]):
     tail.append("end")
 
 
-def _plan(n: int) -> SlotPlan:
-    return SlotPlan([Piece(0, 0, n)], np.arange(n), [np.arange(0, n - 1), np.arange(n - 1, n)], [False, False])
+def _plan(n: int) -> SlotEpoch:
+    return SlotEpoch([Piece(0, 0, n)], np.arange(n), [np.arange(0, n - 1), np.arange(n - 1, n)], [False, False])
 
 
 def test_a_stream_is_read_to_its_end_once_its_last_batch_is_out():
