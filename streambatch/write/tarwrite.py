@@ -186,7 +186,7 @@ class ShardTask:
 
     name: str
     url: str
-    samples: list[Sample]
+    samples: Sequence[Sample]
     storage_options: dict | None = None
     #: keep a shard already at ``url`` when its bytes are exactly what this task would write
     resume: bool = False
