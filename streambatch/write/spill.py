@@ -6,7 +6,8 @@ each item is pickled, as it is appended, to an unnamed temporary file (``tempfil
 macOS it has no name from the start, so a write that succeeds, fails or is killed leaves no file behind; the space
 goes when the process lets go of it), and memory holds per item only where it lies (12 bytes) and, in a view, its
 place (8 bytes). Items are read back when asked for: whole runs at once when iterated. The file is in Python's
-temporary folder (``TMPDIR``), which must have room for the pickled records (a few hundred bytes a line).
+temporary folder (``TMPDIR``), which must have room for the pickled records (a few hundred bytes a line); the
+first MiB stays in memory.
 
 A view (a slice, `SpillList.take()`) shares its parent's file. Pickling a `SpillList` (a shard's samples sent to
 a worker process) pickles a plain list of its items.
@@ -22,6 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
+
+from ..errors import output_fits
 
 T = TypeVar("T")
 #: bytes of pickled items gathered in memory before one write to the file
@@ -51,10 +54,11 @@ class _Store:
 
     def flush(self) -> None:
         data, self.pending = bytes(self.pending), bytearray()
-        while data:
-            n = os.pwrite(self.file.fileno(), data, self.flushed)
-            self.flushed += n
-            data = data[n:]
+        with output_fits(tempfile.gettempdir(), "the records set aside until their shards are written (TMPDIR)"):
+            while data:
+                n = os.pwrite(self.file.fileno(), data, self.flushed)
+                self.flushed += n
+                data = data[n:]
 
     def get(self, ids: Sequence[int]) -> list[Any]:
         """The items ``ids`` (in that order), read in one go when they lie close together."""
@@ -63,6 +67,9 @@ class _Store:
         starts = [self.starts[i] for i in ids]
         sizes = [self.sizes[i] for i in ids]
         lo, hi = min(starts), max(s + n for s, n in zip(starts, sizes))
+        if lo >= self.flushed:  # not written yet (all of a small write's items stay here)
+            at = self.flushed
+            return [pickle.loads(self.pending[s - at : s - at + n]) for s, n in zip(starts, sizes)]
         if hi > self.flushed:
             self.flush()
         if len(ids) > 1 and hi - lo <= 2 * sum(sizes):
