@@ -7,7 +7,7 @@ macOS it has no name from the start, so a write that succeeds, fails or is kille
 goes when the process lets go of it), and memory holds per item only where it lies (12 bytes) and, in a view, its
 place (8 bytes). Items are read back when asked for: whole runs at once when iterated. The file is in Python's
 temporary folder (``TMPDIR``), which must have room for the pickled records (a few hundred bytes a line); the
-first 64 KiB stays in memory.
+first MiB stays in memory.
 
 A view (a slice, `SpillList.take()`) shares its parent's file. Pickling a `SpillList` (a shard's samples sent to
 a worker process) pickles a plain list of its items.
@@ -28,7 +28,7 @@ from ..errors import output_fits
 
 T = TypeVar("T")
 #: bytes of pickled items gathered in memory before one write to the file
-_WRITE_CHUNK = 1 << 16
+_WRITE_CHUNK = 1 << 20
 #: the most items one read back brings in while iterating
 _READ_RUN = 512
 
