@@ -116,7 +116,9 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
-                {"kind": a.kind, "index_version": a.index_version, "machine": machine(), "results": results}, f, indent=1
+                {"kind": a.kind, "index_version": a.index_version, "machine": machine(), "results": results},
+                f,
+                indent=1,
             )
 
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 from ..errors import InputProblem, ShardifyError
 from .records import Record, resolve_path, sanitize_key
-from .spill import SpillList
 from .segments import Segment
+from .spill import SpillList
 
 WAV_SCP = "wav.scp"
 

@@ -18,8 +18,8 @@ from typing import Any
 from ..errors import InputProblem, ShardifyError
 from ..io.storage import is_local, local_path
 from .records import Record, iter_jsonl, resolve_path, sanitize_key
-from .spill import SpillList
 from .segments import Segment
+from .spill import SpillList
 
 CUT_FIELDS = ("recording", "supervisions")
 RECORDING_FIELDS = ("sources", "sampling_rate")
@@ -45,7 +45,9 @@ def read_lhotse(src: str, first: Any, data_root: str | None) -> tuple[SpillList[
     base = data_root or os.getcwd()
     problems: list[InputProblem] = []
     if role == "cuts":
-        return SpillList(r for n, cut in iter_jsonl(src, problems) if (r := _cut(cut, src, n, base, problems))), problems
+        return SpillList(
+            r for n, cut in iter_jsonl(src, problems) if (r := _cut(cut, src, n, base, problems))
+        ), problems
     if role is None:
         raise ShardifyError(f"{src}:1: not a lhotse manifest (no cut, recording or supervision fields)")
     recordings_src, supervisions_src = _pair(src, role)

@@ -190,7 +190,9 @@ def output_lengths(records: Iterable[Record], how: OutputLength) -> tuple[SpillL
     for batch in _batches(records):
         have = [r for r in batch if r.text is not None]
         problems += (
-            r.problem(f"no transcript ('text') to count for --output-length {how.unit}") for r in batch if r.text is None
+            r.problem(f"no transcript ('text') to count for --output-length {how.unit}")
+            for r in batch
+            if r.text is None
         )
         for r, n in zip(have, how.count([r.text or "" for r in have])):
             r.output_length = n

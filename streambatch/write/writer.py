@@ -3,7 +3,9 @@
 The pipeline, each stage a plain function: read the source (``sources.py``), measure every record
 (``probe.py``), plan which samples go in which shard before writing (``tarwrite.py``: the output is the same
 for any ``workers``), write the shards in worker processes (each appears whole or not at all), and the index
-last. Parts, ``--resume`` and what OUT may hold are in ``parts.py``; ``verify.py`` checks the result.
+last. Until its shard is written, each record and sample waits in an unnamed temporary file (``spill.py``): memory
+holds a few numbers per line and the index being built. Parts, ``--resume`` and what OUT may hold are in
+``parts.py``; ``verify.py`` checks the result.
 """
 
 from __future__ import annotations
@@ -151,11 +153,12 @@ def write_shards(
         sample_rate,
         on_error,
     )  # the probe's list of results is not kept: the samples hold what the write needs of it
+    del records  # each sample holds its record: the records' temporary file goes
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
     chosen, left_out = _columns(samples, columns, index_version)
     with _replacing(out, scope, overwrite, storage_options):
         tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, resume, storage_options)
-        del records, samples  # held by the tasks alone, let go once written: the index has what it needs of them
+        del samples  # held by the tasks alone, let go once written: the index has what it needs of them
         infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
         del tasks
         errors_url = storage.join_url(out, scope.errors_name)

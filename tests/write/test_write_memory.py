@@ -17,7 +17,7 @@ from conftest import six_field_manifest
 LINES = 2000
 #: bytes of peak RSS one more line of a six-field NeMo manifest may cost (holding every line's record in memory
 #: until the shards were written cost about 850)
-MOST_PER_LINE = 400
+MOST_PER_LINE = 300
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
