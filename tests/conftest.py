@@ -67,6 +67,29 @@ def make_audio(path: str | os.PathLike, seconds: float = 0.25, sr: int = SR, see
     return sf.info(str(path)).frames
 
 
+def six_field_manifest(folder: Path, lines: int, files: int = 8, seconds: float = 0.02) -> str:
+    """A NeMo manifest of ``lines`` lines in ``folder`` (six fields: ``audio_filepath``, ``duration``, ``text``,
+    ``lang``, ``speaker``, ``id``) over ``files`` WAV files of ``seconds`` each (made under ``folder/wavs``); its
+    path. The memory tests' source: the lines grow, the audio does not."""
+    for i in range(files):
+        wav = folder / "wavs" / f"w{i}.wav"
+        if not wav.exists():
+            make_audio(wav, seconds, seed=i)
+    path = folder / f"m{lines}.json"
+    with open(path, "w") as f:
+        for i in range(lines):
+            row = {
+                "audio_filepath": f"wavs/w{i % files}.wav",
+                "duration": seconds,
+                "text": f"utterance number {i} of the corpus",
+                "lang": "en",
+                "speaker": f"spk{i % 30}",
+                "id": f"utt{i:07d}",
+            }
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
 def copy_with_own_record(source: str, tmp_path: Path, monkeypatch: Any) -> Iterator[str]:
     """For a fixture (``yield from``): a fresh copy of the dataset ``source`` and a node record of the test's own
     (every shard hashed anew in the test, nothing remembered in the process)."""

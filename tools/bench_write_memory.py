@@ -53,11 +53,12 @@ def make_source(folder: str, lines: int, kind: str) -> str:
     return path
 
 
-def peak_rss(src: str, out: str, kind: str) -> tuple[int, float, float]:
+def peak_rss(src: str, out: str, kind: str, index_version: int = 2) -> tuple[int, float, float]:
     """(peak RSS in bytes, wall seconds, CPU seconds: user and system) of ``shardify write SRC OUT``, run in a
     child process of its own."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_root(), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-c", _WRITE, "write", src, out, "--kind", kind, "--no-progress", "--workers", "1"]
+    cmd += ["--index-version", str(index_version)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -77,6 +78,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="5000,20000", help="manifest lines, comma-separated (default 5000,20000)")
     ap.add_argument("--kind", choices=("manifest", "text"), default="manifest")
+    ap.add_argument(
+        "--index-version",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): Parquet tables, whose writer's buffers grow with a row group's rows (up to 65,536); "
+        "1: one JSON file, so the slope is what the write itself holds per line",
+    )
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args()
     sizes = sorted({int(s) for s in a.sizes.split(",")})
@@ -86,7 +95,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             src = make_source(tmp, n, a.kind)
-            rss, wall, cpu = peak_rss(src, os.path.join(tmp, f"out-{n}"), a.kind)
+            rss, wall, cpu = peak_rss(src, os.path.join(tmp, f"out-{n}"), a.kind, a.index_version)
             results.append({"lines": n, "peak_rss": rss, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
     base = results[0]
     for r in results:
@@ -102,11 +111,15 @@ def main() -> None:
                 f"{r['cpu_s']:.1f}",
             ]
         )
-    print(f"shardify write of a {a.kind} source, one worker; {machine()}")
+    print(f"shardify write of a {a.kind} source, one worker, index version {a.index_version}; {machine()}")
     print(table(rows, ["lines", "peak RSS KiB", f"B/line over {base['lines']:,}", "wall s", "CPU s"]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"kind": a.kind, "machine": machine(), "results": results}, f, indent=1)
+            json.dump(
+                {"kind": a.kind, "index_version": a.index_version, "machine": machine(), "results": results},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -316,7 +316,9 @@ class ShardIndex:
         if isinstance(self.shards, ShardList):
             return self.shards.reader.shard_values(int(shard), name)
         values = (self.shards[int(shard)].columns or {}).get(name)
-        return None if values is None else list(values)
+        if values is None:
+            return None
+        return values.to_pylist() if hasattr(values, "to_pylist") else list(values)  # an Arrow array, as a write makes
 
     def shard_url(self, i: int) -> str:
         """The absolute URL (or path) of shard ``i``, once it is inside the roots the index may reach."""

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from ..errors import InputProblem, ShardifyError
 from .records import Record, resolve_path, sanitize_key
 from .segments import Segment
+from .spill import SpillList
 
 WAV_SCP = "wav.scp"
 
@@ -97,7 +98,7 @@ def _check_root(src: str, data_root: str | None, base: str, relative: list[tuple
     )
 
 
-def read_kaldi(folder: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def read_kaldi(folder: str, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     """The utterances of a Kaldi data folder as records, and the problems found."""
     if not is_kaldi_dir(folder):
         raise ShardifyError(f"{folder}: not a Kaldi data folder (no {WAV_SCP})")
@@ -107,16 +108,18 @@ def read_kaldi(folder: str, data_root: str | None) -> tuple[list[Record], list[I
     speakers = _mapping(os.path.join(folder, "utt2spk"), problems)
     seg_path = os.path.join(folder, "segments")
     if os.path.isfile(seg_path):
-        records = list(_segment_records(seg_path, wavs, problems))
+        made = _segment_records(seg_path, wavs, problems)
     else:
         src = os.path.join(folder, WAV_SCP)
-        records = [Record(key="", path=path, source=src, line=n, fields={"id": rec}) for rec, (path, n) in wavs.items()]
-    for r in records:
+        made = (Record(key="", path=path, source=src, line=n, fields={"id": rec}) for rec, (path, n) in wavs.items())
+    records: SpillList[Record] = SpillList()
+    for r in made:
         utt = r.fields["id"]
         r.key = sanitize_key(utt)
         r.text = texts.get(utt)
         if utt in speakers:
             r.fields["speaker"] = speakers[utt]
+        records.append(r)
     return records, problems
 
 

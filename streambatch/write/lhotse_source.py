@@ -19,6 +19,7 @@ from ..errors import InputProblem, ShardifyError
 from ..io.storage import is_local, local_path
 from .records import Record, iter_jsonl, resolve_path, sanitize_key
 from .segments import Segment
+from .spill import SpillList
 
 CUT_FIELDS = ("recording", "supervisions")
 RECORDING_FIELDS = ("sources", "sampling_rate")
@@ -38,21 +39,22 @@ def lhotse_role(first: Any) -> str | None:
     return None
 
 
-def read_lhotse(src: str, first: Any, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def read_lhotse(src: str, first: Any, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     """The samples of a lhotse manifest (``first``: its first JSON object, which tells which one it is)."""
     role = lhotse_role(first)
     base = data_root or os.getcwd()
     problems: list[InputProblem] = []
     if role == "cuts":
-        records = [r for n, cut in iter_jsonl(src, problems) if (r := _cut(cut, src, n, base, problems))]
-        return records, problems
+        return SpillList(
+            r for n, cut in iter_jsonl(src, problems) if (r := _cut(cut, src, n, base, problems))
+        ), problems
     if role is None:
         raise ShardifyError(f"{src}:1: not a lhotse manifest (no cut, recording or supervision fields)")
     recordings_src, supervisions_src = _pair(src, role)
     recordings = {}
     for n, rec in iter_jsonl(recordings_src, problems):
         recordings[str(rec.get("id"))] = (rec, n)
-    records = []
+    records: SpillList[Record] = SpillList()
     for n, sup in iter_jsonl(supervisions_src, problems):
         found = recordings.get(str(sup.get("recording_id")))
         if found is None:

@@ -32,6 +32,7 @@ from ..units import Unit
 from .records import LENGTH_FIELDS, Record
 from .segments import as_segment
 from .sources import token_length
+from .spill import SpillList
 from .tarwrite import Sample, audio_sample, text_sample
 
 T = TypeVar("T")
@@ -235,7 +236,7 @@ def measure(
     progress: bool = True,
     storage_options: dict | None = None,
     on_error: str = "fail",
-) -> tuple[list[Sample], list[InputProblem], int | None]:
+) -> tuple[Sequence[Sample], list[InputProblem], int | None]:
     """Lengths and tar members of every record: ``(samples, problems, index sample rate)``.
 
     Audio lengths come from the header (frames at the file's rate, resampled to ``sample_rate`` when
@@ -262,7 +263,7 @@ def probe_slice(
 
 def measured(
     probed: Probed, kind: str, unit: Unit | str, sample_rate: int | None, on_error: str
-) -> tuple[list[Sample], list[InputProblem], int | None]:
+) -> tuple[Sequence[Sample], list[InputProblem], int | None]:
     """The whole-list half of `measure()`: the index's sample rate (one rate for all records) and the
     samples' lengths at it."""
     items, problems = probed
@@ -276,8 +277,8 @@ def measured(
     return samples, problems, index_rate
 
 
-def _measure_text(records: Sequence[Record]) -> tuple[list[Sample], list[InputProblem]]:
-    samples: list[Sample] = []
+def _measure_text(records: Sequence[Record]) -> tuple[SpillList[Sample], list[InputProblem]]:
+    samples: SpillList[Sample] = SpillList()
     problems: list[InputProblem] = []
     for rec in records:
         n = token_length(rec)
@@ -293,9 +294,10 @@ _Probed = tuple[Record, int, int, int]  # record, sample rate, frames, bytes
 
 def _probe_audio(
     records: Sequence[Record], workers: int, progress: bool, storage_options: dict | None
-) -> tuple[list[_Probed], list[InputProblem]]:
-    """Each readable record with its header's rate, frames and size; a problem for each other one."""
-    probed: list[_Probed] = []
+) -> tuple[SpillList[_Probed], list[InputProblem]]:
+    """Each readable record with its header's rate, frames and size (in a temporary file: `SpillList`); a problem
+    for each other one."""
+    probed: SpillList[_Probed] = SpillList()
     problems: list[InputProblem] = []
     for rec, res in zip(records, probe_records(records, workers, progress, storage_options)):
         if not isinstance(res, str) and rec.segment is not None:
@@ -361,14 +363,12 @@ def _index_rate(probed: Sequence[_Probed], unit: Unit, sample_rate: int | None) 
 
 
 def _audio_samples(
-    probed: list[_Probed], unit: Unit, index_rate: int | None, problems: list[InputProblem]
-) -> list[Sample]:
-    """The probed records as samples; one that is 0 samples long at ``index_rate`` goes to ``problems``. The list
-    is emptied as its samples are made: a long manifest's probe results and samples are not held at once."""
-    samples: list[Sample] = []
-    probed.reverse()
-    while probed:
-        rec, sr, frames, nbytes = probed.pop()
+    probed: Sequence[_Probed], unit: Unit, index_rate: int | None, problems: list[InputProblem]
+) -> SpillList[Sample]:
+    """The probed records as samples (in a temporary file: `SpillList`); one that is 0 samples long at
+    ``index_rate`` goes to ``problems``."""
+    samples: SpillList[Sample] = SpillList()
+    for rec, sr, frames, nbytes in probed:
         length = unit.audio_length(frames, sr, index_rate)
         if unit is Unit.SAMPLES and length <= 0:
             problems.append(rec.problem(f"{frames} frames at {sr} Hz is 0 samples at {index_rate} Hz"))

@@ -14,9 +14,11 @@ import contextlib
 import os
 import posixpath
 import re
-import sys
-from collections.abc import Generator
+from array import array
+from collections.abc import Generator, Sequence
 from typing import Any
+
+import numpy as np
 
 from .. import limits
 from ..errors import InputProblem, ShardifyError
@@ -35,6 +37,7 @@ from .records import (
     record_from_audio_entry,
     sanitize_key,
 )
+from .spill import SpillList
 
 KINDS = ("folder", "manifest", "speechbrain", "text", "hf", "lhotse", "kaldi")
 #: how a JSON document's first line starts: ``[``, or ``{`` alone or followed by a first key whose value is an object
@@ -135,8 +138,9 @@ def _opens_document(src: str, line: str) -> bool:
 # ---- reading -----------------------------------------------------------------------------------
 def read_source(
     src: str, kind: str | None = None, data_root: str | None = None
-) -> tuple[list[Record], list[InputProblem]]:
-    """Read ``src`` into records (in source order) and the problems found (bad lines, duplicate keys)."""
+) -> tuple[SpillList[Record], list[InputProblem]]:
+    """Read ``src`` into records (in source order) and the problems found (bad lines, duplicate keys). The records
+    wait in a temporary file, not in memory (`SpillList`)."""
     src = str(src)
     if data_root is not None and is_local(str(data_root)):
         data_root = os.path.abspath(local_path(str(data_root)))  # a relative --data-root: from the working directory
@@ -161,11 +165,13 @@ def read_source(
         from .speechbrain_source import read_speechbrain
 
         records, problems = read_speechbrain(src, data_root)
+    if not isinstance(records, SpillList):
+        records = SpillList(records)
     records, dup = _drop_duplicate_keys(records)
     return records, problems + dup
 
 
-def _read_corpus(src: str, kind: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def _read_corpus(src: str, kind: str, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     """A lhotse manifest or a Kaldi data folder (their modules build on this one's records)."""
     if kind == "kaldi":
         from .kaldi_source import read_kaldi
@@ -185,23 +191,55 @@ def source_medium(src: str, kind: str) -> str:
     return "text" if kind == "text" else "audio"
 
 
-def _drop_duplicate_keys(records: list[Record]) -> tuple[list[Record], list[InputProblem]]:
-    seen: dict[str, Record] = {}
-    kept, problems = [], []
-    for r in records:
+def _drop_duplicate_keys(records: SpillList[Record]) -> tuple[SpillList[Record], list[InputProblem]]:
+    """The records without an empty or repeated key (the first of a key is kept), and a problem for each other one,
+    in record order. Memory holds a hash of each key, not the keys: records are read back only where hashes meet."""
+    empty: list[tuple[int, InputProblem]] = []
+    positions, hashes = array("q"), array("q")
+    for i, r in enumerate(records):
         if not r.key:
-            problems.append(r.problem("empty key"))
-        elif r.key in seen:
-            problems.append(r.problem(f"duplicate key {r.key!r} (also at {seen[r.key].where})"))
+            empty.append((i, r.problem("empty key")))
         else:
-            seen[r.key] = r
-            kept.append(r)
-    return kept, problems
+            positions.append(i)
+            hashes.append(hash(r.key))
+    dropped: dict[int, InputProblem] = {}
+    for group in same_keys(records, positions, hashes):
+        first = records[group[0]].where
+        for i in group[1:]:
+            r = records[i]
+            dropped[i] = r.problem(f"duplicate key {r.key!r} (also at {first})")
+    kept = np.frombuffer(positions, dtype=np.int64)
+    if dropped:
+        kept = kept[~np.isin(kept, np.fromiter(dropped, dtype=np.int64, count=len(dropped)))]
+    problems = [p for _, p in sorted(empty + list(dropped.items()), key=lambda ip: ip[0])]
+    return records.take(kept), problems
 
 
-def _read_folder(root: str) -> tuple[list[Record], list[InputProblem]]:
+def same_keys(records: Sequence[Record], positions: Sequence[int], hashes: Sequence[int]) -> list[list[int]]:
+    """The records among ``positions`` (ascending) that share a key, as groups of two or more positions (each
+    ascending, groups in the order of their first); ``hashes``: each one's ``hash(key)``. Only the records whose
+    hashes meet are read back, and their keys compared exactly."""
+    if len(positions) < 2:
+        return []
+    h = np.frombuffer(hashes, dtype=np.int64) if isinstance(hashes, array) else np.asarray(hashes, dtype=np.int64)
+    at = np.frombuffer(positions, dtype=np.int64) if isinstance(positions, array) else np.asarray(positions)
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    meets = np.zeros(len(hs), dtype=bool)
+    meets[1:] |= hs[1:] == hs[:-1]
+    meets[:-1] |= hs[1:] == hs[:-1]
+    by_key: dict[tuple[int, str], list[int]] = {}
+    for j in order[meets]:
+        p = int(at[j])
+        by_key.setdefault((int(h[j]), records[p].key), []).append(p)
+    groups = [sorted(g) for g in by_key.values() if len(g) > 1]
+    return sorted(groups, key=lambda g: g[0])
+
+
+def _read_folder(root: str) -> tuple[SpillList[Record], list[InputProblem]]:
     root = os.path.abspath(root)
-    records, problems = [], []
+    records: SpillList[Record] = SpillList()
+    problems: list[InputProblem] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = set(filenames)
@@ -228,67 +266,68 @@ def _base_dir(src: str) -> str:
     return os.path.dirname(os.path.abspath(local_path(src))) if is_local(src) else posixpath.dirname(src)
 
 
-def _fill_path_keys(records: list[Record], base: str) -> None:
+def _fill_path_keys(records: SpillList[Record], base: str) -> None:
     """Records without an id get a key from their path: relative to the manifest's folder, or to the
     folder all their files share when they live elsewhere."""
-    todo = [r for r in records if not r.key]
+    todo = 0
+    under, prefix = True, os.path.join(base, "")
+    shared: str | None = None  # the folder all the local files share (os.path.commonpath of them, one at a time)
+    no_shared = False  # none (Windows: two drives): keys stay relative to ``base``
+    for r in records:
+        todo += not r.key
+        if (p := r.path) is None or not is_local(p):
+            continue
+        under = under and os.path.abspath(p).startswith(prefix)
+        d = os.path.dirname(p)
+        if no_shared or d == shared or (shared is not None and d.startswith(os.path.join(shared, ""))):
+            continue
+        try:
+            shared = d if shared is None else os.path.commonpath([shared, d])
+        except ValueError:
+            no_shared = True
     if not todo:
         return
-    local = [p for r in records if (p := r.path) is not None and is_local(p)]
-    if local and not all(os.path.abspath(p).startswith(os.path.join(base, "")) for p in local):
-        try:
-            base = os.path.commonpath([os.path.dirname(p) for p in local])
-        except ValueError:
-            pass
-    for r in todo:
-        r.key = path_key(r.path or "", base) + (r.segment.key_suffix() if r.segment is not None else "")
-    unique_segment_keys(todo)
-
-
-def unique_segment_keys(records: list[Record]) -> None:
-    """Segments of one recording that start at the same point get ``-sub1``, ``-sub2``, ... after the first
-    (in source order, as NeMo names repeated audio), so each segment is a sample of its own."""
-    seen: dict[str, int] = {}
-    for r in records:
-        if r.segment is None:
+    if not under and shared is not None and not no_shared:
+        base = shared
+    segments, hashes = array("q"), array("q")
+    for i, r in enumerate(records):
+        if r.key:
             continue
-        n = seen.get(r.key, 0)
-        seen[r.key] = n + 1
-        if n:
+        r.key = path_key(r.path or "", base) + (r.segment.key_suffix() if r.segment is not None else "")
+        records[i] = r
+        if r.segment is not None:
+            segments.append(i)
+            hashes.append(hash(r.key))
+    unique_segment_keys(records, segments, hashes)
+
+
+def unique_segment_keys(records: SpillList[Record], segments: Sequence[int], hashes: Sequence[int]) -> None:
+    """Segments of one recording that start at the same point get ``-sub1``, ``-sub2``, ... after the first
+    (in source order, as NeMo names repeated audio), so each segment is a sample of its own. ``segments``: their
+    positions in ``records`` (ascending), ``hashes``: their keys' hashes."""
+    for group in same_keys(records, segments, hashes):
+        for n, i in enumerate(group[1:], 1):
+            r = records[i]
             r.key = f"{r.key}-sub{n}"
+            records[i] = r
 
 
-def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def _read_manifest_jsonl(src: str, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     problems: list[InputProblem] = []
     base = _base_dir(src)
-    records = []
+    records: SpillList[Record] = SpillList()
     for n, obj in iter_jsonl(src, problems):
         rec = record_from_audio_entry(obj, src, n, entry_key(obj), base, data_root, problems)
         if rec is not None:
-            rec.fields = compact_fields(rec.fields)
             records.append(rec)
     _fill_path_keys(records, base)
     return records, problems
 
 
-#: the longest text value `compact_fields()` shares between records (a language, a speaker, a split name)
-SHARED_VALUE_CHARS = 32
-
-
-def compact_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """A record's fields holding each name, and each short text value, once for the whole source: a JSON parser
-    makes new strings on every line, and a manifest of millions of lines repeats the same few names (``duration``,
-    ``lang``, ``speaker``) and values on each, which the write holds until its index is written."""
-    return {
-        sys.intern(k): sys.intern(v) if type(v) is str and len(v) <= SHARED_VALUE_CHARS else v
-        for k, v in fields.items()
-    }
-
-
-def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
+def _read_text_jsonl(src: str) -> tuple[SpillList[Record], list[InputProblem]]:
     problems: list[InputProblem] = []
     stem = sanitize_key(os.path.splitext(posixpath.basename(src))[0])
-    records = []
+    records: SpillList[Record] = SpillList()
     for n, obj in iter_jsonl(src, problems):
         key = entry_key(obj) or f"{stem}_{n:09d}"
         text, ids, length = obj.get("text"), obj.get("input_ids"), obj.get("length")
@@ -314,10 +353,10 @@ def _read_text_jsonl(src: str) -> tuple[list[Record], list[InputProblem]]:
     return records, problems
 
 
-def _read_hf(src: str) -> tuple[list[Record], list[InputProblem]]:
+def _read_hf(src: str) -> tuple[SpillList[Record], list[InputProblem]]:
     """The rows of a Hugging Face dataset as records (``line``: the row number, from 0)."""
     problems: list[InputProblem] = []
-    records = []
+    records: SpillList[Record] = SpillList()
     for n, row in hf_rows(src, problems):
         key = sanitize_key(row.pop("key"))
         records.append(Record(key=key, source=src, line=n, **row))

@@ -17,11 +17,12 @@ from .. import limits
 from ..errors import InputProblem, ShardifyError
 from ..io.storage import is_local, open_url
 from .records import AUDIO_PATH_FIELDS, LENGTH_FIELDS, Record, record_from_audio_entry, sanitize_key
+from .spill import SpillList
 
 _WS = re.compile(r"\s*")
 
 
-def read_speechbrain(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def read_speechbrain(src: str, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     """The records of a SpeechBrain ``.csv``/``.tsv`` or JSON manifest and the problems found."""
     if src.lower().endswith((".csv", ".tsv")):
         return _read_speechbrain_csv(src, data_root)
@@ -40,12 +41,12 @@ def _skip_ws(text: str, pos: int) -> int:
     return m.end() if m else pos
 
 
-def _read_speechbrain_json(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def _read_speechbrain_json(src: str, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     with open_url(src, "rb") as f:
         text = f.read().decode("utf-8", errors="replace")
     problems: list[InputProblem] = []
     base = speechbrain_base(src)
-    records = []
+    records: SpillList[Record] = SpillList()
     for ident, entry, line in iter_json_object_items(text, src):
         key = sanitize_key(ident)
         if not isinstance(entry, dict):
@@ -112,7 +113,7 @@ def iter_json_object_items(text: str, source: str) -> Iterator[tuple[str, Any, i
             raise fail(pos, "expected ',' or '}'")
 
 
-def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record], list[InputProblem]]:
+def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[SpillList[Record], list[InputProblem]]:
     with open_url(src, "rb") as f:
         text = f.read().decode("utf-8", errors="replace")
     reader = csv.reader(
@@ -131,7 +132,7 @@ def _read_speechbrain_csv(src: str, data_root: str | None) -> tuple[list[Record]
         )
     problems: list[InputProblem] = []
     base = speechbrain_base(src)
-    records = []
+    records: SpillList[Record] = SpillList()
     prev = reader.line_num
     for row in reader:
         line, prev = prev + 1, reader.line_num

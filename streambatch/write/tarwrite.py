@@ -14,7 +14,7 @@ import os
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
@@ -185,7 +185,7 @@ class ShardTask:
 
     name: str
     url: str
-    samples: list[Sample]
+    samples: Sequence[Sample]
     storage_options: dict | None = None
     #: keep a shard already at ``url`` when its bytes are exactly what this task would write
     resume: bool = False
@@ -286,8 +286,47 @@ def write_shard(task: ShardTask) -> ShardInfo:
     return _shard_info(task, nbytes, sha)
 
 
+class Keys(Sequence[str]):
+    """A shard's sample keys, as a list of them reads (``len``, ``[i]``, iteration, ``==`` a list), held as one
+    UTF-8 buffer and each key's end in it: a few bytes a key beyond its text, where a list holds a Python string
+    object for each (about 50 bytes more). ``pyarrow.array(keys)`` takes the buffer as it is (``__arrow_array__``)."""
+
+    __slots__ = ("_data", "_ends")
+
+    def __init__(self, keys: Iterable[str]):
+        encoded = [k.encode("utf-8") for k in keys]
+        self._data = b"".join(encoded)
+        self._ends = np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # an IndexError out of range, a negative index from the end
+        return self._data[int(self._ends[i - 1]) if i else 0 : int(self._ends[i])].decode("utf-8")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, as a list
+
+    def __repr__(self) -> str:
+        return f"Keys({list(self)!r})"
+
+    def __arrow_array__(self, type: Any = None) -> Any:
+        import pyarrow as pa
+
+        if len(self._data) >= 2**31:  # past a string array's 32-bit offsets: let pyarrow choose
+            return pa.array(list(self), type)
+        offsets = np.concatenate([np.zeros(1, np.int32), self._ends.astype(np.int32)])
+        arr = pa.StringArray.from_buffers(len(self), pa.py_buffer(offsets), pa.py_buffer(self._data))
+        return arr if type is None or arr.type == type else arr.cast(type)
+
+
 def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
-    """The index entry of a written shard, with each sample's key and the byte range its members span in
+    """The index entry of a written shard, with each sample's key (`Keys`) and the byte range its members span in
     the tar (exact: member sizes are known before writing), for the version 2 sample table."""
     keys = [s.key for s in task.samples]
     lengths = np.asarray([s.length for s in task.samples])
@@ -302,7 +341,7 @@ def _shard_info(task: ShardTask, nbytes: int, sha: str) -> ShardInfo:
         lengths=lengths,
         sha256=sha,
         keys_sha1=keys_sha1(keys),
-        keys=keys,
+        keys=Keys(keys),
         offsets=offsets,
         sizes=sizes,
         output_lengths=output_lengths,

@@ -10,13 +10,15 @@ of its serialized form (`TextTokenizer.describe()`), so ids from another tokeniz
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputProblem, ShardifyError
 from .records import Record
+from .spill import SpillList
 
 TOKENIZER_FILE = "tokenizer.json"
 OUTPUT_LENGTHS = ("chars", "tokens:NAME")
@@ -110,21 +112,34 @@ def _hub_file(name: str) -> str:
 
 
 # ---- using a tokenizer on records ----------------------------------------------------------------------
-def tokenize_records(records: list[Record], tok: TextTokenizer) -> tuple[list[Record], list[InputProblem]]:
+def tokenize_records(records: Iterable[Record], tok: TextTokenizer) -> tuple[SpillList[Record], list[InputProblem]]:
     """Text records with ``input_ids`` from ``tok`` (their length becomes the ids' count). A record given both
-    text and other ``input_ids`` is a problem (ids of another tokenizer); one with ids only keeps them."""
-    encoded = iter(tok.encode([r.text for r in records if r.text is not None]))
-    kept, problems = [], []
-    for r in records:
-        ids = next(encoded) if r.text is not None else None
-        if ids is not None:
-            if r.input_ids is not None and list(r.input_ids) != ids:
-                problems.append(r.problem(f"its input_ids are not what --tokenizer {tok.name} makes of its text"))
-                continue
-            r.input_ids = ids
-        r.length = None  # the true count of the stored ids
-        kept.append(r)
+    text and other ``input_ids`` is a problem (ids of another tokenizer); one with ids only keeps them. Encoded
+    `BATCH` records at a time (a long source's texts are never all in memory)."""
+    kept: SpillList[Record] = SpillList()
+    problems: list[InputProblem] = []
+    for batch in _batches(records):
+        encoded = iter(tok.encode([r.text for r in batch if r.text is not None]))
+        for r in batch:
+            ids = next(encoded) if r.text is not None else None
+            if ids is not None:
+                if r.input_ids is not None and list(r.input_ids) != ids:
+                    problems.append(r.problem(f"its input_ids are not what --tokenizer {tok.name} makes of its text"))
+                    continue
+                r.input_ids = ids
+            r.length = None  # the true count of the stored ids
+            kept.append(r)
     return kept, problems
+
+
+#: records a tokenizer encodes in one call
+BATCH = 4096
+
+
+def _batches(records: Iterable[Record]) -> Iterator[list[Record]]:
+    it = iter(records)
+    while batch := list(itertools.islice(it, BATCH)):
+        yield batch
 
 
 @dataclass
@@ -168,14 +183,20 @@ def parse_output_length(spec: str | None, column: bool = False) -> OutputLength 
     raise ShardifyError(f"--output-length must be {forms}, not {spec!r}")
 
 
-def output_lengths(records: list[Record], how: OutputLength) -> tuple[list[Record], list[InputProblem]]:
+def output_lengths(records: Iterable[Record], how: OutputLength) -> tuple[SpillList[Record], list[InputProblem]]:
     """Each record's transcript length (``Record.output_length``); one without a transcript is a problem."""
-    kept = [r for r in records if r.text is not None]
-    problems = [
-        r.problem(f"no transcript ('text') to count for --output-length {how.unit}") for r in records if r.text is None
-    ]
-    for r, n in zip(kept, how.count([r.text or "" for r in kept])):
-        r.output_length = n
+    kept: SpillList[Record] = SpillList()
+    problems: list[InputProblem] = []
+    for batch in _batches(records):
+        have = [r for r in batch if r.text is not None]
+        problems += (
+            r.problem(f"no transcript ('text') to count for --output-length {how.unit}")
+            for r in batch
+            if r.text is None
+        )
+        for r, n in zip(have, how.count([r.text or "" for r in have])):
+            r.output_length = n
+            kept.append(r)
     return kept, problems
 
 
@@ -201,7 +222,7 @@ class TextOptions:
             )
         return cls(load_tokenizer(tokenizer) if tokenizer else None, parse_output_length(output_length))
 
-    def apply(self, records: list[Record]) -> tuple[list[Record], list[InputProblem]]:
+    def apply(self, records: Sequence[Record]) -> tuple[Sequence[Record], list[InputProblem]]:
         """The records tokenized and/or given their output length; the ones that cannot be, as problems."""
         problems: list[InputProblem] = []
         if self.tokenizer is not None:

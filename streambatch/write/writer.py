@@ -3,13 +3,16 @@
 The pipeline, each stage a plain function: read the source (``sources.py``), measure every record
 (``probe.py``), plan which samples go in which shard before writing (``tarwrite.py``: the output is the same
 for any ``workers``), write the shards in worker processes (each appears whole or not at all), and the index
-last. Parts, ``--resume`` and what OUT may hold are in ``parts.py``; ``verify.py`` checks the result.
+last. Until its shard is written, each record and sample waits in an unnamed temporary file (``spill.py``): memory
+holds a few numbers per line and the index being built. Parts, ``--resume`` and what OUT may hold are in
+``parts.py``; ``verify.py`` checks the result.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +32,7 @@ from ..errors import (
     path_option,
     shown,
 )
-from ..format.columns import ColumnError, bounded, choose_columns, column_values, parse_columns
+from ..format.columns import ColumnError, arrow_column, bounded, choose_columns, column_values, parse_columns
 from ..format.index import ShardIndex, ShardInfo
 from ..io import storage
 from ..io.lock import holds_lock
@@ -40,6 +43,7 @@ from .parts import Scope, check_out, parse_part, part_range, prepare_resume, utc
 from .probe import MAX_SAMPLE_RATE, MAX_WORKERS, check_storage_options, check_unit, measured, probe_slice, process_pool
 from .rerun import complete_before
 from .sources import KINDS, Record, detect_kind, read_source, source_medium
+from .spill import SpillList
 from .tarwrite import Sample, ShardTask, existing_shard, plan_shards, write_shard
 from .tokenize import TextOptions
 
@@ -149,11 +153,12 @@ def write_shards(
         sample_rate,
         on_error,
     )  # the probe's list of results is not kept: the samples hold what the write needs of it
+    del records  # each sample holds its record: the records' temporary file goes
     problems = _problems_to_report(src, problems, unusable + more, on_error, part, num_records, bool(samples))
     chosen, left_out = _columns(samples, columns, index_version)
     with _replacing(out, scope, overwrite, storage_options):
         tasks = _shard_tasks(samples, int(max_count), max_bytes, scope, out, resume, storage_options)
-        del records, samples  # held by the tasks alone, let go once written: the index has what it needs of them
+        del samples  # held by the tasks alone, let go once written: the index has what it needs of them
         infos = _write_tasks(tasks, chosen, int(workers), progress, stats, engine)
         del tasks
         errors_url = storage.join_url(out, scope.errors_name)
@@ -222,7 +227,7 @@ def _shards_kept_when_out_of_space(out: str, scope: Scope, storage_options: dict
 
 
 def _shard_tasks(
-    samples: list[Sample],
+    samples: Sequence[Sample],
     max_count: int,
     max_bytes: int,
     scope: Scope,
@@ -232,7 +237,7 @@ def _shard_tasks(
 ) -> list[ShardTask]:
     """The shards to write: samples cut into shards by count and size, named for this write (or part), with
     ``out`` made ready for them (stale files of an earlier write removed, a resumed write's kept)."""
-    plan = plan_shards([s.tar_bytes for s in samples], max_count, max_bytes)
+    plan = plan_shards(np.fromiter((s.tar_bytes for s in samples), np.int64, len(samples)), max_count, max_bytes)
     names = [scope.shard_name(j) for j in range(len(plan))]
     _prepare_out(out, resume, scope, set(names), storage_options)
     return [
@@ -258,12 +263,21 @@ def _write_tasks(
     engine: Engine | None = None,
 ) -> list[ShardInfo]:
     """Write the planned shards (here, or on ``engine``) and attach each one's metadata columns (for filters),
-    taken from its samples' ``.json`` dicts one shard at a time."""
-    columns = [column_values([s.meta for s in task.samples] if chosen else [], chosen) for task in tasks]
+    taken from its samples' ``.json`` dicts one shard at a time, as Arrow arrays (a few bytes a value, where a
+    list holds a Python object for each)."""
+    columns = [_shard_columns(task.samples, chosen) for task in tasks]
     infos = (engine.write if engine else write_planned)(tasks, workers, progress, stats)
     for info, values in zip(infos, columns):
         info.columns = values
     return infos
+
+
+def _shard_columns(samples: Sequence[Sample], chosen: dict[str, str]) -> dict[str, Any]:
+    """One shard's values of each metadata column, ``{name: Arrow array}``."""
+    if not chosen:
+        return {}
+    values = column_values([s.meta for s in samples], chosen)
+    return {k: arrow_column(v, chosen[k], len(samples)) for k, v in values.items()}
 
 
 def _part_meta(part: tuple[int, int] | None, span: Any, num_records: int, on_error: str) -> dict[str, Any]:
@@ -313,6 +327,9 @@ class _Metas(Sequence[dict[str, Any]]):
             return [s.meta for s in self.samples[i]]
         return self.samples[i].meta
 
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (s.meta for s in self.samples)
+
 
 def _check_options(
     kind: str | None,
@@ -355,12 +372,12 @@ def _checked_columns(columns: str | Sequence[str] | None, stats: Any) -> list[st
 
 
 def _in_write_order(
-    records: list[Record], shuffle: bool, seed: int, part: tuple[int, int] | None
-) -> tuple[list[Record], tuple[int, int] | None]:
+    records: SpillList[Record], shuffle: bool, seed: int, part: tuple[int, int] | None
+) -> tuple[SpillList[Record], tuple[int, int] | None]:
     """The records in write order (shuffled with ``seed``) and, for a part, its slice and where it lies. The
     order is decided on all the records, so that every part of a ``--part`` run slices the same list."""
-    order = np.random.default_rng(seed).permutation(len(records)) if shuffle else np.arange(len(records))
-    records = [records[i] for i in order]
+    if shuffle:
+        records = records.take(np.random.default_rng(seed).permutation(len(records)))
     if part is None:
         return records, None
     a, b = part_range(len(records), *part)
@@ -430,6 +447,7 @@ def _sorted(problems: list[InputProblem]) -> list[InputProblem]:
 # ---- writing the planned shards ----------------------------------------------------------------
 def _write_task(task: ShardTask) -> tuple[ShardInfo, bool]:
     """(info, kept): with ``task.resume``, a complete shard already there is kept, else written."""
+    task = dataclasses.replace(task, samples=list(task.samples))  # read back once (`SpillList`), used a few times
     if task.resume:
         info = existing_shard(task)
         if info is not None:
