@@ -248,7 +248,7 @@ def measure(
 
 #: what `probe_slice()` found: text samples, or audio records with their header's rate, frames and size; and
 #: a problem for each record it could not use. Slices of a record list probed apart concatenate in order.
-Probed = tuple[list[Any], list[InputProblem]]
+Probed = tuple[Sequence[Any], list[InputProblem]]
 
 
 def probe_slice(

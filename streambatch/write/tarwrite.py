@@ -163,7 +163,7 @@ def text_sample(rec: Record, length: int) -> Sample:
 
 
 # ---- which samples go in which shard -----------------------------------------------------------
-def plan_shards(sample_bytes: Sequence[int], max_count: int, max_size: int) -> list[tuple[int, int]]:
+def plan_shards(sample_bytes: Sequence[int] | np.ndarray, max_count: int, max_size: int) -> list[tuple[int, int]]:
     """Split samples (in write order) into shards: ``[(start, stop), ...]``. A shard takes samples while it
     has fewer than ``max_count`` and its tar stays within ``max_size`` bytes; a sample bigger than
     ``max_size`` gets a shard of its own."""

@@ -142,6 +142,7 @@ def write_shards(
     done = _what_out_holds(out, meta, unit, sample_rate, part, overwrite, resume, storage_options)
     if done is not None:  # this command's dataset, complete: nothing left to write
         return _kept_whole(done, stats)
+    records: Sequence[Record]
     records, problems = read_source(src, kind, data_root)
     num_records = len(records)
     records, span = _in_write_order(records, shuffle, seed, part)
