@@ -22,12 +22,16 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
 from .errors import ShardifyError
+
+if TYPE_CHECKING:
+    from .format.index import ShardIndex
+
 
 BUDGET_SECONDS = 60
 #: the file marking a folder the demo made: the only non-empty folder it writes into
@@ -265,7 +269,7 @@ def run_demo(out: str, num_utterances: int = 2400, seed: int = 0) -> int:
     return 0
 
 
-def _describe(index: Any, out: str, shards: str, reused: bool, asked: int, t_data: float) -> None:
+def _describe(index: ShardIndex, out: str, shards: str, reused: bool, asked: int, t_data: float) -> None:
     """Print what the demo dataset holds and how it will be streamed."""
     sr = index.sample_rate or 16000
     lengths = index.lengths
@@ -290,7 +294,7 @@ def _describe(index: Any, out: str, shards: str, reused: bool, asked: int, t_dat
     print()
 
 
-def _compare(index: Any, shards: str, budget: int, seed: int) -> tuple[list[Any], list[float], int, int]:
+def _compare(index: ShardIndex, shards: str, budget: int, seed: int) -> tuple[list[Any], list[float], int, int]:
     """Stream the three ways (streambatch first, to learn its mean batch size for the fixed baselines) and
     measure how many batch-mates each keeps from one epoch to the next."""
     lengths = index.lengths

@@ -24,7 +24,7 @@ from ..plan.epoch import make_epoch_plan
 from ..plan.freshness import epoch_batches, pairs_kept
 from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.lengths import index_lengths
-from ..select.mixture import MixedIndex, datasets_of, mixture_table, open_index, selection_of
+from ..select.mixture import AnyIndex, MixedIndex, datasets_of, mixture_table, open_index, selection_of
 from ..stats import LengthStats
 from .args import (
     SHARED,
@@ -383,7 +383,7 @@ def save_plot(path: str, size: tuple[float, float], panels: int, draw: Callable[
 
 # ---- a planned epoch (--plan) ------------------------------------------------------------------
 def planned_epoch(
-    index: Any,
+    index: AnyIndex,
     budget: float,
     world_size: int,
     num_workers: int,

@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,10 @@ from ..plan.layout import EVEN_BATCHES, Layout
 from ..plan.perturb import LengthTransform
 from ..plan.resume import MAX_COUNT, EarlierRun, Resumed, equalised_of, state_count
 from .mixing import mixture_problem
+
+if TYPE_CHECKING:
+    from ..select.mixture import AnyIndex
+
 
 #: the first plan rule whose states saved with an index always hold a dataset digest (``dataset``)
 DIGEST_ALWAYS = 4
@@ -282,7 +286,7 @@ def batching_record(config: BatchingConfig, length_transform: LengthTransform | 
 _FRAME_PROBES = [400, 16_000, 160_000, 1_600_000]
 
 
-def dataset_digest(index: Any) -> str | None:
+def dataset_digest(index: AnyIndex | None) -> str | None:
     """A short digest of what an epoch's plan reads of the index: each shard's sample count and the total,
     longest and shortest of its lengths, in order (a mixture: each dataset's). Another dataset, or this one
     sharded again, differs; the same shards indexed again (``shardify upgrade``, ``index --overwrite``) or

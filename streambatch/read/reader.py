@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import OptionError, ShardReadError, bool_option, choice_option, int_option, number_option
 from ..format.members import PLAIN, ShardMembers
@@ -23,6 +23,10 @@ from ..units import parse_bytes
 from .faults import ChecksumMismatch, FaultLog, ShardFault, bad_sample
 from .fetch import Fetcher, Job
 from .skip import Span
+
+if TYPE_CHECKING:
+    from ..select.mixture import AnyIndex
+
 
 VERIFY = ("sha256", "size", "none")
 #: the most range requests a worker keeps in flight (``max_read_concurrency``): each a thread and a connection
@@ -183,7 +187,7 @@ def read_pieces(
     shards: Sequence[Any] | None = None,
     faults: FaultLog | None = None,
     markers: bool = False,
-    index: Any = None,
+    index: AnyIndex | None = None,
 ) -> Iterator[Any]:
     """Stage: the samples of each piece in turn (a slot's whole stream): dicts, and with ``markers`` the
     `ShardFault` markers among them.
@@ -218,7 +222,7 @@ class OpenedPieces:
         shards: Sequence[Any] | None = None,
         faults: FaultLog | None = None,
         markers: bool = False,
-        index: Any = None,
+        index: AnyIndex | None = None,
         ramp: bool = True,
     ):
         pieces = list(pieces)
@@ -238,7 +242,12 @@ class OpenedPieces:
 
 
 def _samples(
-    fetcher: Fetcher, jobs: list[Job], pieces: list[Piece], faults: FaultLog | None, markers: bool, index: Any
+    fetcher: Fetcher,
+    jobs: list[Job],
+    pieces: list[Piece],
+    faults: FaultLog | None,
+    markers: bool,
+    index: AnyIndex | None,
 ) -> Generator[Any, None, None]:
     """The samples of each job's piece in turn, through ``fetcher``; bad shards as `read_pieces()` says."""
     for job, piece in zip(jobs, pieces):

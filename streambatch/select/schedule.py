@@ -13,11 +13,15 @@ the callable. It must be deterministic: every rank and every resume must get the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OptionError
 from ..plan.mixing import DatasetDraw
 from .mixture import MixedIndex, weights_by_name
+
+if TYPE_CHECKING:
+    from .mixture import AnyIndex
+
 
 #: how many epochs' mixtures a schedule keeps (the current one and one planned or inspected beside it)
 KEPT = 2
@@ -70,7 +74,7 @@ class WeightSchedule:
             )
         return got
 
-    def bind(self, index: Any) -> MixedIndex:
+    def bind(self, index: AnyIndex | None) -> MixedIndex:
         """Attach the mixture the loader opened with epoch 0's weights, and check every entry of a list at once
         (a callable's result is checked when its epoch is set); returns epoch 0's mixture."""
         if not isinstance(index, MixedIndex):
