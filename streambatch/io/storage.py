@@ -589,7 +589,7 @@ def _read_range(url: str, start: int, end: int, storage_options: dict | None) ->
         return objstore.call(url, lambda: _range(*target, start, end))
     fs, path = filesystem(url, storage_options)
     got = bytes(fs.cat_file(path, start=start, end=end))
-    return got[: end - start] if start == 0 else got  # an HTTP server may answer the whole object
+    return got[start:end] if len(got) > end - start else got  # an HTTP server may answer the whole object
 
 
 def _range(store: Any, path: str, start: int, end: int) -> bytes:
@@ -646,7 +646,7 @@ def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
         import obstore
 
         store = a[0]
-        if objstore.call(src, lambda: obstore.head(store, a[1]))["size"] <= COPY_IN_STORE:
+        if objstore.head(store, a[1], src)[0] <= COPY_IN_STORE:
             objstore.call(dst, lambda: obstore.copy(store, a[1], b[1]), writes=True)
         else:  # larger than one copy request may be (S3's CopyObject): through this process, in parts
             import asyncio
