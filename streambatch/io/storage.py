@@ -646,7 +646,7 @@ def copy(src: str, dst: str, storage_options: dict | None = None) -> None:
         import obstore
 
         store = a[0]
-        if objstore.head(store, a[1], src)[0] <= COPY_IN_STORE:
+        if objstore.call(src, lambda: objstore.head(store, a[1], src))[0] <= COPY_IN_STORE:
             objstore.call(dst, lambda: obstore.copy(store, a[1], b[1]), writes=True)
         else:  # larger than one copy request may be (S3's CopyObject): through this process, in parts
             import asyncio
